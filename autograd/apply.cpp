@@ -1,0 +1,97 @@
+#include <atomic>
+#include <sstream>
+
+#include "autograd/node.h"
+
+namespace ingot {
+namespace {
+thread_local bool t_grad_enabled = true;
+std::atomic<uint64_t> g_seq{0};
+
+std::string attrs_text(const Primitive& p) {
+  std::ostringstream os;
+  p.print_attrs(os);
+  return os.str();
+}
+}  // namespace
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool on) { t_grad_enabled = on; }
+
+std::vector<Tensor> Primitive::vjp(const VjpContext&, const std::vector<Tensor>&) const {
+  INGOT_FAIL(name(), ": backward is not implemented for this op");
+}
+
+bool Primitive::equivalent(const Primitive& other) const {
+  return name() == other.name() && attrs_text(*this) == attrs_text(other);
+}
+
+std::vector<TensorMeta> metas_of(const std::vector<Tensor>& ts) {
+  std::vector<TensorMeta> m;
+  m.reserve(ts.size());
+  for (const Tensor& t : ts) m.push_back(t.defined() ? meta_of(t) : TensorMeta{});
+  return m;
+}
+
+std::vector<Tensor> alloc_outputs(const std::vector<TensorMeta>& metas) {
+  std::vector<Tensor> out;
+  out.reserve(metas.size());
+  for (const TensorMeta& m : metas) out.push_back(empty(m.shape, m.dtype, m.device));
+  return out;
+}
+
+std::vector<Tensor> apply(std::shared_ptr<Primitive> p, const std::vector<Tensor>& inputs, std::source_location loc) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) continue;
+    if (i > 0 && inputs[0].defined())
+      INGOT_CHECK(inputs[i].device() == inputs[0].device(), p->name(), ": input ", i, " is on ",
+                  inputs[i].device().str(), " but input 0 is on ", inputs[0].device().str());
+  }
+  std::vector<Tensor> outs = p->eval(inputs);
+
+  bool needs = false;
+  if (grad_enabled() && p->differentiable())
+    for (const Tensor& t : inputs) needs = needs || t.requires_grad();
+  if (!needs) return outs;
+
+  auto node = std::make_shared<Node>();
+  node->prim = p;
+  node->loc = loc;
+  node->seq = g_seq.fetch_add(1);
+  node->ctx.input_meta = metas_of(inputs);
+  node->ctx.inputs.resize(inputs.size());
+  node->ctx.needs_grad.resize(inputs.size());
+  node->saved_versions.resize(inputs.size());
+  node->next.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined()) continue;
+    if (p->saves_input(i)) {
+      node->ctx.inputs[i] = t.detach();
+      node->saved_versions[i] = t.version();
+    }
+    node->ctx.needs_grad[i] = t.requires_grad();
+    if (!t.requires_grad()) continue;
+    if (t.impl()->grad_fn) node->next[i] = Edge{t.impl()->grad_fn, t.impl()->output_nr, nullptr};
+    else node->next[i] = Edge{nullptr, 0, t.impl_ptr()};
+  }
+  node->output_meta = metas_of(outs);
+  node->ctx.outputs.resize(outs.size());
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (p->saves_output(k)) node->ctx.outputs[k] = outs[k].detach();
+    if (!is_floating(outs[k].dtype())) continue;
+    // View outputs share the input's impl storage but need their own autograd identity.
+    TensorImpl* impl = outs[k].impl();
+    for (const Tensor& in : inputs)
+      if (in.defined() && in.impl() == impl) {
+        outs[k] = outs[k].detach();
+        impl = outs[k].impl();
+      }
+    impl->requires_grad = true;
+    impl->grad_fn = node;
+    impl->output_nr = static_cast<int>(k);
+  }
+  return outs;
+}
+
+}  // namespace ingot

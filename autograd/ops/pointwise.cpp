@@ -1,0 +1,296 @@
+// Pointwise family: unary math and activations, binary arithmetic with broadcasting, comparisons, where,
+// dtype casts and device moves. Forward runs the elementwise kernels on broadcast views (no copies);
+// backward reduces broadcast gradients with sum_to_shape.
+#include <cmath>
+
+#include "autograd/ops.h"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot {
+namespace {
+
+using kernels::BinaryOp;
+using kernels::UnaryOp;
+
+DType unary_out_dtype(UnaryOp op, DType in) {
+  if (op == UnaryOp::LogicalNot) return DType::b8;
+  return is_floating(in) ? in : DType::f32;
+}
+
+Tensor unary_raw(UnaryOp op, const Tensor& x, double alpha = 0.0);
+Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b);
+
+class UnaryPrim final : public Primitive {
+ public:
+  UnaryPrim(UnaryOp op, double alpha) : op_(op), alpha_(alpha) {}
+  std::string_view name() const override { return kernels::unary_name(op_); }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    return {{in[0].shape, unary_out_dtype(op_, in[0].dtype), in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    if (out[0].numel() > 0) INGOT_KERNEL_CALL(in[0].device(), unary, op_, out[0], in[0], alpha_);
+    return out;
+  }
+  bool differentiable() const override { return op_ != UnaryOp::LogicalNot && op_ != UnaryOp::Floor && op_ != UnaryOp::Sign; }
+  bool saves_input(size_t) const override { return !uses_output(); }
+  bool saves_output(size_t) const override { return uses_output(); }
+  FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
+  void print_attrs(std::ostream& os) const override {
+    if (has_alpha()) os << "alpha=" << alpha_;
+  }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    const Tensor& x = c.inputs[0];
+    const Tensor& y = c.outputs[0];
+    const Tensor& d = g[0];
+    switch (op_) {
+      case UnaryOp::Neg: return {neg(d)};
+      case UnaryOp::Exp: return {mul(d, y)};
+      case UnaryOp::Log: return {div(d, x)};
+      case UnaryOp::Sqrt: return {div(mul(d, 0.5), y)};
+      case UnaryOp::Rsqrt: return {mul(mul(d, pow(y, 3.0)), -0.5)};
+      case UnaryOp::Abs: return {mul(d, unary_raw(UnaryOp::Sign, x))};
+      case UnaryOp::Tanh: return {binary_raw(BinaryOp::TanhGradFromOutput, y, d)};
+      case UnaryOp::Sigmoid: return {binary_raw(BinaryOp::SigmoidGradFromOutput, y, d)};
+      case UnaryOp::Relu: return {binary_raw(BinaryOp::ReluGrad, x, d)};
+      case UnaryOp::GeluTanh: return {binary_raw(BinaryOp::GeluTanhGrad, x, d)};
+      case UnaryOp::GeluErf: return {binary_raw(BinaryOp::GeluErfGrad, x, d)};
+      case UnaryOp::Silu: return {binary_raw(BinaryOp::SiluGrad, x, d)};
+      case UnaryOp::Sin: return {mul(d, cos(x))};
+      case UnaryOp::Cos: return {neg(mul(d, sin(x)))};
+      case UnaryOp::Reciprocal: return {neg(mul(d, square(y)))};
+      case UnaryOp::Square: return {mul(mul(d, x), 2.0)};
+      case UnaryOp::PowScalar: return {mul(mul(d, pow(x, alpha_ - 1.0)), alpha_)};
+      case UnaryOp::AddScalar: return {d};
+      case UnaryOp::MulScalar: return {mul(d, alpha_)};
+      case UnaryOp::RSubScalar: return {neg(d)};
+      case UnaryOp::RDivScalar: return {neg(div(mul(d, alpha_), square(x)))};
+      case UnaryOp::Log1p: return {div(d, add(x, 1.0))};
+      case UnaryOp::Expm1: return {mul(d, add(y, 1.0))};
+      default: INGOT_FAIL(name(), ": not differentiable");
+    }
+  }
+
+ private:
+  bool uses_output() const {
+    return op_ == UnaryOp::Exp || op_ == UnaryOp::Sqrt || op_ == UnaryOp::Rsqrt || op_ == UnaryOp::Tanh ||
+           op_ == UnaryOp::Sigmoid || op_ == UnaryOp::Reciprocal || op_ == UnaryOp::Expm1;
+  }
+  bool has_alpha() const {
+    return op_ == UnaryOp::PowScalar || op_ == UnaryOp::AddScalar || op_ == UnaryOp::MulScalar ||
+           op_ == UnaryOp::RSubScalar || op_ == UnaryOp::RDivScalar;
+  }
+  UnaryOp op_;
+  double alpha_;
+};
+
+class BinaryPrim final : public Primitive {
+ public:
+  explicit BinaryPrim(BinaryOp op) : op_(op) {}
+  std::string_view name() const override { return kernels::binary_name(op_); }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    Shape s = broadcast_shapes(in[0].shape, in[1].shape, kernels::binary_name(op_));
+    DType t = kernels::is_comparison(op_) ? DType::b8 : promote(in[0].dtype, in[1].dtype);
+    return {{s, t, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    if (out[0].numel() > 0)
+      INGOT_KERNEL_CALL(in[0].device(), binary, op_, out[0], in[0].expand_raw(out[0].shape()),
+                        in[1].expand_raw(out[0].shape()));
+    return out;
+  }
+  bool differentiable() const override {
+    return op_ == BinaryOp::Add || op_ == BinaryOp::Sub || op_ == BinaryOp::Mul || op_ == BinaryOp::Div ||
+           op_ == BinaryOp::Pow || op_ == BinaryOp::Maximum || op_ == BinaryOp::Minimum;
+  }
+  bool saves_input(size_t) const override { return op_ != BinaryOp::Add && op_ != BinaryOp::Sub; }
+  bool saves_output(size_t) const override { return op_ == BinaryOp::Pow; }
+  FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    const Tensor &a = c.inputs[0], &b = c.inputs[1], &d = g[0];
+    const Shape &sa = c.input_meta[0].shape, &sb = c.input_meta[1].shape;
+    Tensor ga, gb;
+    switch (op_) {
+      case BinaryOp::Add: ga = d; gb = d; break;
+      case BinaryOp::Sub: ga = d; gb = neg(d); break;
+      case BinaryOp::Mul:
+        if (c.needs_grad[0]) ga = mul(d, b);
+        if (c.needs_grad[1]) gb = mul(d, a);
+        break;
+      case BinaryOp::Div:
+        if (c.needs_grad[0]) ga = div(d, b);
+        if (c.needs_grad[1]) gb = neg(div(mul(d, a), square(b)));
+        break;
+      case BinaryOp::Pow:
+        if (c.needs_grad[0]) ga = mul(d, mul(b, pow(a, sub(b, ones({}, b.dtype(), b.device())))));
+        if (c.needs_grad[1]) gb = mul(d, mul(c.outputs[0], log(a)));
+        break;
+      case BinaryOp::Maximum:
+      case BinaryOp::Minimum: {
+        // Ties split the gradient evenly, as PyTorch does.
+        Tensor pick_a = cast(op_ == BinaryOp::Maximum ? gt(a, b) : lt(a, b), d.dtype());
+        Tensor tie = mul(cast(eq(a, b), d.dtype()), 0.5);
+        ga = mul(d, add(pick_a, tie));
+        gb = mul(d, rsub(add(pick_a, tie), 1.0));
+        break;
+      }
+      default: INGOT_FAIL(name(), ": not differentiable");
+    }
+    std::vector<Tensor> r(2);
+    if (c.needs_grad[0] && ga.defined()) r[0] = cast(sum_to_shape(ga, sa), c.input_meta[0].dtype);
+    if (c.needs_grad[1] && gb.defined()) r[1] = cast(sum_to_shape(gb, sb), c.input_meta[1].dtype);
+    return r;
+  }
+
+ private:
+  BinaryOp op_;
+};
+
+class WherePrim final : public Primitive {
+ public:
+  std::string_view name() const override { return "where"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    INGOT_CHECK(in[0].dtype == DType::b8, "where: condition must be bool, got ", dtype_name(in[0].dtype));
+    Shape s = broadcast_shapes(broadcast_shapes(in[0].shape, in[1].shape, "where"), in[2].shape, "where");
+    return {{s, promote(in[1].dtype, in[2].dtype), in[1].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    const Shape& s = out[0].shape();
+    if (out[0].numel() > 0)
+      INGOT_KERNEL_CALL(in[0].device(), where, out[0], in[0].expand_raw(s), in[1].expand_raw(s), in[2].expand_raw(s));
+    return out;
+  }
+  bool saves_input(size_t i) const override { return i == 0; }
+  FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    Tensor zero = zeros({}, g[0].dtype(), g[0].device());
+    std::vector<Tensor> r(3);
+    if (c.needs_grad[1]) r[1] = cast(sum_to_shape(where(c.inputs[0], g[0], zero), c.input_meta[1].shape), c.input_meta[1].dtype);
+    if (c.needs_grad[2]) r[2] = cast(sum_to_shape(where(c.inputs[0], zero, g[0]), c.input_meta[2].shape), c.input_meta[2].dtype);
+    return r;
+  }
+};
+
+class CastPrim final : public Primitive {
+ public:
+  explicit CastPrim(DType t) : to_(t) {}
+  std::string_view name() const override { return "cast"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    return {{in[0].shape, to_, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return {in[0].to(to_).contiguous_raw()}; }
+  bool differentiable() const override { return is_floating(to_); }
+  bool saves_input(size_t) const override { return false; }
+  FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
+  void print_attrs(std::ostream& os) const override { os << "dtype=" << dtype_name(to_); }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    return {cast(g[0], c.input_meta[0].dtype)};
+  }
+
+ private:
+  DType to_;
+};
+
+class ToDevicePrim final : public Primitive {
+ public:
+  explicit ToDevicePrim(Device d) : to_(d) {}
+  std::string_view name() const override { return "to_device"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    return {{in[0].shape, in[0].dtype, to_}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return {in[0].to(to_)}; }
+  bool saves_input(size_t) const override { return false; }
+  void print_attrs(std::ostream& os) const override { os << "device=" << to_.str(); }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    return {to_device(g[0], c.input_meta[0].device)};
+  }
+
+ private:
+  Device to_;
+};
+
+class ClonePrim final : public Primitive {
+ public:
+  std::string_view name() const override { return "clone"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[0]}; }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return {in[0].clone_raw()}; }
+  bool saves_input(size_t) const override { return false; }
+  FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
+  std::vector<Tensor> vjp(const VjpContext&, const std::vector<Tensor>& g) const override { return {g[0]}; }
+};
+
+Tensor unary(UnaryOp op, const Tensor& x, double alpha = 0.0) {
+  return apply1(std::make_shared<UnaryPrim>(op, alpha), {x});
+}
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  return apply1(std::make_shared<BinaryPrim>(op), {a, b});
+}
+// Backward helpers: recorded like any op (so a traced backward sees them) but never differentiated.
+Tensor unary_raw(UnaryOp op, const Tensor& x, double alpha) { return unary(op, x, alpha); }
+Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b) { return binary(op, a, b); }
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Div, a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Pow, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Maximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Minimum, a, b); }
+Tensor add(const Tensor& a, double s) { return unary(UnaryOp::AddScalar, a, s); }
+Tensor mul(const Tensor& a, double s) { return unary(UnaryOp::MulScalar, a, s); }
+Tensor pow(const Tensor& a, double e) { return unary(UnaryOp::PowScalar, a, e); }
+Tensor rsub(const Tensor& a, double s) { return unary(UnaryOp::RSubScalar, a, s); }
+Tensor rdiv(const Tensor& a, double s) { return unary(UnaryOp::RDivScalar, a, s); }
+Tensor neg(const Tensor& a) { return unary(UnaryOp::Neg, a); }
+Tensor exp(const Tensor& a) { return unary(UnaryOp::Exp, a); }
+Tensor log(const Tensor& a) { return unary(UnaryOp::Log, a); }
+Tensor sqrt(const Tensor& a) { return unary(UnaryOp::Sqrt, a); }
+Tensor rsqrt(const Tensor& a) { return unary(UnaryOp::Rsqrt, a); }
+Tensor abs(const Tensor& a) { return unary(UnaryOp::Abs, a); }
+Tensor tanh(const Tensor& a) { return unary(UnaryOp::Tanh, a); }
+Tensor sigmoid(const Tensor& a) { return unary(UnaryOp::Sigmoid, a); }
+Tensor relu(const Tensor& a) { return unary(UnaryOp::Relu, a); }
+Tensor gelu(const Tensor& a, bool approximate_tanh) {
+  return unary(approximate_tanh ? UnaryOp::GeluTanh : UnaryOp::GeluErf, a);
+}
+Tensor silu(const Tensor& a) { return unary(UnaryOp::Silu, a); }
+Tensor sin(const Tensor& a) { return unary(UnaryOp::Sin, a); }
+Tensor cos(const Tensor& a) { return unary(UnaryOp::Cos, a); }
+Tensor square(const Tensor& a) { return unary(UnaryOp::Square, a); }
+Tensor reciprocal(const Tensor& a) { return unary(UnaryOp::Reciprocal, a); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Ge, a, b); }
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  return apply1(std::make_shared<WherePrim>(), {cond, a, b});
+}
+Tensor cast(const Tensor& a, DType dtype) {
+  if (a.dtype() == dtype) return a;
+  return apply1(std::make_shared<CastPrim>(dtype), {a});
+}
+Tensor to_device(const Tensor& a, Device d) {
+  if (a.device() == d) return a;
+  return apply1(std::make_shared<ToDevicePrim>(d), {a});
+}
+Tensor clone(const Tensor& a) { return apply1(std::make_shared<ClonePrim>(), {a}); }
+
+Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
+  if (grad.shape() == shape) return grad;
+  const int64_t lead = grad.dim() - static_cast<int64_t>(shape.size());
+  INGOT_INTERNAL_CHECK(lead >= 0, "sum_to_shape: ", shape_str(grad.shape()), " -> ", shape_str(shape));
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < grad.dim(); ++i)
+    if (i < lead || (shape[static_cast<size_t>(i - lead)] == 1 && grad.shape()[static_cast<size_t>(i)] != 1))
+      dims.push_back(i);
+  Tensor r = dims.empty() ? grad : sum(grad, dims, /*keepdim=*/true);
+  return reshape(r, shape);
+}
+
+}  // namespace ingot

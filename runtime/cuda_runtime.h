@@ -1,0 +1,45 @@
+// The CUDA runtime pieces the rest of ingot needs: streams, events, copies, device selection. Implemented
+// in runtime/cuda/*.cu, or by runtime/no_cuda.cpp (throwing) in CPU-only builds. The header itself needs
+// no CUDA headers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ingot::cuda {
+
+// An opaque cudaStream_t. A null handle is the legacy default stream.
+struct Stream {
+  void* handle = nullptr;
+  int device = 0;
+};
+
+class Event {
+ public:
+  Event();  // created with timing enabled on the current device
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(Stream s);
+  void synchronize();
+  void wait(Stream s);  // s waits for this event
+  float elapsed_ms(const Event& end) const;  // from this event to `end`
+
+ private:
+  void* handle_ = nullptr;
+};
+
+void set_device(int index);
+int current_device();
+Stream create_stream(int device);      // non-blocking
+void destroy_stream(Stream s);
+Stream current_stream(int device);     // the stream eager kernels of `device` launch on
+void set_current_stream(Stream s);
+void synchronize_stream(Stream s);
+void synchronize_device(int device);
+
+enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
+// Copies on the current stream of the device involved, then waits for it when host memory is involved.
+void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device);
+
+}  // namespace ingot::cuda

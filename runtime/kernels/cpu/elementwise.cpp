@@ -1,0 +1,188 @@
+// CPU elementwise kernels: fill, copy (with dtype conversion), unary, binary, where. Operands may have any
+// strides; the chunked driver in loops.h does the walking.
+#include <cmath>
+
+#include "runtime/kernels/cpu/loops.h"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot::kernels::cpu {
+
+StridedSpace collapse(const std::vector<const Tensor*>& ops) {
+  const Shape& shape = ops[0]->shape();
+  StridedSpace sp;
+  sp.strides.resize(ops.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;  // size-1 dims contribute nothing
+    bool merge = !sp.shape.empty();
+    for (size_t k = 0; merge && k < ops.size(); ++k)
+      merge = sp.strides[k].back() == ops[k]->strides()[d] * shape[d];
+    if (merge) {
+      sp.shape.back() *= shape[d];
+      for (size_t k = 0; k < ops.size(); ++k) sp.strides[k].back() = ops[k]->strides()[d];
+    } else {
+      sp.shape.push_back(shape[d]);
+      for (size_t k = 0; k < ops.size(); ++k) sp.strides[k].push_back(ops[k]->strides()[d]);
+    }
+  }
+  return sp;
+}
+
+void fill(const Tensor& out, double value) {
+  if (needs_double({out.dtype()})) {
+    elementwise<double, 0>(out, {}, [value](double* o, const double* const*, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) o[i] = value;
+    });
+  } else {
+    float v = static_cast<float>(value);
+    elementwise<float, 0>(out, {}, [v](float* o, const float* const*, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) o[i] = v;
+    });
+  }
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  INGOT_INTERNAL_CHECK(dst.shape() == src.shape(), "copy: ", shape_str(dst.shape()), " vs ", shape_str(src.shape()));
+  // Same dtype, both contiguous: a memcpy.
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+    return;
+  }
+  auto body = [](auto* o, const auto* const* in, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) o[i] = in[0][i];
+  };
+  if (needs_double({dst.dtype(), src.dtype()})) elementwise<double, 1>(dst, {&src}, body);
+  else elementwise<float, 1>(dst, {&src}, body);
+}
+
+namespace {
+
+template <typename A>
+A gelu_tanh(A x) {
+  const A k = A(0.7978845608028654), c = A(0.044715);
+  return A(0.5) * x * (A(1) + std::tanh(k * (x + c * x * x * x)));
+}
+template <typename A>
+A gelu_tanh_grad(A x) {
+  const A k = A(0.7978845608028654), c = A(0.044715);
+  A inner = k * (x + c * x * x * x);
+  A t = std::tanh(inner);
+  return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * k * (A(1) + A(3) * c * x * x);
+}
+template <typename A>
+A gelu_erf(A x) {
+  return A(0.5) * x * (A(1) + std::erf(x * A(0.7071067811865476)));
+}
+template <typename A>
+A gelu_erf_grad(A x) {
+  return A(0.5) * (A(1) + std::erf(x * A(0.7071067811865476))) + x * A(0.3989422804014327) * std::exp(A(-0.5) * x * x);
+}
+template <typename A>
+A sigmoid(A x) {
+  return A(1) / (A(1) + std::exp(-x));
+}
+
+template <typename A>
+void unary_loop(UnaryOp op, A alpha, A* o, const A* x, int64_t n) {
+  switch (op) {
+#define CASE(OP, EXPR) \
+  case UnaryOp::OP:    \
+    for (int64_t i = 0; i < n; ++i) { A v = x[i]; o[i] = (EXPR); } \
+    break;
+    CASE(Neg, -v)
+    CASE(Exp, std::exp(v))
+    CASE(Log, std::log(v))
+    CASE(Sqrt, std::sqrt(v))
+    CASE(Rsqrt, A(1) / std::sqrt(v))
+    CASE(Abs, std::abs(v))
+    CASE(Tanh, std::tanh(v))
+    CASE(Sigmoid, sigmoid(v))
+    CASE(Relu, v > A(0) ? v : A(0))
+    CASE(GeluTanh, gelu_tanh(v))
+    CASE(GeluErf, gelu_erf(v))
+    CASE(Silu, v * sigmoid(v))
+    CASE(Sin, std::sin(v))
+    CASE(Cos, std::cos(v))
+    CASE(Reciprocal, A(1) / v)
+    CASE(Square, v * v)
+    CASE(Sign, A((v > A(0)) - (v < A(0))))
+    CASE(PowScalar, std::pow(v, alpha))
+    CASE(AddScalar, v + alpha)
+    CASE(MulScalar, v * alpha)
+    CASE(RSubScalar, alpha - v)
+    CASE(RDivScalar, alpha / v)
+    CASE(Log1p, std::log1p(v))
+    CASE(Expm1, std::expm1(v))
+    CASE(Floor, std::floor(v))
+    CASE(LogicalNot, A(v == A(0)))
+#undef CASE
+  }
+}
+
+template <typename A>
+void binary_loop(BinaryOp op, A* o, const A* a, const A* b, int64_t n) {
+  switch (op) {
+#define CASE(OP, EXPR) \
+  case BinaryOp::OP:   \
+    for (int64_t i = 0; i < n; ++i) { A x = a[i], y = b[i]; o[i] = (EXPR); } \
+    break;
+    CASE(Add, x + y)
+    CASE(Sub, x - y)
+    CASE(Mul, x * y)
+    CASE(Div, x / y)
+    CASE(Pow, std::pow(x, y))
+    CASE(Maximum, (x != x || x > y) ? x : y)
+    CASE(Minimum, (x != x || x < y) ? x : y)
+    CASE(Eq, A(x == y))
+    CASE(Ne, A(x != y))
+    CASE(Lt, A(x < y))
+    CASE(Le, A(x <= y))
+    CASE(Gt, A(x > y))
+    CASE(Ge, A(x >= y))
+    CASE(LogicalAnd, A(x != A(0) && y != A(0)))
+    CASE(LogicalOr, A(x != A(0) || y != A(0)))
+    CASE(GeluTanhGrad, y * gelu_tanh_grad(x))
+    CASE(GeluErfGrad, y * gelu_erf_grad(x))
+    CASE(SiluGrad, y * (sigmoid(x) * (A(1) + x * (A(1) - sigmoid(x)))))
+    CASE(SigmoidGradFromOutput, y * x * (A(1) - x))
+    CASE(TanhGradFromOutput, y * (A(1) - x * x))
+    CASE(ReluGrad, x > A(0) ? y : A(0))
+#undef CASE
+  }
+}
+
+}  // namespace
+
+void unary(UnaryOp op, const Tensor& out, const Tensor& in, double alpha) {
+  if (needs_double({out.dtype(), in.dtype()})) {
+    elementwise<double, 1>(out, {&in}, [&](double* o, const double* const* x, int64_t n) {
+      unary_loop<double>(op, alpha, o, x[0], n);
+    });
+  } else {
+    float a = static_cast<float>(alpha);
+    elementwise<float, 1>(out, {&in}, [&](float* o, const float* const* x, int64_t n) {
+      unary_loop<float>(op, a, o, x[0], n);
+    });
+  }
+}
+
+void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  if (needs_double({out.dtype(), a.dtype(), b.dtype()})) {
+    elementwise<double, 2>(out, {&a, &b}, [&](double* o, const double* const* x, int64_t n) {
+      binary_loop<double>(op, o, x[0], x[1], n);
+    });
+  } else {
+    elementwise<float, 2>(out, {&a, &b}, [&](float* o, const float* const* x, int64_t n) {
+      binary_loop<float>(op, o, x[0], x[1], n);
+    });
+  }
+}
+
+void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  auto body = [](auto* o, const auto* const* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) o[i] = x[0][i] != 0 ? x[1][i] : x[2][i];
+  };
+  if (needs_double({out.dtype(), a.dtype(), b.dtype()})) elementwise<double, 3>(out, {&cond, &a, &b}, body);
+  else elementwise<float, 3>(out, {&cond, &a, &b}, body);
+}
+
+}  // namespace ingot::kernels::cpu
