@@ -1,0 +1,18 @@
+// Gradient clipping by the global L2 norm over all gradients (torch.nn.utils.clip_grad_norm_).
+#pragma once
+
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace ingot::optim {
+
+// sqrt(sum over defined grads of sum(g^2)), accumulated in f32 on the device, returned as a double.
+double grad_norm(const std::vector<Tensor>& params);
+// The factor clipping multiplies gradients by: min(1, max_norm / (total_norm + 1e-6)).
+double clip_coefficient(double total_norm, double max_norm);
+// Scales every defined grad in place by clip_coefficient; returns the norm before clipping. To clip inside
+// the fused optimizer step instead, call grad_norm and Optimizer::set_grad_scale(clip_coefficient(...)).
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+
+}  // namespace ingot::optim

@@ -1,0 +1,85 @@
+// Optimizers over a list of parameter tensors (leaves). step() updates, in place, every parameter that has a
+// defined .grad, with one fused multi-tensor kernel launch (runtime/kernels/kernel_list.inc); parameters
+// without a gradient are skipped and their state is left alone (PyTorch semantics). All parameters live on
+// one device and are contiguous; optimizer state is f32 on that device.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace ingot::optim {
+
+class Optimizer {
+ public:
+  Optimizer(std::vector<Tensor> params, double lr);
+  virtual ~Optimizer();
+  virtual void step() = 0;
+  void zero_grad();  // drops every parameter's .grad
+  void set_lr(double lr) { lr_ = lr; }
+  double lr() const { return lr_; }
+  int64_t step_count() const { return step_count_; }  // completed step() calls
+  // Multiplies the gradients by `s` inside the next step() only (gradient clipping, loss-scale unscaling)
+  // without touching the .grad tensors.
+  void set_grad_scale(double s) { grad_scale_ = s; }
+  const std::vector<Tensor>& params() const { return params_; }
+
+  // Everything needed to resume exactly: "step" (i64 scalar) plus per-parameter state named
+  // "<index>.<state>" by parameter index (e.g. "3.exp_avg"). Tensors are handles to the live state.
+  virtual std::map<std::string, Tensor> state_dict() const;
+  // Copies state in; names, shapes and parameter indices must match what state_dict() would give.
+  virtual void load_state_dict(const std::map<std::string, Tensor>& sd);
+
+ protected:
+  // Indices of the parameters that have a gradient this step.
+  std::vector<size_t> params_with_grad() const;
+  // Per-parameter state slot (created zero-filled like the parameter, f32) named e.g. "exp_avg".
+  Tensor& state(size_t index, const std::string& name);
+  bool has_state(size_t index, const std::string& name) const;
+  // Consumes the one-shot grad scale and bumps the step counter; call once per step().
+  double begin_step();
+
+  std::vector<Tensor> params_;
+  double lr_;
+  int64_t step_count_ = 0;
+  double grad_scale_ = 1.0;
+  std::vector<std::map<std::string, Tensor>> state_;  // per parameter
+};
+
+struct AdamWOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+};
+
+// Decoupled weight decay Adam (Loshchilov & Hutter), the math of torch.optim.AdamW. Bias correction uses
+// each parameter's own step count (its "step" state), as PyTorch does when a parameter misses a step.
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Tensor> params, AdamWOptions opts = {});
+  void step() override;
+  const AdamWOptions& options() const { return opts_; }
+  AdamWOptions& options() { return opts_; }
+
+ private:
+  AdamWOptions opts_;
+};
+
+struct SGDOptions {
+  double lr = 1e-2, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+};
+
+// torch.optim.SGD: weight decay added to the gradient, optional (Nesterov) momentum with dampening.
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, SGDOptions opts = {});
+  void step() override;
+  const SGDOptions& options() const { return opts_; }
+
+ private:
+  SGDOptions opts_;
+};
+
+}  // namespace ingot::optim
