@@ -1,0 +1,176 @@
+// Reduction family: sum, mean, amax, amin, logsumexp, argmax, argmin over a set of dims (empty = all).
+// Forward brings the reduced dims together as one contiguous [outer, n, inner] block (a copy only when the
+// input is not contiguous or the reduced dims are not adjacent, in which case they are permuted to the end)
+// and runs the `reduce` kernel, which accumulates floating inputs in double. Backward broadcasts the
+// cotangent back over the reduced dims.
+#include <algorithm>
+
+#include "autograd/ops.h"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot {
+namespace {
+
+using kernels::ReduceOp;
+
+// Wraps, sorts and checks `dims` against a tensor of rank `ndim`; empty means every dim. A 0-d tensor
+// accepts dim 0 / -1 (as PyTorch does) and reduces nothing.
+std::vector<int64_t> normalize_dims(std::vector<int64_t> dims, int64_t ndim, const char* op) {
+  if (dims.empty()) {
+    for (int64_t d = 0; d < ndim; ++d) dims.push_back(d);
+    return dims;
+  }
+  for (int64_t& d : dims) d = wrap_dim(d, ndim, op);
+  std::sort(dims.begin(), dims.end());
+  INGOT_CHECK(std::adjacent_find(dims.begin(), dims.end()) == dims.end(), op, ": dim ",
+              *std::adjacent_find(dims.begin(), dims.end()), " appears more than once in the reduced dims");
+  if (ndim == 0) dims.clear();
+  return dims;
+}
+
+bool contains(const std::vector<int64_t>& dims, int64_t d) {
+  return std::binary_search(dims.begin(), dims.end(), d);
+}
+
+// The output shape with reduced dims kept as 1.
+Shape keepdim_shape(const Shape& in, const std::vector<int64_t>& dims) {
+  Shape s = in;
+  for (int64_t d : dims) s[static_cast<size_t>(d)] = 1;
+  return s;
+}
+
+Shape reduced_shape(const Shape& in, const std::vector<int64_t>& dims, bool keepdim) {
+  if (keepdim) return keepdim_shape(in, dims);
+  Shape s;
+  for (size_t d = 0; d < in.size(); ++d)
+    if (!contains(dims, static_cast<int64_t>(d))) s.push_back(in[d]);
+  return s;
+}
+
+DType reduce_out_dtype(ReduceOp op, DType in) {
+  switch (op) {
+    case ReduceOp::ArgMax:
+    case ReduceOp::ArgMin: return DType::i64;
+    case ReduceOp::Sum:
+    case ReduceOp::Prod: return is_floating(in) ? in : DType::i64;
+    case ReduceOp::LogSumExp: return is_floating(in) ? in : DType::f32;
+    default: return in;
+  }
+}
+
+class ReducePrim final : public Primitive {
+ public:
+  ReducePrim(ReduceOp op, std::vector<int64_t> dims, bool keepdim)
+      : op_(op), dims_(std::move(dims)), keepdim_(keepdim) {}
+  std::string_view name() const override { return kernels::reduce_name(op_); }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const Shape& s = in[0].shape;
+    INGOT_CHECK(op_ != ReduceOp::Mean || is_floating(in[0].dtype), "mean: expected a floating tensor, got ",
+                dtype_name(in[0].dtype), " (cast it first)");
+    if (op_ == ReduceOp::Max || op_ == ReduceOp::Min || op_ == ReduceOp::ArgMax || op_ == ReduceOp::ArgMin)
+      for (int64_t d : dims_)
+        INGOT_CHECK(s[static_cast<size_t>(d)] > 0, name(), ": cannot reduce over dim ", d, " of size 0 in shape ",
+                    shape_str(s), " (no identity)");
+    return {{reduced_shape(s, dims_, keepdim_), reduce_out_dtype(op_, in[0].dtype), in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    const Tensor& x = in[0];
+    Tensor out = alloc_outputs(infer(metas_of(in)))[0];
+    if (out.numel() == 0) return {out};
+    const Shape& s = x.shape();
+    const int64_t nd = x.dim();
+    int64_t outer = 1, n = 1, inner = 1;
+    Tensor src = x;
+    const bool adjacent = dims_.empty() || dims_.back() - dims_.front() + 1 == static_cast<int64_t>(dims_.size());
+    if (adjacent) {
+      for (int64_t d = 0; d < nd; ++d) {
+        int64_t sz = s[static_cast<size_t>(d)];
+        if (contains(dims_, d)) n *= sz;
+        else if (dims_.empty() || d < dims_.front()) outer *= sz;
+        else inner *= sz;
+      }
+    } else {
+      // Kept dims first (in order, so the output layout matches), reduced dims last.
+      Shape ps;
+      Strides pst;
+      for (int pass = 0; pass < 2; ++pass)
+        for (int64_t d = 0; d < nd; ++d)
+          if (contains(dims_, d) == (pass == 1)) {
+            ps.push_back(s[static_cast<size_t>(d)]);
+            pst.push_back(x.strides()[static_cast<size_t>(d)]);
+            (pass == 1 ? n : outer) *= s[static_cast<size_t>(d)];
+          }
+      src = x.as_strided(ps, pst, x.offset());
+    }
+    INGOT_KERNEL_CALL(x.device(), reduce, op_, out, src.contiguous_raw(), outer, n, inner);
+    return {out};
+  }
+  bool differentiable() const override { return op_ != ReduceOp::ArgMax && op_ != ReduceOp::ArgMin; }
+  bool saves_input(size_t) const override {
+    return op_ == ReduceOp::Max || op_ == ReduceOp::Min || op_ == ReduceOp::LogSumExp;
+  }
+  bool saves_output(size_t) const override { return saves_input(0); }
+  FusionKind fusion_kind() const override { return FusionKind::Reduction; }
+  void print_attrs(std::ostream& os) const override {
+    os << "dims=" << shape_str(dims_) << ", keepdim=" << (keepdim_ ? "true" : "false");
+  }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    const TensorMeta& m = c.input_meta[0];
+    // The cotangent with reduced dims restored as size 1, so it broadcasts against the input.
+    const Shape ks = keepdim_shape(m.shape, dims_);
+    Tensor gk = reshape(g[0], ks);
+    Tensor r;
+    switch (op_) {
+      case ReduceOp::Sum: r = expand(gk, m.shape); break;
+      case ReduceOp::Mean: {
+        const double count = static_cast<double>(numel(m.shape) / std::max<int64_t>(numel(ks), 1));
+        r = expand(mul(gk, 1.0 / count), m.shape);
+        break;
+      }
+      case ReduceOp::Max:
+      case ReduceOp::Min: {
+        // Ties share the gradient evenly, as PyTorch's amax/amin do.
+        Tensor hit = cast(eq(c.inputs[0], reshape(c.outputs[0], ks)), gk.dtype());
+        r = mul(hit, div(gk, sum(hit, dims_, /*keepdim=*/true)));
+        break;
+      }
+      case ReduceOp::LogSumExp:
+        r = mul(gk, exp(sub(c.inputs[0], reshape(c.outputs[0], ks))));
+        break;
+      default: INGOT_FAIL(name(), ": not differentiable");
+    }
+    return {cast(r, m.dtype)};
+  }
+
+ private:
+  ReduceOp op_;
+  std::vector<int64_t> dims_;
+  bool keepdim_;
+};
+
+Tensor reduce(ReduceOp op, const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  dims = normalize_dims(std::move(dims), a.dim(), kernels::reduce_name(op));
+  return apply1(std::make_shared<ReducePrim>(op, std::move(dims), keepdim), {a});
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(ReduceOp::Sum, a, std::move(dims), keepdim);
+}
+Tensor mean(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(ReduceOp::Mean, a, std::move(dims), keepdim);
+}
+Tensor amax(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(ReduceOp::Max, a, std::move(dims), keepdim);
+}
+Tensor amin(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(ReduceOp::Min, a, std::move(dims), keepdim);
+}
+Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(ReduceOp::LogSumExp, a, std::move(dims), keepdim);
+}
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) { return reduce(ReduceOp::ArgMax, a, {dim}, keepdim); }
+Tensor argmin(const Tensor& a, int64_t dim, bool keepdim) { return reduce(ReduceOp::ArgMin, a, {dim}, keepdim); }
+
+}  // namespace ingot
