@@ -12,6 +12,24 @@ namespace ingot {
 int cuda_device_count() { return 0; }
 Allocator& cuda_allocator(int) { no_cuda("cuda_allocator"); }
 
+namespace cuda {
+Event::Event() { no_cuda("cuda::Event"); }
+Event::~Event() = default;
+void Event::record(Stream) { no_cuda("cuda::Event::record"); }
+void Event::synchronize() { no_cuda("cuda::Event::synchronize"); }
+void Event::wait(Stream) { no_cuda("cuda::Event::wait"); }
+float Event::elapsed_ms(const Event&) const { no_cuda("cuda::Event::elapsed_ms"); }
+void set_device(int) { no_cuda("cuda::set_device"); }
+int current_device() { no_cuda("cuda::current_device"); }
+Stream create_stream(int) { no_cuda("cuda::create_stream"); }
+void destroy_stream(Stream) { no_cuda("cuda::destroy_stream"); }
+Stream current_stream(int) { no_cuda("cuda::current_stream"); }
+void set_current_stream(Stream) { no_cuda("cuda::set_current_stream"); }
+void synchronize_stream(Stream) { no_cuda("cuda::synchronize_stream"); }
+void synchronize_device(int) { no_cuda("cuda::synchronize_device"); }
+void memcpy(void*, const void*, size_t, CopyKind, int) { no_cuda("cuda::memcpy"); }
+}  // namespace cuda
+
 namespace kernels::cuda {
 #define INGOT_KERNEL(name, params) \
   void name params { no_cuda("kernel " #name); }

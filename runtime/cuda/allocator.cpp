@@ -1,0 +1,219 @@
+// The CUDA caching allocator (one per device), in the manner of PyTorch's: cudaMalloc and cudaFree are slow and
+// synchronize the device, so freed memory is kept and handed out again.
+//
+// Note [Caching allocator layout]
+//   Requests are rounded up to 512 bytes. Requests of at most 1 MiB come from the small pool, whose segments
+//   (cudaMalloc'd ranges) are 2 MiB; larger ones from the large pool, whose segments are 20 MiB for requests
+//   under 10 MiB and the request rounded up to 2 MiB otherwise. A free block bigger than asked for is split
+//   (the remainder stays free in the same segment); a freed block merges with free neighbours of its segment.
+//   Lookup is best fit: the smallest free block of the same stream that is large enough.
+//
+// Note [Streams]
+//   Every block belongs to the stream that was current on its device when its segment was made. Work on one
+//   stream runs in order, so a block freed by the host while kernels using it are still queued can be handed to
+//   the next allocation on that stream: its kernels are queued after the pending ones. Blocks are never handed
+//   to another stream; a request on a stream with nothing cached makes a new segment.
+//
+// Out of memory: the allocator releases every fully free segment (empty_cache) and tries once more, then throws
+// an ingot::Error naming the request and the memory held.
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "runtime/allocator.h"
+#include "runtime/cuda/check.h"
+
+namespace ingot {
+namespace {
+
+constexpr size_t kRound = 512;
+constexpr size_t kSmallRequest = size_t{1} << 20;
+constexpr size_t kSmallSegment = size_t{2} << 20;
+constexpr size_t kMediumRequest = size_t{10} << 20;
+constexpr size_t kMediumSegment = size_t{20} << 20;
+constexpr size_t kLargeRound = size_t{2} << 20;
+
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+struct Block {
+  char* ptr = nullptr;
+  size_t size = 0;
+  cudaStream_t stream = nullptr;
+  bool small = false;      // which pool its segment belongs to
+  bool allocated = false;
+  Block* prev = nullptr;   // neighbours within the same segment (address order)
+  Block* next = nullptr;
+};
+
+// Free blocks ordered by (stream, size, address): lower_bound finds the best fit on a stream.
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const {
+    auto sa = reinterpret_cast<uintptr_t>(a->stream), sb = reinterpret_cast<uintptr_t>(b->stream);
+    if (sa != sb) return sa < sb;
+    if (a->size != b->size) return a->size < b->size;
+    return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
+  }
+};
+using FreeSet = std::set<Block*, BlockLess>;
+
+std::string mib(int64_t bytes) { return detail::str_cat(static_cast<double>(bytes) / (1 << 20), " MiB"); }
+
+class CudaCachingAllocator final : public Allocator {
+ public:
+  explicit CudaCachingAllocator(int device) : device_(device) {}
+
+  std::shared_ptr<void> allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    const size_t size = round_up(nbytes, kRound);
+    cudaStream_t stream = cuda::raw_stream(device_);
+    std::lock_guard<std::mutex> g(mu_);
+    const bool small = size <= kSmallRequest;
+    FreeSet& pool = small ? free_small_ : free_large_;
+    Block key;
+    key.stream = stream;
+    key.size = size;
+    Block* b = nullptr;
+    auto it = pool.lower_bound(&key);
+    if (it != pool.end() && (*it)->stream == stream) {
+      b = *it;
+      pool.erase(it);
+    } else {
+      b = new_segment(size, small, stream, nbytes);
+    }
+    split(b, size, pool);
+    b->allocated = true;
+    stats_.allocated_bytes += static_cast<int64_t>(b->size);
+    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+    ++stats_.num_allocs;
+    return std::shared_ptr<void>(b->ptr, [this, b](void*) { release(b); });
+  }
+
+  AllocatorStats stats() const override {
+    std::lock_guard<std::mutex> g(mu_);
+    return stats_;
+  }
+
+  void reset_peak() override {
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  }
+
+  void empty_cache() override {
+    std::lock_guard<std::mutex> g(mu_);
+    free_cached_segments();
+  }
+
+ private:
+  Block* new_segment(size_t size, bool small, cudaStream_t stream, size_t requested) {
+    const size_t seg = small ? kSmallSegment : size < kMediumRequest ? kMediumSegment : round_up(size, kLargeRound);
+    cuda::DeviceGuard guard(device_);
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, seg);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear the failure before retrying
+      free_cached_segments();
+      err = cudaMalloc(&p, seg);
+    }
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      INGOT_FAIL("CUDA out of memory on cuda:", device_, " allocating ", requested, " bytes (", mib(requested),
+                 ", a ", mib(static_cast<int64_t>(seg)), " segment); ingot holds ", mib(stats_.reserved_bytes),
+                 " of which ", mib(stats_.allocated_bytes), " in use; the device has ",
+                 mib(static_cast<int64_t>(free_b)), " free of ", mib(static_cast<int64_t>(total_b)));
+    }
+    CUDA_CHECK(err);
+    stats_.reserved_bytes += static_cast<int64_t>(seg);
+    ++stats_.num_system_allocs;
+    auto* b = new Block;
+    b->ptr = static_cast<char*>(p);
+    b->size = seg;
+    b->stream = stream;
+    b->small = small;
+    return b;
+  }
+
+  // Leaves `b` with `size` bytes when the rest is worth keeping as a separate free block.
+  void split(Block* b, size_t size, FreeSet& pool) {
+    const size_t rest = b->size - size;
+    if (b->small ? rest < kRound : rest <= kSmallRequest) return;
+    auto* r = new Block;
+    r->ptr = b->ptr + size;
+    r->size = rest;
+    r->stream = b->stream;
+    r->small = b->small;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next) b->next->prev = r;
+    b->next = r;
+    b->size = size;
+    pool.insert(r);
+  }
+
+  void release(Block* b) {
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.allocated_bytes -= static_cast<int64_t>(b->size);
+    b->allocated = false;
+    FreeSet& pool = b->small ? free_small_ : free_large_;
+    if (b->prev && !b->prev->allocated) {
+      Block* p = b->prev;
+      pool.erase(p);
+      p->size += b->size;
+      p->next = b->next;
+      if (b->next) b->next->prev = p;
+      delete b;
+      b = p;
+    }
+    if (b->next && !b->next->allocated) {
+      Block* n = b->next;
+      pool.erase(n);
+      b->size += n->size;
+      b->next = n->next;
+      if (n->next) n->next->prev = b;
+      delete n;
+    }
+    pool.insert(b);
+  }
+
+  // Returns every segment with no block in use to the driver. Called with mu_ held.
+  void free_cached_segments() {
+    cuda::DeviceGuard guard(device_);
+    for (FreeSet* pool : {&free_small_, &free_large_}) {
+      for (auto it = pool->begin(); it != pool->end();) {
+        Block* b = *it;
+        if (b->prev || b->next) {
+          ++it;
+          continue;
+        }
+        CUDA_CHECK(cudaFree(b->ptr));
+        stats_.reserved_bytes -= static_cast<int64_t>(b->size);
+        it = pool->erase(it);
+        delete b;
+      }
+    }
+  }
+
+  const int device_;
+  mutable std::mutex mu_;
+  FreeSet free_small_, free_large_;
+  AllocatorStats stats_;
+};
+
+}  // namespace
+
+Allocator& cuda_allocator(int index) {
+  // Never destroyed: tensors held in statics may be freed after static destruction has begun.
+  static std::vector<CudaCachingAllocator*>* allocators = [] {
+    auto* v = new std::vector<CudaCachingAllocator*>();
+    for (int i = 0; i < cuda_device_count(); ++i) v->push_back(new CudaCachingAllocator(i));
+    return v;
+  }();
+  INGOT_CHECK(index >= 0 && index < static_cast<int>(allocators->size()), "cuda_allocator: CUDA device ", index,
+              " does not exist (", allocators->size(), " device(s) visible)");
+  return *(*allocators)[static_cast<size_t>(index)];
+}
+
+}  // namespace ingot

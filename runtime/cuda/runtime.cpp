@@ -1,0 +1,147 @@
+// runtime/cuda_runtime.h on the CUDA runtime API: device selection, streams, events, copies, and the
+// error reporting behind CUDA_CHECK / CUBLAS_CHECK.
+#include <vector>
+
+#include "runtime/cuda/check.h"
+#include "runtime/device.h"
+
+namespace ingot {
+
+int cuda_device_count() {
+  // Asked once: the answer cannot change within a process (CUDA reads CUDA_VISIBLE_DEVICES at init). With no
+  // driver or no GPU the runtime reports an error, which here simply means "no devices".
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // clear it so the next checked call does not see it
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+namespace cuda {
+namespace detail {
+
+void throw_cuda_error(const char* file, int line, const char* expr, cudaError_t err) {
+  cudaGetLastError();  // non-sticky errors would otherwise be reported again by the next launch check
+  throw Error(ingot::detail::str_cat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
+                                     ") in ", expr, " at ", file, ":", line));
+}
+
+void throw_cublas_error(const char* file, int line, const char* expr, cublasStatus_t status) {
+  throw Error(ingot::detail::str_cat("cuBLAS error ", cublasGetStatusName(status), " (",
+                                     cublasGetStatusString(status), ") in ", expr, " at ", file, ":", line));
+}
+
+}  // namespace detail
+
+namespace {
+
+void check_device(int device, const char* what) {
+  int n = cuda_device_count();
+  INGOT_CHECK(device >= 0 && device < n, what, ": CUDA device ", device, " does not exist (", n,
+              " device(s) visible)");
+}
+
+// Current stream per device, per thread (as in PyTorch): a thread that sets a stream does not redirect the
+// kernels of other threads. Starts as the legacy default stream.
+std::vector<Stream>& thread_streams() {
+  thread_local std::vector<Stream> streams;
+  if (streams.empty()) {
+    int n = cuda_device_count();
+    for (int i = 0; i < n; ++i) streams.push_back(Stream{nullptr, i});
+  }
+  return streams;
+}
+
+}  // namespace
+
+Event::Event() {
+  cudaEvent_t e;
+  CUDA_CHECK(cudaEventCreate(&e));
+  handle_ = e;
+}
+
+Event::~Event() {
+  if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+}
+
+void Event::record(Stream s) {
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(s.handle)));
+}
+
+void Event::synchronize() { CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_))); }
+
+void Event::wait(Stream s) {
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(s.handle), static_cast<cudaEvent_t>(handle_), 0));
+}
+
+float Event::elapsed_ms(const Event& end) const {
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_), static_cast<cudaEvent_t>(end.handle_)));
+  return ms;
+}
+
+void set_device(int index) {
+  check_device(index, "set_device");
+  CUDA_CHECK(cudaSetDevice(index));
+}
+
+int current_device() {
+  int d = 0;
+  CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+Stream create_stream(int device) {
+  check_device(device, "create_stream");
+  DeviceGuard g(device);
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return Stream{s, device};
+}
+
+void destroy_stream(Stream s) {
+  if (!s.handle) return;  // the default stream is not ours to destroy
+  DeviceGuard g(s.device);
+  CUDA_CHECK(cudaStreamDestroy(static_cast<cudaStream_t>(s.handle)));
+}
+
+Stream current_stream(int device) {
+  check_device(device, "current_stream");
+  return thread_streams()[static_cast<size_t>(device)];
+}
+
+void set_current_stream(Stream s) {
+  check_device(s.device, "set_current_stream");
+  thread_streams()[static_cast<size_t>(s.device)] = s;
+}
+
+void synchronize_stream(Stream s) {
+  DeviceGuard g(s.device);
+  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)));
+}
+
+void synchronize_device(int device) {
+  check_device(device, "synchronize_device");
+  DeviceGuard g(device);
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device) {
+  if (nbytes == 0) return;
+  check_device(device, "memcpy");
+  DeviceGuard g(device);
+  cudaStream_t s = raw_stream(device);
+  cudaMemcpyKind k = kind == CopyKind::HostToDevice   ? cudaMemcpyHostToDevice
+                     : kind == CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost
+                                                      : cudaMemcpyDeviceToDevice;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, k, s));
+  // Host memory is pageable and owned by the caller: it must be done with before we return.
+  if (kind != CopyKind::DeviceToDevice) CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+}  // namespace cuda
+}  // namespace ingot

@@ -1,0 +1,293 @@
+// CUDA elementwise kernels: fill, copy (with dtype conversion), unary, binary, where, over operands of any
+// strides (stride 0 = broadcast) and any mix of dtypes.
+//
+// Approach: the host collapses the operands' dims (dropping size-1 dims, merging dims that are contiguous in
+// every operand) into at most kMaxDims dims and passes sizes, strides, pointers and dtypes by value in one
+// small struct. A grid-stride loop maps each linear output index to per-operand offsets: directly when one
+// dim is left (the contiguous and 1-d cases), else by div/mod over the collapsed sizes, in 32-bit arithmetic
+// when the element count allows. Operands are loaded into the accumulation type (f32 for f32/bf16/f16, f64
+// when f64 or an integer type is involved, as on the CPU), the op runs, and the result is stored converted.
+// The op and the dtypes are switched on at run time inside the loop: the switch is uniform across the grid,
+// costs a few instructions per element (well under the memory-bound budget), and keeps the number of kernel
+// instantiations small.
+#include <cmath>
+
+#include "runtime/kernels/cuda/common.cuh"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot::kernels::cuda {
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr int kBlock = 256;
+
+// N operands, the output first.
+template <int N>
+struct Operands {
+  void* data[N];
+  DType dtype[N];
+  int ndim;
+  int64_t sizes[kMaxDims];
+  int64_t strides[N][kMaxDims];
+};
+
+enum class Mode { Linear, Strided32, Strided64 };
+
+// Operands share out's shape. Size-1 dims are dropped; adjacent dims merge when every operand steps through
+// them as through one dim.
+template <int N>
+Operands<N> collapse(const char* op, const std::array<const Tensor*, N>& ts) {
+  Operands<N> a{};
+  const Shape& shape = ts[0]->shape();
+  a.ndim = 0;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = a.ndim > 0;
+    for (int k = 0; merge && k < N; ++k)
+      merge = a.strides[k][a.ndim - 1] == ts[k]->strides()[d] * shape[d];
+    if (merge) {
+      a.sizes[a.ndim - 1] *= shape[d];
+      for (int k = 0; k < N; ++k) a.strides[k][a.ndim - 1] = ts[k]->strides()[d];
+      continue;
+    }
+    INGOT_CHECK(a.ndim < kMaxDims, op, ": CUDA elementwise kernels support up to ", kMaxDims,
+                " non-mergeable dims, got shape ", shape_str(shape));
+    a.sizes[a.ndim] = shape[d];
+    for (int k = 0; k < N; ++k) a.strides[k][a.ndim] = ts[k]->strides()[d];
+    ++a.ndim;
+  }
+  if (a.ndim == 0) {  // a single element
+    a.ndim = 1;
+    a.sizes[0] = 1;
+    for (int k = 0; k < N; ++k) a.strides[k][0] = 0;
+  }
+  for (int k = 0; k < N; ++k) {
+    a.data[k] = ts[k]->data_ptr();
+    a.dtype[k] = ts[k]->dtype();
+  }
+  return a;
+}
+
+template <int N, Mode M>
+__device__ __forceinline__ void offsets(const Operands<N>& a, int64_t i, int64_t (&off)[N]) {
+  if constexpr (M == Mode::Linear) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = i * a.strides[k][0];
+  } else {
+    using Index = std::conditional_t<M == Mode::Strided32, uint32_t, uint64_t>;
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = 0;
+    Index rem = static_cast<Index>(i);
+#pragma unroll
+    for (int d = kMaxDims - 1; d >= 0; --d) {
+      if (d >= a.ndim) continue;
+      Index size = static_cast<Index>(a.sizes[d]);
+      Index idx = rem % size;
+      rem /= size;
+#pragma unroll
+      for (int k = 0; k < N; ++k) off[k] += static_cast<int64_t>(idx) * a.strides[k][d];
+    }
+  }
+}
+
+// out[i] = f(in_1[i], ..., in_{N-1}[i]) for every element.
+template <typename Acc, int N, Mode M, typename F>
+__global__ void elementwise_kernel(Operands<N> a, int64_t numel, F f) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel; i += step) {
+    int64_t off[N];
+    offsets<N, M>(a, i, off);
+    Acc in[N > 1 ? N - 1 : 1];
+#pragma unroll
+    for (int k = 1; k < N; ++k) in[k - 1] = load_dyn<Acc>(a.data[k], a.dtype[k], off[k]);
+    store_dyn<Acc>(a.data[0], a.dtype[0], off[0], f(in));
+  }
+}
+
+template <typename Acc, int N, typename F>
+void launch(const char* op, const std::array<const Tensor*, N>& ts, F f) {
+  const Tensor& out = *ts[0];
+  for (int k = 1; k < N; ++k)
+    INGOT_INTERNAL_CHECK(ts[k]->shape() == out.shape(), op, ": operand ", k, " has shape ",
+                         shape_str(ts[k]->shape()), ", expected ", shape_str(out.shape()));
+  const int64_t numel = out.numel();
+  if (numel == 0) return;
+  Operands<N> a = collapse<N>(op, ts);
+  LaunchContext ctx(out);
+  const unsigned grid = grid_for(numel, kBlock, ctx.device);
+  if (a.ndim == 1) {
+    elementwise_kernel<Acc, N, Mode::Linear><<<grid, kBlock, 0, ctx.stream>>>(a, numel, f);
+  } else if (numel <= INT32_MAX) {
+    elementwise_kernel<Acc, N, Mode::Strided32><<<grid, kBlock, 0, ctx.stream>>>(a, numel, f);
+  } else {
+    elementwise_kernel<Acc, N, Mode::Strided64><<<grid, kBlock, 0, ctx.stream>>>(a, numel, f);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+// As on the CPU: f64 math whenever f64 or an integer type takes part.
+bool needs_double(std::initializer_list<DType> ts) {
+  for (DType t : ts)
+    if (t == DType::f64 || t == DType::i64 || t == DType::i32) return true;
+  return false;
+}
+
+// ---- the math, for A = float or double (CUDA's overloads pick expf or exp etc.) -------------------------------
+
+template <typename A>
+__device__ __forceinline__ A sigmoid(A x) { return A(1) / (A(1) + exp(-x)); }
+template <typename A>
+__device__ __forceinline__ A gelu_tanh(A x) {
+  const A k = A(0.7978845608028654), c = A(0.044715);
+  return A(0.5) * x * (A(1) + tanh(k * (x + c * x * x * x)));
+}
+template <typename A>
+__device__ __forceinline__ A gelu_tanh_grad(A x) {
+  const A k = A(0.7978845608028654), c = A(0.044715);
+  A t = tanh(k * (x + c * x * x * x));
+  return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * k * (A(1) + A(3) * c * x * x);
+}
+template <typename A>
+__device__ __forceinline__ A gelu_erf(A x) { return A(0.5) * x * (A(1) + erf(x * A(0.7071067811865476))); }
+template <typename A>
+__device__ __forceinline__ A gelu_erf_grad(A x) {
+  return A(0.5) * (A(1) + erf(x * A(0.7071067811865476))) + x * A(0.3989422804014327) * exp(A(-0.5) * x * x);
+}
+
+template <typename A>
+struct FillFn {
+  A value;
+  __device__ A operator()(const A (&)[1]) const { return value; }
+};
+
+template <typename A>
+struct CopyFn {
+  __device__ A operator()(const A (&x)[1]) const { return x[0]; }
+};
+
+template <typename A>
+struct UnaryFn {
+  UnaryOp op;
+  A alpha;
+  __device__ A operator()(const A (&x)[1]) const {
+    const A v = x[0];
+    switch (op) {
+      case UnaryOp::Neg: return -v;
+      case UnaryOp::Exp: return exp(v);
+      case UnaryOp::Log: return log(v);
+      case UnaryOp::Sqrt: return sqrt(v);
+      case UnaryOp::Rsqrt: return A(1) / sqrt(v);
+      case UnaryOp::Abs: return fabs(v);
+      case UnaryOp::Tanh: return tanh(v);
+      case UnaryOp::Sigmoid: return sigmoid(v);
+      case UnaryOp::Relu: return v > A(0) ? v : A(0);
+      case UnaryOp::GeluTanh: return gelu_tanh(v);
+      case UnaryOp::GeluErf: return gelu_erf(v);
+      case UnaryOp::Silu: return v * sigmoid(v);
+      case UnaryOp::Sin: return sin(v);
+      case UnaryOp::Cos: return cos(v);
+      case UnaryOp::Reciprocal: return A(1) / v;
+      case UnaryOp::Square: return v * v;
+      case UnaryOp::Sign: return A((v > A(0)) - (v < A(0)));
+      case UnaryOp::PowScalar: return pow(v, alpha);
+      case UnaryOp::AddScalar: return v + alpha;
+      case UnaryOp::MulScalar: return v * alpha;
+      case UnaryOp::RSubScalar: return alpha - v;
+      case UnaryOp::RDivScalar: return alpha / v;
+      case UnaryOp::Log1p: return log1p(v);
+      case UnaryOp::Expm1: return expm1(v);
+      case UnaryOp::Floor: return floor(v);
+      case UnaryOp::LogicalNot: return A(v == A(0));
+    }
+    return A(0);
+  }
+};
+
+template <typename A>
+struct BinaryFn {
+  BinaryOp op;
+  __device__ A operator()(const A (&in)[2]) const {
+    const A x = in[0], y = in[1];
+    switch (op) {
+      case BinaryOp::Add: return x + y;
+      case BinaryOp::Sub: return x - y;
+      case BinaryOp::Mul: return x * y;
+      case BinaryOp::Div: return x / y;
+      case BinaryOp::Pow: return pow(x, y);
+      case BinaryOp::Maximum: return (x != x || x > y) ? x : y;  // NaN propagates, as on the CPU
+      case BinaryOp::Minimum: return (x != x || x < y) ? x : y;
+      case BinaryOp::Eq: return A(x == y);
+      case BinaryOp::Ne: return A(x != y);
+      case BinaryOp::Lt: return A(x < y);
+      case BinaryOp::Le: return A(x <= y);
+      case BinaryOp::Gt: return A(x > y);
+      case BinaryOp::Ge: return A(x >= y);
+      case BinaryOp::LogicalAnd: return A(x != A(0) && y != A(0));
+      case BinaryOp::LogicalOr: return A(x != A(0) || y != A(0));
+      case BinaryOp::GeluTanhGrad: return y * gelu_tanh_grad(x);
+      case BinaryOp::GeluErfGrad: return y * gelu_erf_grad(x);
+      case BinaryOp::SiluGrad: {
+        A s = sigmoid(x);
+        return y * (s * (A(1) + x * (A(1) - s)));
+      }
+      case BinaryOp::SigmoidGradFromOutput: return y * x * (A(1) - x);
+      case BinaryOp::TanhGradFromOutput: return y * (A(1) - x * x);
+      case BinaryOp::ReluGrad: return x > A(0) ? y : A(0);
+    }
+    return A(0);
+  }
+};
+
+template <typename A>
+struct WhereFn {
+  __device__ A operator()(const A (&x)[3]) const { return x[0] != A(0) ? x[1] : x[2]; }
+};
+
+}  // namespace
+
+// ---- launchers ------------------------------------------------------------------------------------------------
+
+void fill(const Tensor& out, double value) {
+  check_same_device("fill", {&out});
+  if (needs_double({out.dtype()})) launch<double, 1>("fill", {&out}, FillFn<double>{value});
+  else launch<float, 1>("fill", {&out}, FillFn<float>{static_cast<float>(value)});
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  check_same_device("copy", {&dst, &src});
+  INGOT_INTERNAL_CHECK(dst.shape() == src.shape(), "copy: ", shape_str(dst.shape()), " vs ", shape_str(src.shape()));
+  if (dst.numel() == 0) return;
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    LaunchContext ctx(dst);
+    CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice, ctx.stream));
+    return;
+  }
+  if (needs_double({dst.dtype(), src.dtype()})) launch<double, 2>("copy", {&dst, &src}, CopyFn<double>{});
+  else launch<float, 2>("copy", {&dst, &src}, CopyFn<float>{});
+}
+
+void unary(UnaryOp op, const Tensor& out, const Tensor& in, double alpha) {
+  check_same_device(unary_name(op), {&out, &in});
+  if (needs_double({out.dtype(), in.dtype()}))
+    launch<double, 2>(unary_name(op), {&out, &in}, UnaryFn<double>{op, alpha});
+  else
+    launch<float, 2>(unary_name(op), {&out, &in}, UnaryFn<float>{op, static_cast<float>(alpha)});
+}
+
+void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  check_same_device(binary_name(op), {&out, &a, &b});
+  if (needs_double({out.dtype(), a.dtype(), b.dtype()}))
+    launch<double, 3>(binary_name(op), {&out, &a, &b}, BinaryFn<double>{op});
+  else
+    launch<float, 3>(binary_name(op), {&out, &a, &b}, BinaryFn<float>{op});
+}
+
+void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  check_same_device("where", {&out, &cond, &a, &b});
+  if (needs_double({out.dtype(), a.dtype(), b.dtype()}))
+    launch<double, 4>("where", {&out, &cond, &a, &b}, WhereFn<double>{});
+  else
+    launch<float, 4>("where", {&out, &cond, &a, &b}, WhereFn<float>{});
+}
+
+}  // namespace ingot::kernels::cuda
