@@ -1,0 +1,107 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <stdexcept>
+
+#include "runtime/error.h"
+#include "runtime/file_util.h"
+
+namespace ingot {
+namespace {
+
+int64_t entries_in(const std::string& dir) {
+  return std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator());
+}
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "did not throw";
+}
+
+TEST(FileUtil, WriteFileAtomicCreatesTheFileAndLeavesNoTempFile) {
+  TempDir dir("ingot_fu_");
+  std::string path = dir.file("a.bin");
+  std::string payload("hello\0world", 11);
+  write_file_atomic(path, [&](std::FILE* f) { write_bytes(f, payload.data(), payload.size()); });
+  EXPECT_EQ(read_file(path), payload);
+  EXPECT_EQ(entries_in(dir.path()), 1);
+}
+
+TEST(FileUtil, WriteFileAtomicReplacesAnExistingFile) {
+  TempDir dir("ingot_fu_");
+  std::string path = dir.file("a.txt");
+  write_file_atomic(path, [](std::FILE* f) { write_bytes(f, "a much longer first version", 27); });
+  write_file_atomic(path, [](std::FILE* f) { write_bytes(f, "v2", 2); });
+  EXPECT_EQ(read_file(path), "v2");
+  EXPECT_EQ(entries_in(dir.path()), 1);
+}
+
+TEST(FileUtil, AThrowingWriterLeavesTheOldFileAndRemovesTheTempFile) {
+  TempDir dir("ingot_fu_");
+  std::string path = dir.file("keep.txt");
+  write_file_atomic(path, [](std::FILE* f) { write_bytes(f, "old", 3); });
+  std::string msg = message_of([&] {
+    write_file_atomic(path, [](std::FILE* f) {
+      write_bytes(f, "partial new cont", 16);
+      INGOT_FAIL("serializer: tensor 'w' is broken");
+    });
+  });
+  EXPECT_NE(msg.find("cannot write '" + path + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tensor 'w' is broken"), std::string::npos) << msg;
+  EXPECT_EQ(read_file(path), "old");
+  EXPECT_EQ(entries_in(dir.path()), 1);
+  // Exceptions that are not ingot errors pass through unchanged.
+  EXPECT_THROW(write_file_atomic(path, [](std::FILE*) { throw std::out_of_range("x"); }), std::out_of_range);
+  EXPECT_EQ(read_file(path), "old");
+  EXPECT_EQ(entries_in(dir.path()), 1);
+}
+
+TEST(FileUtil, WritingIntoAMissingDirectoryNamesThePathAndTheReason) {
+  TempDir dir("ingot_fu_");
+  std::string path = dir.file("missing/x.bin");
+  std::string msg = message_of([&] { write_file_atomic(path, [](std::FILE*) {}); });
+  EXPECT_NE(msg.find("cannot write '" + path + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
+}
+
+TEST(FileUtil, WritingOverADirectoryFailsAndKeepsIt) {
+  TempDir dir("ingot_fu_");
+  std::string target = dir.file("sub");
+  std::filesystem::create_directory(target);
+  std::string msg = message_of([&] { write_file_atomic(target, [](std::FILE* f) { write_bytes(f, "x", 1); }); });
+  EXPECT_NE(msg.find("cannot rename"), std::string::npos) << msg;
+  EXPECT_TRUE(std::filesystem::is_directory(target));
+  EXPECT_EQ(entries_in(dir.path()), 1);
+}
+
+TEST(FileUtil, ReadFileReportsMissingFilesAndDirectories) {
+  TempDir dir("ingot_fu_");
+  std::string missing = dir.file("nope");
+  EXPECT_EQ(message_of([&] { read_file(missing); }), "cannot read '" + missing + "': No such file or directory");
+  EXPECT_EQ(message_of([&] { read_file(dir.path()); }), "cannot read '" + dir.path() + "': Is a directory");
+}
+
+TEST(FileUtil, ReadFileReadsEmptyFiles) {
+  TempDir dir("ingot_fu_");
+  write_file_atomic(dir.file("empty"), [](std::FILE*) {});
+  EXPECT_EQ(read_file(dir.file("empty")), "");
+}
+
+TEST(FileUtil, TempDirIsRemovedWithItsContents) {
+  std::string path;
+  {
+    TempDir dir("ingot_fu_");
+    path = dir.path();
+    EXPECT_TRUE(std::filesystem::is_directory(path));
+    std::filesystem::create_directories(dir.file("a/b"));
+    write_file_atomic(dir.file("a/b/c"), [](std::FILE* f) { write_bytes(f, "c", 1); });
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+}  // namespace
+}  // namespace ingot
