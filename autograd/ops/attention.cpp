@@ -1,0 +1,172 @@
+// Transformer pieces: rotary position embedding (plus its cos/sin tables) and scaled dot-product attention.
+//
+//   rotary_embedding(x, cos, sin)   one primitive; its VJP is the same primitive rotating the other way
+//   scaled_dot_product_attention    one primitive with outputs (out, lse); its VJP applies a backward
+//                                   primitive that runs the attention_bwd kernel on (dout, q, k, v, out, lse)
+//
+// Attention never builds the [T, S] score matrix out of smaller ops: the kernels own the whole computation
+// (see runtime/kernels/cpu/attention.cpp for the math), which is what lets a GPU backend swap in a fused
+// implementation with the same inputs and saved state.
+#include <cmath>
+
+#include "autograd/ops.h"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot {
+namespace {
+
+// Inputs (x, cos, sin); the tables get no gradient.
+class RopePrim final : public Primitive {
+ public:
+  explicit RopePrim(bool inverse) : inverse_(inverse) {}
+  std::string_view name() const override { return "rope"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const TensorMeta &x = in[0], &c = in[1], &s = in[2];
+    INGOT_CHECK(x.shape.size() == 4, "rotary_embedding: x must be [B, H, T, D], got shape ", shape_str(x.shape));
+    INGOT_CHECK(is_floating(x.dtype), "rotary_embedding: x must be floating, got ", dtype_name(x.dtype));
+    const int64_t T = x.shape[2], D = x.shape[3];
+    INGOT_CHECK(D % 2 == 0, "rotary_embedding: head dim must be even, got ", D);
+    const Shape table{T, D / 2};
+    INGOT_CHECK(c.shape == table && s.shape == table, "rotary_embedding: cos/sin must be ", shape_str(table),
+                " for x of shape ", shape_str(x.shape), ", got ", shape_str(c.shape), " and ", shape_str(s.shape));
+    INGOT_CHECK(c.dtype == DType::f32 && s.dtype == DType::f32, "rotary_embedding: cos/sin must be f32, got ",
+                dtype_name(c.dtype), " and ", dtype_name(s.dtype));
+    return {x};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    if (out[0].numel() > 0)
+      INGOT_KERNEL_CALL(in[0].device(), rope, out[0], in[0].contiguous_raw(), in[1].contiguous_raw(),
+                        in[2].contiguous_raw(), inverse_);
+    return out;
+  }
+  bool saves_input(size_t i) const override { return i != 0; }
+  void print_attrs(std::ostream& os) const override {
+    if (inverse_) os << "inverse=true";
+  }
+  // A rotation's transpose is the rotation by the opposite angle.
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    return {apply1(std::make_shared<RopePrim>(!inverse_), {g[0], c.inputs[1], c.inputs[2]}), Tensor(), Tensor()};
+  }
+
+ private:
+  bool inverse_;
+};
+
+// Inputs (dout, q, k, v, out, lse); outputs (dq, dk, dv).
+class AttentionBwdPrim final : public Primitive {
+ public:
+  AttentionBwdPrim(bool causal, double scale) : causal_(causal), scale_(scale) {}
+  std::string_view name() const override { return "attention_bwd"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    return {in[1], in[2], in[3]};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    std::vector<Tensor> c;
+    for (const Tensor& t : in) c.push_back(t.contiguous_raw());
+    if (out[0].numel() > 0 && out[1].numel() > 0)
+      INGOT_KERNEL_CALL(c[1].device(), attention_bwd, out[0], out[1], out[2], c[0], c[1], c[2], c[3], c[4], c[5],
+                        causal_, scale_);
+    else
+      for (Tensor& t : out) t.zero_();
+    return out;
+  }
+  void print_attrs(std::ostream& os) const override {
+    os << "causal=" << (causal_ ? "true" : "false") << ", scale=" << scale_;
+  }
+
+ private:
+  bool causal_;
+  double scale_;
+};
+
+// Inputs (q, k, v); outputs (out, lse).
+class AttentionPrim final : public Primitive {
+ public:
+  AttentionPrim(bool causal, double scale) : causal_(causal), scale_(scale) {}
+  std::string_view name() const override { return "attention"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const TensorMeta &q = in[0], &k = in[1], &v = in[2];
+    INGOT_CHECK(q.shape.size() == 4 && k.shape.size() == 4 && v.shape.size() == 4,
+                "scaled_dot_product_attention: q, k, v must be [B, H, T, D], got ", shape_str(q.shape), ", ",
+                shape_str(k.shape), ", ", shape_str(v.shape));
+    INGOT_CHECK(is_floating(q.dtype) && q.dtype == k.dtype && q.dtype == v.dtype,
+                "scaled_dot_product_attention: q, k, v must share one floating dtype, got ", dtype_name(q.dtype),
+                ", ", dtype_name(k.dtype), ", ", dtype_name(v.dtype));
+    INGOT_CHECK(k.shape == v.shape, "scaled_dot_product_attention: k and v shapes differ: ", shape_str(k.shape),
+                " vs ", shape_str(v.shape));
+    INGOT_CHECK(q.shape[0] == k.shape[0] && q.shape[3] == k.shape[3],
+                "scaled_dot_product_attention: q ", shape_str(q.shape), " and k ", shape_str(k.shape),
+                " must agree in batch and head dim");
+    INGOT_CHECK(k.shape[1] > 0 && q.shape[1] % k.shape[1] == 0, "scaled_dot_product_attention: query heads (",
+                q.shape[1], ") must be a multiple of kv heads (", k.shape[1], ")");
+    return {q, {{q.shape[0], q.shape[1], q.shape[2]}, DType::f32, q.device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    if (out[0].numel() > 0)
+      INGOT_KERNEL_CALL(in[0].device(), attention_fwd, out[0], out[1], in[0].contiguous_raw(),
+                        in[1].contiguous_raw(), in[2].contiguous_raw(), causal_, scale_);
+    return out;
+  }
+  bool saves_output(size_t) const override { return true; }
+  void print_attrs(std::ostream& os) const override {
+    os << "causal=" << (causal_ ? "true" : "false") << ", scale=" << scale_;
+  }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    // lse is internal state: scaled_dot_product_attention never hands it out, so it has no cotangent.
+    INGOT_INTERNAL_CHECK(!g[1].defined(), "attention: lse received a gradient");
+    return apply(std::make_shared<AttentionBwdPrim>(causal_, scale_),
+                 {g[0], c.inputs[0], c.inputs[1], c.inputs[2], c.outputs[0], c.outputs[1]});
+  }
+
+ private:
+  bool causal_;
+  double scale_;
+};
+
+}  // namespace
+
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  return apply1(std::make_shared<RopePrim>(false), {x, cos, sin});
+}
+
+// Computed in f32 the way the Hugging Face / Meta references do (inv_freq in f32, angle = f32(pos) * inv_freq
+// in f32), so the tables match theirs bit for bit up to libm rounding even at long positions, where an f64
+// angle would differ by ~1e-4.
+std::pair<Tensor, Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double theta, Device device,
+                                      int64_t start, const Tensor& inv_freq) {
+  INGOT_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_tables: head_dim must be positive and even, got ", head_dim);
+  INGOT_CHECK(seq_len >= 0 && start >= 0, "rope_tables: expected seq_len >= 0 and start >= 0, got ", seq_len,
+              " and ", start);
+  const int64_t half = head_dim / 2;
+  std::vector<float> freq(static_cast<size_t>(half));
+  if (inv_freq.defined()) {
+    INGOT_CHECK(inv_freq.numel() == half, "rope_tables: inv_freq must have head_dim/2 = ", half,
+                " elements, got shape ", shape_str(inv_freq.shape()));
+    std::vector<double> v = inv_freq.to_vector();
+    for (int64_t i = 0; i < half; ++i) freq[i] = static_cast<float>(v[i]);
+  } else {
+    INGOT_CHECK(theta > 0, "rope_tables: theta must be positive, got ", theta);
+    for (int64_t i = 0; i < half; ++i)
+      freq[i] = 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  }
+  Tensor c = empty({seq_len, half}, DType::f32), s = empty({seq_len, half}, DType::f32);
+  float *cp = c.data<float>(), *sp = s.data<float>();
+  for (int64_t t = 0; t < seq_len; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(start + t) * freq[i];
+      cp[t * half + i] = std::cos(angle);
+      sp[t * half + i] = std::sin(angle);
+    }
+  return {c.to(device), s.to(device)};
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                    std::optional<double> scale) {
+  const double sc = scale ? *scale : (q.dim() == 4 ? 1.0 / std::sqrt(static_cast<double>(q.shape()[3])) : 1.0);
+  return apply(std::make_shared<AttentionPrim>(causal, sc), {q, k, v})[0];
+}
+
+}  // namespace ingot

@@ -1,0 +1,209 @@
+// Indexing family: index_select, embedding, gather, scatter_add.
+//
+//   index_select(a, dim, idx)      out = a with dim replaced by idx's dims     VJP: index_add into zeros
+//   gather(a, dim, idx)            out[.., j, ..] = a[.., idx[.., j, ..], ..]  VJP: scatter_add into zeros
+//   scatter_add(a, dim, idx, src)  out = a; out[.., idx[.., j, ..], ..] += src  VJP: g, gather(g)
+//
+// IndexSelectPrim accepts an index of any shape (the output takes the index's dims in place of `dim`), so
+// embedding is the same primitive on dim 0 with the ids as they come: no flatten/reshape around it. The
+// kernels read every index flat.
+//
+// Bounds: the CPU kernels check indices themselves and name the op. Elsewhere, and for embedding (whose
+// message speaks of ids), the op checks on the host, since a device-side failure cannot carry a message.
+#include "autograd/ops.h"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot {
+namespace {
+
+void check_index_dtype(const TensorMeta& index, const char* op) {
+  INGOT_CHECK(index.dtype == DType::i64 || index.dtype == DType::i32, op, ": index must be i64 or i32, got ",
+              dtype_name(index.dtype));
+}
+
+// Throws "<op>: <what> <v> out of range [0, <bound>)" for the first index outside [0, bound).
+void check_index_range(const Tensor& index, int64_t bound, const char* op, const char* what) {
+  Tensor host = index.to(Device::cpu()).contiguous_raw();
+  auto scan = [&](const auto* p) {
+    for (int64_t i = 0; i < host.numel(); ++i)
+      INGOT_CHECK(p[i] >= 0 && p[i] < bound, op, ": ", what, " ", static_cast<int64_t>(p[i]), " out of range [0, ",
+                  bound, ")");
+  };
+  if (host.dtype() == DType::i64) scan(host.data<int64_t>());
+  else scan(host.data<int32_t>());
+}
+
+Shape replace_dim(const Shape& s, int64_t dim, const Shape& with) {
+  Shape r(s.begin(), s.begin() + dim);
+  r.insert(r.end(), with.begin(), with.end());
+  r.insert(r.end(), s.begin() + dim + 1, s.end());
+  return r;
+}
+
+// Checks idx.shape[d] == a.shape[d] for every d != dim (gather/scatter_add index a like-shaped tensor).
+void check_same_except(const Shape& a, const Shape& idx, int64_t dim, const char* op, const char* a_name) {
+  bool ok = a.size() == idx.size();
+  for (size_t d = 0; ok && d < a.size(); ++d) ok = static_cast<int64_t>(d) == dim || a[d] == idx[d];
+  INGOT_CHECK(ok, op, ": index shape ", shape_str(idx), " must match ", a_name, " shape ", shape_str(a),
+              " in every dim except ", dim);
+}
+
+Tensor index_select_any(const Tensor& a, int64_t dim, const Tensor& index);
+Tensor index_add_into_zeros(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
+
+class IndexSelectPrim final : public Primitive {
+ public:
+  explicit IndexSelectPrim(int64_t dim) : dim_(dim) {}
+  std::string_view name() const override { return "index_select"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    check_index_dtype(in[1], "index_select");
+    return {{replace_dim(in[0].shape, dim_, in[1].shape), in[0].dtype, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    if (out[0].numel() > 0)
+      INGOT_KERNEL_CALL(in[0].device(), index_select, out[0], in[0].contiguous_raw(), in[1].contiguous_raw(), dim_);
+    return out;
+  }
+  bool saves_input(size_t i) const override { return i == 1; }
+  void print_attrs(std::ostream& os) const override { os << "dim=" << dim_; }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    return {index_add_into_zeros(c.input_meta[0].shape, dim_, c.inputs[1], g[0]), Tensor()};
+  }
+
+ private:
+  int64_t dim_;
+};
+
+// zeros(shape).index_add_(dim, index, src); only the backward of index_select builds it.
+class IndexAddPrim final : public Primitive {
+ public:
+  IndexAddPrim(Shape shape, int64_t dim) : shape_(std::move(shape)), dim_(dim) {}
+  std::string_view name() const override { return "index_add"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    return {{shape_, in[1].dtype, in[1].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    Tensor out = zeros(shape_, in[1].dtype(), in[1].device());
+    if (in[1].numel() > 0)
+      INGOT_KERNEL_CALL(out.device(), index_add, out, in[1].contiguous_raw(), in[0].contiguous_raw(), dim_);
+    return {out};
+  }
+  bool saves_input(size_t i) const override { return i == 0; }
+  void print_attrs(std::ostream& os) const override { os << "shape=" << shape_str(shape_) << ", dim=" << dim_; }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    return {Tensor(), index_select_any(g[0], dim_, c.inputs[0])};
+  }
+
+ private:
+  Shape shape_;
+  int64_t dim_;
+};
+
+class GatherPrim final : public Primitive {
+ public:
+  explicit GatherPrim(int64_t dim) : dim_(dim) {}
+  std::string_view name() const override { return "gather"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    check_index_dtype(in[1], "gather");
+    check_same_except(in[0].shape, in[1].shape, dim_, "gather", "input");
+    return {{in[1].shape, in[0].dtype, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    if (out[0].numel() > 0)
+      INGOT_KERNEL_CALL(in[0].device(), gather, out[0], in[0].contiguous_raw(), in[1].contiguous_raw(), dim_);
+    return out;
+  }
+  bool saves_input(size_t i) const override { return i == 1; }
+  void print_attrs(std::ostream& os) const override { os << "dim=" << dim_; }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    const TensorMeta& a = c.input_meta[0];
+    return {scatter_add(zeros(a.shape, g[0].dtype(), a.device), dim_, c.inputs[1], g[0]), Tensor()};
+  }
+
+ private:
+  int64_t dim_;
+};
+
+// Inputs (a, index, src).
+class ScatterAddPrim final : public Primitive {
+ public:
+  explicit ScatterAddPrim(int64_t dim) : dim_(dim) {}
+  std::string_view name() const override { return "scatter_add"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    check_index_dtype(in[1], "scatter_add");
+    check_same_except(in[0].shape, in[1].shape, dim_, "scatter_add", "input");
+    INGOT_CHECK(in[2].shape == in[1].shape, "scatter_add: src shape ", shape_str(in[2].shape),
+                " must equal index shape ", shape_str(in[1].shape));
+    INGOT_CHECK(in[2].dtype == in[0].dtype, "scatter_add: src dtype ", dtype_name(in[2].dtype),
+                " must equal input dtype ", dtype_name(in[0].dtype));
+    return {in[0]};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    infer(metas_of(in));
+    Tensor out = in[0].clone_raw();
+    if (in[1].numel() > 0)
+      INGOT_KERNEL_CALL(out.device(), scatter_add, out, in[2].contiguous_raw(), in[1].contiguous_raw(), dim_);
+    return {out};
+  }
+  bool saves_input(size_t i) const override { return i == 1; }
+  void print_attrs(std::ostream& os) const override { os << "dim=" << dim_; }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    std::vector<Tensor> r(3);
+    if (c.needs_grad[0]) r[0] = g[0];
+    if (c.needs_grad[2]) r[2] = gather(g[0], dim_, c.inputs[1]);
+    return r;
+  }
+
+ private:
+  int64_t dim_;
+};
+
+Tensor index_select_any(const Tensor& a, int64_t dim, const Tensor& index) {
+  return apply1(std::make_shared<IndexSelectPrim>(dim), {a, index});
+}
+
+Tensor index_add_into_zeros(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
+  return apply1(std::make_shared<IndexAddPrim>(shape, dim), {index, src});
+}
+
+int64_t checked_dim(const Tensor& a, int64_t dim, const char* op) {
+  INGOT_CHECK(a.dim() > 0, op, ": expected a tensor with at least one dim, got a scalar");
+  return wrap_dim(dim, a.dim(), op);
+}
+
+}  // namespace
+
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
+  const int64_t d = checked_dim(a, dim, "index_select");
+  INGOT_CHECK(index.dim() <= 1, "index_select: index must be 0-d or 1-d, got shape ", shape_str(index.shape()));
+  check_index_dtype(meta_of(index), "index_select");
+  if (!index.device().is_cpu()) check_index_range(index, a.shape()[d], "index_select", "index");
+  // A 0-d index keeps the dim (size 1), as in PyTorch.
+  Tensor idx = index.dim() == 0 ? index.as_strided({1}, {1}, index.offset()) : index;
+  return index_select_any(a, d, idx);
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  INGOT_CHECK(weight.dim() == 2, "embedding: weight must be [V, D], got shape ", shape_str(weight.shape()));
+  check_index_dtype(meta_of(ids), "embedding");
+  check_index_range(ids, weight.shape()[0], "embedding", "id");
+  return index_select_any(weight, 0, ids);
+}
+
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
+  const int64_t d = checked_dim(a, dim, "gather");
+  check_index_dtype(meta_of(index), "gather");
+  if (!index.device().is_cpu()) check_index_range(index, a.shape()[d], "gather", "index");
+  return apply1(std::make_shared<GatherPrim>(d), {a, index});
+}
+
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  const int64_t d = checked_dim(a, dim, "scatter_add");
+  check_index_dtype(meta_of(index), "scatter_add");
+  if (!index.device().is_cpu()) check_index_range(index, a.shape()[d], "scatter_add", "index");
+  return apply1(std::make_shared<ScatterAddPrim>(d), {a, index, src});
+}
+
+}  // namespace ingot

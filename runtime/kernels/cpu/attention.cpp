@@ -1,0 +1,203 @@
+// CPU reference kernels for the transformer pieces: rotary embedding and scaled dot-product attention.
+//
+// rope: x, out [B, H, T, D]; cos, sin [T, D/2] f32. Pair (i, i + D/2) of row t is rotated by angle theta_t,i:
+//   out_i = x_i cos - x_{i+D/2} sin,  out_{i+D/2} = x_{i+D/2} cos + x_i sin   (inverse: sin -> -sin)
+//
+// attention: q [B, Hq, T, D], k, v [B, Hkv, S, D], out [B, Hq, T, D], lse [B, Hq, T] f32. Query head h reads
+// kv head h / (Hq / Hkv) (grouped-query attention). With `causal`, query i sees key j iff j <= i + (S - T)
+// (queries are the last T of S positions); a query that sees no key gets out = 0 and lse = -inf.
+//   forward:  P = softmax(scale Q K^T) row-wise over visible keys, out = P V, lse = log sum exp(scale Q K^T)
+//   backward: P is recomputed from lse (no [T, S] matrix is kept between the passes, as in flash attention):
+//     D_i = rowsum(dO * O),  dP = dO V^T,  dS = P * (dP - D),  dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO
+// Math runs in f32 for f32/bf16/f16 and in f64 for f64. Each (b, head) block is loaded into Acc buffers once.
+// The forward is parallel over (b, query head); the backward over (b, kv head) so that the dK/dV sums over
+// the query heads of a group stay inside one thread (no atomics).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "runtime/kernels/cpu/loops.h"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot::kernels::cpu {
+namespace {
+
+struct AttnDims {
+  int64_t B, Hq, Hkv, T, S, D;
+  int64_t group() const { return Hq / Hkv; }
+};
+
+AttnDims attn_dims(const Tensor& q, const Tensor& k) {
+  INGOT_INTERNAL_CHECK(q.dim() == 4 && k.dim() == 4, "attention: expected 4-d q and k");
+  return {q.shape()[0], q.shape()[1], k.shape()[1], q.shape()[2], k.shape()[2], q.shape()[3]};
+}
+
+// Keys visible to query i: all of them, or the prefix j <= i + (S - T) when causal.
+inline int64_t visible_keys(int64_t i, const AttnDims& d, bool causal) {
+  if (!causal) return d.S;
+  return std::clamp<int64_t>(i + d.S - d.T + 1, 0, d.S);
+}
+
+template <typename Acc>
+inline Acc dot(const Acc* a, const Acc* b, int64_t n) {
+  Acc s = 0;
+  for (int64_t k = 0; k < n; ++k) s += a[k] * b[k];
+  return s;
+}
+
+// Loads/stores block number `block` (of `n` elements each) of a contiguous tensor.
+template <typename Acc>
+void load_block(const Tensor& t, int64_t block, int64_t n, Acc* dst) {
+  const char* base = static_cast<const char*>(t.data_ptr()) + block * n * static_cast<int64_t>(itemsize(t.dtype()));
+  load_strided<Acc>(t.dtype(), base, 1, n, dst);
+}
+template <typename Acc>
+void store_block(const Tensor& t, int64_t block, int64_t n, const Acc* src) {
+  char* base = static_cast<char*>(t.data_ptr()) + block * n * static_cast<int64_t>(itemsize(t.dtype()));
+  store_strided<Acc>(t.dtype(), base, 1, n, src);
+}
+
+template <typename Acc>
+void attention_fwd_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                        bool causal, Acc scale) {
+  const AttnDims d = attn_dims(q, k);
+  const int64_t tasks = d.B * d.Hq;
+  float* lse_p = lse.data<float>();
+#pragma omp parallel for schedule(dynamic) if (tasks > 1 && tasks * d.T * d.S * d.D >= kParallelGrain)
+  for (int64_t bh = 0; bh < tasks; ++bh) {
+    const int64_t b = bh / d.Hq, kvh = b * d.Hkv + (bh % d.Hq) / d.group();
+    std::vector<Acc> qb(static_cast<size_t>(d.T * d.D)), kb(static_cast<size_t>(d.S * d.D)),
+        vb(static_cast<size_t>(d.S * d.D)), ob(static_cast<size_t>(d.T * d.D), Acc(0)), p(static_cast<size_t>(d.S));
+    load_block(q, bh, d.T * d.D, qb.data());
+    load_block(k, kvh, d.S * d.D, kb.data());
+    load_block(v, kvh, d.S * d.D, vb.data());
+    for (int64_t i = 0; i < d.T; ++i) {
+      const int64_t n = visible_keys(i, d, causal);
+      if (n == 0) {
+        lse_p[bh * d.T + i] = -std::numeric_limits<float>::infinity();
+        continue;
+      }
+      const Acc* qi = &qb[static_cast<size_t>(i * d.D)];
+      Acc m = -std::numeric_limits<Acc>::infinity();
+      for (int64_t j = 0; j < n; ++j) {
+        p[j] = scale * dot(qi, &kb[static_cast<size_t>(j * d.D)], d.D);
+        m = std::max(m, p[j]);
+      }
+      Acc l = 0;
+      for (int64_t j = 0; j < n; ++j) l += (p[j] = std::exp(p[j] - m));
+      Acc* oi = &ob[static_cast<size_t>(i * d.D)];
+      for (int64_t j = 0; j < n; ++j) {
+        const Acc w = p[j] / l;
+        const Acc* vj = &vb[static_cast<size_t>(j * d.D)];
+        for (int64_t c = 0; c < d.D; ++c) oi[c] += w * vj[c];
+      }
+      lse_p[bh * d.T + i] = static_cast<float>(m + std::log(l));
+    }
+    store_block(out, bh, d.T * d.D, ob.data());
+  }
+}
+
+template <typename Acc>
+void attention_bwd_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, bool causal,
+                        Acc scale) {
+  const AttnDims d = attn_dims(q, k);
+  const int64_t tasks = d.B * d.Hkv;
+  const float* lse_p = lse.data<float>();
+  const size_t td = static_cast<size_t>(d.T * d.D), sd = static_cast<size_t>(d.S * d.D);
+#pragma omp parallel for schedule(dynamic) if (tasks > 1 && d.B * d.Hq * d.T * d.S * d.D >= kParallelGrain)
+  for (int64_t bk = 0; bk < tasks; ++bk) {
+    const int64_t b = bk / d.Hkv, h0 = (bk % d.Hkv) * d.group();
+    std::vector<Acc> kb(sd), vb(sd), dkb(sd, Acc(0)), dvb(sd, Acc(0));
+    std::vector<Acc> qb(td), ob(td), dob(td), dqb(td);
+    load_block(k, bk, d.S * d.D, kb.data());
+    load_block(v, bk, d.S * d.D, vb.data());
+    for (int64_t h = h0; h < h0 + d.group(); ++h) {
+      const int64_t bh = b * d.Hq + h;
+      load_block(q, bh, d.T * d.D, qb.data());
+      load_block(out, bh, d.T * d.D, ob.data());
+      load_block(dout, bh, d.T * d.D, dob.data());
+      std::fill(dqb.begin(), dqb.end(), Acc(0));
+      for (int64_t i = 0; i < d.T; ++i) {
+        const int64_t n = visible_keys(i, d, causal);
+        if (n == 0) continue;
+        const size_t row = static_cast<size_t>(i * d.D);
+        const Acc *qi = &qb[row], *doi = &dob[row];
+        Acc* dqi = &dqb[row];
+        const Acc lse_i = static_cast<Acc>(lse_p[bh * d.T + i]);
+        const Acc di = dot(doi, &ob[row], d.D);
+        for (int64_t j = 0; j < n; ++j) {
+          const size_t col = static_cast<size_t>(j * d.D);
+          const Acc *kj = &kb[col], *vj = &vb[col];
+          const Acc pij = std::exp(scale * dot(qi, kj, d.D) - lse_i);
+          const Acc ds = pij * (dot(doi, vj, d.D) - di) * scale;
+          Acc *dkj = &dkb[col], *dvj = &dvb[col];
+          for (int64_t c = 0; c < d.D; ++c) {
+            dqi[c] += ds * kj[c];
+            dkj[c] += ds * qi[c];
+            dvj[c] += pij * doi[c];
+          }
+        }
+      }
+      store_block(dq, bh, d.T * d.D, dqb.data());
+    }
+    store_block(dk, bk, d.S * d.D, dkb.data());
+    store_block(dv, bk, d.S * d.D, dvb.data());
+  }
+}
+
+template <typename Acc>
+void rope_impl(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
+  const int64_t D = x.shape()[3], T = x.shape()[2], half = D / 2;
+  const int64_t rows = x.numel() / D;
+  const float *cp = cos.data<float>(), *sp = sin.data<float>();
+  const Acc sign = inverse ? Acc(-1) : Acc(1);
+#pragma omp parallel if (x.numel() >= kParallelGrain)
+  {
+    std::vector<Acc> in(static_cast<size_t>(D)), res(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      load_block(x, r, D, in.data());
+      const float *c = cp + (r % T) * half, *s = sp + (r % T) * half;
+      for (int64_t i = 0; i < half; ++i) {
+        const Acc x1 = in[i], x2 = in[i + half], ci = c[i], si = sign * s[i];
+        res[i] = x1 * ci - x2 * si;
+        res[i + half] = x2 * ci + x1 * si;
+      }
+      store_block(out, r, D, res.data());
+    }
+  }
+}
+
+void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) INGOT_INTERNAL_CHECK(t->is_contiguous(), op, ": operands must be contiguous");
+}
+
+}  // namespace
+
+void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
+  check_contiguous("rope", {&out, &x, &cos, &sin});
+  INGOT_INTERNAL_CHECK(cos.dtype() == DType::f32 && sin.dtype() == DType::f32, "rope: tables must be f32");
+  if (x.dtype() == DType::f64) rope_impl<double>(out, x, cos, sin, inverse);
+  else rope_impl<float>(out, x, cos, sin, inverse);
+}
+
+void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                   bool causal, double scale) {
+  check_contiguous("attention_fwd", {&out, &lse, &q, &k, &v});
+  INGOT_INTERNAL_CHECK(lse.dtype() == DType::f32, "attention_fwd: lse must be f32");
+  if (q.dtype() == DType::f64) attention_fwd_impl<double>(out, lse, q, k, v, causal, scale);
+  else attention_fwd_impl<float>(out, lse, q, k, v, causal, static_cast<float>(scale));
+}
+
+void attention_bwd(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, bool causal,
+                   double scale) {
+  check_contiguous("attention_bwd", {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse});
+  INGOT_INTERNAL_CHECK(lse.dtype() == DType::f32, "attention_bwd: lse must be f32");
+  if (q.dtype() == DType::f64) attention_bwd_impl<double>(dq, dk, dv, dout, q, k, v, out, lse, causal, scale);
+  else attention_bwd_impl<float>(dq, dk, dv, dout, q, k, v, out, lse, causal, static_cast<float>(scale));
+}
+
+}  // namespace ingot::kernels::cpu

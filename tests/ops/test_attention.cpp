@@ -1,0 +1,222 @@
+#include <cmath>
+
+#include "testing.h"
+
+#include "runtime/kernels/kernels.h"
+
+namespace ingot {
+namespace {
+
+using testing::leaf;
+using testing::randn_noncontig;
+
+// Naive attention in f64 on host values: for every (b, h, i) the softmax of the masked scores row, then the
+// weighted sum of v rows. q [B, Hq, T, D], k, v [B, Hkv, S, D].
+std::vector<double> naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  std::vector<double> qv = q.to_vector(), kv = k.to_vector(), vv = v.to_vector();
+  std::vector<double> out(static_cast<size_t>(q.numel()), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t hk = h / (Hq / Hkv);
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> s(S, -INFINITY);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < S; ++j) {
+          if (causal && j > i + (S - T)) continue;
+          double d = 0;
+          for (int64_t c = 0; c < D; ++c)
+            d += qv[((b * Hq + h) * T + i) * D + c] * kv[((b * Hkv + hk) * S + j) * D + c];
+          s[j] = d * scale;
+          mx = std::max(mx, s[j]);
+        }
+        if (mx == -INFINITY) continue;  // no visible key: zeros
+        double z = 0;
+        for (int64_t j = 0; j < S; ++j) z += std::exp(s[j] - mx);
+        for (int64_t j = 0; j < S; ++j) {
+          const double p = std::exp(s[j] - mx) / z;
+          for (int64_t c = 0; c < D; ++c)
+            out[((b * Hq + h) * T + i) * D + c] += p * vv[((b * Hkv + hk) * S + j) * D + c];
+        }
+      }
+    }
+  return out;
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+struct AttnCase {
+  int64_t T, S;
+  bool causal;
+};
+const AttnCase kCases[] = {{5, 5, true}, {5, 5, false}, {3, 7, true}, {3, 7, false}};
+
+TEST(Attention, ForwardMatchesNaiveSoftmaxOfMaskedScores) {
+  manual_seed(21);
+  for (const AttnCase& c : kCases)
+    for (DType dt : {DType::f32, DType::f64}) {
+      SCOPED_TRACE(::testing::Message() << "T=" << c.T << " S=" << c.S << " causal=" << c.causal << " "
+                                        << dtype_name(dt));
+      Tensor q = randn({2, 4, c.T, 8}, dt), k = randn({2, 2, c.S, 8}, dt), v = randn({2, 2, c.S, 8}, dt);
+      Tensor out = scaled_dot_product_attention(q, k, v, c.causal);
+      EXPECT_EQ(out.shape(), q.shape());
+      EXPECT_LT(max_abs_diff(out.to_vector(), naive_attention(q, k, v, c.causal, 1.0 / std::sqrt(8.0))),
+                dt == DType::f64 ? 1e-12 : 1e-5);
+    }
+}
+
+TEST(Attention, ExplicitScaleAndNonContiguousInputsAreHonoured) {
+  manual_seed(22);
+  Tensor q = randn_noncontig({1, 2, 4, 6}), k = randn_noncontig({1, 1, 4, 6}), v = randn({1, 1, 4, 6}, DType::f64);
+  Tensor out = scaled_dot_product_attention(q, k, v, true, 0.3);
+  EXPECT_LT(max_abs_diff(out.to_vector(), naive_attention(q, k, v, true, 0.3)), 1e-12);
+}
+
+TEST(Attention, GroupedQueryGradientsMatchFiniteDifferences) {
+  manual_seed(23);
+  for (const AttnCase& c : kCases) {
+    SCOPED_TRACE(::testing::Message() << "T=" << c.T << " S=" << c.S << " causal=" << c.causal);
+    Tensor q = leaf(randn({2, 4, c.T, 8}, DType::f64));
+    Tensor k = leaf(randn_noncontig({2, 2, c.S, 8}));
+    Tensor v = leaf(randn({2, 2, c.S, 8}, DType::f64));
+    const bool causal = c.causal;
+    // lse is kept in f32 (as on the GPU); its ~1e-7 relative error stays inside the default tolerances.
+    EXPECT_GRADCHECK(
+        [causal](const std::vector<Tensor>& x) {
+          return std::vector<Tensor>{scaled_dot_product_attention(x[0], x[1], x[2], causal)};
+        },
+        {q, k, v});
+  }
+}
+
+TEST(Attention, QueriesThatSeeNoKeyGiveZerosAndFiniteGradients) {
+  manual_seed(24);
+  // T > S with causal: the first T - S queries precede every key.
+  Tensor q = leaf(randn({1, 2, 5, 4}, DType::f64)), k = leaf(randn({1, 1, 3, 4}, DType::f64));
+  Tensor v = leaf(randn({1, 1, 3, 4}, DType::f64));
+  Tensor out = scaled_dot_product_attention(q, k, v, true);
+  std::vector<double> o = out.to_vector();
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 2 * 4; ++i) EXPECT_EQ(o[h * 20 + i], 0.0);
+  EXPECT_LT(max_abs_diff(o, naive_attention(q, k, v, true, 0.5)), 1e-12);
+  sum(out).backward();
+  for (const Tensor& t : {q, k, v})
+    for (double g : t.grad().to_vector()) ASSERT_TRUE(std::isfinite(g));
+}
+
+TEST(Attention, Bf16AndF16FollowTheF32ResultWithinTheirPrecision) {
+  manual_seed(25);
+  Tensor q = randn({2, 4, 9, 16}), k = randn({2, 2, 9, 16}), v = randn({2, 2, 9, 16});
+  Tensor ref = scaled_dot_product_attention(q, k, v, true);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor out = scaled_dot_product_attention(cast(q, dt), cast(k, dt), cast(v, dt), true);
+    EXPECT_EQ(out.dtype(), dt);
+    EXPECT_LT(max_abs_diff(out.to_vector(), ref.to_vector()), dt == DType::bf16 ? 5e-2 : 5e-3);
+  }
+}
+
+TEST(Attention, Bf16BackwardFollowsTheF32Gradients) {
+  manual_seed(26);
+  Tensor q = randn({1, 2, 6, 8}), k = randn({1, 1, 6, 8}), v = randn({1, 1, 6, 8}), w = randn({1, 2, 6, 8});
+  std::vector<std::vector<double>> grads[2];
+  for (int pass = 0; pass < 2; ++pass) {
+    DType dt = pass == 0 ? DType::f32 : DType::bf16;
+    Tensor qq = leaf(q.to(dt)), kk = leaf(k.to(dt)), vv = leaf(v.to(dt));
+    sum(mul(scaled_dot_product_attention(qq, kk, vv, true), w.to(dt))).backward();
+    for (const Tensor& t : {qq, kk, vv}) grads[pass].push_back(t.grad().to_vector());
+  }
+  for (size_t i = 0; i < 3; ++i) EXPECT_LT(max_abs_diff(grads[0][i], grads[1][i]), 0.1) << "input " << i;
+}
+
+TEST(Attention, BadShapesNameTheOp) {
+  auto msg = [](const Tensor& q, const Tensor& k, const Tensor& v) -> std::string {
+    try {
+      scaled_dot_product_attention(q, k, v);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(msg(zeros({1, 3, 4, 8}), zeros({1, 2, 4, 8}), zeros({1, 2, 4, 8}))
+                .find("scaled_dot_product_attention: query heads (3) must be a multiple of kv heads (2)"),
+            std::string::npos);
+  EXPECT_NE(msg(zeros({1, 2, 4, 8}), zeros({1, 2, 4, 8}), zeros({1, 2, 5, 8})).find("k and v shapes differ"),
+            std::string::npos);
+  EXPECT_NE(msg(zeros({2, 4, 8}), zeros({2, 4, 8}), zeros({2, 4, 8})).find("must be [B, H, T, D]"),
+            std::string::npos);
+}
+
+TEST(Rope, TablesFollowThetaPowerLawFromTheStartPosition) {
+  auto [c, s] = rope_tables(6, 8, 10000.0, Device::cpu(), 3);
+  EXPECT_EQ(c.shape(), (Shape{6, 4}));
+  EXPECT_EQ(c.dtype(), DType::f32);
+  std::vector<double> cv = c.to_vector(), sv = s.to_vector();
+  for (int64_t t = 0; t < 6; ++t)
+    for (int64_t i = 0; i < 4; ++i) {
+      const double angle = (3 + t) * std::pow(10000.0, -2.0 * i / 8);
+      EXPECT_NEAR(cv[t * 4 + i], std::cos(angle), 1e-5);
+      EXPECT_NEAR(sv[t * 4 + i], std::sin(angle), 1e-5);
+    }
+  // A later start is a slice of the longer table; given inv_freq replaces the power law.
+  auto [c_all, s_all] = rope_tables(9, 8, 10000.0, Device::cpu());
+  std::vector<double> all = c_all.to_vector();
+  EXPECT_EQ(std::vector<double>(all.begin() + 12, all.end()), cv);
+  auto [c2, s2] = rope_tables(2, 4, 0.0, Device::cpu(), 0, from_vector({0.5, 0.25}, {2}));
+  EXPECT_NEAR(c2.to_vector()[3], std::cos(0.25), 1e-7);
+}
+
+TEST(Rope, RotatesPairsHalfADimApartAndPreservesTheirNorms) {
+  manual_seed(27);
+  const int64_t D = 8, T = 5;
+  auto [c, s] = rope_tables(T, D, 500.0, Device::cpu());
+  Tensor x = randn({2, 3, T, D}, DType::f64);
+  Tensor y = rotary_embedding(x, c, s);
+  std::vector<double> xv = x.to_vector(), yv = y.to_vector(), cv = c.to_vector(), sv = s.to_vector();
+  for (int64_t r = 0; r < 2 * 3 * T; ++r)
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const int64_t t = r % T;
+      const double x1 = xv[r * D + i], x2 = xv[r * D + i + D / 2];
+      const double y1 = yv[r * D + i], y2 = yv[r * D + i + D / 2];
+      EXPECT_NEAR(y1, x1 * cv[t * 4 + i] - x2 * sv[t * 4 + i], 1e-12);
+      EXPECT_NEAR(y2, x2 * cv[t * 4 + i] + x1 * sv[t * 4 + i], 1e-12);
+      EXPECT_NEAR(y1 * y1 + y2 * y2, x1 * x1 + x2 * x2, 1e-6);  // tables are f32: |c^2 + s^2 - 1| ~ 1e-7
+    }
+  // Position 0 is the identity rotation.
+  for (int64_t i = 0; i < D; ++i) EXPECT_DOUBLE_EQ(yv[i], xv[i]);
+}
+
+TEST(Rope, InverseRotationUndoesTheForward) {
+  manual_seed(28);
+  auto [c, s] = rope_tables(7, 16, 10000.0, Device::cpu(), 100);
+  Tensor x = randn({1, 2, 7, 16});
+  Tensor y = rotary_embedding(x, c, s), back = empty_like(x);
+  kernels::cpu::rope(back, y, c, s, /*inverse=*/true);
+  EXPECT_LT(max_rel_error(back, x, 1e-5, 1e-6), 1.0);
+}
+
+TEST(Rope, GradientMatchesFiniteDifferences) {
+  manual_seed(29);
+  auto [c, s] = rope_tables(4, 6, 10000.0, Device::cpu());
+  Tensor x = leaf(randn_noncontig({2, 3, 4, 6}));
+  EXPECT_GRADCHECK([&](const std::vector<Tensor>& v) { return std::vector<Tensor>{rotary_embedding(v[0], c, s)}; },
+                   {x});
+}
+
+TEST(Rope, MismatchedTablesNameTheOp) {
+  auto [c, s] = rope_tables(4, 8, 10000.0, Device::cpu());
+  try {
+    rotary_embedding(zeros({1, 1, 5, 8}), c, s);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rotary_embedding: cos/sin must be [5, 4]"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ingot
