@@ -1,0 +1,469 @@
+#include "recipes/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <tuple>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+namespace ingot::recipes {
+
+namespace {
+
+std::string single_quoted(std::string_view s) {
+  std::string out(1, '\'');
+  out.append(s);
+  out.push_back('\'');
+  return out;
+}
+
+std::string describe(const Config::Value& v) {
+  if (v.is_null) return "null (no value)";
+  if (v.is_sequence) return "a list";
+  return single_quoted(v.text);
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::optional<int64_t> parse_int(std::string_view s) {
+  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_float(const std::string& s) {
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s.front()))) return std::nullopt;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+std::optional<bool> parse_bool(std::string_view s) {
+  std::string l = lower(s);
+  if (l == "true" || l == "yes" || l == "on") return true;
+  if (l == "false" || l == "no" || l == "off") return false;
+  return std::nullopt;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string_view last_component(std::string_view path) {
+  size_t dot = path.rfind('.');
+  return dot == std::string_view::npos ? path : path.substr(dot + 1);
+}
+
+ConfigOrigin origin_at(const std::string& file, const YAML::Mark& m) {
+  ConfigOrigin o;
+  o.file = file;
+  o.line = m.line + 1;
+  o.column = m.column + 1;
+  return o;
+}
+
+// Turns a YAML scalar, null or flow sequence of scalars into a Value; `path` names it in errors.
+Config::Value to_value(const YAML::Node& node, const ConfigOrigin& origin, const std::string& path) {
+  Config::Value v;
+  v.origin = origin;
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      v.is_null = true;
+      return v;
+    case YAML::NodeType::Scalar:
+      v.text = node.Scalar();
+      return v;
+    case YAML::NodeType::Sequence:
+      v.is_sequence = true;
+      for (const YAML::Node& item : node) {
+        if (!item.IsScalar())
+          throw ConfigError(origin.str() + ": " + path + ": list items must be plain values, not lists or mappings");
+        v.items.push_back(item.Scalar());
+      }
+      return v;
+    case YAML::NodeType::Map:
+      break;
+  }
+  throw ConfigError(origin.str() + ": " + path + ": expected a value, got a mapping");
+}
+
+void flatten(const YAML::Node& map, const std::string& prefix, const std::string& file,
+             std::map<std::string, Config::Value, std::less<>>& out) {
+  for (const auto& kv : map) {
+    // Node handles are cheap references; copies keep them alive past the iterator's temporary.
+    YAML::Node key = kv.first;
+    YAML::Node val = kv.second;
+    ConfigOrigin key_origin = origin_at(file, key.Mark());
+    if (!key.IsScalar() || key.Scalar().empty())
+      throw ConfigError(key_origin.str() + ": keys must be non-empty plain names");
+    std::string path = prefix.empty() ? key.Scalar() : prefix + "." + key.Scalar();
+    if (val.IsMap()) {
+      flatten(val, path, file, out);
+      continue;
+    }
+    ConfigOrigin val_origin = val.IsNull() ? key_origin : origin_at(file, val.Mark());
+    if (auto prev = out.find(path); prev != out.end())
+      throw ConfigError(key_origin.str() + ": duplicate key '" + path + "' (first set at " + prev->second.origin.str() +
+                        ")");
+    out.emplace(path, to_value(val, val_origin, path));
+  }
+}
+
+bool valid_key_path(std::string_view k) {
+  if (k.empty() || k.front() == '.' || k.back() == '.' || k.find("..") != std::string_view::npos) return false;
+  return std::all_of(k.begin(), k.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+  });
+}
+
+}  // namespace
+
+std::string ConfigOrigin::str() const {
+  if (!override_text.empty()) return "command-line override '" + override_text + "'";
+  if (file.empty()) return "default";
+  if (line == 0) return file;
+  return file + ":" + std::to_string(line) + ":" + std::to_string(column);
+}
+
+std::string_view config_type_name(ConfigType t) {
+  switch (t) {
+    case ConfigType::Int: return "integer";
+    case ConfigType::Float: return "number";
+    case ConfigType::Bool: return "boolean";
+    case ConfigType::String: return "string";
+  }
+  return "?";
+}
+
+// --- ConfigKey / ConfigSchema ------------------------------------------------------------------------------
+
+ConfigKey ConfigKey::of(ConfigType type, std::string path, std::string default_value, std::string help) {
+  ConfigKey k;
+  k.type = type;
+  k.path = std::move(path);
+  k.default_value = std::move(default_value);
+  k.help = std::move(help);
+  return k;
+}
+
+ConfigKey ConfigKey::required_key(ConfigType type, std::string path, std::string help) {
+  ConfigKey k = of(type, std::move(path), "", std::move(help));
+  k.required = true;
+  return k;
+}
+
+ConfigKey ConfigKey::at_least(double v) const {
+  ConfigKey k = *this;
+  k.min = v;
+  return k;
+}
+
+ConfigKey ConfigKey::at_most(double v) const {
+  ConfigKey k = *this;
+  k.max = v;
+  return k;
+}
+
+ConfigKey ConfigKey::one_of(std::vector<std::string> allowed) const {
+  ConfigKey k = *this;
+  k.choices = std::move(allowed);
+  return k;
+}
+
+ConfigSchema& ConfigSchema::add(ConfigKey key) {
+  INGOT_INTERNAL_CHECK(find(key.path) == nullptr, "duplicate schema key ", key.path);
+  INGOT_INTERNAL_CHECK(key.required || !key.default_value.empty() || key.type == ConfigType::String,
+                       "schema key ", key.path, " needs a default or required = true");
+  keys_.push_back(std::move(key));
+  return *this;
+}
+
+const ConfigKey* ConfigSchema::find(std::string_view path) const {
+  for (const ConfigKey& k : keys_)
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+std::string ConfigSchema::suggest(std::string_view path) const {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, path.size() / 3) + 1;
+  for (const ConfigKey& k : keys_) {
+    size_t d = edit_distance(lower(path), lower(k.path));
+    // The right name in the wrong section ("lr" for "train.lr") is as good as a one-letter typo.
+    if (last_component(path) == last_component(k.path)) d = std::min<size_t>(d, 1);
+    if (d < best_d) {
+      best_d = d;
+      best = k.path;
+    }
+  }
+  return best;
+}
+
+std::string ConfigSchema::help() const {
+  size_t w_path = 0, w_type = 0;
+  for (const ConfigKey& k : keys_) {
+    w_path = std::max(w_path, k.path.size());
+    w_type = std::max(w_type, config_type_name(k.type).size() + 3 + std::max<size_t>(k.default_value.size(), 2));
+  }
+  std::ostringstream os;
+  for (const ConfigKey& k : keys_) {
+    std::string type = std::string(config_type_name(k.type));
+    type += k.required ? " (required)" : " = " + (k.default_value.empty() ? std::string("''") : k.default_value);
+    os << "  " << std::left << std::setw(static_cast<int>(w_path)) << k.path << "  "
+       << std::setw(static_cast<int>(w_type + 8)) << type << "  " << k.help;
+    if (!k.choices.empty()) {
+      os << " [";
+      for (size_t i = 0; i < k.choices.size(); ++i) os << (i ? "|" : "") << k.choices[i];
+      os << "]";
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+// --- Config ------------------------------------------------------------------------------------------------
+
+Config Config::parse(const std::string& yaml_text, const std::string& file) {
+  Config c;
+  c.file_ = file;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(origin_at(file, e.mark).str() + ": invalid YAML: " + e.msg);
+  }
+  if (root.IsNull()) return c;
+  if (!root.IsMap())
+    throw ConfigError(origin_at(file, root.Mark()).str() + ": expected a mapping of keys at the top level");
+  try {
+    flatten(root, "", file, c.values_);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(origin_at(file, e.mark).str() + ": invalid YAML: " + e.msg);
+  }
+  return c;
+}
+
+Config Config::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot open config file: " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw ConfigError(path + ": cannot read config file");
+  return parse(ss.str(), path);
+}
+
+void Config::apply_override(std::string_view assignment) {
+  std::string text(assignment);
+  size_t eq = assignment.find('=');
+  if (eq == std::string_view::npos)
+    throw ConfigError("command-line override '" + text + "': expected key=value (for example train.lr=3e-4)");
+  std::string key(assignment.substr(0, eq));
+  std::string raw(assignment.substr(eq + 1));
+  ConfigOrigin o;
+  o.override_text = text;
+  if (!valid_key_path(key))
+    throw ConfigError(o.str() + ": '" + key + "' is not a key path (expected names joined by '.', e.g. train.lr)");
+  YAML::Node node;
+  try {
+    node = YAML::Load(raw);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(o.str() + ": invalid value: " + e.msg);
+  }
+  Value v = to_value(node, o, key);
+  // An override replaces the key and anything below it (overriding a section with a value).
+  for (auto it = values_.lower_bound(key); it != values_.end() && it->first.rfind(key, 0) == 0;) {
+    if (it->first.size() == key.size() || it->first[key.size()] == '.')
+      it = values_.erase(it);
+    else
+      ++it;
+  }
+  values_[key] = std::move(v);
+}
+
+void Config::validate(const ConfigSchema& schema) {
+  // (where, full message) pairs, reported together in file order.
+  std::vector<std::pair<ConfigOrigin, std::string>> errors;
+  auto add_error = [&](const ConfigOrigin& o, const std::string& msg) { errors.emplace_back(o, o.str() + ": " + msg); };
+
+  for (const auto& [path, v] : values_) {
+    if (schema.find(path)) continue;
+    std::string msg = "unknown key '" + path + "'";
+    std::string hint = schema.suggest(path);
+    if (!hint.empty()) {
+      msg += "; did you mean '" + hint + "'?";
+    } else {
+      for (const ConfigKey& k : schema.keys()) {
+        if (k.path.rfind(path + ".", 0) == 0) {
+          msg += "; '" + path + "' is a section, set its keys instead (e.g. " + k.path + ")";
+          break;
+        }
+      }
+    }
+    add_error(v.origin, msg + " (`ingot run --help` lists every key)");
+  }
+  for (const ConfigKey& k : schema.keys()) {
+    auto it = values_.find(k.path);
+    if (it == values_.end()) {
+      if (k.required) {
+        ConfigOrigin o;
+        o.file = file_;
+        add_error(o, "missing required key '" + k.path + "' (" + k.help + ")");
+        continue;
+      }
+      Value d;
+      d.text = k.default_value;
+      it = values_.emplace(k.path, d).first;
+    }
+    try {
+      switch (k.type) {
+        case ConfigType::Int: {
+          double v = static_cast<double>(get_int(k.path));
+          if ((k.min && v < *k.min) || (k.max && v > *k.max)) {
+            std::ostringstream bound;
+            if (k.min && k.max) bound << "between " << *k.min << " and " << *k.max;
+            else if (k.min) bound << ">= " << *k.min;
+            else bound << "<= " << *k.max;
+            fail(k.path, "expected an integer " + bound.str() + ", got " + describe(it->second));
+          }
+          break;
+        }
+        case ConfigType::Float: {
+          double v = get_double(k.path);
+          if ((k.min && v < *k.min) || (k.max && v > *k.max)) {
+            std::ostringstream bound;
+            if (k.min && k.max) bound << "between " << *k.min << " and " << *k.max;
+            else if (k.min) bound << ">= " << *k.min;
+            else bound << "<= " << *k.max;
+            fail(k.path, "expected a number " + bound.str() + ", got " + describe(it->second));
+          }
+          break;
+        }
+        case ConfigType::Bool:
+          get_bool(k.path);
+          break;
+        case ConfigType::String: {
+          std::string s = get_string(k.path);
+          if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
+            std::string list;
+            for (const std::string& c : k.choices) list += (list.empty() ? "" : ", ") + c;
+            fail(k.path, "expected one of " + list + ", got " + describe(it->second));
+          }
+          break;
+        }
+      }
+    } catch (const ConfigError& e) {
+      errors.emplace_back(it->second.origin, e.what());  // fail() already put the origin in front
+    }
+  }
+  if (errors.empty()) return;
+  std::stable_sort(errors.begin(), errors.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.first.line, a.first.column) < std::tie(b.first.line, b.first.column);
+  });
+  std::string msg;
+  for (const auto& [o, text] : errors) msg += (msg.empty() ? "" : "\n") + text;
+  if (errors.size() > 1) msg = std::to_string(errors.size()) + " config errors:\n" + msg;
+  throw ConfigError(msg);
+}
+
+bool Config::has(std::string_view path) const { return values_.find(path) != values_.end(); }
+
+const Config::Value& Config::value(std::string_view path) const {
+  auto it = values_.find(path);
+  if (it == values_.end())
+    throw ConfigError((file_.empty() ? std::string("config") : file_) + ": missing key '" + std::string(path) + "'");
+  return it->second;
+}
+
+const ConfigOrigin& Config::origin(std::string_view path) const { return value(path).origin; }
+
+void Config::fail(std::string_view path, const std::string& message) const {
+  auto it = values_.find(path);
+  std::string where = it != values_.end() ? it->second.origin.str() : (file_.empty() ? "config" : file_);
+  throw ConfigError(where + ": " + std::string(path) + ": " + message);
+}
+
+int64_t Config::get_int(std::string_view path) const {
+  const Value& v = value(path);
+  std::optional<int64_t> r;
+  if (!v.is_null && !v.is_sequence) r = parse_int(v.text);
+  if (!r) fail(path, "expected an integer, got " + describe(v));
+  return *r;
+}
+
+double Config::get_double(std::string_view path) const {
+  const Value& v = value(path);
+  std::optional<double> r;
+  if (!v.is_null && !v.is_sequence) r = parse_float(v.text);
+  if (!r) fail(path, "expected a number, got " + describe(v));
+  return *r;
+}
+
+bool Config::get_bool(std::string_view path) const {
+  const Value& v = value(path);
+  std::optional<bool> r;
+  if (!v.is_null && !v.is_sequence) r = parse_bool(v.text);
+  if (!r) fail(path, "expected true or false, got " + describe(v));
+  return *r;
+}
+
+std::string Config::get_string(std::string_view path) const {
+  const Value& v = value(path);
+  if (v.is_null || v.is_sequence) fail(path, "expected a string, got " + describe(v));
+  return v.text;
+}
+
+std::string Config::to_yaml() const {
+  YAML::Node root(YAML::NodeType::Map);
+  for (const auto& [path, v] : values_) {
+    std::vector<std::string> parts;
+    for (size_t start = 0;;) {
+      size_t dot = path.find('.', start);
+      parts.push_back(path.substr(start, dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    // yaml-cpp node handles are references: walk down by reassigning a handle to each child.
+    std::vector<YAML::Node> chain{root};
+    for (size_t i = 0; i + 1 < parts.size(); ++i) chain.push_back(chain.back()[parts[i]]);
+    YAML::Node leaf;
+    if (v.is_null) {
+      leaf = YAML::Node(YAML::NodeType::Null);
+    } else if (v.is_sequence) {
+      leaf = YAML::Node(YAML::NodeType::Sequence);
+      for (const std::string& item : v.items) leaf.push_back(item);
+      leaf.SetStyle(YAML::EmitterStyle::Flow);
+    } else {
+      leaf = YAML::Node(v.text);
+    }
+    chain.back()[parts.back()] = leaf;
+  }
+  YAML::Emitter out;
+  out << root;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace ingot::recipes

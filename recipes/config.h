@@ -1,0 +1,113 @@
+// Recipe configs: a YAML file plus `key=value` command-line overrides, checked against a schema.
+//
+// A config is held flat, as dotted key paths ("train.lr") mapped to values that remember where they came
+// from (file:line:column, or the override text), so every error names the key and the place to fix it:
+//   configs/quickstart.yaml:9:7: train.lr: expected a number, got 'fast'
+// The schema lists every key a recipe reads, with its type, default, bounds and help; it drives validation
+// (unknown keys get a "did you mean"), defaults, and `ingot run --help`.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace ingot::recipes {
+
+// A config mistake (bad YAML, unknown key, wrong type, out of range). The CLI maps it to exit code 2.
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(const std::string& what) : Error(what) {}
+};
+
+// Where a value was written.
+struct ConfigOrigin {
+  std::string file;           // the YAML file, empty for a command-line override
+  int line = 0, column = 0;   // 1-based, in the YAML file
+  std::string override_text;  // "train.lr=3e-4" for a command-line override
+  std::string str() const;    // "configs/q.yaml:9:7" or "command-line override 'train.lr=3e-4'"
+};
+
+enum class ConfigType { Int, Float, Bool, String };
+std::string_view config_type_name(ConfigType t);  // "integer", "number", "boolean", "string"
+
+// One key a recipe reads.
+struct ConfigKey {
+  std::string path;                  // "train.lr"
+  ConfigType type = ConfigType::String;
+  std::string default_value;         // as YAML text; empty with required = true means no default
+  std::string help;                  // one line for `ingot run --help`
+  bool required = false;
+  std::vector<std::string> choices;  // allowed values of a String key (empty: any)
+  std::optional<double> min, max;    // inclusive bounds of an Int/Float key
+
+  // Builders: ConfigKey::of(ConfigType::Int, "train.batch_size", "8", "sequences per step").at_least(1).
+  static ConfigKey of(ConfigType type, std::string path, std::string default_value, std::string help);
+  static ConfigKey required_key(ConfigType type, std::string path, std::string help);
+  ConfigKey at_least(double v) const;
+  ConfigKey at_most(double v) const;
+  ConfigKey one_of(std::vector<std::string> allowed) const;
+};
+
+class ConfigSchema {
+ public:
+  ConfigSchema& add(ConfigKey key);
+  const ConfigKey* find(std::string_view path) const;
+  const std::vector<ConfigKey>& keys() const { return keys_; }
+  // The closest known key to a misspelled one ("" when nothing is close).
+  std::string suggest(std::string_view path) const;
+  // One line per key: "  train.lr  number = 6e-4  peak learning rate", aligned.
+  std::string help() const;
+
+ private:
+  std::vector<ConfigKey> keys_;
+};
+
+class Config {
+ public:
+  struct Value {
+    std::string text;                // scalar text ("3e-4", "true", "data/kjv.txt"); empty for null
+    bool is_null = false;
+    bool is_sequence = false;
+    std::vector<std::string> items;  // scalar items of a sequence
+    ConfigOrigin origin;
+  };
+
+  Config() = default;
+  // Reads and parses a YAML file whose top level is a mapping. Throws ConfigError naming the file (and line
+  // and column for syntax errors, duplicate keys, or non-scalar leaves).
+  static Config load(const std::string& path);
+  // Parses YAML text; `file` names it in messages.
+  static Config parse(const std::string& yaml_text, const std::string& file);
+
+  // Applies "a.b=value"; the value is parsed as a YAML scalar or flow sequence ("3e-4", "true", "[1, 2]").
+  void apply_override(std::string_view assignment);
+  // Rejects unknown keys (with a suggestion), missing required keys, wrong types, values outside bounds or
+  // choices; fills in defaults for absent keys. Throws ConfigError naming the key and its origin.
+  void validate(const ConfigSchema& schema);
+
+  bool has(std::string_view path) const;
+  const Value& value(std::string_view path) const;  // throws ConfigError when absent
+  int64_t get_int(std::string_view path) const;
+  double get_double(std::string_view path) const;  // integers are accepted
+  bool get_bool(std::string_view path) const;      // true/false/yes/no/on/off
+  std::string get_string(std::string_view path) const;
+  const ConfigOrigin& origin(std::string_view path) const;
+  // Throws a ConfigError "<origin>: <path>: <message>".
+  [[noreturn]] void fail(std::string_view path, const std::string& message) const;
+
+  const std::string& file() const { return file_; }
+  const std::map<std::string, Value, std::less<>>& values() const { return values_; }
+  // The resolved config as nested YAML (what a run actually used), for output_dir/config.yaml.
+  std::string to_yaml() const;
+
+ private:
+  std::string file_;
+  std::map<std::string, Value, std::less<>> values_;
+};
+
+}  // namespace ingot::recipes

@@ -1,0 +1,56 @@
+// Text data for pretraining: a UTF-8 text file tokenized to bytes (vocabulary 256; the BPE tokenizer of the
+// recipes issue replaces this), split into a leading train part and a trailing validation part, and sampled
+// as random windows of T+1 tokens (inputs are the first T, targets the last T).
+//
+// Sampling is a pure function of (seed, split, batch index): batch i is the same whatever came before, on
+// any machine, so a resumed run continues with exactly the batches it would have drawn.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace ingot::recipes {
+
+enum class Split { Train, Val };
+
+class TextDataset {
+ public:
+  // Reads `path` (must be valid UTF-8, non-empty). The last `val_fraction` of the bytes is the validation
+  // split. Throws ingot::Error naming the file.
+  static TextDataset from_file(const std::string& path, double val_fraction);
+  // `name` is what error messages call the text.
+  static TextDataset from_text(const std::string& text, double val_fraction, const std::string& name = "text");
+
+  static constexpr int64_t kVocabSize = 256;
+  int64_t vocab_size() const { return kVocabSize; }
+  const std::vector<int32_t>& tokens(Split s) const { return s == Split::Train ? train_ : val_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  std::vector<int32_t> train_, val_;
+};
+
+// Draws batches of windows [batch, block + 1] (i64, CPU) from one split of a dataset.
+class BatchSampler {
+ public:
+  // Throws when the split is shorter than block + 1 tokens. The dataset must outlive the sampler.
+  BatchSampler(const TextDataset& data, Split split, int64_t batch, int64_t block, uint64_t seed);
+  // Batch number `index`: row b starts at a uniform random offset drawn from Philox(seed, index * batch + b).
+  Tensor batch(int64_t index) const;
+  // batch(position()), then advances the position.
+  Tensor next() { return batch(position_++); }
+  int64_t position() const { return position_; }
+  void set_position(int64_t p) { position_ = p; }
+
+ private:
+  const std::vector<int32_t>* tokens_;
+  int64_t batch_, block_;
+  uint64_t seed_;
+  int64_t position_ = 0;
+};
+
+}  // namespace ingot::recipes
