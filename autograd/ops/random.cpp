@@ -39,7 +39,9 @@ class DropoutPrim final : public Primitive {
   }
   bool saves_input(size_t) const override { return false; }
   FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
-  void print_attrs(std::ostream& os) const override { os << "p=" << p_ << ", seed=" << seed_ << ", offset=" << offset_; }
+  void print_attrs(std::ostream& os) const override {
+    os << "p=" << p_ << ", seed=" << seed_ << ", offset=" << offset_;
+  }
   std::vector<Tensor> vjp(const VjpContext&, const std::vector<Tensor>& g) const override {
     return {apply1(std::make_shared<DropoutPrim>(p_, seed_, offset_), {g[0]})};
   }
