@@ -39,9 +39,11 @@ inline int64_t visible_keys(int64_t i, const AttnDims& d, bool causal) {
   return std::clamp<int64_t>(i + d.S - d.T + 1, 0, d.S);
 }
 
+// The simd reduction lets the compiler reassociate the sum (vector lanes), which plain -O3 may not do.
 template <typename Acc>
 inline Acc dot(const Acc* a, const Acc* b, int64_t n) {
   Acc s = 0;
+#pragma omp simd reduction(+ : s)
   for (int64_t k = 0; k < n; ++k) s += a[k] * b[k];
   return s;
 }
