@@ -1,0 +1,127 @@
+// Philox4x32-10 against the Random123 known answer, the distributions drawn from it, and the generators.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "runtime/rng.h"
+#include "runtime/tensor.h"
+
+namespace ingot {
+namespace {
+
+struct Moments {
+  double mean = 0, std = 0, min = INFINITY, max = -INFINITY;
+};
+Moments moments(const std::vector<double>& v) {
+  Moments m;
+  for (double x : v) {
+    m.mean += x;
+    m.min = std::min(m.min, x);
+    m.max = std::max(m.max, x);
+  }
+  m.mean /= static_cast<double>(v.size());
+  for (double x : v) m.std += (x - m.mean) * (x - m.mean);
+  m.std = std::sqrt(m.std / static_cast<double>(v.size() - 1));
+  return m;
+}
+
+// Random123's kat_vectors: philox4x32 10 rounds, counter {0,0,0,0}, key {0,0}.
+TEST(Rng, Philox4x32MatchesTheRandom123KnownAnswer) {
+  Philox4 r = philox4x32_10(0, 0);
+  EXPECT_EQ(r.v[0], 0x6627e8d5u);
+  EXPECT_EQ(r.v[1], 0xe169c58du);
+  EXPECT_EQ(r.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(r.v[3], 0x9b00dbd8u);
+}
+
+TEST(Rng, PhiloxDependsOnEveryBitOfSeedAndCounter) {
+  std::set<uint32_t> firsts;
+  firsts.insert(philox4x32_10(0, 0).v[0]);
+  for (int b = 0; b < 64; ++b) {
+    firsts.insert(philox4x32_10(uint64_t{1} << b, 0).v[0]);
+    firsts.insert(philox4x32_10(0, uint64_t{1} << b).v[0]);
+  }
+  EXPECT_EQ(firsts.size(), 129u);
+}
+
+TEST(Rng, UniformDrawsLieInZeroOneWithTheRightMoments) {
+  std::vector<double> v(100000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = philox_uniform(42, i);
+  Moments m = moments(v);
+  EXPECT_GE(m.min, 0.0);
+  EXPECT_LT(m.max, 1.0);
+  EXPECT_NEAR(m.mean, 0.5, 0.005);               // standard error ~0.0009
+  EXPECT_NEAR(m.std, std::sqrt(1.0 / 12), 0.005);
+  // Every tenth of [0, 1) gets about a tenth of the draws.
+  std::vector<int> bins(10);
+  for (double x : v) ++bins[static_cast<size_t>(x * 10)];
+  for (int b : bins) EXPECT_NEAR(b, 10000, 500);
+}
+
+TEST(Rng, NormalDrawsHaveMeanZeroAndUnitStd) {
+  std::vector<double> v(100000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = philox_normal(7, i);
+  for (double x : v) ASSERT_TRUE(std::isfinite(x));
+  Moments m = moments(v);
+  EXPECT_NEAR(m.mean, 0.0, 0.015);  // standard error ~0.003
+  EXPECT_NEAR(m.std, 1.0, 0.015);
+  size_t within1 = 0;
+  for (double x : v) within1 += std::abs(x) < 1.0;
+  EXPECT_NEAR(static_cast<double>(within1) / v.size(), 0.6827, 0.01);
+}
+
+TEST(Rng, TensorDrawsUseConsecutiveIndicesFromTheGeneratorOffset) {
+  manual_seed(123);
+  Generator& g = default_generator(Device::cpu());
+  EXPECT_EQ(g.seed(), 123u);
+  EXPECT_EQ(g.offset(), 0u);
+  Tensor a = rand({5}, DType::f32);
+  EXPECT_EQ(g.offset(), 8u);  // 5 elements round up to two counters of 4
+  Tensor b = randn({3}, DType::f64);
+  EXPECT_EQ(g.offset(), 12u);
+  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(a.item_at(i), philox_uniform(123, static_cast<uint64_t>(i)));
+  for (int64_t i = 0; i < 3; ++i)
+    EXPECT_EQ(b.item_at(i), static_cast<double>(philox_normal(123, 8 + static_cast<uint64_t>(i))));
+}
+
+TEST(Rng, ManualSeedReproducesDrawsAndOtherSeedsDiffer) {
+  manual_seed(5);
+  std::vector<double> first = randn({64}, DType::f32).to_vector();
+  std::vector<double> second = randn({64}, DType::f32).to_vector();
+  manual_seed(5);
+  EXPECT_EQ(randn({64}, DType::f32).to_vector(), first);
+  EXPECT_NE(second, first);
+  manual_seed(6);
+  EXPECT_NE(randn({64}, DType::f32).to_vector(), first);
+}
+
+TEST(Rng, RandAndRandnHonourRangeMeanAndStd) {
+  manual_seed(9);
+  Moments u = moments(rand({100000}, DType::f64, Device::cpu(), -2.0, 3.0).to_vector());
+  EXPECT_GE(u.min, -2.0);
+  EXPECT_LT(u.max, 3.0);
+  EXPECT_NEAR(u.mean, 0.5, 0.03);
+  Moments n = moments(randn({100000}, DType::f32, Device::cpu(), 1.5, 0.5).to_vector());
+  EXPECT_NEAR(n.mean, 1.5, 0.01);
+  EXPECT_NEAR(n.std, 0.5, 0.01);
+  Moments h = moments(randn({100000}, DType::bf16).to_vector());
+  EXPECT_NEAR(h.mean, 0.0, 0.02);
+  EXPECT_NEAR(h.std, 1.0, 0.02);
+}
+
+TEST(Rng, RandintCoversTheHalfOpenRangeOnly) {
+  manual_seed(10);
+  Tensor r = randint(-3, 4, {20000});
+  EXPECT_EQ(r.dtype(), DType::i64);
+  std::vector<int> counts(7);
+  for (double x : r.to_vector()) {
+    ASSERT_GE(x, -3);
+    ASSERT_LT(x, 4);
+    ++counts[static_cast<size_t>(x + 3)];
+  }
+  for (int c : counts) EXPECT_NEAR(c, 20000 / 7, 250);
+}
+
+}  // namespace
+}  // namespace ingot
