@@ -16,7 +16,7 @@ class CausalLM : public nn::Module {
   virtual int64_t vocab_size() const = 0;
 };
 
-// Mean cross entropy of logits [B, T, V] against targets [B, T], computed from f32 logits when they are 16-bit.
+// Mean cross entropy of logits [B, T, V] against targets [B, T] (f32 for 16-bit logits).
 Tensor lm_loss(const Tensor& logits, const Tensor& targets);
 
 }  // namespace ingot::models

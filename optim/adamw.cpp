@@ -1,0 +1,49 @@
+#include <map>
+
+#include "optim/optimizer.h"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot::optim {
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opts) : Optimizer(std::move(params), opts.lr), opts_(opts) {
+  for (size_t i = 0; i < params_.size(); ++i)
+    INGOT_CHECK(params_[i].dtype() == DType::f32, "AdamW: parameter ", i, " ('", params_[i].name(), "') is ",
+                dtype_name(params_[i].dtype()), "; the update runs on f32 parameters (for 16-bit models keep f32 ",
+                "master weights, optim/mixed_precision.h)");
+}
+
+void AdamW::step() {
+  const double scale = begin_step();
+  // Parameters grouped by their own step count (all equal unless some missed a step): one launch per group.
+  std::map<int64_t, std::vector<size_t>> groups;
+  for (size_t i : params_with_grad()) {
+    if (!has_state(i, "step")) state_[i]["step"] = from_vector_i64({0}, {});
+    int64_t& t = *state_[i]["step"].data<int64_t>();
+    groups[++t].push_back(i);
+  }
+  for (auto& [t, idx] : groups) {
+    std::vector<Tensor> p, g, m, v;
+    for (size_t i : idx) {
+      p.push_back(params_[i]);
+      g.push_back(params_[i].grad());
+      m.push_back(state(i, "exp_avg"));
+      v.push_back(state(i, "exp_avg_sq"));
+    }
+    kernels::AdamWArgs args;
+    args.lr = lr_;
+    args.beta1 = opts_.beta1;
+    args.beta2 = opts_.beta2;
+    args.eps = opts_.eps;
+    args.weight_decay = opts_.weight_decay;
+    args.step = t;
+    args.grad_scale = scale;
+    INGOT_KERNEL_CALL(p[0].device(), adamw_multi, p, g, m, v, args);
+    for (size_t k = 0; k < p.size(); ++k) {
+      p[k].bump_version();
+      m[k].bump_version();
+      v[k].bump_version();
+    }
+  }
+}
+
+}  // namespace ingot::optim

@@ -1,0 +1,85 @@
+#include "optim/optimizer.h"
+
+#include <charconv>
+
+namespace ingot::optim {
+
+Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    INGOT_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "Optimizer: parameter ", i,
+                " must be a leaf tensor with requires_grad");
+    INGOT_CHECK(p.is_contiguous(), "Optimizer: parameter ", i, " ('", p.name(), "') must be contiguous");
+    INGOT_CHECK(p.device() == params_[0].device(), "Optimizer: parameter ", i, " is on ", p.device().str(),
+                " but parameter 0 is on ", params_[0].device().str());
+    for (size_t j = 0; j < i; ++j)
+      INGOT_CHECK(!p.same(params_[j]), "Optimizer: parameter ", i, " is the same tensor as parameter ", j);
+  }
+  state_.resize(params_.size());
+}
+
+Optimizer::~Optimizer() = default;
+
+void Optimizer::zero_grad() {
+  for (Tensor& p : params_) p.zero_grad();
+}
+
+std::vector<size_t> Optimizer::params_with_grad() const {
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    INGOT_CHECK(g.is_contiguous(), "Optimizer: the grad of parameter ", i, " ('", params_[i].name(),
+                "') must be contiguous");
+    idx.push_back(i);
+  }
+  return idx;
+}
+
+bool Optimizer::has_state(size_t index, const std::string& name) const { return state_[index].count(name) != 0; }
+
+Tensor& Optimizer::state(size_t index, const std::string& name) {
+  auto [it, fresh] = state_[index].try_emplace(name);
+  if (fresh) it->second = zeros(params_[index].shape(), DType::f32, params_[index].device());
+  return it->second;
+}
+
+double Optimizer::begin_step() {
+  double s = grad_scale_;
+  grad_scale_ = 1.0;
+  ++step_count_;
+  return s;
+}
+
+std::map<std::string, Tensor> Optimizer::state_dict() const {
+  std::map<std::string, Tensor> sd;
+  sd["step"] = from_vector_i64({step_count_}, {});
+  for (size_t i = 0; i < state_.size(); ++i)
+    for (const auto& [name, t] : state_[i]) sd[std::to_string(i) + "." + name] = t;
+  return sd;
+}
+
+void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  auto step = sd.find("step");
+  INGOT_CHECK(step != sd.end() && step->second.numel() == 1, "Optimizer::load_state_dict: missing scalar 'step'");
+  std::vector<std::map<std::string, Tensor>> loaded(params_.size());
+  for (const auto& [key, t] : sd) {
+    if (key == "step") continue;
+    size_t dot = key.find('.'), index = 0;
+    auto [end, ec] = std::from_chars(key.data(), key.data() + dot, index);
+    INGOT_CHECK(dot != std::string::npos && ec == std::errc() && end == key.data() + dot && index < params_.size(),
+                "Optimizer::load_state_dict: unexpected entry '", key, "' (expected '<param index>.<state>' with ",
+                "index < ", params_.size(), ")");
+    const Tensor& p = params_[index];
+    // Buffers are shaped like their parameter; counters are scalars.
+    INGOT_CHECK(t.shape() == p.shape() || t.numel() == 1, "Optimizer::load_state_dict: '", key, "' has shape ",
+                shape_str(t.shape()), " but parameter ", index, " has shape ", shape_str(p.shape()));
+    Tensor dst = empty(t.shape(), t.dtype(), t.numel() == 1 && t.dtype() == DType::i64 ? Device::cpu() : p.device());
+    dst.copy_(t);
+    loaded[index][key.substr(dot + 1)] = dst;
+  }
+  state_ = std::move(loaded);
+  step_count_ = static_cast<int64_t>(step->second.item());
+}
+
+}  // namespace ingot::optim
