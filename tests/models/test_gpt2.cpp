@@ -103,6 +103,23 @@ TEST(GPT2, ThirtyAdamWStepsOnARepeatingSequenceLowerTheLoss) {
   }
 }
 
+TEST(GPT2, Bf16ComputeDtypeKeepsF32ParametersAndGradients) {
+  manual_seed(5);
+  GPT2 model(testing::tiny_gpt2_config());
+  auto [ids, tgt] = testing::repeating_batch(2, 8);
+  const double ref = model.loss(ids, tgt).item();
+  model.set_compute_dtype(DType::bf16);
+  EXPECT_EQ(model.forward(ids).dtype(), DType::bf16);
+  Tensor loss = model.loss(ids, tgt);
+  EXPECT_EQ(loss.dtype(), DType::f32);
+  EXPECT_NEAR(loss.item(), ref, 2e-2 * ref);
+  loss.backward();
+  for (auto& [name, p] : model.named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_EQ(p.grad().dtype(), DType::f32) << name;
+  }
+}
+
 TEST(GPT2, TooLongSequencesAreRejected) {
   GPT2 model(testing::tiny_gpt2_config());
   auto [ids, tgt] = testing::repeating_batch(1, 17);
