@@ -1,0 +1,121 @@
+// Loss family: cross_entropy (with ignore_index and label smoothing) and mse_loss.
+//
+// cross_entropy flattens logits [..., C] to [N, C] and runs one fused primitive that returns the per-row loss
+// and the row's logsumexp; backward rebuilds the softmax from that logsumexp in one fused kernel. Reductions
+// are composed from ordinary ops afterwards, so a traced graph sees them: Mean divides by the number of
+// targets that are not ignore_index, counted with tensor ops rather than on the host. Losses are f32 (f64 for
+// f64 inputs) whatever the input dtype: bf16 logits still get an f32 loss, and logits get their gradient in
+// their own dtype.
+#include "autograd/ops.h"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot {
+namespace {
+
+DType loss_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
+
+// dlogits from {dloss, logits, lse, target}.
+class CrossEntropyBwdPrim final : public Primitive {
+ public:
+  CrossEntropyBwdPrim(int64_t ignore_index, double label_smoothing) : ignore_(ignore_index), ls_(label_smoothing) {}
+  std::string_view name() const override { return "cross_entropy_bwd"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[1]}; }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    Tensor dlogits = alloc_outputs(infer(metas_of(in)))[0];
+    if (dlogits.numel() > 0)
+      INGOT_KERNEL_CALL(dlogits.device(), cross_entropy_bwd, dlogits, in[0].contiguous_raw(), in[1].contiguous_raw(),
+                        in[2].contiguous_raw(), in[3].contiguous_raw(), ignore_, ls_);
+    return {dlogits};
+  }
+  void print_attrs(std::ostream& os) const override {
+    os << "ignore_index=" << ignore_ << ", label_smoothing=" << ls_;
+  }
+
+ private:
+  int64_t ignore_;
+  double ls_;
+};
+
+// {logits [N, C], target [N] i64} -> {loss [N], lse [N]}.
+class CrossEntropyPrim final : public Primitive {
+ public:
+  CrossEntropyPrim(int64_t ignore_index, double label_smoothing) : ignore_(ignore_index), ls_(label_smoothing) {}
+  std::string_view name() const override { return "cross_entropy"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const TensorMeta &logits = in[0], &target = in[1];
+    INGOT_CHECK(is_floating(logits.dtype), "cross_entropy: expected floating logits, got ",
+                dtype_name(logits.dtype));
+    INGOT_CHECK(target.dtype == DType::i64, "cross_entropy: expected target of dtype i64, got ",
+                dtype_name(target.dtype));
+    INGOT_CHECK(logits.shape.size() == 2 && target.shape == Shape{logits.shape[0]},
+                "cross_entropy: expected logits [N, C] and target [N], got ", shape_str(logits.shape), " and ",
+                shape_str(target.shape));
+    INGOT_CHECK(logits.shape[1] > 0 || logits.shape[0] == 0, "cross_entropy: logits have no classes: ",
+                shape_str(logits.shape));
+    const TensorMeta row{{logits.shape[0]}, loss_dtype(logits.dtype), logits.device};
+    return {row, row};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    std::vector<Tensor> out = alloc_outputs(infer(metas_of(in)));
+    if (out[0].numel() > 0)
+      INGOT_KERNEL_CALL(out[0].device(), cross_entropy_fwd, out[0], out[1], in[0].contiguous_raw(),
+                        in[1].contiguous_raw(), ignore_, ls_);
+    return out;
+  }
+  bool saves_output(size_t k) const override { return k == 1; }
+  FusionKind fusion_kind() const override { return FusionKind::Reduction; }
+  void print_attrs(std::ostream& os) const override {
+    os << "ignore_index=" << ignore_ << ", label_smoothing=" << ls_;
+  }
+  // Only the logits get a gradient; the lse output is internal and its cotangent is ignored.
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    const Tensor& lse = c.outputs[1];
+    Tensor dlogits = apply1(std::make_shared<CrossEntropyBwdPrim>(ignore_, ls_),
+                            {cast(g[0], lse.dtype()), c.inputs[0], lse, c.inputs[1]});
+    return {dlogits, Tensor()};
+  }
+
+ private:
+  int64_t ignore_;
+  double ls_;
+};
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                     Reduction reduction) {
+  INGOT_CHECK(logits.dim() >= 1, "cross_entropy: expected logits [..., C], got a scalar");
+  INGOT_CHECK(target.dtype() == DType::i64, "cross_entropy: expected target of dtype i64, got ",
+              dtype_name(target.dtype()));
+  const Shape rows(logits.shape().begin(), logits.shape().end() - 1);
+  const int64_t n = ingot::numel(rows), classes = logits.size(-1);
+  INGOT_CHECK(target.shape() == rows || (target.dim() == 1 && target.numel() == n), "cross_entropy: target ",
+              shape_str(target.shape()), " does not match logits ", shape_str(logits.shape()), " (expected ",
+              shape_str(rows), ")");
+  INGOT_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0,
+              "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
+  // Made contiguous by ops so the tensors saved for backward are the ones the kernel reads.
+  const Tensor l2 = contiguous(logits.dim() == 2 ? logits : reshape(logits, {n, classes}));
+  const Tensor t1 = contiguous(target.dim() == 1 ? target : reshape(target, {n}));
+  Tensor loss = apply(std::make_shared<CrossEntropyPrim>(ignore_index, label_smoothing), {l2, t1})[0];
+  switch (reduction) {
+    case Reduction::None: return target.shape() == loss.shape() ? loss : reshape(loss, target.shape());
+    case Reduction::Sum: return sum(loss);
+    case Reduction::Mean: {
+      Tensor kept = ne(t1, full({}, static_cast<double>(ignore_index), DType::i64, t1.device()));
+      return div(sum(loss), sum(cast(kept, loss.dtype())));
+    }
+  }
+  INGOT_FAIL("cross_entropy: unknown reduction");
+}
+
+Tensor mse_loss(const Tensor& a, const Tensor& b) {
+  INGOT_CHECK(a.shape() == b.shape(), "mse_loss: shapes differ: ", shape_str(a.shape()), " vs ",
+              shape_str(b.shape()));
+  INGOT_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()), "mse_loss: expected floating tensors, got ",
+              dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+  const DType t = loss_dtype(promote(a.dtype(), b.dtype()));
+  return mean(square(sub(cast(a, t), cast(b, t))));
+}
+
+}  // namespace ingot

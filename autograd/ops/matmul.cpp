@@ -1,0 +1,191 @@
+// Matrix-product family: matmul (numpy semantics), bmm, linear.
+//
+// Everything funnels into two primitives over 2-D / 3-D operands that map straight onto the `matmul` kernel:
+//   MatmulPrim(trans_a, trans_b): op(a) @ op(b), a [Ba, M, K] or [M, K] (stored [.., K, M] when trans_a),
+//                                 b likewise; a batch of 1 (or a 2-D operand) broadcasts over the other's batch.
+//   LinearPrim: x [R, in] @ w[out, in]^T + b[out], the bias written first and accumulated into (beta = 1).
+// matmul() promotes 1-D operands, flattens the broadcast batch dims into one, and folds a batched
+// `[..., M, K] @ [K, N]` into a single [.. * M, K] @ [K, N] product. Backward is the two transposed products,
+// expressed with the trans flags so no transpose is ever materialized, and summed over broadcast batches.
+#include "autograd/ops.h"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot {
+namespace {
+
+// An operand as the kernel wants it: a contiguous 3-D view plus its trans flag. A tensor whose last two dims
+// are a transpose of a contiguous buffer (x.transpose(-1, -2), a saved weight seen as w^T) is passed as that
+// buffer with the flag flipped; anything else is copied.
+struct KernelOperand {
+  Tensor t;
+  bool trans;
+};
+
+KernelOperand kernel_operand(const Tensor& x, bool trans) {
+  Tensor t3 = x.dim() == 3 ? x
+                           : x.as_strided({1, x.size(0), x.size(1)}, {x.size(0) * x.size(1), x.stride(0), x.stride(1)},
+                                          x.offset());
+  if (t3.is_contiguous()) return {t3, trans};
+  const Shape& s = t3.shape();
+  const Strides& st = t3.strides();
+  Tensor flipped = t3.as_strided({s[0], s[2], s[1]}, {st[0], st[2], st[1]}, t3.offset());
+  if (flipped.is_contiguous()) return {flipped, !trans};
+  return {t3.contiguous_raw(), trans};
+}
+
+// [.., rows, cols] of a stored operand, as seen after its trans flag.
+std::pair<int64_t, int64_t> logical_dims(const Shape& s, bool trans) {
+  int64_t r = s[s.size() - 2], c = s[s.size() - 1];
+  return trans ? std::pair{c, r} : std::pair{r, c};
+}
+
+void check_float_pair(const char* op, const TensorMeta& a, const TensorMeta& b) {
+  INGOT_CHECK(is_floating(a.dtype) && a.dtype == b.dtype, op, ": expected two floating tensors of one dtype, got ",
+              dtype_name(a.dtype), " and ", dtype_name(b.dtype));
+}
+
+class MatmulPrim final : public Primitive {
+ public:
+  MatmulPrim(bool trans_a, bool trans_b) : ta_(trans_a), tb_(trans_b) {}
+  std::string_view name() const override { return "matmul"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const Shape &sa = in[0].shape, &sb = in[1].shape;
+    INGOT_CHECK((sa.size() == 2 || sa.size() == 3) && (sb.size() == 2 || sb.size() == 3),
+                "matmul: expected 2-D or 3-D operands, got ", shape_str(sa), " and ", shape_str(sb));
+    check_float_pair("matmul", in[0], in[1]);
+    auto [m, k] = logical_dims(sa, ta_);
+    auto [k2, n] = logical_dims(sb, tb_);
+    INGOT_CHECK(k == k2, "matmul: inner dims differ: ", shape_str(sa), (ta_ ? "^T" : ""), " @ ", shape_str(sb),
+                (tb_ ? "^T" : ""), " (", k, " vs ", k2, ")");
+    const int64_t ba = sa.size() == 3 ? sa[0] : 1, bb = sb.size() == 3 ? sb[0] : 1;
+    INGOT_CHECK(ba == bb || ba == 1 || bb == 1, "matmul: batch sizes ", ba, " and ", bb, " do not broadcast");
+    Shape out = {m, n};
+    if (sa.size() == 3 || sb.size() == 3) out.insert(out.begin(), std::max(ba, bb));
+    return {{out, in[0].dtype, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    Tensor out = alloc_outputs(infer(metas_of(in)))[0];
+    if (out.numel() == 0) return {out};
+    KernelOperand a = kernel_operand(in[0], ta_), b = kernel_operand(in[1], tb_);
+    INGOT_KERNEL_CALL(out.device(), matmul, kernel_operand(out, false).t, a.t, b.t, a.trans, b.trans, 1.0, 0.0);
+    return {out};
+  }
+  void print_attrs(std::ostream& os) const override { os << "trans_a=" << ta_ << ", trans_b=" << tb_; }
+  // With A = op(a), B = op(b): dA = dC @ B^T and dB = A^T @ dC; a stored transposed gets the transpose of
+  // that, which the flags express without copies.
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override;
+
+ private:
+  bool ta_, tb_;
+};
+
+Tensor mm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  return apply1(std::make_shared<MatmulPrim>(trans_a, trans_b), {a, b});
+}
+
+std::vector<Tensor> MatmulPrim::vjp(const VjpContext& c, const std::vector<Tensor>& g) const {
+  const Tensor &a = c.inputs[0], &b = c.inputs[1];
+  const Tensor d = cast(g[0], c.input_meta[0].dtype);
+  std::vector<Tensor> r(2);
+  if (c.needs_grad[0]) r[0] = sum_to_shape(ta_ ? mm(b, d, tb_, true) : mm(d, b, false, !tb_), c.input_meta[0].shape);
+  if (c.needs_grad[1]) r[1] = sum_to_shape(tb_ ? mm(d, a, true, ta_) : mm(a, d, !ta_, false), c.input_meta[1].shape);
+  return r;
+}
+
+class LinearPrim final : public Primitive {
+ public:
+  std::string_view name() const override { return "linear"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const Shape &sx = in[0].shape, &sw = in[1].shape;
+    INGOT_CHECK(sw.size() == 2, "linear: expected weight [out_features, in_features], got ", shape_str(sw));
+    INGOT_INTERNAL_CHECK(sx.size() == 2, "linear: input must be flattened to 2-D, got ", shape_str(sx));
+    check_float_pair("linear", in[0], in[1]);
+    INGOT_CHECK(sx[1] == sw[1], "linear: input has ", sx[1], " features but weight ", shape_str(sw), " expects ",
+                sw[1]);
+    return {{{sx[0], sw[0]}, in[0].dtype, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    Tensor out = alloc_outputs(infer(metas_of(in)))[0];
+    if (out.numel() == 0) return {out};
+    const bool has_bias = in[2].defined();
+    if (has_bias) INGOT_KERNEL_CALL(out.device(), copy, out, in[2].expand_raw(out.shape()));
+    KernelOperand x = kernel_operand(in[0], false), w = kernel_operand(in[1], true);
+    INGOT_KERNEL_CALL(out.device(), matmul, kernel_operand(out, false).t, x.t, w.t, x.trans, w.trans, 1.0,
+                      has_bias ? 1.0 : 0.0);
+    return {out};
+  }
+  bool saves_input(size_t i) const override { return i < 2; }
+  // y = x @ w^T + b:  dx = dy @ w,  dw = dy^T @ x,  db = sum over rows of dy.
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    const Tensor d = cast(g[0], c.input_meta[0].dtype);
+    std::vector<Tensor> r(3);
+    if (c.needs_grad[0]) r[0] = mm(d, c.inputs[1], false, false);
+    if (c.needs_grad[1]) r[1] = mm(d, c.inputs[0], true, false);
+    if (c.needs_grad[2]) r[2] = sum(d, {0});
+    return r;
+  }
+};
+
+// [..batch, r, c] -> the broadcast batch flattened to one dim; a batch that is all ones stays 2-D, so the
+// kernel broadcasts it without a copy. A partially broadcast batch is materialized.
+Tensor flatten_batch(const Tensor& t, const Shape& batch) {
+  const Shape own(t.shape().begin(), t.shape().end() - 2);
+  const int64_t r = t.size(-2), c = t.size(-1);
+  if (ingot::numel(own) == 1) return t.dim() == 2 ? t : reshape(t, {r, c});
+  Shape full = batch;
+  full.push_back(r);
+  full.push_back(c);
+  return reshape(own == batch ? t : expand(t, full), {ingot::numel(batch), r, c});
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  INGOT_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: operands must have at least 1 dim, got ",
+              shape_str(a.shape()), " and ", shape_str(b.shape()));
+  INGOT_CHECK(a.size(-1) == b.size(b.dim() == 1 ? -1 : -2), "matmul: inner dims differ: ", shape_str(a.shape()),
+              " @ ", shape_str(b.shape()));
+  DType t = promote(a.dtype(), b.dtype());
+  INGOT_CHECK(is_floating(t), "matmul: expected floating operands, got ", dtype_name(a.dtype()), " and ",
+              dtype_name(b.dtype()));
+  const Tensor a2 = a.dim() == 1 ? unsqueeze(cast(a, t), 0) : cast(a, t);
+  const Tensor b2 = b.dim() == 1 ? unsqueeze(cast(b, t), -1) : cast(b, t);
+  const Shape ba(a2.shape().begin(), a2.shape().end() - 2), bb(b2.shape().begin(), b2.shape().end() - 2);
+  const Shape batch = broadcast_shapes(ba, bb, "matmul");
+  const int64_t m = a2.size(-2), n = b2.size(-1);
+  Tensor out;
+  if (bb.empty() && !ba.empty()) {
+    // [..., M, K] @ [K, N]: one tall product instead of a batch of small ones (and one gemm for dB).
+    out = mm(reshape(a2, {ingot::numel(ba) * m, a2.size(-1)}), b2, false, false);
+  } else {
+    out = mm(flatten_batch(a2, batch), flatten_batch(b2, batch), false, false);
+  }
+  Shape shape = batch;
+  if (a.dim() > 1) shape.push_back(m);
+  if (b.dim() > 1) shape.push_back(n);
+  return out.shape() == shape ? out : reshape(out, shape);
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  INGOT_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0),
+              "bmm: expected [B, M, K] and [B, K, N] with one batch size, got ", shape_str(a.shape()), " and ",
+              shape_str(b.shape()));
+  return mm(a, b, false, false);
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  INGOT_CHECK(x.dim() >= 1, "linear: input must have at least 1 dim, got a scalar");
+  INGOT_CHECK(w.dim() == 2, "linear: expected weight [out_features, in_features], got ", shape_str(w.shape()));
+  if (b.defined())
+    INGOT_CHECK(b.dim() == 1 && b.size(0) == w.size(0), "linear: bias ", shape_str(b.shape()), " does not match ",
+                w.size(0), " out_features of weight ", shape_str(w.shape()));
+  DType t = promote(x.dtype(), w.dtype());
+  const Tensor x2 = x.dim() == 2 ? cast(x, t) : reshape(cast(x, t), {-1, x.size(-1)});
+  Tensor y = apply1(std::make_shared<LinearPrim>(), {x2, cast(w, t), b.defined() ? cast(b, t) : b});
+  if (x.dim() == 2) return y;
+  Shape shape(x.shape().begin(), x.shape().end() - 1);
+  shape.push_back(w.size(0));
+  return reshape(y, shape);
+}
+
+}  // namespace ingot

@@ -1,0 +1,163 @@
+#include <cmath>
+#include <string>
+
+#include "testing.h"
+
+namespace ingot {
+namespace {
+
+using testing::leaf;
+using testing::randn_noncontig;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Per-row cross-entropy by explicit loops (PyTorch's definition of label smoothing); 0 for ignored rows.
+std::vector<double> naive_ce_rows(const std::vector<double>& x, const std::vector<int64_t>& t, int64_t classes,
+                                  int64_t ignore, double ls) {
+  std::vector<double> out;
+  for (size_t r = 0; r < t.size(); ++r) {
+    const double* row = &x[r * classes];
+    if (t[r] == ignore) {
+      out.push_back(0.0);
+      continue;
+    }
+    double mx = -INFINITY, s = 0, smooth = 0;
+    for (int64_t c = 0; c < classes; ++c) mx = std::max(mx, row[c]);
+    for (int64_t c = 0; c < classes; ++c) s += std::exp(row[c] - mx);
+    const double lse = mx + std::log(s);
+    for (int64_t c = 0; c < classes; ++c) smooth += (lse - row[c]) / classes;
+    out.push_back((1 - ls) * (lse - row[t[r]]) + ls * smooth);
+  }
+  return out;
+}
+
+Tensor targets(const std::vector<int64_t>& t, const Shape& shape) { return from_vector_i64(t, shape); }
+
+TEST(CrossEntropy, MatchesNaiveLoopsForEveryReductionWithIgnoreIndexAndLabelSmoothing) {
+  manual_seed(30);
+  Tensor x = mul(randn({6, 5}, DType::f64), 2.0);
+  const std::vector<int64_t> t = {0, 4, -100, 2, 3, -100};
+  for (double ls : {0.0, 0.1}) {
+    SCOPED_TRACE("label_smoothing " + std::to_string(ls));
+    const std::vector<double> rows = naive_ce_rows(x.to_vector(), t, 5, -100, ls);
+    double total = 0;
+    for (double v : rows) total += v;
+    Tensor none = cross_entropy(x, targets(t, {6}), -100, ls, Reduction::None);
+    EXPECT_EQ(none.dtype(), DType::f64);
+    EXPECT_LE(max_rel_error(none, from_vector(rows, {6}, DType::f64), 1e-12, 1e-14), 1.0);
+    EXPECT_NEAR(cross_entropy(x, targets(t, {6}), -100, ls, Reduction::Sum).item(), total, 1e-12);
+    // Mean divides by the 4 targets that are not ignored, not by 6 rows.
+    EXPECT_NEAR(cross_entropy(x, targets(t, {6}), -100, ls, Reduction::Mean).item(), total / 4, 1e-12);
+  }
+}
+
+TEST(CrossEntropy, GradientsMatchFiniteDifferencesForEveryReduction) {
+  manual_seed(31);
+  const std::vector<int64_t> t = {1, 7, 0, 3};  // 7 is the ignore_index here
+  for (Reduction red : {Reduction::None, Reduction::Mean, Reduction::Sum})
+    for (double ls : {0.0, 0.2}) {
+      SCOPED_TRACE("reduction " + std::to_string(static_cast<int>(red)) + " label_smoothing " + std::to_string(ls));
+      Tensor x = leaf(randn_noncontig({4, 5}));
+      EXPECT_GRADCHECK(
+          [&](const std::vector<Tensor>& v) {
+            return std::vector<Tensor>{cross_entropy(v[0], targets(t, {4}), 7, ls, red)};
+          },
+          {x});
+    }
+}
+
+TEST(CrossEntropy, FlattensLeadingDimsOfLogitsAndTargets) {
+  manual_seed(32);
+  Tensor x = leaf(randn({2, 3, 4}, DType::f64));
+  Tensor t = targets({0, 1, 2, 3, 0, -100}, {2, 3});
+  Tensor none = cross_entropy(x, t, -100, 0.0, Reduction::None);
+  EXPECT_EQ(none.shape(), (Shape{2, 3}));
+  std::vector<double> want = naive_ce_rows(x.to_vector(), {0, 1, 2, 3, 0, -100}, 4, -100, 0.0);
+  EXPECT_LE(max_rel_error(none, from_vector(want, {2, 3}, DType::f64), 1e-12, 1e-14), 1.0);
+  EXPECT_GRADCHECK([t](const std::vector<Tensor>& v) { return std::vector<Tensor>{cross_entropy(v[0], t)}; }, {x});
+}
+
+TEST(CrossEntropy, IsStableForHugeLogitsAndManyRows) {
+  manual_seed(33);
+  const int64_t rows = 64, classes = 1024;  // enough work to run threaded
+  Tensor x = leaf(add(mul(randn({rows, classes}), 50.0), 1e4));
+  Tensor t = randint(0, classes, {rows});
+  Tensor loss = cross_entropy(x, t, -100, 0.1);
+  EXPECT_EQ(loss.dtype(), DType::f32);
+  ASSERT_TRUE(std::isfinite(loss.item()));
+  std::vector<double> want = naive_ce_rows(x.to_vector(), [&] {
+    std::vector<int64_t> v;
+    for (double d : t.to_vector()) v.push_back(static_cast<int64_t>(d));
+    return v;
+  }(), classes, -100, 0.1);
+  double mean = 0;
+  for (double v : want) mean += v / rows;
+  EXPECT_NEAR(loss.item(), mean, 1e-3 * std::abs(mean));
+  loss.backward();
+  // Every row's gradient sums to zero (softmax minus a distribution), scaled by 1/rows. Logits near 1e4 are
+  // themselves only known to f32's ulp there (~1e-3), which bounds how well the probabilities can sum to 1.
+  std::vector<double> g = x.grad().to_vector();
+  for (int64_t r = 0; r < rows; ++r) {
+    double s = 0;
+    for (int64_t c = 0; c < classes; ++c) s += g[r * classes + c];
+    EXPECT_NEAR(s, 0.0, 2e-3 / rows);
+  }
+}
+
+TEST(CrossEntropy, Bf16LogitsGiveAnF32LossAndBf16Gradients) {
+  manual_seed(34);
+  Tensor x32 = mul(randn({8, 50}), 3.0);
+  Tensor t = randint(0, 50, {8});
+  Tensor x = leaf(x32.to(DType::bf16));
+  Tensor loss = cross_entropy(x, t, -100, 0.1);
+  EXPECT_EQ(loss.dtype(), DType::f32);
+  loss.backward();
+  EXPECT_EQ(x.grad().dtype(), DType::bf16);
+  Tensor xr = leaf(x.detach().to(DType::f32));  // the same rounded logits in f32
+  Tensor lr = cross_entropy(xr, t, -100, 0.1);
+  lr.backward();
+  EXPECT_NEAR(loss.item(), lr.item(), 1e-5 * std::abs(lr.item()));
+  EXPECT_LE(max_rel_error(x.grad().to(DType::f32), xr.grad(), 1.0 / 128, 1e-4), 1.0);
+}
+
+TEST(CrossEntropy, AllTargetsIgnoredGiveZeroSumAndZeroGradient) {
+  Tensor x = leaf(randn({3, 4}, DType::f64));
+  Tensor loss = cross_entropy(x, targets({-1, -1, -1}, {3}), -1, 0.0, Reduction::Sum);
+  EXPECT_EQ(loss.item(), 0.0);
+  loss.backward();
+  for (double g : x.grad().to_vector()) EXPECT_EQ(g, 0.0);
+}
+
+TEST(CrossEntropy, BadTargetsAreErrorsNamingTheOp) {
+  std::string msg = error_of([] { cross_entropy(randn({2, 3}), from_vector({0, 1}, {2})); });
+  EXPECT_NE(msg.find("cross_entropy: expected target of dtype i64, got f32"), std::string::npos) << msg;
+  msg = error_of([] { cross_entropy(randn({2, 3}), targets({0, 3}, {2})); });
+  EXPECT_NE(msg.find("cross_entropy: target 3 at row 1"), std::string::npos) << msg;
+  msg = error_of([] { cross_entropy(randn({2, 3}), targets({0, 1, 2}, {3})); });
+  EXPECT_NE(msg.find("cross_entropy: target [3] does not match logits [2, 3]"), std::string::npos) << msg;
+  msg = error_of([] { cross_entropy(randn({2, 3}), targets({0, 1}, {2}), -100, 1.5); });
+  EXPECT_NE(msg.find("cross_entropy: label_smoothing"), std::string::npos) << msg;
+}
+
+TEST(MseLoss, MatchesNaiveLoopsAndFiniteDifferences) {
+  manual_seed(35);
+  Tensor a = leaf(randn_noncontig({3, 4})), b = leaf(randn({3, 4}, DType::f64));
+  const std::vector<double> av = a.to_vector(), bv = b.to_vector();
+  double want = 0;
+  for (size_t i = 0; i < av.size(); ++i) want += (av[i] - bv[i]) * (av[i] - bv[i]) / av.size();
+  EXPECT_NEAR(mse_loss(a, b).item(), want, 1e-12);
+  EXPECT_GRADCHECK([](const std::vector<Tensor>& v) { return std::vector<Tensor>{mse_loss(v[0], v[1])}; }, {a, b});
+  EXPECT_EQ(mse_loss(randn({4}).to(DType::bf16), randn({4}).to(DType::bf16)).dtype(), DType::f32);
+  std::string msg = error_of([] { mse_loss(randn({3, 1}), randn({3})); });
+  EXPECT_NE(msg.find("mse_loss: shapes differ"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace ingot
