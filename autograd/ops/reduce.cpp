@@ -1,8 +1,8 @@
 // Reduction family: sum, mean, amax, amin, logsumexp, argmax, argmin over a set of dims (empty = all).
-// Forward brings the reduced dims together as one contiguous [outer, n, inner] block (a copy only when the
-// input is not contiguous or the reduced dims are not adjacent, in which case they are permuted to the end)
-// and runs the `reduce` kernel, which accumulates floating inputs in double. Backward broadcasts the
-// cotangent back over the reduced dims.
+// Forward brings the reduced dims together as one contiguous [outer, n, inner] block and runs the `reduce`
+// kernel: a dense input (contiguous or permuted) is read in place when its reduced dims are adjacent in memory
+// order; otherwise the kept dims are copied first and the reduced ones last. The kernel accumulates floating
+// inputs in double. Backward broadcasts the cotangent back over the reduced dims.
 #include <algorithm>
 
 #include "autograd/ops.h"
@@ -78,31 +78,55 @@ class ReducePrim final : public Primitive {
     Tensor out = alloc_outputs(infer(metas_of(in)))[0];
     if (out.numel() == 0) return {out};
     const Shape& s = x.shape();
-    const int64_t nd = x.dim();
-    int64_t outer = 1, n = 1, inner = 1;
-    Tensor src = x;
-    const bool adjacent = dims_.empty() || dims_.back() - dims_.front() + 1 == static_cast<int64_t>(dims_.size());
-    if (adjacent) {
-      for (int64_t d = 0; d < nd; ++d) {
-        int64_t sz = s[static_cast<size_t>(d)];
-        if (contains(dims_, d)) n *= sz;
-        else if (dims_.empty() || d < dims_.front()) outer *= sz;
-        else inner *= sz;
+    const Strides& st = x.strides();
+    // Dims of size 1 do not affect the layout; order the others so the reduced ones form one block.
+    std::vector<int64_t> order;
+    for (int64_t d = 0; d < x.dim(); ++d)
+      if (s[static_cast<size_t>(d)] != 1) order.push_back(d);
+    auto view_in = [&](const std::vector<int64_t>& dims) {
+      Shape vs;
+      Strides vst;
+      for (int64_t d : dims) {
+        vs.push_back(s[static_cast<size_t>(d)]);
+        vst.push_back(st[static_cast<size_t>(d)]);
       }
-    } else {
-      // Kept dims first (in order, so the output layout matches), reduced dims last.
-      Shape ps;
-      Strides pst;
-      for (int pass = 0; pass < 2; ++pass)
-        for (int64_t d = 0; d < nd; ++d)
-          if (contains(dims_, d) == (pass == 1)) {
-            ps.push_back(s[static_cast<size_t>(d)]);
-            pst.push_back(x.strides()[static_cast<size_t>(d)]);
-            (pass == 1 ? n : outer) *= s[static_cast<size_t>(d)];
-          }
-      src = x.as_strided(ps, pst, x.offset());
+      return x.as_strided(vs, vst, x.offset());
+    };
+    // A permuted but dense input is read in memory order when its reduced dims are adjacent there (no copy).
+    std::vector<int64_t> mem = order;
+    std::stable_sort(mem.begin(), mem.end(),
+                     [&](int64_t a, int64_t b) { return st[static_cast<size_t>(a)] > st[static_cast<size_t>(b)]; });
+    if (!view_in(mem).is_contiguous() || !reduced_adjacent(mem)) {
+      // Otherwise: kept dims in order, reduced dims last, copied into that layout.
+      std::stable_partition(order.begin(), order.end(), [&](int64_t d) { return !contains(dims_, d); });
+      mem = order;
     }
-    INGOT_KERNEL_CALL(x.device(), reduce, op_, out, src.contiguous_raw(), outer, n, inner);
+    int64_t outer = 1, n = 1, inner = 1;
+    bool seen_reduced = false;
+    std::vector<int64_t> kept;
+    for (int64_t d : mem) {
+      const int64_t sz = s[static_cast<size_t>(d)];
+      if (contains(dims_, d)) {
+        n *= sz;
+        seen_reduced = true;
+      } else {
+        (seen_reduced ? inner : outer) *= sz;
+        kept.push_back(d);
+      }
+    }
+    // The output seen with its dims in the order the kernel writes them.
+    Shape ks;
+    Strides kst;
+    for (int64_t d : kept) {
+      int64_t od = d;
+      if (!keepdim_) od -= std::lower_bound(dims_.begin(), dims_.end(), d) - dims_.begin();
+      ks.push_back(s[static_cast<size_t>(d)]);
+      kst.push_back(out.strides()[static_cast<size_t>(od)]);
+    }
+    Tensor dst = out.as_strided(ks, kst, out.offset());
+    Tensor tmp = dst.is_contiguous() ? dst : empty(ks, out.dtype(), out.device());
+    INGOT_KERNEL_CALL(x.device(), reduce, op_, tmp, view_in(mem).contiguous_raw(), outer, n, inner);
+    if (!tmp.same(dst)) INGOT_KERNEL_CALL(x.device(), copy, dst, tmp);
     return {out};
   }
   bool differentiable() const override { return op_ != ReduceOp::ArgMax && op_ != ReduceOp::ArgMin; }
@@ -143,6 +167,18 @@ class ReducePrim final : public Primitive {
   }
 
  private:
+  // Whether the reduced dims among `order` sit next to each other.
+  bool reduced_adjacent(const std::vector<int64_t>& order) const {
+    int64_t first = -1, last = -1, count = 0;
+    for (size_t i = 0; i < order.size(); ++i)
+      if (contains(dims_, order[i])) {
+        if (first < 0) first = static_cast<int64_t>(i);
+        last = static_cast<int64_t>(i);
+        ++count;
+      }
+    return count == 0 || last - first + 1 == count;
+  }
+
   ReduceOp op_;
   std::vector<int64_t> dims_;
   bool keepdim_;

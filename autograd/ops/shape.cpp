@@ -441,8 +441,8 @@ Tensor contiguous(const Tensor& a) {
 
 Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
   INGOT_CHECK(!ts.empty(), "cat: expected at least one tensor");
-  const int64_t d = wrap_dim(dim, ts[0].dim(), "cat");
   INGOT_CHECK(ts[0].dim() > 0, "cat: cannot concatenate 0-d tensors (use stack)");
+  const int64_t d = wrap_dim(dim, ts[0].dim(), "cat");
   return apply1(std::make_shared<CatPrim>(d), ts);
 }
 
