@@ -155,6 +155,39 @@ TEST(SafetensorsErrors, MissingFilesAndDirectoriesAreRejected) {
   EXPECT_TRUE(contains(open_error(dir.path()), "not a regular file"));
 }
 
+// Every truncation and many single-byte corruptions of a valid file either still validate (then every tensor
+// must be readable) or fail with an ingot::Error; nothing crashes or reads out of bounds.
+TEST(SafetensorsErrors, TruncatedAndCorruptedFilesFailCleanly) {
+  TempDir dir("ingot_st_err_");
+  std::string good = dir.file("good.safetensors");
+  save_safetensors(good, {{"w", ones({3, 2}, DType::f32)}, {"b", zeros({5}, DType::bf16)}, {"m", ones({1}, DType::b8)}},
+                   {{"k", "v"}});
+  const std::string bytes = read_file(good);
+  std::string path = dir.file("bad.safetensors");
+  auto try_open = [&](const std::string& content) {
+    std::FILE* out = std::fopen(path.c_str(), "wb");  // not write_file_atomic: its fsyncs would dominate
+    std::fwrite(content.data(), 1, content.size(), out);
+    std::fclose(out);
+    try {
+      SafetensorsFile f = SafetensorsFile::open(path);
+      for (const std::string& name : f.names()) f.get(name).to_vector();
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  ASSERT_TRUE(try_open(bytes));
+  for (size_t len = 0; len < bytes.size(); ++len) EXPECT_FALSE(try_open(bytes.substr(0, len))) << "length " << len;
+  uint64_t header_end = 8 + static_cast<unsigned char>(bytes[0]);
+  for (size_t pos = 0; pos < header_end; pos += 5) {
+    for (unsigned char v : {'9', '"', '}', ',', '-', '\xff'}) {
+      std::string corrupt = bytes;
+      corrupt[pos] = static_cast<char>(v);
+      try_open(corrupt);
+    }
+  }
+}
+
 TEST(SafetensorsErrors, AskingForAnAbsentTensorListsWhatTheFileHas) {
   TempDir dir("ingot_st_err_");
   std::string path = dir.file("ok.safetensors");
