@@ -23,7 +23,8 @@ void sync_parent_dir(const std::string& path) {
   std::string dir = std::filesystem::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  INGOT_CHECK(fd >= 0, "wrote '", path, "' but cannot open its directory '", dir, "' to sync it: ", errno_text(errno));
+  INGOT_CHECK(fd >= 0, "wrote '", path, "' but cannot open its directory '", dir, "' to sync it: ",
+              errno_text(errno));
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);

@@ -160,7 +160,8 @@ TEST(SafetensorsErrors, MissingFilesAndDirectoriesAreRejected) {
 TEST(SafetensorsErrors, TruncatedAndCorruptedFilesFailCleanly) {
   TempDir dir("ingot_st_err_");
   std::string good = dir.file("good.safetensors");
-  save_safetensors(good, {{"w", ones({3, 2}, DType::f32)}, {"b", zeros({5}, DType::bf16)}, {"m", ones({1}, DType::b8)}},
+  save_safetensors(good,
+                   {{"w", ones({3, 2}, DType::f32)}, {"b", zeros({5}, DType::bf16)}, {"m", ones({1}, DType::b8)}},
                    {{"k", "v"}});
   const std::string bytes = read_file(good);
   std::string path = dir.file("bad.safetensors");

@@ -1,4 +1,4 @@
-// safetensors round trips and layout. Bad files and their messages are in tests/errors/test_safetensors_errors.cpp.
+// safetensors round trips and layout. Bad files and their messages: tests/errors/test_safetensors_errors.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -145,8 +145,8 @@ TEST(Safetensors, MixedDTypesAreLaidOutAlignedAndLoadedWithoutCopies) {
 TEST(Safetensors, ReadsForeignFilesWithMisalignedTensors) {
   TempDir dir("ingot_st_");
   std::string path = dir.file("foreign.safetensors");
-  std::string header =
-      R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[1,9]},"flag":{"dtype":"BOOL","shape":[1],"data_offsets":[0,1]}})";
+  std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[1,9]},)"
+                       R"("flag":{"dtype":"BOOL","shape":[1],"data_offsets":[0,1]}})";
   float w[2] = {1.5f, -2.0f};
   write_file_atomic(path, [&](std::FILE* fp) {
     uint64_t n = header.size();
