@@ -20,8 +20,8 @@ std::string errno_text(int err) { return std::error_code(err, std::generic_categ
 // Makes the rename of a file in `path`'s directory durable. Filesystems that cannot fsync a directory
 // (EINVAL) give no stronger guarantee anyway, so that case is not an error.
 void sync_parent_dir(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   INGOT_CHECK(fd >= 0, "wrote '", path, "' but cannot open its directory '", dir, "' to sync it: ",
               errno_text(errno));
