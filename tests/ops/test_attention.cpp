@@ -93,6 +93,43 @@ TEST(Attention, GroupedQueryGradientsMatchFiniteDifferences) {
   }
 }
 
+// The same attention composed from differentiable ops: kv heads repeated with index_select, masked scores
+// (where -inf), softmax, matmul. Valid when every query sees a key (T <= S or non-causal).
+Tensor composed_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  const int64_t Hq = q.size(1), T = q.size(2), S = k.size(2), group = Hq / k.size(1);
+  std::vector<int64_t> head(Hq);
+  for (int64_t h = 0; h < Hq; ++h) head[h] = h / group;
+  Tensor kv_head = from_vector_i64(head, {Hq});
+  Tensor kr = index_select(k, 1, kv_head), vr = index_select(v, 1, kv_head);
+  Tensor scores = mul(matmul(q, transpose(kr, -1, -2)), 1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  if (causal) {
+    std::vector<double> visible(T * S);
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < S; ++j) visible[i * S + j] = j <= i + (S - T);
+    Tensor mask = from_vector(visible, {T, S}, DType::b8);
+    scores = where(mask, scores, full({}, -INFINITY, q.dtype()));
+  }
+  return matmul(softmax(scores, -1), vr);
+}
+
+TEST(Attention, ForwardAndGradientsMatchTheComposedSoftmaxOfMaskedScores) {
+  manual_seed(30);
+  for (const AttnCase& c : kCases) {
+    SCOPED_TRACE(::testing::Message() << "T=" << c.T << " S=" << c.S << " causal=" << c.causal);
+    Tensor q0 = randn({2, 4, c.T, 8}, DType::f64), k0 = randn({2, 2, c.S, 8}, DType::f64);
+    Tensor v0 = randn({2, 2, c.S, 8}, DType::f64), w = randn({2, 4, c.T, 8}, DType::f64);
+    std::vector<std::vector<double>> results[2];
+    for (int composed = 0; composed < 2; ++composed) {
+      Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
+      Tensor out = composed ? composed_attention(q, k, v, c.causal) : scaled_dot_product_attention(q, k, v, c.causal);
+      sum(mul(out, w)).backward();
+      results[composed] = {out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector()};
+    }
+    const char* what[] = {"out", "dq", "dk", "dv"};
+    for (size_t i = 0; i < 4; ++i) EXPECT_LT(max_abs_diff(results[0][i], results[1][i]), 1e-6) << what[i];
+  }
+}
+
 TEST(Attention, QueriesThatSeeNoKeyGiveZerosAndFiniteGradients) {
   manual_seed(24);
   // T > S with causal: the first T - S queries precede every key.
