@@ -127,9 +127,11 @@ void flatten(const YAML::Node& map, const std::string& prefix, const std::string
     }
     ConfigOrigin val_origin = val.IsNull() ? key_origin : origin_at(file, val.Mark());
     if (auto prev = out.find(path); prev != out.end())
-      throw ConfigError(key_origin.str() + ": duplicate key '" + path + "' (first set at " + prev->second.origin.str() +
+      throw ConfigError(key_origin.str() + ": duplicate key '" + path + "' (first set at " + prev->second.key_origin.str() +
                         ")");
-    out.emplace(path, to_value(val, val_origin, path));
+    Config::Value v = to_value(val, val_origin, path);
+    v.key_origin = key_origin;
+    out.emplace(path, std::move(v));
   }
 }
 
@@ -224,20 +226,23 @@ std::string ConfigSchema::suggest(std::string_view path) const {
 }
 
 std::string ConfigSchema::help() const {
+  std::vector<std::string> types;
   size_t w_path = 0, w_type = 0;
   for (const ConfigKey& k : keys_) {
+    std::string t(config_type_name(k.type));
+    t += k.required ? " (required)" : " = " + (k.default_value.empty() ? std::string("''") : k.default_value);
     w_path = std::max(w_path, k.path.size());
-    w_type = std::max(w_type, config_type_name(k.type).size() + 3 + std::max<size_t>(k.default_value.size(), 2));
+    w_type = std::max(w_type, t.size());
+    types.push_back(std::move(t));
   }
   std::ostringstream os;
-  for (const ConfigKey& k : keys_) {
-    std::string type = std::string(config_type_name(k.type));
-    type += k.required ? " (required)" : " = " + (k.default_value.empty() ? std::string("''") : k.default_value);
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    const ConfigKey& k = keys_[i];
     os << "  " << std::left << std::setw(static_cast<int>(w_path)) << k.path << "  "
-       << std::setw(static_cast<int>(w_type + 8)) << type << "  " << k.help;
+       << std::setw(static_cast<int>(w_type)) << types[i] << "  " << k.help;
     if (!k.choices.empty()) {
       os << " [";
-      for (size_t i = 0; i < k.choices.size(); ++i) os << (i ? "|" : "") << k.choices[i];
+      for (size_t c = 0; c < k.choices.size(); ++c) os << (c ? "|" : "") << k.choices[c];
       os << "]";
     }
     os << "\n";
@@ -294,6 +299,7 @@ void Config::apply_override(std::string_view assignment) {
     throw ConfigError(o.str() + ": invalid value: " + e.msg);
   }
   Value v = to_value(node, o, key);
+  v.key_origin = o;
   // An override replaces the key and anything below it (overriding a section with a value).
   for (auto it = values_.lower_bound(key); it != values_.end() && it->first.rfind(key, 0) == 0;) {
     if (it->first.size() == key.size() || it->first[key.size()] == '.')
@@ -323,7 +329,7 @@ void Config::validate(const ConfigSchema& schema) {
         }
       }
     }
-    add_error(v.origin, msg + " (`ingot run --help` lists every key)");
+    add_error(v.key_origin, msg + " (`ingot run --help` lists every key)");
   }
   for (const ConfigKey& k : schema.keys()) {
     auto it = values_.find(k.path);
@@ -331,7 +337,7 @@ void Config::validate(const ConfigSchema& schema) {
       if (k.required) {
         ConfigOrigin o;
         o.file = file_;
-        add_error(o, "missing required key '" + k.path + "' (" + k.help + ")");
+        add_error(o, "missing required key '" + k.path + "': " + k.help);
         continue;
       }
       Value d;

@@ -74,7 +74,8 @@ class Config {
     bool is_null = false;
     bool is_sequence = false;
     std::vector<std::string> items;  // scalar items of a sequence
-    ConfigOrigin origin;
+    ConfigOrigin origin;             // where the value is written (type and range errors point here)
+    ConfigOrigin key_origin;         // where its key is written (unknown-key errors point here)
   };
 
   Config() = default;

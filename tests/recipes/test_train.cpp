@@ -1,0 +1,131 @@
+#include "recipes/train.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "runtime/file_util.h"
+#include "runtime/safetensors.h"
+
+namespace ingot::recipes {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Pretrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string text;
+    for (int i = 0; i < 40; ++i) text += "And God said, Let there be light: and there was light.\n";
+    std::ofstream(dir_.file("text.txt")) << text;
+  }
+  // A tiny validated config over the test text; `extra` overrides are applied before validation.
+  Config tiny(std::vector<std::string> extra = {}) {
+    Config c = Config::parse("device: cpu\nmax_steps: 12\nseed: 3\n"
+                             "model: {n_layer: 1, n_head: 2, n_embd: 16, block_size: 8}\n"
+                             "train: {batch_size: 8, lr: 1.0e-2, warmup_steps: 2, log_every: 4, eval_batches: 2}\n",
+                             "tiny.yaml");
+    c.apply_override("data.path=" + dir_.file("text.txt"));
+    c.apply_override("output_dir=" + dir_.file("out"));
+    for (const std::string& o : extra) c.apply_override(o);
+    c.validate(pretrain_schema());
+    return c;
+  }
+  std::string resolve_error(std::vector<std::string> extra) {
+    Config c = tiny(std::move(extra));
+    try {
+      resolve_pretrain(c);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "expected a ConfigError";
+    return "";
+  }
+  TempDir dir_{"ingot_pretrain_test"};
+};
+
+TEST(PretrainSchema, TheQuickstartConfigIsValid) {
+  Config c = Config::load(std::string(INGOT_SOURCE_DIR) + "/configs/quickstart.yaml");
+  EXPECT_NO_THROW(c.validate(pretrain_schema()));
+  EXPECT_EQ(c.get_string("data.path"), "data/kjv.txt");
+  EXPECT_EQ(c.get_string("device"), "auto");
+}
+
+TEST(PretrainSchema, HasTheKeysEveryLaterRecipeReliesOn) {
+  for (const char* key : {"device", "max_steps", "seed", "output_dir", "resume", "compile.enabled", "compile.mode",
+                          "dtype", "model.n_layer", "model.n_head", "model.n_embd", "model.block_size",
+                          "model.dropout", "data.path", "data.val_fraction", "train.batch_size", "train.lr",
+                          "train.min_lr", "train.warmup_steps", "train.weight_decay", "train.grad_clip",
+                          "train.log_every", "train.eval_batches"})
+    EXPECT_NE(pretrain_schema().find(key), nullptr) << key;
+}
+
+TEST_F(Pretrain, SemanticErrorsNameTheKeyAndWhereItWasSet) {
+  EXPECT_EQ(resolve_error({"model.n_head=3"}),
+            "command-line override 'model.n_head=3': model.n_head: 3 heads do not divide model.n_embd = 16");
+  EXPECT_NE(resolve_error({"train.min_lr=0.5"}).find("train.min_lr: must not exceed train.lr"), std::string::npos);
+  EXPECT_NE(resolve_error({"device=gpu"}).find("device: invalid device 'gpu'"), std::string::npos);
+  EXPECT_NE(resolve_error({"data.val_fraction=0"}).find("data.val_fraction: is 0"), std::string::npos);
+  EXPECT_NE(resolve_error({"resume=true"}).find("resume: true, but there is no checkpoint to resume from"),
+            std::string::npos);
+  if (!cuda_available())
+    EXPECT_NE(resolve_error({"device=cuda"}).find("device: 'cuda' asks for a GPU"), std::string::npos);
+}
+
+TEST_F(Pretrain, LossFallsAndTheRunIsReproducible) {
+  PretrainSettings s = resolve_pretrain(tiny());
+  std::ostringstream log1, log2;
+  TrainSummary a = run_pretrain(s, log1);
+  TrainSummary b = run_pretrain(s, log2);
+  EXPECT_EQ(a.steps, 12);
+  EXPECT_LT(a.final_loss, a.first_loss - 0.5) << log1.str();
+  EXPECT_LE(a.best_loss, a.final_loss);
+  EXPECT_GT(a.val_loss, 0.0);
+  EXPECT_EQ(a.first_loss, b.first_loss);
+  EXPECT_EQ(a.final_loss, b.final_loss);
+  EXPECT_EQ(a.val_loss, b.val_loss);
+  EXPECT_NE(log1.str().find("step 4/12 | loss "), std::string::npos) << log1.str();
+  EXPECT_NE(log1.str().find("step 12/12 | loss "), std::string::npos) << log1.str();
+}
+
+TEST_F(Pretrain, SavesWeightsConfigAndSummaryInOutputDir) {
+  std::ostringstream log;
+  TrainSummary r = run_pretrain(resolve_pretrain(tiny({"max_steps=2"})), log);
+  SafetensorsFile f = SafetensorsFile::open(dir_.file("out/model.safetensors"));
+  EXPECT_TRUE(f.has("transformer.wte.weight"));
+  EXPECT_EQ(f.info("transformer.wte.weight").shape, (Shape{256, 16}));
+  nlohmann::json j = nlohmann::json::parse(read_file(dir_.file("out/summary.json")));
+  EXPECT_EQ(j["steps"], 2);
+  EXPECT_EQ(j["final_loss"].get<double>(), r.final_loss);
+  EXPECT_EQ(j["checkpoints"][0], dir_.file("out/model.safetensors"));
+  Config back = Config::load(dir_.file("out/config.yaml"));
+  EXPECT_NO_THROW(back.validate(pretrain_schema()));
+  EXPECT_EQ(back.get_int("max_steps"), 2);
+}
+
+TEST_F(Pretrain, Bf16TrainsWithF32MasterWeightsAndSavesF32) {
+  std::ostringstream log;
+  TrainSummary r = run_pretrain(resolve_pretrain(tiny({"dtype=bf16", "max_steps=6"})), log);
+  EXPECT_EQ(r.dtype, "bf16");
+  EXPECT_LT(r.final_loss, r.first_loss);
+  SafetensorsFile f = SafetensorsFile::open(dir_.file("out/model.safetensors"));
+  EXPECT_EQ(f.info("transformer.wte.weight").dtype, DType::f32);
+}
+
+TEST_F(Pretrain, SummaryWriteReplacesAnExistingFileWhole) {
+  TrainSummary r;
+  r.steps = 7;
+  r.device = "cpu";
+  std::ofstream(dir_.file("s.json")) << "old";
+  write_summary(r, dir_.file("s.json"));
+  nlohmann::json j = nlohmann::json::parse(read_file(dir_.file("s.json")));
+  EXPECT_EQ(j["steps"], 7);
+  EXPECT_EQ(j["compile_s"], 0.0);
+  EXPECT_EQ(j["recompiles"], 0);
+}
+
+}  // namespace
+}  // namespace ingot::recipes

@@ -1,0 +1,195 @@
+// End-to-end tests of the `ingot` program: they run the built binary (bin/ingot beside bin/ingot_tests) on a
+// tiny config and text in a temporary directory.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "recipes/train.h"
+#include "runtime/file_util.h"
+
+namespace ingot {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+fs::path ingot_binary() { return fs::read_symlink("/proc/self/exe").parent_path() / "ingot"; }
+
+// Runs `ingot <args>` in `cwd` through the shell; args are passed as written (tests quote them).
+Result run_ingot(const std::string& cwd, const std::string& args) {
+  std::string cmd = "cd '" + cwd + "' && '" + ingot_binary().string() + "' " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+const char* kTinyConfig = R"(device: cpu
+max_steps: 3
+seed: 5
+output_dir: out
+model:
+  n_layer: 1
+  n_head: 2
+  n_embd: 16
+  block_size: 8
+data:
+  path: text.txt
+  val_fraction: 0.2
+train:
+  batch_size: 4
+  lr: 1.0e-2
+  warmup_steps: 1
+  log_every: 1
+  eval_batches: 2
+)";
+
+class IngotCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(ingot_binary())) << ingot_binary() << " is missing: build the `ingot` target too";
+    std::string text;
+    for (int i = 0; i < 20; ++i) text += "In the beginning God created the heaven and the earth.\n";
+    write(dir_.file("text.txt"), text);
+    write(dir_.file("tiny.yaml"), kTinyConfig);
+  }
+  TempDir dir_{"ingot_cli_test"};
+};
+
+TEST_F(IngotCli, RunTrainsAndWritesTheSummaryWeightsAndResolvedConfig) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml --summary sub/summary.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 1/3 | loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 3/3 | loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" tok/s | ETA "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("eval | val_loss "), std::string::npos) << r.output;
+
+  nlohmann::json j = nlohmann::json::parse(slurp(dir_.file("sub/summary.json")));
+  for (const char* key : {"first_loss", "final_loss", "best_loss", "val_loss", "steps", "tokens_per_s", "compile_s",
+                          "graphs", "graph_breaks", "recompiles", "peak_memory_bytes", "device", "dtype",
+                          "output_dir", "checkpoints"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["steps"], 3);
+  EXPECT_EQ(j["device"], "cpu");
+  EXPECT_EQ(j["dtype"], "f32");
+  EXPECT_EQ(j["graphs"], 0);
+  EXPECT_GT(j["first_loss"].get<double>(), 4.0);  // about ln(256) = 5.5 at initialization
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["peak_memory_bytes"].get<int64_t>(), 0);
+  EXPECT_TRUE(fs::exists(dir_.file("out/model.safetensors")));
+  EXPECT_TRUE(fs::exists(dir_.file("out/summary.json")));
+  EXPECT_NE(slurp(dir_.file("out/config.yaml")).find("n_embd: 16"), std::string::npos);
+}
+
+TEST_F(IngotCli, OverridesChangeTheRun) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=2 train.log_every=2 --summary=s.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir_.file("s.json")))["steps"], 2);
+  EXPECT_NE(r.output.find("step 2/2 | loss "), std::string::npos) << r.output;
+}
+
+TEST_F(IngotCli, BadConfigExitsWithTwoNamesFileLineAndKeyAndWritesNothing) {
+  write(dir_.file("summary.json"), "previous summary");
+  write(dir_.file("bad.yaml"), std::string(kTinyConfig) + "  lrr: 0.1\n");
+  Result r = run_ingot(dir_.path(), "run bad.yaml --summary summary.json");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("bad.yaml:19:3: unknown key 'train.lrr'; did you mean 'train.lr'?"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(slurp(dir_.file("summary.json")), "previous summary");
+  EXPECT_FALSE(fs::exists(dir_.file("out")));
+}
+
+TEST_F(IngotCli, BadOverrideValueIsNamed) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml train.batch_size=lots");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("command-line override 'train.batch_size=lots': train.batch_size: expected an integer"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(IngotCli, MissingConfigOrDataFileIsNamed) {
+  Result r = run_ingot(dir_.path(), "run nope.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("nope.yaml: cannot open config file"), std::string::npos) << r.output;
+
+  r = run_ingot(dir_.path(), "run tiny.yaml data.path=missing.txt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("data.path: no such file 'missing.txt'"), std::string::npos) << r.output;
+}
+
+TEST_F(IngotCli, ResumeWithoutACheckpointIsAnErrorNamingTheKey) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml resume=true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("resume: true, but there is no checkpoint"), std::string::npos) << r.output;
+}
+
+TEST_F(IngotCli, CompileEnabledSaysTheCompilerIsNotBuiltAndRunsEager) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml compile.enabled=true compile.mode=max-autotune max_steps=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("compiler is not built yet; running eager"), std::string::npos) << r.output;
+  r = run_ingot(dir_.path(), "run tiny.yaml compile.mode=fastest");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("compile.mode: expected one of default, reduce-overhead, max-autotune"), std::string::npos)
+      << r.output;
+}
+
+TEST_F(IngotCli, UnreadableTextIsARuntimeErrorWithExitOne) {
+  write(dir_.file("text.txt"), std::string("caf\xe9 latin-1, not UTF-8\n", 24));
+  Result r = run_ingot(dir_.path(), "run tiny.yaml --summary s.json");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("text.txt: not UTF-8 text"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_.file("s.json")));
+}
+
+TEST_F(IngotCli, UsageErrorsExitWithTwo) {
+  for (const char* args : {"", "frobnicate", "run", "run tiny.yaml --bogus", "run tiny.yaml stray", "run tiny.yaml --summary"}) {
+    Result r = run_ingot(dir_.path(), args);
+    EXPECT_EQ(r.exit_code, 2) << "ingot " << args << ": " << r.output;
+    EXPECT_NE(r.output.find("--help"), std::string::npos) << r.output;
+  }
+}
+
+TEST_F(IngotCli, HelpAndVersion) {
+  Result r = run_ingot(dir_.path(), "--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("ingot run CONFIG [key=value ...] [--summary PATH]"), std::string::npos) << r.output;
+
+  r = run_ingot(dir_.path(), "run --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const recipes::ConfigKey& k : recipes::pretrain_schema().keys())
+    EXPECT_NE(r.output.find("  " + k.path + " "), std::string::npos) << k.path << " missing from run --help";
+
+  r = run_ingot(dir_.path(), "--version");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output.rfind("ingot ", 0), 0u) << r.output;
+}
+
+}  // namespace
+}  // namespace ingot
