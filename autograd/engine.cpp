@@ -59,14 +59,18 @@ void Tensor::backward(const Tensor& grad, bool retain_graph) const {
     return;
   }
 
-  // Dependency counts over the reachable graph.
+  // Dependency counts over the reachable graph; leaves are counted too, so each leaf's contributions are
+  // summed first and its hooks see the total once (PyTorch's AccumulateGrad semantics).
   std::unordered_map<Node*, int> deps;
+  std::unordered_map<TensorImpl*, int> leaf_deps;
+  std::unordered_map<TensorImpl*, Tensor> leaf_pending;
   std::vector<Node*> stack{impl()->grad_fn.get()};
   std::unordered_set<Node*> seen{stack[0]};
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->next) {
+      if (e.leaf) ++leaf_deps[e.leaf.get()];
       if (!e.fn) continue;
       ++deps[e.fn.get()];
       if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
@@ -118,6 +122,16 @@ void Tensor::backward(const Tensor& grad, bool retain_graph) const {
     }
     for (size_t i = 0; i < node->next.size(); ++i) {
       const Edge& e = node->next[i];
+      if (e.leaf) {
+        Tensor& acc = leaf_pending[e.leaf.get()];
+        if (grads[i].defined()) acc = sum_grads(acc, grads[i]);
+        if (--leaf_deps[e.leaf.get()] == 0 && acc.defined()) {
+          Tensor g = acc;
+          leaf_pending.erase(e.leaf.get());
+          accumulate_leaf(e.leaf, g);
+        }
+        continue;
+      }
       if (!e.valid() || !grads[i].defined()) {
         if (e.fn && --deps[e.fn.get()] == 0) ready.push(e.fn);  // runs with zero cotangents: passes counts on
         continue;
@@ -125,10 +139,6 @@ void Tensor::backward(const Tensor& grad, bool retain_graph) const {
       const TensorMeta& m = node->ctx.input_meta[i];
       INGOT_INTERNAL_CHECK(grads[i].shape() == m.shape, node->prim->name(), ": grad ", i, " has shape ",
                            shape_str(grads[i].shape()), ", input has ", shape_str(m.shape));
-      if (e.leaf) {
-        accumulate_leaf(e.leaf, grads[i]);
-        continue;
-      }
       auto& slot = pending[e.fn.get()];
       slot.resize(e.fn->output_meta.size());
       slot[static_cast<size_t>(e.output_nr)] = sum_grads(slot[static_cast<size_t>(e.output_nr)], grads[i]);
