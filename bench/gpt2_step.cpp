@@ -1,0 +1,125 @@
+// GPT-2 training-step benchmark (eager for now; the compiler issue adds compiled modes).
+//   bench_gpt2_step [--device cuda|cpu] [--batch 16] [--seq 1024] [--layers 12] [--heads 12] [--embd 768]
+//                   [--vocab 50304] [--steps 20] [--warmup 5] [--dtype bf16|f32]
+// One step = forward, mean cross entropy, backward, fused AdamW, zero_grad, on random tokens. bf16 means
+// autocast-style mixed precision: f32 parameters and optimizer state, matmuls and attention in bf16, norms,
+// softmax statistics and the loss in f32 (the same recipe as torch.autocast). GPU steps are timed with CUDA
+// events around each step after warm-up; the median is reported. Prints one table row per configuration.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "models/gpt2.h"
+#include "optim/optimizer.h"
+#include "runtime/cuda_runtime.h"
+#include "runtime/rng.h"
+
+using namespace ingot;
+
+namespace {
+
+struct Args {
+  std::string device = "auto", dtype = "bf16";
+  int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf("usage: bench_gpt2_step [--device auto|cpu|cuda] [--dtype bf16|f32] [--batch N] [--seq N]\n"
+                  "       [--layers N] [--heads N] [--embd N] [--vocab N] [--steps N] [--warmup N]\n");
+      std::exit(0);
+    }
+    INGOT_CHECK(i + 1 < argc, "bench_gpt2_step: flag ", k, " needs a value");
+    std::string v = argv[++i];
+    if (k == "--device") a.device = v;
+    else if (k == "--dtype") a.dtype = v;
+    else if (k == "--batch") a.batch = std::stoll(v);
+    else if (k == "--seq") a.seq = std::stoll(v);
+    else if (k == "--layers") a.layers = std::stoll(v);
+    else if (k == "--heads") a.heads = std::stoll(v);
+    else if (k == "--embd") a.embd = std::stoll(v);
+    else if (k == "--vocab") a.vocab = std::stoll(v);
+    else if (k == "--steps") a.steps = std::stoll(v);
+    else if (k == "--warmup") a.warmup = std::stoll(v);
+    else INGOT_FAIL("bench_gpt2_step: unknown flag ", k, " (see --help)");
+  }
+  return a;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Args a = parse(argc, argv);
+  Device dev = parse_device(a.device);
+  manual_seed(1234);
+  models::GPT2Config cfg;
+  cfg.vocab_size = a.vocab;
+  cfg.n_positions = a.seq;
+  cfg.n_layer = a.layers;
+  cfg.n_head = a.heads;
+  cfg.n_embd = a.embd;
+  models::GPT2 model(cfg);
+  model.to(dev);
+  if (a.dtype == "bf16") model.set_compute_dtype(DType::bf16);
+  else INGOT_CHECK(a.dtype == "f32", "bench_gpt2_step: --dtype must be bf16 or f32, got ", a.dtype);
+  optim::AdamW opt(model.parameters(), optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1});
+
+  Tensor data = randint(0, a.vocab, {a.batch, a.seq + 1}, dev);
+  Tensor ids = contiguous(narrow(data, 1, 0, a.seq)), targets = contiguous(narrow(data, 1, 1, a.seq));
+  if (dev.is_cuda()) allocator_for(dev).reset_peak();
+
+  std::vector<double> ms;
+  double first_loss = 0, last_loss = 0;
+  for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<cuda::Event> e0, e1;
+    if (dev.is_cuda()) {
+      e0 = std::make_unique<cuda::Event>();
+      e1 = std::make_unique<cuda::Event>();
+      e0->record(cuda::current_stream(dev.index));
+    }
+    Tensor loss = model.loss(ids, targets);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    double step_ms;
+    if (dev.is_cuda()) {
+      e1->record(cuda::current_stream(dev.index));
+      e1->synchronize();
+      step_ms = e0->elapsed_ms(*e1);
+    } else {
+      step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+    last_loss = loss.item();
+    if (s == 0) first_loss = last_loss;
+    if (s >= a.warmup) ms.push_back(step_ms);
+  }
+  double med = median(ms);
+  double tokens = static_cast<double>(a.batch * a.seq);
+  // 6 * params * tokens for the matmuls plus the attention term 12 * L * T * C * tokens... per token: 6N + 6*L*T*C.
+  double n_params = static_cast<double>(model.num_parameters());
+  double flops = tokens * (6.0 * n_params + 6.0 * a.layers * a.seq * a.embd);
+  AllocatorStats st = allocator_for(dev).stats();
+  std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | peak mem GB | loss first->last |\n",
+              static_cast<long long>(a.steps));
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| ingot eager | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.2f | %.3f -> %.3f |\n",
+              dev.str().c_str(), a.dtype.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.seq),
+              n_params / 1e6, med, tokens / (med / 1e3), flops / (med / 1e3) / 1e12,
+              static_cast<double>(st.peak_allocated_bytes) / 1e9, first_loss, last_loss);
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_gpt2_step: error: %s\n", e.what());
+  return 1;
+}

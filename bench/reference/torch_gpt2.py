@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""PyTorch reference for bench/gpt2_step.cpp: the same GPT-2 step (forward, mean CE, backward, fused AdamW,
+zero_grad) on random tokens, eager and torch.compile, bf16 autocast with f32 params. Times with CUDA events
+after warm-up and prints the median in the same table format.
+
+usage: python3 bench/reference/torch_gpt2.py [--batch 16] [--seq 1024] [--layers 12] [--steps 20] [--modes eager,compile]
+"""
+import argparse, math, statistics, time
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, c, h):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(c), nn.LayerNorm(c)
+        self.c_attn, self.c_proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+        self.c_fc, self.mlp_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.h = h
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.c_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, seq, layers, heads, embd):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, embd), nn.Embedding(seq, embd)
+        self.h = nn.ModuleList([Block(embd, heads) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(embd)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for b in self.h:
+            x = b(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--embd", type=int, default=768)
+    p.add_argument("--vocab", type=int, default=50304)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--modes", default="eager,compile")
+    a = p.parse_args()
+    torch.manual_seed(1234)
+    dev = "cuda"
+    for mode in a.modes.split(","):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        model = GPT(a.vocab, a.seq, a.layers, a.heads, a.embd).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+        data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=dev)
+        ids, tgt = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(ids, tgt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        if mode == "compile":
+            step = torch.compile(step)
+        t0 = time.time()
+        step()
+        torch.cuda.synchronize()
+        first_s = time.time() - t0
+        for _ in range(a.warmup):
+            step()
+        ms = []
+        for _ in range(a.steps):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            loss = step()
+            e1.record()
+            e1.synchronize()
+            ms.append(e0.elapsed_time(e1))
+        med = statistics.median(ms)
+        n = sum(p.numel() for p in model.parameters())
+        tokens = a.batch * a.seq
+        flops = tokens * (6 * n + 6 * a.layers * a.seq * a.embd)
+        print(f"| torch {mode} | {torch.cuda.get_device_name()} | bf16 | {a.batch} x {a.seq} | {n/1e6:.1f}M | {med:.2f} | "
+              f"{tokens/(med/1e3):.0f} | {flops/(med/1e3)/1e12:.1f} | {torch.cuda.max_memory_allocated()/1e9:.2f} | "
+              f"first call {first_s:.1f}s, loss {loss.item():.3f} |")
+
+
+if __name__ == "__main__":
+    main()
