@@ -48,6 +48,7 @@ GPT2::GPT2(const GPT2Config& cfg) : cfg_(cfg) {
   if (!cfg.tie_word_embeddings)
     lm_head_ = register_module("lm_head", std::make_shared<nn::Linear>(cfg.n_embd, cfg.vocab_size, false,
                                                                        cfg.initializer_range));
+  set_tensor_names();
 }
 
 Tensor GPT2::forward(const Tensor& ids) {

@@ -43,6 +43,7 @@ Llama::Llama(const LlamaConfig& cfg) : cfg_(cfg) {
   if (!cfg.tie_word_embeddings)
     lm_head_ = register_module("lm_head", std::make_shared<nn::Linear>(cfg.hidden_size, cfg.vocab_size, false,
                                                                        cfg.initializer_range));
+  set_tensor_names();
 }
 
 Tensor Llama::forward(const Tensor& ids) {

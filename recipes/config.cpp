@@ -5,14 +5,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstring>
-#include <tuple>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
+#include <tuple>
 
 namespace ingot::recipes {
 
@@ -91,12 +91,8 @@ Config::Value to_value(const YAML::Node& node, const ConfigOrigin& origin, const
   v.origin = origin;
   switch (node.Type()) {
     case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined:
-      v.is_null = true;
-      return v;
-    case YAML::NodeType::Scalar:
-      v.text = node.Scalar();
-      return v;
+    case YAML::NodeType::Undefined: v.is_null = true; return v;
+    case YAML::NodeType::Scalar: v.text = node.Scalar(); return v;
     case YAML::NodeType::Sequence:
       v.is_sequence = true;
       for (const YAML::Node& item : node) {
@@ -105,8 +101,7 @@ Config::Value to_value(const YAML::Node& node, const ConfigOrigin& origin, const
         v.items.push_back(item.Scalar());
       }
       return v;
-    case YAML::NodeType::Map:
-      break;
+    case YAML::NodeType::Map: break;
   }
   throw ConfigError(origin.str() + ": " + path + ": expected a value, got a mapping");
 }
@@ -127,8 +122,8 @@ void flatten(const YAML::Node& map, const std::string& prefix, const std::string
     }
     ConfigOrigin val_origin = val.IsNull() ? key_origin : origin_at(file, val.Mark());
     if (auto prev = out.find(path); prev != out.end())
-      throw ConfigError(key_origin.str() + ": duplicate key '" + path + "' (first set at " + prev->second.key_origin.str() +
-                        ")");
+      throw ConfigError(key_origin.str() + ": duplicate key '" + path + "' (first set at " +
+                        prev->second.key_origin.str() + ")");
     Config::Value v = to_value(val, val_origin, path);
     v.key_origin = key_origin;
     out.emplace(path, std::move(v));
@@ -198,8 +193,8 @@ ConfigKey ConfigKey::one_of(std::vector<std::string> allowed) const {
 
 ConfigSchema& ConfigSchema::add(ConfigKey key) {
   INGOT_INTERNAL_CHECK(find(key.path) == nullptr, "duplicate schema key ", key.path);
-  INGOT_INTERNAL_CHECK(key.required || !key.default_value.empty() || key.type == ConfigType::String,
-                       "schema key ", key.path, " needs a default or required = true");
+  INGOT_INTERNAL_CHECK(key.required || !key.default_value.empty() || key.type == ConfigType::String, "schema key ",
+                       key.path, " needs a default or required = true");
   keys_.push_back(std::move(key));
   return *this;
 }
@@ -350,9 +345,12 @@ void Config::validate(const ConfigSchema& schema) {
           double v = static_cast<double>(get_int(k.path));
           if ((k.min && v < *k.min) || (k.max && v > *k.max)) {
             std::ostringstream bound;
-            if (k.min && k.max) bound << "between " << *k.min << " and " << *k.max;
-            else if (k.min) bound << ">= " << *k.min;
-            else bound << "<= " << *k.max;
+            if (k.min && k.max)
+              bound << "between " << *k.min << " and " << *k.max;
+            else if (k.min)
+              bound << ">= " << *k.min;
+            else
+              bound << "<= " << *k.max;
             fail(k.path, "expected an integer " + bound.str() + ", got " + describe(it->second));
           }
           break;
@@ -361,16 +359,17 @@ void Config::validate(const ConfigSchema& schema) {
           double v = get_double(k.path);
           if ((k.min && v < *k.min) || (k.max && v > *k.max)) {
             std::ostringstream bound;
-            if (k.min && k.max) bound << "between " << *k.min << " and " << *k.max;
-            else if (k.min) bound << ">= " << *k.min;
-            else bound << "<= " << *k.max;
+            if (k.min && k.max)
+              bound << "between " << *k.min << " and " << *k.max;
+            else if (k.min)
+              bound << ">= " << *k.min;
+            else
+              bound << "<= " << *k.max;
             fail(k.path, "expected a number " + bound.str() + ", got " + describe(it->second));
           }
           break;
         }
-        case ConfigType::Bool:
-          get_bool(k.path);
-          break;
+        case ConfigType::Bool: get_bool(k.path); break;
         case ConfigType::String: {
           std::string s = get_string(k.path);
           if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {

@@ -37,10 +37,10 @@ std::string_view config_type_name(ConfigType t);  // "integer", "number", "boole
 
 // One key a recipe reads.
 struct ConfigKey {
-  std::string path;                  // "train.lr"
+  std::string path;  // "train.lr"
   ConfigType type = ConfigType::String;
-  std::string default_value;         // as YAML text; empty with required = true means no default
-  std::string help;                  // one line for `ingot run --help`
+  std::string default_value;  // as YAML text; empty with required = true means no default
+  std::string help;           // one line for `ingot run --help`
   bool required = false;
   std::vector<std::string> choices;  // allowed values of a String key (empty: any)
   std::optional<double> min, max;    // inclusive bounds of an Int/Float key
@@ -70,7 +70,7 @@ class ConfigSchema {
 class Config {
  public:
   struct Value {
-    std::string text;                // scalar text ("3e-4", "true", "data/kjv.txt"); empty for null
+    std::string text;  // scalar text ("3e-4", "true", "data/kjv.txt"); empty for null
     bool is_null = false;
     bool is_sequence = false;
     std::vector<std::string> items;  // scalar items of a sequence

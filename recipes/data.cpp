@@ -69,7 +69,10 @@ TextDataset TextDataset::from_text(const std::string& text, double val_fraction,
 }
 
 BatchSampler::BatchSampler(const TextDataset& data, Split split, int64_t batch, int64_t block, uint64_t seed)
-    : tokens_(&data.tokens(split)), batch_(batch), block_(block), seed_(split == Split::Val ? seed ^ kValSeedSalt : seed) {
+    : tokens_(&data.tokens(split)),
+      batch_(batch),
+      block_(block),
+      seed_(split == Split::Val ? seed ^ kValSeedSalt : seed) {
   INGOT_CHECK(batch >= 1 && block >= 1, "BatchSampler: batch and block must be >= 1, got ", batch, " and ", block);
   const char* which = split == Split::Train ? "train" : "validation";
   INGOT_CHECK(static_cast<int64_t>(tokens_->size()) >= block + 1, data.name(), ": the ", which, " split has ",

@@ -102,8 +102,8 @@ PretrainSettings resolve_pretrain(const Config& cfg) {
   s.block_size = cfg.get_int("model.block_size");
   s.dropout = cfg.get_double("model.dropout");
   if (s.n_embd % s.n_head != 0)
-    cfg.fail("model.n_head", std::to_string(s.n_head) + " heads do not divide model.n_embd = " +
-                                 std::to_string(s.n_embd));
+    cfg.fail("model.n_head",
+             std::to_string(s.n_head) + " heads do not divide model.n_embd = " + std::to_string(s.n_embd));
 
   s.data_path = cfg.get_string("data.path");
   std::error_code ec;
@@ -131,7 +131,8 @@ PretrainSettings resolve_pretrain(const Config& cfg) {
     fs::path ckpt = fs::path(s.output_dir) / "model.safetensors";
     if (!fs::exists(ckpt, ec))
       cfg.fail("resume", "true, but there is no checkpoint to resume from (" + ckpt.string() + " does not exist)");
-    cfg.fail("resume", "resuming is not implemented yet (found " + ckpt.string() + "); set resume: false to start over");
+    cfg.fail("resume",
+             "resuming is not implemented yet (found " + ckpt.string() + "); set resume: false to start over");
   }
   return s;
 }
@@ -144,26 +145,34 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 std::string format_rate(double tok_per_s) {
   char buf[32];
-  if (tok_per_s >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", tok_per_s / 1e6);
-  else if (tok_per_s >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", tok_per_s / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", tok_per_s);
+  if (tok_per_s >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", tok_per_s / 1e6);
+  else if (tok_per_s >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", tok_per_s / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", tok_per_s);
   return buf;
 }
 
 std::string format_duration(double seconds) {
   int64_t t = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
   char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(t / 3600),
-                               static_cast<long long>(t / 60 % 60), static_cast<long long>(t % 60));
-  else std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(t / 3600),
+                  static_cast<long long>(t / 60 % 60), static_cast<long long>(t % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
   return buf;
 }
 
 std::string format_count(double n) {
   char buf[32];
-  if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
-  else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  if (n >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
+  else if (n >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", n);
   return buf;
 }
 
@@ -223,10 +232,10 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   r.num_parameters = model->num_parameters();
 
   log << "pretrain | GPT-2 " << s.n_layer << " layers, " << s.n_head << " heads, " << s.n_embd << " wide, "
-      << format_count(static_cast<double>(r.num_parameters)) << " parameters | " << r.device << " " << r.dtype
-      << " | " << data.name() << ": " << format_count(static_cast<double>(data.tokens(Split::Train).size()))
-      << " train / " << format_count(static_cast<double>(data.tokens(Split::Val).size()))
-      << " val tokens (bytes) | batch " << s.batch_size << " x " << s.block_size << "\n";
+      << format_count(static_cast<double>(r.num_parameters)) << " parameters | " << r.device << " " << r.dtype << " | "
+      << data.name() << ": " << format_count(static_cast<double>(data.tokens(Split::Train).size())) << " train / "
+      << format_count(static_cast<double>(data.tokens(Split::Val).size())) << " val tokens (bytes) | batch "
+      << s.batch_size << " x " << s.block_size << "\n";
   if (s.compile)
     log << "note: compile.enabled is true (mode " << s.compile_mode
         << "), but the compiler is not built yet; running eager\n";
@@ -293,8 +302,8 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
     model->train();
     r.val_loss = total / static_cast<double>(s.eval_batches);
     char buf[160];
-    std::snprintf(buf, sizeof buf, "eval | val_loss %.3f over %lld batches | train loss %.3f (last step)\n",
-                  r.val_loss, static_cast<long long>(s.eval_batches), r.final_loss);
+    std::snprintf(buf, sizeof buf, "eval | val_loss %.3f over %lld batches | train loss %.3f (last step)\n", r.val_loss,
+                  static_cast<long long>(s.eval_batches), r.final_loss);
     log << buf;
   }
   r.peak_memory_bytes = alloc.stats().peak_allocated_bytes;

@@ -26,7 +26,7 @@ struct PretrainSettings {
   std::string config_file;
   std::string resolved_yaml;  // the config with defaults and overrides applied, saved beside the weights
   Device device;
-  DType dtype = DType::f32;   // f32, or bf16 compute with f32 master weights
+  DType dtype = DType::f32;  // f32, or bf16 compute with f32 master weights
   int64_t max_steps = 0;
   uint64_t seed = 0;
   std::string output_dir;

@@ -76,8 +76,8 @@ void print_version() {
 #else
   const char* cuda = "no";
 #endif
-  std::cout << "ingot " << INGOT_VERSION << " (CUDA: " << cuda << ", CUDA devices visible: "
-            << ingot::cuda_device_count() << ")\n";
+  std::cout << "ingot " << INGOT_VERSION << " (CUDA: " << cuda
+            << ", CUDA devices visible: " << ingot::cuda_device_count() << ")\n";
 }
 
 int run_command(const std::vector<std::string_view>& args) {

@@ -210,6 +210,10 @@ void Module::zero_grad() {
   for (auto& [_, t] : named_parameters()) t.zero_grad();
 }
 
+void Module::set_tensor_names() {
+  for (auto& [n, t] : state_dict()) t.set_name(n);
+}
+
 Tensor maybe_cast(const Tensor& x, std::optional<DType> compute) {
   if (!compute || !x.defined() || !is_floating(x.dtype()) || x.dtype() == *compute) return x;
   return cast(x, *compute);

@@ -18,6 +18,10 @@ namespace ingot::nn {
 
 class Module {
  public:
+  Module() = default;
+  // Copying would share children and parameters between two trees: build a new module and load_state_dict.
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
   virtual ~Module() = default;
 
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;  // recursive, registration order
@@ -50,6 +54,9 @@ class Module {
   void load(const std::string& safetensors_path, bool strict = true);
 
   void zero_grad();  // drops every parameter's .grad
+  // Names every parameter and buffer tensor with its dotted path from this module, so errors raised far from
+  // the model (optimizer, checkpoint code) say "transformer.h.0.attn.c_attn.weight" rather than "weight".
+  void set_tensor_names();
 
  protected:
   // Registers a leaf with requires_grad (floating tensors only); returns the same handle.

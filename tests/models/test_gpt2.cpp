@@ -39,6 +39,7 @@ TEST(GPT2, ParameterNamesAndCountFollowHuggingFace) {
   auto sd = model.state_dict();
   EXPECT_EQ(sd.at("transformer.h.1.mlp.c_fc.weight").shape(), (Shape{128, 32}));
   EXPECT_EQ(sd.count("lm_head.weight"), 0u);  // tied to wte
+  EXPECT_EQ(sd.at("transformer.h.1.attn.c_proj.bias").name(), "transformer.h.1.attn.c_proj.bias");
 }
 
 TEST(GPT2, UntiedHeadAddsLmHeadWeight) {

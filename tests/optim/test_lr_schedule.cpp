@@ -1,4 +1,5 @@
 #include <cmath>
+#include <numbers>
 
 #include "optim/lr_schedule.h"
 #include "testing.h"
@@ -18,7 +19,7 @@ TEST(LrSchedule, WarmupRampsLinearlyToBaseLr) {
 
 TEST(LrSchedule, CosineDecaysToMinLrAndStaysThere) {
   LrSchedule s{LrSchedule::Kind::Cosine, 1.0, 0.1, 10, 110};
-  EXPECT_NEAR(s.at(35), 0.1 + 0.45 * (1 + std::cos(M_PI / 4)), 1e-12);
+  EXPECT_NEAR(s.at(35), 0.1 + 0.45 * (1 + std::cos(std::numbers::pi / 4)), 1e-12);
   EXPECT_NEAR(s.at(60), 0.55, 1e-12);
   EXPECT_NEAR(s.at(110), 0.1, 1e-12);
   EXPECT_NEAR(s.at(500), 0.1, 1e-12);

@@ -32,9 +32,10 @@ std::string config_error(F&& fn) {
 }
 
 TEST(Config, NestedMappingsBecomeDottedKeysWithTypedValues) {
-  Config c = Config::parse("seed: 7\ntrain:\n  lr: 1.5e-3\n  batch_size: 4\ncompile:\n  enabled: yes\n"
-                           "data: {path: data/kjv.txt}\n",
-                           "q.yaml");
+  Config c = Config::parse(
+      "seed: 7\ntrain:\n  lr: 1.5e-3\n  batch_size: 4\ncompile:\n  enabled: yes\n"
+      "data: {path: data/kjv.txt}\n",
+      "q.yaml");
   EXPECT_EQ(c.get_int("seed"), 7);
   EXPECT_DOUBLE_EQ(c.get_double("train.lr"), 1.5e-3);
   EXPECT_DOUBLE_EQ(c.get_double("train.batch_size"), 4.0);  // integers are numbers too

@@ -99,8 +99,7 @@ TEST(BatchSampler, StartsCoverTheWholeSplit) {
 TEST(BatchSampler, SplitShorterThanAWindowIsAnErrorNamingTheText) {
   TextDataset d = TextDataset::from_text(kText, 0.05, "tiny.txt");
   std::string msg = error_of([&] { BatchSampler(d, Split::Val, 2, 64, 0); });
-  EXPECT_NE(msg.find("tiny.txt: the validation split has 7 tokens, fewer than block_size + 1 = 65"),
-            std::string::npos)
+  EXPECT_NE(msg.find("tiny.txt: the validation split has 7 tokens, fewer than block_size + 1 = 65"), std::string::npos)
       << msg;
 }
 

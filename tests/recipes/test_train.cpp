@@ -24,10 +24,11 @@ class Pretrain : public ::testing::Test {
   }
   // A tiny validated config over the test text; `extra` overrides are applied before validation.
   Config tiny(std::vector<std::string> extra = {}) {
-    Config c = Config::parse("device: cpu\nmax_steps: 12\nseed: 3\n"
-                             "model: {n_layer: 1, n_head: 2, n_embd: 16, block_size: 8}\n"
-                             "train: {batch_size: 8, lr: 1.0e-2, warmup_steps: 2, log_every: 4, eval_batches: 2}\n",
-                             "tiny.yaml");
+    Config c = Config::parse(
+        "device: cpu\nmax_steps: 12\nseed: 3\n"
+        "model: {n_layer: 1, n_head: 2, n_embd: 16, block_size: 8}\n"
+        "train: {batch_size: 8, lr: 1.0e-2, warmup_steps: 2, log_every: 4, eval_batches: 2}\n",
+        "tiny.yaml");
     c.apply_override("data.path=" + dir_.file("text.txt"));
     c.apply_override("output_dir=" + dir_.file("out"));
     for (const std::string& o : extra) c.apply_override(o);
@@ -55,12 +56,30 @@ TEST(PretrainSchema, TheQuickstartConfigIsValid) {
 }
 
 TEST(PretrainSchema, HasTheKeysEveryLaterRecipeReliesOn) {
-  for (const char* key : {"device", "max_steps", "seed", "output_dir", "resume", "compile.enabled", "compile.mode",
-                          "dtype", "model.n_layer", "model.n_head", "model.n_embd", "model.block_size",
-                          "model.dropout", "data.path", "data.val_fraction", "train.batch_size", "train.lr",
-                          "train.min_lr", "train.warmup_steps", "train.weight_decay", "train.grad_clip",
-                          "train.log_every", "train.eval_batches"})
-    EXPECT_NE(pretrain_schema().find(key), nullptr) << key;
+  const std::vector<std::string> keys = {"device",
+                                         "max_steps",
+                                         "seed",
+                                         "output_dir",
+                                         "resume",
+                                         "compile.enabled",
+                                         "compile.mode",
+                                         "dtype",
+                                         "model.n_layer",
+                                         "model.n_head",
+                                         "model.n_embd",
+                                         "model.block_size",
+                                         "model.dropout",
+                                         "data.path",
+                                         "data.val_fraction",
+                                         "train.batch_size",
+                                         "train.lr",
+                                         "train.min_lr",
+                                         "train.warmup_steps",
+                                         "train.weight_decay",
+                                         "train.grad_clip",
+                                         "train.log_every",
+                                         "train.eval_batches"};
+  for (const std::string& key : keys) EXPECT_NE(pretrain_schema().find(key), nullptr) << key;
 }
 
 TEST_F(Pretrain, SemanticErrorsNameTheKeyAndWhereItWasSet) {
@@ -71,8 +90,9 @@ TEST_F(Pretrain, SemanticErrorsNameTheKeyAndWhereItWasSet) {
   EXPECT_NE(resolve_error({"data.val_fraction=0"}).find("data.val_fraction: is 0"), std::string::npos);
   EXPECT_NE(resolve_error({"resume=true"}).find("resume: true, but there is no checkpoint to resume from"),
             std::string::npos);
-  if (!cuda_available())
+  if (!cuda_available()) {
     EXPECT_NE(resolve_error({"device=cuda"}).find("device: 'cuda' asks for a GPU"), std::string::npos);
+  }
 }
 
 TEST_F(Pretrain, LossFallsAndTheRunIsReproducible) {

@@ -40,9 +40,7 @@ Result run_ingot(const std::string& cwd, const std::string& args) {
   return r;
 }
 
-void write(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
+void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -92,9 +90,9 @@ TEST_F(IngotCli, RunTrainsAndWritesTheSummaryWeightsAndResolvedConfig) {
   EXPECT_NE(r.output.find("eval | val_loss "), std::string::npos) << r.output;
 
   nlohmann::json j = nlohmann::json::parse(slurp(dir_.file("sub/summary.json")));
-  for (const char* key : {"first_loss", "final_loss", "best_loss", "val_loss", "steps", "tokens_per_s", "compile_s",
-                          "graphs", "graph_breaks", "recompiles", "peak_memory_bytes", "device", "dtype",
-                          "output_dir", "checkpoints"})
+  for (const char* key :
+       {"first_loss", "final_loss", "best_loss", "val_loss", "steps", "tokens_per_s", "compile_s", "graphs",
+        "graph_breaks", "recompiles", "peak_memory_bytes", "device", "dtype", "output_dir", "checkpoints"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["steps"], 3);
   EXPECT_EQ(j["device"], "cpu");
@@ -169,7 +167,8 @@ TEST_F(IngotCli, UnreadableTextIsARuntimeErrorWithExitOne) {
 }
 
 TEST_F(IngotCli, UsageErrorsExitWithTwo) {
-  for (const char* args : {"", "frobnicate", "run", "run tiny.yaml --bogus", "run tiny.yaml stray", "run tiny.yaml --summary"}) {
+  for (const char* args :
+       {"", "frobnicate", "run", "run tiny.yaml --bogus", "run tiny.yaml stray", "run tiny.yaml --summary"}) {
     Result r = run_ingot(dir_.path(), args);
     EXPECT_EQ(r.exit_code, 2) << "ingot " << args << ": " << r.output;
     EXPECT_NE(r.output.find("--help"), std::string::npos) << r.output;

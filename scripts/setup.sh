@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One-step set-up on Debian 12, as root: installs the missing build dependencies with apt-get, writes the
+# quickstart text (data/kjv.txt), then configures and builds ingot into build/ with every core. CUDA code is
+# built when nvcc is found (on PATH or at /usr/local/cuda/bin/nvcc); GPU tests then compile and skip on
+# machines without a GPU. Re-running does only what is left to do.
+#
+# Environment: BUILD_DIR (default build), BUILD_TYPE (default Release), INGOT_CUDA=ON|OFF (default: auto),
+# JOBS (default: all cores).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+build_dir="${BUILD_DIR:-build}"
+build_type="${BUILD_TYPE:-Release}"
+jobs="${JOBS:-$(nproc)}"
+
+packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libyaml-cpp-dev libprotobuf-dev
+          protobuf-compiler nlohmann-json3-dev libgtest-dev libgmock-dev bible-kjv)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2> /dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ "$(id -u)" -ne 0 ]]; then
+    echo "setup: missing packages: ${missing[*]}; run this script as root, or: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi
+
+./scripts/get_data.sh
+
+nvcc=""
+if command -v nvcc > /dev/null 2>&1; then
+  nvcc="$(command -v nvcc)"
+elif [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  nvcc=/usr/local/cuda/bin/nvcc
+fi
+cuda="${INGOT_CUDA:-$([[ -n "$nvcc" ]] && echo ON || echo OFF)}"
+cmake_args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" -DINGOT_CUDA="$cuda")
+if [[ "$cuda" == ON ]]; then
+  [[ -n "$nvcc" ]] || { echo "setup: INGOT_CUDA=ON but no nvcc was found" >&2; exit 1; }
+  cmake_args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
+fi
+echo "setup: configuring $build_dir (CUDA $cuda${nvcc:+, nvcc $nvcc})"
+mkdir -p "$build_dir"
+cmake "${cmake_args[@]}" > "$build_dir/configure.log" 2>&1 || { cat "$build_dir/configure.log" >&2; exit 1; }
+echo "setup: building with $jobs jobs"
+cmake --build "$build_dir" -j "$jobs"
+echo "setup: done; the program is $build_dir/bin/ingot"
