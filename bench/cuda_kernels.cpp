@@ -1,0 +1,93 @@
+// Times ingot's core CUDA eager kernels with CUDA events (warm-up, then the median of repeated runs) and prints
+// achieved bandwidth or FLOP rate; bench/cuda_kernels_torch.py times the same operations with PyTorch.
+//   bench_cuda_kernels            (needs a GPU; prints one line per case: name, median ms, GB/s or TFLOP/s)
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "runtime/cuda_runtime.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/tensor.h"
+
+using namespace ingot;
+namespace kg = ingot::kernels::cuda;
+
+namespace {
+
+double median_ms(const std::function<void()>& fn, int reps = 20) {
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    cuda::Event a, b;
+    a.record(cuda::current_stream(0));
+    fn();
+    b.record(cuda::current_stream(0));
+    b.synchronize();
+    ms.push_back(a.elapsed_ms(b));
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void report(const char* name, double ms, double bytes, double flops = 0) {
+  if (flops > 0) std::printf("%-40s %9.3f ms %9.1f TFLOP/s\n", name, ms, flops / ms / 1e9);
+  else std::printf("%-40s %9.3f ms %9.1f GB/s\n", name, ms, bytes / ms / 1e6);
+}
+
+}  // namespace
+
+int main() {
+  if (!cuda_available()) {
+    std::printf("bench_cuda_kernels: no CUDA device\n");
+    return 0;
+  }
+  const Device g = Device::cuda(0);
+  const int64_t n = int64_t{1} << 26;  // 64 Mi elements
+  {
+    Tensor a = randn({n}, DType::f32, g), b = randn({n}, DType::f32, g), c = empty({n}, DType::f32, g);
+    report("add f32 contiguous 64Mi", median_ms([&] { kg::binary(kernels::BinaryOp::Add, c, a, b); }), 12.0 * n);
+    Tensor h = empty({n}, DType::bf16, g);
+    report("copy f32->bf16 64Mi", median_ms([&] { kg::copy(h, a); }), 6.0 * n);
+    Tensor hb = randn({n}, DType::bf16, g), hc = empty({n}, DType::bf16, g);
+    report("mul bf16 contiguous 64Mi", median_ms([&] { kg::binary(kernels::BinaryOp::Mul, hc, hb, hb); }), 6.0 * n);
+    report("gelu_tanh bf16 64Mi", median_ms([&] { kg::unary(kernels::UnaryOp::GeluTanh, hc, hb, 0); }), 4.0 * n);
+    Tensor t = a.as_strided({8192, 8192}, {1, 8192}, 0), o = empty({8192, 8192}, DType::f32, g);
+    report("copy f32 transposed 8192^2", median_ms([&] { kg::copy(o, t); }), 8.0 * n);
+    Tensor row = randn({8192}, DType::f32, g).expand_raw({8192, 8192});
+    report("add f32 row-broadcast 8192^2", median_ms([&] { kg::binary(kernels::BinaryOp::Add, o, a.as_strided({8192, 8192}, {8192, 1}, 0), row); }),
+           8.0 * n);
+    report("rand_normal f32 64Mi", median_ms([&] { kg::rand_normal(c, 1, 0, 0.0, 1.0); }), 4.0 * n);
+    Tensor rs = empty({4096}, DType::f32, g);
+    report("sum f32 [4096, 16384] last dim", median_ms([&] { kg::reduce(kernels::ReduceOp::Sum, rs, a, 4096, 16384, 1); }),
+           4.0 * n);
+    Tensor cs = empty({4096}, DType::f32, g);
+    report("sum f32 [16384, 4096] first dim", median_ms([&] { kg::reduce(kernels::ReduceOp::Sum, cs, a, 1, 16384, 4096); }),
+           4.0 * n);
+    Tensor one = empty({1}, DType::f32, g);
+    report("sum f32 64Mi to a scalar", median_ms([&] { kg::reduce(kernels::ReduceOp::Sum, one, a, 1, n, 1); }), 4.0 * n);
+  }
+  for (DType dt : {DType::bf16, DType::f32}) {
+    const int64_t m = dt == DType::bf16 ? 8192 : 4096;
+    Tensor a = randn({1, m, m}, dt, g), b = randn({1, m, m}, dt, g), c = empty({1, m, m}, dt, g);
+    const double ms = median_ms([&] { kg::matmul(c, a, b, false, true, 1.0, 0.0); }, 10);
+    report(dt == DType::bf16 ? "matmul bf16 8192^3 (a @ b^T)" : "matmul f32 4096^3 (no TF32)", ms, 0,
+           2.0 * static_cast<double>(m) * m * m);
+  }
+  {
+    std::vector<Tensor> p, gr, m1, m2;
+    for (int i = 0; i < 100; ++i) {
+      p.push_back(randn({1 << 20}, DType::f32, g));
+      gr.push_back(randn({1 << 20}, DType::bf16, g));
+      m1.push_back(zeros({1 << 20}, DType::f32, g));
+      m2.push_back(zeros({1 << 20}, DType::f32, g));
+    }
+    kernels::AdamWArgs args;
+    const double bytes = 100.0 * (1 << 20) * (4 * 3 * 2 + 2);
+    report("adamw_multi 100 x 1Mi (bf16 grads)", median_ms([&] { kg::adamw_multi(p, gr, m1, m2, args); }), bytes);
+  }
+  std::printf("device allocator: %.1f MiB reserved, peak %.1f MiB allocated\n",
+              static_cast<double>(cuda_allocator(0).stats().reserved_bytes) / (1 << 20),
+              static_cast<double>(cuda_allocator(0).stats().peak_allocated_bytes) / (1 << 20));
+  return 0;
+}

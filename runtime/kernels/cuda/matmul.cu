@@ -1,0 +1,197 @@
+// CUDA matrix product: out[i] = alpha * op(a[i]) @ op(b[i]) + beta * out[i], through cuBLASLt (f32, bf16, f16)
+// and cublasDgemmStridedBatched (f64, which cuBLASLt does not cover for every shape).
+//
+// Shapes (all contiguous, row-major): a [batch_a, M, K] ([batch_a, K, M] when trans_a), b [batch_b, K, N]
+// ([batch_b, N, K] when trans_b), out [batch, M, N]; batch_a, batch_b are `batch` or 1 (batch stride 0).
+//
+// cuBLAS is column-major, and a row-major [R, C] buffer is a column-major [C, R] matrix. So out, read
+// column-major, is out^T (N x M) = op(b)^T @ op(a)^T: cuBLAS's "A" is b's buffer and its "B" is a's, each
+// keeping its own transpose flag; no data moves.
+//
+// Numerics: accumulation in f32 for f32/bf16/f16 (CUBLAS_COMPUTE_32F: no TF32, so f32 matches the CPU's sgemm
+// to f32 rounding), f64 for f64. One cuBLASLt handle per device and one 32 MiB workspace per (device, stream);
+// the first heuristic result is used. Where cuBLASLt offers no algorithm (odd pointer alignment of a view, say)
+// the product falls back to cublasGemmStridedBatchedEx with the same compute type.
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "runtime/kernels/cuda/common.cuh"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot::kernels::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+struct DeviceBlas {
+  cublasLtHandle_t lt = nullptr;
+  cublasHandle_t blas = nullptr;
+  std::map<cudaStream_t, void*> workspaces;
+  std::mutex mu;  // guards workspaces and the stream bound to `blas`
+};
+
+// Created on first use, never destroyed (matmuls may run during static destruction).
+DeviceBlas& device_blas(int device) {
+  static std::mutex mu;
+  static std::map<int, DeviceBlas*> all;
+  std::lock_guard<std::mutex> g(mu);
+  DeviceBlas*& d = all[device];
+  if (!d) {
+    auto* fresh = new DeviceBlas;
+    CUBLAS_CHECK(cublasLtCreate(&fresh->lt));
+    CUBLAS_CHECK(cublasCreate(&fresh->blas));
+    d = fresh;
+  }
+  return *d;
+}
+
+void* workspace(DeviceBlas& d, cudaStream_t s) {
+  void*& w = d.workspaces[s];
+  if (!w) CUDA_CHECK(cudaMalloc(&w, kWorkspaceBytes));  // outside the caching allocator: held for the process
+  return w;
+}
+
+struct Gemm {
+  int64_t batch, step_a, step_b, m, n, k;
+  bool trans_a, trans_b;
+  // Column-major view (see the header comment): C(n x m) = op(b) @ op(a).
+  int64_t lda() const { return trans_b ? k : n; }  // of b
+  int64_t ldb() const { return trans_a ? m : k; }  // of a
+};
+
+uint32_t alignment(const void* p) {
+  auto v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && v % a) a /= 2;
+  return a;
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: break;
+  }
+  INGOT_FAIL("matmul: unsupported dtype ", dtype_name(t), " on CUDA");
+}
+
+// RAII for the cuBLASLt descriptors of one call.
+struct LtDescs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtDescs() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+void set_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t step) {
+  const int32_t count = static_cast<int32_t>(batch);
+  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &step, sizeof(step)));
+}
+
+// Returns false when cuBLASLt has no algorithm for this problem.
+bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, float alpha, float beta, const void* a,
+               const void* b, void* c) {
+  const cudaDataType_t t = cuda_type(dt);
+  LtDescs x;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&x.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
+  // Stored shapes (rows x cols, column-major) before the transposes.
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.a, t, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.lda()));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.b, t, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.ldb()));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.c, t, g.n, g.m, g.n));
+  if (g.batch > 1) {
+    set_batch(x.a, g.batch, g.step_b);
+    set_batch(x.b, g.batch, g.step_a);
+    set_batch(x.c, g.batch, g.m * g.n);
+  }
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&x.pref));
+  const uint64_t ws = kWorkspaceBytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t al_a = alignment(b), al_b = alignment(a), al_c = alignment(c);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(d.lt, x.op, x.a, x.b, x.c, x.c, x.pref, 1, &result, &found);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
+  CUBLAS_CHECK(st);
+  void* w = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(d.mu);
+    w = workspace(d, stream);
+  }
+  CUBLAS_CHECK(cublasLtMatmul(d.lt, x.op, &alpha, b, x.a, a, x.b, &beta, c, x.c, c, x.c, &result.algo, w,
+                              kWorkspaceBytes, stream));
+  return true;
+}
+
+void blas_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, double alpha, double beta,
+                 const void* a, const void* b, void* c) {
+  std::lock_guard<std::mutex> lk(d.mu);
+  CUBLAS_CHECK(cublasSetStream(d.blas, stream));
+  const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int n = static_cast<int>(g.n), m = static_cast<int>(g.m), k = static_cast<int>(g.k);
+  const int lda = static_cast<int>(g.lda()), ldb = static_cast<int>(g.ldb());
+  if (dt == DType::f64) {
+    CUBLAS_CHECK(cublasDgemmStridedBatched(d.blas, op_b, op_a, n, m, k, &alpha, static_cast<const double*>(b), lda,
+                                           g.step_b, static_cast<const double*>(a), ldb, g.step_a, &beta,
+                                           static_cast<double*>(c), n, g.m * g.n, static_cast<int>(g.batch)));
+    return;
+  }
+  const float fa = static_cast<float>(alpha), fb = static_cast<float>(beta);
+  const cudaDataType_t t = cuda_type(dt);
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(d.blas, op_b, op_a, n, m, k, &fa, b, t, lda, g.step_b, a, t, ldb, g.step_a,
+                                          &fb, c, t, n, g.m * g.n, static_cast<int>(g.batch), CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
+            double beta) {
+  check_same_device("matmul", {&out, &a, &b});
+  INGOT_INTERNAL_CHECK(out.dim() == 3 && a.dim() == 3 && b.dim() == 3, "matmul kernel: expected 3-D operands, got ",
+                       shape_str(a.shape()), " @ ", shape_str(b.shape()), " -> ", shape_str(out.shape()));
+  INGOT_INTERNAL_CHECK(a.dtype() == out.dtype() && b.dtype() == out.dtype() && is_floating(out.dtype()),
+                       "matmul kernel: dtypes ", dtype_name(a.dtype()), ", ", dtype_name(b.dtype()), " -> ",
+                       dtype_name(out.dtype()));
+  INGOT_INTERNAL_CHECK(out.is_contiguous() && a.is_contiguous() && b.is_contiguous(),
+                       "matmul kernel: operands must be contiguous");
+  const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = trans_a ? a.size(1) : a.size(2);
+  INGOT_INTERNAL_CHECK((trans_a ? a.size(2) : a.size(1)) == m && (trans_b ? b.size(2) : b.size(1)) == k &&
+                           (trans_b ? b.size(1) : b.size(2)) == n && (a.size(0) == batch || a.size(0) == 1) &&
+                           (b.size(0) == batch || b.size(0) == 1),
+                       "matmul kernel: shapes ", shape_str(a.shape()), (trans_a ? "^T" : ""), " @ ",
+                       shape_str(b.shape()), (trans_b ? "^T" : ""), " -> ", shape_str(out.shape()));
+  INGOT_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX && batch <= INT32_MAX, "matmul: dims M=", m,
+              ", N=", n, ", K=", k, ", batch=", batch, " exceed cuBLAS's limit of ", INT32_MAX);
+  if (out.numel() == 0) return;
+  if (k == 0) {  // an empty sum: cuBLAS rejects the zero leading dimension
+    if (beta == 0.0) fill(out, 0.0);
+    else unary(UnaryOp::MulScalar, out, out, beta);
+    return;
+  }
+  const Gemm g{batch, a.size(0) == 1 ? 0 : m * k, b.size(0) == 1 ? 0 : k * n, m, n, k, trans_a, trans_b};
+  LaunchContext ctx(out);
+  DeviceBlas& d = device_blas(ctx.device);
+  if (out.dtype() != DType::f64 &&
+      lt_matmul(d, ctx.stream, g, out.dtype(), static_cast<float>(alpha), static_cast<float>(beta), a.data_ptr(),
+                b.data_ptr(), out.data_ptr()))
+    return;
+  blas_matmul(d, ctx.stream, g, out.dtype(), alpha, beta, a.data_ptr(), b.data_ptr(), out.data_ptr());
+}
+
+}  // namespace ingot::kernels::cuda

@@ -1,0 +1,203 @@
+// CUDA multi-tensor optimizer kernels (adamw_multi, sgd_multi; contracts in kernel_list.inc): one launch
+// updates every parameter of the list.
+//
+// Approach: the host cuts each tensor into chunks of kChunk elements and uploads one table of tensor slots
+// (pointers, length, grad dtype) and one of chunks (slot, first element); block b updates chunk b. The table
+// goes through a pinned staging buffer per device, reused once the event recorded after its last upload has
+// passed, so the upload never waits for the GPU to drain (a pageable-memory copy would).
+//
+// Shapes: params [n] f32, grads [n] any float dtype, state [n] f32, contiguous, equal shapes per index.
+// Numerics: the CPU kernels' f32 operations in the same order, each rounded separately (__fmul_rn and
+// friends are never contracted into FMAs), with the same host-side constants: CPU and GPU updates are equal
+// bit for bit.
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "runtime/allocator.h"
+#include "runtime/kernels/cuda/common.cuh"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot::kernels::cuda {
+namespace {
+
+constexpr int kBlock = 256;
+constexpr int64_t kChunk = 16384;
+
+struct Slot {
+  float* p;
+  const void* g;
+  float* s1;  // AdamW: exp_avg; SGD: momentum buffer (null without momentum)
+  float* s2;  // AdamW: exp_avg_sq
+  int64_t n;
+  DType g_dtype;
+};
+
+struct Chunk {
+  int64_t slot;
+  int64_t start;
+};
+
+struct AdamWConsts {
+  float lr, b1, b2, one_minus_b1, one_minus_b2, eps, decay, scale, bc1, bc2;
+};
+
+struct SgdConsts {
+  float lr, mu, damp, wd, scale;
+  bool use_momentum, nesterov, first;
+};
+
+__global__ void adamw_kernel(const Slot* slots, const Chunk* chunks, AdamWConsts c) {
+  const Chunk ch = chunks[blockIdx.x];
+  const Slot s = slots[ch.slot];
+  const int64_t end = ch.start + kChunk < s.n ? ch.start + kChunk : s.n;
+  for (int64_t j = ch.start + threadIdx.x; j < end; j += blockDim.x) {
+    const float g = __fmul_rn(load_dyn<float>(s.g, s.g_dtype, j), c.scale);
+    const float m = __fadd_rn(__fmul_rn(c.b1, s.s1[j]), __fmul_rn(c.one_minus_b1, g));
+    const float v = __fadd_rn(__fmul_rn(c.b2, s.s2[j]), __fmul_rn(__fmul_rn(c.one_minus_b2, g), g));
+    s.s1[j] = m;
+    s.s2[j] = v;
+    const float step = __fdiv_rn(__fmul_rn(c.lr, __fdiv_rn(m, c.bc1)), __fadd_rn(__fsqrt_rn(__fdiv_rn(v, c.bc2)), c.eps));
+    s.p[j] = __fsub_rn(__fmul_rn(s.p[j], c.decay), step);
+  }
+}
+
+__global__ void sgd_kernel(const Slot* slots, const Chunk* chunks, SgdConsts c) {
+  const Chunk ch = chunks[blockIdx.x];
+  const Slot s = slots[ch.slot];
+  const int64_t end = ch.start + kChunk < s.n ? ch.start + kChunk : s.n;
+  for (int64_t j = ch.start + threadIdx.x; j < end; j += blockDim.x) {
+    float d = __fadd_rn(__fmul_rn(load_dyn<float>(s.g, s.g_dtype, j), c.scale), __fmul_rn(c.wd, s.p[j]));
+    if (c.use_momentum) {
+      const float b = c.first ? d : __fadd_rn(__fmul_rn(c.mu, s.s1[j]), __fmul_rn(c.damp, d));
+      s.s1[j] = b;
+      d = c.nesterov ? __fadd_rn(d, __fmul_rn(c.mu, b)) : b;
+    }
+    s.p[j] = __fsub_rn(s.p[j], __fmul_rn(c.lr, d));
+  }
+}
+
+// Pinned host memory for the tables of one device, reused once its previous upload has completed.
+struct Staging {
+  std::mutex mu;
+  void* host = nullptr;
+  size_t cap = 0;
+  cudaEvent_t uploaded = nullptr;
+};
+
+Staging& staging(int device) {
+  static std::mutex mu;
+  static std::vector<Staging*> all;
+  std::lock_guard<std::mutex> g(mu);
+  if (all.empty()) all.resize(static_cast<size_t>(cuda_device_count()), nullptr);
+  Staging*& s = all.at(static_cast<size_t>(device));
+  if (!s) s = new Staging;  // never destroyed, like the allocators
+  return *s;
+}
+
+void check_slot(const char* op, size_t i, const Tensor& p, const Tensor& g, std::initializer_list<const Tensor*> state) {
+  INGOT_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), op, ": parameter ", i,
+              " must be a contiguous f32 tensor, got ", dtype_name(p.dtype()), shape_str(p.shape()));
+  INGOT_CHECK(is_floating(g.dtype()) && g.is_contiguous() && g.shape() == p.shape(), op, ": grad ", i,
+              " must be a contiguous float tensor of shape ", shape_str(p.shape()), ", got ", dtype_name(g.dtype()),
+              shape_str(g.shape()));
+  for (const Tensor* s : state)
+    INGOT_CHECK(s->dtype() == DType::f32 && s->is_contiguous() && s->shape() == p.shape(), op, ": state ", i,
+                " must be a contiguous f32 tensor of shape ", shape_str(p.shape()));
+  check_same_device(op, {&p, &g});
+  for (const Tensor* s : state) check_same_device(op, {&p, s});
+}
+
+// Uploads the slot and chunk tables and launches kernel<<<chunks, kBlock>>>(slots, chunks, consts).
+template <typename Consts>
+void launch(const char* op, const Tensor& first, const std::vector<Slot>& slots,
+            void (*kernel)(const Slot*, const Chunk*, Consts), const Consts& consts) {
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < slots.size(); ++i)
+    for (int64_t start = 0; start < slots[i].n; start += kChunk) chunks.push_back(Chunk{static_cast<int64_t>(i), start});
+  if (chunks.empty()) return;
+  INGOT_CHECK(chunks.size() <= INT32_MAX, op, ": too many elements for one launch");
+  LaunchContext ctx(first);
+  const size_t slot_bytes = slots.size() * sizeof(Slot), bytes = slot_bytes + chunks.size() * sizeof(Chunk);
+  std::shared_ptr<void> dev = allocator_for(first.device()).allocate(bytes);
+  Staging& st = staging(ctx.device);
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    if (!st.uploaded) CUDA_CHECK(cudaEventCreateWithFlags(&st.uploaded, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventSynchronize(st.uploaded));  // the previous upload is done with the staging buffer
+    if (st.cap < bytes) {
+      if (st.host) CUDA_CHECK(cudaFreeHost(st.host));
+      st.host = nullptr;
+      st.cap = 0;
+      CUDA_CHECK(cudaMallocHost(&st.host, bytes));
+      st.cap = bytes;
+    }
+    std::memcpy(st.host, slots.data(), slot_bytes);
+    std::memcpy(static_cast<char*>(st.host) + slot_bytes, chunks.data(), chunks.size() * sizeof(Chunk));
+    CUDA_CHECK(cudaMemcpyAsync(dev.get(), st.host, bytes, cudaMemcpyHostToDevice, ctx.stream));
+    CUDA_CHECK(cudaEventRecord(st.uploaded, ctx.stream));
+  }
+  const auto* dslots = static_cast<const Slot*>(dev.get());
+  const auto* dchunks = reinterpret_cast<const Chunk*>(static_cast<const char*>(dev.get()) + slot_bytes);
+  kernel<<<static_cast<unsigned>(chunks.size()), kBlock, 0, ctx.stream>>>(dslots, dchunks, consts);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void adamw_multi(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                 const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq, const AdamWArgs& args) {
+  INGOT_INTERNAL_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() &&
+                       exp_avg_sq.size() == params.size());
+  INGOT_CHECK(args.step >= 1, "adamw_multi: step is 1-based, got ", args.step);
+  if (params.empty()) return;
+  // The same constants, computed the same way, as the CPU kernel.
+  AdamWConsts c;
+  c.lr = static_cast<float>(args.lr);
+  c.b1 = static_cast<float>(args.beta1);
+  c.b2 = static_cast<float>(args.beta2);
+  c.one_minus_b1 = 1.0f - c.b1;
+  c.one_minus_b2 = 1.0f - c.b2;
+  c.eps = static_cast<float>(args.eps);
+  c.decay = static_cast<float>(1.0 - args.lr * args.weight_decay);
+  c.scale = static_cast<float>(args.grad_scale);
+  c.bc1 = static_cast<float>(1.0 - std::pow(args.beta1, static_cast<double>(args.step)));
+  c.bc2 = static_cast<float>(1.0 - std::pow(args.beta2, static_cast<double>(args.step)));
+  std::vector<Slot> slots;
+  for (size_t i = 0; i < params.size(); ++i) {
+    check_slot("adamw_multi", i, params[i], grads[i], {&exp_avg[i], &exp_avg_sq[i]});
+    check_same_device("adamw_multi", {&params[0], &params[i]});
+    slots.push_back(Slot{params[i].data<float>(), grads[i].data_ptr(), exp_avg[i].data<float>(),
+                         exp_avg_sq[i].data<float>(), params[i].numel(), grads[i].dtype()});
+  }
+  launch("adamw_multi", params[0], slots, adamw_kernel, c);
+}
+
+// momentum[i] is unused (and may be undefined) when args.momentum == 0.
+void sgd_multi(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& momentum,
+               const SgdArgs& args) {
+  INGOT_INTERNAL_CHECK(grads.size() == params.size() && momentum.size() == params.size());
+  if (params.empty()) return;
+  SgdConsts c;
+  c.lr = static_cast<float>(args.lr);
+  c.mu = static_cast<float>(args.momentum);
+  c.damp = static_cast<float>(1.0 - args.dampening);
+  c.wd = static_cast<float>(args.weight_decay);
+  c.scale = static_cast<float>(args.grad_scale);
+  c.use_momentum = args.momentum != 0.0;
+  c.nesterov = args.nesterov;
+  c.first = args.first_step;
+  std::vector<Slot> slots;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (c.use_momentum) check_slot("sgd_multi", i, params[i], grads[i], {&momentum[i]});
+    else check_slot("sgd_multi", i, params[i], grads[i], {});
+    check_same_device("sgd_multi", {&params[0], &params[i]});
+    slots.push_back(Slot{params[i].data<float>(), grads[i].data_ptr(),
+                         c.use_momentum ? momentum[i].data<float>() : nullptr, nullptr, params[i].numel(),
+                         grads[i].dtype()});
+  }
+  launch("sgd_multi", params[0], slots, sgd_kernel, c);
+}
+
+}  // namespace ingot::kernels::cuda

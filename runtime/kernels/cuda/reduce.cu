@@ -1,0 +1,280 @@
+// CUDA reductions: sum, mean, prod, max, min, argmax, argmin, logsumexp over the middle dim of a contiguous
+// input read as [outer, n, inner]; out is contiguous [outer, inner].
+//
+// Approach: every thread folds a strided run of the reduced dim into a State (value, logsumexp sum, index),
+// and states are combined with one associative, order-independent rule (ties in argmax/argmin go to the
+// smaller index), so any tree of combines gives the CPU kernel's answer up to rounding.
+//   inner == 1 (reducing the last dim): rows of n <= 1024 get one warp each (8 rows per block); longer rows a
+//     256-thread block each, combined through shuffles and shared memory.
+//   inner > 1: a block is a tile of tx columns x ty row lanes (tx*ty = 256, tx a power of two up to 32, so a
+//     warp reads 32 / tx consecutive rows of tx contiguous columns); row lanes combine in shared memory.
+// When those blocks cannot fill the GPU (few outputs, long n), n is cut into segments: each block writes the
+// State of its segment, and a second kernel combines each output's segments in order.
+//
+// Numerics, as on the CPU (runtime/kernels/cpu/reduce.cpp): floating inputs accumulate in f64 (reductions are
+// memory-bound; Hopper's f64 units keep up), integral inputs in int64 except mean and logsumexp. Max/min
+// propagate NaN; argmax/argmin return the first index of the extreme, a NaN counting as the extreme.
+#include <cmath>
+#include <limits>
+
+#include "runtime/allocator.h"
+#include "runtime/kernels/cuda/common.cuh"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot::kernels::cuda {
+namespace {
+
+constexpr int kBlock = 256;
+constexpr int64_t kWarpRowMax = 1024;   // rows up to this long get a warp, longer ones a block
+constexpr int64_t kMinSegment = 4096;   // elements (inner == 1) or rows x lanes (inner > 1) per segment, at least
+
+template <typename Acc>
+struct State {
+  Acc v;
+  double s;     // logsumexp: sum of exp(x - v)
+  int64_t idx;  // argmax/argmin position; < 0 marks a state that has seen no element
+};
+
+template <typename Acc>
+__device__ __forceinline__ bool is_nan(Acc v) {
+  if constexpr (std::is_floating_point_v<Acc>) return v != v;
+  else return false;
+}
+
+// Whether candidate (v, i) replaces the current extreme (cur, ci).
+template <typename Acc>
+__device__ __forceinline__ bool better(Acc v, int64_t i, Acc cur, int64_t ci, bool max) {
+  if (is_nan(cur)) return is_nan(v) && i < ci;
+  if (is_nan(v)) return true;
+  if (v == cur) return i < ci;
+  return max ? v > cur : v < cur;
+}
+
+template <typename Acc>
+__device__ __forceinline__ State<Acc> combine(ReduceOp op, State<Acc> p, const State<Acc>& q) {
+  if (q.idx < 0) return p;
+  if (p.idx < 0) return q;
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Mean: p.v += q.v; break;
+    case ReduceOp::Prod: p.v *= q.v; break;
+    case ReduceOp::Max:
+      if (is_nan(q.v) || q.v > p.v) p.v = q.v;
+      break;
+    case ReduceOp::Min:
+      if (is_nan(q.v) || q.v < p.v) p.v = q.v;
+      break;
+    case ReduceOp::ArgMax:
+    case ReduceOp::ArgMin:
+      if (better(q.v, q.idx, p.v, p.idx, op == ReduceOp::ArgMax)) {
+        p.v = q.v;
+        p.idx = q.idx;
+      }
+      break;
+    case ReduceOp::LogSumExp: {
+      if (is_nan(p.v) || is_nan(q.v)) {
+        if (!is_nan(p.v)) p.v = q.v;
+        break;
+      }
+      // Sums of states whose maximum is +-inf are meaningless and dropped (finalize decides those by v).
+      const double a = static_cast<double>(p.v), b = static_cast<double>(q.v);
+      const double sa = isfinite(a) ? p.s : 0.0, sb = isfinite(b) ? q.s : 0.0;
+      if (b > a) {
+        p.s = (isfinite(b) ? sa * exp(a - b) : 0.0) + sb;
+        p.v = q.v;
+      } else {
+        p.s = sa + (isfinite(a) ? sb * exp(b - a) : 0.0);
+      }
+      break;
+    }
+  }
+  return p;
+}
+
+template <typename Acc>
+__device__ __forceinline__ State<Acc> shfl_xor(const State<Acc>& x, int o) {
+  return State<Acc>{__shfl_xor_sync(0xffffffffu, x.v, o), __shfl_xor_sync(0xffffffffu, x.s, o),
+                    __shfl_xor_sync(0xffffffffu, x.idx, o)};
+}
+
+template <typename Acc>
+__device__ __forceinline__ State<Acc> warp_combine(ReduceOp op, State<Acc> x) {
+  for (int o = 16; o > 0; o >>= 1) x = combine(op, x, shfl_xor(x, o));
+  return x;
+}
+
+// Folds in[base + i * step] for i in [r0, r1) with stride `every` into a state.
+template <typename Acc>
+__device__ __forceinline__ State<Acc> fold(ReduceOp op, const void* in, DType dt, int64_t base, int64_t step,
+                                           int64_t r0, int64_t r1, int64_t every) {
+  State<Acc> st{Acc(0), 0.0, -1};
+  for (int64_t i = r0; i < r1; i += every)
+    st = combine(op, st, State<Acc>{load_dyn<Acc>(in, dt, base + i * step), 1.0, i});
+  return st;
+}
+
+template <typename Acc>
+__device__ __forceinline__ void finalize(ReduceOp op, const State<Acc>& st, int64_t n, void* out, DType odt,
+                                         int64_t j) {
+  switch (op) {
+    case ReduceOp::ArgMax:
+    case ReduceOp::ArgMin: store_dyn<int64_t>(out, odt, j, st.idx); break;
+    case ReduceOp::Mean: store_dyn<double>(out, odt, j, static_cast<double>(st.v) / static_cast<double>(n)); break;
+    case ReduceOp::LogSumExp: {
+      const double m = static_cast<double>(st.v);
+      store_dyn<double>(out, odt, j, isfinite(m) ? m + log(st.s) : m);
+      break;
+    }
+    default: store_dyn<Acc>(out, odt, j, st.v); break;
+  }
+}
+
+// Where a block's result goes: the output when n is not segmented, else its segment's slot.
+template <typename Acc>
+__device__ __forceinline__ void emit(ReduceOp op, const State<Acc>& st, int64_t n, int nsegs, int seg,
+                                     State<Acc>* partials, void* out, DType odt, int64_t j) {
+  if (nsegs == 1) finalize(op, st, n, out, odt, j);
+  else partials[j * nsegs + seg] = st;
+}
+
+// inner == 1, rows of n <= kWarpRowMax: warp w of block b reduces row b * 8 + w.
+template <typename Acc>
+__global__ void reduce_rows_warp_kernel(ReduceOp op, const void* in, DType dt, int64_t outer, int64_t n, void* out,
+                                        DType odt) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kBlock / 32) + threadIdx.x / 32;
+  if (row >= outer) return;  // whole warps leave together
+  const int lane = threadIdx.x & 31;
+  State<Acc> st = warp_combine(op, fold<Acc>(op, in, dt, row * n, 1, lane, n, 32));
+  if (lane == 0) finalize(op, st, n, out, odt, row);
+}
+
+// inner == 1, long rows: block (row, segment) reduces row[r0, r1).
+template <typename Acc>
+__global__ void reduce_rows_block_kernel(ReduceOp op, const void* in, DType dt, int64_t n, int64_t seg_len,
+                                         int nsegs, State<Acc>* partials, void* out, DType odt) {
+  __shared__ State<Acc> warps[kBlock / 32];
+  const int64_t row = blockIdx.x;
+  const int seg = static_cast<int>(blockIdx.y);
+  const int64_t r0 = seg * seg_len, r1 = r0 + seg_len < n ? r0 + seg_len : n;
+  State<Acc> st = warp_combine(op, fold<Acc>(op, in, dt, row * n, 1, r0 + threadIdx.x, r1, kBlock));
+  if ((threadIdx.x & 31) == 0) warps[threadIdx.x / 32] = st;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kBlock / 32; ++w) st = combine(op, st, warps[w]);
+    emit(op, st, n, nsegs, seg, partials, out, odt, row);
+  }
+}
+
+// inner > 1: block (tile, segment); thread (x, y) folds column tile * tx + x over rows r0 + y, r0 + y + ty, ...
+template <typename Acc>
+__global__ void reduce_cols_kernel(ReduceOp op, const void* in, DType dt, int64_t n, int64_t inner, int64_t ctiles,
+                                   int64_t seg_len, int nsegs, State<Acc>* partials, void* out, DType odt) {
+  __shared__ State<Acc> lanes[kBlock];
+  const int tx = blockDim.x, ty = blockDim.y, t = threadIdx.y * tx + threadIdx.x;
+  const int64_t o = blockIdx.x / ctiles, j = (blockIdx.x % ctiles) * tx + threadIdx.x;
+  const int seg = static_cast<int>(blockIdx.y);
+  const int64_t r0 = seg * seg_len, r1 = r0 + seg_len < n ? r0 + seg_len : n;
+  State<Acc> st{Acc(0), 0.0, -1};
+  if (j < inner) st = fold<Acc>(op, in, dt, o * n * inner + j, inner, r0 + threadIdx.y, r1, ty);
+  lanes[t] = st;
+  __syncthreads();
+  for (int half = ty / 2; half > 0; half /= 2) {
+    if (threadIdx.y < half) lanes[t] = combine(op, lanes[t], lanes[t + half * tx]);
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && j < inner) emit(op, lanes[threadIdx.x], n, nsegs, seg, partials, out, odt, o * inner + j);
+}
+
+// Combines each output's segment states in order.
+template <typename Acc>
+__global__ void combine_segments_kernel(ReduceOp op, const State<Acc>* partials, int nsegs, int64_t outputs,
+                                        int64_t n, void* out, DType odt) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= outputs) return;
+  State<Acc> st = partials[j * nsegs];
+  for (int s = 1; s < nsegs; ++s) st = combine(op, st, partials[j * nsegs + s]);
+  finalize(op, st, n, out, odt, j);
+}
+
+// Segments so that `units` blocks become about four waves, each segment holding at least kMinSegment items.
+int segments_for(int64_t units, int64_t items_per_row, int64_t n, int device) {
+  const int64_t want = 4 * static_cast<int64_t>(sm_count(device));
+  if (units >= want) return 1;
+  int64_t by_size = std::max<int64_t>(1, n * items_per_row / kMinSegment);
+  return static_cast<int>(std::min<int64_t>({ceil_div(want, units), by_size, 1024}));
+}
+
+template <typename Acc>
+void reduce_impl(ReduceOp op, const Tensor& out, const Tensor& in, int64_t outer, int64_t n, int64_t inner) {
+  LaunchContext ctx(out);
+  const void* x = in.data_ptr();
+  void* y = out.data_ptr();
+  const DType dt = in.dtype(), odt = out.dtype();
+  if (inner == 1 && n <= kWarpRowMax) {
+    const auto grid = static_cast<unsigned>(ceil_div(outer, kBlock / 32));
+    reduce_rows_warp_kernel<Acc><<<grid, kBlock, 0, ctx.stream>>>(op, x, dt, outer, n, y, odt);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  int tx = 1;
+  while (tx < 32 && tx < inner) tx *= 2;
+  const int ty = kBlock / tx;
+  const int64_t ctiles = ceil_div(inner, tx);
+  const int64_t units = inner == 1 ? outer : outer * ctiles;
+  const int nsegs = segments_for(units, inner == 1 ? 1 : tx, n, ctx.device);
+  const int64_t seg_len = ceil_div(n, nsegs);
+  std::shared_ptr<void> scratch;
+  State<Acc>* partials = nullptr;
+  if (nsegs > 1) {
+    scratch = allocator_for(out.device()).allocate(sizeof(State<Acc>) * static_cast<size_t>(outer * inner * nsegs));
+    partials = static_cast<State<Acc>*>(scratch.get());
+  }
+  INGOT_CHECK(units <= INT32_MAX, "reduce: too many outputs (", units, " blocks) for one launch");
+  const dim3 grid(static_cast<unsigned>(units), static_cast<unsigned>(nsegs));
+  if (inner == 1) {
+    reduce_rows_block_kernel<Acc><<<grid, kBlock, 0, ctx.stream>>>(op, x, dt, n, seg_len, nsegs, partials, y, odt);
+  } else {
+    reduce_cols_kernel<Acc><<<grid, dim3(tx, ty), 0, ctx.stream>>>(op, x, dt, n, inner, ctiles, seg_len, nsegs,
+                                                                    partials, y, odt);
+  }
+  CUDA_CHECK_LAUNCH();
+  if (nsegs > 1) {
+    const int64_t outputs = outer * inner;
+    combine_segments_kernel<Acc><<<static_cast<unsigned>(ceil_div(outputs, kBlock)), kBlock, 0, ctx.stream>>>(
+        op, partials, nsegs, outputs, n, y, odt);
+    CUDA_CHECK_LAUNCH();
+  }
+  // `scratch` goes back to the cache now: it is reused only by later work on this stream (Note [Streams]).
+}
+
+double empty_value(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return 0.0;
+    case ReduceOp::Prod: return 1.0;
+    case ReduceOp::Mean: return std::numeric_limits<double>::quiet_NaN();
+    case ReduceOp::LogSumExp: return -std::numeric_limits<double>::infinity();
+    default: break;
+  }
+  INGOT_FAIL("reduce: ", reduce_name(op), " of an empty dimension has no identity");
+}
+
+}  // namespace
+
+void reduce(ReduceOp op, const Tensor& out, const Tensor& in, int64_t outer, int64_t n, int64_t inner) {
+  check_same_device("reduce", {&out, &in});
+  INGOT_INTERNAL_CHECK(in.is_contiguous() && out.is_contiguous(), "reduce: operands must be contiguous");
+  INGOT_INTERNAL_CHECK(in.numel() == outer * n * inner && out.numel() == outer * inner, "reduce: in has ",
+                       in.numel(), " elements, out ", out.numel(), ", for [", outer, ", ", n, ", ", inner, "]");
+  INGOT_INTERNAL_CHECK((op != ReduceOp::ArgMax && op != ReduceOp::ArgMin) || out.dtype() == DType::i64,
+                       "reduce: arg reductions write i64");
+  if (out.numel() == 0) return;
+  if (n == 0) {
+    fill(out, empty_value(op));
+    return;
+  }
+  const bool exact_int = is_integral(in.dtype()) && op != ReduceOp::Mean && op != ReduceOp::LogSumExp;
+  if (exact_int) reduce_impl<int64_t>(op, out, in, outer, n, inner);
+  else reduce_impl<double>(op, out, in, outer, n, inner);
+}
+
+}  // namespace ingot::kernels::cuda

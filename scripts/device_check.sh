@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU check run on a lent GPU machine (see bench/RESULTS.md for results): CUDA tests, the GPT-2 eager step
+# benchmark next to PyTorch eager and torch.compile on the same GPU, and (optionally) the HF reference fixtures.
+# Expects a bundle made here with: shared/device/bundle.sh .device build-cuda/bin/{ingot_tests,bench_gpt2_step,...}
+#   scripts/device_check.sh [tests] [bench] [fixtures]     (default: tests bench); logs go to $OUT (or ./out)
+set -uo pipefail
+out="${OUT:-out}"; mkdir -p "$out"
+source .device/env.sh
+nvidia-smi -L | tee "$out/gpu.txt"
+want() { [[ $# -eq 0 ]] && return 0; local w; for w in "${steps[@]}"; do [[ "$w" == "$1" ]] && return 0; done; return 1; }
+steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests bench)
+
+if want fixtures; then
+  mkdir -p /tmp/tok && tar xzf .device/tok.tgz -C /tmp/tok
+  python3 tests/fixtures/make_fixtures.py --tokenizers /tmp/tok --out "$out/fixtures" > "$out/fixtures.log" 2>&1
+  tail -12 "$out/fixtures.log"
+fi
+if want tests; then
+  ingot_tests --gtest_brief=1 > "$out/tests.log" 2>&1; echo "ingot_tests exit $?"
+  grep -E "FAILED|PASSED|SKIPPED \[" "$out/tests.log" | tail -25
+fi
+if want bench; then
+  for b in 16 4; do
+    bench_gpt2_step --device cuda --dtype bf16 --batch $b --seq 1024 --steps 20 --warmup 5 \
+      > "$out/bench_ingot_b$b.log" 2>&1; tail -3 "$out/bench_ingot_b$b.log"
+    python3 bench/reference/torch_gpt2.py --batch $b --seq 1024 --steps 20 --warmup 5 \
+      > "$out/bench_torch_b$b.log" 2>&1; tail -4 "$out/bench_torch_b$b.log"
+  done
+fi

@@ -1,0 +1,196 @@
+// CUDA rope and attention kernels against the CPU kernels of the same name, on fresh random inputs, in every
+// float dtype, with grouped-query heads, causal masks with T == S, T < S and T > S (rows that see no key), and
+// head dims that are not multiples of 32, into NaN-poisoned outputs. The attention implementation is picked by
+// INGOT_ATTENTION (cudnn | fallback | auto); the tests set it per case and restore it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/kernels/kernels.h"
+#include "tests/gpu/cuda_test_util.h"
+#include "tests/testing.h"
+
+namespace ingot::testing {
+namespace {
+
+namespace kc = kernels::cpu;
+namespace kg = kernels::cuda;
+
+const Device kGpu = Device::cuda(0);
+
+// As in test_cuda_rowwise.cpp: atol is relative to max(max|ref|, 1), the scale of the unit-scale inputs'
+// products. Attention sums over S keys and D channels in another order (and, for 16-bit inputs, cuDNN keeps P
+// and dS in 16 bits for its matrix products).
+double attn_tol(DType t) {
+  switch (t) {
+    case DType::f32: return 1e-4;
+    case DType::f64: return 1e-6;  // lse is f32 on both sides, and may round differently
+    case DType::bf16: return 2.5e-2;
+    case DType::f16: return 5e-3;
+    default: return 0;
+  }
+}
+
+::testing::AssertionResult close(const Tensor& out, const Tensor& ref, double tol) {
+  std::vector<double> a = out.to_vector(), b = ref.to_vector();
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes " << a.size() << " vs " << b.size();
+  double scale = 1.0;
+  for (double v : b)
+    if (std::isfinite(v)) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == b[i]) continue;  // also -inf == -inf (lse of a row that sees no key)
+    if (!(std::abs(a[i] - b[i]) <= tol * (std::abs(b[i]) + scale)))
+      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << b[i] << " (tol " << tol
+                                           << ", max |ref| " << scale << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+Operand rand_operand(const Shape& s, DType dt, double scale = 1.0) {
+  return make_operand(s, dt, Layout::Contiguous, [scale](double x) { return scale * x; });
+}
+
+// Sets INGOT_ATTENTION for one scope and restores the previous value.
+class AttentionImpl {
+ public:
+  explicit AttentionImpl(const char* value) {
+    if (const char* old = std::getenv("INGOT_ATTENTION")) old_ = old;
+    setenv("INGOT_ATTENTION", value, 1);
+  }
+  ~AttentionImpl() {
+    if (old_) setenv("INGOT_ATTENTION", old_->c_str(), 1);
+    else unsetenv("INGOT_ATTENTION");
+  }
+
+ private:
+  std::optional<std::string> old_;
+};
+
+struct AttnCase {
+  int64_t B, Hq, Hkv, T, S, D;
+  bool causal;
+};
+
+std::string case_str(const AttnCase& c, DType dt) {
+  return detail::str_cat(dtype_name(dt), " B", c.B, " Hq", c.Hq, " Hkv", c.Hkv, " T", c.T, " S", c.S, " D", c.D,
+                         c.causal ? " causal" : "");
+}
+
+// Runs forward and backward on both devices and compares every output. Both backward passes read the CPU
+// forward's out and lse, so a forward error does not hide in the backward comparison.
+void check_attention(const AttnCase& c, DType dt) {
+  const Shape qs{c.B, c.Hq, c.T, c.D}, ks{c.B, c.Hkv, c.S, c.D}, ls{c.B, c.Hq, c.T};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+  Operand q = rand_operand(qs, dt), k = rand_operand(ks, dt), v = rand_operand(ks, dt), dout = rand_operand(qs, dt);
+  Tensor out_ref = empty(qs, dt), lse_ref = empty(ls, DType::f32);
+  kc::attention_fwd(out_ref, lse_ref, q.cpu, k.cpu, v.cpu, c.causal, scale);
+  Tensor out = poisoned(qs, dt, kGpu), lse = poisoned(ls, DType::f32, kGpu);
+  kg::attention_fwd(out, lse, q.gpu, k.gpu, v.gpu, c.causal, scale);
+  const std::string at = case_str(c, dt);
+  const double tol = attn_tol(dt);
+  EXPECT_TRUE(close(out, out_ref, tol)) << "out " << at;
+  EXPECT_TRUE(close(lse, lse_ref, attn_tol(DType::f32))) << "lse " << at;
+
+  Tensor dq_ref = empty(qs, dt), dk_ref = empty(ks, dt), dv_ref = empty(ks, dt);
+  kc::attention_bwd(dq_ref, dk_ref, dv_ref, dout.cpu, q.cpu, k.cpu, v.cpu, out_ref, lse_ref, c.causal, scale);
+  Tensor dq = poisoned(qs, dt, kGpu), dk = poisoned(ks, dt, kGpu), dv = poisoned(ks, dt, kGpu);
+  kg::attention_bwd(dq, dk, dv, dout.gpu, q.gpu, k.gpu, v.gpu, out_ref.to(kGpu), lse_ref.to(kGpu), c.causal, scale);
+  EXPECT_TRUE(close(dq, dq_ref, tol)) << "dq " << at;
+  EXPECT_TRUE(close(dk, dk_ref, tol)) << "dk " << at;
+  EXPECT_TRUE(close(dv, dv_ref, tol)) << "dv " << at;
+}
+
+const AttnCase kFallbackCases[] = {
+    {1, 1, 1, 1, 1, 8, false},    {2, 4, 2, 17, 17, 64, true},  {2, 4, 2, 17, 17, 64, false},
+    {1, 2, 1, 5, 13, 32, true},   {1, 2, 2, 13, 5, 16, true},   {1, 3, 1, 33, 40, 80, true},
+    {1, 2, 1, 70, 70, 128, true}, {1, 1, 1, 9, 11, 7, false},   {1, 2, 2, 12, 12, 256, true},
+};
+
+TEST(CudaAttention, FallbackForwardAndBackwardMatchCpuInEveryDType) {
+  INGOT_REQUIRE_CUDA();
+  AttentionImpl impl("fallback");
+  manual_seed(201);
+  for (DType dt : kFloatDTypes)
+    for (const AttnCase& c : kFallbackCases) check_attention(c, dt);
+}
+
+// cuDNN's fused attention takes bf16 / f16 with D <= 128 (a multiple of 8), causal only with T == S; auto uses it
+// there and falls back elsewhere (the last case), so this checks whichever ran against the CPU. Few cases:
+// each new shape builds two cuDNN plans (~0.3 s each).
+struct FusedCase {
+  AttnCase c;
+  DType dt;
+};
+const FusedCase kFusedCases[] = {
+    {{2, 4, 2, 64, 64, 64, true}, DType::bf16},
+    {{1, 4, 4, 100, 100, 128, true}, DType::f16},
+    {{1, 2, 1, 40, 56, 72, false}, DType::bf16},
+    {{1, 2, 2, 16, 48, 32, true}, DType::f16},
+};
+
+TEST(CudaAttention, AutoSelectedImplementationMatchesCpuFor16BitInputs) {
+  INGOT_REQUIRE_CUDA();
+  AttentionImpl impl("auto");
+  manual_seed(202);
+  for (const FusedCase& f : kFusedCases) check_attention(f.c, f.dt);
+}
+
+// Forces cuDNN (forward and backward): fails if the installed cuDNN cannot build a fused graph, which auto mode
+// would hide by falling back.
+TEST(CudaAttention, CudnnFusedForwardAndBackwardMatchCpuWhereSupported) {
+  INGOT_REQUIRE_CUDA();
+  AttentionImpl impl("cudnn");
+  manual_seed(204);
+  for (const FusedCase& f : kFusedCases)
+    if (!f.c.causal || f.c.T == f.c.S) check_attention(f.c, f.dt);
+}
+
+TEST(CudaAttention, CudnnSelectionRejectsUnsupportedDTypesWithAClearError) {
+  INGOT_REQUIRE_CUDA();
+  AttentionImpl impl("cudnn");
+  Operand q = rand_operand({1, 1, 4, 8}, DType::f64);
+  Tensor out = poisoned({1, 1, 4, 8}, DType::f64, kGpu), lse = poisoned({1, 1, 4}, DType::f32, kGpu);
+  try {
+    kg::attention_fwd(out, lse, q.gpu, q.gpu, q.gpu, false, 0.5);
+    FAIL() << "expected an error for f64 under INGOT_ATTENTION=cudnn";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("INGOT_ATTENTION=cudnn"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaRope, ForwardAndInverseMatchCpuAndWorkInPlace) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(203);
+  const Shape shapes[] = {{1, 1, 1, 2}, {2, 3, 5, 8}, {1, 4, 17, 64}, {2, 2, 33, 6}};
+  for (DType dt : kFloatDTypes) {
+    for (const Shape& s : shapes) {
+      const int64_t T = s[2], half = s[3] / 2;
+      Operand x = rand_operand(s, dt);
+      Operand theta = rand_operand({T, half}, DType::f64, 3.0);
+      std::vector<double> th = theta.cpu.to_vector(), cv, sv;
+      for (double t : th) {
+        cv.push_back(std::cos(t));
+        sv.push_back(std::sin(t));
+      }
+      Tensor cos = from_vector(cv, {T, half}, DType::f32), sin = from_vector(sv, {T, half}, DType::f32);
+      for (bool inverse : {false, true}) {
+        Tensor ref = empty(s, dt), out = poisoned(s, dt, kGpu);
+        kc::rope(ref, x.cpu, cos, sin, inverse);
+        kg::rope(out, x.gpu, cos.to(kGpu), sin.to(kGpu), inverse);
+        const std::string at = detail::str_cat(dtype_name(dt), " ", shape_str(s), inverse ? " inverse" : "");
+        Tol t = tol_for(dt);
+        EXPECT_LE(max_rel_error(out, ref, t.rtol, 10 * t.atol), 1.0) << at;
+        Tensor inplace = x.gpu.clone_raw();
+        kg::rope(inplace, inplace, cos.to(kGpu), sin.to(kGpu), inverse);
+        EXPECT_EQ(count_unequal(inplace, out), 0) << "in place " << at;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ingot::testing

@@ -1,0 +1,170 @@
+// CUDA matmul (cuBLASLt / cuBLAS) and the multi-tensor optimizer kernels against their CPU versions.
+#include <gtest/gtest.h>
+
+#include "runtime/kernels/kernels.h"
+#include "tests/gpu/cuda_test_util.h"
+#include "tests/testing.h"
+
+namespace ingot::testing {
+namespace {
+
+namespace kc = kernels::cpu;
+namespace kg = kernels::cuda;
+
+const Device kGpu = Device::cuda(0);
+
+struct MatmulCase {
+  int64_t batch, batch_a, batch_b, m, n, k;
+};
+// Plain, batched, broadcast on either side (batch stride 0), odd sizes, a long K.
+const MatmulCase kMatmulCases[] = {{1, 1, 1, 64, 48, 32}, {3, 3, 3, 17, 29, 13}, {4, 1, 4, 33, 8, 70},
+                                   {5, 5, 1, 7, 65, 40},  {2, 2, 2, 1, 1, 1},    {1, 1, 1, 96, 80, 1000}};
+
+// ||gpu - cpu|| / ||cpu||: f32 without TF32 and f64 match to their rounding; bf16/f16 outputs are rounded from
+// f32 accumulators that differ in summation order.
+double matmul_tol(DType t) {
+  switch (t) {
+    case DType::f32: return 1e-5;
+    case DType::f64: return 1e-12;
+    case DType::bf16: return 1e-2;
+    default: return 2e-3;
+  }
+}
+
+TEST(CudaMatmul, MatchesCpuForTransposesBroadcastBatchesAndBeta) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(31);
+  for (DType dt : kFloatDTypes) {
+    for (const MatmulCase& c : kMatmulCases) {
+      for (int trans = 0; trans < 4; ++trans) {
+        const bool ta = trans & 1, tb = trans & 2;
+        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 1.5}}) {
+          Operand a = make_operand(ta ? Shape{c.batch_a, c.k, c.m} : Shape{c.batch_a, c.m, c.k}, dt, Layout::Contiguous);
+          Operand b = make_operand(tb ? Shape{c.batch_b, c.n, c.k} : Shape{c.batch_b, c.k, c.n}, dt, Layout::Contiguous);
+          const Shape os{c.batch, c.m, c.n};
+          // beta == 0 must ignore what out holds (NaN here); beta != 0 accumulates into random values.
+          Tensor ref, out;
+          if (beta == 0.0) {
+            ref = empty(os, dt);
+            out = poisoned(os, dt, kGpu);
+          } else {
+            Operand init = make_operand(os, dt, Layout::Contiguous);
+            ref = init.cpu.clone_raw();
+            out = init.gpu.clone_raw();
+          }
+          kc::matmul(ref, a.cpu, b.cpu, ta, tb, alpha, beta);
+          kg::matmul(out, a.gpu, b.gpu, ta, tb, alpha, beta);
+          EXPECT_LE(rel_norm_error(out, ref), matmul_tol(dt))
+              << dtype_name(dt) << " batch " << c.batch << " (" << c.batch_a << ", " << c.batch_b << ") M" << c.m
+              << " N" << c.n << " K" << c.k << (ta ? " a^T" : "") << (tb ? " b^T" : "") << " alpha " << alpha
+              << " beta " << beta;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaMatmul, MisalignedViewsAndEmptyKStillWork) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(32);
+  for (DType dt : {DType::bf16, DType::f32}) {
+    // Operands starting one element into their buffers: 2- or 4-byte aligned pointers.
+    Tensor a_cpu = random_values({1 + 1 * 31 * 24}, [](double x) { return x; }).to(dt);
+    Tensor b_cpu = random_values({1 + 1 * 24 * 40}, [](double x) { return x; }).to(dt);
+    Tensor a_gpu = a_cpu.to(kGpu), b_gpu = b_cpu.to(kGpu);
+    auto view = [](const Tensor& t, Shape s) { return t.as_strided(s, contiguous_strides(s), 1); };
+    Tensor ref = empty({1, 31, 40}, dt), out = poisoned({1, 31, 40}, dt, kGpu);
+    kc::matmul(ref, view(a_cpu, {1, 31, 24}), view(b_cpu, {1, 24, 40}), false, false, 1.0, 0.0);
+    kg::matmul(out, view(a_gpu, {1, 31, 24}), view(b_gpu, {1, 24, 40}), false, false, 1.0, 0.0);
+    EXPECT_LE(rel_norm_error(out, ref), matmul_tol(dt)) << dtype_name(dt);
+  }
+  Tensor out = poisoned({2, 3, 4}, DType::f32, kGpu);
+  kg::matmul(out, empty({2, 3, 0}, DType::f32, kGpu), empty({2, 0, 4}, DType::f32, kGpu), false, false, 1.0, 0.0);
+  EXPECT_EQ(count_unequal(out, zeros({2, 3, 4})), 0);
+}
+
+// ---- optimizers ------------------------------------------------------------------------------------------------
+
+// Parameters of several sizes (one spanning several chunks of the kernel, one empty) with grads of every float
+// dtype; the same state on both devices.
+struct OptimState {
+  std::vector<Tensor> p_cpu, g_cpu, s1_cpu, s2_cpu, p_gpu, g_gpu, s1_gpu, s2_gpu;
+};
+
+OptimState make_optim_state() {
+  const int64_t sizes[] = {1, 1000, 40000, 0, 777};
+  const DType grad_types[] = {DType::f32, DType::bf16, DType::f16, DType::f64, DType::f32};
+  OptimState s;
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    const Shape sh{sizes[i]};
+    Tensor p = random_values(sh, [](double x) { return x; }).to(DType::f32);
+    Tensor g = random_values(sh, [](double x) { return 0.1 * x; }).to(grad_types[i]);
+    Tensor m = random_values(sh, [](double x) { return 0.01 * x; }).to(DType::f32);
+    Tensor v = random_values(sh, [](double x) { return 1e-3 * x * x; }).to(DType::f32);
+    s.p_cpu.push_back(p);
+    s.g_cpu.push_back(g);
+    s.s1_cpu.push_back(m);
+    s.s2_cpu.push_back(v);
+    s.p_gpu.push_back(p.to(kGpu));
+    s.g_gpu.push_back(g.to(kGpu));
+    s.s1_gpu.push_back(m.to(kGpu));
+    s.s2_gpu.push_back(v.to(kGpu));
+  }
+  return s;
+}
+
+void expect_equal_lists(const std::vector<Tensor>& gpu, const std::vector<Tensor>& cpu, const char* what) {
+  for (size_t i = 0; i < gpu.size(); ++i) EXPECT_EQ(count_unequal(gpu[i], cpu[i]), 0) << what << " " << i;
+}
+
+TEST(CudaOptim, AdamWUpdatesEqualCpuBitForBitOverSteps) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(41);
+  OptimState s = make_optim_state();
+  kernels::AdamWArgs args;
+  args.lr = 3e-3;
+  args.weight_decay = 0.1;
+  args.grad_scale = 0.7;
+  for (int64_t step = 1; step <= 3; ++step) {
+    args.step = step;
+    kc::adamw_multi(s.p_cpu, s.g_cpu, s.s1_cpu, s.s2_cpu, args);
+    kg::adamw_multi(s.p_gpu, s.g_gpu, s.s1_gpu, s.s2_gpu, args);
+  }
+  expect_equal_lists(s.p_gpu, s.p_cpu, "param");
+  expect_equal_lists(s.s1_gpu, s.s1_cpu, "exp_avg");
+  expect_equal_lists(s.s2_gpu, s.s2_cpu, "exp_avg_sq");
+}
+
+TEST(CudaOptim, SgdVariantsEqualCpuBitForBit) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(42);
+  for (int variant = 0; variant < 3; ++variant) {
+    OptimState s = make_optim_state();
+    kernels::SgdArgs args;
+    args.lr = 0.05;
+    args.weight_decay = 0.01;
+    args.grad_scale = 1.3;
+    args.momentum = variant == 0 ? 0.0 : 0.9;
+    args.dampening = variant == 1 ? 0.1 : 0.0;
+    args.nesterov = variant == 2;
+    for (int step = 0; step < 3; ++step) {
+      args.first_step = step == 0;
+      kc::sgd_multi(s.p_cpu, s.g_cpu, s.s1_cpu, args);
+      kg::sgd_multi(s.p_gpu, s.g_gpu, s.s1_gpu, args);
+    }
+    expect_equal_lists(s.p_gpu, s.p_cpu, "param");
+    if (args.momentum != 0.0) expect_equal_lists(s.s1_gpu, s.s1_cpu, "momentum");
+  }
+}
+
+TEST(CudaOptim, RejectsMismatchedParameterLists) {
+  INGOT_REQUIRE_CUDA();
+  Tensor p = zeros({4}, DType::f32, kGpu), g = zeros({5}, DType::f32, kGpu);
+  kernels::AdamWArgs args;
+  EXPECT_THROW(kg::adamw_multi({p}, {g}, {p}, {p}, args), Error);
+  Tensor p16 = zeros({4}, DType::bf16, kGpu);
+  EXPECT_THROW(kg::sgd_multi({p16}, {p16}, {Tensor()}, kernels::SgdArgs{}), Error);
+}
+
+}  // namespace
+}  // namespace ingot::testing

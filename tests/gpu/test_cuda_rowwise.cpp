@@ -1,0 +1,295 @@
+// CUDA row-wise (softmax, layer_norm, rms_norm), cross-entropy and indexing kernels against the CPU kernels of
+// the same name, on fresh random inputs, in every float dtype, over row lengths that take the 16-byte vector
+// path and odd ones that do not, into NaN-poisoned outputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "runtime/kernels/kernels.h"
+#include "tests/gpu/cuda_test_util.h"
+#include "tests/testing.h"
+
+namespace ingot::testing {
+namespace {
+
+namespace kc = kernels::cpu;
+namespace kg = kernels::cuda;
+
+const Device kGpu = Device::cuda(0);
+
+// [rows, C]: single elements, odd lengths (scalar path), multiples of 8 (vector path), and rows longer than
+// one block's threads (strided loops).
+const Shape kRowShapes[] = {{1, 1}, {3, 7}, {5, 33}, {4, 64}, {2, 1000}, {3, 4099}, {2, 40000}, {67, 256}};
+
+// Row reductions and their backward are summed in different orders on the two devices (the CPU adds a row of
+// 40000 f32 terms one by one, which alone costs ~1e-4 relative); 16-bit outputs differ by one of their own ulps.
+double row_tol(DType t) {
+  switch (t) {
+    case DType::f32: return 2e-4;
+    case DType::f64: return 1e-10;
+    case DType::bf16: return 1.6e-2;
+    case DType::f16: return 2e-3;
+    default: return 0;
+  }
+}
+
+// Every element of `out` (any device) is within tol * (|ref| + max(max|ref|, 1)) of `ref`; NaN fails. The inputs
+// are of unit scale, so a result that cancels to ~0 (a one-element softmax row's gradient, say) is judged
+// against the unit scale of the terms that cancelled, not against its own rounding noise.
+::testing::AssertionResult close(const Tensor& out, const Tensor& ref, double tol) {
+  std::vector<double> a = out.to_vector(), b = ref.to_vector();
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes " << a.size() << " vs " << b.size();
+  double scale = 1.0;
+  for (double v : b) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(std::abs(a[i] - b[i]) <= tol * (std::abs(b[i]) + scale)))
+      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << b[i] << " (tol " << tol
+                                           << ", max |ref| " << scale << ")";
+  return ::testing::AssertionSuccess();
+}
+
+Operand rand_operand(const Shape& s, DType dt, double scale = 1.0) {
+  return make_operand(s, dt, Layout::Contiguous, [scale](double x) { return scale * x; });
+}
+
+std::string where(DType dt, const Shape& s) { return detail::str_cat(dtype_name(dt), " ", shape_str(s)); }
+
+DType stat_dtype(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
+
+TEST(CudaSoftmax, ForwardAndBackwardMatchCpuForSoftmaxAndLogSoftmax) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(101);
+  for (DType dt : kFloatDTypes) {
+    for (const Shape& s : kRowShapes) {
+      for (bool log : {false, true}) {
+        Operand x = rand_operand(s, dt, 3.0), dy = rand_operand(s, dt);
+        Tensor y_ref = empty(s, dt), y = poisoned(s, dt, kGpu);
+        kc::softmax_fwd(y_ref, x.cpu, log);
+        kg::softmax_fwd(y, x.gpu, log);
+        EXPECT_TRUE(close(y, y_ref, row_tol(dt))) << "fwd log=" << log << " " << where(dt, s);
+        // Both backward passes read the CPU forward output, so only the backward is compared.
+        Tensor dx_ref = empty(s, dt), dx = poisoned(s, dt, kGpu);
+        kc::softmax_bwd(dx_ref, dy.cpu, y_ref, log);
+        kg::softmax_bwd(dx, dy.gpu, y_ref.to(kGpu), log);
+        EXPECT_TRUE(close(dx, dx_ref, row_tol(dt))) << "bwd log=" << log << " " << where(dt, s);
+      }
+    }
+  }
+}
+
+TEST(CudaSoftmax, MaskedMinusInfinityLogitsGetZeroProbability) {
+  INGOT_REQUIRE_CUDA();
+  std::vector<double> v = {1.0, -INFINITY, 2.0, -INFINITY, 0.5, 3.0, -INFINITY};
+  Tensor x = from_vector(v, {1, 7}, DType::f32);
+  Tensor ref = empty({1, 7}), y = poisoned({1, 7}, DType::f32, kGpu);
+  kc::softmax_fwd(ref, x, false);
+  kg::softmax_fwd(y, x.to(kGpu), false);
+  EXPECT_TRUE(close(y, ref, 1e-6));
+  EXPECT_EQ(y.to_vector()[1], 0.0);
+}
+
+TEST(CudaLayerNorm, ForwardAndBackwardMatchCpuWithAndWithoutAffine) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(102);
+  for (DType dt : kFloatDTypes) {
+    const DType st = stat_dtype(dt);
+    for (const Shape& s : kRowShapes) {
+      const int64_t rows = s[0], C = s[1];
+      for (bool affine : {true, false}) {
+        // An offset mean checks the centered variance.
+        Operand x = make_operand(s, dt, Layout::Contiguous, [](double v) { return 2.0 * v + 3.0; });
+        Operand dy = rand_operand(s, dt);
+        Operand w = rand_operand({C}, dt), b = rand_operand({C}, dt);
+        Tensor wc = affine ? w.cpu : Tensor(), bc = affine ? b.cpu : Tensor();
+        Tensor wg = affine ? w.gpu : Tensor(), bg = affine ? b.gpu : Tensor();
+        Tensor y_ref = empty(s, dt), mean_ref = empty({rows}, st), rstd_ref = empty({rows}, st);
+        Tensor y = poisoned(s, dt, kGpu), mean = poisoned({rows}, st, kGpu), rstd = poisoned({rows}, st, kGpu);
+        kc::layer_norm_fwd(y_ref, mean_ref, rstd_ref, x.cpu, wc, bc, 1e-5);
+        kg::layer_norm_fwd(y, mean, rstd, x.gpu, wg, bg, 1e-5);
+        const std::string at = detail::str_cat("affine=", affine, " ", where(dt, s));
+        EXPECT_TRUE(close(y, y_ref, row_tol(dt))) << "y " << at;
+        EXPECT_TRUE(close(mean, mean_ref, row_tol(st))) << "mean " << at;
+        EXPECT_TRUE(close(rstd, rstd_ref, row_tol(st))) << "rstd " << at;
+
+        Tensor dx_ref = empty(s, dt), dw_ref = empty({C}, st), db_ref = empty({C}, st);
+        Tensor dx = poisoned(s, dt, kGpu), dw = poisoned({C}, st, kGpu), db = poisoned({C}, st, kGpu);
+        kc::layer_norm_bwd(dx_ref, dw_ref, db_ref, dy.cpu, x.cpu, mean_ref, rstd_ref, wc);
+        kg::layer_norm_bwd(dx, dw, db, dy.gpu, x.gpu, mean_ref.to(kGpu), rstd_ref.to(kGpu), wg);
+        EXPECT_TRUE(close(dx, dx_ref, row_tol(dt))) << "dx " << at;
+        EXPECT_TRUE(close(dw, dw_ref, row_tol(st))) << "dw " << at;
+        EXPECT_TRUE(close(db, db_ref, row_tol(st))) << "db " << at;
+      }
+    }
+  }
+}
+
+TEST(CudaLayerNorm, BackwardComputesOnlyTheRequestedGradients) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(103);
+  const Shape s{9, 48};
+  Operand x = rand_operand(s, DType::f32), dy = rand_operand(s, DType::f32), w = rand_operand({48}, DType::f32);
+  Tensor y = empty(s), mean = empty({9}), rstd = empty({9});
+  kc::layer_norm_fwd(y, mean, rstd, x.cpu, w.cpu, Tensor(), 1e-5);
+  Tensor dw_ref = empty({48}), dw = poisoned({48}, DType::f32, kGpu), dx_ref = empty(s);
+  kc::layer_norm_bwd(dx_ref, dw_ref, Tensor(), dy.cpu, x.cpu, mean, rstd, w.cpu);
+  kg::layer_norm_bwd(Tensor(), dw, Tensor(), dy.gpu, x.gpu, mean.to(kGpu), rstd.to(kGpu), w.gpu);
+  EXPECT_TRUE(close(dw, dw_ref, 2e-5));
+}
+
+TEST(CudaRmsNorm, ForwardAndBackwardMatchCpu) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(104);
+  for (DType dt : kFloatDTypes) {
+    const DType st = stat_dtype(dt);
+    for (const Shape& s : kRowShapes) {
+      const int64_t rows = s[0], C = s[1];
+      Operand x = rand_operand(s, dt, 2.0), dy = rand_operand(s, dt), w = rand_operand({C}, dt);
+      Tensor y_ref = empty(s, dt), rstd_ref = empty({rows}, st);
+      Tensor y = poisoned(s, dt, kGpu), rstd = poisoned({rows}, st, kGpu);
+      kc::rms_norm_fwd(y_ref, rstd_ref, x.cpu, w.cpu, 1e-6);
+      kg::rms_norm_fwd(y, rstd, x.gpu, w.gpu, 1e-6);
+      EXPECT_TRUE(close(y, y_ref, row_tol(dt))) << "y " << where(dt, s);
+      EXPECT_TRUE(close(rstd, rstd_ref, row_tol(st))) << "rstd " << where(dt, s);
+
+      Tensor dx_ref = empty(s, dt), dw_ref = empty({C}, st);
+      Tensor dx = poisoned(s, dt, kGpu), dw = poisoned({C}, st, kGpu);
+      kc::rms_norm_bwd(dx_ref, dw_ref, dy.cpu, x.cpu, rstd_ref, w.cpu);
+      kg::rms_norm_bwd(dx, dw, dy.gpu, x.gpu, rstd_ref.to(kGpu), w.gpu);
+      EXPECT_TRUE(close(dx, dx_ref, row_tol(dt))) << "dx " << where(dt, s);
+      EXPECT_TRUE(close(dw, dw_ref, row_tol(st))) << "dw " << where(dt, s);
+    }
+  }
+}
+
+// Targets in [0, V) with every third row ignored (ignore_index -100).
+Tensor make_targets(int64_t rows, int64_t V) {
+  std::vector<double> u = rand({rows}, DType::f64).to_vector();
+  std::vector<int64_t> t(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    t[r] = r % 3 == 1 ? -100 : std::min<int64_t>(V - 1, static_cast<int64_t>(u[r] * static_cast<double>(V)));
+  return from_vector_i64(t, {rows});
+}
+
+TEST(CudaCrossEntropy, ForwardAndBackwardMatchCpuWithIgnoreIndexAndLabelSmoothing) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(105);
+  const Shape shapes[] = {{1, 1}, {4, 7}, {6, 64}, {5, 1001}, {3, 32000}, {70, 50}};
+  for (DType dt : kFloatDTypes) {
+    const DType st = stat_dtype(dt);
+    for (const Shape& s : shapes) {
+      const int64_t rows = s[0];
+      for (double ls : {0.0, 0.1}) {
+        Operand x = rand_operand(s, dt, 4.0);
+        Tensor target = make_targets(rows, s[1]);
+        Tensor loss_ref = empty({rows}, st), lse_ref = empty({rows}, st);
+        Tensor loss = poisoned({rows}, st, kGpu), lse = poisoned({rows}, st, kGpu);
+        kc::cross_entropy_fwd(loss_ref, lse_ref, x.cpu, target, -100, ls);
+        kg::cross_entropy_fwd(loss, lse, x.gpu, target.to(kGpu), -100, ls);
+        const std::string at = detail::str_cat("ls=", ls, " ", where(dt, s));
+        EXPECT_TRUE(close(loss, loss_ref, row_tol(st))) << "loss " << at;
+        EXPECT_TRUE(close(lse, lse_ref, row_tol(st))) << "lse " << at;
+
+        Operand dloss = rand_operand({rows}, st);
+        Tensor dx_ref = empty(s, dt), dx = poisoned(s, dt, kGpu);
+        kc::cross_entropy_bwd(dx_ref, dloss.cpu, x.cpu, lse_ref, target, -100, ls);
+        kg::cross_entropy_bwd(dx, dloss.gpu, x.gpu, lse_ref.to(kGpu), target.to(kGpu), -100, ls);
+        EXPECT_TRUE(close(dx, dx_ref, row_tol(dt))) << "dlogits " << at;
+      }
+    }
+  }
+}
+
+// Random indices in [0, n) (with repeats), of the given dtype.
+Tensor rand_index(const Shape& shape, int64_t n, DType dt) {
+  std::vector<double> u = rand(shape, DType::f64).to_vector();
+  for (double& v : u) v = std::min<double>(static_cast<double>(n - 1), std::floor(v * static_cast<double>(n)));
+  return from_vector(u, shape, dt);
+}
+
+const DType kIndexValueTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i64};
+
+// Accumulations into 16-bit outputs round after every addition on both devices, in different orders.
+double add_tol(DType t) { return t == DType::i64 ? 0.0 : t == DType::bf16 ? 3e-2 : t == DType::f16 ? 4e-3 : row_tol(t); }
+
+Operand values(const Shape& s, DType dt) {
+  return make_operand(s, dt, Layout::Contiguous, [dt](double x) { return dt == DType::i64 ? std::round(9 * x) : x; });
+}
+
+TEST(CudaIndex, IndexSelectAndIndexAddMatchCpuAlongEveryDim) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(106);
+  const Shape src_shape{6, 5, 7};
+  for (DType dt : kIndexValueTypes) {
+    for (DType it : {DType::i64, DType::i32}) {
+      for (int64_t dim = 0; dim < 3; ++dim) {
+        const int64_t n = src_shape[dim], count = 11;  // more indices than rows: repeats
+        Tensor index = rand_index({count}, n, it);
+        Shape sel_shape = src_shape;
+        sel_shape[dim] = count;
+        Operand src = values(src_shape, dt);
+        Tensor ref = empty(sel_shape, dt), out = poisoned(sel_shape, dt, kGpu);
+        kc::index_select(ref, src.cpu, index, dim);
+        kg::index_select(out, src.gpu, index.to(kGpu), dim);
+        const std::string at = detail::str_cat(dtype_name(dt), " index ", dtype_name(it), " dim ", dim);
+        EXPECT_EQ(count_unequal(out, ref), 0) << "index_select " << at;
+
+        Operand add = values(sel_shape, dt), base = values(src_shape, dt);
+        Tensor acc_ref = base.cpu.clone_raw(), acc = base.gpu.clone_raw();
+        kc::index_add(acc_ref, add.cpu, index, dim);
+        kg::index_add(acc, add.gpu, index.to(kGpu), dim);
+        EXPECT_TRUE(close(acc, acc_ref, add_tol(dt))) << "index_add " << at;
+      }
+    }
+  }
+}
+
+TEST(CudaIndex, EmbeddingSizedIndexSelectAndIndexAddMatchCpu) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(107);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Operand table = values({1000, 96}, dt);
+    Tensor ids = rand_index({512}, 1000, DType::i64);
+    Tensor ref = empty({512, 96}, dt), out = poisoned({512, 96}, dt, kGpu);
+    kc::index_select(ref, table.cpu, ids, 0);
+    kg::index_select(out, table.gpu, ids.to(kGpu), 0);
+    EXPECT_EQ(count_unequal(out, ref), 0) << dtype_name(dt);
+    Operand grad = values({512, 96}, dt);
+    Tensor acc_ref = zeros({1000, 96}, dt), acc = zeros({1000, 96}, dt).to(kGpu);
+    kc::index_add(acc_ref, grad.cpu, ids, 0);
+    kg::index_add(acc, grad.gpu, ids.to(kGpu), 0);
+    EXPECT_TRUE(close(acc, acc_ref, add_tol(dt))) << dtype_name(dt);
+  }
+}
+
+TEST(CudaIndex, GatherAndScatterAddMatchCpuAlongEveryDim) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(108);
+  const Shape shape{4, 6, 5};
+  for (DType dt : kIndexValueTypes) {
+    for (DType it : {DType::i64, DType::i32}) {
+      for (int64_t dim = 0; dim < 3; ++dim) {
+        // index has src's shape except along dim, where it is longer (repeats) than src.
+        Shape idx_shape = shape;
+        idx_shape[dim] = shape[dim] + 3;
+        Tensor index = rand_index(idx_shape, shape[dim], it);
+        Operand src = values(shape, dt);
+        Tensor ref = empty(idx_shape, dt), out = poisoned(idx_shape, dt, kGpu);
+        kc::gather(ref, src.cpu, index, dim);
+        kg::gather(out, src.gpu, index.to(kGpu), dim);
+        const std::string at = detail::str_cat(dtype_name(dt), " index ", dtype_name(it), " dim ", dim);
+        EXPECT_EQ(count_unequal(out, ref), 0) << "gather " << at;
+
+        Operand upd = values(idx_shape, dt), base = values(shape, dt);
+        Tensor acc_ref = base.cpu.clone_raw(), acc = base.gpu.clone_raw();
+        kc::scatter_add(acc_ref, upd.cpu, index, dim);
+        kg::scatter_add(acc, upd.gpu, index.to(kGpu), dim);
+        EXPECT_TRUE(close(acc, acc_ref, add_tol(dt))) << "scatter_add " << at;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ingot::testing

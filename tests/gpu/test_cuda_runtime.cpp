@@ -1,0 +1,194 @@
+// The CUDA runtime pieces: device count, copies, streams and events, and the caching allocator (reuse, stream
+// separation, splitting and merging, statistics, empty_cache, out-of-memory errors).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "runtime/allocator.h"
+#include "runtime/cuda_runtime.h"
+#include "runtime/kernels/kernels.h"
+#include "tests/gpu/cuda_test_util.h"
+#include "tests/testing.h"
+#ifdef INGOT_WITH_CUDA
+#include "runtime/cuda/check.h"
+#endif
+
+namespace ingot::testing {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+TEST(CudaRuntime, DeviceCountIsZeroWithoutAGpuAndNeverThrows) {
+  // Runs everywhere: on a machine without a driver or GPU the count is 0 and "auto" picks the CPU.
+  const int n = cuda_device_count();
+  EXPECT_GE(n, 0);
+  EXPECT_EQ(cuda_available(), n > 0);
+  EXPECT_EQ(parse_device("auto"), n > 0 ? Device::cuda(0) : Device::cpu());
+}
+
+TEST(CudaRuntime, TensorsRoundTripBetweenHostAndDevice) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(1);
+  for (DType dt : kAllDTypes) {
+    Tensor h = random_values({3, 5, 7}, [](double x) { return 10 * x; }).to(dt);
+    Tensor d = h.to(kGpu);
+    EXPECT_EQ(d.device(), kGpu);
+    Tensor d2 = d.clone_raw();  // device-to-device
+    EXPECT_EQ(count_unequal(d2.to(Device::cpu()), h), 0) << dtype_name(dt);
+  }
+  Tensor one = full({1}, 2.5, DType::f32, kGpu);
+  EXPECT_EQ(one.item(), 2.5);
+  EXPECT_THROW(cuda::set_device(cuda_device_count()), Error);
+}
+
+TEST(CudaRuntime, EventsTimeWorkOnAStreamAndOrderAnotherStream) {
+  INGOT_REQUIRE_CUDA();
+  cuda::Stream s1 = cuda::create_stream(0), s2 = cuda::create_stream(0);
+  const cuda::Stream saved = cuda::current_stream(0);
+  EXPECT_EQ(saved.handle, nullptr);  // the legacy default stream until someone sets one
+  Tensor big, copy;
+  {
+    cuda::set_current_stream(s1);
+    cuda::Event start, stop;
+    start.record(s1);
+    big = empty({1 << 24}, DType::f32, kGpu);  // allocated on s1
+    for (int i = 0; i < 20; ++i) kernels::cuda::fill(big, 1.0 + i);
+    stop.record(s1);
+    stop.synchronize();
+    const float ms = start.elapsed_ms(stop);
+    EXPECT_GT(ms, 0.0f);
+    EXPECT_LT(ms, 10000.0f);
+    // s2 waits for the fills queued on s1, then copies: it must see the last value.
+    for (int i = 0; i < 20; ++i) kernels::cuda::fill(big, 100.0 + i);
+    cuda::Event done;
+    done.record(s1);
+    cuda::set_current_stream(s2);
+    done.wait(s2);
+    copy = empty({1 << 24}, DType::f32, kGpu);
+    kernels::cuda::copy(copy, big);
+    cuda::synchronize_stream(s2);
+  }
+  cuda::set_current_stream(saved);
+  std::vector<double> v = copy.to_vector();
+  EXPECT_EQ(v.front(), 119.0);
+  EXPECT_EQ(v.back(), 119.0);
+  big = Tensor();
+  copy = Tensor();
+  cuda::synchronize_device(0);
+  cuda::destroy_stream(s1);
+  cuda::destroy_stream(s2);
+}
+
+TEST(CudaRuntime, FailedCallsThrowWithTheCallSiteAndTheCudaError) {
+  INGOT_REQUIRE_CUDA();
+#ifdef INGOT_WITH_CUDA
+  try {
+    CUDA_CHECK(cudaSetDevice(-1));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("test_cuda_runtime.cpp:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cudaSetDevice(-1)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cudaError"), std::string::npos) << msg;
+  }
+  // The failure was cleared: later work still runs.
+  EXPECT_EQ(full({4}, 3.0, DType::f32, kGpu).to_vector()[3], 3.0);
+#endif
+}
+
+TEST(CudaAllocator, ReusesFreedBlocksOfTheSameStreamWithoutCudaMalloc) {
+  INGOT_REQUIRE_CUDA();
+  Allocator& a = cuda_allocator(0);
+  a.empty_cache();  // no stray free fragments: best fit must land on the block just freed
+  void* first = nullptr;
+  {
+    auto p = a.allocate(1000);
+    first = p.get();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 256, 0u);
+  }
+  const AllocatorStats before = a.stats();
+  {
+    auto p = a.allocate(900);  // same 1024-byte class: the block just freed
+    EXPECT_EQ(p.get(), first);
+  }
+  EXPECT_EQ(a.stats().num_system_allocs, before.num_system_allocs);
+  EXPECT_EQ(a.stats().num_allocs, before.num_allocs + 1);
+}
+
+TEST(CudaAllocator, StatsTrackAllocatedReservedAndPeak) {
+  INGOT_REQUIRE_CUDA();
+  Allocator& a = cuda_allocator(0);
+  a.empty_cache();
+  a.reset_peak();
+  const AllocatorStats s0 = a.stats();
+  {
+    auto x = a.allocate(5 << 20), y = a.allocate(3000);
+    const AllocatorStats s1 = a.stats();
+    EXPECT_EQ(s1.allocated_bytes - s0.allocated_bytes, (5 << 20) + 3072);
+    EXPECT_GE(s1.reserved_bytes, s1.allocated_bytes);
+    EXPECT_EQ(s1.peak_allocated_bytes, s1.allocated_bytes);
+  }
+  const AllocatorStats s2 = a.stats();
+  EXPECT_EQ(s2.allocated_bytes, s0.allocated_bytes);
+  EXPECT_EQ(s2.peak_allocated_bytes, s0.allocated_bytes + (5 << 20) + 3072);
+  EXPECT_GT(s2.reserved_bytes, s0.reserved_bytes);  // cached, not given back
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes, s0.reserved_bytes);
+  a.reset_peak();
+  EXPECT_EQ(a.stats().peak_allocated_bytes, a.stats().allocated_bytes);
+}
+
+TEST(CudaAllocator, SplitsSegmentsAndMergesFreedNeighbours) {
+  INGOT_REQUIRE_CUDA();
+  Allocator& a = cuda_allocator(0);
+  a.empty_cache();
+  const int64_t sys0 = a.stats().num_system_allocs;
+  void* base = nullptr;
+  {
+    auto x = a.allocate(3 << 20);  // a 20 MiB segment
+    auto y = a.allocate(4 << 20);  // carved from its remainder
+    EXPECT_EQ(a.stats().num_system_allocs, sys0 + 1);
+    EXPECT_EQ(static_cast<char*>(y.get()), static_cast<char*>(x.get()) + (3 << 20));
+    base = x.get();
+  }
+  // Both freed and merged: the whole segment serves one larger request.
+  auto z = a.allocate(18 << 20);
+  EXPECT_EQ(z.get(), base);
+  EXPECT_EQ(a.stats().num_system_allocs, sys0 + 1);
+}
+
+TEST(CudaAllocator, BlocksFreedOnOneStreamAreNotHandedToAnother) {
+  INGOT_REQUIRE_CUDA();
+  Allocator& a = cuda_allocator(0);
+  a.empty_cache();
+  cuda::Stream s = cuda::create_stream(0);
+  const cuda::Stream saved = cuda::current_stream(0);
+  void* on_default = nullptr;
+  { on_default = a.allocate(4096).get(); }
+  cuda::set_current_stream(s);
+  {
+    auto p = a.allocate(4096);
+    EXPECT_NE(p.get(), on_default);
+  }
+  cuda::set_current_stream(saved);
+  { EXPECT_EQ(a.allocate(4096).get(), on_default); }
+  cuda::destroy_stream(s);
+}
+
+TEST(CudaAllocator, OutOfMemoryIsAClearErrorAndTheAllocatorStillWorks) {
+  INGOT_REQUIRE_CUDA();
+  Allocator& a = cuda_allocator(0);
+  try {
+    a.allocate(size_t{1} << 50);  // 1 PiB
+    FAIL() << "expected an out-of-memory error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("out of memory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(size_t{1} << 50)), std::string::npos) << msg;
+  }
+  EXPECT_EQ(full({8}, 1.5, DType::f32, kGpu).to_vector()[7], 1.5);
+  EXPECT_THROW(cuda_allocator(cuda_device_count()), Error);
+}
+
+}  // namespace
+}  // namespace ingot::testing
