@@ -10,6 +10,7 @@
 
 #include "recipes/tokenizer/tokenizer.h"
 #include "runtime/file_util.h"
+#include "test_tokenizer_util.h"
 
 namespace ingot::recipes {
 namespace {
@@ -21,9 +22,8 @@ std::string root(const std::string& rel) { return std::string(INGOT_SOURCE_DIR) 
 void check_reference(const std::string& name) {
   std::string ref_path = root("tests/fixtures/tokenizers/" + name + "_reference.json");
   if (!std::filesystem::exists(ref_path)) GTEST_SKIP() << ref_path << " is missing";
-  std::string dir = root("data/tokenizers/" + name);
-  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "data/tokenizers/" << name << " is missing: run scripts/get_tokenizers.sh";
-  Tokenizer tok = Tokenizer::from_dir(dir);
+  INGOT_REQUIRE_TOKENIZER(loaded, name);
+  const Tokenizer& tok = *loaded;
   json ref = json::parse(read_file(ref_path));
   size_t matched = 0, total = 0;
   for (const auto& c : ref["cases"]) {
