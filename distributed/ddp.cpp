@@ -1,0 +1,276 @@
+// DistributedDataParallel: bucket layout, the gradient hooks that issue bucket reductions during backward,
+// and ZeRO-1 shards. See ddp.h for the protocol.
+#include "distributed/ddp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "autograd/nn/module.h"
+
+namespace ingot::distributed {
+
+namespace {
+
+struct Bucket {
+  std::vector<size_t> params;    // parameter indices, in the order they were packed
+  std::vector<int64_t> offsets;  // element offset of each in `flat`
+  int64_t numel = 0;             // elements used; `flat` may be padded past it (ZeRO-1)
+  Tensor flat;                   // gradient buffer
+  Tensor shard, shard_grad;      // ZeRO-1: this rank's chunk of the parameters and of the averaged gradient
+  Tensor gathered;               // ZeRO-1: all-gather output, same layout as `flat`
+  int pending = 0;               // gradients still missing this round
+  std::shared_ptr<Work> work;
+};
+
+// A view of `flat` holding `shape` at element `offset`.
+Tensor slice(const Tensor& flat, int64_t offset, const Shape& shape) {
+  return flat.as_strided(shape, contiguous_strides(shape), flat.offset() + offset);
+}
+
+}  // namespace
+
+struct DistributedDataParallel::State {
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  std::vector<size_t> bucket_of, slot_of;  // per parameter: bucket index and position in it
+  std::vector<bool> ready;                 // per parameter: gradient copied into its bucket this round
+  std::vector<Bucket> buckets;
+  size_t next_launch = 0;
+  int no_sync_depth = 0;
+  bool zero1 = false;
+  ProcessGroup* group = nullptr;
+
+  void launch_ready() {
+    // Strictly in bucket order: the collective sequence must be identical on every rank.
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      Bucket& b = buckets[next_launch++];
+      b.work = reduce_bucket(*group, b.flat, zero1, zero1 ? &b.shard_grad : nullptr);
+    }
+  }
+
+  void mark_ready(size_t i, const Tensor* grad) {
+    INGOT_CHECK(!ready[i], "DistributedDataParallel: parameter '", names[i],
+                "' received a second gradient before synchronize(); call ddp.step()/synchronize() after each "
+                "backward, or run the earlier micro-steps of gradient accumulation inside ddp.no_sync()");
+    Bucket& b = buckets[bucket_of[i]];
+    INGOT_INTERNAL_CHECK(next_launch <= bucket_of[i], "bucket issued before all its gradients arrived");
+    Tensor dst = slice(b.flat, b.offsets[slot_of[i]], params[i].shape());
+    if (grad)
+      dst.copy_(*grad);
+    else
+      dst.zero_();
+    ready[i] = true;
+    if (--b.pending == 0) launch_ready();
+  }
+
+  void reset_round() {
+    std::fill(ready.begin(), ready.end(), false);
+    for (Bucket& b : buckets) {
+      b.pending = static_cast<int>(b.params.size());
+      b.work.reset();
+    }
+    next_launch = 0;
+  }
+};
+
+std::shared_ptr<Work> DistributedDataParallel::reduce_bucket(ProcessGroup& group, Tensor& flat, bool zero1,
+                                                             Tensor* shard_out) {
+  if (!zero1) return group.all_reduce(flat, ReduceOp::Avg);
+  INGOT_CHECK(shard_out && shard_out->defined(), "reduce_bucket: ZeRO-1 needs a shard output tensor");
+  return group.reduce_scatter(*shard_out, flat, ReduceOp::Avg);
+}
+
+DistributedDataParallel::DistributedDataParallel(std::vector<Tensor> params, std::shared_ptr<ProcessGroup> group,
+                                                 DdpOptions options)
+    : group_(std::move(group)), options_(options) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::string name = "#";  // (not "#" + ...: GCC 12 warns falsely about that operator+ with -Wrestrict)
+    name += std::to_string(i);
+    names.push_back(std::move(name));
+  }
+  init(std::move(params), std::move(names));
+}
+
+DistributedDataParallel::DistributedDataParallel(const nn::Module& module, std::shared_ptr<ProcessGroup> group,
+                                                 DdpOptions options)
+    : group_(std::move(group)), options_(options) {
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  for (auto& [name, p] : module.named_parameters()) {
+    params.push_back(p);
+    names.push_back(name);
+  }
+  init(std::move(params), std::move(names));
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::string> names) {
+  INGOT_CHECK(group_ != nullptr, "DistributedDataParallel: a process group is required");
+  INGOT_CHECK(options_.bucket_cap_mb > 0, "DistributedDataParallel: bucket_cap_mb must be > 0, got ",
+              options_.bucket_cap_mb);
+  INGOT_CHECK(options_.root >= 0 && options_.root < group_->size(), "DistributedDataParallel: root must be in [0, ",
+              group_->size(), "), got ", options_.root);
+  auto st = std::make_shared<State>();
+  st->zero1 = options_.zero1;
+  st->group = group_.get();
+  std::set<const TensorImpl*> seen;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    INGOT_CHECK(p.defined() && p.requires_grad() && p.is_leaf(), "DistributedDataParallel: parameter '", names[i],
+                "' must be a leaf tensor with requires_grad");
+    INGOT_CHECK(p.is_contiguous(), "DistributedDataParallel: parameter '", names[i], "' must be contiguous");
+    INGOT_CHECK(is_floating(p.dtype()), "DistributedDataParallel: parameter '", names[i],
+                "' must be floating point, got ", dtype_name(p.dtype()));
+    INGOT_CHECK(p.device() == params[0].device(), "DistributedDataParallel: parameter '", names[i], "' is on ",
+                p.device().str(), " but '", names[0], "' is on ", params[0].device().str());
+    INGOT_CHECK(seen.insert(p.impl()).second, "DistributedDataParallel: parameter '", names[i],
+                "' is listed twice");
+  }
+  st->params = params;
+  st->names = names;
+
+  if (options_.broadcast_parameters && group_->size() > 1) {
+    std::vector<std::shared_ptr<Work>> works;
+    for (Tensor& p : st->params) works.push_back(group_->broadcast(p, options_.root));
+    for (auto& w : works) w->wait();
+  }
+
+  // Buckets over the parameters in reverse registration order; a new bucket when the cap is reached or the
+  // dtype changes (a bucket is one flat buffer of one dtype).
+  const double cap = options_.bucket_cap_mb * 1024 * 1024;
+  st->bucket_of.resize(params.size());
+  st->slot_of.resize(params.size());
+  double bytes = 0;
+  for (size_t k = params.size(); k-- > 0;) {
+    const Tensor& p = params[k];
+    bool fresh = st->buckets.empty() || bytes >= cap ||
+                 st->params[st->buckets.back().params[0]].dtype() != p.dtype();
+    if (fresh) {
+      st->buckets.emplace_back();
+      bytes = 0;
+    }
+    Bucket& b = st->buckets.back();
+    st->bucket_of[k] = st->buckets.size() - 1;
+    st->slot_of[k] = b.params.size();
+    b.params.push_back(k);
+    b.offsets.push_back(b.numel);
+    b.numel += p.numel();
+    bytes += static_cast<double>(p.nbytes());
+  }
+  const int world = group_->size(), rank = group_->rank();
+  for (Bucket& b : st->buckets) {
+    const Tensor& p0 = st->params[b.params[0]];
+    int64_t padded = options_.zero1 ? (b.numel + world - 1) / world * world : b.numel;
+    b.flat = zeros({padded}, p0.dtype(), p0.device());
+    if (options_.zero1) {
+      int64_t chunk = padded / world;
+      b.gathered = zeros({padded}, p0.dtype(), p0.device());
+      for (size_t s = 0; s < b.params.size(); ++s) {
+        const Tensor& p = st->params[b.params[s]];
+        slice(b.gathered, b.offsets[s], p.shape()).copy_(p);
+      }
+      b.shard = slice(b.gathered, rank * chunk, {chunk}).clone_raw();
+      b.shard.set_requires_grad(true);  // the optimizer takes leaves; the shard's .grad is set by synchronize()
+      b.shard_grad = zeros({chunk}, p0.dtype(), p0.device());
+    }
+  }
+  st->ready.assign(params.size(), false);
+  st->reset_round();
+  state_ = st;
+
+  std::weak_ptr<State> weak = st;
+  for (size_t i = 0; i < st->params.size(); ++i) {
+    st->params[i].register_post_accumulate_grad_hook([weak, i](Tensor& param) {
+      auto s = weak.lock();
+      if (!s || s->no_sync_depth > 0) return;  // the DDP object is gone, or accumulating locally
+      Tensor g = param.grad();
+      s->mark_ready(i, &g);
+    });
+  }
+}
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel* d) : d_(d) { ++d_->state_->no_sync_depth; }
+DistributedDataParallel::NoSync::~NoSync() { --d_->state_->no_sync_depth; }
+
+void DistributedDataParallel::synchronize() {
+  State& s = *state_;
+  INGOT_CHECK(s.no_sync_depth == 0, "DistributedDataParallel: synchronize() called inside no_sync()");
+  // Parameters that got no gradient this round (unused in this rank's forward) contribute zeros.
+  for (size_t i = 0; i < s.params.size(); ++i)
+    if (!s.ready[i]) {
+      Tensor g = s.params[i].grad();
+      s.mark_ready(i, g.defined() ? &g : nullptr);
+    }
+  INGOT_INTERNAL_CHECK(s.next_launch == s.buckets.size(), "not every bucket was issued");
+  std::exception_ptr first_error;
+  for (Bucket& b : s.buckets) {
+    try {
+      b.work->wait();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) {
+    s.reset_round();
+    std::rethrow_exception(first_error);
+  }
+  for (Bucket& b : s.buckets) {
+    if (s.zero1) {
+      b.shard.set_grad(b.shard_grad);
+      continue;
+    }
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      Tensor& p = s.params[b.params[k]];
+      Tensor avg = slice(b.flat, b.offsets[k], p.shape());
+      Tensor g = p.grad();
+      if (g.defined())
+        g.copy_(avg);
+      else
+        p.set_grad(avg.clone_raw());
+    }
+  }
+  s.reset_round();
+}
+
+std::vector<Tensor> DistributedDataParallel::optimizer_params() const {
+  if (!state_->zero1) return state_->params;
+  std::vector<Tensor> shards;
+  for (const Bucket& b : state_->buckets) shards.push_back(b.shard);
+  return shards;
+}
+
+void DistributedDataParallel::after_step() {
+  State& s = *state_;
+  if (!s.zero1) return;
+  std::vector<std::shared_ptr<Work>> works;
+  for (Bucket& b : s.buckets) works.push_back(group_->all_gather(b.gathered, b.shard));
+  for (auto& w : works) w->wait();
+  for (Bucket& b : s.buckets)
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      Tensor& p = s.params[b.params[k]];
+      p.copy_(slice(b.gathered, b.offsets[k], p.shape()));
+    }
+}
+
+void DistributedDataParallel::step(optim::Optimizer& opt) {
+  synchronize();
+  opt.step();
+  after_step();
+}
+
+void DistributedDataParallel::zero_grad() {
+  for (Tensor& p : state_->params) p.zero_grad();
+  for (Bucket& b : state_->buckets)
+    if (b.shard.defined()) b.shard.zero_grad();
+}
+
+std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout() const {
+  std::vector<std::vector<size_t>> out;
+  for (const Bucket& b : state_->buckets) out.push_back(b.params);
+  return out;
+}
+
+}  // namespace ingot::distributed

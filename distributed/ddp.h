@@ -1,0 +1,97 @@
+// DistributedDataParallel (eager): every rank holds the whole model; gradients are averaged across ranks.
+//
+//   DistributedDataParallel ddp(model.parameters(), ctx.group);   // broadcasts rank 0's parameters
+//   optim::AdamW opt(ddp.optimizer_params(), ...);                // plain: the parameters; ZeRO-1: shards
+//   for (...) {
+//     { auto guard = ddp.no_sync(); loss(micro0).backward(); }    // accumulate locally, no communication
+//     loss(micro1).backward();                                    // buckets are all-reduced as they fill
+//     ddp.step(opt);                                              // wait, (ZeRO-1: update shard, all-gather)
+//     ddp.zero_grad();
+//   }
+//
+// Buckets: parameters in reverse registration order (roughly the order backward produces their gradients)
+// are packed into contiguous flat buffers of about bucket_cap_mb. A post-accumulate hook (autograd engine)
+// copies each gradient into its bucket; when a bucket is full it is all-reduced (averaged) asynchronously
+// while backward goes on. Buckets are issued strictly in bucket order, so every rank issues the same
+// collectives in the same order even when they finish filling in different orders.
+//
+// ZeRO-1 (options.zero1): each bucket is padded to a multiple of the world size and reduce-scattered instead;
+// rank r owns chunk r of every bucket: a flat f32-or-param-dtype "shard" tensor that the optimizer updates
+// (so optimizer state is 1/world of the model), after which the shards are all-gathered into the parameters.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distributed/process_group.h"
+#include "optim/optimizer.h"
+#include "runtime/tensor.h"
+
+namespace ingot::nn {
+class Module;
+}
+
+namespace ingot::distributed {
+
+struct DdpOptions {
+  double bucket_cap_mb = 25.0;
+  bool broadcast_parameters = true;  // copy rank `root`'s parameters to every rank at construction
+  int root = 0;
+  bool zero1 = false;
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::vector<Tensor> params, std::shared_ptr<ProcessGroup> group, DdpOptions options = {});
+  // Uses the module's parameters; errors name them by their dotted path.
+  DistributedDataParallel(const nn::Module& module, std::shared_ptr<ProcessGroup> group, DdpOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // While the returned guard lives, backward passes only accumulate into .grad (gradient accumulation: the
+  // micro-steps before the last one).
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel* d);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel* d_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(this); }
+
+  // Waits for the buckets of the last backward (issuing those that never filled: parameters without a
+  // gradient on this rank count as zeros) and publishes the result: plain mode writes the averaged gradient
+  // into every parameter's .grad; ZeRO-1 sets each shard's .grad to this rank's averaged chunk.
+  void synchronize();
+  // What the optimizer must update: the parameters (plain) or this rank's shards (ZeRO-1).
+  std::vector<Tensor> optimizer_params() const;
+  // ZeRO-1: all-gathers the updated shards into the parameters. Plain: nothing to do.
+  void after_step();
+  // synchronize(); opt.step(); after_step().
+  void step(optim::Optimizer& opt);
+  // Drops the gradients of the parameters (and of the shards in ZeRO-1).
+  void zero_grad();
+
+  // Parameter indices (registration order) of each bucket, in issue order; for tests and logs.
+  std::vector<std::vector<size_t>> bucket_layout() const;
+  ProcessGroup& group() { return *group_; }
+
+  // The async all-reduce of one bucket, for the compiled path (compile/ schedules it as a graph node):
+  // averages `flat` across ranks (ZeRO-1: reduce-scatters it into `shard_out`).
+  static std::shared_ptr<Work> reduce_bucket(ProcessGroup& group, Tensor& flat, bool zero1, Tensor* shard_out);
+
+  struct State;
+
+ private:
+  void init(std::vector<Tensor> params, std::vector<std::string> names);
+  std::shared_ptr<ProcessGroup> group_;
+  DdpOptions options_;
+  std::shared_ptr<State> state_;  // shared with the hooks, which hold it weakly
+};
+
+}  // namespace ingot::distributed
