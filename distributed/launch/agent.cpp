@@ -1,0 +1,334 @@
+#include "distributed/launch/agent.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "distributed/launch/error_file.h"
+#include "distributed/launch/rendezvous.h"
+#include "distributed/launch/workers.h"
+#include "runtime/device.h"
+#include "runtime/error.h"
+
+extern char** environ;
+
+namespace ingot::distributed::launch {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kReportLines = 15;  // output lines of the failed worker shown in its report
+
+enum class Outcome { kSucceeded, kFailed, kInterrupted };
+
+struct AttemptResult {
+  Outcome outcome = Outcome::kSucceeded;
+  std::string report;   // what to print about the failure
+  std::string summary;  // one line: "rank 1 on host h exited with code 3"
+  int signal = 0;       // kInterrupted: the signal the launcher received
+};
+
+std::string make_run_id() {
+  std::random_device rd;
+  std::ostringstream os;
+  os << std::hex << rd() << rd();
+  return os.str().substr(0, 12);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, sep)) out.push_back(cur);
+  return out;
+}
+
+// The launcher's environment with the worker's variables replaced.
+std::vector<std::string> worker_env(const std::map<std::string, std::string>& vars) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    std::string k = kv.substr(0, kv.find('='));
+    if (!vars.count(k)) env.push_back(kv);
+  }
+  for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
+  return env;
+}
+
+// The root cause is the worker that failed first: earliest error-file timestamp (the worker's own clock at the
+// moment of the error) when the failed workers wrote one, else the first one reaped, else the lowest rank.
+size_t choose_root_cause(const WorkerGroup& g) {
+  size_t best = g.size();
+  double best_err = 0, best_end = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const WorkerStatus& s = g.status(i);
+    if (!s.failed() || s.stopped_by_us) continue;
+    auto rec = read_error_file(g.spec(i).error_file);
+    double err_t = rec && rec->timestamp > 0 ? rec->timestamp : 0;
+    bool better = best == g.size() || (err_t > 0 && (best_err == 0 || err_t < best_err)) ||
+                  (err_t == 0 && best_err == 0 && s.end_time < best_end);
+    if (better) best = i, best_err = err_t, best_end = s.end_time;
+  }
+  return best;
+}
+
+std::string indent(const std::string& text, const std::string& pad) {
+  std::string out;
+  for (const std::string& line : split(text, '\n')) out += pad + line + "\n";
+  return out;
+}
+
+AttemptResult describe_failure(const WorkerGroup& g, size_t root, const NodeAssignment& a, const std::string& host) {
+  const WorkerSpec& w = g.spec(root);
+  const WorkerStatus& s = g.status(root);
+  AttemptResult r;
+  r.outcome = Outcome::kFailed;
+  std::ostringstream sum;
+  sum << "rank " << w.rank << " (local rank " << w.local_rank << " on node " << a.node_rank << ", host " << host
+      << ", pid " << s.pid << ") " << s.describe();
+  r.summary = sum.str();
+  std::ostringstream os;
+  os << "root cause (first worker to fail): " << r.summary << " after " << static_cast<int>(s.end_time * 10) / 10.0
+     << " s\n";
+  if (auto rec = read_error_file(w.error_file)) {
+    os << "  error file " << rec->path << (rec->type.empty() ? "" : " (" + rec->type + ")") << ":\n"
+       << indent(rec->message, "    ");
+  } else {
+    os << "  no error file (the worker wrote none to INGOT_ERROR_FILE: it did not fail through an uncaught error "
+          "of `ingot run`, or it was killed)\n";
+  }
+  std::vector<std::string> lines = g.last_lines(root, kReportLines);
+  if (!lines.empty()) {
+    os << "  last output lines of rank " << w.rank << ":\n";
+    for (const std::string& l : lines) os << "    | " << l << "\n";
+  }
+  std::string others;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (i == root) continue;
+    const WorkerStatus& o = g.status(i);
+    std::string what = o.stopped_by_us && o.signal ? "was stopped (" + signal_name(o.signal) + ")" : o.describe();
+    if (o.stopped_by_us && !o.signal) what = "exited with code " + std::to_string(o.exit_code) + " when stopped";
+    others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(g.spec(i).rank) + " " + what);
+  }
+  if (!others.empty()) os << "  other workers of this node: " << others << "\n";
+  r.report = os.str();
+  return r;
+}
+
+struct Attempt {
+  const LaunchOptions& opts;
+  const LocalWorld& world;
+  const std::string& run_id;
+  const std::string& run_dir;
+  const std::vector<std::string>& gpu_ids;  // CUDA_VISIBLE_DEVICES entry per local rank (gpus only)
+  Rendezvous& rdzv;
+  SignalWatch& signals;
+  std::ostream& log;
+  std::string host;
+
+  std::vector<WorkerSpec> specs(const NodeAssignment& a) const {
+    std::vector<WorkerSpec> out;
+    fs::path attempt_dir = fs::path(run_dir) / ("attempt_" + std::to_string(a.round));
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (int lr = 0; lr < world.nproc; ++lr) {
+      WorkerSpec w;
+      w.local_rank = lr;
+      w.rank = a.rank_offset + lr;
+      fs::path dir = attempt_dir / ("rank_" + std::to_string(w.rank));
+      fs::create_directories(dir);
+      w.stdout_path = (dir / "stdout.log").string();
+      w.stderr_path = (dir / "stderr.log").string();
+      w.error_file = (dir / "error.json").string();
+      fs::remove(w.error_file);  // a file left by an earlier run in the same --log-dir is not this run's error
+      int red = opts.redirects.for_rank(lr), tee = opts.tee.for_rank(lr);
+      w.redirect_stdout = red & kStdout;
+      w.redirect_stderr = red & kStderr;
+      w.tee_stdout = tee & kStdout;
+      w.tee_stderr = tee & kStderr;
+      std::map<std::string, std::string> vars = {
+          {"RANK", std::to_string(w.rank)},
+          {"LOCAL_RANK", std::to_string(lr)},
+          {"WORLD_SIZE", std::to_string(a.world_size)},
+          {"LOCAL_WORLD_SIZE", std::to_string(world.nproc)},
+          {"GROUP_RANK", std::to_string(a.node_rank)},
+          {"GROUP_WORLD_SIZE", std::to_string(a.num_nodes)},
+          {"ROLE_NAME", "default"},
+          {"ROLE_RANK", std::to_string(w.rank)},
+          {"ROLE_WORLD_SIZE", std::to_string(a.world_size)},
+          {"MASTER_ADDR", rdzv.store_host()},
+          {"MASTER_PORT", std::to_string(rdzv.store_port())},
+          {"INGOT_USE_AGENT_STORE", "1"},
+          {"INGOT_RESTART_COUNT", std::to_string(a.round)},
+          {"INGOT_MAX_RESTARTS", std::to_string(opts.max_restarts)},
+          {"INGOT_RUN_ID", run_id},
+          {"INGOT_ERROR_FILE", w.error_file},
+      };
+      // N CPU workers on one node would each start one OpenMP thread per core; share the cores instead.
+      if (!omp) vars["OMP_NUM_THREADS"] = std::to_string(std::max(1, cpus / world.nproc));
+      if (world.gpus) vars["CUDA_VISIBLE_DEVICES"] = gpu_ids.at(lr);
+      w.env = worker_env(vars);
+      out.push_back(std::move(w));
+    }
+    return out;
+  }
+
+  AttemptResult run(const NodeAssignment& a) {
+    WorkerGroup g(opts.command, specs(a));
+    log << "ingot launch: attempt " << a.round << " of at most " << opts.max_restarts + 1 << ": node " << a.node_rank << " of " << a.num_nodes << ", ranks " << a.rank_offset << ".."
+        << a.rank_offset + world.nproc - 1 << " of world size " << a.world_size << std::endl;
+    g.start();
+    bool local_done = false;
+    const bool multi = a.num_nodes > 1;
+    while (true) {
+      g.poll(opts.monitor_interval_s, signals);
+      if (signals.stop_requests() > 0) {
+        AttemptResult r;
+        r.outcome = Outcome::kInterrupted;
+        r.signal = signals.first_stop_signal();
+        log << "ingot launch: received " << signal_name(r.signal) << ", stopping " << g.size() << " worker(s)"
+            << std::endl;
+        g.stop(r.signal, opts.stop_timeout_s, signals);
+        r.summary = "node " + std::to_string(a.node_rank) + " (host " + host + ") was interrupted by " +
+                    signal_name(r.signal);
+        return r;
+      }
+      if (g.any_failed()) {
+        size_t root = choose_root_cause(g);
+        g.stop(SIGTERM, opts.stop_timeout_s, signals);
+        AttemptResult r = describe_failure(g, root, a, host);
+        std::string first = multi ? rdzv.report_failure(a.round, r.summary) : r.summary;
+        log << "ingot launch: worker failed; stopped all workers of this node\n" << r.report;
+        if (first != r.summary) log << "  (another node reported a failure first: " << first << ")\n";
+        log.flush();
+        return r;
+      }
+      if (!local_done && g.all_exited()) {
+        local_done = true;
+        if (!multi) return {};
+        rdzv.report_done(a.round);
+      }
+      if (multi) {
+        std::optional<std::string> f = rdzv.failure(a.round);
+        if (!f) f = rdzv.final_failure();
+        if (f) {
+          g.stop(SIGTERM, opts.stop_timeout_s, signals);
+          log << "ingot launch: a worker on another node failed: " << *f << "; stopped all workers of this node"
+              << std::endl;
+          AttemptResult r;
+          r.outcome = Outcome::kFailed;
+          r.summary = *f;
+          return r;
+        }
+        if (local_done && rdzv.all_done(a)) return {};
+      }
+    }
+  }
+};
+
+std::vector<std::string> gpu_ids_for(int n) {
+  std::vector<std::string> ids;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) ids = split(v, ',');
+  for (int i = static_cast<int>(ids.size()); i < n; ++i) ids.push_back(std::to_string(i));
+  return ids;
+}
+
+}  // namespace
+
+int run_launcher(const LaunchOptions& opts, std::ostream& log) {
+  bool wants_gpus = opts.nproc_per_node == "gpu" || opts.nproc_per_node == "auto";
+  int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  LocalWorld world = resolve_nproc(opts.nproc_per_node, wants_gpus ? cuda_device_count() : 0, cpus);
+  try {
+    find_program(opts.command.at(0));
+  } catch (const Error& e) {
+    throw LaunchUsageError(e.what());
+  }
+  std::string run_id = !opts.rdzv_id.empty() ? opts.rdzv_id : opts.max_nodes > 1 ? "none" : make_run_id();
+
+  // Logs and error files live in --log-dir, else in a scratch directory that is removed unless it holds
+  // redirected output.
+  bool keep_dir = !opts.log_dir.empty() || opts.redirects.all || opts.tee.all || !opts.redirects.per_rank.empty() ||
+                  !opts.tee.per_rank.empty();
+  std::string run_dir = opts.log_dir;
+  if (run_dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/ingot_launch_" + run_id + "_XXXXXX";
+    INGOT_CHECK(mkdtemp(templ.data()) != nullptr, "ingot launch: cannot create a directory ", templ, ": ",
+                strerror(errno));
+    run_dir = templ;
+  }
+  fs::create_directories(run_dir);
+  struct DirCleanup {
+    std::string dir;
+    bool keep;
+    ~DirCleanup() {
+      std::error_code ec;
+      if (!keep) fs::remove_all(dir, ec);
+    }
+  } cleanup{run_dir, keep_dir};
+
+  SignalWatch signals;
+  int exit_code = kLaunchFailed;
+  std::optional<Rendezvous> rdzv;
+  int num_nodes = 1;
+  try {
+    rdzv.emplace(opts, run_id, world.nproc, signals);
+    log << "ingot launch: run " << run_id << ", " << world.nproc << (world.gpus ? " GPU" : "")
+        << " worker(s) on this node, store " << rdzv->store_host() << ":" << rdzv->store_port()
+        << (rdzv->hosting() ? " (hosted here)" : "") << ", logs " << run_dir << std::endl;
+    std::vector<std::string> gpu_ids = world.gpus ? gpu_ids_for(world.nproc) : std::vector<std::string>{};
+    Attempt attempt{opts, world, run_id, run_dir, gpu_ids, *rdzv, signals, log,
+                    opts.local_addr.empty() ? local_hostname() : opts.local_addr};
+    for (int round = 0;; ++round) {
+      NodeAssignment a = rdzv->join(round);
+      num_nodes = a.num_nodes;
+      AttemptResult r = attempt.run(a);
+      if (r.outcome == Outcome::kSucceeded) {
+        log << "ingot launch: all " << a.world_size << " worker(s) succeeded (attempt " << round << ")" << std::endl;
+        exit_code = kLaunchOk;
+        break;
+      }
+      if (r.outcome == Outcome::kInterrupted) {
+        if (num_nodes > 1) rdzv->report_final(r.summary);
+        exit_code = 128 + r.signal;
+        break;
+      }
+      if (std::optional<std::string> f = rdzv->final_failure()) {
+        log << "ingot launch: the job was ended by another node: " << *f << std::endl;
+        break;
+      }
+      if (round >= opts.max_restarts) {
+        std::string why = "worker group failed and no restarts are left (--max-restarts " +
+                          std::to_string(opts.max_restarts) + ", " + std::to_string(round + 1) +
+                          " attempt(s)); root cause: " + r.summary;
+        if (num_nodes > 1) rdzv->report_final(why);
+        log << "ingot launch: giving up: " << why << std::endl;
+        break;
+      }
+      log << "ingot launch: restarting the worker group (restart " << round + 1 << " of at most "
+          << opts.max_restarts << ")" << std::endl;
+    }
+  } catch (const Interrupted& i) {
+    log << "ingot launch: received " << signal_name(i.signal) << " while waiting for the other nodes" << std::endl;
+    exit_code = 128 + i.signal;
+  }
+  try {
+    if (rdzv) rdzv->leave(num_nodes, 30);
+  } catch (const Error&) {
+    // The job's outcome is already decided; a store that went away at the very end changes nothing.
+  }
+  if (keep_dir && opts.log_dir.empty()) log << "ingot launch: worker logs are in " << run_dir << std::endl;
+  return exit_code;
+}
+
+}  // namespace ingot::distributed::launch

@@ -1,0 +1,322 @@
+#include "distributed/launch/options.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+
+namespace ingot::distributed::launch {
+
+const char* const kLaunchHelp = R"(Usage: ingot launch [options] [--] COMMAND [ARGS ...]
+
+Starts COMMAND (e.g. `ingot run CONFIG ...`, or any program) as a group of worker processes, torchrun style:
+  ingot launch --nproc-per-node 4 -- ingot run configs/gpt2.yaml
+  ingot launch --nnodes 2 --rdzv-endpoint host0:29400 --rdzv-id job7 --nproc-per-node 8 -- ingot run CFG
+
+Workers (per node):
+  --nproc-per-node N|gpu|cpu|auto  workers on this node: N; one per GPU (gpu: error without one); one per CPU
+                                   core (cpu); GPUs if any, else CPU cores (auto). Default 1. With gpu/auto
+                                   and GPUs, worker i sees only its GPU (CUDA_VISIBLE_DEVICES).
+Nodes and rendezvous:
+  --nnodes N|MIN:MAX               number of nodes (default 1); MIN:MAX needs --rdzv-endpoint
+  --node-rank R                    this node's rank, 0..N-1, without --rdzv-endpoint (default 0)
+  --master-addr ADDR               address of node 0, without --rdzv-endpoint (default 127.0.0.1)
+  --master-port PORT               port of node 0's store (default 0 = a free port; required with --nnodes > 1)
+  --rdzv-endpoint HOST[:PORT]      store for multi-node rendezvous (port default 29400); the node on HOST
+                                   hosts it, others connect; ranks follow the order nodes join
+  --rdzv-id ID                     job id shared by all nodes (default "none"; also INGOT_RUN_ID)
+  --rdzv-conf K=V[,K=V]            join_timeout (s, default 600), last_call_timeout (s, default 30)
+  --standalone                     single node, store on a free local port (ignores master address/port)
+  --local-addr ADDR                address other nodes use to reach this node (default: hostname)
+Failures:
+  --max-restarts N                 restart the whole group up to N times after a worker fails (default 0)
+  --monitor-interval SECONDS       how often workers are checked (default 0.1)
+  --stop-timeout SECONDS           grace between SIGTERM and SIGKILL when stopping workers (default 30)
+Logs:
+  --log-dir DIR                    per attempt and rank: DIR/attempt_N/rank_R/{stdout,stderr}.log, error.json
+  --redirects 0|1|2|3|R:S,...      send worker stdout (1), stderr (2) or both (3) to the log files only; a map
+                                   like 0:3,1:2 sets it per local rank
+  --tee 0|1|2|3|R:S,...            send the streams to the log files and to the console, lines prefixed
+                                   with "[RANK]:"
+  -h, --help                       this help
+
+Each worker's environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (node rank),
+GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (the launcher's store; workers
+connect to it, INGOT_USE_AGENT_STORE=1, one key prefix per attempt), INGOT_RESTART_COUNT (0 on the first
+attempt), INGOT_MAX_RESTARTS, INGOT_RUN_ID, INGOT_ERROR_FILE (where `ingot run` writes a JSON description of
+an uncaught error).
+
+When a worker exits non-zero or is killed, every worker is stopped (SIGTERM, SIGKILL after --stop-timeout),
+the first failure is reported as the root cause (rank, exit code or signal, host, its last output lines and
+its error file) and the group restarts while restarts remain; a recipe resumes from its last checkpoint by
+reading INGOT_RESTART_COUNT. Ctrl-C or SIGTERM to the launcher stops the workers the same way.
+Exit status: 0 all workers succeeded, 1 a worker failed and no restarts remain (or rendezvous failed),
+2 bad command line, 130 interrupted (SIGINT), 143 terminated (SIGTERM).
+)";
+
+int StreamSpec::for_rank(int local_rank) const {
+  auto it = per_rank.find(local_rank);
+  return it == per_rank.end() ? all : it->second;
+}
+
+double LaunchOptions::join_timeout_s() const {
+  auto it = rdzv_conf.find("join_timeout");
+  return it == rdzv_conf.end() ? 600.0 : std::stod(it->second);
+}
+
+double LaunchOptions::last_call_timeout_s() const {
+  auto it = rdzv_conf.find("last_call_timeout");
+  return it == rdzv_conf.end() ? 30.0 : std::stod(it->second);
+}
+
+namespace {
+
+[[noreturn]] void usage(const std::string& msg) { throw LaunchUsageError(msg); }
+
+bool parse_int(const std::string& s, long long& out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+int int_flag(const std::string& flag, const std::string& v, long long lo, long long hi, const char* what) {
+  long long x = 0;
+  if (!parse_int(v, x) || x < lo || x > hi)
+    usage(flag + ": expected " + what + ", got '" + v + "'");
+  return static_cast<int>(x);
+}
+
+double seconds_flag(const std::string& flag, const std::string& v, bool allow_zero) {
+  double x = 0;
+  size_t used = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty() || !std::isfinite(x) || x < 0 || (!allow_zero && x == 0))
+    usage(flag + ": expected a number of seconds" + (allow_zero ? " >= 0" : " > 0") + ", got '" + v + "'");
+  return x;
+}
+
+StreamSpec parse_streams(const std::string& flag, const std::string& v) {
+  StreamSpec s;
+  auto stream_value = [&](const std::string& x) {
+    long long n = -1;
+    if (!parse_int(x, n) || n < 0 || n > 3)
+      usage(flag + ": expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both), or a per-rank map like 0:1,1:3; got '" +
+            v + "'");
+    return static_cast<int>(n);
+  };
+  if (v.find(':') == std::string::npos) {
+    s.all = stream_value(v);
+    return s;
+  }
+  size_t start = 0;
+  while (start <= v.size()) {
+    size_t comma = v.find(',', start);
+    std::string item = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    size_t colon = item.find(':');
+    long long rank = -1;
+    if (colon == std::string::npos || !parse_int(item.substr(0, colon), rank) || rank < 0)
+      usage(flag + ": expected LOCAL_RANK:STREAMS items separated by commas (e.g. 0:1,1:3), got '" + v + "'");
+    s.per_rank[static_cast<int>(rank)] = stream_value(item.substr(colon + 1));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return s;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+LocalWorld resolve_nproc(const std::string& spec, int num_gpus, int num_cpus) {
+  if (spec == "gpu") {
+    if (num_gpus <= 0)
+      usage("--nproc-per-node gpu: no CUDA device is visible (built without CUDA, or no GPU); use a number or cpu");
+    return {num_gpus, true};
+  }
+  if (spec == "cpu") return {std::max(num_cpus, 1), false};
+  if (spec == "auto") return num_gpus > 0 ? LocalWorld{num_gpus, true} : LocalWorld{std::max(num_cpus, 1), false};
+  return {int_flag("--nproc-per-node", spec, 1, 4096, "a positive number, gpu, cpu or auto"), false};
+}
+
+LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
+  LaunchOptions o;
+  std::string nnodes;
+  bool node_rank_given = false, master_given = false;
+
+  using Setter = std::function<void(const std::string& flag, const std::string& value)>;
+  const std::map<std::string, Setter> valued = {
+      {"--nproc-per-node",
+       [&](const std::string& f, const std::string& v) {
+         if (v != "gpu" && v != "cpu" && v != "auto") int_flag(f, v, 1, 4096, "a positive number, gpu, cpu or auto");
+         o.nproc_per_node = v;
+       }},
+      {"--nnodes", [&](const std::string&, const std::string& v) { nnodes = v; }},
+      {"--node-rank",
+       [&](const std::string& f, const std::string& v) {
+         o.node_rank = int_flag(f, v, 0, 1 << 20, "a node rank >= 0");
+         node_rank_given = true;
+       }},
+      {"--master-addr",
+       [&](const std::string& f, const std::string& v) {
+         if (v.empty()) usage(f + ": expected a host name or address, got ''");
+         o.master_addr = v;
+         master_given = true;
+       }},
+      {"--master-port",
+       [&](const std::string& f, const std::string& v) {
+         o.master_port = int_flag(f, v, 0, 65535, "a port 0..65535 (0 = pick a free one)");
+         master_given = true;
+       }},
+      {"--rdzv-endpoint", [&](const std::string&, const std::string& v) { o.rdzv_endpoint = v; }},
+      {"--rdzv-id",
+       [&](const std::string& f, const std::string& v) {
+         if (v.empty() || v.find_first_of("/ \t\n") != std::string::npos)
+           usage(f + ": expected a non-empty id without '/' or spaces, got '" + v + "'");
+         o.rdzv_id = v;
+       }},
+      {"--rdzv-conf",
+       [&](const std::string& f, const std::string& v) {
+         size_t start = 0;
+         while (start < v.size()) {
+           size_t comma = v.find(',', start);
+           std::string item = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+           size_t eq = item.find('=');
+           std::string key = item.substr(0, eq);
+           if (eq == std::string::npos || (key != "join_timeout" && key != "last_call_timeout"))
+             usage(f + ": expected join_timeout=SECONDS and/or last_call_timeout=SECONDS, got '" + item + "'");
+           seconds_flag(f + " " + key, item.substr(eq + 1), true);
+           o.rdzv_conf[key] = item.substr(eq + 1);
+           if (comma == std::string::npos) break;
+           start = comma + 1;
+         }
+       }},
+      {"--rdzv-backend",
+       [&](const std::string& f, const std::string& v) {
+         // Accepted for torchrun command lines: ingot's rendezvous is always its own TCP store.
+         if (v != "c10d" && v != "static")
+           usage(f + ": expected c10d or static (ingot rendezvous through its TCP store), got '" + v + "'");
+       }},
+      {"--max-restarts",
+       [&](const std::string& f, const std::string& v) { o.max_restarts = int_flag(f, v, 0, 1000000, "a count >= 0"); }},
+      {"--monitor-interval",
+       [&](const std::string& f, const std::string& v) { o.monitor_interval_s = seconds_flag(f, v, false); }},
+      {"--stop-timeout", [&](const std::string& f, const std::string& v) { o.stop_timeout_s = seconds_flag(f, v, true); }},
+      {"--log-dir",
+       [&](const std::string& f, const std::string& v) {
+         if (v.empty()) usage(f + ": expected a directory, got ''");
+         if (std::filesystem::exists(v) && !std::filesystem::is_directory(v))
+           usage(f + ": '" + v + "' exists and is not a directory");
+         o.log_dir = v;
+       }},
+      {"--redirects", [&](const std::string& f, const std::string& v) { o.redirects = parse_streams(f, v); }},
+      {"--tee", [&](const std::string& f, const std::string& v) { o.tee = parse_streams(f, v); }},
+      {"--local-addr",
+       [&](const std::string& f, const std::string& v) {
+         if (v.empty()) usage(f + ": expected a host name or address, got ''");
+         o.local_addr = v;
+       }},
+  };
+
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    std::string a = args[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') break;  // the command starts here (torchrun needs no `--`)
+    if (a == "-h" || a == "--help") {
+      o.help = true;
+      return o;
+    }
+    std::string flag = a, value;
+    bool has_value = false;
+    if (size_t eq = a.find('='); eq != std::string::npos) {
+      flag = a.substr(0, eq);
+      value = a.substr(eq + 1);
+      has_value = true;
+    }
+    std::replace(flag.begin() + 2, flag.end(), '_', '-');  // torchrun accepts --nproc_per_node too
+    if (flag == "--standalone") {
+      if (has_value) usage("--standalone takes no value");
+      o.standalone = true;
+      continue;
+    }
+    auto it = valued.find(flag);
+    if (it == valued.end()) {
+      std::string best;
+      size_t best_d = 4;
+      for (const auto& [name, _] : valued)
+        if (size_t d = edit_distance(flag, name); d < best_d) best_d = d, best = name;
+      if (edit_distance(flag, "--standalone") < best_d) best = "--standalone";
+      usage("unknown option '" + a + "'" + (best.empty() ? "" : " (did you mean " + best + "?)"));
+    }
+    if (!has_value) {
+      if (i + 1 >= args.size()) usage(flag + " needs a value");
+      value = args[++i];
+    }
+    it->second(flag, value);
+  }
+  o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  if (o.command.empty())
+    usage("missing the worker command (e.g. ingot launch --nproc-per-node 2 -- ingot run CONFIG)");
+
+  if (!nnodes.empty()) {
+    size_t colon = nnodes.find(':');
+    std::string lo = nnodes.substr(0, colon), hi = colon == std::string::npos ? lo : nnodes.substr(colon + 1);
+    long long a = 0, b = 0;
+    if (!parse_int(lo, a) || !parse_int(hi, b) || a < 1 || b < a || b > (1 << 20))
+      usage("--nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX, got '" + nnodes + "'");
+    o.min_nodes = static_cast<int>(a);
+    o.max_nodes = static_cast<int>(b);
+  }
+  if (!o.rdzv_endpoint.empty()) {
+    std::string host = o.rdzv_endpoint, port = "29400";
+    if (size_t colon = host.rfind(':'); colon != std::string::npos) {
+      port = host.substr(colon + 1);
+      host = host.substr(0, colon);
+    }
+    if (host.empty()) usage("--rdzv-endpoint: expected HOST[:PORT], got '" + o.rdzv_endpoint + "'");
+    int p = int_flag("--rdzv-endpoint port", port, 1, 65535, "a port 1..65535");
+    o.rdzv_endpoint = host + ":" + std::to_string(p);
+  }
+  if (o.standalone) {
+    if (!o.rdzv_endpoint.empty()) usage("--standalone starts its own store: drop --rdzv-endpoint");
+    if (o.max_nodes > 1) usage("--standalone is a single-node run: --nnodes must be 1, got " + nnodes);
+    if (node_rank_given && o.node_rank != 0) usage("--standalone is a single-node run: --node-rank must be 0");
+  }
+  if (o.rdzv_endpoint.empty()) {
+    if (o.min_nodes != o.max_nodes)
+      usage("--nnodes " + nnodes + ": a node range needs --rdzv-endpoint (nodes join a store there)");
+    if (o.node_rank >= o.max_nodes)
+      usage("--node-rank " + std::to_string(o.node_rank) + " is out of range for --nnodes " +
+            std::to_string(o.max_nodes) + " (expected 0.." + std::to_string(o.max_nodes - 1) + ")");
+    if (o.max_nodes > 1 && o.master_port == 0)
+      usage("--nnodes " + std::to_string(o.max_nodes) +
+            " needs --master-port (or --rdzv-endpoint): every node must know where node 0's store listens");
+  } else if (master_given) {
+    usage("--master-addr/--master-port and --rdzv-endpoint both say where the store is: give only one");
+  }
+  if (o.rdzv_id.empty() && !o.rdzv_endpoint.empty()) o.rdzv_id = "none";
+  return o;
+}
+
+}  // namespace ingot::distributed::launch
