@@ -4,7 +4,7 @@
 //
 //   TEST(Suite, Name) {
 //     if (ingot::testing::is_rank_process()) { ...the per-rank body, using EXPECT_*...; return; }
-//     ingot::testing::expect_ranks_pass(ingot::testing::spawn_ranks({.world = 4}));
+//     ingot::testing::expect_ranks_pass(ingot::testing::spawn_ranks(ingot::testing::world(4)));
 //   }
 #pragma once
 
@@ -47,7 +47,19 @@ struct SpawnOptions {
   std::map<std::string, std::string> env;
   std::chrono::milliseconds timeout{15000};
   bool mpirun = false;             // start through `mpirun -np world` instead (no RANK/MASTER_* exported)
+
+  // Chainable setters: spawn_ranks(world(3).rank0_hosts_store().within(30s)).
+  SpawnOptions& only(std::vector<int> r) { ranks = std::move(r); return *this; }
+  SpawnOptions& rank0_hosts_store() { agent_store = false; return *this; }
+  SpawnOptions& within(std::chrono::milliseconds t) { timeout = t; return *this; }
+  SpawnOptions& via_mpirun() { mpirun = true; return *this; }
 };
+
+inline SpawnOptions world(int n) {
+  SpawnOptions o;
+  o.world = n;
+  return o;
+}
 
 struct RankResult {
   int rank = 0;
@@ -183,9 +195,10 @@ inline void expect_ranks_pass(const std::vector<RankResult>& results) {
     EXPECT_FALSE(r.timed_out) << "rank " << r.rank << " did not finish in time; its output:\n" << r.output;
     EXPECT_EQ(r.exit_code, 0) << "rank " << r.rank << " failed; its output:\n" << r.output;
     // A filter that matched nothing would also exit 0: make sure the rank really ran this test.
-    if (r.exit_code == 0)
+    if (r.exit_code == 0) {
       EXPECT_NE(r.output.find("[  PASSED  ] 1 test."), std::string::npos)
-        << "rank " << r.rank << " did not run the test; its output:\n" << r.output;
+          << "rank " << r.rank << " did not run the test; its output:\n" << r.output;
+    }
   }
 }
 

@@ -121,7 +121,7 @@ TEST(Bootstrap, RankZeroHostsTheStoreWhenNoLauncherDoes) {
     ctx.store->barrier("end", ctx.info.world_size);
     return;
   }
-  expect_ranks_pass(spawn_ranks({.world = 2, .agent_store = false}));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).rank0_hosts_store()));
 }
 
 TEST(Bootstrap, ARankThatNeverStartsIsNamedAtCheckIn) {
@@ -136,7 +136,7 @@ TEST(Bootstrap, ARankThatNeverStartsIsNamedAtCheckIn) {
     EXPECT_NE(msg.find("300 ms"), std::string::npos) << msg;
     return;
   }
-  expect_ranks_pass(spawn_ranks({.world = 3, .ranks = {0, 1}}));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(3).only({0, 1})));
 }
 
 TEST(Bootstrap, AnMpirunStartTakesRanksFromMpi) {
@@ -159,7 +159,7 @@ TEST(Bootstrap, AnMpirunStartTakesRanksFromMpi) {
   }
   if (!mpi::available()) GTEST_SKIP() << "built without MPI (-DINGOT_MPI=OFF)";
   if (ingot::testing::find_in_path("mpirun").empty()) GTEST_SKIP() << "mpirun is not on PATH (install openmpi-bin)";
-  auto results = spawn_ranks({.world = 2, .timeout = 30000ms, .mpirun = true});
+  auto results = spawn_ranks(ingot::testing::world(2).within(30000ms).via_mpirun());
   ASSERT_EQ(results.size(), 1u);
   EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
   // Both ranks ran the test.

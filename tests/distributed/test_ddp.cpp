@@ -120,7 +120,7 @@ TEST(DistributedDataParallel, GradientsEqualTheSingleProcessGradientsOfTheFullBa
     expect_grads_close(m, ref, 1e-10, 1e-13);
     return;
   }
-  expect_ranks_pass(spawn_ranks({.world = 4}));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(4)));
 }
 
 TEST(DistributedDataParallel, AccumulationThatCommunicatesOnlyOnTheLastMicroStepEqualsALargerBatch) {
@@ -147,7 +147,7 @@ TEST(DistributedDataParallel, AccumulationThatCommunicatesOnlyOnTheLastMicroStep
     expect_grads_close(m, ref, 1e-10, 1e-13);
     return;
   }
-  expect_ranks_pass(spawn_ranks({.world = 2}));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2)));
 }
 
 TEST(DistributedDataParallel, ZeroOneTrainingMatchesPlainDdpWithAThirdOfTheOptimizerState) {
@@ -185,7 +185,7 @@ TEST(DistributedDataParallel, ZeroOneTrainingMatchesPlainDdpWithAThirdOfTheOptim
     }
     return;
   }
-  expect_ranks_pass(spawn_ranks({.world = 3}));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(3)));
 }
 
 TEST(DistributedDataParallel, LossesOfAShardedRunDoNotDependOnTheWorldSize) {
@@ -222,8 +222,8 @@ TEST(DistributedDataParallel, LossesOfAShardedRunDoNotDependOnTheWorldSize) {
     }
     return;
   }
-  expect_ranks_pass(spawn_ranks({.world = 2}));
-  expect_ranks_pass(spawn_ranks({.world = 4}));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2)));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(4)));
 }
 
 TEST(DistributedDataParallel, BucketsTakeParametersInReverseOrderUpToTheCapAndSplitOnDtype) {

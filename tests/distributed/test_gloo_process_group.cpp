@@ -80,7 +80,7 @@ TEST(GlooProcessGroup, AllReduceSumAvgMaxAgreeWithTheRankwiseFormulasOnFourRanks
     EXPECT_EQ(ints.item_at(2), -6);
     return;
   }
-  expect_ranks_pass(spawn_ranks({.world = 4}));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(4)));
 }
 
 TEST(GlooProcessGroup, ReduceScatterGivesEachRankItsChunkAndAllGatherRebuildsTheWhole) {
@@ -105,7 +105,7 @@ TEST(GlooProcessGroup, ReduceScatterGivesEachRankItsChunkAndAllGatherRebuildsThe
     }
     return;
   }
-  expect_ranks_pass(spawn_ranks({.world = 3}));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(3)));
 }
 
 TEST(GlooProcessGroup, BroadcastCopiesTheRootsTensorAndAsyncHandlesCompleteInIssueOrder) {
@@ -126,7 +126,7 @@ TEST(GlooProcessGroup, BroadcastCopiesTheRootsTensorAndAsyncHandlesCompleteInIss
     EXPECT_NEAR(y.item_at(1), value(0, 1) + value(1, 1) + value(2, 1), 1e-6);
     return;
   }
-  expect_ranks_pass(spawn_ranks({.world = 3, .agent_store = false}));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(3).rank0_hosts_store()));
 }
 
 TEST(GlooProcessGroup, BadInputsAreRejectedWithTheOpAndTheShapeNamed) {
@@ -185,7 +185,7 @@ TEST(GlooProcessGroup, ACollectiveTimeoutNamesTheOpTheSequenceNumberAndTheMissin
     ctx.store->set("others_done" + std::to_string(rank), "1");
     return;
   }
-  expect_ranks_pass(spawn_ranks({.world = 3}));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(3)));
 }
 
 TEST(GlooProcessGroup, APeerThatDiesMidRunIsReportedNotWaitedFor) {
@@ -202,7 +202,7 @@ TEST(GlooProcessGroup, APeerThatDiesMidRunIsReportedNotWaitedFor) {
     EXPECT_NE(msg.find("ranks that never joined it: [1]"), std::string::npos) << msg;
     return;
   }
-  auto results = spawn_ranks({.world = 2});
+  auto results = spawn_ranks(ingot::testing::world(2));
   ASSERT_EQ(results.size(), 2u);
   EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
   EXPECT_EQ(results[1].exit_code, 3) << results[1].output;

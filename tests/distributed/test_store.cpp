@@ -150,7 +150,9 @@ TEST(TcpStore, BarrierReleasesNobodyUntilEveryRankArrivesAndCanBeRepeated) {
       for (int round = 0; round < 3; ++round) {
         if (r == 2) std::this_thread::sleep_for(30ms);
         // Before the slow rank arrives in this round, nobody may have passed it.
-        if (r == 2) EXPECT_EQ(passed.load(), round * kWorld);
+        if (r == 2) {
+          EXPECT_EQ(passed.load(), round * kWorld);
+        }
         s.barrier("step", kWorld);
         passed++;
         s.barrier("after", kWorld);

@@ -1,0 +1,147 @@
+// NCCL process group on real GPUs (2 ranks, one GPU each): collective values, DDP on CUDA against a CPU
+// reference, and the watchdog turning a missing rank into a named error. Skips with the reason without GPUs.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "autograd/ops.h"
+#include "distributed/bootstrap.h"
+#include "distributed/ddp.h"
+#include "distributed/process_group.h"
+#include "distributed/spawn.h"
+#include "runtime/device.h"
+#include "runtime/rng.h"
+
+namespace ingot::distributed {
+namespace {
+
+using namespace std::chrono_literals;
+using ingot::testing::expect_ranks_pass;
+using ingot::testing::is_rank_process;
+using ingot::testing::spawn_ranks;
+
+#define INGOT_REQUIRE_TWO_GPUS()                                                                          \
+  do {                                                                                                    \
+    if (!nccl_available()) GTEST_SKIP() << "built without NCCL (CPU-only build); runs on the GPU machine"; \
+    if (cuda_device_count() < 2)                                                                          \
+      GTEST_SKIP() << "needs 2 CUDA devices, found " << cuda_device_count() << "; runs on nvidia-h200-x2"; \
+  } while (0)
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+InitOptions nccl_init(Millis timeout = 20000ms) {
+  InitOptions o;
+  o.backend = "nccl";
+  o.timeout = timeout;
+  o.store_timeout = 20000ms;
+  o.connect_timeout = 20000ms;
+  o.report_grace = 1000ms;
+  return o;
+}
+
+double value(int r, int64_t i) { return 1.0 + 0.5 * r + 0.25 * static_cast<double>(i % 7); }
+
+Tensor rank_tensor(int r, int64_t n, DType dt, Device dev) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = value(r, i);
+  return from_vector(v, {n}, dt, dev);
+}
+
+TEST(NcclProcessGroup, CollectivesOnTwoGpusAgreeWithTheRankwiseFormulas) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(nccl_init());
+    const int rank = ctx.info.rank;
+    ASSERT_EQ(ctx.group->backend(), "nccl");
+    Device dev(DeviceType::cuda, ctx.info.local_rank);
+    const int64_t n = 1 << 20;
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Tensor s = rank_tensor(rank, n, dt, dev), a = rank_tensor(rank, n, dt, dev), m = rank_tensor(rank, n, dt, dev);
+      ctx.group->all_reduce(s, ReduceOp::Sum);
+      ctx.group->all_reduce(a, ReduceOp::Avg);
+      ctx.group->all_reduce(m, ReduceOp::Max)->wait(10000ms);
+      Tensor hs = s.to(Device::cpu()), ha = a.to(Device::cpu()), hm = m.to(Device::cpu());
+      double tol = dt == DType::bf16 ? 1e-2 : 1e-6;
+      for (int64_t i = 0; i < n; i += 4099) {
+        double sum = value(0, i) + value(1, i);
+        EXPECT_NEAR(hs.item_at(i), sum, tol * sum) << i;
+        EXPECT_NEAR(ha.item_at(i), sum / 2, tol * sum) << i;
+        EXPECT_NEAR(hm.item_at(i), value(1, i), tol * sum) << i;
+      }
+    }
+    Tensor in = rank_tensor(rank, 8, DType::f32, dev), out = zeros({4}, DType::f32, dev);
+    ctx.group->reduce_scatter(out, in, ReduceOp::Sum)->wait();
+    Tensor all = zeros({8}, DType::f32, dev);
+    ctx.group->all_gather(all, out)->wait();
+    for (int64_t i = 0; i < 8; ++i) EXPECT_NEAR(all.to(Device::cpu()).item_at(i), value(0, i) + value(1, i), 1e-6);
+    Tensor b = rank_tensor(rank, 16, DType::f32, dev);
+    ctx.group->broadcast(b, 1)->wait();
+    EXPECT_EQ(b.to(Device::cpu()).item_at(5), value(1, 5));
+    ctx.group->barrier()->wait();
+    Tensor cpu = zeros({2});
+    EXPECT_NE(error_of([&] { ctx.group->all_reduce(cpu); }).find("takes CUDA tensors, got a tensor on cpu"),
+              std::string::npos);
+    return;
+  }
+  INGOT_REQUIRE_TWO_GPUS();
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(60000ms)));
+}
+
+TEST(NcclProcessGroup, DdpOnGpusGivesTheGradientsOfTheFullBatchOnTheCpu) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(nccl_init());
+    const int rank = ctx.info.rank;
+    Device dev(DeviceType::cuda, ctx.info.local_rank);
+    manual_seed(5);
+    Tensor w_cpu = randn({32, 8}), x = randn({6, 32}), y = randn({6, 8});
+    Tensor w_ref = w_cpu.detach();
+    w_ref.set_requires_grad(true);
+    Tensor w = (rank == 0 ? w_cpu : w_cpu * 3.0).to(dev).detach();  // rank 1 starts wrong: broadcast fixes it
+    w.set_requires_grad(true);
+    DistributedDataParallel ddp({w}, ctx.group);
+    auto idx = from_vector_i64({rank * 3, rank * 3 + 1, rank * 3 + 2}, {3});
+    mse_loss(matmul(index_select(x, 0, idx).to(dev), w), index_select(y, 0, idx).to(dev)).backward();
+    ddp.synchronize();
+    mse_loss(matmul(x, w_ref), y).backward();
+    EXPECT_LE(max_rel_error(w.grad().to(Device::cpu()), w_ref.grad(), 1e-4, 1e-6), 1.0);
+    return;
+  }
+  INGOT_REQUIRE_TWO_GPUS();
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(60000ms)));
+}
+
+TEST(NcclProcessGroup, TheWatchdogNamesTheOpSequenceAndMissingRankAndAbortsInsteadOfHanging) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(nccl_init(1500ms));
+    const int rank = ctx.info.rank;
+    Device dev(DeviceType::cuda, ctx.info.local_rank);
+    Tensor x = rank_tensor(rank, 1024, DType::f32, dev);
+    ctx.group->all_reduce(x)->wait();  // #0 with everybody
+    if (rank == 1) {
+      ctx.store->wait({"rank0_done"}, 30000ms);  // skips #1, stays alive until rank 0 has its error
+      return;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    std::string msg = error_of([&] { ctx.group->all_reduce(x)->wait(); });
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10000ms);
+    EXPECT_NE(msg.find("all_reduce #1 failed"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1500 ms timeout"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("ranks that never joined it: [1]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("ingot_collectives_world_rank0.json"), std::string::npos) << msg;
+    EXPECT_NE(error_of([&] { ctx.group->all_reduce(x); }).find("unusable"), std::string::npos);
+    ctx.store->set("rank0_done", "1");
+    return;
+  }
+  INGOT_REQUIRE_TWO_GPUS();
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(60000ms)));
+}
+
+}  // namespace
+}  // namespace ingot::distributed
