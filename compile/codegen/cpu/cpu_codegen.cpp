@@ -1,0 +1,233 @@
+// CPU code generation driver: in-process table, disk cache, batched parallel compiles (see cpu_codegen.h).
+#include "compile/codegen/cpu/cpu_codegen.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include "compile/cache/compile_cache.h"
+#include "compile/codegen/cpu/jit_cc.h"
+#include "compile/codegen/cpu/render_cpp.h"
+#include "compile/logs.h"
+#include "runtime/error.h"
+#include "runtime/file_util.h"
+
+namespace ingot::codegen::cpu {
+
+namespace {
+
+constexpr const char* kEntryKind = "cpu_kernel";
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::shared_ptr<void> open_library(const std::string& path) {
+  void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  INGOT_CHECK(h != nullptr, "[codegen] cannot load compiled kernels '", path, "': ", ::dlerror());
+  return std::shared_ptr<void>(h, [](void* p) { ::dlclose(p); });
+}
+
+KernelFn find_symbol(const std::shared_ptr<void>& lib, const std::string& symbol, const std::string& path) {
+  void* f = ::dlsym(lib.get(), symbol.c_str());
+  INGOT_CHECK(f != nullptr, "[codegen] compiled kernels '", path, "' lack the function '", symbol, "'");
+  return reinterpret_cast<KernelFn>(f);
+}
+
+// A scratch directory for one batch's sources and objects: inside the cache directory (same filesystem, so
+// publishing is a rename) or a temporary one when the disk cache is off.
+class WorkDir {
+ public:
+  explicit WorkDir(const std::string& cache_dir) {
+    if (cache_dir.empty()) {
+      tmp_.emplace("ingot-kernels-");
+      path_ = tmp_->path();
+      return;
+    }
+    const std::string parent = cache_dir + "/tmp";
+    std::filesystem::create_directories(parent);
+    std::string templ = parent + "/build-XXXXXX";
+    INGOT_CHECK(::mkdtemp(templ.data()) != nullptr, "[codegen] cannot create a build directory in '", parent,
+                "'");
+    path_ = templ;
+  }
+  ~WorkDir() {
+    if (!tmp_ && !keep_) {
+      std::error_code ec;  // best effort
+      std::filesystem::remove_all(path_, ec);
+    }
+  }
+  const std::string& path() const { return path_; }
+  void keep() { keep_ = true; }  // after a compiler failure: the sources stay for the error message
+
+ private:
+  std::optional<TempDir> tmp_;
+  std::string path_;
+  bool keep_ = false;
+};
+
+struct Pending {
+  std::string key;     // structural key
+  std::string symbol;  // exported function name
+  std::string source;  // rendered function
+  int unit = -1;
+};
+
+}  // namespace
+
+CpuCodegen::CpuCodegen(CpuCodegenOptions options) : options_(std::move(options)) {
+  if (options_.use_disk_cache && options_.cache_dir.empty()) options_.cache_dir = cache::CompileCache::default_dir();
+  if (options_.max_parallel <= 0) options_.max_parallel = std::max(1u, std::thread::hardware_concurrency());
+}
+
+CpuCodegen& CpuCodegen::shared() {
+  static CpuCodegen* instance = new CpuCodegen();  // never destroyed: kernels may run during static teardown
+  return *instance;
+}
+
+CodegenStats CpuCodegen::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return totals_;
+}
+
+CpuKernel CpuCodegen::compile(const KernelSpec& spec, CodegenStats* stats) {
+  return compile(std::vector<KernelSpec>{spec}, stats).front();
+}
+
+std::vector<CpuKernel> CpuCodegen::compile(const std::vector<KernelSpec>& specs, CodegenStats* stats) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CodegenStats st;
+  st.kernels_requested = static_cast<int64_t>(specs.size());
+  const Toolchain& tc = Toolchain::host();
+  std::optional<cache::CompileCache> disk;
+  if (options_.use_disk_cache) disk.emplace(options_.cache_dir);
+  auto disk_key = [&](const std::string& key) { return std::string(kEntryKind) + "\n" + tc.identity + "\n" + key; };
+
+  // 1. keys; what this process already has; what the disk cache has.
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> keys(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].validate();
+    keys[i] = specs[i].structural_key();
+  }
+  st.emit_s += seconds_since(t0);
+  std::vector<Pending> pending;
+  std::map<std::string, size_t> pending_index;
+  t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (table_.count(keys[i]) || pending_index.count(keys[i])) {
+      ++st.memory_hits;
+      continue;
+    }
+    if (disk) {
+      if (auto e = disk->get(disk_key(keys[i]), kEntryKind); e && e->files.size() == 1) {
+        const std::string path = disk->file_path(e->files[0]);
+        try {
+          auto lib = open_library(path);
+          table_[keys[i]] = CpuKernel{find_symbol(lib, e->payload, path), e->payload, lib};
+          ++st.disk_hits;
+          continue;
+        } catch (const Error& err) {  // an unloadable library is a miss like any other bad entry
+          std::fprintf(stderr, "ingot: warning: ignoring cached kernel library: %s; recompiling\n", err.what());
+        }
+      }
+    }
+    pending_index[keys[i]] = pending.size();
+    pending.push_back(Pending{keys[i], specs[i].symbol(), {}, -1});
+  }
+  st.load_s += seconds_since(t0);
+
+  if (!pending.empty()) {
+    // 2. render, balanced over at most max_parallel translation units (largest kernels first).
+    t0 = std::chrono::steady_clock::now();
+    std::vector<size_t> order;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      auto it = pending_index.find(keys[i]);
+      if (it == pending_index.end() || !pending[it->second].source.empty()) continue;
+      pending[it->second].source = render_kernel(specs[i], pending[it->second].symbol);
+      order.push_back(it->second);
+    }
+    const int units = std::min<int>(options_.max_parallel, static_cast<int>(pending.size()));
+    std::vector<std::string> unit_src(units, render_preamble());
+    std::vector<size_t> unit_size(units, 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return pending[a].source.size() > pending[b].source.size(); });
+    for (size_t p : order) {
+      const int u = static_cast<int>(std::min_element(unit_size.begin(), unit_size.end()) - unit_size.begin());
+      pending[p].unit = u;
+      unit_size[u] += pending[p].source.size();
+      unit_src[u] += "\n" + pending[p].source;
+    }
+    st.emit_s += seconds_since(t0);
+    if (::ingot::compiler::log_on(::ingot::compiler::LogKind::OutputCode))
+      for (const std::string& s : unit_src) ::ingot::compiler::log(::ingot::compiler::LogKind::OutputCode, s);
+
+    // 3. compile all units side by side.
+    WorkDir work(options_.use_disk_cache ? options_.cache_dir : std::string());
+    std::vector<CompileJob> jobs;
+    std::vector<std::string> so_names;
+    for (int u = 0; u < units; ++u) {
+      const std::string base = work.path() + "/unit" + std::to_string(u);
+      write_file_atomic(base + ".cpp", [&](std::FILE* f) { write_bytes(f, unit_src[u].data(), unit_src[u].size()); });
+      jobs.push_back(CompileJob{base + ".cpp", base + ".so", base + ".log"});
+      // Named by content: equal names mean equal libraries, whoever (which process) wrote them.
+      so_names.push_back("kernels-" + cache::hex64(cache::hash_bytes(unit_src[u] + tc.identity)) + ".so");
+    }
+    t0 = std::chrono::steady_clock::now();
+    try {
+      run_compilers(tc, jobs, options_.max_parallel);
+    } catch (...) {
+      work.keep();
+      throw;
+    }
+    st.compiler_s += seconds_since(t0);
+    st.compiler_processes += units;
+    st.compiled += static_cast<int64_t>(pending.size());
+
+    // 4. publish to the cache, load, and record one entry per kernel.
+    t0 = std::chrono::steady_clock::now();
+    std::vector<std::shared_ptr<void>> libs(units);
+    std::vector<std::string> lib_paths(units);
+    bool cache_ok = disk.has_value();
+    for (int u = 0; u < units; ++u) {
+      lib_paths[u] = jobs[u].output;
+      if (cache_ok) {
+        try {
+          lib_paths[u] = disk->put_file(so_names[u], read_file(jobs[u].output));
+        } catch (const Error& e) {  // a full or read-only cache costs the warm start, not the run
+          std::fprintf(stderr, "ingot: warning: cannot store compiled kernels in the cache '%s': %s\n",
+                       options_.cache_dir.c_str(), e.what());
+          cache_ok = false;
+          lib_paths[u] = jobs[u].output;
+        }
+      }
+      libs[u] = open_library(lib_paths[u]);
+    }
+    for (const Pending& p : pending) {
+      table_[p.key] = CpuKernel{find_symbol(libs[p.unit], p.symbol, lib_paths[p.unit]), p.symbol, libs[p.unit]};
+      if (!cache_ok) continue;
+      try {
+        disk->put(disk_key(p.key), cache::CacheEntry{kEntryKind, p.symbol, {so_names[p.unit]}});
+      } catch (const Error& e) {
+        std::fprintf(stderr, "ingot: warning: cannot write a compile cache entry: %s\n", e.what());
+        cache_ok = false;
+      }
+    }
+    st.load_s += seconds_since(t0);
+  }
+
+  std::vector<CpuKernel> out;
+  out.reserve(specs.size());
+  for (const std::string& k : keys) out.push_back(table_.at(k));
+  totals_ += st;
+  if (stats) *stats += st;
+  return out;
+}
+
+}  // namespace ingot::codegen::cpu

@@ -1,0 +1,30 @@
+// Renders KernelSpecs to C++ source for the system compiler (see compile/codegen/kernel_spec.h for the
+// semantics and the calling convention). The generated code depends on nothing but the C++ standard library
+// and OpenMP, so a .so built from it can be loaded by any ingot process.
+//
+// Shape of the generated code:
+//   Pointwise     adjacent dims that are contiguous in every buffer are merged first; the outer dims run as
+//                 one OpenMP loop, the innermost dim is an `omp simd` loop.
+//   RowReduction  one OpenMP loop over rows; per row, one `omp simd reduction` loop per reduction phase (a
+//                 phase holds the reductions whose inputs are ready: softmax has two, max then sum), then one
+//                 epilogue loop for the element outputs; row outputs are stored once per row.
+//   MultiTensor   one OpenMP parallel region; each tensor of the list is a work-shared `omp for simd` loop
+//                 (nowait: tensors are independent).
+// Work below kParallelThreshold elements stays on the calling thread (no fork/join cost for tiny kernels).
+#pragma once
+
+#include <string>
+
+#include "compile/codegen/kernel_spec.h"
+
+namespace ingot::codegen::cpu {
+
+inline constexpr int64_t kParallelThreshold = 1 << 15;
+
+// The helpers every translation unit starts with (dtype conversions, vector math declarations).
+std::string render_preamble();
+
+// One kernel as an extern "C" function named `symbol`. `spec` is canonicalized and validated here.
+std::string render_kernel(const KernelSpec& spec, const std::string& symbol);
+
+}  // namespace ingot::codegen::cpu
