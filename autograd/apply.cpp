@@ -6,7 +6,9 @@
 namespace ingot {
 namespace {
 thread_local bool t_grad_enabled = true;
+thread_local TraceObserver* t_trace_observer = nullptr;
 std::atomic<uint64_t> g_seq{0};
+std::atomic<OpProfilerHook*> g_profiler_hook{nullptr};
 
 std::string attrs_text(const Primitive& p) {
   std::ostringstream os;
@@ -16,7 +18,11 @@ std::string attrs_text(const Primitive& p) {
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
+TraceObserver* trace_observer() { return t_trace_observer; }
+void set_trace_observer(TraceObserver* obs) { t_trace_observer = obs; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
+OpProfilerHook* op_profiler_hook() { return g_profiler_hook.load(std::memory_order_acquire); }
+void set_op_profiler_hook(OpProfilerHook* hook) { g_profiler_hook.store(hook, std::memory_order_release); }
 
 std::vector<Tensor> Primitive::vjp(const VjpContext&, const std::vector<Tensor>&) const {
   INGOT_FAIL(name(), ": backward is not implemented for this op");
@@ -47,11 +53,15 @@ std::vector<Tensor> apply(std::shared_ptr<Primitive> p, const std::vector<Tensor
       INGOT_CHECK(inputs[i].device() == inputs[0].device(), p->name(), ": input ", i, " is on ",
                   inputs[i].device().str(), " but input 0 is on ", inputs[0].device().str());
   }
+  OpProfilerHook* prof = g_profiler_hook.load(std::memory_order_acquire);
+  if (prof) prof->begin_op(*p);
   std::vector<Tensor> outs = p->eval(inputs);
+  if (prof) prof->end_op(*p, inputs, outs);
 
   bool needs = false;
   if (grad_enabled() && p->differentiable())
     for (const Tensor& t : inputs) needs = needs || t.requires_grad();
+  if (t_trace_observer) t_trace_observer->on_apply(p, inputs, outs, loc);
   if (!needs) return outs;
 
   auto node = std::make_shared<Node>();

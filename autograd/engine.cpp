@@ -25,15 +25,19 @@ void accumulate_leaf(const std::shared_ptr<TensorImpl>& leaf, Tensor g) {
     Tensor r = hook(g);
     if (r.defined()) g = r;
   }
-  if (g.dtype() != leaf->dtype) g = g.to(leaf->dtype);
-  if (g.shape() != leaf->shape) g = sum_to_shape(g, leaf->shape);
-  if (!leaf->grad) {
-    // Own the buffer: the incoming gradient may alias another tensor's storage.
-    leaf->grad = (g.is_contiguous() ? g : g.contiguous_raw()).clone_raw().impl_ptr();
+  if (TraceObserver* obs = trace_observer()) {
+    obs->on_accumulate_grad(leaf, g);  // traced: recorded as ops (compile/trace.cpp)
   } else {
-    Tensor acc(leaf->grad);
-    INGOT_KERNEL_CALL(acc.device(), binary, kernels::BinaryOp::Add, acc, acc, g);
-    acc.bump_version();
+    if (g.dtype() != leaf->dtype) g = g.to(leaf->dtype);
+    if (g.shape() != leaf->shape) g = sum_to_shape(g, leaf->shape);
+    if (!leaf->grad) {
+      // Own the buffer: the incoming gradient may alias another tensor's storage.
+      leaf->grad = (g.is_contiguous() ? g : g.contiguous_raw()).clone_raw().impl_ptr();
+    } else {
+      Tensor acc(leaf->grad);
+      INGOT_KERNEL_CALL(acc.device(), binary, kernels::BinaryOp::Add, acc, acc, g);
+      acc.bump_version();
+    }
   }
   Tensor param(leaf);
   for (auto& hook : leaf->post_accumulate_hooks) hook(param);

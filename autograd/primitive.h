@@ -6,6 +6,7 @@
 // Users never see primitives: free functions in autograd/ops.h build them and call apply().
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <source_location>
@@ -65,6 +66,38 @@ inline Tensor apply1(std::shared_ptr<Primitive> p, const std::vector<Tensor>& in
                      std::source_location loc = std::source_location::current()) {
   return apply(std::move(p), inputs, loc)[0];
 }
+
+// Tracing seam (compile/trace.cpp implements it). While an observer is installed on this thread, apply()
+// reports every application after evaluating it, and the code that changes persistent tensors outside of
+// primitives (gradient accumulation in the engine, the optimizers' in-place updates) reports that too, so a
+// whole training step can be recorded as one graph. Null (the default) costs one branch per op.
+class TraceObserver {
+ public:
+  virtual ~TraceObserver() = default;
+  virtual void on_apply(const std::shared_ptr<Primitive>& p, const std::vector<Tensor>& inputs,
+                        const std::vector<Tensor>& outputs, const std::source_location& loc) = 0;
+  // Replaces the engine's accumulation of gradient `g` into `leaf`'s .grad; the observer must set .grad.
+  virtual void on_accumulate_grad(const std::shared_ptr<TensorImpl>& leaf, const Tensor& g) = 0;
+  // `dst` (a parameter, optimizer state) was overwritten in place with `src`'s value (already copied).
+  virtual void on_assign(const Tensor& dst, const Tensor& src) = 0;
+  // `t` holds host-computed values that a replay must recompute with `produce` before every run (learning
+  // rate, step count); `produce` may advance host counters (it stands in for the host code that made t).
+  virtual void on_host_input(const Tensor& t, std::function<Tensor()> produce) = 0;
+};
+TraceObserver* trace_observer();
+void set_trace_observer(TraceObserver* obs);  // thread-local; pass nullptr to stop
+
+// Profiling seam (recipes/profile.cpp implements it): while a hook is installed, apply() calls begin_op()
+// before and end_op() after each eager evaluation, so per-op wall time can be measured. Process-wide;
+// null (the default) costs one atomic load per op.
+class OpProfilerHook {
+ public:
+  virtual ~OpProfilerHook() = default;
+  virtual void begin_op(const Primitive& p) = 0;
+  virtual void end_op(const Primitive& p, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) = 0;
+};
+OpProfilerHook* op_profiler_hook();
+void set_op_profiler_hook(OpProfilerHook* hook);  // pass nullptr to stop
 
 // Allocates outputs on the inputs' device from an infer() result.
 std::vector<Tensor> alloc_outputs(const std::vector<TensorMeta>& metas);

@@ -1,5 +1,7 @@
 #include <map>
 
+#include "autograd/primitive.h"
+#include "optim/fused_update.h"
 #include "optim/optimizer.h"
 #include "runtime/kernels/kernels.h"
 
@@ -13,6 +15,7 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opts) : Optimizer(std::mov
 }
 
 void AdamW::step() {
+  if (trace_observer()) return traced_step();
   const double scale = begin_step();
   // Parameters grouped by their own step count (all equal unless some missed a step): one launch per group.
   std::map<int64_t, std::vector<size_t>> groups;
@@ -43,6 +46,55 @@ void AdamW::step() {
       m[k].bump_version();
       v[k].bump_version();
     }
+  }
+}
+
+// The same grouping and host bookkeeping as step(), packaged as `advance` so that a replay of the traced graph
+// repeats it (step counters, one-shot grad scale) and reads the current lr: see optim/fused_update.h.
+void AdamW::traced_step() {
+  TraceObserver* obs = trace_observer();
+  std::map<int64_t, std::vector<size_t>> by_step;
+  for (size_t i : params_with_grad()) {
+    if (!has_state(i, "step")) state_[i]["step"] = from_vector_i64({0}, {});
+    by_step[*state_[i]["step"].data<int64_t>() + 1].push_back(i);
+  }
+  std::vector<std::vector<size_t>> groups;
+  for (auto& [t, idx] : by_step) groups.push_back(idx);
+  auto advance = [this, groups]() {
+    const double scale = begin_step();
+    Tensor hyper = empty({static_cast<int64_t>(groups.size()), 3}, DType::f64);
+    double* h = hyper.data<double>();
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      int64_t t = 0;
+      for (size_t i : groups[gi]) t = ++*state_[i]["step"].data<int64_t>();
+      h[gi * 3] = lr_;
+      h[gi * 3 + 1] = static_cast<double>(t);
+      h[gi * 3 + 2] = scale;
+    }
+    return hyper;
+  };
+  Tensor hyper = advance();
+  obs->on_host_input(hyper, advance);
+  kernels::AdamWArgs fixed;
+  fixed.beta1 = opts_.beta1;
+  fixed.beta2 = opts_.beta2;
+  fixed.eps = opts_.eps;
+  fixed.weight_decay = opts_.weight_decay;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const size_t n = groups[gi].size();
+    std::vector<Tensor> in{hyper}, dst;
+    for (size_t i : groups[gi]) in.push_back(params_[i]);
+    for (size_t i : groups[gi]) in.push_back(params_[i].grad());
+    for (size_t i : groups[gi]) in.push_back(state(i, "exp_avg"));
+    for (size_t i : groups[gi]) in.push_back(state(i, "exp_avg_sq"));
+    std::vector<Tensor> out = ingot::apply(make_adamw_update(n, static_cast<int64_t>(gi), fixed), in);
+    for (size_t k = 0; k < n; ++k)
+      for (size_t s : {size_t{0}, size_t{2}, size_t{3}}) {
+        Tensor d = in[1 + s * n + k];
+        const Tensor& v = out[(s == 0 ? 0 : s - 1) * n + k];
+        d.copy_(v);
+        obs->on_assign(d, v);
+      }
   }
 }
 

@@ -63,6 +63,7 @@ class AdamW : public Optimizer {
   AdamWOptions& options() { return opts_; }
 
  private:
+  void traced_step();  // under a trace: records optim/fused_update.h primitives
   AdamWOptions opts_;
 };
 
@@ -79,6 +80,7 @@ class SGD : public Optimizer {
   const SGDOptions& options() const { return opts_; }
 
  private:
+  void traced_step();  // under a trace: records optim/fused_update.h primitives
   SGDOptions opts_;
 };
 

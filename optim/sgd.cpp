@@ -1,3 +1,5 @@
+#include "autograd/primitive.h"
+#include "optim/fused_update.h"
 #include "optim/optimizer.h"
 #include "runtime/kernels/kernels.h"
 
@@ -12,6 +14,7 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions opts) : Optimizer(std::move(para
 }
 
 void SGD::step() {
+  if (trace_observer()) return traced_step();
   const double scale = begin_step();
   const bool use_momentum = opts_.momentum != 0.0;
   // A parameter's momentum buffer starts as its first gradient, so new buffers form their own launch.
@@ -37,6 +40,47 @@ void SGD::step() {
     for (size_t k = 0; k < p.size(); ++k) {
       p[k].bump_version();
       if (buf[k].defined()) buf[k].bump_version();
+    }
+  }
+}
+
+// As step(), with the host bookkeeping (grad scale, whether a momentum buffer is new) re-done by `advance`
+// before every replay of the traced graph: see optim/fused_update.h.
+void SGD::traced_step() {
+  TraceObserver* obs = trace_observer();
+  const bool use_momentum = opts_.momentum != 0.0;
+  std::vector<std::vector<size_t>> groups(2);
+  for (size_t i : params_with_grad()) groups[use_momentum && !has_state(i, "momentum_buffer")].push_back(i);
+  std::erase_if(groups, [](const std::vector<size_t>& g) { return g.empty(); });
+  auto advance = [this, groups, use_momentum]() {
+    const double scale = begin_step();
+    Tensor hyper = empty({static_cast<int64_t>(groups.size()), 3}, DType::f64);
+    double* h = hyper.data<double>();
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      h[gi * 3] = lr_;
+      h[gi * 3 + 1] = scale;
+      h[gi * 3 + 2] = use_momentum && !has_state(groups[gi][0], "momentum_buffer") ? 1.0 : 0.0;
+    }
+    return hyper;
+  };
+  Tensor hyper = advance();
+  obs->on_host_input(hyper, advance);
+  kernels::SgdArgs fixed;
+  fixed.momentum = opts_.momentum;
+  fixed.dampening = opts_.dampening;
+  fixed.weight_decay = opts_.weight_decay;
+  fixed.nesterov = opts_.nesterov;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const size_t n = groups[gi].size();
+    std::vector<Tensor> in{hyper};
+    for (size_t i : groups[gi]) in.push_back(params_[i]);
+    for (size_t i : groups[gi]) in.push_back(params_[i].grad());
+    for (size_t i : groups[gi]) in.push_back(use_momentum ? state(i, "momentum_buffer") : Tensor());
+    std::vector<Tensor> out = ingot::apply(make_sgd_update(n, static_cast<int64_t>(gi), fixed), in);
+    for (size_t k = 0; k < out.size(); ++k) {
+      Tensor d = in[1 + (k < n ? k : n + k)];
+      d.copy_(out[k]);
+      obs->on_assign(d, out[k]);
     }
   }
 }

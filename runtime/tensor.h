@@ -9,6 +9,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -77,8 +78,9 @@ class Tensor {
   // Reads element i (row-major logical index) as double; CPU only; for tests and small host logic.
   double item_at(int64_t i) const;
   // The single value of a one-element tensor, copied to the host if needed.
-  double item() const;
-  std::vector<double> to_vector() const;  // all elements in logical order, as double (any device)
+  double item(std::source_location loc = std::source_location::current()) const;
+  // All elements in logical order, as double (any device).
+  std::vector<double> to_vector(std::source_location loc = std::source_location::current()) const;
 
   // autograd
   bool requires_grad() const { return defined() && impl_->requires_grad; }
@@ -122,6 +124,12 @@ class Tensor {
   }
   std::shared_ptr<TensorImpl> impl_;
 };
+
+// Host-read seam for the compiler's tracer (compile/trace.cpp): when set (thread-local), item() and
+// to_vector() call it first with the caller's source line, so a read of a traced value becomes a graph break
+// that names the user's line. Null by default.
+using HostReadHook = void (*)(const Tensor& t, const std::source_location& loc);
+void set_host_read_hook(HostReadHook hook);
 
 // Factories. Random numbers come from the Philox generator of runtime/rng.h (same values on CPU and CUDA).
 Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());

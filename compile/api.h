@@ -1,0 +1,108 @@
+// ingot::compiler: compiles a whole training step.
+//
+//   auto step = ingot::compiler([&](const std::vector<Tensor>& batch) {
+//     Tensor loss = model.loss(batch[0], batch[1]);
+//     loss.backward();
+//     opt.step();
+//     opt.zero_grad();
+//     return std::vector<Tensor>{loss};
+//   });
+//   for (...) { opt.set_lr(schedule.at(i)); Tensor loss = step({ids, targets})[0]; }
+//
+// The first call traces the function (compile/trace.h: that call runs eagerly and its results are returned)
+// into ONE graph holding forward, backward, the optimizer update and the gradient bookkeeping; passes
+// (compile/pipeline.h) optimize it and later calls run the compiled executable. Parameters and optimizer state
+// are read by handle and updated in place; the learning rate and step count are re-read on every call, so an
+// LR schedule never recompiles. The callable must not outlive the model and optimizer it closes over.
+//
+// Guards: each compiled entry is keyed by the signature of the args (dtype, device, shape with dynamic dims
+// symbolic, requires_grad), of the captured tensors and by the options. A mismatch recompiles (counted, with
+// the reason); past recompile_limit the function runs eagerly with one warning naming the changing input, or
+// throws under error_on_recompile. Dynamic dims: dynamic=true makes every arg dim dynamic, dynamic=auto makes
+// a dim dynamic after it changed once (one recompile), mark_dynamic(t, dim, min, max) before the call marks
+// one. Note [Dynamic dims re-specialize]: shape attributes of view ops (reshape to {B*T, C}) are concrete in
+// the graph, so a new size of a dynamic dim re-traces the function (one eager step) without counting as a
+// recompile and without generating code again: fused kernels take sizes as run-time arguments and are
+// shared by structural hash.
+//
+// Graph breaks (item() on a traced value, data-dependent branches, ops with no lowering): with fullgraph
+// they throw naming the user's source line and reason; otherwise the function keeps running eagerly and the
+// breaks are reported (explain(), INGOT_LOGS=graph_breaks).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace ingot {
+
+enum class CompileMode { Default, ReduceOverhead, MaxAutotune };  // CPU: all three behave as Default
+enum class DynamicMode { Auto, True, False };
+enum class CompileBackend { Eager, Cpu, Cuda, Auto };  // Eager: trace and run node by node, no codegen
+enum class Stance { Default, ForceEager, EagerOnRecompile, FailOnRecompile, EagerThenCompile };
+
+struct CompileOptions {
+  CompileMode mode = CompileMode::Default;
+  bool fullgraph = false;
+  DynamicMode dynamic = DynamicMode::Auto;
+  int recompile_limit = 8;
+  bool error_on_recompile = false;
+  bool regional = false;  // repeated blocks share kernels by structural hash in every mode
+  CompileBackend backend = CompileBackend::Auto;
+  std::string cache_dir;       // empty: $INGOT_CACHE_DIR or ~/.cache/ingot
+  double memory_budget = 1.0;  // fraction of saved activations kept; the rest is recomputed in backward
+  bool disable = false;        // run eagerly, never trace
+  Stance stance = Stance::Default;
+  std::string name = "step";   // for logs and explain
+  uint64_t hash() const;       // the options part of a cache key
+};
+
+// Marks dim `dim` of `t` dynamic for the next call that receives `t` (optionally bounded, inclusive).
+void mark_dynamic(const Tensor& t, int64_t dim, std::optional<int64_t> min = std::nullopt,
+                  std::optional<int64_t> max = std::nullopt);
+
+// Compile time by phase, in milliseconds.
+struct PhaseTimes {
+  double trace_ms = 0, passes_ms = 0, lower_ms = 0, codegen_ms = 0, total_ms = 0;
+};
+
+struct CompileStats {
+  int64_t calls = 0, compiled_calls = 0, eager_calls = 0;
+  int64_t compiles = 0;         // traces that produced an entry (first compile included)
+  int64_t recompiles = 0;       // guard failures that compiled again (first compile excluded)
+  int64_t specializations = 0;  // new sizes of dynamic dims (Note [Dynamic dims re-specialize])
+  std::vector<std::string> recompile_reasons;
+  std::vector<std::string> graph_breaks;  // "file:line: reason"
+  int64_t ops_before = 0, ops_after = 0, fused_groups = 0;
+  int64_t kernels = 0;            // fused groups running as one generated kernel in the last graph
+  int64_t launches = 0;           // executor steps of the last graph: kernels plus ops run one by one
+  int64_t kernels_generated = 0;  // compiled by the C++ compiler (all compiles of this function)
+  int64_t kernels_reused = 0;     // found already compiled (this process, or the disk cache)
+  int64_t kernels_disk_hits = 0;
+  int64_t planned_peak_bytes = 0, unplanned_peak_bytes = 0;  // memory plan of the last compiled graph
+  PhaseTimes time;
+  std::string last_graph;  // printed graph after passes
+};
+
+class CompiledFunction {
+ public:
+  using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+  std::vector<Tensor> operator()(const std::vector<Tensor>& args);
+  void set_stance(Stance s);  // takes effect on the next call, no re-wrapping
+  const CompileStats& stats() const;
+  const CompileOptions& options() const;
+  struct State;
+
+ private:
+  friend CompiledFunction compile(Fn fn, CompileOptions opts);
+  std::shared_ptr<State> state_;
+};
+
+CompiledFunction compile(CompiledFunction::Fn fn, CompileOptions opts = {});
+
+}  // namespace ingot

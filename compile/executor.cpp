@@ -1,0 +1,118 @@
+#include "compile/executor.h"
+
+#include <set>
+
+namespace ingot::compiler {
+
+std::vector<ExecStep> plan_steps(const Graph& g,
+                                 const std::map<int32_t, std::function<void(std::vector<Tensor>&)>>& group_kernels) {
+  std::vector<ExecStep> steps;
+  std::vector<int32_t> last(g.values.size(), -1);
+  for (size_t n = 0; n < g.nodes.size(); ++n)
+    for (int32_t v : g.nodes[n].inputs)
+      if (v >= 0) last[static_cast<size_t>(v)] = static_cast<int32_t>(n);
+  // Values no node reads are dead right after they are made (unless they are roots).
+  for (size_t n = 0; n < g.nodes.size(); ++n)
+    for (int32_t v : g.nodes[n].outputs)
+      if (last[static_cast<size_t>(v)] < 0) last[static_cast<size_t>(v)] = static_cast<int32_t>(n);
+  std::vector<bool> root(g.values.size(), false);
+  for (int32_t o : g.outputs) root[static_cast<size_t>(o)] = true;
+  for (const WriteBack& w : g.writebacks) root[static_cast<size_t>(w.value)] = true;
+  for (const GradOut& go : g.grad_outs)
+    if (go.value >= 0) root[static_cast<size_t>(go.value)] = true;
+  std::vector<int32_t> step_of(g.nodes.size());
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const int32_t G = g.nodes[n].group;
+    auto k = G >= 0 ? group_kernels.find(G) : group_kernels.end();
+    if (k != group_kernels.end() && !steps.empty() && steps.back().group == G) {
+      step_of[n] = static_cast<int32_t>(steps.size() - 1);
+      continue;
+    }
+    ExecStep s;
+    s.node = static_cast<int32_t>(n);
+    if (k != group_kernels.end()) {
+      s.group = G;
+      s.kernel = k->second;
+    }
+    step_of[n] = static_cast<int32_t>(steps.size());
+    steps.push_back(std::move(s));
+  }
+  for (size_t v = 0; v < g.values.size(); ++v)
+    if (last[v] >= 0 && !root[v])
+      steps[static_cast<size_t>(step_of[static_cast<size_t>(last[v])])].release.push_back(static_cast<int32_t>(v));
+  return steps;
+}
+
+namespace {
+bool shares_storage(const Tensor& a, const std::set<const Storage*>& s) { return s.count(a.storage().get()) != 0; }
+}  // namespace
+
+std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args) {
+  const Graph& g = exe.graph;
+  std::vector<Tensor> env(g.values.size());
+  std::set<const Storage*> captured;
+  for (const GraphInput& in : g.inputs) {
+    Tensor t;
+    switch (in.role) {
+      case InputRole::Arg: t = args.at(static_cast<size_t>(in.arg)); break;
+      case InputRole::Captured:
+        t = in.grad_of ? Tensor(in.grad_of->grad) : in.tensor;
+        INGOT_CHECK(t.defined(), "[compile] captured tensor '", in.name, "' is undefined at run time (a .grad that ",
+                    "existed when the function was traced is gone; call zero_grad() consistently)");
+        captured.insert(t.storage().get());
+        break;
+      case InputRole::Constant: t = in.tensor; break;
+      case InputRole::Host: t = in.produce(); break;
+    }
+    env[static_cast<size_t>(in.value)] = t.detach();
+  }
+  for (const ExecStep& s : exe.steps) {
+    if (s.kernel) {
+      s.kernel(env);
+    } else {
+      const Node& n = g.nodes[static_cast<size_t>(s.node)];
+      std::vector<Tensor> ins;
+      ins.reserve(n.inputs.size());
+      for (int32_t v : n.inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
+      std::vector<Tensor> outs = n.prim->eval(ins);
+      for (size_t k = 0; k < outs.size(); ++k) env[static_cast<size_t>(n.outputs[k])] = std::move(outs[k]);
+    }
+    for (int32_t v : s.release) env[static_cast<size_t>(v)] = Tensor();
+  }
+  // Results must not alias what the write-backs overwrite or each other's .grad buffers.
+  auto owned = [&](int32_t v) {
+    Tensor t = env[static_cast<size_t>(v)];
+    return shares_storage(t, captured) ? t.clone_raw() : t;
+  };
+  std::vector<Tensor> outs;
+  for (int32_t o : g.outputs) outs.push_back(owned(o));
+  std::vector<Tensor> wb;
+  for (const WriteBack& w : g.writebacks) {
+    const Tensor& src = env[static_cast<size_t>(w.value)];
+    const Tensor& dst = g.inputs[static_cast<size_t>(w.input)].tensor;
+    wb.push_back(src.storage() == dst.storage() ? src : owned(w.value));
+  }
+  std::set<const Storage*> given;
+  for (const GradOut& go : g.grad_outs) {
+    if (go.value < 0) {
+      go.param->grad.reset();
+      continue;
+    }
+    Tensor t = owned(go.value);
+    if (!t.is_contiguous() || t.offset() != 0 || !given.insert(t.storage().get()).second) t = t.clone_raw();
+    go.param->grad = t.impl_ptr();
+  }
+  for (size_t i = 0; i < g.writebacks.size(); ++i) {
+    Tensor dst = g.inputs[static_cast<size_t>(g.writebacks[i].input)].tensor;
+    const Tensor& src = env[static_cast<size_t>(g.writebacks[i].value)];
+    // Already in place (Note [In-place optimizer update], compile/kernel_step.cpp).
+    if (src.storage() == dst.storage() && src.offset() == dst.offset() && src.strides() == dst.strides()) {
+      dst.bump_version();
+      continue;
+    }
+    dst.copy_(wb[i]);
+  }
+  return outs;
+}
+
+}  // namespace ingot::compiler

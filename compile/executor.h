@@ -1,0 +1,37 @@
+// Runs a Graph. Values live in an environment indexed by value id; each is released after its last use
+// (liveness from the schedule), so peak memory follows the graph, not the trace. Fused groups with a
+// compiled kernel (compile/lower_kernel.h) run as one call; every other node runs its primitive's eager
+// eval() (matmuls, attention, norms: the extern ops). After the run, write-backs copy values into the
+// captured tensors' buffers and grad outputs become the parameters' .grad.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "compile/ir/graph.h"
+
+namespace ingot::compiler {
+
+// One step of the executable: a node, or a fused group run by `kernel` (which reads and writes env).
+struct ExecStep {
+  int32_t node = -1;
+  int32_t group = -1;
+  std::function<void(std::vector<Tensor>& env)> kernel;
+  std::vector<int32_t> release;  // values dead after this step
+};
+
+struct Executable {
+  Graph graph;
+  std::vector<ExecStep> steps;
+  size_t kernels = 0;  // compiled fused kernels used by the steps
+};
+
+// Steps with liveness: one per node, except that a fusion group with an entry in `group_kernels` runs as one
+// step (its members must be contiguous: compile/passes/schedule.cpp).
+std::vector<ExecStep> plan_steps(
+    const Graph& g, const std::map<int32_t, std::function<void(std::vector<Tensor>&)>>& group_kernels = {});
+// Runs the executable on the caller's args (already checked against the graph's signature).
+std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args);
+
+}  // namespace ingot::compiler

@@ -1,0 +1,100 @@
+#include "compile/kernel_step.h"
+
+#include <cmath>
+
+namespace ingot::compiler {
+namespace {
+
+struct OutMeta {
+  int32_t value;
+  Shape shape;
+  DType dtype;
+  Device device;
+};
+
+// Note [In-place optimizer update]: the update may write into a parameter's (or state's) own buffer when
+// the graph reads that input nowhere after the update and writes the matching output back into it: the
+// write-back then finds the value already in place (compile/executor.cpp skips the copy).
+bool in_place_ok(const Graph& g, int32_t node_index, int32_t in_value, int32_t out_value) {
+  const Value& in = g.values[static_cast<size_t>(in_value)];
+  if (in.producer >= 0) return false;
+  for (size_t i = static_cast<size_t>(node_index) + 1; i < g.nodes.size(); ++i)
+    for (int32_t v : g.nodes[i].inputs)
+      if (v == in_value) return false;
+  for (int32_t o : g.outputs)
+    if (o == in_value) return false;
+  for (const WriteBack& w : g.writebacks)
+    if (w.input == in.input_index) return w.value == out_value;
+  return false;
+}
+
+}  // namespace
+
+KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, codegen::cpu::CpuKernel kernel) {
+  if (lg.spec.kind == codegen::KernelKind::MultiTensor) {
+    const size_t n = lg.tensors;
+    int32_t node_index = g.values[static_cast<size_t>(lg.outputs[0])].producer;
+    // inputs: hyper, p[n], g[n], m[n], v[n]; outputs: p'[n], m'[n], v'[n]
+    std::vector<bool> inplace(3 * n);
+    for (size_t s = 0; s < 3; ++s)
+      for (size_t t = 0; t < n; ++t) {
+        const size_t in_slot = s == 0 ? 0 : s + 1;  // p, m, v
+        inplace[s * n + t] = in_place_ok(g, node_index, lg.inputs[1 + in_slot * n + t], lg.outputs[s * n + t]);
+      }
+    const LoweredGroup meta = lg;  // ids and hyper-parameters only are read below
+    return [meta, kernel, inplace, n](std::vector<Tensor>& env) {
+      const Tensor& hyper = env[static_cast<size_t>(meta.hyper_value)];
+      const double* h = hyper.data<double>() + meta.hyper_row * 3;
+      const double lr = h[0], step = h[1], scale = h[2];
+      const double scalars[5] = {lr, 1.0 - lr * meta.weight_decay, scale, 1.0 - std::pow(meta.beta1, step),
+                                 1.0 - std::pow(meta.beta2, step)};
+      std::vector<int64_t> syms{static_cast<int64_t>(n)};
+      std::vector<void*> bufs;
+      std::vector<Tensor> outs(3 * n);
+      for (size_t t = 0; t < n; ++t) {
+        Tensor in[4];
+        for (size_t s = 0; s < 4; ++s) {
+          in[s] = env[static_cast<size_t>(meta.inputs[1 + s * n + t])];
+          if (!in[s].is_contiguous()) in[s] = in[s].contiguous_raw();
+        }
+        syms.push_back(in[0].numel());
+        const size_t state_slot[3] = {0, 2, 3};
+        for (size_t s = 0; s < 3; ++s) {
+          const Tensor& src = in[state_slot[s]];
+          outs[s * n + t] = inplace[s * n + t] ? src : src.clone_raw();
+        }
+        for (size_t s = 0; s < 4; ++s) bufs.push_back(in[s].data_ptr());
+        for (size_t s = 0; s < 3; ++s) bufs.push_back(outs[s * n + t].data_ptr());
+      }
+      kernel(bufs.data(), syms.data(), scalars);
+      for (size_t k = 0; k < 3 * n; ++k) env[static_cast<size_t>(meta.outputs[k])] = outs[k];
+    };
+  }
+  std::vector<OutMeta> outs;
+  for (int32_t v : lg.outputs) {
+    const Value& val = g.values[static_cast<size_t>(v)];
+    outs.push_back(OutMeta{v, trace_shape(val.shape), val.dtype, val.device});
+  }
+  const std::vector<int32_t> inputs = lg.inputs;
+  return [inputs, outs, kernel](std::vector<Tensor>& env) {
+    std::vector<void*> bufs;
+    std::vector<Tensor> keep;
+    keep.reserve(inputs.size());
+    for (int32_t v : inputs) {
+      Tensor t = env[static_cast<size_t>(v)];
+      if (!t.is_contiguous()) t = t.contiguous_raw();
+      keep.push_back(t);
+      bufs.push_back(t.data_ptr());
+    }
+    for (const OutMeta& o : outs) {
+      Tensor t = empty(o.shape, o.dtype, o.device);
+      bufs.push_back(t.data_ptr());
+      env[static_cast<size_t>(o.value)] = t;
+    }
+    const int64_t no_syms = 0;
+    const double no_scalars = 0;
+    kernel(bufs.data(), &no_syms, &no_scalars);
+  };
+}
+
+}  // namespace ingot::compiler

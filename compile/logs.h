@@ -1,0 +1,18 @@
+// INGOT_LOGS=graph,passes,recompiles,graph_breaks,guards,output_code,schedule,perf (comma list, or "all"):
+// what the compiler prints to stderr, each line prefixed "[ingot:<kind>]". Read once per process;
+// set_logs() overrides it (tests, `ingot explain`).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace ingot::compiler {
+
+enum class LogKind { Graph, Passes, Recompiles, GraphBreaks, Guards, OutputCode, Schedule, Perf, Progress };
+
+bool log_on(LogKind k);
+void log(LogKind k, std::string_view text);  // multi-line text gets the prefix on every line
+// Replaces the enabled set with a comma list; throws naming an unknown kind and listing the valid ones.
+void set_logs(std::string_view spec);
+
+}  // namespace ingot::compiler

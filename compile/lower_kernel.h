@@ -1,0 +1,39 @@
+// Lowering fused groups (compile/passes/fuse.cpp) to the codegen's KernelSpec (compile/codegen/kernel_spec.h),
+// and the run-time glue that calls the compiled kernel from the executor.
+//
+// What lowers (the lowering table lives in lower_kernel.cpp, keyed by primitive name):
+//   Pointwise groups     every pointwise primitive of autograd/ops/pointwise.cpp (unary math, scalar ops,
+//                        binary arithmetic and comparisons, the activation-gradient ops, where, cast, clone).
+//   RowReduction groups  softmax / log_softmax over the last dim with their pointwise prologue and epilogue.
+//   MultiTensor groups   AdamW's fused update (optim/fused_update.h) over every parameter in one kernel; its
+//                        learning rate, step-derived bias corrections and grad scale are run-time scalars.
+// A group that contains anything else is not lowered: its nodes run one by one through the eager kernels.
+// Buffers are dense row-major at run time (the glue makes strided inputs contiguous); broadcast inputs get
+// stride 0. Kernel dims are the traced sizes (a new size of a dynamic dim re-traces; the kernel cache is keyed
+// by structure, so repeated shapes never compile twice).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "compile/codegen/kernel_spec.h"
+#include "compile/ir/graph.h"
+
+namespace ingot::compiler {
+
+struct LoweredGroup {
+  codegen::KernelSpec spec;
+  std::vector<int32_t> inputs;   // graph value per input buffer (spec input order; MultiTensor: per slot & tensor)
+  std::vector<int32_t> outputs;  // graph value per output buffer
+  // MultiTensor (AdamW): the hyper input value and row the scalars come from, the fixed arguments, and the
+  // number of tensors; buffer slots are p, g, m, v (inputs) then p', m', v' (outputs aliasing p, m, v).
+  int32_t hyper_value = -1;
+  int64_t hyper_row = 0;
+  double beta1 = 0, beta2 = 0, weight_decay = 0;
+  size_t tensors = 0;
+};
+
+// The KernelSpec for group `fg`, or nullopt with the reason in `why` (an op with no kernel lowering).
+std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, std::string* why = nullptr);
+
+}  // namespace ingot::compiler

@@ -1,0 +1,36 @@
+#include "compile/lowering.h"
+
+#include <sstream>
+
+namespace ingot::compiler {
+
+std::optional<std::string> no_lowering_reason(const Primitive& p) {
+  // Dropout records its Philox (seed, offset) as attributes (autograd/ops/random.cpp); replaying the graph
+  // would reuse one mask for every step instead of drawing a fresh one.
+  if (p.name() == "dropout")
+    return std::string("op 'dropout' has no lowering: its random offset is fixed when traced, a replay would "
+                       "repeat the same mask");
+  return std::nullopt;
+}
+
+bool is_multi_tensor_update(const Primitive& p) { return p.name() == "adamw_update" || p.name() == "sgd_update"; }
+
+}  // namespace ingot::compiler
+
+namespace ingot::compiler {
+
+std::optional<size_t> identity_input(const Primitive& p, const std::vector<TensorMeta>& in,
+                                     const std::vector<TensorMeta>& out) {
+  if (in.empty() || out.size() != 1 || in[0].dtype != out[0].dtype || in[0].shape != out[0].shape) return std::nullopt;
+  std::ostringstream attrs;
+  p.print_attrs(attrs);
+  const std::string a = attrs.str();
+  const std::string_view n = p.name();
+  if (n == "clone" || n == "contiguous") return 0;
+  if ((n == "mul_scalar" || n == "pow_scalar") && a == "alpha=1") return 0;
+  if (n == "add_scalar" && (a == "alpha=0" || a == "alpha=-0")) return 0;
+  if (n == "reshape" || n == "expand") return 0;  // same shape in and out: no-op
+  return std::nullopt;
+}
+
+}  // namespace ingot::compiler

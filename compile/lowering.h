@@ -1,0 +1,25 @@
+// The lowering table: the one place in compile/ that knows ops by name. Which primitives cannot be
+// replayed from a graph (graph break), and how pointwise / row-reduction / multi-tensor primitives map to
+// kernel expressions (compile/lower_kernel.cpp).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "autograd/primitive.h"
+
+namespace ingot::compiler {
+
+// Why `p` cannot run from a compiled graph (the trace then breaks there), or nullopt when it can.
+std::optional<std::string> no_lowering_reason(const Primitive& p);
+// The optimizer's fused multi-tensor update (optim/fused_update.h): fused horizontally, never split.
+bool is_multi_tensor_update(const Primitive& p);
+
+}  // namespace ingot::compiler
+
+namespace ingot::compiler {
+// When `p` returns input k unchanged (clone, mul_scalar by 1, add_scalar 0, pow_scalar 1, a reshape to the
+// input's own shape): k, else nullopt. `in`/`out` are the node's metadata (same dtype and shape required).
+std::optional<size_t> identity_input(const Primitive& p, const std::vector<TensorMeta>& in,
+                                     const std::vector<TensorMeta>& out);
+}  // namespace ingot::compiler

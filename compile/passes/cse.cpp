@@ -1,0 +1,42 @@
+// Common-subexpression elimination. Invariant afterwards: no two nodes apply equivalent primitives
+// (Primitive::equivalent: same op and attributes) to the same input values; the later one's outputs are
+// replaced by the earlier one's. Sound because nodes are pure; ops with hidden state are not equivalent
+// (dropout's seed/offset are attributes). Test: tests/compile/test_passes.cpp (Cse.*).
+#include <map>
+#include <sstream>
+
+#include "compile/passes/passes.h"
+
+namespace ingot::compiler::passes {
+
+bool cse(Graph& g) {
+  std::map<std::string, std::vector<int32_t>> seen;  // name|inputs -> earlier nodes
+  std::vector<bool> drop(g.nodes.size(), false);
+  bool changed = false;
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    Node& node = g.nodes[n];
+    std::ostringstream key;
+    key << node.prim->name() << "|";
+    node.prim->print_attrs(key);
+    for (int32_t i : node.inputs) key << "|" << i;
+    auto& cands = seen[key.str()];
+    bool merged = false;
+    for (int32_t m : cands) {
+      const Node& other = g.nodes[static_cast<size_t>(m)];
+      if (!other.prim->equivalent(*node.prim) || other.outputs.size() != node.outputs.size()) continue;
+      for (size_t k = 0; k < node.outputs.size(); ++k) g.replace_uses(node.outputs[k], other.outputs[k]);
+      drop[n] = merged = changed = true;
+      break;
+    }
+    if (!merged) cands.push_back(static_cast<int32_t>(n));
+  }
+  if (!changed) return false;
+  std::vector<Node> kept;
+  for (size_t n = 0; n < g.nodes.size(); ++n)
+    if (!drop[n]) kept.push_back(std::move(g.nodes[n]));
+  g.nodes = std::move(kept);
+  g.renumber_nodes();
+  return true;
+}
+
+}  // namespace ingot::compiler::passes

@@ -1,0 +1,185 @@
+// Fusion grouping. Invariant afterwards: every node is in at most one FusionGroup, and each group is one of
+//   Pointwise     a DAG of Pointwise nodes whose outputs all have one shape (inputs may broadcast);
+//   RowReduction  one Reduction node (softmax, norms, cross-entropy, sums) with the pointwise nodes of its
+//                 input's shape that feed it (prologue) and the pointwise nodes that consume it (epilogue);
+//   MultiTensor   every multi-tensor optimizer update of the graph (horizontal fusion over all parameters).
+// Contracting a group never creates a cycle between groups (a node joins a group only when none of its other
+// inputs depends on the group), so groups can be scheduled contiguously (schedule.cpp). Groups list their
+// inputs (values read from outside) and outputs (values read outside or roots). View and Opaque nodes stay
+// alone: views are free aliases, opaque ops (matmul, attention) call the eager kernels.
+// Test: tests/compile/test_passes.cpp (Fuse.*).
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "compile/lowering.h"
+#include "compile/passes/passes.h"
+
+namespace ingot::compiler::passes {
+namespace {
+
+struct Grouping {
+  Graph& g;
+  std::vector<int32_t> group_of;  // per node
+  std::vector<int32_t> first;     // per group: smallest member node
+  std::vector<Shape> shape;       // per group: the iteration shape
+  std::vector<bool> has_reduction;
+  std::vector<GroupKind> kind;
+
+  explicit Grouping(Graph& graph) : g(graph), group_of(graph.nodes.size(), -1) {}
+
+  int32_t producer_node(int32_t v) const { return v < 0 ? -1 : g.values[static_cast<size_t>(v)].producer; }
+
+  // True when node `from` (outside group G) transitively reads an output of a member of G.
+  bool depends_on(int32_t from, int32_t G) const {
+    std::vector<int32_t> stack{from};
+    std::set<int32_t> seen{from};
+    while (!stack.empty()) {
+      const int32_t n = stack.back();
+      stack.pop_back();
+      if (n < first[static_cast<size_t>(G)]) continue;  // older than the group: cannot depend on it
+      if (group_of[static_cast<size_t>(n)] == G) return true;
+      for (int32_t v : g.nodes[static_cast<size_t>(n)].inputs) {
+        const int32_t p = producer_node(v);
+        if (p >= 0 && seen.insert(p).second) stack.push_back(p);
+      }
+    }
+    return false;
+  }
+
+  bool can_join(int32_t n, int32_t G) const {
+    for (int32_t v : g.nodes[static_cast<size_t>(n)].inputs) {
+      const int32_t p = producer_node(v);
+      if (p < 0 || group_of[static_cast<size_t>(p)] == G) continue;
+      if (depends_on(p, G)) return false;
+    }
+    return true;
+  }
+
+  int32_t new_group(int32_t n, GroupKind k, Shape s) {
+    const int32_t G = static_cast<int32_t>(first.size());
+    first.push_back(n);
+    shape.push_back(std::move(s));
+    has_reduction.push_back(k == GroupKind::RowReduction);
+    kind.push_back(k);
+    group_of[static_cast<size_t>(n)] = G;
+    return G;
+  }
+};
+
+Shape out_shape(const Graph& g, const Node& n) {
+  return n.outputs.empty() ? Shape{} : trace_shape(g.values[static_cast<size_t>(n.outputs[0])].shape);
+}
+
+bool same_output_shapes(const Graph& g, const Node& n, const Shape& s) {
+  for (int32_t o : n.outputs)
+    if (trace_shape(g.values[static_cast<size_t>(o)].shape) != s) return false;
+  return true;
+}
+
+std::string group_name(const Graph& g, const FusionGroup& fg) {
+  std::ostringstream os;
+  os << "k" << fg.id;
+  size_t shown = 0;
+  for (int32_t n : fg.nodes) {
+    if (shown++ == 4) {
+      os << "_etc";
+      break;
+    }
+    std::string name(g.nodes[static_cast<size_t>(n)].prim->name());
+    os << "_" << name;
+  }
+  return os.str();
+}
+
+}  // namespace
+
+bool fuse(Graph& g) {
+  g.groups.clear();
+  for (Node& n : g.nodes) n.group = -1;
+  Grouping gr(g);
+  int32_t multi = -1;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const int32_t n = static_cast<int32_t>(i);
+    const Node& node = g.nodes[i];
+    if (is_multi_tensor_update(*node.prim)) {
+      if (multi < 0) multi = gr.new_group(n, GroupKind::MultiTensor, {});
+      else if (gr.can_join(n, multi)) gr.group_of[i] = multi;
+      continue;
+    }
+    const FusionKind fk = node.prim->fusion_kind();
+    if (fk != FusionKind::Pointwise && fk != FusionKind::Reduction) continue;
+    // Candidate groups: those of this node's producers, first producer first.
+    int32_t joined = -1;
+    for (int32_t v : node.inputs) {
+      const int32_t p = gr.producer_node(v);
+      if (p < 0) continue;
+      const int32_t G = gr.group_of[static_cast<size_t>(p)];
+      if (G < 0 || gr.kind[static_cast<size_t>(G)] == GroupKind::MultiTensor) continue;
+      const Shape& gs = gr.shape[static_cast<size_t>(G)];
+      bool fits = false;
+      if (fk == FusionKind::Pointwise) {
+        // A pointwise node joins a group of its own output shape (chain) or, as an epilogue, a reduction
+        // group whose row shape it has.
+        fits = same_output_shapes(g, node, gs);
+      } else if (!gr.has_reduction[static_cast<size_t>(G)]) {
+        // A reduction takes a pointwise group producing its input as its prologue.
+        const Value& in0 = g.values[static_cast<size_t>(node.inputs[0])];
+        fits = in0.producer >= 0 && gr.group_of[static_cast<size_t>(in0.producer)] == G &&
+               trace_shape(in0.shape) == gs;
+      }
+      if (!fits || !gr.can_join(n, G)) continue;
+      gr.group_of[i] = G;
+      if (fk == FusionKind::Reduction) {
+        gr.has_reduction[static_cast<size_t>(G)] = true;
+        gr.kind[static_cast<size_t>(G)] = GroupKind::RowReduction;
+      }
+      joined = G;
+      break;
+    }
+    if (joined >= 0) continue;
+    if (fk == FusionKind::Reduction) {
+      const Value& in0 = g.values[static_cast<size_t>(node.inputs[0])];
+      gr.new_group(n, GroupKind::RowReduction, trace_shape(in0.shape));
+    } else {
+      gr.new_group(n, GroupKind::Pointwise, out_shape(g, node));
+    }
+  }
+  // Materialize the groups with their boundary values.
+  const size_t ngroups = gr.first.size();
+  g.groups.resize(ngroups);
+  for (size_t G = 0; G < ngroups; ++G) {
+    g.groups[G].id = static_cast<int32_t>(G);
+    g.groups[G].kind = gr.kind[G];
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const int32_t G = gr.group_of[i];
+    g.nodes[i].group = G;
+    if (G >= 0) g.groups[static_cast<size_t>(G)].nodes.push_back(static_cast<int32_t>(i));
+  }
+  std::vector<std::set<int32_t>> readers(g.values.size());  // groups (or -1 - node) reading each value
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (int32_t v : g.nodes[i].inputs)
+      if (v >= 0) readers[static_cast<size_t>(v)].insert(gr.group_of[i] >= 0 ? gr.group_of[i] : -1 - static_cast<int32_t>(i));
+  for (FusionGroup& fg : g.groups) {
+    std::set<int32_t> ins, outs;
+    for (int32_t n : fg.nodes) {
+      for (int32_t v : g.nodes[static_cast<size_t>(n)].inputs) {
+        if (v < 0) continue;
+        const int32_t p = g.values[static_cast<size_t>(v)].producer;
+        if (p < 0 || gr.group_of[static_cast<size_t>(p)] != fg.id) ins.insert(v);
+      }
+      for (int32_t v : g.nodes[static_cast<size_t>(n)].outputs) {
+        bool outside = g.is_root(v);
+        for (int32_t r : readers[static_cast<size_t>(v)]) outside = outside || r != fg.id;
+        if (outside) outs.insert(v);
+      }
+    }
+    fg.inputs.assign(ins.begin(), ins.end());
+    fg.outputs.assign(outs.begin(), outs.end());
+    fg.name = group_name(g, fg);
+  }
+  return ngroups > 0;
+}
+
+}  // namespace ingot::compiler::passes

@@ -1,0 +1,45 @@
+// The graph passes, one per file. Each is `bool <name>(Graph&, ...)`, returns whether it changed the graph,
+// and states what holds afterwards. compile/pipeline.cpp runs them in order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "compile/ir/graph.h"
+
+namespace ingot::compiler::passes {
+
+// dce.cpp: every remaining node has an output that reaches a root (output, write-back, grad out).
+bool dce(Graph& g);
+// cse.cpp: no two nodes apply equivalent primitives to the same inputs.
+bool cse(Graph& g);
+// simplify.cpp: no node returns one of its inputs unchanged (identity ops are bypassed), and no node whose
+// inputs are all Constant inputs and whose outputs are small remains (it is evaluated now: constant folding).
+bool simplify(Graph& g, int64_t fold_limit_elems = 1 << 16);
+// functionalize.cpp: write-backs whose value already is the target's input value are dropped, and no root
+// aliases another root's buffer through a view of a captured tensor (such values are materialized with a
+// copy node before the write-backs run).
+bool functionalize(Graph& g);
+// remat.cpp: with budget < 1, forward values saved for backward whose producer is cheap (pointwise/view)
+// are recomputed in backward instead of kept, until the bytes kept across the forward/backward boundary
+// are at most budget x the original. Returns the bytes no longer kept in `saved_bytes` if given.
+bool remat(Graph& g, double budget, int64_t* saved_bytes = nullptr);
+// fuse.cpp: every node is in at most one FusionGroup; a group is (a) a chain/DAG of pointwise nodes with one
+// output shape, (b) a row reduction with its pointwise prologue and epilogue, or (c) all multi-tensor
+// optimizer updates (horizontal fusion); groups never create a cycle between groups.
+bool fuse(Graph& g);
+// schedule.cpp: nodes are in a topological order that runs each node as late as its first consumer allows
+// for forward values and as early as possible for frees (reduces live ranges); fusion groups are contiguous.
+bool schedule(Graph& g);
+
+// memory_plan.cpp: offsets in one arena for every intermediate value, reusing a block once its value is
+// dead; no two values live at the same time overlap.
+struct MemoryPlan {
+  std::vector<int64_t> offset;  // per value; -1 = not planned (inputs, views)
+  std::vector<int64_t> bytes;   // per value
+  int64_t arena_bytes = 0;      // planned peak (the arena size)
+  int64_t unplanned_peak = 0;   // peak of live intermediate bytes with a fresh allocation per value
+};
+MemoryPlan memory_plan(const Graph& g);
+
+}  // namespace ingot::compiler::passes

@@ -1,0 +1,99 @@
+// Rematerialization under a memory budget (greedy on cheap ops). A value is "saved" when a forward node makes
+// it and a backward node reads it: it stays alive from the forward to the backward. With budget < 1, saved
+// values computed by a short chain (depth <= 4) of Pointwise nodes from graph inputs or other saved values
+// are recomputed right before their first backward reader, largest first, until the saved bytes are at most
+// budget x the original. Invariant afterwards: backward nodes read the recomputed copies of the chosen
+// values; the forward originals serve forward readers only (dce drops them when there are none), so no
+// chosen value is alive across the forward/backward boundary. Test: tests/compile/test_passes.cpp (Remat.*).
+#include <algorithm>
+#include <functional>
+#include <map>
+
+#include "compile/passes/passes.h"
+
+namespace ingot::compiler::passes {
+
+bool remat(Graph& g, double budget, int64_t* saved_bytes) {
+  constexpr int kMaxDepth = 4;
+  if (saved_bytes) *saved_bytes = 0;
+  if (budget >= 1.0) return false;
+  const size_t nv = g.values.size();
+  std::vector<int32_t> first_bwd(nv, -1);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].forward) continue;
+    for (int32_t v : g.nodes[i].inputs)
+      if (v >= 0 && first_bwd[static_cast<size_t>(v)] < 0) first_bwd[static_cast<size_t>(v)] = static_cast<int32_t>(i);
+  }
+  auto bytes = [&](int32_t v) {
+    const Value& x = g.values[static_cast<size_t>(v)];
+    return numel(trace_shape(x.shape)) * static_cast<int64_t>(itemsize(x.dtype));
+  };
+  auto node_of = [&](int32_t v) -> const Node* {
+    const int32_t p = g.values[static_cast<size_t>(v)].producer;
+    return p < 0 ? nullptr : &g.nodes[static_cast<size_t>(p)];
+  };
+  std::vector<bool> saved(nv, false), chosen(nv, false);
+  int64_t total = 0;
+  for (size_t v = 0; v < nv; ++v) {
+    const Node* p = node_of(static_cast<int32_t>(v));
+    if (!p || first_bwd[v] < 0 || !p->forward) continue;
+    saved[v] = true;
+    total += bytes(static_cast<int32_t>(v));
+  }
+  // Available in backward without recomputing: graph inputs and saved values not chosen.
+  auto available = [&](int32_t v) { return !node_of(v) || (saved[static_cast<size_t>(v)] && !chosen[static_cast<size_t>(v)]); };
+  std::function<bool(int32_t, int)> recomputable = [&](int32_t v, int depth) {
+    const Node* p = node_of(v);
+    if (!p || p->prim->fusion_kind() != FusionKind::Pointwise || p->outputs.size() != 1 || depth == 0) return false;
+    for (int32_t in : p->inputs)
+      if (in >= 0 && !available(in) && !recomputable(in, depth - 1)) return false;
+    return true;
+  };
+  std::vector<int32_t> cands;
+  for (size_t v = 0; v < nv; ++v)
+    if (saved[v] && recomputable(static_cast<int32_t>(v), kMaxDepth)) cands.push_back(static_cast<int32_t>(v));
+  std::stable_sort(cands.begin(), cands.end(), [&](int32_t a, int32_t b) { return bytes(a) > bytes(b); });
+  int64_t kept = total;
+  const int64_t target = static_cast<int64_t>(budget * static_cast<double>(total));
+  std::vector<std::pair<int32_t, Node>> inserts;  // (insert before node index, recompute node), in order
+  for (int32_t v : cands) {
+    if (kept <= target) break;
+    const int32_t at = first_bwd[static_cast<size_t>(v)];
+    std::map<int32_t, int32_t> memo;
+    std::function<int32_t(int32_t, bool)> emit = [&](int32_t u, bool root) -> int32_t {
+      if (!root && available(u)) return u;
+      if (auto it = memo.find(u); it != memo.end()) return it->second;
+      const Node& p = *node_of(u);
+      Node copy;
+      copy.prim = p.prim;
+      copy.loc = p.loc;
+      for (int32_t in : p.inputs) copy.inputs.push_back(in < 0 ? in : emit(in, false));
+      const Value& old = g.values[static_cast<size_t>(u)];
+      const int32_t nu = g.add_value(old.dtype, old.device, old.shape);
+      copy.outputs = {nu};
+      inserts.emplace_back(at, std::move(copy));
+      return memo[u] = nu;
+    };
+    const int32_t nv_id = emit(v, true);
+    chosen[static_cast<size_t>(v)] = true;
+    for (size_t i = static_cast<size_t>(at); i < g.nodes.size(); ++i)
+      if (!g.nodes[i].forward)
+        for (int32_t& in : g.nodes[i].inputs)
+          if (in == v) in = nv_id;
+    kept -= bytes(v);
+  }
+  if (inserts.empty()) return false;
+  std::stable_sort(inserts.begin(), inserts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Node> nodes;
+  size_t k = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    while (k < inserts.size() && inserts[k].first == static_cast<int32_t>(i)) nodes.push_back(std::move(inserts[k++].second));
+    nodes.push_back(std::move(g.nodes[i]));
+  }
+  g.nodes = std::move(nodes);
+  g.renumber_nodes();
+  if (saved_bytes) *saved_bytes = total - kept;
+  return true;
+}
+
+}  // namespace ingot::compiler::passes

@@ -1,0 +1,75 @@
+// Scheduling. Invariant afterwards: nodes are in a topological order in which every fusion group's members
+// are contiguous (so a group runs as one kernel), and among ready nodes the one earliest in the traced
+// order goes first (the trace order already frees forward activations as backward consumes them; keeping
+// it keeps peak memory where eager has it). Groups are acyclic by fuse.cpp's invariant.
+// Test: tests/compile/test_passes.cpp (Schedule.*).
+#include <algorithm>
+#include <queue>
+
+#include "compile/passes/passes.h"
+
+namespace ingot::compiler::passes {
+
+bool schedule(Graph& g) {
+  const size_t n = g.nodes.size();
+  // Units: a group, or a node alone. unit_of[node]; members in graph order.
+  std::vector<int32_t> unit_of(n);
+  std::vector<std::vector<int32_t>> members;
+  std::vector<int32_t> unit_of_group(g.groups.size(), -1);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t G = g.nodes[i].group;
+    if (G >= 0 && unit_of_group[static_cast<size_t>(G)] >= 0) {
+      unit_of[i] = unit_of_group[static_cast<size_t>(G)];
+    } else {
+      unit_of[i] = static_cast<int32_t>(members.size());
+      if (G >= 0) unit_of_group[static_cast<size_t>(G)] = unit_of[i];
+      members.emplace_back();
+    }
+    members[static_cast<size_t>(unit_of[i])].push_back(static_cast<int32_t>(i));
+  }
+  const size_t units = members.size();
+  std::vector<std::vector<int32_t>> succ(units);
+  std::vector<int32_t> indeg(units, 0);
+  for (size_t i = 0; i < n; ++i)
+    for (int32_t v : g.nodes[i].inputs) {
+      if (v < 0) continue;
+      const int32_t p = g.values[static_cast<size_t>(v)].producer;
+      if (p < 0 || unit_of[static_cast<size_t>(p)] == unit_of[i]) continue;
+      succ[static_cast<size_t>(unit_of[static_cast<size_t>(p)])].push_back(unit_of[i]);
+      ++indeg[static_cast<size_t>(unit_of[i])];
+    }
+  std::priority_queue<int32_t, std::vector<int32_t>, std::greater<>> ready;  // by first member's index
+  for (size_t u = 0; u < units; ++u)
+    if (indeg[u] == 0) ready.push(static_cast<int32_t>(u));
+  std::vector<int32_t> order;
+  while (!ready.empty()) {
+    const int32_t u = ready.top();
+    ready.pop();
+    for (int32_t m : members[static_cast<size_t>(u)]) order.push_back(m);
+    for (int32_t s : succ[static_cast<size_t>(u)])
+      if (--indeg[static_cast<size_t>(s)] == 0) ready.push(s);
+  }
+  INGOT_INTERNAL_CHECK(order.size() == n, "schedule: fusion groups form a cycle (", order.size(), " of ", n,
+                       " nodes scheduled)");
+  bool changed = false;
+  for (size_t i = 0; i < n; ++i) changed = changed || order[i] != static_cast<int32_t>(i);
+  if (!changed) return false;
+  std::vector<Node> nodes;
+  nodes.reserve(n);
+  for (int32_t i : order) nodes.push_back(std::move(g.nodes[static_cast<size_t>(i)]));
+  g.nodes = std::move(nodes);
+  // Keep the groups: renumber ids in place (renumber_nodes() would drop them).
+  std::vector<int32_t> new_id(n);
+  for (size_t i = 0; i < n; ++i) new_id[static_cast<size_t>(order[i])] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < n; ++i) {
+    g.nodes[i].id = static_cast<int32_t>(i);
+    for (int32_t v : g.nodes[i].outputs) g.values[static_cast<size_t>(v)].producer = static_cast<int32_t>(i);
+  }
+  for (FusionGroup& fg : g.groups) {
+    for (int32_t& m : fg.nodes) m = new_id[static_cast<size_t>(m)];
+    std::sort(fg.nodes.begin(), fg.nodes.end());
+  }
+  return true;
+}
+
+}  // namespace ingot::compiler::passes

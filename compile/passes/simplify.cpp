@@ -1,0 +1,66 @@
+// Algebraic simplification and constant folding. Invariant afterwards: no node returns one of its inputs
+// unchanged (compile/lowering.h identity_input: clone, contiguous, x*1, x+0, same-shape reshape/expand;
+// its uses read the input instead), and no node whose inputs are all Constant inputs and whose outputs
+// have at most fold_limit elements remains: it is evaluated now and its outputs become Constant inputs.
+// Identity removal is sound because the graph is pure: a buffer is never written after it is made (the
+// executor copies roots that alias captured tensors). The bypassed nodes are left for dce.
+// Test: tests/compile/test_passes.cpp (Simplify.*).
+#include "compile/lowering.h"
+#include "compile/passes/passes.h"
+
+namespace ingot::compiler::passes {
+
+bool simplify(Graph& g, int64_t fold_limit) {
+  bool changed = false;
+  std::vector<Node> kept;
+  for (Node& node : g.nodes) {
+    std::vector<TensorMeta> in, out;
+    bool all_const = !node.inputs.empty();
+    for (int32_t i : node.inputs) {
+      if (i < 0) {
+        in.push_back({});
+        continue;
+      }
+      const Value& v = g.values[static_cast<size_t>(i)];
+      in.push_back({trace_shape(v.shape), v.dtype, v.device});
+      all_const = all_const && v.producer < 0 && g.inputs[static_cast<size_t>(v.input_index)].role == InputRole::Constant;
+    }
+    int64_t out_elems = 0;
+    bool symbolic = false;
+    for (int32_t o : node.outputs) {
+      const Value& v = g.values[static_cast<size_t>(o)];
+      out.push_back({trace_shape(v.shape), v.dtype, v.device});
+      out_elems += numel(out.back().shape);
+      for (const Dim& d : v.shape) symbolic = symbolic || d.is_symbolic();
+    }
+    if (auto k = identity_input(*node.prim, in, out); k && node.inputs[*k] >= 0) {
+      g.replace_uses(node.outputs[0], node.inputs[*k]);
+      changed = true;
+      continue;
+    }
+    if (all_const && !symbolic && out_elems <= fold_limit) {
+      std::vector<Tensor> args;
+      for (int32_t i : node.inputs)
+        args.push_back(i >= 0 ? g.inputs[static_cast<size_t>(g.values[static_cast<size_t>(i)].input_index)].tensor : Tensor());
+      std::vector<Tensor> res;
+      {
+        NoGradGuard ng;
+        res = node.prim->eval(args);
+      }
+      for (size_t k = 0; k < res.size(); ++k) {
+        const int32_t c = g.add_input(InputRole::Constant, res[k].dtype(), res[k].device(),
+                                      concrete_shape(res[k].shape()), "folded " + std::string(node.prim->name()));
+        g.inputs.back().tensor = res[k].contiguous_raw();
+        g.replace_uses(node.outputs[k], c);
+      }
+      changed = true;
+      continue;
+    }
+    kept.push_back(std::move(node));
+  }
+  g.nodes = std::move(kept);
+  if (changed) g.renumber_nodes();
+  return changed;
+}
+
+}  // namespace ingot::compiler::passes

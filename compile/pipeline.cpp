@@ -1,0 +1,138 @@
+#include "compile/pipeline.h"
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "compile/codegen/cpu/cpu_codegen.h"
+#include "compile/codegen/cpu/render_cpp.h"
+#include "compile/kernel_step.h"
+#include "compile/logs.h"
+#include "compile/lower_kernel.h"
+#include "compile/passes/passes.h"
+
+namespace ingot::compiler {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <class F>
+void run_pass(const char* name, Graph& g, F&& pass) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t before = g.nodes.size();
+  const bool changed = pass(g);
+#ifndef NDEBUG
+  g.verify();
+#endif
+  if (log_on(LogKind::Passes)) {
+    std::ostringstream os;
+    os << name << ": " << (changed ? "changed" : "no change") << ", ops " << before << " -> " << g.nodes.size()
+       << " (" << ms_since(t0) << " ms)";
+    log(LogKind::Passes, os.str());
+    if (changed) log(LogKind::Passes, g.str());
+  }
+}
+
+// One code generator per cache directory, shared by every graph of the process (kernels dedup across graphs).
+codegen::cpu::CpuCodegen& codegen_for(const std::string& dir) {
+  if (dir.empty()) return codegen::cpu::CpuCodegen::shared();
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<codegen::cpu::CpuCodegen>> by_dir;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& cg = by_dir[dir];
+  if (!cg) {
+    codegen::cpu::CpuCodegenOptions o;
+    o.cache_dir = dir;
+    cg = std::make_unique<codegen::cpu::CpuCodegen>(o);
+  }
+  return *cg;
+}
+
+bool all_on_cpu(const Graph& g) {
+  for (const Value& v : g.values)
+    if (!v.device.is_cpu()) return false;
+  return true;
+}
+
+// Lowers every fusion group it can and compiles the kernels in one batch; returns the executor steps' kernels.
+std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, const CompileOptions& opts, CompileStats& stats) {
+  std::map<int32_t, KernelStepFn> fns;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<LoweredGroup> lowered;
+  std::vector<int32_t> ids;
+  for (const FusionGroup& fg : g.groups) {
+    std::string why;
+    if (auto lg = lower_group(g, fg, &why)) {
+      lowered.push_back(std::move(*lg));
+      ids.push_back(fg.id);
+    } else if (log_on(LogKind::OutputCode)) {
+      log(LogKind::OutputCode, fg.name + ": not lowered (" + why + "); its ops run one by one");
+    }
+  }
+  stats.time.lower_ms += ms_since(t0);
+  if (lowered.empty()) return fns;
+  std::vector<codegen::KernelSpec> specs;
+  for (const LoweredGroup& lg : lowered) specs.push_back(lg.spec);
+  if (log_on(LogKind::Progress))
+    log(LogKind::Progress, "compiling '" + opts.name + "': kernels 0/" + std::to_string(specs.size()));
+  codegen::CodegenStats cs;
+  std::vector<codegen::cpu::CpuKernel> kernels = codegen_for(opts.cache_dir).compile(specs, &cs);
+  if (log_on(LogKind::Progress))
+    log(LogKind::Progress, "compiling '" + opts.name + "': kernels " + std::to_string(specs.size()) + "/" +
+                               std::to_string(specs.size()) + " (" + cs.summary() + ")");
+  if (log_on(LogKind::OutputCode))
+    for (size_t i = 0; i < specs.size(); ++i)
+      log(LogKind::OutputCode, codegen::cpu::render_kernel(specs[i], kernels[i].symbol));
+  stats.time.codegen_ms += cs.total_s() * 1000.0;
+  stats.kernels_generated += cs.compiled;
+  stats.kernels_reused += cs.memory_hits + cs.disk_hits;
+  stats.kernels_disk_hits += cs.disk_hits;
+  for (size_t i = 0; i < lowered.size(); ++i) fns[ids[i]] = make_kernel_step(g, lowered[i], kernels[i]);
+  return fns;
+}
+
+}  // namespace
+
+std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts, CompileStats& stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  stats.ops_before = static_cast<int64_t>(g.nodes.size());
+  run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
+  run_pass("functionalize", g, [](Graph& x) { return passes::functionalize(x); });
+  run_pass("simplify", g, [](Graph& x) { return passes::simplify(x); });
+  run_pass("cse", g, [](Graph& x) { return passes::cse(x); });
+  run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
+  run_pass("remat", g, [&](Graph& x) { return passes::remat(x, opts.memory_budget); });
+  run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
+  run_pass("fuse", g, [](Graph& x) { return passes::fuse(x); });
+  run_pass("schedule", g, [](Graph& x) { return passes::schedule(x); });
+  g.verify();
+  const passes::MemoryPlan plan = passes::memory_plan(g);
+  stats.planned_peak_bytes = plan.arena_bytes;
+  stats.unplanned_peak_bytes = plan.unplanned_peak;
+  stats.ops_after = static_cast<int64_t>(g.nodes.size());
+  stats.fused_groups = static_cast<int64_t>(g.groups.size());
+  if (log_on(LogKind::Schedule)) {
+    std::ostringstream os;
+    os << "schedule: " << g.nodes.size() << " ops in " << g.groups.size() << " fusion groups; arena "
+       << plan.arena_bytes << " bytes (sum of live buffers at peak: " << plan.unplanned_peak << ")";
+    for (const FusionGroup& fg : g.groups)
+      os << "\n  " << fg.name << " (" << group_kind_name(fg.kind) << ", " << fg.nodes.size() << " ops, "
+         << fg.inputs.size() << " in, " << fg.outputs.size() << " out)";
+    log(LogKind::Schedule, os.str());
+  }
+  stats.time.passes_ms += ms_since(t0);
+  auto exe = std::make_shared<Executable>();
+  std::map<int32_t, KernelStepFn> kernels;
+  if (opts.backend != CompileBackend::Eager && all_on_cpu(g)) kernels = generate_kernels(g, opts, stats);
+  exe->kernels = kernels.size();
+  stats.kernels = static_cast<int64_t>(kernels.size());
+  exe->steps = plan_steps(g, kernels);
+  stats.launches = static_cast<int64_t>(exe->steps.size());
+  exe->graph = std::move(g);
+  return exe;
+}
+
+}  // namespace ingot::compiler

@@ -1,0 +1,47 @@
+// Tracing: runs a function once, eagerly, with an autograd TraceObserver installed, and records every
+// primitive it applies (the forward, the VJPs that loss.backward() runs, the optimizer's fused update,
+// gradient accumulation) into ONE Graph. The eager run is real: its results are the results of this call.
+//
+// Note [Tensor identity while tracing]: a tensor is matched to its graph value by its view identity
+// (storage, offset, shape, strides, dtype), not by TensorImpl, because autograd saves detached aliases for
+// backward and the VJPs read those. Tensors that no traced op produced become graph inputs: the caller's
+// args (by position), host inputs the optimizer registers, and everything else by handle, classified when
+// the trace ends: still referenced elsewhere (parameters, optimizer state) -> Captured, read at every run;
+// referenced only by the trace (a ones() made by backward) -> Constant. An in-place write to a captured
+// tensor (on_assign) becomes a write-back; views of it taken before the write are stale and any later read
+// of one is an error (the eager result would differ from the functional graph's).
+//
+// Graph breaks: a host read of a traced value (item(), to_vector(): data-dependent control flow) and ops
+// with no lowering (compile/lowering.h) are recorded with the user's source line and the reason.
+#pragma once
+
+#include <functional>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "compile/ir/graph.h"
+
+namespace ingot::compiler {
+
+using StepFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+struct GraphBreak {
+  std::string reason;
+  std::string file;
+  int line = 0;
+  std::string str() const;  // "file.cpp:12: reason"
+};
+
+struct TraceResult {
+  Graph graph;
+  std::vector<Tensor> outputs;  // the eager results of the traced call
+  std::vector<GraphBreak> breaks;
+};
+
+// Runs fn(args) eagerly and records it. Throws what fn throws (the trace is discarded). With fullgraph, the
+// first graph break throws at once ("[compile] fullgraph: graph break at file:line: reason"), before the
+// rest of the function has run.
+TraceResult trace(const StepFn& fn, const std::vector<Tensor>& args, bool fullgraph = false);
+
+}  // namespace ingot::compiler

@@ -1,0 +1,28 @@
+// Traceable optimizer updates. Eagerly, AdamW/SGD step() call the fused multi-tensor kernels in place. Under
+// a trace (autograd TraceObserver, see compile/trace.cpp) they instead apply one of these primitives per
+// launch: a functional version of the same kernel (parameters and state in, their updated values out) that
+// the tracer records as one graph node, followed by write-backs into the persistent tensors. The
+// hyper-parameters that change between steps (lr, step count, grad scale, SGD's first-step flag) are read
+// from a host tensor `hyper` (f64, CPU, one row per launch) that the tracer re-computes before every replay,
+// so an LR schedule never changes the graph.
+#pragma once
+
+#include <memory>
+
+#include "autograd/primitive.h"
+#include "runtime/kernels/kernels.h"
+
+namespace ingot::optim {
+
+// inputs:  hyper [G, 3] = {lr, step, grad_scale} per launch, p[0..n), g[0..n), m[0..n), v[0..n)
+// outputs: p'[0..n), m'[0..n), v'[0..n)          row: which row of hyper this launch reads
+std::shared_ptr<Primitive> make_adamw_update(size_t n, int64_t row, const kernels::AdamWArgs& fixed);
+// inputs:  hyper [G, 3] = {lr, grad_scale, first_step} per launch, p[0..n), g[0..n), buf[0..n) (undefined
+//          without momentum)      outputs: p'[0..n), buf'[0..n) (buf' only with momentum)
+std::shared_ptr<Primitive> make_sgd_update(size_t n, int64_t row, const kernels::SgdArgs& fixed);
+
+// For the compiler's lowering (compile/lower_kernel.cpp): the fixed arguments, list length and hyper row of
+// an adamw_update primitive, or false when `p` is not one.
+bool adamw_update_args(const Primitive& p, kernels::AdamWArgs* fixed, size_t* n, int64_t* row);
+
+}  // namespace ingot::optim

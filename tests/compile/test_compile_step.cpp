@@ -1,0 +1,82 @@
+// The whole training step compiled into one graph gives eager's losses and parameters.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "compile/step_fixture.h"
+
+namespace ingot::testing {
+namespace {
+
+// Tolerance: node by node (backend eager) the graph runs eager's kernels in eager's order, so results are
+// identical. With generated kernels, fused expressions round differently (no intermediate stores, expanded
+// activation gradients); AdamW divides by sqrt(v), which amplifies those last-bit differences for parameters
+// with tiny gradients, so after 20 steps parameters agree to rtol 1e-3 + atol 1e-4 and losses to 1e-4
+// relative.
+void expect_same_training(const StepRun& eager, const StepRun& comp, double rtol = 1e-3, double atol = 1e-4) {
+  ASSERT_EQ(eager.losses.size(), comp.losses.size());
+  for (size_t i = 0; i < eager.losses.size(); ++i)
+    EXPECT_NEAR(comp.losses[i], eager.losses[i], 1e-4 * std::abs(eager.losses[i])) << "step " << i;
+  ASSERT_EQ(eager.params.size(), comp.params.size());
+  double worst = 0;
+  for (size_t k = 0; k < eager.params.size(); ++k) {
+    const double e = max_rel_error(comp.params[k], eager.params[k], rtol, atol);
+    worst = std::max(worst, e);
+    EXPECT_LE(e, 1.0) << "parameter " << k;
+  }
+  std::printf("[ compare  ] worst parameter error %.3g of the tolerance (rtol %g, atol %g)\n", worst, rtol, atol);
+  EXPECT_LT(eager.losses.back(), eager.losses.front() - 0.5) << "the run must actually train";
+}
+
+TEST(CompileStep, TinyGpt2TwentyAdamWStepsMatchEager) {
+  StepRun eager = train_steps(tiny_gpt2, false, 20);
+  StepRun comp = train_steps(tiny_gpt2, true, 20);
+  expect_same_training(eager, comp);
+  EXPECT_EQ(comp.stats.compiles, 1);
+  EXPECT_EQ(comp.stats.recompiles, 0);
+  EXPECT_TRUE(comp.stats.graph_breaks.empty());
+  EXPECT_EQ(comp.stats.compiled_calls, 19);  // the first call traces (and runs eagerly)
+}
+
+TEST(CompileStep, NodeByNodeExecutionIsBitIdenticalToEager) {
+  CompileOptions o;
+  o.backend = CompileBackend::Eager;
+  StepRun eager = train_steps(tiny_gpt2, false, 5);
+  StepRun comp = train_steps(tiny_gpt2, true, 5, o);
+  expect_same_training(eager, comp, 0.0, 0.0);
+  EXPECT_EQ(comp.stats.kernels, 0);
+}
+
+TEST(CompileStep, FusedKernelsFarFewerThanEagerOps) {
+  StepRun comp = train_steps(tiny_gpt2, true, 2);
+  std::printf("[ kernels  ] traced ops %lld, after passes %lld, groups %lld, generated kernels %lld, launches %lld\n",
+              static_cast<long long>(comp.stats.ops_before), static_cast<long long>(comp.stats.ops_after),
+              static_cast<long long>(comp.stats.fused_groups), static_cast<long long>(comp.stats.kernels),
+              static_cast<long long>(comp.stats.launches));
+  EXPECT_GT(comp.stats.kernels, 5);
+  EXPECT_LT(comp.stats.launches, comp.stats.ops_before);
+}
+
+TEST(CompileStep, TinyLlamaTwentyAdamWStepsMatchEager) {
+  StepRun eager = train_steps(tiny_llama, false, 20);
+  StepRun comp = train_steps(tiny_llama, true, 20);
+  expect_same_training(eager, comp);
+  EXPECT_EQ(comp.stats.compiles, 1);
+  EXPECT_TRUE(comp.stats.graph_breaks.empty());
+}
+
+TEST(CompileStep, TheWholeStepIsOneGraphWithForwardBackwardAndOneFusedUpdate) {
+  StepRun comp = train_steps(tiny_gpt2, true, 2);
+  const std::string& g = comp.stats.last_graph;
+  EXPECT_NE(g.find("attention"), std::string::npos);
+  EXPECT_NE(g.find("layer_norm_bwd"), std::string::npos) << "backward ops are in the graph";
+  size_t updates = 0;
+  for (size_t p = g.find("adamw_update("); p != std::string::npos; p = g.find("adamw_update(", p + 1)) ++updates;
+  EXPECT_EQ(updates, 1u) << "one horizontal optimizer update over every parameter";
+  EXPECT_NE(g.find("write-back"), std::string::npos);
+  EXPECT_GT(comp.stats.ops_before, comp.stats.ops_after);
+}
+
+}  // namespace
+}  // namespace ingot::testing

@@ -1,0 +1,216 @@
+// Each graph pass on small graphs: what it guarantees, and that the graph still computes the same values.
+#include <gtest/gtest.h>
+
+#include "autograd/ops.h"
+#include "compile/executor.h"
+#include "compile/passes/passes.h"
+#include "compile/trace.h"
+
+namespace ingot::compiler {
+namespace {
+
+Graph graph_of(const StepFn& fn, const std::vector<Tensor>& args) { return std::move(trace(fn, args).graph); }
+
+std::vector<Tensor> run(const Graph& g, const std::vector<Tensor>& args) {
+  Executable exe;
+  exe.graph = g;
+  exe.steps = plan_steps(g);
+  return execute(exe, args);
+}
+
+size_t count_ops(const Graph& g, std::string_view name) {
+  size_t n = 0;
+  for (const Node& node : g.nodes) n += node.prim->name() == name;
+  return n;
+}
+
+void expect_same(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(allclose(a[i], b[i], 1e-6, 1e-7)) << "output " << i;
+}
+
+TEST(Dce, RemovesNodesThatReachNoRoot) {
+  Tensor x = randn({3, 5});
+  Graph g = graph_of([](const std::vector<Tensor>& a) {
+    Tensor unused = exp(a[0]) * 2.0;
+    return std::vector<Tensor>{relu(a[0])};
+  }, {x});
+  ASSERT_EQ(g.nodes.size(), 3u);
+  EXPECT_TRUE(passes::dce(g));
+  g.verify();
+  EXPECT_EQ(g.nodes.size(), 1u);
+  EXPECT_EQ(count_ops(g, "relu"), 1u);
+  expect_same(run(g, {x}), {relu(x)});
+  EXPECT_FALSE(passes::dce(g));
+}
+
+TEST(Cse, MergesEquivalentOpsOnTheSameInputs) {
+  Tensor x = randn({4, 4});
+  Graph g = graph_of([](const std::vector<Tensor>& a) { return std::vector<Tensor>{exp(a[0]) + exp(a[0])}; }, {x});
+  ASSERT_EQ(count_ops(g, "exp"), 2u);
+  EXPECT_TRUE(passes::cse(g));
+  g.verify();
+  EXPECT_EQ(count_ops(g, "exp"), 1u);
+  expect_same(run(g, {x}), {exp(x) * 2.0});
+}
+
+TEST(Cse, KeepsOpsThatDifferInAttributes) {
+  Tensor x = randn({4});
+  Graph g = graph_of([](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] * 2.0 + a[0] * 3.0}; }, {x});
+  EXPECT_FALSE(passes::cse(g));
+  EXPECT_EQ(count_ops(g, "mul_scalar"), 2u);
+}
+
+TEST(Simplify, BypassesIdentityOps) {
+  Tensor x = randn({2, 6});
+  Graph g = graph_of([](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{tanh(clone(a[0] * 1.0) + 0.0)};
+  }, {x});
+  ASSERT_EQ(g.nodes.size(), 4u);
+  EXPECT_TRUE(passes::simplify(g));
+  passes::dce(g);
+  g.verify();
+  EXPECT_EQ(g.nodes.size(), 1u) << g.str();
+  expect_same(run(g, {x}), {tanh(x)});
+}
+
+TEST(Simplify, FoldsOpsOnConstantsCreatedWhileTracing) {
+  Tensor x = randn({3});
+  Graph g = graph_of([](const std::vector<Tensor>& a) {
+    Tensor c = exp(from_vector({0.5, 1.0, 2.0}, {3}));  // a constant made inside the function
+    return std::vector<Tensor>{a[0] * c};
+  }, {x});
+  ASSERT_EQ(count_ops(g, "exp"), 1u);
+  EXPECT_TRUE(passes::simplify(g));
+  g.verify();
+  EXPECT_EQ(count_ops(g, "exp"), 0u) << g.str();
+  expect_same(run(g, {x}), {x * exp(from_vector({0.5, 1.0, 2.0}, {3}))});
+}
+
+TEST(Simplify, NeverFoldsCapturedTensorsThatMayChange) {
+  Tensor w = randn({3});
+  Tensor x = randn({3});
+  Graph g = graph_of([&](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] * exp(w)}; }, {x});
+  EXPECT_FALSE(passes::simplify(g));
+  w.fill_(0.25);  // captured by handle: the graph reads the new value
+  expect_same(run(g, {x}), {x * exp(full({3}, 0.25))});
+}
+
+TEST(Functionalize, OptimizerUpdateBecomesAPureNodePlusWriteBacks) {
+  Tensor w = randn({5}).set_requires_grad(true);
+  Tensor x = randn({5});
+  Graph g = graph_of([&](const std::vector<Tensor>& a) {
+    Tensor loss = sum(a[0] * w);
+    loss.backward();
+    {
+      NoGradGuard ng;
+      Tensor next = w - w.grad() * 0.1;
+      w.copy_(next);
+      trace_observer()->on_assign(w, next);
+    }
+    w.zero_grad();
+    return std::vector<Tensor>{loss};
+  }, {x});
+  ASSERT_EQ(g.writebacks.size(), 1u);
+  EXPECT_FALSE(passes::functionalize(g));  // nothing to drop: the one write-back is a real update
+  g.writebacks.push_back(WriteBack{g.writebacks[0].input, g.inputs[static_cast<size_t>(g.writebacks[0].input)].value});
+  g.writebacks.erase(g.writebacks.begin());
+  EXPECT_TRUE(passes::functionalize(g));  // a write-back of the input's own value is a no-op
+  EXPECT_TRUE(g.writebacks.empty());
+}
+
+TEST(Remat, RecomputesCheapSavedValuesUnderABudget) {
+  Tensor w = randn({16, 16}).set_requires_grad(true);
+  Tensor x = randn({8, 16});
+  auto fn = [&](const std::vector<Tensor>& a) {
+    Tensor h = gelu(matmul(a[0], w));
+    Tensor y = tanh(h * 1.5);
+    Tensor loss = sum(y * y);
+    loss.backward();
+    return std::vector<Tensor>{loss};
+  };
+  Graph g = graph_of(fn, {x});
+  const Tensor eager_grad = w.grad().clone_raw();
+  w.zero_grad();
+  int64_t saved = 0;
+  EXPECT_FALSE(passes::remat(g, 1.0, &saved));
+  EXPECT_TRUE(passes::remat(g, 0.3, &saved));
+  passes::dce(g);
+  g.verify();
+  EXPECT_GT(saved, 0);
+  size_t recomputed = 0;
+  for (const Node& n : g.nodes) recomputed += !n.forward && n.prim->name() == "tanh";
+  EXPECT_EQ(recomputed, 1u) << "tanh(gelu(mm) * 1.5) is recomputed from the saved matmul output\n" << g.str();
+  run(g, {x});
+  EXPECT_TRUE(allclose(w.grad(), eager_grad, 1e-5, 1e-6));
+}
+
+TEST(Fuse, PointwiseChainIsOneGroup) {
+  Tensor x = randn({4, 8}), b = randn({8});
+  Graph g = graph_of([&](const std::vector<Tensor>& a) { return std::vector<Tensor>{exp(relu(a[0] + b)) * 0.5}; }, {x});
+  EXPECT_TRUE(passes::fuse(g));
+  g.verify();
+  ASSERT_EQ(g.groups.size(), 1u);
+  EXPECT_EQ(g.groups[0].kind, GroupKind::Pointwise);
+  EXPECT_EQ(g.groups[0].nodes.size(), 4u);
+  EXPECT_EQ(g.groups[0].outputs.size(), 1u);
+  EXPECT_EQ(g.groups[0].inputs.size(), 2u);  // x and the broadcast bias
+}
+
+TEST(Fuse, SoftmaxWithPrologueAndEpilogueIsOneRowReductionGroup) {
+  Tensor x = randn({4, 8});
+  Graph g = graph_of([](const std::vector<Tensor>& a) { return std::vector<Tensor>{softmax(a[0] * 2.0) * 3.0}; }, {x});
+  passes::fuse(g);
+  g.verify();
+  ASSERT_EQ(g.groups.size(), 1u) << g.str();
+  EXPECT_EQ(g.groups[0].kind, GroupKind::RowReduction);
+  EXPECT_EQ(g.groups[0].nodes.size(), 3u);
+}
+
+TEST(Fuse, NeverGroupsAcrossAnOpaqueOpThatDependsOnTheGroup) {
+  Tensor x = randn({4, 4}), w = randn({4, 4});
+  Graph g = graph_of([&](const std::vector<Tensor>& a) {
+    Tensor e = exp(a[0]);
+    return std::vector<Tensor>{e + matmul(e, w)};  // joining 'add' to exp's group would form a cycle
+  }, {x});
+  passes::fuse(g);
+  g.verify();
+  ASSERT_EQ(g.groups.size(), 2u) << g.str();
+  EXPECT_TRUE(passes::schedule(g) || true);
+  expect_same(run(g, {x}), {exp(x) + matmul(exp(x), w)});
+}
+
+TEST(Schedule, MakesEveryFusionGroupContiguous) {
+  Tensor x = randn({4, 4}), y = randn({2, 3});
+  Graph g = graph_of([](const std::vector<Tensor>& a) {
+    Tensor e = exp(a[0]);
+    Tensor other = sin(a[1]);  // different shape: its own group, traced between e and relu(e)
+    return std::vector<Tensor>{relu(e), other};
+  }, {x, y});
+  passes::fuse(g);
+  ASSERT_EQ(g.groups.size(), 2u);
+  EXPECT_TRUE(passes::schedule(g));
+  g.verify();
+  for (const FusionGroup& fg : g.groups)
+    EXPECT_EQ(fg.nodes.back() - fg.nodes.front() + 1, static_cast<int32_t>(fg.nodes.size())) << g.str();
+  expect_same(run(g, {x, y}), {relu(exp(x)), sin(y)});
+}
+
+TEST(MemoryPlan, ReusesBuffersOfDeadValuesWithoutOverlappingLiveOnes) {
+  Tensor x = randn({64, 64});
+  Graph g = graph_of([](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{cos(sin(relu(exp(tanh(a[0])))))};
+  }, {x});
+  passes::MemoryPlan p = passes::memory_plan(g);
+  const int64_t buf = 64 * 64 * 4;
+  EXPECT_LE(p.arena_bytes, 2 * buf) << "a chain needs at most two live buffers";
+  EXPECT_GE(p.arena_bytes, buf);
+  // Values live at the same time never overlap: consecutive chain values are live together.
+  for (size_t i = 0; i + 2 < g.nodes.size(); ++i) {
+    const int32_t a = g.nodes[i].outputs[0], b = g.nodes[i + 1].outputs[0];
+    EXPECT_NE(p.offset[static_cast<size_t>(a)], p.offset[static_cast<size_t>(b)]);
+  }
+}
+
+}  // namespace
+}  // namespace ingot::compiler
