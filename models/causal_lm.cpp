@@ -13,4 +13,22 @@ Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
 
 Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets) { return lm_loss(forward(ids), targets); }
 
+Tensor CausalLM::forward_cached(const Tensor&, KVCache&) {
+  INGOT_CHECK(false, "this model does not support a KV cache");
+  return Tensor();
+}
+
+Tensor shifted_targets(const Tensor& ids) {
+  INGOT_CHECK(ids.dim() == 2 && is_integral(ids.dtype()), "shifted_targets: expected ids [B, T] of an integer type, got ",
+              dtype_name(ids.dtype()), shape_str(ids.shape()));
+  Tensor ids64 = ids.device() == Device::cpu() ? ids.to(DType::i64) : ids.to(Device::cpu()).to(DType::i64);
+  Tensor t = full(ids.shape(), -100.0, DType::i64);
+  const int64_t B = ids.size(0), T = ids.size(1);
+  std::vector<double> v = ids64.to_vector();
+  int64_t* out = t.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i + 1 < T; ++i) out[b * T + i] = static_cast<int64_t>(v[b * T + i + 1]);
+  return t.to(ids.device());
+}
+
 }  // namespace ingot::models

@@ -6,17 +6,28 @@
 
 namespace ingot::models {
 
+class KVCache;  // models/decoder.h
+
 class CausalLM : public nn::Module {
  public:
   // ids [B, T] (i64) -> logits [B, T, vocab]
   virtual Tensor forward(const Tensor& ids) = 0;
+  // Incremental decoding: ids [B, T] continue the cache's tokens (positions cache.length()...); returns their
+  // logits [B, T, vocab] and appends their keys and values. The default refuses (a model without a cache).
+  virtual Tensor forward_cached(const Tensor& ids, KVCache& cache);
   // Mean cross entropy of forward(ids) against targets [B, T] (i64; -100 is ignored): an f32 scalar
   // (f64 for an f64 model).
   virtual Tensor loss(const Tensor& ids, const Tensor& targets);
   virtual int64_t vocab_size() const = 0;
+  // Longest sequence the position embedding covers (0: unknown).
+  virtual int64_t max_positions() const { return 0; }
 };
 
 // Mean cross entropy of logits [B, T, V] against targets [B, T] (f32 for 16-bit logits).
 Tensor lm_loss(const Tensor& logits, const Tensor& targets);
+
+// Next-token targets for ids [B, T]: ids shifted left by one with -100 in the last column, so
+// lm_loss(forward(ids), shifted_targets(ids)) is Hugging Face's causal-LM loss with labels = ids.
+Tensor shifted_targets(const Tensor& ids);
 
 }  // namespace ingot::models

@@ -15,47 +15,51 @@ GPT2Model::GPT2Model(const GPT2Config& cfg) : cfg_(cfg) {
   drop_ = register_module("drop", std::make_shared<nn::Dropout>(cfg.dropout));
 
   // GPT-2 paper: residual projections are scaled by 1/sqrt(N) with N the number of residual layers (2 per block).
-  nn::BlockConfig b;
-  b.style = nn::BlockConfig::Style::GPT2;
-  b.attn.dim = cfg.n_embd;
-  b.attn.n_head = cfg.n_head;
-  b.attn.fused_qkv = true;
-  b.attn.qkv_bias = b.attn.out_bias = true;
-  b.attn.dropout = cfg.dropout;
-  b.attn.init_std = b.init_std = std;
-  b.attn.out_init_std = b.out_init_std = std / std::sqrt(2.0 * static_cast<double>(cfg.n_layer));
-  b.intermediate = 4 * cfg.n_embd;
-  b.norm_eps = cfg.layer_norm_eps;
+  DecoderConfig b;
+  b.style = DecoderConfig::Style::GPT2;
+  b.dim = cfg.n_embd;
+  b.n_head = cfg.n_head;
+  b.fused_qkv = true;
+  b.qkv_bias = b.out_bias = true;
   b.dropout = cfg.dropout;
+  b.init_std = std;
+  b.out_init_std = std / std::sqrt(2.0 * static_cast<double>(cfg.n_layer));
+  b.intermediate = cfg.n_inner > 0 ? cfg.n_inner : 4 * cfg.n_embd;
+  b.norm_eps = cfg.layer_norm_eps;
   auto h = register_module("h", std::make_shared<nn::ModuleList>());
-  for (int64_t i = 0; i < cfg.n_layer; ++i) blocks_.push_back(h->append(std::make_shared<nn::TransformerBlock>(b)));
+  for (int64_t i = 0; i < cfg.n_layer; ++i) blocks_.push_back(h->append(std::make_shared<DecoderBlock>(b)));
   ln_f_ = register_module("ln_f", std::make_shared<nn::LayerNorm>(cfg.n_embd, cfg.layer_norm_eps));
 }
 
-Tensor GPT2Model::forward(const Tensor& ids) {
+Tensor GPT2Model::forward(const Tensor& ids, KVCache* cache) {
   INGOT_CHECK(ids.dim() == 2 && is_integral(ids.dtype()), "GPT2: expected ids [B, T] of an integer type, got ",
               dtype_name(ids.dtype()), shape_str(ids.shape()));
-  const int64_t T = ids.size(1);
-  INGOT_CHECK(T <= cfg_.n_positions, "GPT2: sequence length ", T, " exceeds n_positions ", cfg_.n_positions);
-  Tensor pos = arange(0, T, DType::i64, ids.device());
+  const int64_t T = ids.size(1), start = cache ? cache->length() : 0;
+  INGOT_CHECK(start + T <= cfg_.n_positions, "GPT2: sequence length ", start + T, " exceeds n_positions ",
+              cfg_.n_positions);
+  Tensor pos = arange(start, start + T, DType::i64, ids.device());
   Tensor x = drop_->forward(add(wte_->forward(ids), wpe_->forward(pos)));
-  for (auto& block : blocks_) x = block->forward(x);
+  for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->forward(x, cache, i);
+  if (cache) cache->advance(T);
   return ln_f_->forward(x);
 }
 
 GPT2::GPT2(const GPT2Config& cfg) : cfg_(cfg) {
   transformer_ = register_module("transformer", std::make_shared<GPT2Model>(cfg));
   if (!cfg.tie_word_embeddings)
-    lm_head_ = register_module("lm_head", std::make_shared<nn::Linear>(cfg.n_embd, cfg.vocab_size, false,
-                                                                       cfg.initializer_range));
+    lm_head_ = register_module("lm_head", std::make_shared<nn::LoRALinear>(cfg.n_embd, cfg.vocab_size, false,
+                                                                           cfg.initializer_range));
   set_tensor_names();
 }
 
-Tensor GPT2::forward(const Tensor& ids) {
-  Tensor h = transformer_->forward(ids);
+Tensor GPT2::head(const Tensor& h) {
   if (lm_head_) return lm_head_->forward(h);
   auto c = compute_dtype();
   return linear(nn::maybe_cast(h, c), nn::maybe_cast(transformer_->wte().weight(), c));
 }
+
+Tensor GPT2::forward(const Tensor& ids) { return head(transformer_->forward(ids)); }
+
+Tensor GPT2::forward_cached(const Tensor& ids, KVCache& cache) { return head(transformer_->forward(ids, &cache)); }
 
 }  // namespace ingot::models

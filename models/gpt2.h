@@ -2,19 +2,20 @@
 // projection and a GELU(tanh) MLP, final LayerNorm, LM head tied to the token embedding.
 //
 // Parameter names follow Hugging Face's GPT2LMHeadModel (transformer.wte.weight, transformer.h.0.attn.c_attn.weight,
-// ...), but every projection is stored as a Linear [out, in]; HF's Conv1D [in, out] checkpoints need a
-// transpose, which the recipes' weight mapping does. With tied embeddings there is no lm_head parameter.
+// ...), but every projection is stored as a Linear [out, in]; HF's Conv1D [in, out] checkpoints are transposed
+// by models/hf_checkpoint.h on load and save. With tied embeddings there is no lm_head parameter.
 #pragma once
 
 #include <memory>
 
-#include "autograd/nn/layers.h"
 #include "models/causal_lm.h"
+#include "models/decoder.h"
 
 namespace ingot::models {
 
 struct GPT2Config {
   int64_t vocab_size = 50257, n_positions = 1024, n_embd = 768, n_layer = 12, n_head = 12;
+  int64_t n_inner = 0;  // MLP hidden size; 0 means 4 * n_embd
   double dropout = 0.0, layer_norm_eps = 1e-5;
   bool tie_word_embeddings = true;
   double initializer_range = 0.02;  // normal(0, std) init; residual projections get std / sqrt(2 * n_layer)
@@ -24,14 +25,14 @@ struct GPT2Config {
 class GPT2Model : public nn::Module {
  public:
   explicit GPT2Model(const GPT2Config& cfg);
-  Tensor forward(const Tensor& ids);
+  Tensor forward(const Tensor& ids, KVCache* cache = nullptr);
   const nn::Embedding& wte() const { return *wte_; }
 
  private:
   GPT2Config cfg_;
   std::shared_ptr<nn::Embedding> wte_, wpe_;
   std::shared_ptr<nn::Dropout> drop_;
-  std::vector<std::shared_ptr<nn::TransformerBlock>> blocks_;
+  std::vector<std::shared_ptr<DecoderBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f_;
 };
 
@@ -39,13 +40,17 @@ class GPT2 : public CausalLM {
  public:
   explicit GPT2(const GPT2Config& cfg);
   Tensor forward(const Tensor& ids) override;  // ids [B, T] i64 -> logits [B, T, vocab_size]
+  Tensor forward_cached(const Tensor& ids, KVCache& cache) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t max_positions() const override { return cfg_.n_positions; }
   const GPT2Config& config() const { return cfg_; }
 
  private:
+  Tensor head(const Tensor& h);
+
   GPT2Config cfg_;
   std::shared_ptr<GPT2Model> transformer_;
-  std::shared_ptr<nn::Linear> lm_head_;  // null when tied
+  std::shared_ptr<nn::LoRALinear> lm_head_;  // null when tied
 };
 
 }  // namespace ingot::models

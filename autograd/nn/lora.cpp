@@ -1,0 +1,128 @@
+#include "autograd/nn/lora.h"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+namespace ingot::nn {
+
+void LoRALinear::add_lora(const LoRAConfig& cfg, const std::string& name) {
+  INGOT_CHECK(!lora_a_, "lora: ", name, " already has an adapter");
+  INGOT_CHECK(!merged_, "lora: ", name, " has a merged adapter; build a new model to adapt it again");
+  INGOT_CHECK(cfg.rank >= 1, "lora: rank must be >= 1, got ", cfg.rank);
+  INGOT_CHECK(cfg.alpha > 0, "lora: alpha must be > 0, got ", cfg.alpha);
+  INGOT_CHECK(cfg.dropout >= 0 && cfg.dropout < 1, "lora: dropout must be in [0, 1), got ", cfg.dropout);
+  lora_dropout_ = register_module("lora_dropout", std::make_shared<Dropout>(cfg.dropout));
+  lora_a_ = register_module("lora_A", std::make_shared<Linear>(in_features(), cfg.rank, false));
+  lora_b_ = register_module("lora_B", std::make_shared<Linear>(cfg.rank, out_features(), false));
+  Tensor b_weight = lora_b_->weight();
+  b_weight.zero_();
+  for (auto* m : std::initializer_list<Module*>{lora_a_.get(), lora_b_.get(), lora_dropout_.get()}) {
+    m->to(weight().device());
+    m->to(weight().dtype());
+    m->set_compute_dtype(compute_dtype());
+    m->train(is_training());
+  }
+  scale_ = cfg.scale();
+  Tensor w = weight(), b = bias();
+  w.set_requires_grad(false);
+  if (b.defined()) b.set_requires_grad(false);
+}
+
+Tensor LoRALinear::forward(const Tensor& x) {
+  Tensor y = Linear::forward(x);
+  if (!lora_a_ || merged_) return y;
+  Tensor delta = lora_b_->forward(lora_a_->forward(lora_dropout_->forward(x)));
+  if (delta.dtype() != y.dtype()) delta = cast(delta, y.dtype());
+  return add(y, mul(delta, scale_));
+}
+
+Tensor LoRALinear::merged_weight() const {
+  NoGradGuard ng;
+  if (!lora_a_ || merged_) return weight().detach();
+  Tensor ba = matmul(lora_b_->weight(), lora_a_->weight());
+  if (ba.dtype() != weight().dtype()) ba = cast(ba, weight().dtype());
+  return add(weight(), mul(ba, scale_)).detach();
+}
+
+void LoRALinear::merge() {
+  if (!lora_a_ || merged_) return;
+  Tensor m = merged_weight();
+  Tensor w = weight();
+  w.copy_(m);
+  merged_ = true;
+}
+
+namespace {
+
+std::string last_component(const std::string& name) {
+  auto dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(dot + 1);
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<LoRALinear>>> lora_linears(const Module& model) {
+  std::vector<std::pair<std::string, std::shared_ptr<LoRALinear>>> out;
+  for (auto& [name, m] : model.named_modules())
+    if (auto l = std::dynamic_pointer_cast<LoRALinear>(m)) out.emplace_back(name, l);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> apply_lora(Module& model, const LoRAConfig& cfg) {
+  INGOT_CHECK(!cfg.target_modules.empty(), "lora: target_modules is empty; name the projections to adapt");
+  auto linears = lora_linears(model);
+  std::set<std::string> available;
+  for (auto& [name, l] : linears) available.insert(last_component(name));
+  for (const std::string& t : cfg.target_modules) {
+    if (available.count(t)) continue;
+    std::ostringstream os;
+    for (auto it = available.begin(); it != available.end(); ++it) os << (it == available.begin() ? "" : ", ") << *it;
+    INGOT_CHECK(false, "lora: target module '", t, "' matches no projection of this model (projections: ",
+                os.str(), ")");
+  }
+  for (auto& [name, p] : model.named_parameters()) {
+    Tensor t = p;
+    t.set_requires_grad(false);
+  }
+  std::vector<std::string> adapted;
+  for (auto& [name, l] : linears) {
+    const std::string last = last_component(name);
+    if (std::find(cfg.target_modules.begin(), cfg.target_modules.end(), last) == cfg.target_modules.end()) continue;
+    l->add_lora(cfg, name);
+    adapted.push_back(name);
+  }
+  // The adapters were registered below modules that were named before they existed.
+  model.set_tensor_names();
+  return adapted;
+}
+
+std::vector<Tensor> trainable_parameters(const Module& model) {
+  std::vector<Tensor> out;
+  for (auto& [name, p] : model.named_parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> lora_state_dict(const Module& model) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, p] : model.named_parameters())
+    if (name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos)
+      out.emplace_back(name, p);
+  return out;
+}
+
+std::map<std::string, Tensor> merged_state_dict(const Module& model) {
+  std::map<std::string, Tensor> sd = model.state_dict();
+  for (auto it = sd.begin(); it != sd.end();) {
+    if (it->first.find(".lora_A.") != std::string::npos || it->first.find(".lora_B.") != std::string::npos)
+      it = sd.erase(it);
+    else
+      ++it;
+  }
+  for (auto& [name, l] : lora_linears(model))
+    if (l->has_lora()) sd[name.empty() ? "weight" : name + ".weight"] = l->merged_weight();
+  return sd;
+}
+
+}  // namespace ingot::nn

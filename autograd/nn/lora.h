@@ -1,0 +1,66 @@
+// LoRA (Hu et al. 2021, "Low-Rank Adaptation of Large Language Models"): a frozen projection W plus a trained
+// low-rank update, y = x W^T + b + (alpha / r) * B(A(dropout(x))), A [r, in], B [out, r].
+//
+// Models build their projections as LoRALinear, which is an ordinary Linear until add_lora() is called, so a
+// model needs no rebuilding to be adapted. Names follow PEFT: the adapter of "...self_attn.q_proj" is
+// "...self_attn.q_proj.lora_A.weight" / "...lora_B.weight", so PEFT's adapter_model.safetensors keys are ours
+// with "base_model.model." in front. A starts as PyTorch's Linear default (kaiming uniform) and B as zeros, as
+// in PEFT, so an adapted model first computes exactly what the base model does.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/nn/layers.h"
+
+namespace ingot::nn {
+
+struct LoRAConfig {
+  int64_t rank = 8;
+  double alpha = 16.0;
+  double dropout = 0.0;
+  // Last components of module names to adapt ("q_proj", "v_proj", "c_attn"); every match is adapted.
+  std::vector<std::string> target_modules{"q_proj", "v_proj"};
+  double scale() const { return alpha / static_cast<double>(rank); }
+};
+
+class LoRALinear : public Linear {
+ public:
+  using Linear::Linear;
+  // Adds lora_A / lora_B / lora_dropout children on the weight's device and dtype (compute dtype inherited) and
+  // freezes weight and bias. Adding twice is an error naming `name`.
+  void add_lora(const LoRAConfig& cfg, const std::string& name = "LoRALinear");
+  bool has_lora() const { return lora_a_ != nullptr; }
+  double lora_scale() const { return scale_; }
+  // Base output plus the adapter's; the adapter is skipped once merged.
+  Tensor forward(const Tensor& x);
+  // W + scale * B A as a new tensor (no gradient); the weight itself without an adapter.
+  Tensor merged_weight() const;
+  // Folds the adapter into the weight in place (inference / export); forward then skips it.
+  void merge();
+  bool merged() const { return merged_; }
+
+ private:
+  std::shared_ptr<Linear> lora_a_, lora_b_;
+  std::shared_ptr<Dropout> lora_dropout_;
+  double scale_ = 0.0;
+  bool merged_ = false;
+};
+
+// Adds adapters to every LoRALinear of `model` whose last name component is in cfg.target_modules and freezes
+// every other parameter. Errors: a target that matches no LoRALinear (listing the projections there are),
+// rank < 1, alpha <= 0, dropout outside [0, 1). Returns the adapted module names.
+std::vector<std::string> apply_lora(Module& model, const LoRAConfig& cfg);
+
+// Parameters with requires_grad (what an optimizer should get after apply_lora).
+std::vector<Tensor> trainable_parameters(const Module& model);
+
+// The adapter tensors only: "<module>.lora_A.weight" / "<module>.lora_B.weight" (handles, not copies).
+std::vector<std::pair<std::string, Tensor>> lora_state_dict(const Module& model);
+
+// The state dict with every adapter folded into its base weight and no lora_* entries: what an export writes.
+std::map<std::string, Tensor> merged_state_dict(const Module& model);
+
+}  // namespace ingot::nn

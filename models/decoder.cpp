@@ -1,0 +1,182 @@
+#include "models/decoder.h"
+
+#include <cmath>
+
+namespace ingot::models {
+
+// Follows transformers' _compute_default_rope_parameters / _compute_linear_scaling_rope_parameters /
+// _compute_llama3_parameters, all of which work on f32 tensors.
+Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s) {
+  INGOT_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim must be positive and even, got ", head_dim);
+  INGOT_CHECK(theta > 0, "rope: rope_theta must be positive, got ", theta);
+  const int64_t half = head_dim / 2;
+  std::vector<double> out(static_cast<size_t>(half));
+  const float pi2 = static_cast<float>(2.0 * M_PI);
+  for (int64_t i = 0; i < half; ++i) {
+    float f = 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    if (s.kind == RopeScaling::Kind::Linear) {
+      f = f / static_cast<float>(s.factor);
+    } else if (s.kind == RopeScaling::Kind::Llama3) {
+      const float factor = static_cast<float>(s.factor), lo = static_cast<float>(s.low_freq_factor),
+                  hi = static_cast<float>(s.high_freq_factor);
+      const float old_len = static_cast<float>(s.original_max_position_embeddings);
+      const float low_freq_wavelen = old_len / lo, high_freq_wavelen = old_len / hi;
+      const float wavelen = pi2 / f;
+      float scaled = wavelen > low_freq_wavelen ? f / factor : f;
+      const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+      if (medium) {
+        const float smooth = (old_len / wavelen - lo) / (hi - lo);
+        scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      }
+      f = scaled;
+    }
+    out[static_cast<size_t>(i)] = f;
+  }
+  return from_vector(out, {half}, DType::f32);
+}
+
+std::pair<Tensor, Tensor> KVCache::append(size_t layer, const Tensor& k, const Tensor& v) {
+  if (k_.size() <= layer) {
+    k_.resize(layer + 1);
+    v_.resize(layer + 1);
+  }
+  INGOT_CHECK(!k_[layer].defined() || k_[layer].size(2) == length_, "KVCache: layer ", layer, " holds ",
+              k_[layer].defined() ? k_[layer].size(2) : 0, " tokens but the cache length is ", length_,
+              " (a forward with this cache was interrupted, or the cache belongs to another model)");
+  if (k_[layer].defined()) {
+    INGOT_CHECK(k_[layer].size(0) == k.size(0), "KVCache: batch size changed from ", k_[layer].size(0), " to ",
+                k.size(0), "; clear() the cache first");
+    k_[layer] = cat({k_[layer], k}, 2);
+    v_[layer] = cat({v_[layer], v}, 2);
+  } else {
+    k_[layer] = contiguous(k);
+    v_[layer] = contiguous(v);
+  }
+  return {k_[layer], v_[layer]};
+}
+
+DecoderConfig resolved(DecoderConfig c) {
+  if (c.n_kv_head == 0) c.n_kv_head = c.n_head;
+  INGOT_CHECK(c.dim > 0 && c.n_head > 0, "decoder: hidden size and head count must be positive, got ", c.dim,
+              " and ", c.n_head);
+  if (c.head_dim == 0) {
+    INGOT_CHECK(c.dim % c.n_head == 0, "decoder: hidden size (", c.dim, ") must be a multiple of the head count (",
+                c.n_head, ")");
+    c.head_dim = c.dim / c.n_head;
+  }
+  INGOT_CHECK(c.n_kv_head > 0 && c.n_head % c.n_kv_head == 0, "decoder: attention heads (", c.n_head,
+              ") must be a multiple of key/value heads (", c.n_kv_head, ")");
+  INGOT_CHECK(!c.rope || c.head_dim % 2 == 0, "decoder: RoPE needs an even head dim, got ", c.head_dim);
+  INGOT_CHECK(c.intermediate > 0, "decoder: intermediate size must be positive, got ", c.intermediate);
+  return c;
+}
+
+// Attention ------------------------------------------------------------------------------------------------
+
+Attention::Attention(const DecoderConfig& cfg) : cfg_(resolved(cfg)) {
+  using nn::LoRALinear;
+  const int64_t q_dim = cfg_.n_head * cfg_.head_dim, kv_dim = cfg_.n_kv_head * cfg_.head_dim;
+  if (cfg_.fused_qkv) {
+    c_attn_ = register_module("c_attn",
+                              std::make_shared<LoRALinear>(cfg_.dim, q_dim + 2 * kv_dim, cfg_.qkv_bias, cfg_.init_std));
+    out_proj_ = register_module("c_proj", std::make_shared<LoRALinear>(q_dim, cfg_.dim, cfg_.out_bias, cfg_.out_init_std));
+  } else {
+    q_proj_ = register_module("q_proj", std::make_shared<LoRALinear>(cfg_.dim, q_dim, cfg_.qkv_bias, cfg_.init_std));
+    k_proj_ = register_module("k_proj", std::make_shared<LoRALinear>(cfg_.dim, kv_dim, cfg_.qkv_bias, cfg_.init_std));
+    v_proj_ = register_module("v_proj", std::make_shared<LoRALinear>(cfg_.dim, kv_dim, cfg_.qkv_bias, cfg_.init_std));
+    out_proj_ = register_module("o_proj", std::make_shared<LoRALinear>(q_dim, cfg_.dim, cfg_.out_bias, cfg_.out_init_std));
+  }
+  dropout_ = register_module("resid_dropout", std::make_shared<nn::Dropout>(cfg_.dropout));
+  if (cfg_.rope) inv_freq_ = rope_inv_freq(cfg_.head_dim, cfg_.rope_theta, cfg_.rope_scaling);
+}
+
+std::pair<Tensor, Tensor> Attention::rope_for(int64_t start, int64_t len, Device device) {
+  const int64_t end = start + len;
+  if (!rope_cos_.defined() || rope_cos_.size(0) < end || !(rope_cos_.device() == device)) {
+    // Grow geometrically so token-by-token decoding rebuilds the tables O(log n) times.
+    int64_t n = std::max<int64_t>(end, rope_cos_.defined() ? 2 * rope_cos_.size(0) : 0);
+    std::tie(rope_cos_, rope_sin_) = rope_tables(n, cfg_.head_dim, cfg_.rope_theta, device, 0, inv_freq_);
+  }
+  if (start == 0 && len == rope_cos_.size(0)) return {rope_cos_, rope_sin_};
+  return {narrow(rope_cos_, 0, start, len), narrow(rope_sin_, 0, start, len)};
+}
+
+Tensor Attention::forward(const Tensor& x, KVCache* cache, size_t layer) {
+  INGOT_CHECK(x.dim() == 3 && x.size(2) == cfg_.dim, "attention: expected x [B, T, ", cfg_.dim, "], got ",
+              shape_str(x.shape()));
+  const int64_t B = x.size(0), T = x.size(1), D = cfg_.head_dim;
+  const int64_t q_dim = cfg_.n_head * D, kv_dim = cfg_.n_kv_head * D;
+  const int64_t start = cache ? cache->length() : 0;
+  INGOT_CHECK(cfg_.sliding_window == 0 || start + T <= cfg_.sliding_window, "attention: ", start + T,
+              " tokens exceed the sliding window of ", cfg_.sliding_window,
+              " (sliding-window attention is not implemented; shorten the sequence)");
+  Tensor q, k, v;
+  if (c_attn_) {
+    std::vector<Tensor> parts = split_sizes(c_attn_->forward(x), {q_dim, kv_dim, kv_dim}, -1);
+    q = parts[0], k = parts[1], v = parts[2];
+  } else {
+    q = q_proj_->forward(x), k = k_proj_->forward(x), v = v_proj_->forward(x);
+  }
+  // [B, T, H*D] -> [B, H, T, D]
+  auto heads = [&](const Tensor& t, int64_t h) { return transpose(reshape(t, {B, T, h, D}), 1, 2); };
+  q = heads(q, cfg_.n_head);
+  k = heads(k, cfg_.n_kv_head);
+  v = heads(v, cfg_.n_kv_head);
+  if (cfg_.rope) {
+    auto [cos_t, sin_t] = rope_for(start, T, x.device());
+    q = rotary_embedding(q, cos_t, sin_t);
+    k = rotary_embedding(k, cos_t, sin_t);
+  }
+  if (cache) std::tie(k, v) = cache->append(layer, k, v);
+  // Causal with more keys than queries aligns the queries with the last keys (query i sees keys <= start + i).
+  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  y = reshape(transpose(y, 1, 2), {B, T, q_dim});
+  return dropout_->forward(out_proj_->forward(y));
+}
+
+// MLP and block --------------------------------------------------------------------------------------------
+
+DecoderMLP::DecoderMLP(const DecoderConfig& c) {
+  using nn::LoRALinear;
+  if (c.style == DecoderConfig::Style::GPT2) {
+    c_fc_ = register_module("c_fc", std::make_shared<LoRALinear>(c.dim, c.intermediate, true, c.init_std));
+    c_proj_ = register_module("c_proj", std::make_shared<LoRALinear>(c.intermediate, c.dim, true, c.out_init_std));
+    dropout_ = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
+  } else {
+    gate_proj_ = register_module("gate_proj", std::make_shared<LoRALinear>(c.dim, c.intermediate, c.mlp_bias, c.init_std));
+    up_proj_ = register_module("up_proj", std::make_shared<LoRALinear>(c.dim, c.intermediate, c.mlp_bias, c.init_std));
+    down_proj_ = register_module("down_proj",
+                                 std::make_shared<LoRALinear>(c.intermediate, c.dim, c.mlp_bias, c.out_init_std));
+  }
+}
+
+Tensor DecoderMLP::forward(const Tensor& x) {
+  if (c_fc_) return dropout_->forward(c_proj_->forward(gelu(c_fc_->forward(x), /*approximate_tanh=*/true)));
+  return down_proj_->forward(mul(silu(gate_proj_->forward(x)), up_proj_->forward(x)));
+}
+
+DecoderBlock::DecoderBlock(const DecoderConfig& cfg) {
+  const DecoderConfig c = resolved(cfg);
+  if (c.style == DecoderConfig::Style::GPT2) {
+    ln1_ = register_module("ln_1", std::make_shared<nn::LayerNorm>(c.dim, c.norm_eps));
+    attn_ = register_module("attn", std::make_shared<Attention>(c));
+    ln2_ = register_module("ln_2", std::make_shared<nn::LayerNorm>(c.dim, c.norm_eps));
+  } else {
+    rms1_ = register_module("input_layernorm", std::make_shared<nn::RMSNorm>(c.dim, c.norm_eps));
+    attn_ = register_module("self_attn", std::make_shared<Attention>(c));
+    rms2_ = register_module("post_attention_layernorm", std::make_shared<nn::RMSNorm>(c.dim, c.norm_eps));
+  }
+  mlp_ = register_module("mlp", std::make_shared<DecoderMLP>(c));
+}
+
+Tensor DecoderBlock::norm(int which, const Tensor& x) {
+  if (ln1_) return (which == 1 ? ln1_ : ln2_)->forward(x);
+  return (which == 1 ? rms1_ : rms2_)->forward(x);
+}
+
+Tensor DecoderBlock::forward(const Tensor& x, KVCache* cache, size_t layer) {
+  Tensor h = add(x, attn_->forward(norm(1, x), cache, layer));
+  return add(h, mlp_->forward(norm(2, h)));
+}
+
+}  // namespace ingot::models

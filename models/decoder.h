@@ -1,0 +1,108 @@
+// Decoder building blocks shared by GPT-2 and the Llama family: attention with rotary scaling and a KV cache,
+// the two MLP styles and the pre-norm block. Every projection is an nn::LoRALinear, so LoRA adapters can be
+// added to any of them after construction (autograd/nn/lora.h). Names follow Hugging Face (c_attn, q_proj, ...).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "autograd/nn/layers.h"
+#include "autograd/nn/lora.h"
+
+namespace ingot::models {
+
+// HF config.json "rope_scaling" (transformers' modeling_rope_utils): none, "linear" (positions / factor) or
+// "llama3" (long wavelengths / factor, short ones kept, a smooth blend between).
+struct RopeScaling {
+  enum class Kind { None, Linear, Llama3 };
+  Kind kind = Kind::None;
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+// inv_freq [head_dim / 2] (f32) computed in f32 in transformers' order of operations.
+Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling);
+
+// Keys and values of the tokens seen so far, per layer, for incremental decoding. A model's forward with a
+// cache attends over the cached tokens plus the new ones, places the new ones at positions length()...,
+// appends their keys and values and advances length().
+class KVCache {
+ public:
+  int64_t length() const { return length_; }
+  void clear() {
+    k_.clear();
+    v_.clear();
+    length_ = 0;
+  }
+  // Layer `layer`'s keys / values [B, Hkv, length + T, D] after appending k, v [B, Hkv, T, D].
+  std::pair<Tensor, Tensor> append(size_t layer, const Tensor& k, const Tensor& v);
+  void advance(int64_t t) { length_ += t; }
+
+ private:
+  std::vector<Tensor> k_, v_;
+  int64_t length_ = 0;
+};
+
+struct DecoderConfig {
+  enum class Style { GPT2, Llama };
+  Style style = Style::GPT2;
+  int64_t dim = 0, n_head = 1, n_kv_head = 0, head_dim = 0;  // 0: n_head / dim / n_head
+  int64_t intermediate = 0;
+  bool fused_qkv = false;  // GPT-2's c_attn
+  bool qkv_bias = false, out_bias = false, mlp_bias = false;
+  bool rope = false;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t sliding_window = 0;  // 0: none; longer contexts are refused rather than silently attended in full
+  double norm_eps = 1e-5;
+  double dropout = 0.0;
+  std::optional<double> init_std, out_init_std;  // projections into / out of the residual stream
+};
+
+// A filled-in copy: n_kv_head and head_dim defaults resolved, sizes checked.
+DecoderConfig resolved(DecoderConfig cfg);
+
+class Attention : public nn::Module {
+ public:
+  explicit Attention(const DecoderConfig& cfg);
+  // x [B, T, dim] at positions start..start+T-1 -> [B, T, dim]. With a cache, attends over its `layer` entry too.
+  Tensor forward(const Tensor& x, KVCache* cache = nullptr, size_t layer = 0);
+
+ private:
+  std::pair<Tensor, Tensor> rope_for(int64_t start, int64_t len, Device device);
+
+  DecoderConfig cfg_;
+  std::shared_ptr<nn::LoRALinear> c_attn_, q_proj_, k_proj_, v_proj_, out_proj_;
+  std::shared_ptr<nn::Dropout> dropout_;
+  Tensor inv_freq_;              // f32, host
+  Tensor rope_cos_, rope_sin_;   // positions [0, rope_cos_.size(0)); not part of the state dict
+};
+
+// GPT-2: c_proj(gelu_tanh(c_fc(x))) then dropout. Llama: down_proj(silu(gate_proj(x)) * up_proj(x)).
+class DecoderMLP : public nn::Module {
+ public:
+  explicit DecoderMLP(const DecoderConfig& cfg);
+  Tensor forward(const Tensor& x);
+
+ private:
+  std::shared_ptr<nn::LoRALinear> c_fc_, c_proj_, gate_proj_, up_proj_, down_proj_;
+  std::shared_ptr<nn::Dropout> dropout_;
+};
+
+// Pre-norm residual block: x + attn(norm1(x)), then h + mlp(norm2(h)).
+class DecoderBlock : public nn::Module {
+ public:
+  explicit DecoderBlock(const DecoderConfig& cfg);
+  Tensor forward(const Tensor& x, KVCache* cache = nullptr, size_t layer = 0);
+
+ private:
+  Tensor norm(int which, const Tensor& x);
+
+  std::shared_ptr<nn::LayerNorm> ln1_, ln2_;
+  std::shared_ptr<nn::RMSNorm> rms1_, rms2_;
+  std::shared_ptr<Attention> attn_;
+  std::shared_ptr<DecoderMLP> mlp_;
+};
+
+}  // namespace ingot::models

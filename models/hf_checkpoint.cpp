@@ -1,0 +1,281 @@
+#include "models/hf_checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "autograd/nn/lora.h"
+#include "runtime/file_util.h"
+#include "runtime/safetensors.h"
+
+namespace ingot::models {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_lora_name(const std::string& n) {
+  return n.find(".lora_A.") != std::string::npos || n.find(".lora_B.") != std::string::npos;
+}
+
+// Our name for a checkpoint tensor, or "" for tensors transformers itself ignores on load.
+std::string our_name(const HFConfig& cfg, const std::string& hf) {
+  if (cfg.arch == HFConfig::Arch::GPT2) {
+    if (ends_with(hf, ".attn.bias") || ends_with(hf, ".attn.masked_bias")) return "";  // causal-mask buffers
+    if (hf.rfind("transformer.", 0) != 0 && hf != "lm_head.weight") return "transformer." + hf;  // GPT2Model files
+  } else if (ends_with(hf, ".rotary_emb.inv_freq")) {
+    return "";
+  }
+  if (hf == "lm_head.weight" && cfg.tie_word_embeddings()) return "";  // tied: the embedding is the head
+  return hf;
+}
+
+std::string list_names(const std::vector<std::string>& names) {
+  std::ostringstream os;
+  for (size_t i = 0; i < names.size() && i < 10; ++i) os << (i ? ", " : "") << names[i];
+  if (names.size() > 10) os << ", ... (" << names.size() - 10 << " more)";
+  return os.str();
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  INGOT_CHECK(fd >= 0, "cannot open ", path, " to sync it");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  INGOT_CHECK(rc == 0, "fsync failed for ", path);
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  write_file_atomic(path, [&](std::FILE* f) { write_bytes(f, text.data(), text.size()); });
+}
+
+}  // namespace
+
+bool hf_is_transposed(const HFConfig& cfg, const std::string& name) {
+  if (cfg.arch != HFConfig::Arch::GPT2) return false;
+  return ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_proj.weight") ||
+         ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight");
+}
+
+std::vector<std::pair<std::string, std::string>> hf_weight_files(const std::string& dir) {
+  const fs::path d(dir);
+  std::vector<std::pair<std::string, std::string>> out;
+  if (fs::exists(d / kSingleFile)) {
+    const std::string path = (d / kSingleFile).string();
+    SafetensorsFile f = SafetensorsFile::open(path);
+    for (const std::string& n : f.names()) out.emplace_back(n, path);
+    return out;
+  }
+  const std::string index = (d / kIndexFile).string();
+  INGOT_CHECK(fs::exists(index), "no ", kSingleFile, " or ", kIndexFile, " in ", dir,
+              " (only safetensors checkpoints are supported; re-save with safe_serialization=True)");
+  json j;
+  try {
+    j = json::parse(read_file(index));
+  } catch (const json::parse_error& e) {
+    INGOT_CHECK(false, index, ": not valid JSON: ", e.what());
+  }
+  INGOT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index,
+              ": expected an object with a \"weight_map\" object");
+  for (auto& [name, file] : j["weight_map"].items()) {
+    INGOT_CHECK(file.is_string(), index, ": weight_map entry '", name, "' must be a file name, got ", file.dump());
+    const std::string f = file.get<std::string>();
+    INGOT_CHECK(f.find('/') == std::string::npos && f != ".." && !f.empty(), index, ": weight_map entry '", name,
+                "' names '", f, "', which is not a file in the checkpoint directory");
+    const fs::path p = d / f;
+    INGOT_CHECK(fs::exists(p), index, ": tensor '", name, "' is in ", f, ", which does not exist");
+    out.emplace_back(name, p.string());
+  }
+  return out;
+}
+
+void load_hf_weights(CausalLM& model, const HFConfig& cfg, const std::string& dir) {
+  struct Source {
+    std::string hf_name, path;
+  };
+  std::map<std::string, Source> sources;
+  std::map<std::string, SafetensorsFile> files;
+  for (auto& [hf, path] : hf_weight_files(dir)) {
+    if (!files.count(path)) files.emplace(path, SafetensorsFile::open(path));
+    const SafetensorsFile& f = files.at(path);
+    INGOT_CHECK(f.has(hf), dir, "/", kIndexFile, " puts tensor '", hf, "' in ", path, ", which does not hold it");
+    const std::string n = our_name(cfg, hf);
+    if (n.empty()) continue;
+    auto [it, fresh] = sources.emplace(n, Source{hf, path});
+    INGOT_CHECK(fresh, "checkpoint ", dir, ": tensor '", n, "' appears twice (", it->second.hf_name, " in ",
+                it->second.path, " and ", hf, " in ", path, ")");
+  }
+
+  // Validate everything before copying anything, so a bad checkpoint leaves the model as it was.
+  struct Step {
+    Tensor param;
+    const Source* source;
+    bool transposed;
+  };
+  std::vector<Step> plan;
+  std::vector<std::string> missing, unexpected;
+  std::set<std::string> used;
+  for (auto& [name, param] : model.named_parameters()) {
+    if (is_lora_name(name)) continue;
+    auto it = sources.find(name);
+    if (it == sources.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    used.insert(name);
+    const Source& s = it->second;
+    const TensorInfo& info = files.at(s.path).info(s.hf_name);
+    Shape want = param.shape();
+    if (hf_is_transposed(cfg, name)) std::swap(want[0], want[1]);
+    INGOT_CHECK(is_floating(info.dtype), s.path, ": tensor '", s.hf_name, "' has dtype ", dtype_name(info.dtype),
+                ", expected a floating type (F32, BF16 or F16)");
+    INGOT_CHECK(info.shape == want, s.path, ": tensor '", s.hf_name, "' has shape ", shape_str(info.shape),
+                ", but ", cfg.source, " gives ", shape_str(want),
+                hf_is_transposed(cfg, name) ? " (GPT-2 Conv1D layout [in, out])" : "");
+    plan.push_back({param, &s, hf_is_transposed(cfg, name)});
+  }
+  for (auto& [name, s] : sources)
+    if (!used.count(name)) unexpected.push_back(s.hf_name);
+  INGOT_CHECK(missing.empty() && unexpected.empty(), "checkpoint ", dir, " does not match ", cfg.source, ": ",
+              missing.empty() ? "" : "missing tensors (" + std::to_string(missing.size()) + "): " + list_names(missing),
+              !missing.empty() && !unexpected.empty() ? "; " : "",
+              unexpected.empty() ? ""
+                                 : "unexpected tensors (" + std::to_string(unexpected.size()) +
+                                       "): " + list_names(unexpected));
+
+  NoGradGuard ng;
+  for (Step& step : plan) {
+    Tensor src = files.at(step.source->path).get(step.source->hf_name);
+    if (step.transposed) src = transpose(src, 0, 1);
+    step.param.copy_(src);
+  }
+}
+
+HFModel load_hf_model(const std::string& dir, DType dtype) {
+  INGOT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::f64,
+              "load_hf_model: dtype must be f32, bf16, f16 or f64, got ", dtype_name(dtype));
+  HFModel m;
+  m.config = load_hf_config(dir);
+  m.model = make_causal_lm(m.config);
+  if (dtype != DType::f32) m.model->to(dtype);
+  load_hf_weights(*m.model, m.config, dir);
+  m.model->eval();  // as transformers' from_pretrained
+  return m;
+}
+
+void write_dir_atomic(const std::string& dir, const std::function<void(const std::string&)>& write) {
+  INGOT_CHECK(!dir.empty(), "save: empty directory path");
+  fs::path target = fs::absolute(fs::path(dir)).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  INGOT_CHECK(!fs::exists(target) || fs::is_directory(target), "save: ", dir, " exists and is not a directory");
+  const fs::path parent = target.parent_path();
+  const std::string pid = std::to_string(::getpid());
+  const fs::path tmp = parent / (target.filename().string() + ".tmp." + pid);
+  const fs::path old = parent / (target.filename().string() + ".old." + pid);
+  try {
+    fs::create_directories(parent);
+    fs::remove_all(tmp);
+    fs::create_directory(tmp);
+  } catch (const fs::filesystem_error& e) {
+    INGOT_CHECK(false, "save: cannot create ", tmp.string(), ": ", e.what());
+  }
+  try {
+    write(tmp.string());
+    fsync_path(tmp.string(), true);
+    if (fs::exists(target)) {
+      fs::rename(target, old);
+      fs::rename(tmp, target);
+      fs::remove_all(old);
+    } else {
+      fs::rename(tmp, target);
+    }
+    fsync_path(parent.string(), true);
+  } catch (const fs::filesystem_error& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    if (fs::exists(old, ec) && !fs::exists(target, ec)) fs::rename(old, target, ec);
+    INGOT_CHECK(false, "save: writing ", target.string(), " failed: ", e.what());
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+void save_hf_model(const CausalLM& model, const HFConfig& cfg, const std::string& dir, const HFSaveOptions& opts) {
+  INGOT_CHECK(opts.max_shard_bytes > 0, "save_hf_model: max_shard_bytes must be positive, got ", opts.max_shard_bytes);
+  for (const std::string& f : opts.extra_files)
+    INGOT_CHECK(fs::is_regular_file(f), "save_hf_model: extra file ", f, " does not exist");
+  const std::map<std::string, Tensor> merged = nn::merged_state_dict(model);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  int64_t total = 0;
+  DType config_dtype = DType::f32;
+  for (auto& [name, p] : model.named_parameters()) {
+    if (is_lora_name(name)) continue;
+    Tensor t = merged.at(name);
+    const DType dt = opts.dtype ? *opts.dtype : t.dtype();
+    hf_dtype_name(dt);  // refuses dtypes transformers cannot hold
+    if (tensors.empty()) config_dtype = dt;
+    total += t.numel() * static_cast<int64_t>(itemsize(dt));
+    tensors.emplace_back(name, t);
+  }
+  // Greedy sharding in parameter order, as transformers' shard_checkpoint does.
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t in_shard = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const DType dt = opts.dtype ? *opts.dtype : tensors[i].second.dtype();
+    const int64_t bytes = tensors[i].second.numel() * static_cast<int64_t>(itemsize(dt));
+    if (!shards.back().empty() && in_shard + bytes > opts.max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += bytes;
+  }
+  const std::string config_text = hf_config_json(cfg, config_dtype);
+
+  write_dir_atomic(dir, [&](const std::string& tmp) {
+    json weight_map = json::object();
+    char buf[64];
+    for (size_t s = 0; s < shards.size(); ++s) {
+      std::string file = kSingleFile;
+      if (shards.size() > 1) {
+        std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+        file = buf;
+      }
+      std::vector<std::pair<std::string, Tensor>> part;
+      NoGradGuard ng;
+      for (size_t i : shards[s]) {
+        auto [name, t] = tensors[i];
+        if (hf_is_transposed(cfg, name)) t = transpose(t, 0, 1);
+        if (opts.dtype) t = t.to(*opts.dtype);
+        part.emplace_back(name, t);
+        weight_map[name] = file;
+      }
+      // transformers refuses safetensors files whose metadata lacks format=pt.
+      save_safetensors(tmp + "/" + file, part, {{"format", "pt"}});
+    }
+    if (shards.size() > 1) {
+      json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+      write_text_file(tmp + "/" + kIndexFile, index.dump(2) + "\n");
+    }
+    write_text_file(tmp + "/config.json", config_text);
+    for (const std::string& f : opts.extra_files)
+      write_text_file(tmp + "/" + fs::path(f).filename().string(), read_file(f));
+  });
+}
+
+}  // namespace ingot::models

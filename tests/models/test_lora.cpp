@@ -1,0 +1,196 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "../testing.h"
+#include "autograd/nn/lora.h"
+#include "models/hf_checkpoint.h"
+#include "models/peft.h"
+#include "runtime/file_util.h"
+#include "runtime/safetensors.h"
+#include "tiny_models.h"
+
+namespace ingot {
+namespace {
+
+using nn::LoRAConfig;
+using nn::LoRALinear;
+
+std::string fixture(const std::string& name) { return std::string(INGOT_SOURCE_DIR) + "/tests/fixtures/hf/" + name; }
+
+// Gives every lora_B a nonzero value so the adapters change the output (B starts at zero, as in PEFT).
+void perturb_adapters(nn::Module& m, double std = 0.05) {
+  for (auto& [name, t] : nn::lora_state_dict(m))
+    if (name.find("lora_B") != std::string::npos) {
+      Tensor w = t;
+      w.copy_(randn(t.shape(), t.dtype(), t.device(), 0.0, std));
+    }
+}
+
+TEST(LoRA, LinearGradientsFlowOnlyToTheAdaptersAndMatchFiniteDifferencesInF64) {
+  manual_seed(11);
+  LoRALinear lin(6, 5, true);
+  lin.to(DType::f64);
+  lin.add_lora({.rank = 3, .alpha = 6.0, .dropout = 0.0, .target_modules = {"x"}});
+  perturb_adapters(lin, 0.5);
+  auto sd = lin.state_dict();
+  Tensor W = sd.at("weight"), b = sd.at("bias"), A = sd.at("lora_A.weight"), B = sd.at("lora_B.weight");
+  EXPECT_FALSE(W.requires_grad());
+  EXPECT_FALSE(b.requires_grad());
+  EXPECT_TRUE(A.requires_grad() && B.requires_grad());
+  EXPECT_EQ(A.shape(), (Shape{3, 6}));
+  EXPECT_EQ(B.shape(), (Shape{5, 3}));
+  EXPECT_DOUBLE_EQ(lin.lora_scale(), 2.0);
+
+  Tensor x = testing::leaf(randn({4, 6}, DType::f64));
+  // Against the definition, through gradcheck on x, A and B as explicit inputs.
+  EXPECT_GRADCHECK(
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{add(linear(in[0], W, b), mul(linear(linear(in[0], in[1]), in[2]), 2.0))};
+      },
+      {x, testing::leaf(A), testing::leaf(B)});
+  // The module computes the same function, and backward leaves the base weight without a gradient.
+  Tensor y = lin.forward(x);
+  Tensor want = add(linear(x, W, b), mul(linear(linear(x, A), B), 2.0));
+  EXPECT_LE(max_rel_error(y, want, 1e-12, 1e-12), 1.0);
+  sum(mul(y, y)).backward();
+  EXPECT_FALSE(W.grad().defined());
+  EXPECT_FALSE(b.grad().defined());
+  EXPECT_TRUE(A.grad().defined() && B.grad().defined());
+  // The module's gradients equal finite differences of its own forward.
+  std::vector<double> ga = A.grad().to_vector();
+  double* a = A.data<double>();
+  for (int64_t i : {0, 7, 17}) {
+    NoGradGuard ng;
+    const double orig = a[i], eps = 1e-6;
+    a[i] = orig + eps;
+    Tensor yp = lin.forward(x);
+    const double lp = sum(mul(yp, yp)).item();
+    a[i] = orig - eps;
+    Tensor ym = lin.forward(x);
+    const double lm = sum(mul(ym, ym)).item();
+    a[i] = orig;
+    EXPECT_NEAR(ga[i], (lp - lm) / (2 * eps), 1e-6 * std::max(1.0, std::abs(ga[i])));
+  }
+}
+
+TEST(LoRA, AFreshAdapterLeavesTheOutputUnchangedAndMergingKeepsIt) {
+  manual_seed(12);
+  models::Llama model(testing::tiny_llama_config());
+  auto [ids, tgt] = testing::repeating_batch(2, 6);
+  Tensor base = model.forward(ids);
+  auto adapted = nn::apply_lora(model, {.rank = 4, .alpha = 8, .dropout = 0.1, .target_modules = {"q_proj", "v_proj", "down_proj"}});
+  EXPECT_EQ(adapted.size(), 6u);  // 2 layers x 3 projections
+  model.eval();
+  EXPECT_EQ(model.forward(ids).to_vector(), base.to_vector());  // B = 0
+  perturb_adapters(model);
+  Tensor unmerged = model.forward(ids);
+  EXPECT_GT(max_rel_error(unmerged, base, 0, 1e-4), 1.0);  // the adapters now matter
+  // The merged state dict in a fresh model without adapters reproduces the adapted model.
+  models::Llama fresh(testing::tiny_llama_config());
+  fresh.load_state_dict(nn::merged_state_dict(model));
+  fresh.eval();
+  EXPECT_LE(max_rel_error(fresh.forward(ids), unmerged, 1e-5, 1e-6), 1.0);
+  // Merging in place skips the adapters afterwards and gives the same logits.
+  for (auto& [n, m] : model.named_modules())
+    if (auto l = std::dynamic_pointer_cast<LoRALinear>(m)) l->merge();
+  EXPECT_LE(max_rel_error(model.forward(ids), unmerged, 1e-5, 1e-6), 1.0);
+}
+
+TEST(LoRA, OnlyAdaptersAreTrainableAndOnlyTheyReceiveGradients) {
+  manual_seed(13);
+  models::GPT2 model(testing::tiny_gpt2_config());
+  nn::apply_lora(model, {.rank = 2, .alpha = 4, .dropout = 0.0, .target_modules = {"c_attn"}});
+  perturb_adapters(model);
+  auto trainable = nn::trainable_parameters(model);
+  EXPECT_EQ(trainable.size(), 4u);  // lora_A and lora_B in 2 layers
+  auto [ids, tgt] = testing::repeating_batch(2, 6);
+  model.loss(ids, tgt).backward();
+  for (auto& [name, p] : model.named_parameters()) {
+    const bool adapter = name.find(".lora_") != std::string::npos;
+    EXPECT_EQ(p.grad().defined(), adapter) << name;
+    EXPECT_EQ(p.requires_grad(), adapter) << name;
+  }
+  EXPECT_EQ(trainable[0].name(), "transformer.h.0.attn.c_attn.lora_A.weight");
+}
+
+TEST(LoRA, BadConfigurationsAreErrors) {
+  models::Llama model(testing::tiny_llama_config());
+  try {
+    nn::apply_lora(model, {.rank = 2, .alpha = 4, .dropout = 0, .target_modules = {"c_attn"}});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'c_attn' matches no projection"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("q_proj"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(nn::apply_lora(model, {.rank = 0, .alpha = 4, .dropout = 0, .target_modules = {"q_proj"}}), Error);
+  models::Llama m2(testing::tiny_llama_config());
+  EXPECT_THROW(nn::apply_lora(m2, {.rank = 2, .alpha = 4, .dropout = 1.0, .target_modules = {"q_proj"}}), Error);
+  models::Llama m3(testing::tiny_llama_config());
+  nn::apply_lora(m3, {.rank = 2, .alpha = 4, .dropout = 0, .target_modules = {"q_proj"}});
+  EXPECT_THROW(nn::apply_lora(m3, {.rank = 2, .alpha = 4, .dropout = 0, .target_modules = {"q_proj"}}), Error);
+  EXPECT_THROW(nn::apply_lora(m3, {.rank = 2, .alpha = 4, .dropout = 0, .target_modules = {}}), Error);
+}
+
+TEST(LoRA, PeftAdapterRoundTripsAndExportMergesIntoHfWeights) {
+  TempDir tmp("ingot_lora_");
+  manual_seed(14);
+  models::HFModel m = models::load_hf_model(fixture("qwen2_tiny"));
+  LoRAConfig cfg{.rank = 4, .alpha = 8, .dropout = 0.0, .target_modules = {"q_proj", "v_proj"}};
+  nn::apply_lora(*m.model, cfg);
+  perturb_adapters(*m.model);
+  Tensor ids = SafetensorsFile::open(fixture("qwen2_tiny") + "/reference.safetensors").get("input_ids");
+  Tensor want = m.model->forward(ids);
+
+  models::save_lora_adapter(*m.model, cfg, m.config, tmp.file("adapter"), "qwen2_tiny");
+  SafetensorsFile saved = SafetensorsFile::open(tmp.file("adapter") + "/adapter_model.safetensors");
+  EXPECT_EQ(saved.names().size(), 8u);  // only adapters: 2 layers x 2 modules x (A, B)
+  EXPECT_TRUE(saved.has("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
+  EXPECT_NE(read_file(tmp.file("adapter") + "/adapter_config.json").find("\"peft_type\": \"LORA\""), std::string::npos);
+
+  models::HFModel again = models::load_hf_model(fixture("qwen2_tiny"));
+  LoRAConfig back = models::load_lora_adapter(*again.model, tmp.file("adapter"));
+  EXPECT_EQ(back.rank, 4);
+  EXPECT_EQ(back.target_modules, cfg.target_modules);
+  EXPECT_EQ(again.model->forward(ids).to_vector(), want.to_vector());
+
+  // Export merges: a plain load of the exported checkpoint gives the adapted logits.
+  models::save_hf_model(*again.model, again.config, tmp.file("merged"));
+  SafetensorsFile merged = SafetensorsFile::open(tmp.file("merged") + "/model.safetensors");
+  for (const std::string& n : merged.names()) EXPECT_EQ(n.find("lora"), std::string::npos) << n;
+  EXPECT_LE(max_rel_error(models::load_hf_model(tmp.file("merged")).model->forward(ids), want, 1e-5, 1e-6), 1.0);
+}
+
+TEST(LoRA, AdapterFilesWithUnsupportedOptionsOrWrongShapesAreRejected) {
+  TempDir tmp("ingot_lora_");
+  models::HFModel m = models::load_hf_model(fixture("llama_tiny"));
+  LoRAConfig cfg{.rank = 4, .alpha = 8, .dropout = 0.0, .target_modules = {"q_proj"}};
+  nn::apply_lora(*m.model, cfg);
+  models::save_lora_adapter(*m.model, cfg, m.config, tmp.file("a"));
+  const std::string conf = read_file(tmp.file("a") + "/adapter_config.json");
+  auto rewrite = [&](const std::string& from, const std::string& to) {
+    std::string s = conf;
+    s.replace(s.find(from), from.size(), to);
+    write_file_atomic(tmp.file("a") + "/adapter_config.json", [&](std::FILE* f) { write_bytes(f, s.data(), s.size()); });
+  };
+  auto error_of = [&] {
+    models::HFModel fresh = models::load_hf_model(fixture("llama_tiny"));
+    try {
+      models::load_lora_adapter(*fresh.model, tmp.file("a"));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  rewrite("\"use_rslora\": false", "\"use_rslora\": true");
+  EXPECT_NE(error_of().find("use_rslora"), std::string::npos);
+  rewrite("\"r\": 4", "\"r\": 2");
+  EXPECT_NE(error_of().find("[2, 64]"), std::string::npos) << error_of();
+  rewrite("\"q_proj\"", "\"k_proj\"");
+  EXPECT_NE(error_of().find("missing adapter tensors"), std::string::npos) << error_of();
+  models::HFModel plain = models::load_hf_model(fixture("llama_tiny"));
+  EXPECT_THROW(models::save_lora_adapter(*plain.model, cfg, plain.config, tmp.file("b")), Error);
+}
+
+}  // namespace
+}  // namespace ingot
