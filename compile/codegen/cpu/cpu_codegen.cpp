@@ -14,7 +14,6 @@
 #include "compile/cache/compile_cache.h"
 #include "compile/codegen/cpu/jit_cc.h"
 #include "compile/codegen/cpu/render_cpp.h"
-#include "compile/logs.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
 
@@ -45,17 +44,21 @@ KernelFn find_symbol(const std::shared_ptr<void>& lib, const std::string& symbol
 class WorkDir {
  public:
   explicit WorkDir(const std::string& cache_dir) {
-    if (cache_dir.empty()) {
-      tmp_.emplace("ingot-kernels-");
-      path_ = tmp_->path();
-      return;
+    if (!cache_dir.empty()) {
+      const std::string parent = cache_dir + "/tmp";
+      std::error_code ec;
+      std::filesystem::create_directories(parent, ec);
+      std::string templ = parent + "/build-XXXXXX";
+      if (!ec && ::mkdtemp(templ.data()) != nullptr) {
+        path_ = templ;
+        return;
+      }
+      // A read-only or full cache directory costs the warm start, not the run.
+      std::fprintf(stderr, "ingot: warning: cannot build kernels in the cache directory '%s'; using a temporary one\n",
+                   cache_dir.c_str());
     }
-    const std::string parent = cache_dir + "/tmp";
-    std::filesystem::create_directories(parent);
-    std::string templ = parent + "/build-XXXXXX";
-    INGOT_CHECK(::mkdtemp(templ.data()) != nullptr, "[codegen] cannot create a build directory in '", parent,
-                "'");
-    path_ = templ;
+    tmp_.emplace("ingot-kernels-");
+    path_ = tmp_->path();
   }
   ~WorkDir() {
     if (!tmp_ && !keep_) {
@@ -165,8 +168,6 @@ std::vector<CpuKernel> CpuCodegen::compile(const std::vector<KernelSpec>& specs,
       unit_src[u] += "\n" + pending[p].source;
     }
     st.emit_s += seconds_since(t0);
-    if (::ingot::compiler::log_on(::ingot::compiler::LogKind::OutputCode))
-      for (const std::string& s : unit_src) ::ingot::compiler::log(::ingot::compiler::LogKind::OutputCode, s);
 
     // 3. compile all units side by side.
     WorkDir work(options_.use_disk_cache ? options_.cache_dir : std::string());
