@@ -13,6 +13,7 @@ int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size"
 int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to address: any strides describe the same (empty) layout
   const auto& s = shape();
   const auto& st = strides();
   int64_t expect = 1;
@@ -51,20 +52,12 @@ double Tensor::item_at(int64_t i) const {
   return 0.0;
 }
 
-namespace {
-thread_local HostReadHook t_host_read_hook = nullptr;
-}  // namespace
-
-void set_host_read_hook(HostReadHook hook) { t_host_read_hook = hook; }
-
-double Tensor::item(std::source_location loc) const {
-  if (t_host_read_hook) t_host_read_hook(*this, loc);
+double Tensor::item() const {
   INGOT_CHECK(numel() == 1, "item: expected a one-element tensor, got shape ", shape_str(shape()));
   return to(Device::cpu()).item_at(0);
 }
 
-std::vector<double> Tensor::to_vector(std::source_location loc) const {
-  if (t_host_read_hook) t_host_read_hook(*this, loc);
+std::vector<double> Tensor::to_vector() const {
   Tensor h = to(Device::cpu());
   std::vector<double> v(static_cast<size_t>(h.numel()));
   for (int64_t i = 0; i < h.numel(); ++i) v[static_cast<size_t>(i)] = h.item_at(i);

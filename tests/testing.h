@@ -115,6 +115,17 @@ inline Tensor leaf(Tensor t) {
   return t;
 }
 
+// The message of the ingot::Error that `f` throws; a test failure (and "") when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an ingot::Error";
+  return "";
+}
+
 }  // namespace ingot::testing
 
 #define EXPECT_GRADCHECK(...)                                   \

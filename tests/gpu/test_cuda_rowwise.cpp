@@ -245,22 +245,26 @@ TEST(CudaIndex, IndexSelectAndIndexAddMatchCpuAlongEveryDim) {
   }
 }
 
+// The embedding op's layout: a [B, T] index, a [B, T, D] output (and gradient), as the models call it.
 TEST(CudaIndex, EmbeddingSizedIndexSelectAndIndexAddMatchCpu) {
   INGOT_REQUIRE_CUDA();
   manual_seed(107);
   for (DType dt : {DType::f32, DType::bf16}) {
     Operand table = values({1000, 96}, dt);
-    Tensor ids = rand_index({512}, 1000, DType::i64);
-    Tensor ref = empty({512, 96}, dt), out = poisoned({512, 96}, dt, kGpu);
+    Tensor ids = rand_index({8, 64}, 1000, DType::i64);
+    Tensor ref = empty({8, 64, 96}, dt), out = poisoned({8, 64, 96}, dt, kGpu);
     kc::index_select(ref, table.cpu, ids, 0);
     kg::index_select(out, table.gpu, ids.to(kGpu), 0);
     EXPECT_EQ(count_unequal(out, ref), 0) << dtype_name(dt);
-    Operand grad = values({512, 96}, dt);
+    Operand grad = values({8, 64, 96}, dt);
     Tensor acc_ref = zeros({1000, 96}, dt), acc = zeros({1000, 96}, dt).to(kGpu);
     kc::index_add(acc_ref, grad.cpu, ids, 0);
     kg::index_add(acc, grad.gpu, ids.to(kGpu), 0);
     EXPECT_TRUE(close(acc, acc_ref, add_tol(dt))) << dtype_name(dt);
   }
+  EXPECT_THROW(kg::index_select(empty({8, 63, 96}, DType::f32, kGpu), empty({1000, 96}, DType::f32, kGpu),
+                                empty({8, 64}, DType::i64, kGpu), 0),
+               Error);
 }
 
 TEST(CudaIndex, GatherAndScatterAddMatchCpuAlongEveryDim) {

@@ -5,17 +5,9 @@
 namespace ingot {
 namespace {
 
+using testing::error_of;
 using testing::leaf;
 using testing::randn_noncontig;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 TEST(IndexSelect, PicksRowsInIndexOrderIncludingDuplicates) {
   Tensor a = from_vector({0, 1, 2, 10, 11, 12, 20, 21, 22}, {3, 3});

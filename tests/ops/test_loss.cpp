@@ -6,17 +6,9 @@
 namespace ingot {
 namespace {
 
+using testing::error_of;
 using testing::leaf;
 using testing::randn_noncontig;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Per-row cross-entropy by explicit loops (PyTorch's definition of label smoothing); 0 for ignored rows.
 std::vector<double> naive_ce_rows(const std::vector<double>& x, const std::vector<int64_t>& t, int64_t classes,

@@ -6,17 +6,9 @@
 namespace ingot {
 namespace {
 
+using testing::error_of;
 using testing::leaf;
 using testing::randn_noncontig;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Index into an operand's batch for a flat index of the broadcast batch (numpy rules, right-aligned).
 int64_t batch_index(const Shape& batch, int64_t flat, const Shape& own) {

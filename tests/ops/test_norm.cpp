@@ -6,17 +6,9 @@
 namespace ingot {
 namespace {
 
+using testing::error_of;
 using testing::leaf;
 using testing::randn_noncontig;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Softmax along `dim` of row-major values by explicit loops.
 std::vector<double> naive_softmax(const std::vector<double>& v, const Shape& shape, int64_t dim, bool log) {

@@ -3,21 +3,13 @@
 namespace ingot {
 namespace {
 
+using testing::error_of;
 using testing::leaf;
 using testing::randn_noncontig;
 
 using Fns = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
 // Runs `f` and returns the error message it throws (empty when it does not throw).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 #define EXPECT_ERROR_HAS(stmt, text) \
   EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << "message: " << error_of([&] { stmt; })
 

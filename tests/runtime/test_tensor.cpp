@@ -192,3 +192,19 @@ TEST(Tensor, AllcloseTreatsNanAndInfStrictly) {
 
 }  // namespace
 }  // namespace ingot
+
+namespace ingot {
+namespace {
+
+// Kernels demand contiguous operands; an empty tensor (e.g. a [2, 3, 0] matmul operand) must never be rejected
+// for its strides, whatever they are.
+TEST(Tensor, EmptyTensorsAreContiguousWhateverTheirStrides) {
+  EXPECT_TRUE(empty({2, 3, 0}).is_contiguous());
+  Tensor base = zeros({4, 5});
+  EXPECT_TRUE(base.as_strided({3, 0}, {7, 1}, 0).is_contiguous());
+  EXPECT_FALSE(base.as_strided({2, 2}, {1, 2}, 0).is_contiguous());
+  EXPECT_TRUE(empty({0, 4}).contiguous_raw().is_contiguous());
+}
+
+}  // namespace
+}  // namespace ingot

@@ -138,8 +138,6 @@ void check_operands(const char* op, const Tensor& out, const Tensor& src, const 
   check_cuda_contig(index, op, "index");
   INGOT_CHECK(out.dtype() == src.dtype(), op, ": expected out and src of one dtype, got ", dtype_name(out.dtype()),
               " and ", dtype_name(src.dtype()));
-  INGOT_CHECK(out.dim() == src.dim(), op, ": expected out and src of one rank, got ", shape_str(out.shape()),
-              " and ", shape_str(src.shape()));
 }
 
 // Elements of a contiguous tensor after dim: the stride of dim.
@@ -149,20 +147,22 @@ int64_t inner_size(const Tensor& t, int64_t dim) {
   return inner;
 }
 
-// Checks the [outer, *, inner] agreement of index_select / index_add; `big` has the indexed size along dim and
-// `small` has index.numel() there.
+// Checks the [outer, *, inner] agreement of index_select / index_add, the CPU kernels' contract: `big` is
+// [outer, n, inner] around dim and `small` holds outer * index.numel() * inner elements in that order (an
+// embedding passes an index of any shape with small = index.shape + big.shape[1:]).
 int64_t check_select(const char* op, const Tensor& big, const Tensor& small, const Tensor& index, int64_t dim) {
-  INGOT_CHECK(index.dim() <= 1, op, ": expected a 1-D index, got ", shape_str(index.shape()));
   dim = wrap_dim(dim, std::max<int64_t>(big.dim(), 1), op);
-  for (int64_t d = 0; d < big.dim(); ++d)
-    INGOT_CHECK(d == dim ? small.size(d) == index.numel() : small.size(d) == big.size(d), op, ": shapes ",
-                shape_str(big.shape()), " and ", shape_str(small.shape()), " disagree for ", index.numel(),
-                " indices along dim ", dim);
+  int64_t outer = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= big.size(d);
+  INGOT_CHECK(small.numel() == outer * index.numel() * inner_size(big, dim), op, ": shapes ", shape_str(big.shape()),
+              " and ", shape_str(small.shape()), " disagree for ", index.numel(), " indices along dim ", dim);
   return dim;
 }
 
 // Geometry of an iterated tensor `it` (index has its shape) against `other` along dim.
 Geometry make_geometry(const char* op, const Tensor& it, const Tensor& other, const Tensor& index, int64_t dim) {
+  INGOT_CHECK(it.dim() == other.dim(), op, ": expected operands of one rank, got ", shape_str(it.shape()), " and ",
+              shape_str(other.shape()));
   INGOT_CHECK(index.shape() == it.shape(), op, ": expected index of shape ", shape_str(it.shape()), ", got ",
               shape_str(index.shape()));
   INGOT_CHECK(it.dim() <= kMaxDims, op, ": at most ", kMaxDims, " dims are supported, got ", it.dim());
