@@ -158,7 +158,7 @@ TEST(LoRA, PeftAdapterRoundTripsAndExportMergesIntoHfWeights) {
   models::save_hf_model(*again.model, again.config, tmp.file("merged"));
   SafetensorsFile merged = SafetensorsFile::open(tmp.file("merged") + "/model.safetensors");
   for (const std::string& n : merged.names()) EXPECT_EQ(n.find("lora"), std::string::npos) << n;
-  EXPECT_LE(max_rel_error(models::load_hf_model(tmp.file("merged")).model->forward(ids), want, 1e-5, 1e-6), 1.0);
+  EXPECT_LE(max_rel_error(models::load_hf_model(tmp.file("merged")).model->forward(ids), want, 1e-4, 1e-5), 1.0);
 }
 
 TEST(LoRA, AdapterFilesWithUnsupportedOptionsOrWrongShapesAreRejected) {
