@@ -215,6 +215,36 @@ TEST(CompileCache, ASecondProcessLoadsCompiledKernelsWithoutTheCompiler) {
   EXPECT_EQ(st.compiled, 0);
 }
 
+TEST(CompileCache, RanksStartingColdTogetherCompileOnce) {
+  TempDir dir("ingot-cache-");
+  const codegen::cpu::CpuCodegenOptions opts{dir.path(), true, 1};
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 3; ++rank) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {  // exit code: how many kernels this rank compiled (100 on an exception)
+      int rc = 100;
+      try {
+        codegen::CodegenStats st;
+        codegen::cpu::CpuCodegen(opts).compile({axpy_spec(0.125), axpy_spec(8.0)}, &st);
+        rc = static_cast<int>(st.compiled);
+      } catch (...) {
+      }
+      ::_exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  int compiled = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    ASSERT_LT(WEXITSTATUS(status), 100);
+    compiled += WEXITSTATUS(status);
+  }
+  EXPECT_EQ(compiled, 2) << "each of the two kernels compiled by exactly one rank";
+}
+
 TEST(CompileCache, ACorruptKernelLibraryIsRecompiledNotLoaded) {
   TempDir dir("ingot-cache-");
   const codegen::cpu::CpuCodegenOptions opts{dir.path(), true, 2};

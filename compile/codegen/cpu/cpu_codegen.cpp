@@ -2,9 +2,12 @@
 #include "compile/codegen/cpu/cpu_codegen.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -75,6 +78,32 @@ class WorkDir {
   bool keep_ = false;
 };
 
+// An exclusive advisory lock (flock) on <dir>/<name>, held for the object's lifetime; released by the kernel
+// if the process dies. Where locking is unsupported the lock is simply not taken (duplicate work, no harm).
+class FileLock {
+ public:
+  FileLock(const std::string& dir, const std::string& name) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    fd_ = ::open((dir + "/" + name).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) return;
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      ::close(fd_);
+      fd_ = -1;
+      return;
+    }
+  }
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing drops the lock
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 struct Pending {
   std::string key;     // structural key
   std::string symbol;  // exported function name
@@ -120,6 +149,22 @@ std::vector<CpuKernel> CpuCodegen::compile(const std::vector<KernelSpec>& specs,
     keys[i] = specs[i].structural_key();
   }
   st.emit_s += seconds_since(t0);
+  // A kernel library from the disk cache into the table; false when there is no usable entry.
+  auto from_disk = [&](const std::string& key) {
+    if (!disk) return false;
+    auto e = disk->get(disk_key(key), kEntryKind);
+    if (!e || e->files.size() != 1) return false;
+    const std::string path = disk->file_path(e->files[0]);
+    try {
+      auto lib = open_library(path);
+      table_[key] = CpuKernel{find_symbol(lib, e->payload, path), e->payload, lib};
+      ++st.disk_hits;
+      return true;
+    } catch (const Error& err) {  // an unloadable library is a miss like any other bad entry
+      std::fprintf(stderr, "ingot: warning: ignoring cached kernel library: %s; recompiling\n", err.what());
+      return false;
+    }
+  };
   std::vector<Pending> pending;
   std::map<std::string, size_t> pending_index;
   t0 = std::chrono::steady_clock::now();
@@ -128,21 +173,24 @@ std::vector<CpuKernel> CpuCodegen::compile(const std::vector<KernelSpec>& specs,
       ++st.memory_hits;
       continue;
     }
-    if (disk) {
-      if (auto e = disk->get(disk_key(keys[i]), kEntryKind); e && e->files.size() == 1) {
-        const std::string path = disk->file_path(e->files[0]);
-        try {
-          auto lib = open_library(path);
-          table_[keys[i]] = CpuKernel{find_symbol(lib, e->payload, path), e->payload, lib};
-          ++st.disk_hits;
-          continue;
-        } catch (const Error& err) {  // an unloadable library is a miss like any other bad entry
-          std::fprintf(stderr, "ingot: warning: ignoring cached kernel library: %s; recompiling\n", err.what());
-        }
-      }
-    }
+    if (from_disk(keys[i])) continue;
     pending_index[keys[i]] = pending.size();
     pending.push_back(Pending{keys[i], specs[i].symbol(), {}, -1});
+  }
+  // Note [One compiler per batch across processes]: the ranks of a job trace the same graph and miss the
+  // same kernels at the same time. The first to take the batch's lock compiles; the others wait, then find
+  // everything in the cache.
+  std::optional<FileLock> batch_lock;
+  if (disk && !pending.empty()) {
+    std::string batch_id = tc.identity;
+    for (const Pending& p : pending) batch_id += "\n" + p.key;
+    batch_lock.emplace(options_.cache_dir + "/locks", cache::hex64(cache::hash_bytes(batch_id)) + ".lock");
+    std::vector<Pending> still;
+    for (Pending& p : pending)
+      if (!from_disk(p.key)) still.push_back(std::move(p));
+    pending = std::move(still);
+    pending_index.clear();
+    for (size_t i = 0; i < pending.size(); ++i) pending_index[pending[i].key] = i;
   }
   st.load_s += seconds_since(t0);
 

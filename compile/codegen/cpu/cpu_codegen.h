@@ -4,6 +4,8 @@
 // rest up in the on-disk compile cache (a hit loads the cached .so: no source, no compiler), then render the
 // remaining distinct kernels into at most `max_parallel` translation units, build them with that many
 // compiler processes side by side, store each .so and one entry per kernel in the cache, and dlopen them.
+// Processes that miss the same batch at once (the ranks of a job) take a lock in the cache directory: one
+// compiles, the others then load its results.
 //
 // Calling a kernel: see the C ABI in compile/codegen/kernel_spec.h.
 #pragma once

@@ -423,6 +423,11 @@ class Renderer {
   void row_reduction() {
     const size_t nd = k_.dims.size();
     const std::string iv = "i" + std::to_string(nd - 1), n = "n" + std::to_string(nd - 1);
+    // One row (a full reduction, e.g. a loss mean or a gradient norm) has no rows to split over threads:
+    // its column loops are split instead, OpenMP combining the per-thread partial reductions.
+    const std::string simd = nd == 1 ? "#pragma omp parallel for simd schedule(static) if (" + n +
+                                           " >= " + std::to_string(kParallelThreshold) + ")"
+                                     : "#pragma omp simd";
     if (nd == 1) {
       line("{  // a single row");
       ++indent_;
@@ -460,7 +465,7 @@ class Renderer {
         line(T + " " + acc + " = " + init + ";  // " + op_name(nd_r.op));
         clauses += " reduction(" + op + ":" + acc + ")";
       }
-      line("#pragma omp simd" + clauses);
+      line(simd + clauses);
       line("for (int64_t " + iv + " = 0; " + iv + " < " + n + "; ++" + iv + ") {");
       ++indent_;
       for (int id : element_closure(operands)) emit_node(id, iv);
@@ -484,7 +489,7 @@ class Renderer {
     if (!element_stores.empty()) {
       std::vector<int> roots;
       for (const Store& s : element_stores) roots.push_back(s.node);
-      line("#pragma omp simd");
+      line(simd);
       line("for (int64_t " + iv + " = 0; " + iv + " < " + n + "; ++" + iv + ") {");
       ++indent_;
       for (int id : element_closure(roots)) emit_node(id, iv);

@@ -7,7 +7,8 @@
 //                 one OpenMP loop, the innermost dim is an `omp simd` loop.
 //   RowReduction  one OpenMP loop over rows; per row, one `omp simd reduction` loop per reduction phase (a
 //                 phase holds the reductions whose inputs are ready: softmax has two, max then sum), then one
-//                 epilogue loop for the element outputs; row outputs are stored once per row.
+//                 epilogue loop for the element outputs; row outputs are stored once per row. A kernel with
+//                 a single row (a full reduction) splits its column loops over threads instead.
 //   MultiTensor   one OpenMP parallel region; each tensor of the list is a work-shared `omp for simd` loop
 //                 (nowait: tensors are independent).
 // Work below kParallelThreshold elements stays on the calling thread (no fork/join cost for tiny kernels).
