@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include "models/generate.h"
@@ -45,6 +46,7 @@ TEST_P(HFParity, LogitsLossAndEveryGradientMatchTransformersInF32) {
   loss.backward();
 
   size_t compared = 0;
+  double worst_grad = 0;
   for (auto& [name, p] : m.model->named_parameters()) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(ref.has("grad." + name)) << "transformers has no parameter " << name;
@@ -53,9 +55,15 @@ TEST_P(HFParity, LogitsLossAndEveryGradientMatchTransformersInF32) {
     Tensor theirs = ref.get("grad." + name);
     if (models::hf_is_transposed(m.config, name)) theirs = transpose(theirs, 0, 1);
     // Gradients mix sums over the batch: compare against the tensor's own scale.
-    EXPECT_LE(scaled_error(g, theirs), 1e-4);
+    const double e = scaled_error(g, theirs);
+    EXPECT_LE(e, 1e-4);
+    worst_grad = std::max(worst_grad, e);
     ++compared;
   }
+  // The measured agreement, for the record (ctest -V / the test log).
+  std::printf("[ parity ] %s: logits max|diff|/max|ref| %.2e, loss |diff| %.2e, worst gradient %.2e over %zu\n",
+              GetParam().c_str(), scaled_error(logits, ref.get("logits")), std::abs(loss.item() - want), worst_grad,
+              compared);
   size_t ref_grads = 0;
   for (const std::string& n : ref.names()) ref_grads += n.rfind("grad.", 0) == 0;
   EXPECT_EQ(compared, ref_grads) << "transformers has parameters this model lacks";
