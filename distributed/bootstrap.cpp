@@ -126,6 +126,7 @@ DistributedContext init_distributed(const InitOptions& options) {
   if (backend == "auto") backend = nccl_available() && cuda_available() ? "nccl" : "gloo";
   ProcessGroupOptions po;
   po.timeout = options.timeout;
+  po.rendezvous_timeout = options.store_timeout;
   po.trace_dir = options.trace_dir;
   po.report_grace = options.report_grace;
   po.broadcast_bytes = broadcast_bytes;

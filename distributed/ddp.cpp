@@ -7,6 +7,7 @@
 #include <set>
 
 #include "autograd/nn/module.h"
+#include "distributed/buckets.h"
 
 namespace ingot::distributed {
 
@@ -15,8 +16,7 @@ namespace {
 struct Bucket {
   std::vector<size_t> params;    // parameter indices, in the order they were packed
   std::vector<int64_t> offsets;  // element offset of each in `flat`
-  int64_t numel = 0;             // elements used; `flat` may be padded past it (ZeRO-1)
-  Tensor flat;                   // gradient buffer
+  Tensor flat;                   // gradient buffer (ZeRO-1: padded to a multiple of the world size)
   Tensor shard, shard_grad;      // ZeRO-1: this rank's chunk of the parameters and of the averaged gradient
   Tensor gathered;               // ZeRO-1: all-gather output, same layout as `flat`
   int pending = 0;               // gradients still missing this round
@@ -45,7 +45,7 @@ struct DistributedDataParallel::State {
     // Strictly in bucket order: the collective sequence must be identical on every rank.
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       Bucket& b = buckets[next_launch++];
-      b.work = reduce_bucket(*group, b.flat, zero1, zero1 ? &b.shard_grad : nullptr);
+      b.work = reduce_bucket_async(*group, b.flat, zero1 ? &b.shard_grad : nullptr);
     }
   }
 
@@ -73,13 +73,6 @@ struct DistributedDataParallel::State {
     next_launch = 0;
   }
 };
-
-std::shared_ptr<Work> DistributedDataParallel::reduce_bucket(ProcessGroup& group, Tensor& flat, bool zero1,
-                                                             Tensor* shard_out) {
-  if (!zero1) return group.all_reduce(flat, ReduceOp::Avg);
-  INGOT_CHECK(shard_out && shard_out->defined(), "reduce_bucket: ZeRO-1 needs a shard output tensor");
-  return group.reduce_scatter(*shard_out, flat, ReduceOp::Avg);
-}
 
 DistributedDataParallel::DistributedDataParallel(std::vector<Tensor> params, std::shared_ptr<ProcessGroup> group,
                                                  DdpOptions options)
@@ -138,36 +131,24 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
     for (auto& w : works) w->wait();
   }
 
-  // Buckets over the parameters in reverse registration order; a new bucket when the cap is reached or the
-  // dtype changes (a bucket is one flat buffer of one dtype).
-  const double cap = options_.bucket_cap_mb * 1024 * 1024;
+  const int world = group_->size(), rank = group_->rank();
+  std::vector<BucketParam> infos;
+  for (const Tensor& p : st->params) infos.push_back({p.numel(), p.dtype()});
   st->bucket_of.resize(params.size());
   st->slot_of.resize(params.size());
-  double bytes = 0;
-  for (size_t k = params.size(); k-- > 0;) {
-    const Tensor& p = params[k];
-    bool fresh = st->buckets.empty() || bytes >= cap ||
-                 st->params[st->buckets.back().params[0]].dtype() != p.dtype();
-    if (fresh) {
-      st->buckets.emplace_back();
-      bytes = 0;
+  for (const BucketPlan& plan : plan_buckets(infos, options_.bucket_cap_mb * 1024 * 1024, options_.zero1 ? world : 1)) {
+    Bucket& b = st->buckets.emplace_back();
+    b.params = plan.params;
+    b.offsets = plan.offsets;
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      st->bucket_of[b.params[s]] = st->buckets.size() - 1;
+      st->slot_of[b.params[s]] = s;
     }
-    Bucket& b = st->buckets.back();
-    st->bucket_of[k] = st->buckets.size() - 1;
-    st->slot_of[k] = b.params.size();
-    b.params.push_back(k);
-    b.offsets.push_back(b.numel);
-    b.numel += p.numel();
-    bytes += static_cast<double>(p.nbytes());
-  }
-  const int world = group_->size(), rank = group_->rank();
-  for (Bucket& b : st->buckets) {
     const Tensor& p0 = st->params[b.params[0]];
-    int64_t padded = options_.zero1 ? (b.numel + world - 1) / world * world : b.numel;
-    b.flat = zeros({padded}, p0.dtype(), p0.device());
+    b.flat = zeros({plan.padded_numel}, p0.dtype(), p0.device());
     if (options_.zero1) {
-      int64_t chunk = padded / world;
-      b.gathered = zeros({padded}, p0.dtype(), p0.device());
+      int64_t chunk = plan.padded_numel / world;
+      b.gathered = zeros({plan.padded_numel}, p0.dtype(), p0.device());
       for (size_t s = 0; s < b.params.size(); ++s) {
         const Tensor& p = st->params[b.params[s]];
         slice(b.gathered, b.offsets[s], p.shape()).copy_(p);

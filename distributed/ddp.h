@@ -15,6 +15,8 @@
 // while backward goes on. Buckets are issued strictly in bucket order, so every rank issues the same
 // collectives in the same order even when they finish filling in different orders.
 //
+// The layout and the per-bucket reduction live in buckets.h, shared with the compiled step.
+//
 // ZeRO-1 (options.zero1): each bucket is padded to a multiple of the world size and reduce-scattered instead;
 // rank r owns chunk r of every bucket: a flat f32-or-param-dtype "shard" tensor that the optimizer updates
 // (so optimizer state is 1/world of the model), after which the shards are all-gathered into the parameters.
@@ -80,10 +82,6 @@ class DistributedDataParallel {
   // Parameter indices (registration order) of each bucket, in issue order; for tests and logs.
   std::vector<std::vector<size_t>> bucket_layout() const;
   ProcessGroup& group() { return *group_; }
-
-  // The async all-reduce of one bucket, for the compiled path (compile/ schedules it as a graph node):
-  // averages `flat` across ranks (ZeRO-1: reduce-scatters it into `shard_out`).
-  static std::shared_ptr<Work> reduce_bucket(ProcessGroup& group, Tensor& flat, bool zero1, Tensor* shard_out);
 
   struct State;
 

@@ -70,12 +70,13 @@ class GlooProcessGroup final : public ProcessGroup {
     gloo::transport::tcp::attr attr;
     attr.hostname = options_.hostname.empty() ? default_hostname() : options_.hostname;
     auto rdzv = std::make_shared<PrefixStore>("gloo", store_);
-    GlooStoreAdapter adapter(rdzv, options_.timeout);
+    GlooStoreAdapter adapter(rdzv, options_.rendezvous_timeout);
     try {
       auto device = gloo::transport::tcp::CreateDevice(attr);
       context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-      context_->setTimeout(options_.timeout);
+      context_->setTimeout(options_.rendezvous_timeout);
       context_->connectFullMesh(adapter, device);
+      context_->setTimeout(options_.timeout);
     } catch (const Error& e) {
       INGOT_FAIL("gloo group '", options_.name, "' rank ", rank_, "/", size_, ": rendezvous failed: ", e.what());
     } catch (const std::exception& e) {

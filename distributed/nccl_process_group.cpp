@@ -114,7 +114,7 @@ class NcclProcessGroup final : public ProcessGroup {
     } else if (rank_ == 0) {
       store_->set("nccl_unique_id", bytes);
     } else {
-      bytes = store_->get("nccl_unique_id", options_.timeout);
+      bytes = store_->get("nccl_unique_id", options_.rendezvous_timeout);
     }
     INGOT_CHECK(bytes.size() == sizeof id, "nccl group '", options_.name, "': the unique id from rank 0 has ",
                 bytes.size(), " bytes, expected ", sizeof id);
@@ -128,7 +128,7 @@ class NcclProcessGroup final : public ProcessGroup {
       INGOT_FAIL("nccl group '", options_.name, "' rank ", rank_, "/", size_, ": ncclCommInitRankConfig failed: ",
                  ncclGetErrorString(r));
     }
-    std::string err = settle("communicator init");
+    std::string err = settle("communicator init", true);
     if (!err.empty()) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
@@ -230,8 +230,9 @@ class NcclProcessGroup final : public ProcessGroup {
 
   // Polls the communicator until it leaves ncclInProgress (Note [Non-blocking communicators]); returns an
   // error text, or "" when it settled successfully.
-  std::string settle(const char* what) {
-    auto deadline = Clock::now() + options_.timeout;
+  std::string settle(const char* what, bool init = false) {
+    Millis limit = init ? options_.rendezvous_timeout : options_.timeout;
+    auto deadline = Clock::now() + limit;
     while (true) {
       ncclResult_t state = ncclInProgress;
       ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
@@ -240,7 +241,7 @@ class NcclProcessGroup final : public ProcessGroup {
       if (state != ncclInProgress)
         return std::string(what) + ": " + ncclGetErrorString(state) + " (" + ncclGetLastError(comm_) + ")";
       if (Clock::now() > deadline)
-        return std::string(what) + ": still in progress after the " + std::to_string(options_.timeout.count()) +
+        return std::string(what) + ": still in progress after the " + std::to_string(limit.count()) +
                " ms timeout";
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

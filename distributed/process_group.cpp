@@ -3,6 +3,7 @@
 #include "distributed/process_group.h"
 
 #include <cstdlib>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -133,7 +134,16 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int size, Pro
               "': rank must be in [0, world size), got rank ", rank, " of ", size);
   INGOT_CHECK(options_.timeout.count() > 0, "process group '", options_.name, "': timeout must be > 0 ms, got ",
               options_.timeout.count());
-  store_ = std::make_shared<PrefixStore>("pg/" + options_.name, std::move(store));
+  // Groups are created in the same order on every rank, so a per-process count of groups with this name
+  // gives each instance its own key namespace (two "world" groups must not read each other's rendezvous keys).
+  static std::mutex count_mu;
+  static std::map<std::string, int> count;
+  int instance;
+  {
+    std::lock_guard<std::mutex> lock(count_mu);
+    instance = count[options_.name]++;
+  }
+  store_ = std::make_shared<PrefixStore>("pg/" + options_.name + "/" + std::to_string(instance), std::move(store));
 }
 
 ProcessGroup::~ProcessGroup() = default;

@@ -90,7 +90,8 @@ class FlightRecorder {
 
 struct ProcessGroupOptions {
   std::string name = "world";       // key namespace in the store, shown in errors
-  Millis timeout{600000};           // every collective (and the group's rendezvous) must finish within this
+  Millis timeout{600000};           // every collective must finish within this
+  Millis rendezvous_timeout{300000};  // creating the group: peers may still be starting
   std::string trace_dir;            // where the ring buffer is dumped on failure ("" = $INGOT_TRACE_DIR or /tmp)
   size_t trace_entries = 512;       // ring buffer capacity
   Millis report_grace{2000};        // on failure, how long to wait for peers to report their progress

@@ -157,6 +157,20 @@ TEST(GlooProcessGroup, BadInputsAreRejectedWithTheOpAndTheShapeNamed) {
   EXPECT_EQ(v.item_at(1), -2.0);
 }
 
+TEST(GlooProcessGroup, CreatingAGroupWhosePeerNeverComesTimesOutNamingTheRendezvous) {
+  auto server = std::make_shared<TcpStoreServer>(0, "127.0.0.1");
+  auto store = std::make_shared<TcpStore>("127.0.0.1", server->port());
+  ProcessGroupOptions o;
+  o.hostname = "127.0.0.1";
+  o.name = "lonely";
+  o.rendezvous_timeout = 200ms;
+  auto t0 = std::chrono::steady_clock::now();
+  std::string msg = error_of([&] { new_gloo_group(store, 0, 2, o); });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3000ms);
+  EXPECT_NE(msg.find("gloo group 'lonely' rank 0/2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("200 ms"), std::string::npos) << msg;
+}
+
 TEST(GlooProcessGroup, ACollectiveTimeoutNamesTheOpTheSequenceNumberAndTheMissingRank) {
   if (is_rank_process()) {
     auto ctx = init_distributed(quick_init(400ms));
