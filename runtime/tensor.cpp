@@ -52,12 +52,20 @@ double Tensor::item_at(int64_t i) const {
   return 0.0;
 }
 
-double Tensor::item() const {
+namespace {
+thread_local HostReadHook t_host_read_hook = nullptr;
+}  // namespace
+
+void set_host_read_hook(HostReadHook hook) { t_host_read_hook = hook; }
+
+double Tensor::item(std::source_location loc) const {
+  if (t_host_read_hook) t_host_read_hook(*this, loc);
   INGOT_CHECK(numel() == 1, "item: expected a one-element tensor, got shape ", shape_str(shape()));
   return to(Device::cpu()).item_at(0);
 }
 
-std::vector<double> Tensor::to_vector() const {
+std::vector<double> Tensor::to_vector(std::source_location loc) const {
+  if (t_host_read_hook) t_host_read_hook(*this, loc);
   Tensor h = to(Device::cpu());
   std::vector<double> v(static_cast<size_t>(h.numel()));
   for (int64_t i = 0; i < h.numel(); ++i) v[static_cast<size_t>(i)] = h.item_at(i);
