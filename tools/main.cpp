@@ -8,12 +8,17 @@
 #include <string_view>
 #include <vector>
 
+#include "distributed/launch/error_file.h"
 #include "recipes/config.h"
 #include "recipes/train.h"
 
 #ifndef INGOT_VERSION
 #define INGOT_VERSION "unknown"
 #endif
+
+namespace ingot {
+int launch_main(const std::vector<std::string>& args);  // tools/launch.cpp
+}  // namespace ingot
 
 namespace {
 
@@ -33,6 +38,7 @@ constexpr const char* kMainHelp = R"(ingot: a C++20 training framework (eager au
 
 Usage:
   ingot run CONFIG [key=value ...] [--summary PATH]   train the recipe described by a YAML config
+  ingot launch [options] -- COMMAND [ARGS ...]        run COMMAND as N workers, torchrun style
   ingot --help                                        this help
   ingot --version                                     version and build features
 
@@ -133,6 +139,7 @@ int dispatch(int argc, char** argv) {
     return 0;
   }
   if (cmd == "run") return run_command({args.begin() + 1, args.end()});
+  if (cmd == "launch") return ingot::launch_main(std::vector<std::string>(args.begin() + 1, args.end()));
   throw UsageError("unknown command '" + std::string(cmd) + "'");
 }
 
@@ -146,9 +153,11 @@ int main(int argc, char** argv) {
               << "Try 'ingot " << (e.command.empty() ? "" : e.command + " ") << "--help'.\n";
     return kExitUsage;
   } catch (const ConfigError& e) {
+    ingot::distributed::launch::record_error(std::string("config error: ") + e.what(), "config error");
     std::cerr << "ingot: config error: " << e.what() << "\n";
     return kExitUsage;
   } catch (const std::exception& e) {
+    ingot::distributed::launch::record_error(e.what(), "error");  // for `ingot launch`'s failure report
     std::cerr << "ingot: error: " << e.what() << "\n";
     return kExitError;
   }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -36,6 +37,10 @@ struct AttemptResult {
   std::string summary;  // one line: "rank 1 on host h exited with code 3"
   int signal = 0;       // kInterrupted: the signal the launcher received
 };
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 std::string make_run_id() {
   std::random_device rd;
@@ -99,6 +104,8 @@ AttemptResult describe_failure(const WorkerGroup& g, size_t root, const NodeAssi
   std::ostringstream os;
   os << "root cause (first worker to fail): " << r.summary << " after " << static_cast<int>(s.end_time * 10) / 10.0
      << " s\n";
+  if (s.signal == SIGKILL)
+    os << "  (the launcher did not send that SIGKILL: the kernel's out-of-memory killer, or a kill -9 from outside)\n";
   if (auto rec = read_error_file(w.error_file)) {
     os << "  error file " << rec->path << (rec->type.empty() ? "" : " (" + rec->type + ")") << ":\n"
        << indent(rec->message, "    ");
@@ -184,11 +191,22 @@ struct Attempt {
 
   AttemptResult run(const NodeAssignment& a) {
     WorkerGroup g(opts.command, specs(a));
+    try {
+      return monitor(g, a);
+    } catch (const Error&) {
+      // The store went away (or another launcher broke the protocol): stop our workers gently, then report.
+      g.stop(SIGTERM, opts.stop_timeout_s, signals);
+      throw;
+    }
+  }
+
+  AttemptResult monitor(WorkerGroup& g, const NodeAssignment& a) {
     log << "ingot launch: attempt " << a.round << " of at most " << opts.max_restarts + 1 << ": node " << a.node_rank << " of " << a.num_nodes << ", ranks " << a.rank_offset << ".."
         << a.rank_offset + world.nproc - 1 << " of world size " << a.world_size << std::endl;
     g.start();
     bool local_done = false;
     const bool multi = a.num_nodes > 1;
+    double next_store_check = 0;
     while (true) {
       g.poll(opts.monitor_interval_s, signals);
       if (signals.stop_requests() > 0) {
@@ -217,7 +235,9 @@ struct Attempt {
         if (!multi) return {};
         rdzv.report_done(a.round);
       }
-      if (multi) {
+      if (multi && seconds_now() >= next_store_check) {
+        // Chatty workers wake the loop often; the store is asked once per monitor interval at most.
+        next_store_check = seconds_now() + opts.monitor_interval_s;
         std::optional<std::string> f = rdzv.failure(a.round);
         if (!f) f = rdzv.final_failure();
         if (f) {
@@ -234,13 +254,6 @@ struct Attempt {
     }
   }
 };
-
-std::vector<std::string> gpu_ids_for(int n) {
-  std::vector<std::string> ids;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) ids = split(v, ',');
-  for (int i = static_cast<int>(ids.size()); i < n; ++i) ids.push_back(std::to_string(i));
-  return ids;
-}
 
 }  // namespace
 
@@ -286,7 +299,9 @@ int run_launcher(const LaunchOptions& opts, std::ostream& log) {
     log << "ingot launch: run " << run_id << ", " << world.nproc << (world.gpus ? " GPU" : "")
         << " worker(s) on this node, store " << rdzv->store_host() << ":" << rdzv->store_port()
         << (rdzv->hosting() ? " (hosted here)" : "") << ", logs " << run_dir << std::endl;
-    std::vector<std::string> gpu_ids = world.gpus ? gpu_ids_for(world.nproc) : std::vector<std::string>{};
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    std::vector<std::string> gpu_ids =
+        world.gpus ? gpu_assignment(world.nproc, visible ? visible : "") : std::vector<std::string>{};
     Attempt attempt{opts, world, run_id, run_dir, gpu_ids, *rdzv, signals, log,
                     opts.local_addr.empty() ? local_hostname() : opts.local_addr};
     for (int round = 0;; ++round) {
@@ -321,6 +336,15 @@ int run_launcher(const LaunchOptions& opts, std::ostream& log) {
   } catch (const Interrupted& i) {
     log << "ingot launch: received " << signal_name(i.signal) << " while waiting for the other nodes" << std::endl;
     exit_code = 128 + i.signal;
+  } catch (const Error& e) {
+    // Rendezvous failures and a lost store end the job here, after the workers were stopped, so that the
+    // other nodes still learn about it below.
+    log << "ingot launch: error: " << e.what() << std::endl;
+    exit_code = kLaunchFailed;
+    try {
+      if (rdzv && opts.max_nodes > 1) rdzv->report_final(local_hostname() + ": " + e.what());
+    } catch (const Error&) {
+    }
   }
   try {
     if (rdzv) rdzv->leave(num_nodes, 30);

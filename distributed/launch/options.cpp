@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <functional>
 
+#include "runtime/error.h"
+
 namespace ingot::distributed::launch {
 
 const char* const kLaunchHelp = R"(Usage: ingot launch [options] [--] COMMAND [ARGS ...]
@@ -154,6 +156,23 @@ LocalWorld resolve_nproc(const std::string& spec, int num_gpus, int num_cpus) {
   if (spec == "cpu") return {std::max(num_cpus, 1), false};
   if (spec == "auto") return num_gpus > 0 ? LocalWorld{num_gpus, true} : LocalWorld{std::max(num_cpus, 1), false};
   return {int_flag("--nproc-per-node", spec, 1, 4096, "a positive number, gpu, cpu or auto"), false};
+}
+
+std::vector<std::string> gpu_assignment(int nproc, const std::string& launcher_visible_devices) {
+  std::vector<std::string> ids;
+  size_t start = 0;
+  while (!launcher_visible_devices.empty() && start <= launcher_visible_devices.size()) {
+    size_t comma = launcher_visible_devices.find(',', start);
+    ids.push_back(launcher_visible_devices.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (ids.empty())
+    for (int i = 0; i < nproc; ++i) ids.push_back(std::to_string(i));
+  INGOT_CHECK(static_cast<int>(ids.size()) >= nproc, "ingot launch: ", nproc,
+              " GPU workers but CUDA_VISIBLE_DEVICES='", launcher_visible_devices, "' lists only ", ids.size());
+  ids.resize(static_cast<size_t>(nproc));
+  return ids;
 }
 
 LaunchOptions parse_launch_args(const std::vector<std::string>& args) {

@@ -60,6 +60,10 @@ struct LocalWorld {
 };
 LocalWorld resolve_nproc(const std::string& spec, int num_gpus, int num_cpus);
 
+// The CUDA_VISIBLE_DEVICES value of each local worker when workers are pinned to GPUs: worker i gets the i-th
+// device the launcher sees (the i-th entry of the launcher's own CUDA_VISIBLE_DEVICES when set, else i).
+std::vector<std::string> gpu_assignment(int nproc, const std::string& launcher_visible_devices);
+
 // `ingot launch --help`.
 extern const char* const kLaunchHelp;
 

@@ -116,9 +116,7 @@ std::string signal_name(int sig) {
 std::string WorkerStatus::describe() const {
   if (!exited) return running ? "is running" : "was not started";
   if (signal != 0) {
-    std::string s = "was killed by " + signal_name(signal) + " (signal " + std::to_string(signal) + ")";
-    if (signal == SIGKILL && !stopped_by_us) s += "; out of memory (OOM killer) or killed from outside?";
-    return s;
+    return "was killed by " + signal_name(signal) + " (signal " + std::to_string(signal) + ")";
   }
   return "exited with code " + std::to_string(exit_code);
 }

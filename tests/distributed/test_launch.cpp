@@ -1,0 +1,357 @@
+// End-to-end tests of `ingot launch` (distributed/launch/): they run the built `ingot` binary (beside
+// ingot_tests) with small shell scripts as workers, in a temporary directory.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "distributed/store.h"
+#include "runtime/device.h"
+#include "runtime/file_util.h"
+
+namespace ingot::distributed::launch {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+  double seconds = 0;
+};
+
+fs::path bin_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
+
+// Runs a shell command line in `cwd` with `ingot` meaning the built binary.
+Result run_sh(const std::string& cwd, const std::string& cmd) {
+  std::string full = "cd '" + cwd + "' && INGOT='" + (bin_dir() / "ingot").string() + "' && (" + cmd + ") 2>&1";
+  auto t0 = std::chrono::steady_clock::now();
+  Result r;
+  FILE* p = popen(full.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// KEY=value lines of a file.
+std::map<std::string, std::string> read_vars(const std::string& path) {
+  std::map<std::string, std::string> m;
+  std::istringstream is(slurp(path));
+  std::string line;
+  while (std::getline(is, line))
+    if (size_t eq = line.find('='); eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 1);
+  return m;
+}
+
+bool process_alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+int free_port() {
+  TcpStoreServer probe(0, "127.0.0.1");
+  return probe.port();
+}
+
+class Launch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(bin_dir() / "ingot")) << "build the `ingot` target too";
+  }
+  std::string path(const std::string& name) const { return dir_.file(name); }
+  void script(const std::string& name, const std::string& body) {
+    std::ofstream(dir_.file(name)) << "#!/bin/sh\n" << body;
+  }
+  Result launch(const std::string& args) { return run_sh(dir_.path(), "\"$INGOT\" launch " + args); }
+  TempDir dir_{"ingot_launch_test"};
+};
+
+TEST_F(Launch, ExportsRanksAndJobVariablesToEveryWorker) {
+  script("env.sh",
+         "for k in RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK "
+         "ROLE_WORLD_SIZE MASTER_ADDR MASTER_PORT INGOT_RESTART_COUNT INGOT_MAX_RESTARTS INGOT_RUN_ID "
+         "INGOT_ERROR_FILE INGOT_USE_AGENT_STORE OMP_NUM_THREADS; do eval echo \"$k=\\$$k\"; done > env_$RANK.txt\n");
+  Result r = launch("--nproc-per-node 4 --max-restarts 2 --rdzv-id job42 -- sh env.sh");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::set<std::string> error_files;
+  for (int rank = 0; rank < 4; ++rank) {
+    auto v = read_vars(path("env_" + std::to_string(rank) + ".txt"));
+    EXPECT_EQ(v["RANK"], std::to_string(rank));
+    EXPECT_EQ(v["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(v["ROLE_RANK"], std::to_string(rank));
+    EXPECT_EQ(v["WORLD_SIZE"], "4");
+    EXPECT_EQ(v["LOCAL_WORLD_SIZE"], "4");
+    EXPECT_EQ(v["ROLE_WORLD_SIZE"], "4");
+    EXPECT_EQ(v["GROUP_RANK"], "0");
+    EXPECT_EQ(v["GROUP_WORLD_SIZE"], "1");
+    EXPECT_EQ(v["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_GT(std::atoi(v["MASTER_PORT"].c_str()), 0);
+    // The port is the store the launcher hosted (and printed).
+    EXPECT_NE(r.output.find("store 127.0.0.1:" + v["MASTER_PORT"] + " (hosted here)"), std::string::npos)
+        << r.output;
+    EXPECT_EQ(v["INGOT_RESTART_COUNT"], "0");
+    EXPECT_EQ(v["INGOT_MAX_RESTARTS"], "2");
+    EXPECT_EQ(v["INGOT_RUN_ID"], "job42");
+    EXPECT_EQ(v["INGOT_USE_AGENT_STORE"], "1");
+    EXPECT_NE(v["INGOT_ERROR_FILE"].find("attempt_0/rank_" + std::to_string(rank) + "/error.json"),
+              std::string::npos);
+    EXPECT_FALSE(v["OMP_NUM_THREADS"].empty());
+    error_files.insert(v["INGOT_ERROR_FILE"]);
+  }
+  EXPECT_EQ(error_files.size(), 4u);
+  EXPECT_NE(r.output.find("all 4 worker(s) succeeded"), std::string::npos) << r.output;
+}
+
+TEST_F(Launch, WorkersReachTheStoreTheLauncherHosts) {
+  // Two workers meet in the launcher's store at MASTER_ADDR:MASTER_PORT, as the process groups will.
+  if (const char* v = getenv("INGOT_LAUNCH_TEST_WORKER"); v && std::string(v) == "1") {
+    TcpStore store(getenv("MASTER_ADDR"), std::atoi(getenv("MASTER_PORT")));
+    int rank = std::atoi(getenv("RANK")), world = std::atoi(getenv("WORLD_SIZE"));
+    store.set("test/rank" + std::to_string(rank), std::to_string(rank * 10 + 7));
+    store.barrier("test/all_in", world, Millis(5000));
+    int other = 1 - rank;
+    EXPECT_EQ(store.get("test/rank" + std::to_string(other), Millis(1000)), std::to_string(other * 10 + 7));
+    return;
+  }
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  Result r = launch("--nproc-per-node 2 -- env INGOT_LAUNCH_TEST_WORKER=1 '" + self +
+                    "' --gtest_filter=Launch.WorkersReachTheStoreTheLauncherHosts --gtest_brief=1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("all 2 worker(s) succeeded"), std::string::npos) << r.output;
+}
+
+TEST_F(Launch, FailingWorkerStopsTheOthersAndIsReportedAsRootCauseWithItsErrorFile) {
+  script("w.sh",
+         "echo $$ > pid_$RANK\n"
+         "if [ \"$RANK\" = 1 ]; then\n"
+         "  sleep 0.3\n"
+         "  echo 'loading shard 3' >&2\n"
+         "  echo 'shape mismatch in layer 7' >&2\n"
+         "  printf '{\"message\": \"linear: inner dims differ: 64 vs 48\", \"type\": \"error\", \"timestamp\": 1}' "
+         "> \"$INGOT_ERROR_FILE\"\n"
+         "  exit 3\n"
+         "fi\n"
+         "exec sleep 30\n");
+  Result r = launch("--nproc-per-node 3 --stop-timeout 5 -- sh w.sh");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 5) << "the other workers were not stopped promptly:\n" << r.output;
+  EXPECT_NE(r.output.find("root cause (first worker to fail): rank 1 (local rank 1 on node 0, host "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(") exited with code 3 after "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("linear: inner dims differ: 64 vs 48"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| shape mismatch in layer 7"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 was stopped (SIGTERM)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 2 was stopped (SIGTERM)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("giving up: worker group failed and no restarts are left (--max-restarts 0"),
+            std::string::npos)
+      << r.output;
+  for (int rank : {0, 2}) {
+    pid_t pid = std::atoi(slurp(path("pid_" + std::to_string(rank))).c_str());
+    ASSERT_GT(pid, 0);
+    EXPECT_FALSE(process_alive(pid)) << "rank " << rank << " still runs";
+  }
+}
+
+TEST_F(Launch, WorkerKilledMidRunRestartsTheGroupAndTheSecondAttemptSucceeds) {
+  script("w.sh",
+         "if [ \"$INGOT_RESTART_COUNT\" = 0 ]; then\n"
+         "  if [ \"$RANK\" = 1 ]; then sleep 0.2; kill -9 $$; fi\n"
+         "  exec sleep 30\n"
+         "fi\n"
+         "echo \"attempt=$INGOT_RESTART_COUNT rank=$RANK\" > done_$RANK\n");
+  Result r = launch("--nproc-per-node 2 --max-restarts 2 -- sh w.sh");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, 5) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (local rank 1 on node 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("was killed by SIGKILL (signal 9)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restarting the worker group (restart 1 of at most 2)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("all 2 worker(s) succeeded (attempt 1)"), std::string::npos) << r.output;
+  EXPECT_EQ(slurp(path("done_0")), "attempt=1 rank=0\n");
+  EXPECT_EQ(slurp(path("done_1")), "attempt=1 rank=1\n");
+}
+
+TEST_F(Launch, RestartsRunOutAndTheLauncherExitsNonZeroNamingTheRootCause) {
+  script("w.sh", "echo attempt $INGOT_RESTART_COUNT >> attempts_$RANK\nexit 5\n");
+  Result r = launch("--nproc-per-node 2 --max-restarts 2 -- sh w.sh");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(slurp(path("attempts_0")), "attempt 0\nattempt 1\nattempt 2\n");
+  EXPECT_NE(r.output.find("giving up: worker group failed and no restarts are left (--max-restarts 2, 3 attempt(s)); "
+                          "root cause: rank "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("exited with code 5"), std::string::npos) << r.output;
+}
+
+TEST_F(Launch, SigtermOrSigintToTheLauncherStopsEveryWorker) {
+  script("w.sh", "echo $$ > pid_$RANK\nexec sleep 30\n");
+  for (auto [sig, code] : {std::pair{"TERM", 143}, std::pair{"INT", 130}}) {
+    Result r = run_sh(dir_.path(),
+                      "\"$INGOT\" launch --nproc-per-node 2 -- sh w.sh & L=$!; "
+                      "while [ ! -s pid_0 ] || [ ! -s pid_1 ]; do sleep 0.05; done; kill -" +
+                          std::string(sig) + " $L; wait $L; echo launcher_exit=$?");
+    EXPECT_NE(r.output.find("launcher_exit=" + std::to_string(code)), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(std::string("received SIG") + sig + ", stopping 2 worker(s)"), std::string::npos)
+        << r.output;
+    for (int rank : {0, 1}) {
+      pid_t pid = std::atoi(slurp(path("pid_" + std::to_string(rank))).c_str());
+      ASSERT_GT(pid, 0);
+      EXPECT_FALSE(process_alive(pid)) << "rank " << rank << " still runs after SIG" << sig;
+      fs::remove(path("pid_" + std::to_string(rank)));
+    }
+  }
+}
+
+TEST_F(Launch, WorkerIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  script("w.sh",
+         "trap '' TERM\n"
+         "if [ \"$RANK\" = 0 ]; then sleep 0.2; exit 1; fi\n"
+         "while true; do sleep 0.05; done\n");
+  Result r = launch("--nproc-per-node 2 --stop-timeout 0.3 -- sh w.sh");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 4) << r.output;
+  EXPECT_NE(r.output.find("rank 1 was stopped (SIGKILL)"), std::string::npos) << r.output;
+}
+
+TEST_F(Launch, LogDirKeepsPerRankLogsAndTeePrefixesLinesWithTheRank) {
+  script("w.sh", "echo \"out of $RANK\"\necho \"err of $RANK\" >&2\n");
+  Result r = launch("--nproc-per-node 2 --log-dir logs --redirects 3 --tee 0:2 -- sh w.sh");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(slurp(path("logs/attempt_0/rank_0/stdout.log")), "out of 0\n");
+  EXPECT_EQ(slurp(path("logs/attempt_0/rank_0/stderr.log")), "err of 0\n");
+  EXPECT_EQ(slurp(path("logs/attempt_0/rank_1/stdout.log")), "out of 1\n");
+  EXPECT_EQ(slurp(path("logs/attempt_0/rank_1/stderr.log")), "err of 1\n");
+  EXPECT_NE(r.output.find("[0]:err of 0\n"), std::string::npos) << r.output;  // teed
+  EXPECT_EQ(r.output.find("out of 0"), std::string::npos) << r.output;       // redirected only
+  EXPECT_EQ(r.output.find("out of 1"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("err of 1"), std::string::npos) << r.output;
+}
+
+TEST_F(Launch, TwoLaunchersOnLocalhostRendezvousIntoOneWorld) {
+  script("env.sh",
+         "echo \"RANK=$RANK\nLOCAL_RANK=$LOCAL_RANK\nWORLD_SIZE=$WORLD_SIZE\nGROUP_RANK=$GROUP_RANK\n"
+         "GROUP_WORLD_SIZE=$GROUP_WORLD_SIZE\nMASTER_PORT=$MASTER_PORT\" > env_$RANK.txt\n");
+  int port = free_port();
+  std::string args = "--nnodes 2 --nproc-per-node 2 --rdzv-endpoint 127.0.0.1:" + std::to_string(port) +
+                     " --rdzv-id two -- sh env.sh";
+  Result r = run_sh(dir_.path(), "\"$INGOT\" launch " + args + " > a.log 2>&1 & A=$!; \"$INGOT\" launch " + args +
+                                     " > b.log 2>&1; echo b_exit=$?; wait $A; echo a_exit=$?");
+  std::string logs = slurp(path("a.log")) + "\n----\n" + slurp(path("b.log"));
+  EXPECT_NE(r.output.find("b_exit=0"), std::string::npos) << r.output << logs;
+  EXPECT_NE(r.output.find("a_exit=0"), std::string::npos) << r.output << logs;
+  std::set<std::string> groups;
+  for (int rank = 0; rank < 4; ++rank) {
+    auto v = read_vars(path("env_" + std::to_string(rank) + ".txt"));
+    EXPECT_EQ(v["RANK"], std::to_string(rank)) << logs;
+    EXPECT_EQ(v["WORLD_SIZE"], "4");
+    EXPECT_EQ(v["GROUP_WORLD_SIZE"], "2");
+    EXPECT_EQ(v["LOCAL_RANK"], std::to_string(rank % 2));
+    EXPECT_EQ(v["GROUP_RANK"], std::to_string(rank / 2));
+    EXPECT_EQ(v["MASTER_PORT"], std::to_string(port));
+  }
+  EXPECT_NE(logs.find("(hosted here)"), std::string::npos) << logs;
+}
+
+TEST_F(Launch, AFailureOnOneNodeRestartsBothNodes) {
+  script("w.sh",
+         "if [ \"$INGOT_RESTART_COUNT\" = 0 ]; then\n"
+         "  if [ \"$RANK\" = 3 ]; then sleep 0.2; exit 7; fi\n"
+         "  exec sleep 30\n"
+         "fi\n"
+         "echo ok > done_$RANK\n");
+  int port = free_port();
+  std::string args = "--nnodes 2 --nproc-per-node 2 --max-restarts 1 --rdzv-endpoint 127.0.0.1:" +
+                     std::to_string(port) + " -- sh w.sh";
+  Result r = run_sh(dir_.path(), "\"$INGOT\" launch " + args + " > a.log 2>&1 & A=$!; \"$INGOT\" launch " + args +
+                                     " > b.log 2>&1; echo b_exit=$?; wait $A; echo a_exit=$?");
+  std::string logs = slurp(path("a.log")) + "\n----\n" + slurp(path("b.log"));
+  EXPECT_NE(r.output.find("b_exit=0"), std::string::npos) << r.output << logs;
+  EXPECT_NE(r.output.find("a_exit=0"), std::string::npos) << r.output << logs;
+  EXPECT_LT(r.seconds, 5) << logs;
+  EXPECT_NE(logs.find("exited with code 7"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("a worker on another node failed: rank 3"), std::string::npos) << logs;
+  for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(slurp(path("done_" + std::to_string(rank))), "ok\n") << logs;
+}
+
+TEST_F(Launch, BadCommandLinesExitTwoWithAPointerToHelp) {
+  Result r = launch("--nproc-per-node zero -- true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("ingot launch: --nproc-per-node: expected a positive number, gpu, cpu or auto, got 'zero'"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("Try 'ingot launch --help'."), std::string::npos) << r.output;
+  r = launch("--nproc-per-node 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("missing the worker command"), std::string::npos) << r.output;
+  r = launch("-- no-such-program-ingot-test");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("worker command 'no-such-program-ingot-test' was not found in PATH"), std::string::npos)
+      << r.output;
+}
+
+TEST_F(Launch, HelpListsEveryFlag) {
+  Result r = launch("--help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                           "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--max-restarts", "--monitor-interval",
+                           "--standalone", "--log-dir", "--redirects", "--tee", "--local-addr", "--stop-timeout",
+                           "INGOT_RESTART_COUNT", "INGOT_ERROR_FILE", "Exit status"})
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
+  EXPECT_NE(run_sh(dir_.path(), "\"$INGOT\" --help").output.find("ingot launch"), std::string::npos);
+}
+
+TEST_F(Launch, IngotRunWorkerWritesItsUncaughtErrorToTheErrorFile) {
+  // `ingot` as the command is the launcher's own binary; its failure reaches the report through the error file.
+  std::ofstream(path("bad.yaml")) << "recipe: pretrain\nmax_stepz: 3\n";
+  Result r = launch("--nproc-per-node 2 --log-dir logs -- ingot run bad.yaml");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("root cause (first worker to fail): rank "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(config error):"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("max_stepz"), std::string::npos) << r.output;
+  EXPECT_NE(slurp(path("logs/attempt_0/rank_0/error.json")).find("max_stepz"), std::string::npos);
+}
+
+TEST_F(Launch, GpuWorkersArePinnedToOneGpuEach) {
+  int gpus = cuda_device_count();
+  if (gpus == 0) GTEST_SKIP() << "no CUDA device; this test runs on the lent GPU machine";
+  script("w.sh", "echo \"$CUDA_VISIBLE_DEVICES\" > gpu_$LOCAL_RANK\n");
+  Result r = launch("--nproc-per-node gpu -- sh w.sh");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int i = 0; i < gpus; ++i) EXPECT_FALSE(slurp(path("gpu_" + std::to_string(i))).empty()) << i;
+  if (!getenv("CUDA_VISIBLE_DEVICES")) {
+    for (int i = 0; i < gpus; ++i) EXPECT_EQ(slurp(path("gpu_" + std::to_string(i))), std::to_string(i) + "\n");
+  }
+}
+
+TEST_F(Launch, StandaloneRunsOnAFreeLocalPort) {
+  script("w.sh", "echo \"$MASTER_ADDR:$MASTER_PORT\" > addr_$RANK\n");
+  Result r = launch("--standalone --nproc-per-node 2 -- sh w.sh");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string a = slurp(path("addr_0"));
+  EXPECT_EQ(a, slurp(path("addr_1")));
+  EXPECT_EQ(a.rfind("127.0.0.1:", 0), 0u) << a;
+}
+
+}  // namespace
+}  // namespace ingot::distributed::launch
