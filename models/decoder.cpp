@@ -87,7 +87,9 @@ Attention::Attention(const DecoderConfig& cfg) : cfg_(resolved(cfg)) {
     out_proj_ = register_module("o_proj", std::make_shared<LoRALinear>(q_dim, cfg_.dim, cfg_.out_bias, cfg_.out_init_std));
   }
   dropout_ = register_module("resid_dropout", std::make_shared<nn::Dropout>(cfg_.dropout));
-  if (cfg_.rope) inv_freq_ = rope_inv_freq(cfg_.head_dim, cfg_.rope_theta, cfg_.rope_scaling);
+  // Unscaled rotary frequencies are rope_tables' own (same f32 formula); only scaled ones are passed in.
+  if (cfg_.rope && cfg_.rope_scaling.kind != RopeScaling::Kind::None)
+    inv_freq_ = rope_inv_freq(cfg_.head_dim, cfg_.rope_theta, cfg_.rope_scaling);
 }
 
 std::pair<Tensor, Tensor> Attention::rope_for(int64_t start, int64_t len, Device device) {

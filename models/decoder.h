@@ -75,7 +75,7 @@ class Attention : public nn::Module {
   DecoderConfig cfg_;
   std::shared_ptr<nn::LoRALinear> c_attn_, q_proj_, k_proj_, v_proj_, out_proj_;
   std::shared_ptr<nn::Dropout> dropout_;
-  Tensor inv_freq_;              // f32, host
+  Tensor inv_freq_;              // f32, host; undefined without rope scaling
   Tensor rope_cos_, rope_sin_;   // positions [0, rope_cos_.size(0)); not part of the state dict
 };
 
