@@ -5,6 +5,8 @@
 #   scripts/device_check.sh [tests] [bench] [fixtures]     (default: tests bench); logs go to $OUT (or ./out)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
+# The bundle may travel packed (the carry limit is 64 MiB).
+if [[ -f .device/bundle.tgz ]]; then tar xzf .device/bundle.tgz -C .device; fi
 source .device/env.sh
 nvidia-smi -L | tee "$out/gpu.txt"
 want() { [[ $# -eq 0 ]] && return 0; local w; for w in "${steps[@]}"; do [[ "$w" == "$1" ]] && return 0; done; return 1; }

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds ingot with CUDA on a lent GPU machine (16 cores; Ubuntu without our -dev packages), from Debian 12
+# packages carried in debs/ (made here with `apt-get download ...`, see below) and unpacked away from /.
+#   scripts/device_build.sh SRC_DIR BUILD_DIR [targets...]
+# Debian packages to carry: libyaml-cpp-dev libyaml-cpp0.7 libprotobuf-dev libprotobuf32 libprotobuf-lite32
+# protobuf-compiler libprotoc32 libgtest-dev libgmock-dev googletest nlohmann-json3-dev libopenblas-dev
+# libopenblas0-pthread libopenblas-pthread-dev libopenblas0 libgloo-dev libgloo0 libpcre2-dev libpcre2-8-0
+# libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libgfortran5 zlib1g-dev libpng-dev libpng16-16 libicu-dev libicu72 libhiredis0.14
+set -euo pipefail
+src=$1; build=$2; shift 2
+deps=/opt/deps
+if [[ ! -d $deps/usr ]]; then
+  for f in debs/*.deb; do dpkg -x "$f" "$deps"; done
+  # Debian's absolute symlinks (libfoo.so -> /usr/lib/...) must point into $deps.
+  find "$deps" -type l | while read -r l; do
+    t=$(readlink "$l"); [[ $t == /* && ! -e $t ]] && ln -sfn "$deps$t" "$l" || true
+  done
+  # Gloo's CMake targets name /usr/lib/libgloo.so.* absolutely.
+  sed -i "s|\"/usr/lib/|\"$deps/usr/lib/|g" "$deps"/usr/share/cmake/Gloo/GlooTargets-*.cmake
+fi
+multi=$deps/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH="$multi:$multi/openblas-pthread:${LD_LIBRARY_PATH:-}"
+export PKG_CONFIG_PATH="$multi/openblas-pthread/pkgconfig:$multi/pkgconfig:$deps/usr/share/pkgconfig" PKG_CONFIG_SYSROOT_DIR=$deps
+export PATH="$deps/usr/bin:$PATH"
+# cuDNN and NCCL may live only in PyTorch's pip folders there.
+extra=()
+nv=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia 2>/dev/null | head -1 || true)
+if [[ ! -f /usr/local/cuda/include/cudnn.h && -n $nv && -d $nv/cudnn ]]; then
+  extra+=(-DCUDNN_INCLUDE_DIR=$nv/cudnn/include -DCUDNN_LIBRARY=$(ls $nv/cudnn/lib/libcudnn.so* | head -1))
+fi
+if [[ ! -f /usr/local/cuda/include/nccl.h && -n $nv && -d $nv/nccl ]]; then
+  extra+=(-DNCCL_INCLUDE_DIR=$nv/nccl/include -DNCCL_LIBRARY=$(ls $nv/nccl/lib/libnccl.so* | head -1))
+fi
+cmake -S "$src" -B "$build" -G Ninja "${extra[@]}" -DCMAKE_BUILD_TYPE=Release -DINGOT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_PREFIX_PATH="$deps/usr;$multi/cmake" \
+  -DProtobuf_PROTOC_EXECUTABLE=$deps/usr/bin/protoc -DGloo_DIR=$deps/usr/share/cmake/Gloo > "$build.configure.log" 2>&1 \
+  || { tail -40 "$build.configure.log"; exit 1; }
+cmake --build "$build" -j "$(nproc)" ${1:+--target "$@"} -- -k 0 > "$build.build.log" 2>&1 \
+  || { grep -E "error|FAILED" "$build.build.log" | head -40; exit 1; }
+echo "device_build: built $build"
