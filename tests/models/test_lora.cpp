@@ -6,6 +6,7 @@
 #include "autograd/nn/lora.h"
 #include "models/hf_checkpoint.h"
 #include "models/peft.h"
+#include "optim/optimizer.h"
 #include "runtime/file_util.h"
 #include "runtime/safetensors.h"
 #include "tiny_models.h"
@@ -112,6 +113,28 @@ TEST(LoRA, OnlyAdaptersAreTrainableAndOnlyTheyReceiveGradients) {
     EXPECT_EQ(p.requires_grad(), adapter) << name;
   }
   EXPECT_EQ(trainable[0].name(), "transformer.h.0.attn.c_attn.lora_A.weight");
+}
+
+TEST(LoRA, AdamWOnTheAdaptersAloneLowersTheLossAndLeavesTheBaseUnchanged) {
+  manual_seed(15);
+  models::HFModel m = models::load_hf_model(fixture("llama_tiny"));
+  m.model->train();
+  nn::apply_lora(*m.model, {.rank = 8, .alpha = 16, .dropout = 0.0, .target_modules = {"q_proj", "v_proj", "up_proj"}});
+  const std::vector<double> base_q = m.model->state_dict().at("model.layers.0.self_attn.q_proj.weight").to_vector();
+  Tensor ids = SafetensorsFile::open(fixture("llama_tiny") + "/reference.safetensors").get("input_ids");
+  Tensor tgt = models::shifted_targets(ids);
+  optim::AdamW opt(nn::trainable_parameters(*m.model), {.lr = 1e-2, .weight_decay = 0.0});
+  double first = 0, last = 0;
+  for (int step = 0; step < 25; ++step) {
+    Tensor loss = m.model->loss(ids, tgt);
+    if (step == 0) first = loss.item();
+    last = loss.item();
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+  EXPECT_LT(last, 0.7 * first) << "first " << first << " last " << last;
+  EXPECT_EQ(m.model->state_dict().at("model.layers.0.self_attn.q_proj.weight").to_vector(), base_q);
 }
 
 TEST(LoRA, BadConfigurationsAreErrors) {
