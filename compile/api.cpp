@@ -118,11 +118,11 @@ struct CompiledFunction::State {
   std::string diff(const Entry& e, const std::vector<ArgSig>& sig, bool allow_dynamic, bool* only_dynamic) const {
     std::vector<std::pair<std::string, bool>> found;  // (what, dynamic)
     if (e.sig.size() != sig.size())
-      found.emplace_back("number of args changed from " + std::to_string(e.sig.size()) + " to " +
+      found.emplace_back(detail::str_cat("number of args changed from ", e.sig.size()) + " to " +
                              std::to_string(sig.size()), false);
     for (size_t i = 0; i < sig.size() && e.sig.size() == sig.size(); ++i) {
       const ArgSig &a = e.sig[i], &b = sig[i];
-      const std::string name = "arg" + std::to_string(i);
+      const std::string name = detail::str_cat("arg", i);
       if (a.dtype != b.dtype)
         found.emplace_back(name + " dtype changed from " + std::string(dtype_name(a.dtype)) + " to " +
                                std::string(dtype_name(b.dtype)), false);
@@ -137,8 +137,8 @@ struct CompiledFunction::State {
       for (size_t d = 0; d < a.shape.size(); ++d)
         if (a.shape[d] != b.shape[d]) {
           const bool dyn = allow_dynamic && is_dynamic(i, d, b.shape[d]);
-          found.emplace_back(name + " dim " + std::to_string(d) + " changed from " + std::to_string(a.shape[d]) +
-                                 " to " + std::to_string(b.shape[d]) + (dyn ? " (dynamic)" : ""),
+          found.emplace_back(name + detail::str_cat(" dim ", d) + detail::str_cat(" changed from ", a.shape[d]) +
+                                 detail::str_cat(" to ", b.shape[d]) + (dyn ? " (dynamic)" : ""),
                              dyn);
         }
     }
@@ -161,7 +161,7 @@ struct CompiledFunction::State {
       for (size_t d = 0; d < v.shape.size(); ++d) {
         const size_t arg = static_cast<size_t>(in.arg);
         if (!is_dynamic(arg, d, v.shape[d].value)) continue;
-        compiler::Symbol sym{"s" + std::to_string(g.symbols.size())};
+        compiler::Symbol sym{detail::str_cat("s", g.symbols.size())};
         if (arg < dynamic.size())
           if (auto it = dynamic[arg].find(static_cast<int64_t>(d)); it != dynamic[arg].end()) {
             sym.min = it->second.min;

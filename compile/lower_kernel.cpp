@@ -1,5 +1,6 @@
 #include "compile/lower_kernel.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -45,34 +46,91 @@ std::optional<double> alpha_of(const Primitive& p) {
   return std::stod(a.substr(6));
 }
 
-std::vector<SymInt> broadcast_strides(const Shape& s, const Shape& dims) {
-  std::vector<SymInt> st(dims.size(), SymInt::constant(0));
-  const Strides cs = contiguous_strides(s);
-  const size_t lead = dims.size() - s.size();
-  for (size_t d = lead; d < dims.size(); ++d) {
-    const size_t j = d - lead;
-    st[d] = SymInt::constant(s[j] == 1 && dims[d] != 1 ? 0 : cs[j]);
-  }
-  return st;
+// Parses "key=<number>" out of printed attributes.
+std::optional<double> attr_number(const Primitive& p, const std::string& key) {
+  const std::string a = attrs_of(p);
+  const size_t at = a.find(key + "=");
+  if (at == std::string::npos) return std::nullopt;
+  return std::stod(a.substr(at + key.size() + 1));
 }
+// The reduced dims of a reduce primitive ("dims=[0, 1], keepdim=false"; empty = all), wrapped to `rank`.
+std::vector<int64_t> reduce_dims(const Primitive& p, int64_t rank) {
+  const std::string a = attrs_of(p);
+  const size_t l = a.find('['), r = a.find(']');
+  std::vector<int64_t> dims;
+  if (l != std::string::npos && r != std::string::npos) {
+    std::string inner = a.substr(l + 1, r - l - 1);
+    size_t pos = 0;
+    while (pos < inner.size()) {
+      size_t end = inner.find(',', pos);
+      if (end == std::string::npos) end = inner.size();
+      const std::string item = inner.substr(pos, end - pos);
+      if (item.find_first_not_of(' ') != std::string::npos) dims.push_back(wrap_dim(std::stoll(item), rank, "reduce"));
+      pos = end + 1;
+    }
+  }
+  if (dims.empty())
+    for (int64_t d = 0; d < rank; ++d) dims.push_back(d);
+  std::sort(dims.begin(), dims.end());
+  return dims;
+}
+
+// An iteration dim is a run [lo, hi] of adjacent axes of the group's natural (row-major) shape, merged; a
+// row reduction's reduced run comes last, so a reduction over leading axes (a bias gradient) reads its input
+// through strides, transposed, with no copy.
+struct Run {
+  int64_t lo, hi;
+};
 
 class Lowerer {
  public:
-  Lowerer(const Graph& g, LoweredGroup& out, Shape dims) : g_(g), out_(out), dims_(std::move(dims)) {
-    for (int64_t d : dims_) out_.spec.dims.push_back(SymInt::constant(d));
+  Lowerer(const Graph& g, LoweredGroup& out, Shape natural, std::vector<Run> runs)
+      : g_(g), out_(out), natural_(std::move(natural)), runs_(std::move(runs)) {
+    for (const Run& r : runs_) {
+      int64_t n = 1;
+      for (int64_t a = r.lo; a <= r.hi; ++a) n *= natural_[static_cast<size_t>(a)];
+      dims_.push_back(n);
+      out_.spec.dims.push_back(SymInt::constant(n));
+    }
+  }
+
+  // Strides over the iteration dims of a dense tensor of shape s (right-aligned to the natural shape;
+  // size-1 and missing axes broadcast).
+  std::vector<SymInt> strides_for(const Shape& s) const {
+    const size_t rank = natural_.size();
+    if (s.size() > rank) throw Unsupported("an input of higher rank than the kernel");
+    const size_t lead = rank - s.size();
+    const Strides cs = contiguous_strides(s);
+    std::vector<SymInt> st;
+    for (const Run& r : runs_) {
+      int bcast = 0, full = 0;
+      for (int64_t a = r.lo; a <= r.hi; ++a) {
+        const int64_t nat = natural_[static_cast<size_t>(a)];
+        const bool missing = static_cast<size_t>(a) < lead;
+        const int64_t sz = missing ? 1 : s[static_cast<size_t>(a) - lead];
+        if (sz == nat && nat != 1) ++full;
+        else if (sz == 1) ++bcast;
+        else throw Unsupported("an input that does not broadcast to the kernel's shape");
+      }
+      if (full > 0 && bcast > 0) {
+        // Mixed within a merged run is fine only when the broadcast axes have natural size 1.
+        for (int64_t a = r.lo; a <= r.hi; ++a) {
+          const bool missing = static_cast<size_t>(a) < lead;
+          const int64_t sz = missing ? 1 : s[static_cast<size_t>(a) - lead];
+          if (sz == 1 && natural_[static_cast<size_t>(a)] != 1) throw Unsupported("a partly broadcast merged dim");
+        }
+      }
+      const bool hi_missing = static_cast<size_t>(r.hi) < lead;
+      st.push_back(SymInt::constant(full == 0 || hi_missing ? 0 : cs[static_cast<size_t>(r.hi) - lead]));
+    }
+    return st;
   }
 
   // Node id of value v inside the kernel (a load of a new input buffer for values from outside).
   int value(int32_t v) {
     if (auto it = ids_.find(v); it != ids_.end()) return it->second;
     const Value& val = g_.values[static_cast<size_t>(v)];
-    const Shape s = trace_shape(val.shape);
-    if (s.size() > dims_.size()) throw Unsupported("an input of higher rank than the kernel");
-    for (size_t j = 0; j < s.size(); ++j) {
-      const int64_t d = dims_[dims_.size() - s.size() + j];
-      if (s[j] != d && s[j] != 1) throw Unsupported("an input that does not broadcast to the kernel's shape");
-    }
-    const int buf = out_.spec.input(val.dtype, broadcast_strides(s, dims_), "v" + std::to_string(v));
+    const int buf = out_.spec.input(val.dtype, strides_for(trace_shape(val.shape)), detail::str_cat("v", v));
     out_.inputs.push_back(v);
     return ids_[v] = out_.spec.load(buf);
   }
@@ -156,19 +214,69 @@ class Lowerer {
         r = k.binary(Op::Sub, dy, k.binary(Op::Mul, k.unary(Op::Exp, y), s));
       }
       r = k.cast(r, g_.values[static_cast<size_t>(n.outputs[0])].dtype);
+    } else if (name == "sum" || name == "mean" || name == "max" || name == "min") {
+      if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
+      const int x = in(0);
+      if (!is_floating(k.nodes[static_cast<size_t>(x)].dtype)) throw Unsupported("an integer reduction");
+      const Op op = name == "max" ? Op::ReduceMax : name == "min" ? Op::ReduceMin : Op::ReduceSum;
+      r = k.reduce(op, x);
+      if (name == "mean") r = k.binary(Op::Div, r, c(static_cast<double>(dims_.back()), r));
+    } else if (name == "layer_norm" || name == "rms_norm") {
+      if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
+      const bool centered = name == "layer_norm";
+      const double eps = attr_number(*n.prim, "eps").value_or(1e-5);
+      const int x = k.cast(in(0), DType::f32);
+      const int cols = k.constant(static_cast<double>(dims_.back()), DType::f32);
+      int d = x, mu = -1;
+      if (centered) {
+        mu = k.binary(Op::Div, k.reduce(Op::ReduceSum, x), cols);
+        d = k.binary(Op::Sub, x, mu);
+      }
+      const int var = k.binary(Op::Div, k.reduce(Op::ReduceSum, k.binary(Op::Mul, d, d)), cols);
+      const int rstd = k.unary(Op::Rsqrt, k.binary(Op::Add, var, k.constant(eps, DType::f32)));
+      int y = k.binary(Op::Mul, d, rstd);
+      if (n.inputs.size() > 1 && n.inputs[1] >= 0) y = k.binary(Op::Mul, y, k.cast(in(1), DType::f32));
+      if (centered && n.inputs.size() > 2 && n.inputs[2] >= 0) y = k.binary(Op::Add, y, k.cast(in(2), DType::f32));
+      std::vector<int> rs{y};
+      if (centered) rs.push_back(mu);
+      rs.push_back(rstd);
+      set_outputs(n, rs);
+      return;
     } else {
       throw Unsupported("op '" + std::string(name) + "' has no kernel lowering");
     }
     if (n.outputs.size() != 1) throw Unsupported("a multi-output op");
-    const DType want = g_.values[static_cast<size_t>(n.outputs[0])].dtype;
-    if (k.nodes[static_cast<size_t>(r)].dtype != want) r = k.cast(r, want);
-    ids_[n.outputs[0]] = r;
+    set_outputs(n, {r});
   }
 
+  void set_outputs(const Node& n, std::vector<int> rs) {
+    KernelSpec& k = out_.spec;
+    if (rs.size() != n.outputs.size()) throw Unsupported("an op with an unexpected number of outputs");
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const DType want = g_.values[static_cast<size_t>(n.outputs[i])].dtype;
+      if (k.nodes[static_cast<size_t>(rs[i])].dtype != want) rs[i] = k.cast(rs[i], want);
+      ids_[n.outputs[i]] = rs[i];
+    }
+  }
+
+  // An output: element level (the natural shape) or row level (the natural shape without the reduced axes,
+  // with or without kept size-1 dims), laid out densely.
   void store(int32_t v) {
     const Value& val = g_.values[static_cast<size_t>(v)];
-    if (trace_shape(val.shape) != dims_) throw Unsupported("an output whose shape differs from the kernel's");
-    const int buf = out_.spec.output(val.dtype, broadcast_strides(dims_, dims_), "v" + std::to_string(v));
+    Shape s = trace_shape(val.shape);
+    if (s != natural_ && out_.spec.kind == KernelKind::RowReduction) {
+      const Run& red = runs_.back();
+      Shape full = natural_;
+      for (int64_t a = red.lo; a <= red.hi; ++a) full[static_cast<size_t>(a)] = 1;
+      Shape dropped;
+      for (size_t a = 0; a < natural_.size(); ++a)
+        if (static_cast<int64_t>(a) < red.lo || static_cast<int64_t>(a) > red.hi) dropped.push_back(natural_[a]);
+      if (s == full || s == dropped) s = full;
+    }
+    if (s.size() != natural_.size()) throw Unsupported("an output whose shape differs from the kernel's");
+    for (size_t a = 0; a < s.size(); ++a)
+      if (s[a] != natural_[a] && s[a] != 1) throw Unsupported("an output whose shape differs from the kernel's");
+    const int buf = out_.spec.output(val.dtype, strides_for(s), detail::str_cat("v", v));
     out_.spec.store(buf, ids_.at(v));
     out_.outputs.push_back(v);
   }
@@ -180,6 +288,8 @@ class Lowerer {
  private:
   const Graph& g_;
   LoweredGroup& out_;
+  Shape natural_;
+  std::vector<Run> runs_;
   Shape dims_;
   std::map<int32_t, int> ids_;
 };
@@ -243,22 +353,42 @@ std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, s
   LoweredGroup lg;
   lg.spec.kind = fg.kind == GroupKind::RowReduction ? KernelKind::RowReduction : KernelKind::Pointwise;
   lg.spec.name = fg.name;
-  // The iteration space: the pointwise outputs' shape, or the reduction's (row-major) input shape.
-  Shape dims;
+  // The natural shape: the pointwise outputs' shape, or the reduction's (row-major) input shape; a
+  // reduction's reduced axes must be one adjacent run (merged into the last iteration dim).
+  Shape natural;
+  std::vector<int64_t> reduced;
   for (int32_t n : fg.nodes) {
     const Node& node = g.nodes[static_cast<size_t>(n)];
     if (node.prim->fusion_kind() == FusionKind::Reduction) {
-      dims = trace_shape(g.values[static_cast<size_t>(node.inputs[0])].shape);
+      natural = trace_shape(g.values[static_cast<size_t>(node.inputs[0])].shape);
+      const std::string_view nm = node.prim->name();
+      if (nm == "sum" || nm == "mean" || nm == "max" || nm == "min")
+        reduced = reduce_dims(*node.prim, static_cast<int64_t>(natural.size()));
+      else if (!natural.empty())
+        reduced = {static_cast<int64_t>(natural.size()) - 1};
       break;
     }
-    if (dims.empty() && !node.outputs.empty()) dims = trace_shape(g.values[static_cast<size_t>(node.outputs[0])].shape);
+    if (natural.empty() && !node.outputs.empty()) natural = trace_shape(g.values[static_cast<size_t>(node.outputs[0])].shape);
   }
-  if (dims.empty() || numel(dims) == 0) {
+  if (natural.empty() || numel(natural) == 0) {
     if (why) *why = "a scalar or empty iteration space";
     return std::nullopt;
   }
+  std::vector<Run> runs;
+  if (reduced.empty()) {
+    for (int64_t a = 0; a < static_cast<int64_t>(natural.size()); ++a) runs.push_back(Run{a, a});
+  } else {
+    for (size_t i = 1; i < reduced.size(); ++i)
+      if (reduced[i] != reduced[i - 1] + 1) {
+        if (why) *why = "a reduction over non-adjacent dims";
+        return std::nullopt;
+      }
+    for (int64_t a = 0; a < static_cast<int64_t>(natural.size()); ++a)
+      if (a < reduced.front() || a > reduced.back()) runs.push_back(Run{a, a});
+    runs.push_back(Run{reduced.front(), reduced.back()});
+  }
   try {
-    Lowerer lw(g, lg, dims);
+    Lowerer lw(g, lg, natural, runs);
     for (int32_t n : fg.nodes) lw.node(g.nodes[static_cast<size_t>(n)]);
     for (int32_t v : fg.outputs) lw.store(v);
     lg.spec.validate();

@@ -77,11 +77,11 @@ std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, const CompileOp
   std::vector<codegen::KernelSpec> specs;
   for (const LoweredGroup& lg : lowered) specs.push_back(lg.spec);
   if (log_on(LogKind::Progress))
-    log(LogKind::Progress, "compiling '" + opts.name + "': kernels 0/" + std::to_string(specs.size()));
+    log(LogKind::Progress, "compiling '" + opts.name + detail::str_cat("': kernels 0/", specs.size()));
   codegen::CodegenStats cs;
   std::vector<codegen::cpu::CpuKernel> kernels = codegen_for(opts.cache_dir).compile(specs, &cs);
   if (log_on(LogKind::Progress))
-    log(LogKind::Progress, "compiling '" + opts.name + "': kernels " + std::to_string(specs.size()) + "/" +
+    log(LogKind::Progress, "compiling '" + opts.name + detail::str_cat("': kernels ", specs.size()) + "/" +
                                std::to_string(specs.size()) + " (" + cs.summary() + ")");
   if (log_on(LogKind::OutputCode))
     for (size_t i = 0; i < specs.size(); ++i)
@@ -106,7 +106,8 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
   run_pass("remat", g, [&](Graph& x) { return passes::remat(x, opts.memory_budget); });
   run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
-  run_pass("fuse", g, [](Graph& x) { return passes::fuse(x); });
+  run_pass("split_update", g, [&](Graph& x) { return passes::split_update(x, opts.memory_budget); });
+  run_pass("fuse", g, [&](Graph& x) { return passes::fuse(x, opts.memory_budget >= 1.0); });
   run_pass("schedule", g, [](Graph& x) { return passes::schedule(x); });
   g.verify();
   const passes::MemoryPlan plan = passes::memory_plan(g);

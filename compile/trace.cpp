@@ -10,7 +10,7 @@
 
 namespace ingot::compiler {
 
-std::string GraphBreak::str() const { return file + ":" + std::to_string(line) + ": " + reason; }
+std::string GraphBreak::str() const { return file + detail::str_cat(":", line) + ": " + reason; }
 
 namespace {
 
@@ -36,7 +36,7 @@ class Tracer final : public TraceObserver {
     for (size_t i = 0; i < args.size(); ++i) {
       INGOT_CHECK(args[i].defined(), "[compile] argument ", i, " is an undefined tensor");
       const int32_t v = g_.add_input(InputRole::Arg, args[i].dtype(), args[i].device(),
-                                     concrete_shape(args[i].shape()), "arg" + std::to_string(i));
+                                     concrete_shape(args[i].shape()), detail::str_cat("arg", i));
       g_.inputs.back().arg = static_cast<int32_t>(i);
       bind(args[i], v);
     }
@@ -88,7 +88,7 @@ class Tracer final : public TraceObserver {
 
   void on_host_input(const Tensor& t, std::function<Tensor()> produce) override {
     const int32_t v = g_.add_input(InputRole::Host, t.dtype(), t.device(), concrete_shape(t.shape()),
-                                   "host " + std::to_string(g_.inputs.size()));
+                                   detail::str_cat("host ", g_.inputs.size()));
     g_.inputs.back().produce = std::move(produce);
     g_.inputs.back().tensor = t;
     bind(t, v);
@@ -153,7 +153,7 @@ class Tracer final : public TraceObserver {
       return it->second.value;
     }
     // Not produced by a traced op: an external tensor, held by handle (classified in finish()).
-    std::string name = t.name().empty() ? "tensor " + std::to_string(g_.inputs.size()) : t.name();
+    std::string name = t.name().empty() ? detail::str_cat("tensor ", g_.inputs.size()) : t.name();
     const int32_t v = g_.add_input(InputRole::Captured, t.dtype(), t.device(), concrete_shape(t.shape()), name);
     g_.inputs.back().tensor = t;
     bind(t, v);

@@ -2,7 +2,8 @@
 //   Pointwise     a DAG of Pointwise nodes whose outputs all have one shape (inputs may broadcast);
 //   RowReduction  one Reduction node (softmax, norms, cross-entropy, sums) with the pointwise nodes of its
 //                 input's shape that feed it (prologue) and the pointwise nodes that consume it (epilogue);
-//   MultiTensor   every multi-tensor optimizer update of the graph (horizontal fusion over all parameters).
+//   MultiTensor   every multi-tensor optimizer update of the graph (horizontal fusion over all parameters),
+//                 or, with horizontal=false (split updates under a memory budget), each update alone.
 // Contracting a group never creates a cycle between groups (a node joins a group only when none of its other
 // inputs depends on the group), so groups can be scheduled contiguously (schedule.cpp). Groups list their
 // inputs (values read from outside) and outputs (values read outside or roots). View and Opaque nodes stay
@@ -94,7 +95,7 @@ std::string group_name(const Graph& g, const FusionGroup& fg) {
 
 }  // namespace
 
-bool fuse(Graph& g) {
+bool fuse(Graph& g, bool horizontal) {
   g.groups.clear();
   for (Node& n : g.nodes) n.group = -1;
   Grouping gr(g);
@@ -103,7 +104,7 @@ bool fuse(Graph& g) {
     const int32_t n = static_cast<int32_t>(i);
     const Node& node = g.nodes[i];
     if (is_multi_tensor_update(*node.prim)) {
-      if (multi < 0) multi = gr.new_group(n, GroupKind::MultiTensor, {});
+      if (multi < 0 || !horizontal) multi = gr.new_group(n, GroupKind::MultiTensor, {});
       else if (gr.can_join(n, multi)) gr.group_of[i] = multi;
       continue;
     }

@@ -24,12 +24,16 @@ bool functionalize(Graph& g);
 // are recomputed in backward instead of kept, until the bytes kept across the forward/backward boundary
 // are at most budget x the original. Returns the bytes no longer kept in `saved_bytes` if given.
 bool remat(Graph& g, double budget, int64_t* saved_bytes = nullptr);
+// split_update.cpp: with budget < 1, every AdamW update updates one parameter and runs right after the last
+// reader of its parameter and state, so gradients die early instead of all living until the step's end.
+bool split_update(Graph& g, double budget);
 // fuse.cpp: every node is in at most one FusionGroup; a group is (a) a chain/DAG of pointwise nodes with one
 // output shape, (b) a row reduction with its pointwise prologue and epilogue, or (c) all multi-tensor
-// optimizer updates (horizontal fusion); groups never create a cycle between groups.
-bool fuse(Graph& g);
-// schedule.cpp: nodes are in a topological order that runs each node as late as its first consumer allows
-// for forward values and as early as possible for frees (reduces live ranges); fusion groups are contiguous.
+// optimizer updates (horizontal fusion; with horizontal=false each update is its own group); groups never
+// create a cycle between groups.
+bool fuse(Graph& g, bool horizontal = true);
+// schedule.cpp: nodes are in a topological order in which every fusion group is contiguous, otherwise
+// keeping the traced order (which frees activations as backward consumes them).
 bool schedule(Graph& g);
 
 // memory_plan.cpp: offsets in one arena for every intermediate value, reusing a block once its value is

@@ -1,6 +1,7 @@
 // Rematerialization under a memory budget (greedy on cheap ops). A value is "saved" when a forward node makes
 // it and a backward node reads it: it stays alive from the forward to the backward. With budget < 1, saved
-// values computed by a short chain (depth <= 4) of Pointwise nodes from graph inputs or other saved values
+// values computed by a short chain (depth <= 4) of Pointwise or View nodes (a GELU output is saved through
+// the reshape its linear applies) from graph inputs or other saved values
 // are recomputed right before their first backward reader, largest first, until the saved bytes are at most
 // budget x the original. Invariant afterwards: backward nodes read the recomputed copies of the chosen
 // values; the forward originals serve forward readers only (dce drops them when there are none), so no
@@ -44,7 +45,9 @@ bool remat(Graph& g, double budget, int64_t* saved_bytes) {
   auto available = [&](int32_t v) { return !node_of(v) || (saved[static_cast<size_t>(v)] && !chosen[static_cast<size_t>(v)]); };
   std::function<bool(int32_t, int)> recomputable = [&](int32_t v, int depth) {
     const Node* p = node_of(v);
-    if (!p || p->prim->fusion_kind() != FusionKind::Pointwise || p->outputs.size() != 1 || depth == 0) return false;
+    if (!p || p->outputs.size() != 1 || depth == 0) return false;
+    const FusionKind fk = p->prim->fusion_kind();
+    if (fk != FusionKind::Pointwise && fk != FusionKind::View) return false;
     for (int32_t in : p->inputs)
       if (in >= 0 && !available(in) && !recomputable(in, depth - 1)) return false;
     return true;

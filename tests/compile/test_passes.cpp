@@ -5,6 +5,7 @@
 #include "compile/executor.h"
 #include "compile/passes/passes.h"
 #include "compile/trace.h"
+#include "optim/optimizer.h"
 
 namespace ingot::compiler {
 namespace {
@@ -143,6 +144,40 @@ TEST(Remat, RecomputesCheapSavedValuesUnderABudget) {
   EXPECT_EQ(recomputed, 1u) << "tanh(gelu(mm) * 1.5) is recomputed from the saved matmul output\n" << g.str();
   run(g, {x});
   EXPECT_TRUE(allclose(w.grad(), eager_grad, 1e-5, 1e-6));
+}
+
+TEST(SplitUpdate, OneUpdatePerParameterAfterEveryReaderOfIt) {
+  Tensor w1 = randn({4, 4}).set_requires_grad(true), w2 = randn({4, 3}).set_requires_grad(true);
+  Tensor r1 = w1.clone_raw().set_requires_grad(true), r2 = w2.clone_raw().set_requires_grad(true);
+  auto step_fn = [](Tensor& a, Tensor& b, optim::AdamW& opt) {
+    return [&](const std::vector<Tensor>& in) {
+      Tensor loss = sum(matmul(tanh(matmul(in[0], a)), b));
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+      return std::vector<Tensor>{loss};
+    };
+  };
+  optim::AdamW opt({w1, w2}), ref_opt({r1, r2});
+  Tensor x = randn({2, 4});
+  Graph g = graph_of(step_fn(w1, w2, opt), {x});  // step 1 (eager, traced)
+  ASSERT_EQ(count_ops(g, "adamw_update"), 1u);
+  EXPECT_FALSE(passes::split_update(g, 1.0));
+  EXPECT_TRUE(passes::split_update(g, 0.5));
+  g.verify();
+  ASSERT_EQ(count_ops(g, "adamw_update"), 2u);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].prim->name() != "adamw_update") continue;
+    for (size_t k = 1; k < g.nodes[i].inputs.size(); ++k)
+      for (size_t r = i + 1; r < g.nodes.size(); ++r)
+        for (int32_t v : g.nodes[r].inputs) EXPECT_NE(v, g.nodes[i].inputs[k]) << "node " << r << " reads an input of update " << i;
+  }
+  run(g, {x});  // step 2 through the split graph
+  auto ref = step_fn(r1, r2, ref_opt);
+  ref({x});
+  ref({x});
+  EXPECT_TRUE(allclose(w1, r1, 1e-6, 1e-7));
+  EXPECT_TRUE(allclose(w2, r2, 1e-6, 1e-7));
 }
 
 TEST(Fuse, PointwiseChainIsOneGroup) {
