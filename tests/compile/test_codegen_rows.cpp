@@ -3,6 +3,8 @@
 // the eager kernels and autograd in f32, f64 and bf16.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "tests/compile/test_codegen_util.h"
 
 namespace ingot::codegen {
@@ -245,9 +247,18 @@ TEST(CodegenRows, AFullReductionIsOneRow) {
   k.store(isum, k.reduce(Op::ReduceSum, k.unary(Op::Square, lx)));
   k.store(imax, k.reduce(Op::ReduceMax, lx));
   Tensor x = randn({50000}), s = empty({1}), m = empty({1});
-  run(test_codegen().compile(k), {x, s, m});
+  const cpu::CpuKernel kern = test_codegen().compile(k);
+  run(kern, {x, s, m});
   EXPECT_NEAR(s.item(), sum(square(x.to(DType::f64))).item(), 1e-4 * 50000);
   EXPECT_EQ(m.item(), amax(x).item());
+  // A NaN anywhere propagates through max (as in the eager amax), whichever thread and lane meets it.
+  for (int64_t at : {0, 777, 49999}) {
+    Tensor xn = x.clone_raw();
+    xn.data<float>()[at] = NAN;
+    run(kern, {xn, s, m});
+    EXPECT_TRUE(std::isnan(m.item())) << "NaN at " << at;
+    EXPECT_TRUE(std::isnan(amax(xn).item()));
+  }
 }
 
 }  // namespace

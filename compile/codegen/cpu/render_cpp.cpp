@@ -458,9 +458,9 @@ class Renderer {
         if (nd_r.op == Op::ReduceSum) {
           init = "0", op = "+";
         } else if (nd_r.op == Op::ReduceMax) {
-          init = fl ? "-" + literal(INFINITY, nd_r.dtype) : "INT64_MIN", op = "max";
+          init = fl ? "-" + literal(INFINITY, nd_r.dtype) : "INT64_MIN", op = "ig_max";
         } else {
-          init = fl ? literal(INFINITY, nd_r.dtype) : "INT64_MAX", op = "min";
+          init = fl ? literal(INFINITY, nd_r.dtype) : "INT64_MAX", op = "ig_min";
         }
         line(T + " " + acc + " = " + init + ";  // " + op_name(nd_r.op));
         clauses += " reduction(" + op + ":" + acc + ")";
@@ -473,8 +473,10 @@ class Renderer {
         const Node& nd_r = k_.nodes[r];
         const std::string acc = "acc" + std::to_string(r), x = as(nd_r.a, nd_r.dtype);
         if (nd_r.op == Op::ReduceSum) line(acc + " += " + x + ";");
-        else if (nd_r.op == Op::ReduceMax) line(acc + " = " + x + " > " + acc + " ? " + x + " : " + acc + ";");
-        else line(acc + " = " + x + " < " + acc + " ? " + x + " : " + acc + ";");
+        else if (nd_r.op == Op::ReduceMax)
+          line(acc + " = (" + x + " != " + x + " || " + x + " > " + acc + ") ? " + x + " : " + acc + ";");
+        else
+          line(acc + " = (" + x + " != " + x + " || " + x + " < " + acc + ") ? " + x + " : " + acc + ";");
       }
       --indent_;
       line("}");
@@ -570,6 +572,13 @@ double tanh(double);
 double erf(double);
 }
 #endif
+
+// Max and min that propagate NaN (as the eager reductions do), also when OpenMP combines lanes and threads;
+// the accumulator starts at the identity, so the original value is a valid initializer.
+#pragma omp declare reduction(ig_max : float, double, int64_t : \
+    omp_out = (omp_in != omp_in || omp_in > omp_out) ? omp_in : omp_out) initializer(omp_priv = omp_orig)
+#pragma omp declare reduction(ig_min : float, double, int64_t : \
+    omp_out = (omp_in != omp_in || omp_in < omp_out) ? omp_in : omp_out) initializer(omp_priv = omp_orig)
 
 namespace {
 
