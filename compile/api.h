@@ -80,7 +80,9 @@ struct CompileStats {
   std::vector<std::string> graph_breaks;  // "file:line: reason"
   int64_t ops_before = 0, ops_after = 0, fused_groups = 0;
   int64_t kernels = 0;            // fused groups running as one generated kernel in the last graph
-  int64_t launches = 0;           // executor steps of the last graph: kernels plus ops run one by one
+  int64_t launches = 0;           // executor steps of the last graph that run code: kernels plus ops run one by
+                                  // one (views excluded: they only re-describe a buffer)
+  int64_t compute_ops = 0;        // traced ops that are not views (what eager launches)
   int64_t kernels_generated = 0;  // compiled by the C++ compiler (all compiles of this function)
   int64_t kernels_reused = 0;     // found already compiled (this process, or the disk cache)
   int64_t kernels_disk_hits = 0;

@@ -30,7 +30,7 @@ std::string explain_report(const CompiledFunction& f) {
     os << "    -> the function runs eagerly" << (o.fullgraph ? "" : " (fullgraph=false)") << "\n";
   os << "  ops: " << s.ops_before << " traced, " << s.ops_after << " after passes\n";
   os << "  fusion: " << s.fused_groups << " groups, " << s.kernels << " run as generated kernels; " << s.launches
-     << " launches per call (eager: " << s.ops_before << " ops)\n";
+     << " launches per call (eager: " << s.compute_ops << " non-view ops)\n";
   os << "  kernels: " << s.kernels_generated << " generated, " << s.kernels_reused << " reused ("
      << s.kernels_disk_hits << " from the disk cache)\n";
   os << "  recompiles: " << s.recompiles << " (limit " << o.recompile_limit << "), shape specializations: "

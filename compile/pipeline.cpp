@@ -99,6 +99,8 @@ std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, const CompileOp
 std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts, CompileStats& stats) {
   const auto t0 = std::chrono::steady_clock::now();
   stats.ops_before = static_cast<int64_t>(g.nodes.size());
+  stats.compute_ops = 0;
+  for (const Node& n : g.nodes) stats.compute_ops += n.prim->fusion_kind() != FusionKind::View;
   run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
   run_pass("functionalize", g, [](Graph& x) { return passes::functionalize(x); });
   run_pass("simplify", g, [](Graph& x) { return passes::simplify(x); });
@@ -131,7 +133,9 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   exe->kernels = kernels.size();
   stats.kernels = static_cast<int64_t>(kernels.size());
   exe->steps = plan_steps(g, kernels);
-  stats.launches = static_cast<int64_t>(exe->steps.size());
+  stats.launches = 0;
+  for (const ExecStep& st : exe->steps)
+    stats.launches += st.kernel || g.nodes[static_cast<size_t>(st.node)].prim->fusion_kind() != FusionKind::View;
   exe->graph = std::move(g);
   return exe;
 }

@@ -51,12 +51,16 @@ TEST(CompileStep, NodeByNodeExecutionIsBitIdenticalToEager) {
 
 TEST(CompileStep, FusedKernelsFarFewerThanEagerOps) {
   StepRun comp = train_steps(tiny_gpt2, true, 2);
-  std::printf("[ kernels  ] traced ops %lld, after passes %lld, groups %lld, generated kernels %lld, launches %lld\n",
-              static_cast<long long>(comp.stats.ops_before), static_cast<long long>(comp.stats.ops_after),
+  std::printf("[ kernels  ] traced ops %lld (%lld not views), after passes %lld, groups %lld, generated kernels %lld, "
+              "launches %lld\n",
+              static_cast<long long>(comp.stats.ops_before), static_cast<long long>(comp.stats.compute_ops),
+              static_cast<long long>(comp.stats.ops_after),
               static_cast<long long>(comp.stats.fused_groups), static_cast<long long>(comp.stats.kernels),
               static_cast<long long>(comp.stats.launches));
-  EXPECT_GT(comp.stats.kernels, 5);
-  EXPECT_LT(comp.stats.launches, comp.stats.ops_before);
+  // Matmuls, attention, embedding and the norm/loss backward kernels stay extern (eager kernels); everything
+  // else runs as generated kernels, so a step launches well under 70% of what eager launches.
+  EXPECT_GE(comp.stats.kernels, 20);
+  EXPECT_LT(comp.stats.launches * 10, comp.stats.compute_ops * 7);
 }
 
 // Peak bytes the CPU allocator sees during one more step, after `steps` steps (eager or compiled).
