@@ -1,4 +1,5 @@
-// Compiled vs eager training step of a small GPT on the CPU, in one run:
+// Compiled vs eager training step of a small GPT on the CPU, in one run (eager and compiled steps are timed
+// interleaved, so a shared machine's load hits both alike):
 //   bench_compile_cpu [--batch 8] [--seq 64] [--layers 4] [--embd 128] [--heads 4] [--vocab 256] [--steps 10]
 // One step = forward, mean cross entropy, backward, AdamW, zero_grad, on a fixed batch of random tokens; the
 // compiled step is the same function through ingot::compile (one graph). Reports the median step time of
@@ -146,11 +147,10 @@ int main(int argc, char** argv) {
                 static_cast<long long>(a.layers), static_cast<long long>(a.embd), static_cast<long long>(a.heads),
                 static_cast<long long>(a.vocab), static_cast<long long>(a.batch), static_cast<long long>(a.seq));
 
-    double eager_ms = 0;
     int64_t eager_peak = 0;
-    {  // freed before the compiled run so that its peak does not count the eager model's tensors
+    {  // peaks are measured with one model alive at a time
       Setup eager = make_setup(a);
-      std::tie(eager_ms, eager_peak) = time_steps([&] { eager.fn({eager.ids, eager.tgt}); }, a.steps);
+      eager_peak = time_steps([&] { eager.fn({eager.ids, eager.tgt}); }, 1).second;
     }
 
     // The same step with memory_budget 0.5: rematerialized activations and per-parameter updates.
@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
       ob.memory_budget = 0.5;
       CompiledFunction sb = compile(b.fn, ob);
       sb({b.ids, b.tgt});
-      std::tie(budget_ms, budget_peak) = time_steps([&] { sb({b.ids, b.tgt}); }, a.steps);
+      std::tie(budget_ms, budget_peak) = time_steps([&] { sb({b.ids, b.tgt}); }, 3);
     }
 
     Setup comp = make_setup(a);
@@ -174,7 +174,20 @@ int main(int argc, char** argv) {
     step({comp.ids, comp.tgt});
     const double cold_first_ms = now_ms() - t0;
     const CompileStats cold = step.stats();
-    auto [comp_ms, comp_peak] = time_steps([&] { step({comp.ids, comp.tgt}); }, a.steps);
+    int64_t comp_peak = time_steps([&] { step({comp.ids, comp.tgt}); }, 1).second;
+
+    // Step times: eager and compiled steps interleaved, so that both see the same load on a shared machine.
+    Setup eager2 = make_setup(a);
+    std::vector<double> te, tc;
+    for (int64_t i = 0; i < a.steps + 2; ++i) {
+      double t = now_ms();
+      eager2.fn({eager2.ids, eager2.tgt});
+      if (i >= 2) te.push_back(now_ms() - t);
+      t = now_ms();
+      step({comp.ids, comp.tgt});
+      if (i >= 2) tc.push_back(now_ms() - t);
+    }
+    const double eager_ms = median(te), comp_ms = median(tc);
 
     // Warm compile: a second process over the filled cache.
     std::string cmd = std::string("\"") + argv[0] + "\" --warm-child \"" + cache + "\" --batch " +
