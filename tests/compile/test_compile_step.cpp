@@ -97,6 +97,58 @@ TEST(CompileStep, MemoryBudgetBringsThePeakBelowEagers) {
   expect_same_training(e, c);
 }
 
+TEST(CompileStep, SgdWithMomentumMatchesEager) {
+  auto run = [](bool compiled) {
+    manual_seed(5);
+    auto model = tiny_gpt2();
+    optim::SGD opt(model->parameters(), optim::SGDOptions{0.05, 0.9, 0.0, 0.01, true});
+    auto [ids, tgt] = repeating_batch(2, 8);
+    auto fn = [&](const std::vector<Tensor>& b) {
+      Tensor loss = model->loss(b[0], b[1]);
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+      return std::vector<Tensor>{loss};
+    };
+    CompiledFunction step = compile(fn);
+    std::vector<double> losses;
+    for (int i = 0; i < 6; ++i) losses.push_back((compiled ? step({ids, tgt}) : fn({ids, tgt}))[0].item());
+    return losses;
+  };
+  std::vector<double> e = run(false), c = run(true);
+  for (size_t i = 0; i < e.size(); ++i) EXPECT_NEAR(c[i], e[i], 1e-4 * std::abs(e[i])) << "step " << i;
+}
+
+TEST(CompileStep, DynamicSequenceLengthNeverRecompiles) {
+  auto run = [](bool compiled) {
+    manual_seed(9);
+    auto model = tiny_gpt2();
+    optim::AdamW opt(model->parameters());
+    auto fn = [&](const std::vector<Tensor>& b) {
+      Tensor loss = model->loss(b[0], b[1]);
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+      return std::vector<Tensor>{loss};
+    };
+    CompileOptions o;
+    o.dynamic = DynamicMode::True;
+    CompiledFunction step = compile(fn, o);
+    std::vector<double> losses;
+    for (int64_t T : {8, 12, 8, 16, 12}) {
+      auto [ids, tgt] = repeating_batch(2, T);
+      losses.push_back((compiled ? step({ids, tgt}) : fn({ids, tgt}))[0].item());
+    }
+    return std::make_pair(losses, step.stats());
+  };
+  auto [e, es] = run(false);
+  auto [c, cs] = run(true);
+  for (size_t i = 0; i < e.size(); ++i) EXPECT_NEAR(c[i], e[i], 1e-4 * std::abs(e[i])) << "call " << i;
+  EXPECT_EQ(cs.recompiles, 0);
+  EXPECT_EQ(cs.specializations, 2) << "one per new sequence length (Note [Dynamic dims re-specialize])";
+  EXPECT_EQ(cs.compiled_calls, 2) << "repeated lengths reuse their specialization";
+}
+
 TEST(CompileStep, TinyLlamaTwentyAdamWStepsMatchEager) {
   StepRun eager = train_steps(tiny_llama, false, 20);
   StepRun comp = train_steps(tiny_llama, true, 20);
