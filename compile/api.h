@@ -21,9 +21,9 @@
 // throws under error_on_recompile. Dynamic dims: dynamic=true makes every arg dim dynamic, dynamic=auto makes
 // a dim dynamic after it changed once (one recompile), mark_dynamic(t, dim, min, max) before the call marks
 // one. Note [Dynamic dims re-specialize]: shape attributes of view ops (reshape to {B*T, C}) are concrete in
-// the graph, so a new size of a dynamic dim re-traces the function (one eager step) without counting as a
-// recompile and without generating code again: fused kernels take sizes as run-time arguments and are
-// shared by structural hash.
+// the graph, so a new size of a dynamic dim re-traces the function (one eager step) into a specialization
+// that is not counted as a recompile; its kernels (sized constants) are generated once per shape and cached
+// by structure, so repeated sizes cost nothing after the first time.
 //
 // Graph breaks (item() on a traced value, data-dependent branches, ops with no lowering): with fullgraph
 // they throw naming the user's source line and reason; otherwise the function keeps running eagerly and the

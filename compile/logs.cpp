@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdlib>
+#include <unistd.h>
 #include <iostream>
 #include <mutex>
 
@@ -53,6 +54,7 @@ unsigned mask() {
   if (!g_init) {
     g_init = true;
     const char* env = std::getenv("INGOT_LOGS");
+    if (!env && isatty(2)) g_mask = 1u << static_cast<unsigned>(LogKind::Progress);
     if (env) {
       try {
         g_mask = parse(env);

@@ -1,6 +1,7 @@
 // INGOT_LOGS=graph,passes,recompiles,graph_breaks,guards,output_code,schedule,perf (comma list, or "all"):
 // what the compiler prints to stderr, each line prefixed "[ingot:<kind>]". Read once per process;
-// set_logs() overrides it (tests, `ingot explain`).
+// set_logs() overrides it (tests, `ingot explain`). Without INGOT_LOGS, "progress" (the compile progress line)
+// is on when stderr is a terminal.
 #pragma once
 
 #include <string>
