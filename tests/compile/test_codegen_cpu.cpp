@@ -201,9 +201,15 @@ TEST(CodegenCpu, ABatchIsSplitOverAtMostMaxParallelCompilerRuns) {
     specs.push_back(k);
   }
   CodegenStats st;
-  const auto kernels = cg.compile(specs, &st);
+  std::vector<std::pair<int64_t, int64_t>> progress;
+  const auto kernels = cg.compile(specs, &st, [&](int64_t done, int64_t total) { progress.push_back({done, total}); });
   EXPECT_EQ(st.compiled, 5);
   EXPECT_EQ(st.compiler_processes, 2);
+  // 0/5 after the lookups, then one report per compiler run: 2 or 3 kernels each, ending at 5/5.
+  ASSERT_EQ(progress.size(), 3u);
+  EXPECT_EQ(progress[0], std::make_pair(int64_t{0}, int64_t{5}));
+  EXPECT_TRUE(progress[1].first == 2 || progress[1].first == 3) << progress[1].first;
+  EXPECT_EQ(progress[2], std::make_pair(int64_t{5}, int64_t{5}));
   Tensor x = randn({37});
   for (int i = 0; i < 5; ++i) {
     Tensor y = empty({37});

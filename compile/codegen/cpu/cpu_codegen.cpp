@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "compile/cache/compile_cache.h"
@@ -132,7 +133,8 @@ CpuKernel CpuCodegen::compile(const KernelSpec& spec, CodegenStats* stats) {
   return compile(std::vector<KernelSpec>{spec}, stats).front();
 }
 
-std::vector<CpuKernel> CpuCodegen::compile(const std::vector<KernelSpec>& specs, CodegenStats* stats) {
+std::vector<CpuKernel> CpuCodegen::compile(const std::vector<KernelSpec>& specs, CodegenStats* stats,
+                                           const ProgressFn& progress) {
   std::lock_guard<std::mutex> lock(mu_);
   CodegenStats st;
   st.kernels_requested = static_cast<int64_t>(specs.size());
@@ -193,6 +195,9 @@ std::vector<CpuKernel> CpuCodegen::compile(const std::vector<KernelSpec>& specs,
     for (size_t i = 0; i < pending.size(); ++i) pending_index[pending[i].key] = i;
   }
   st.load_s += seconds_since(t0);
+  const int64_t distinct = static_cast<int64_t>(std::set<std::string>(keys.begin(), keys.end()).size());
+  int64_t ready = distinct - static_cast<int64_t>(pending.size());
+  if (progress) progress(ready, distinct);
 
   if (!pending.empty()) {
     // 2. render, balanced over at most max_parallel translation units (largest kernels first).
@@ -230,7 +235,12 @@ std::vector<CpuKernel> CpuCodegen::compile(const std::vector<KernelSpec>& specs,
     }
     t0 = std::chrono::steady_clock::now();
     try {
-      run_compilers(tc, jobs, options_.max_parallel);
+      std::vector<int64_t> per_unit(units, 0);
+      for (const Pending& p : pending) ++per_unit[p.unit];
+      run_compilers(tc, jobs, options_.max_parallel, [&](size_t u) {
+        ready += per_unit[u];
+        if (progress) progress(ready, distinct);
+      });
     } catch (...) {
       work.keep();
       throw;

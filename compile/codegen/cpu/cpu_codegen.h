@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,7 @@
 namespace ingot::codegen::cpu {
 
 using KernelFn = void (*)(void* const* bufs, const int64_t* syms, const double* scalars);
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
 
 struct CpuKernel {
   KernelFn fn = nullptr;
@@ -46,7 +48,10 @@ class CpuCodegen {
   // calls on this object and, through the disk cache, across processes. `stats`, when given, receives this
   // call's counts and phase times (added to what it holds). Throws ingot::Error for an invalid spec (naming
   // it) or a compiler failure (quoting the diagnostics).
-  std::vector<CpuKernel> compile(const std::vector<KernelSpec>& specs, CodegenStats* stats = nullptr);
+  // `progress(done, total)`, when given, is called after the lookups and as each compiler run finishes
+  // (done counts distinct kernels ready, total the distinct kernels of the batch).
+  std::vector<CpuKernel> compile(const std::vector<KernelSpec>& specs, CodegenStats* stats = nullptr,
+                                 const ProgressFn& progress = {});
   CpuKernel compile(const KernelSpec& spec, CodegenStats* stats = nullptr);
 
   CodegenStats stats() const;  // totals since construction

@@ -89,7 +89,8 @@ const Toolchain& Toolchain::host() {
   return tc;
 }
 
-void run_compilers(const Toolchain& tc, const std::vector<CompileJob>& jobs, int max_parallel) {
+void run_compilers(const Toolchain& tc, const std::vector<CompileJob>& jobs, int max_parallel,
+                   const std::function<void(size_t)>& on_done) {
   max_parallel = std::max(1, max_parallel);
   struct Running {
     pid_t pid;
@@ -126,13 +127,28 @@ void run_compilers(const Toolchain& tc, const std::vector<CompileJob>& jobs, int
                 "; install g++ or clang++, or set INGOT_CXX");
     running.push_back({pid, j});
   };
+  // Waits for whichever compiler finishes first (polling our own children only: waitpid(-1) could reap
+  // processes that other parts of the program wait for).
   auto wait_one = [&] {
-    const Running r = running.front();
-    running.erase(running.begin());
     int status = 0;
-    while (::waitpid(r.pid, &status, 0) < 0 && errno == EINTR) {
+    size_t idx = 0;
+    for (;;) {
+      bool done = false;
+      for (idx = 0; idx < running.size(); ++idx) {
+        pid_t rc = ::waitpid(running[idx].pid, &status, WNOHANG);
+        while (rc < 0 && errno == EINTR) rc = ::waitpid(running[idx].pid, &status, WNOHANG);
+        if (rc == running[idx].pid || rc < 0) {
+          done = true;
+          break;
+        }
+      }
+      if (done) break;
+      ::usleep(2000);
     }
+    const Running r = running[idx];
+    running.erase(running.begin() + static_cast<std::ptrdiff_t>(idx));
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (ok && on_done) on_done(r.job);
     if (!ok && first_error.empty()) {
       std::ostringstream os;
       os << "[codegen] the C++ compiler failed on generated source '" << jobs[r.job].source << "' ("

@@ -2,6 +2,7 @@
 // several translation units into shared objects at once, one compiler process per unit.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,8 +26,10 @@ struct CompileJob {
   std::string log;     // where the compiler's stdout/stderr go
 };
 
-// Builds every job, running up to `max_parallel` compilers at a time. Throws ingot::Error naming the first
-// failing source and quoting its diagnostics (the source is left in place for reading).
-void run_compilers(const Toolchain& tc, const std::vector<CompileJob>& jobs, int max_parallel);
+// Builds every job, running up to `max_parallel` compilers at a time; `on_done(j)`, when given, is called as
+// job j finishes (in completion order). Throws ingot::Error naming the first failing source and quoting its
+// diagnostics (the source is left in place for reading).
+void run_compilers(const Toolchain& tc, const std::vector<CompileJob>& jobs, int max_parallel,
+                   const std::function<void(size_t)>& on_done = {});
 
 }  // namespace ingot::codegen::cpu

@@ -1,0 +1,396 @@
+// CUDA code generation driver: in-process table, disk cache of cubins, batched parallel NVRTC, driver-API
+// loading and launching (see cuda_codegen.h).
+#include "compile/codegen/cuda/cuda_codegen.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "compile/cache/compile_cache.h"
+#include "compile/codegen/cuda/nvrtc_jit.h"
+#include "runtime/cuda_runtime.h"
+#include "runtime/error.h"
+#include "runtime/file_util.h"
+
+namespace ingot::codegen::cuda {
+
+namespace {
+
+constexpr const char* kEntryKind = "cuda_kernel";
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void check_cu(CUresult r, const char* what, const std::string& name) {
+  if (r == CUDA_SUCCESS) return;
+  const char* msg = nullptr;
+  cuGetErrorString(r, &msg);
+  INGOT_FAIL("[codegen] CUDA driver ", what, " failed for '", name, "': ", msg ? msg : "unknown error", " (", static_cast<int>(r), ")");
+}
+
+// The driver API acts on the thread's current context; make it the runtime's primary context of `device`
+// (the one ingot's tensors and streams live in) when this thread has none or another one.
+void ensure_context(int device) {
+  CUcontext cur = nullptr;
+  cuCtxGetCurrent(&cur);
+  CUdevice want = 0;
+  if (cur != nullptr && cuCtxGetDevice(&want) == CUDA_SUCCESS && static_cast<int>(want) == device) return;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaFree(nullptr);  // creates the primary context if needed
+  INGOT_CHECK(e == cudaSuccess, "[codegen] cannot make cuda:", device, " current: ", cudaGetErrorString(e));
+}
+
+int multiprocessors(int device) {
+  static std::mutex mu;
+  static std::map<int, int> count;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = count.find(device);
+  if (it != count.end()) return it->second;
+  int n = 0;
+  const cudaError_t e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+  INGOT_CHECK(e == cudaSuccess, "[codegen] cannot query cuda:", device, ": ", cudaGetErrorString(e));
+  return count[device] = std::max(1, n);
+}
+
+int arch_of(int device) {
+  static std::mutex mu;
+  static std::map<int, int> arch;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = arch.find(device);
+  return it != arch.end() ? it->second : arch[device] = device_arch(device);
+}
+
+// A loaded cubin. Never unloaded: kernels may run until the process exits, and unloading during static
+// teardown (after the runtime destroyed the context) would crash.
+struct Module {
+  CUmodule handle = nullptr;
+  std::string name;
+};
+
+std::shared_ptr<Module> load_module(const std::string& cubin, const std::string& name) {
+  auto m = std::make_shared<Module>();
+  m->name = name;
+  check_cu(cuModuleLoadData(&m->handle, cubin.data()), "cuModuleLoadData", name);
+  return m;
+}
+
+// The ABI travels in the cache entry's payload so that a warm process does not even render the source.
+std::string encode_abi(const std::string& symbol, const KernelAbi& a) {
+  std::ostringstream o;
+  o << symbol << '\n'
+    << static_cast<int>(a.kind) << ' ' << a.num_buffers << ' ' << a.num_syms << ' ' << a.num_scalars << ' '
+    << a.sym_slots << ' ' << a.scalar_slots << ' ' << a.vector_width << ' ' << a.index32 << ' ' << a.dims.size()
+    << ' ' << a.functions.size() << '\n';
+  for (const SymInt& d : a.dims) o << d.value << ' ' << d.sym << '\n';
+  for (const std::string& f : a.functions) o << f << '\n';
+  return o.str();
+}
+
+bool decode_abi(const std::string& payload, std::string& symbol, KernelAbi& a) {
+  std::istringstream in(payload);
+  int kind = 0;
+  size_t nd = 0, nf = 0;
+  if (!std::getline(in, symbol)) return false;
+  if (!(in >> kind >> a.num_buffers >> a.num_syms >> a.num_scalars >> a.sym_slots >> a.scalar_slots >>
+        a.vector_width >> a.index32 >> nd >> nf) || kind < 0 || kind > 2 || nd > 64 || nf > 4)
+    return false;
+  a.kind = static_cast<KernelKind>(kind);
+  a.dims.resize(nd);
+  for (SymInt& d : a.dims)
+    if (!(in >> d.value >> d.sym)) return false;
+  a.functions.resize(nf);
+  for (std::string& f : a.functions)
+    if (!(in >> f)) return false;
+  return nf > 0;
+}
+
+int64_t eval(const SymInt& s, const int64_t* syms) { return s.is_constant() ? s.value : syms[s.sym]; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+struct LoadedKernel {
+  std::shared_ptr<Module> module;
+  CUfunction fns[2] = {nullptr, nullptr};
+  // MultiTensor: uploaded tables by content hash. A table is immutable once uploaded (a launch still in
+  // flight may read it), so the same parameter list costs one upload for the life of the process.
+  std::mutex mu;
+  std::map<uint64_t, CUdeviceptr> tables;
+};
+
+void CudaKernel::operator()(void* const* bufs, const int64_t* syms, const double* scalars) const {
+  launch(bufs, syms, scalars, config, nullptr);
+}
+
+void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* scalars, const LaunchConfig& cfg,
+                        void* stream) const {
+  INGOT_CHECK(loaded != nullptr, "[codegen] kernel '", symbol, "' was not compiled");
+  ensure_context(device);
+  CUstream st = static_cast<CUstream>(stream ? stream : ingot::cuda::current_stream(device).handle);
+  const int sms = multiprocessors(device);
+  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(cfg.waves) * sms);
+  const int block = std::clamp(cfg.block_threads / 32 * 32, 32, 1024);
+  std::vector<uint64_t> params;
+  auto push_double = [&](double d) {
+    uint64_t u;
+    std::memcpy(&u, &d, 8);
+    params.push_back(u);
+  };
+  auto launch_fn = [&](CUfunction fn, int64_t grid, int threads) {
+    void* args[] = {params.data()};
+    check_cu(cuLaunchKernel(fn, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(threads), 1, 1, 0, st, args,
+                            nullptr),
+             "cuLaunchKernel", symbol);
+  };
+  const uint64_t flags = cfg.vectorize ? 1 : 0;
+
+  if (abi.kind == KernelKind::MultiTensor) {
+    const int64_t T = syms[0];
+    const int V = std::max(1, abi.vector_width);
+    const int64_t chunk = ceil_div(std::max<int64_t>(cfg.chunk_elems, 1), V) * V;
+    // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
+    std::vector<uint64_t> table;
+    std::vector<uint64_t> chunks;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int b = 0; b < abi.num_buffers; ++b)
+        table.push_back(reinterpret_cast<uint64_t>(bufs[t * abi.num_buffers + b]));
+      const int64_t n = syms[1 + t];
+      table.push_back(static_cast<uint64_t>(n));
+      for (int64_t s = 0; s < n; s += chunk) {
+        chunks.push_back(static_cast<uint64_t>(t));
+        chunks.push_back(static_cast<uint64_t>(s));
+      }
+    }
+    const int64_t num_chunks = static_cast<int64_t>(chunks.size() / 2);
+    if (num_chunks == 0) return;
+    table.insert(table.end(), chunks.begin(), chunks.end());
+    const std::string_view bytes(reinterpret_cast<const char*>(table.data()), table.size() * 8);
+    const uint64_t h = cache::hash_bytes(bytes) ^ (cache::hash_bytes(bytes, 1) << 1);
+    CUdeviceptr dev = 0;
+    {
+      std::lock_guard<std::mutex> lock(loaded->mu);
+      auto it = loaded->tables.find(h);
+      if (it != loaded->tables.end()) {
+        dev = it->second;
+      } else {
+        check_cu(cuMemAlloc(&dev, bytes.size()), "cuMemAlloc (multi-tensor table)", symbol);
+        check_cu(cuMemcpyHtoD(dev, bytes.data(), bytes.size()), "cuMemcpyHtoD (multi-tensor table)", symbol);
+        loaded->tables[h] = dev;
+      }
+    }
+    params.push_back(static_cast<uint64_t>(dev));
+    params.push_back(static_cast<uint64_t>(T));
+    params.push_back(static_cast<uint64_t>(num_chunks));
+    params.push_back(static_cast<uint64_t>(chunk));
+    for (int k = 0; k < abi.scalar_slots; ++k) push_double(k < abi.num_scalars ? scalars[k] : 0.0);
+    params.push_back(flags);
+    launch_fn(loaded->fns[0], std::min<int64_t>(num_chunks, cap * 4), block);
+    return;
+  }
+
+  for (int b = 0; b < abi.num_buffers; ++b) params.push_back(reinterpret_cast<uint64_t>(bufs[b]));
+  for (int k = 0; k < abi.sym_slots; ++k) params.push_back(static_cast<uint64_t>(k < abi.num_syms ? syms[k] : 0));
+  for (int k = 0; k < abi.scalar_slots; ++k) push_double(k < abi.num_scalars ? scalars[k] : 0.0);
+  params.push_back(flags);
+
+  if (abi.kind == KernelKind::Pointwise) {
+    int64_t total = 1;
+    for (const SymInt& d : abi.dims) total *= eval(d, syms);
+    if (total == 0) return;
+    const int64_t per_thread = cfg.vectorize ? abi.vector_width : 1;
+    launch_fn(loaded->fns[0], std::clamp<int64_t>(ceil_div(ceil_div(total, per_thread), block), 1, cap), block);
+    return;
+  }
+
+  // RowReduction
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < abi.dims.size(); ++d) rows *= eval(abi.dims[d], syms);
+  const int64_t cols = eval(abi.dims.back(), syms);
+  if (rows == 0) return;
+  const bool warp = cfg.rows == LaunchConfig::Rows::WarpPerRow ||
+                    (cfg.rows == LaunchConfig::Rows::Auto && cols <= cfg.warp_row_max_cols);
+  if (warp) {
+    launch_fn(loaded->fns[0], std::clamp<int64_t>(ceil_div(rows, block / 32), 1, cap), block);
+  } else {
+    int threads = cfg.row_block_threads;
+    if (threads <= 0) {  // about 4 vector groups per thread, 64..1024 threads
+      const int64_t want = ceil_div(cols, 4 * std::max(1, abi.vector_width));
+      threads = static_cast<int>(std::clamp<int64_t>(ceil_div(want, 32) * 32, 64, 1024));
+    }
+    threads = std::clamp(threads / 32 * 32, 32, 1024);
+    launch_fn(loaded->fns[1], std::clamp<int64_t>(rows, 1, cap * 8), threads);
+  }
+}
+
+CudaCodegen::CudaCodegen(CudaCodegenOptions options) : options_(std::move(options)) {
+  if (options_.use_disk_cache && options_.cache_dir.empty()) options_.cache_dir = cache::CompileCache::default_dir();
+  if (options_.max_parallel <= 0) options_.max_parallel = std::max(1u, std::thread::hardware_concurrency());
+}
+
+CudaCodegen& CudaCodegen::shared() {
+  static CudaCodegen* instance = new CudaCodegen();  // never destroyed: kernels may run during static teardown
+  return *instance;
+}
+
+CodegenStats CudaCodegen::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return totals_;
+}
+
+CudaKernel CudaCodegen::compile(const KernelSpec& spec, CodegenStats* stats) {
+  return compile(std::vector<KernelSpec>{spec}, stats).front();
+}
+
+std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& specs, CodegenStats* stats) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CodegenStats st;
+  st.kernels_requested = static_cast<int64_t>(specs.size());
+  const int device = ingot::cuda::current_device();
+  ensure_context(device);
+  const int arch = arch_of(device);
+  const std::string target = "sm_" + std::to_string(arch) + " " + nvrtc_version();
+  std::optional<cache::CompileCache> disk;
+  if (options_.use_disk_cache) disk.emplace(options_.cache_dir);
+  auto disk_key = [&](const std::string& key) { return std::string(kEntryKind) + "\n" + target + "\n" + key; };
+  auto make = [&](const std::string& symbol, const KernelAbi& abi, const std::shared_ptr<Module>& m) {
+    CudaKernel k;
+    k.symbol = symbol;
+    k.abi = abi;
+    k.device = device;
+    k.config = options_.launch;
+    k.loaded = std::make_shared<LoadedKernel>();
+    k.loaded->module = m;
+    for (size_t f = 0; f < abi.functions.size() && f < 2; ++f)
+      check_cu(cuModuleGetFunction(&k.loaded->fns[f], m->handle, abi.functions[f].c_str()), "cuModuleGetFunction",
+               abi.functions[f] + "' in '" + m->name);
+    return k;
+  };
+
+  // 1. keys; what this process already has; what the disk cache has.
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> keys(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].validate();
+    keys[i] = specs[i].structural_key();
+  }
+  st.emit_s += seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  std::map<std::string, std::shared_ptr<Module>> modules;  // cubin file -> module, within this call
+  auto from_disk = [&](const std::string& key) {
+    if (!disk) return false;
+    auto e = disk->get(disk_key(key), kEntryKind);
+    std::string symbol;
+    KernelAbi abi;
+    if (!e || e->files.size() != 1 || !decode_abi(e->payload, symbol, abi)) return false;
+    try {
+      std::shared_ptr<Module>& m = modules[e->files[0]];
+      if (!m) m = load_module(read_file(disk->file_path(e->files[0])), e->files[0]);
+      table_[{device, key}] = make(symbol, abi, m);
+      ++st.disk_hits;
+      return true;
+    } catch (const Error& err) {  // an unloadable cubin is a miss like any other bad entry
+      modules.erase(e->files[0]);
+      std::fprintf(stderr, "ingot: warning: ignoring cached CUDA kernels: %s; recompiling\n", err.what());
+      return false;
+    }
+  };
+  struct Pending {
+    size_t spec;
+    std::string key, symbol;
+    RenderedKernel rendered;
+    int program = -1;
+  };
+  std::vector<Pending> pending;
+  std::map<std::string, size_t> pending_index;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (table_.count({device, keys[i]}) || pending_index.count(keys[i])) {
+      ++st.memory_hits;
+      continue;
+    }
+    if (from_disk(keys[i])) continue;
+    pending_index[keys[i]] = pending.size();
+    pending.push_back(Pending{i, keys[i], specs[i].symbol(), {}, -1});
+  }
+  st.load_s += seconds_since(t0);
+
+  if (!pending.empty()) {
+    // 2. render, balanced over at most max_parallel programs (largest kernels first).
+    t0 = std::chrono::steady_clock::now();
+    for (Pending& p : pending) p.rendered = render_kernel(specs[p.spec], p.symbol);
+    const int programs = std::min<int>(options_.max_parallel, static_cast<int>(pending.size()));
+    std::vector<NvrtcProgram> progs(programs);
+    std::vector<size_t> prog_size(programs, 0);
+    for (int u = 0; u < programs; ++u) {
+      progs[u].name = "ingot_kernels_" + std::to_string(u) + ".cu";
+      progs[u].source = render_preamble();
+    }
+    std::vector<size_t> order(pending.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return pending[a].rendered.source.size() > pending[b].rendered.source.size();
+    });
+    for (size_t p : order) {
+      const int u = static_cast<int>(std::min_element(prog_size.begin(), prog_size.end()) - prog_size.begin());
+      pending[p].program = u;
+      prog_size[u] += pending[p].rendered.source.size();
+      progs[u].source += "\n" + pending[p].rendered.source;
+    }
+    st.emit_s += seconds_since(t0);
+
+    // 3. NVRTC, programs side by side.
+    t0 = std::chrono::steady_clock::now();
+    const std::vector<std::string> cubins = compile_cubins(progs, arch, options_.max_parallel);
+    st.compiler_s += seconds_since(t0);
+    st.compiler_processes += programs;
+    st.compiled += static_cast<int64_t>(pending.size());
+
+    // 4. load, publish to the cache, one entry per kernel.
+    t0 = std::chrono::steady_clock::now();
+    std::vector<std::shared_ptr<Module>> mods(programs);
+    std::vector<std::string> names(programs);
+    bool cache_ok = disk.has_value();
+    for (int u = 0; u < programs; ++u) {
+      // Named by content: equal names mean equal cubins, whichever process wrote them.
+      names[u] = "cuda-" + cache::hex64(cache::hash_bytes(cubins[u])) + "-" + cache::hex64(cache::hash_bytes(cubins[u], 1)) + ".cubin";
+      mods[u] = load_module(cubins[u], names[u]);
+      if (!cache_ok) continue;
+      try {
+        disk->put_file(names[u], cubins[u]);
+      } catch (const Error& e) {  // a full or read-only cache costs the warm start, not the run
+        std::fprintf(stderr, "ingot: warning: cannot store compiled CUDA kernels in the cache '%s': %s\n",
+                     options_.cache_dir.c_str(), e.what());
+        cache_ok = false;
+      }
+    }
+    for (const Pending& p : pending) {
+      table_[{device, p.key}] = make(p.symbol, p.rendered.abi, mods[p.program]);
+      if (!cache_ok) continue;
+      try {
+        disk->put(disk_key(p.key),
+                  cache::CacheEntry{kEntryKind, encode_abi(p.symbol, p.rendered.abi), {names[p.program]}});
+      } catch (const Error& e) {
+        std::fprintf(stderr, "ingot: warning: cannot write a compile cache entry: %s\n", e.what());
+        cache_ok = false;
+      }
+    }
+    st.load_s += seconds_since(t0);
+  }
+
+  std::vector<CudaKernel> out;
+  out.reserve(specs.size());
+  for (const std::string& k : keys) out.push_back(table_.at({device, k}));
+  totals_ += st;
+  if (stats) *stats += st;
+  return out;
+}
+
+}  // namespace ingot::codegen::cuda

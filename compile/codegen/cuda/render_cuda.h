@@ -1,0 +1,79 @@
+// Renders KernelSpecs to CUDA C++ for NVRTC (see compile/codegen/kernel_spec.h for the semantics). The
+// generated code includes no header at all (NVRTC provides the device math functions and intrinsics), so a
+// program compiles in a fraction of a second and never depends on the toolkit's include directory.
+//
+// Shape of the generated code (each kernel is one or two extern "C" __global__ functions):
+//   Pointwise     adjacent dims contiguous in every buffer are merged and constant size-1 dims dropped; one
+//                 grid-stride loop over the points. When every buffer's innermost stride is 0 or 1 there is
+//                 also a VECTOR path: each thread handles `vector_width` consecutive points, loading and
+//                 storing 16 bytes at a time; the kernel takes it only when, at run time, the innermost
+//                 size is a multiple of the width, every base pointer is aligned and the outer strides are
+//                 multiples of the width (misaligned views and odd sizes take the scalar path).
+//   RowReduction  two functions: <symbol>_warp (one warp per row, rows_per_block rows per block: short rows)
+//                 and <symbol>_block (one block per row: long rows). Per row, one column loop per reduction
+//                 phase (softmax: max, then sum), each thread accumulating in registers, combined with warp
+//                 shuffles (and, for blocks, shared memory across warps); every thread then holds the
+//                 reduced values and the epilogue loop writes the element outputs; row outputs are written
+//                 once. Column loops have the same vector / scalar paths as pointwise kernels.
+//   MultiTensor   ONE launch for the whole list: the host uploads a table of tensors (NB pointers + numel
+//                 each) followed by (tensor, start) chunks; each block walks chunks (grid-stride), vectorized
+//                 when the chunk's pointers are aligned.
+// Values are computed in fp32 for bf16/f16/f32 (f64 stays f64, integers in 64 bits); loads widen, stores
+// round to nearest even, exactly as the CPU backend does.
+//
+// Launch: every function takes one parameter, a struct of 8-byte slots (see KernelAbi): Pointwise and
+// RowReduction get {bufs[NB], syms[max(NS,1)], scalars[max(NC,1)], flags}; MultiTensor gets {table,
+// num_tensors, num_chunks, chunk, scalars[max(NC,1)], flags}. flags bit 0 allows the vector path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compile/codegen/kernel_spec.h"
+
+namespace ingot::codegen::cuda {
+
+// How a kernel is launched: everything here is a run-time choice (no recompilation), so an autotuner can
+// time candidates of one compiled kernel.
+struct LaunchConfig {
+  enum class Rows : uint8_t { Auto, WarpPerRow, BlockPerRow };
+  int block_threads = 256;       // pointwise, multi-tensor and warp-per-row blocks (a multiple of 32)
+  int row_block_threads = 0;     // block-per-row: threads per row; 0 = from the row length (64..1024)
+  Rows rows = Rows::Auto;        // Auto: warp per row up to warp_row_max_cols columns, else block per row
+  int64_t warp_row_max_cols = 1024;
+  bool vectorize = true;         // allow the 16-byte path (the kernel still checks alignment and sizes)
+  int waves = 8;                 // grid cap = waves * multiprocessors; grid-stride loops do the rest
+  int64_t chunk_elems = 65536;   // MultiTensor: elements per chunk of the table (rounded to the width)
+};
+
+// What the host needs to know about a rendered kernel to launch it.
+struct KernelAbi {
+  KernelKind kind = KernelKind::Pointwise;
+  int num_buffers = 0;
+  int num_syms = 0;      // the spec's num_syms / num_scalars: how many values the caller passes
+  int num_scalars = 0;
+  int sym_slots = 1;     // syms slots in the parameter struct: max(num_syms, 1)
+  int scalar_slots = 1;  // max(num_scalars, 1)
+  int vector_width = 1;  // elements per vector access; 1 = the kernel has no vector path
+  bool index32 = false;  // indices computed in 32 bits (all sizes constant and small)
+  // Pointwise: the (coalesced) iteration space; RowReduction: rows..., cols. Sizes may be sym slots.
+  std::vector<SymInt> dims;
+  // The functions to look up in the module: Pointwise/MultiTensor: {symbol}; RowReduction: {symbol_warp,
+  // symbol_block}.
+  std::vector<std::string> functions;
+};
+
+// The helpers every program starts with (dtype conversions, NaN-propagating max/min, warp/block reductions,
+// vector loads and stores).
+std::string render_preamble();
+
+struct RenderedKernel {
+  std::string source;  // the kernel's parameter struct and __global__ functions
+  KernelAbi abi;
+};
+
+// One kernel; `spec` is validated and canonicalized here. `symbol` names its functions.
+RenderedKernel render_kernel(const KernelSpec& spec, const std::string& symbol);
+
+}  // namespace ingot::codegen::cuda
