@@ -1,5 +1,7 @@
 #include "optim/mixed_precision.h"
 
+#include "autograd/ops.h"
+
 namespace ingot::optim {
 
 MasterWeights::MasterWeights(std::vector<Tensor> model_params) : model_(std::move(model_params)) {
@@ -21,7 +23,17 @@ void MasterWeights::copy_grads_to_master() {
 
 void MasterWeights::copy_to_model() {
   NoGradGuard ng;
-  for (size_t i = 0; i < model_.size(); ++i) model_[i].copy_(master_[i]);
+  TraceObserver* obs = trace_observer();
+  for (size_t i = 0; i < model_.size(); ++i) {
+    if (!obs) {
+      model_[i].copy_(master_[i]);
+      continue;
+    }
+    // Traced (compile/trace.h): the rounding is an op and the copy a write-back, so a replay repeats both.
+    Tensor v = cast(master_[i], model_[i].dtype());
+    model_[i].copy_(v);
+    obs->on_assign(model_[i], v);
+  }
 }
 
 }  // namespace ingot::optim

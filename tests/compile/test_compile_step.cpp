@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "compile/step_fixture.h"
+#include "optim/mixed_precision.h"
 #include "runtime/allocator.h"
 
 namespace ingot::testing {
@@ -147,6 +148,36 @@ TEST(CompileStep, DynamicSequenceLengthNeverRecompiles) {
   EXPECT_EQ(cs.recompiles, 0);
   EXPECT_EQ(cs.specializations, 2) << "one per new sequence length (Note [Dynamic dims re-specialize])";
   EXPECT_EQ(cs.compiled_calls, 2) << "repeated lengths reuse their specialization";
+}
+
+TEST(CompileStep, Bf16ModelWithF32MasterWeightsMatchesEager) {
+  auto run = [](bool compiled) {
+    manual_seed(11);
+    auto model = tiny_gpt2();
+    model->to(DType::bf16);
+    optim::MasterWeights mw(model->parameters());
+    optim::AdamW opt(mw.master(), optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.0});
+    auto [ids, tgt] = repeating_batch(2, 8);
+    auto fn = [&](const std::vector<Tensor>& b) {
+      Tensor loss = model->loss(b[0], b[1]);
+      loss.backward();
+      mw.copy_grads_to_master();
+      opt.step();
+      mw.copy_to_model();
+      model->zero_grad();
+      opt.zero_grad();
+      return std::vector<Tensor>{loss};
+    };
+    CompiledFunction step = compile(fn);
+    std::vector<double> losses;
+    for (int i = 0; i < 6; ++i) losses.push_back((compiled ? step({ids, tgt}) : fn({ids, tgt}))[0].item());
+    return std::make_pair(losses, model->parameters()[0].clone_raw());
+  };
+  auto [e, ep] = run(false);
+  auto [c, cp] = run(true);
+  for (size_t i = 0; i < e.size(); ++i) EXPECT_NEAR(c[i], e[i], 2e-3 * std::abs(e[i])) << "step " << i;
+  EXPECT_LT(e.back(), e.front()) << "the bf16 model trains";
+  EXPECT_LE(max_rel_error(cp, ep, 2e-2, 1e-3), 1.0) << "bf16 model weights follow the masters";
 }
 
 TEST(CompileStep, TinyLlamaTwentyAdamWStepsMatchEager) {
