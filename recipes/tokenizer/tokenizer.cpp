@@ -48,8 +48,13 @@ struct Tokenizer::Impl {
 struct Tokenizer::Cache {
   static constexpr size_t kMaxEntries = 1 << 20;
   static constexpr size_t kMaxWordBytes = 256;
+  // Transparent hashing: lookups by string_view allocate nothing.
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
   std::mutex mu;
-  std::unordered_map<std::string, std::vector<int32_t>> map;
+  std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> map;
 };
 
 namespace {
@@ -262,7 +267,7 @@ void Tokenizer::Impl::encode_section(std::string text, bool at_start, std::vecto
         model.encode_word(part, out);
         continue;
       }
-      auto it = cache.map.find(std::string(part));
+      auto it = cache.map.find(part);
       if (it == cache.map.end()) {
         std::vector<int32_t> ids;
         model.encode_word(part, ids);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "recipes/tokenizer/tokenizer.h"
@@ -49,6 +50,31 @@ TEST(TokenizerReference, Llama3MatchesTransformersOnEveryCase) { check_reference
 TEST(TokenizerReference, Qwen3MatchesTransformersOnEveryCase) { check_reference("qwen3"); }
 TEST(TokenizerReference, Llama2MatchesTransformersOnEveryCase) { check_reference("llama2"); }
 TEST(TokenizerReference, Gpt2MatchesTransformersOnEveryCase) { check_reference("gpt2"); }
+
+// Thousands of lines of real text: the first 3000 verses of data/kjv.txt (scripts/get_data.sh) encoded
+// without special tokens, compared through the token count and an FNV-1a hash over the ids (each id one
+// step) with independent reference encoders run on the same lines: OpenAI's GPT-2 encoder in JavaScript (npm
+// gpt-3-encoder@1.1.4) and transformers.js (npm @lenml/tokenizers@3.7.2 with the same tokenizer files).
+void check_kjv(const std::string& name, size_t want_tokens, uint64_t want_hash) {
+  std::ifstream f(root("data/kjv.txt"));
+  if (!f) GTEST_SKIP() << "data/kjv.txt is missing: run scripts/get_data.sh";
+  INGOT_REQUIRE_TOKENIZER(tok, name);
+  size_t tokens = 0, lines = 0;
+  uint64_t h = 1469598103934665603ull;
+  for (std::string line; lines < 3000 && std::getline(f, line); ++lines)
+    for (int32_t id : tok->encode(line)) {
+      ++tokens;
+      h = (h ^ uint32_t(id)) * 1099511628211ull;
+    }
+  ASSERT_EQ(lines, 3000u);
+  EXPECT_EQ(tokens, want_tokens) << name;
+  EXPECT_EQ(h, want_hash) << name;
+}
+
+TEST(TokenizerReference, Gpt2MatchesOpenAIsEncoderOnThreeThousandKjvLines) { check_kjv("gpt2", 98023, 0x49e5b27f34530a80ull); }
+TEST(TokenizerReference, Llama3MatchesTransformersJsOnThreeThousandKjvLines) { check_kjv("llama3", 98302, 0x75b2d42d5241669cull); }
+TEST(TokenizerReference, Qwen3MatchesTransformersJsOnThreeThousandKjvLines) { check_kjv("qwen3", 98364, 0x7f4950998a8094dfull); }
+TEST(TokenizerReference, Llama2MatchesTransformersJsOnThreeThousandKjvLines) { check_kjv("llama2", 106118, 0xd20d18e28a0b9169ull); }
 
 }  // namespace
 }  // namespace ingot::recipes
