@@ -39,4 +39,26 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   return norm;
 }
 
+Tensor clip_grad_norm_tensor(const std::vector<Tensor>& params, double max_norm) {
+  INGOT_CHECK(max_norm > 0, "clip_grad_norm_tensor: max_norm must be positive, got ", max_norm);
+  NoGradGuard ng;
+  Tensor total;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor s = sum(square(cast(g, g.dtype() == DType::f64 ? DType::f64 : DType::f32)));
+    total = total.defined() ? add(total, s) : s;
+  }
+  if (!total.defined()) return zeros({});
+  Tensor norm = sqrt(total);
+  Tensor coef = minimum(rdiv(add(norm, 1e-6), max_norm), ones({}, norm.dtype(), norm.device()));
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor param = p;
+    param.set_grad(mul(g, cast(coef, g.dtype())));
+  }
+  return norm;
+}
+
 }  // namespace ingot::optim

@@ -14,5 +14,9 @@ double clip_coefficient(double total_norm, double max_norm);
 // Scales every defined grad in place by clip_coefficient; returns the norm before clipping. To clip inside
 // the fused optimizer step instead, call grad_norm and Optimizer::set_grad_scale(clip_coefficient(...)).
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+// The same clipping without a host sync: the norm stays a device scalar (f32) and every defined grad is
+// replaced by grad * min(1, max_norm / (norm + 1e-6)), all with tensor ops, so it traces into a compiled
+// step (ingot::compile) with no graph break. Returns the norm before clipping.
+Tensor clip_grad_norm_tensor(const std::vector<Tensor>& params, double max_norm);
 
 }  // namespace ingot::optim

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "compile/step_fixture.h"
+#include "optim/clip.h"
 #include "optim/mixed_precision.h"
 #include "runtime/allocator.h"
 
@@ -178,6 +179,37 @@ TEST(CompileStep, Bf16ModelWithF32MasterWeightsMatchesEager) {
   for (size_t i = 0; i < e.size(); ++i) EXPECT_NEAR(c[i], e[i], 2e-3 * std::abs(e[i])) << "step " << i;
   EXPECT_LT(e.back(), e.front()) << "the bf16 model trains";
   EXPECT_LE(max_rel_error(cp, ep, 2e-2, 1e-3), 1.0) << "bf16 model weights follow the masters";
+}
+
+TEST(CompileStep, DeviceSideGradClippingTracesWithoutABreak) {
+  auto run = [](bool compiled) {
+    manual_seed(13);
+    auto model = tiny_gpt2();
+    optim::AdamW opt(model->parameters());
+    auto [ids, tgt] = repeating_batch(2, 8);
+    auto fn = [&](const std::vector<Tensor>& b) {
+      Tensor loss = model->loss(b[0], b[1]);
+      loss.backward();
+      Tensor norm = optim::clip_grad_norm_tensor(model->parameters(), 0.05);  // small: clipping is active
+      opt.step();
+      opt.zero_grad();
+      return std::vector<Tensor>{loss, norm};
+    };
+    CompiledFunction step = compile(fn);
+    std::vector<double> out;
+    for (int i = 0; i < 5; ++i) {
+      std::vector<Tensor> r = compiled ? step({ids, tgt}) : fn({ids, tgt});
+      out.push_back(r[0].item());
+      out.push_back(r[1].item());
+    }
+    return std::make_pair(out, step.stats());
+  };
+  auto [e, es] = run(false);
+  auto [c, cs] = run(true);
+  for (size_t i = 0; i < e.size(); ++i) EXPECT_NEAR(c[i], e[i], 1e-4 * std::abs(e[i])) << "value " << i;
+  EXPECT_GT(e[1], 0.05) << "the norm exceeds max_norm, so the clip is exercised";
+  EXPECT_TRUE(cs.graph_breaks.empty());
+  EXPECT_EQ(cs.compiles, 1);
 }
 
 TEST(CompileStep, TinyLlamaTwentyAdamWStepsMatchEager) {
