@@ -69,19 +69,19 @@ std::vector<std::string> worker_env(const std::map<std::string, std::string>& va
   return env;
 }
 
-// The root cause is the worker that failed first: earliest error-file timestamp (the worker's own clock at the
-// moment of the error) when the failed workers wrote one, else the first one reaped, else the lowest rank.
+// The root cause is the worker that failed first. A worker's failure time is the timestamp of its error file
+// (written at the moment of the error) or else the moment it was reaped: when one rank dies (say, OOM-killed)
+// and the others fail on the broken collective afterwards, the first failure is the one to fix. Ties go to
+// the lower rank.
 size_t choose_root_cause(const WorkerGroup& g) {
   size_t best = g.size();
-  double best_err = 0, best_end = 0;
+  double best_t = 0;
   for (size_t i = 0; i < g.size(); ++i) {
     const WorkerStatus& s = g.status(i);
     if (!s.failed() || s.stopped_by_us) continue;
     auto rec = read_error_file(g.spec(i).error_file);
-    double err_t = rec && rec->timestamp > 0 ? rec->timestamp : 0;
-    bool better = best == g.size() || (err_t > 0 && (best_err == 0 || err_t < best_err)) ||
-                  (err_t == 0 && best_err == 0 && s.end_time < best_end);
-    if (better) best = i, best_err = err_t, best_end = s.end_time;
+    double t = rec && rec->timestamp > 0 ? std::min(rec->timestamp, s.end_wall) : s.end_wall;
+    if (best == g.size() || t < best_t) best = i, best_t = t;
   }
   return best;
 }

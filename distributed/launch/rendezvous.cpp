@@ -73,7 +73,15 @@ Rendezvous::Rendezvous(const LaunchOptions& opts, std::string run_id, int local_
   } else {
     store_host_ = opts.master_addr;
     store_port_ = opts.master_port;
-    if (opts.node_rank == 0) server_ = std::make_unique<TcpStoreServer>(store_port_, "0.0.0.0");
+    if (opts.node_rank == 0) {
+      try {
+        server_ = std::make_unique<TcpStoreServer>(store_port_, "0.0.0.0");
+      } catch (const Error& e) {
+        INGOT_FAIL("ingot launch: node rank 0 hosts the rendezvous store on --master-port ", store_port_,
+                   " but cannot (is another launcher with --node-rank 0, or another program, using the port?): ",
+                   e.what());
+      }
+    }
     connect_host = opts.node_rank == 0 ? "127.0.0.1" : store_host_;
   }
   store_ = std::make_shared<TcpStore>(connect_host, store_port_, so);

@@ -53,6 +53,10 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace
 
 // --- signals ---
@@ -325,6 +329,7 @@ void WorkerGroup::reap() {
     w.running = false;
     w.exited = true;
     w.end_time = now();
+    w.end_wall = wall_now();
     if (WIFSIGNALED(st)) w.signal = WTERMSIG(st);
     else w.exit_code = WEXITSTATUS(st);
   }
@@ -372,6 +377,7 @@ void WorkerGroup::stop(int sig, double grace_s, SignalWatch& signals) {
       status_[i].running = false;
       status_[i].exited = true;
       status_[i].end_time = now();
+      status_[i].end_wall = wall_now();
       if (WIFSIGNALED(st)) status_[i].signal = WTERMSIG(st);
       else status_[i].exit_code = WEXITSTATUS(st);
     }

@@ -48,6 +48,7 @@ struct WorkerStatus {
   int signal = 0;             // when a signal ended it
   bool stopped_by_us = false; // ended after we sent a stop signal
   double end_time = 0;        // seconds since the group started, when reaped
+  double end_wall = 0;        // the same moment in seconds since the epoch (comparable to error files)
   bool failed() const { return exited && (signal != 0 || exit_code != 0); }
   std::string describe() const;  // "exited with code 3", "was killed by SIGKILL (signal 9)"
 };

@@ -193,10 +193,14 @@ TEST_F(Launch, WorkerKilledMidRunRestartsTheGroupAndTheSecondAttemptSucceeds) {
 }
 
 TEST_F(Launch, RestartsRunOutAndTheLauncherExitsNonZeroNamingTheRootCause) {
-  script("w.sh", "echo attempt $INGOT_RESTART_COUNT >> attempts_$RANK\nexit 5\n");
+  script("w.sh",
+         "if [ \"$RANK\" = 1 ]; then exec sleep 30; fi\n"
+         "echo attempt $INGOT_RESTART_COUNT >> attempts\n"
+         "exit 5\n");
   Result r = launch("--nproc-per-node 2 --max-restarts 2 -- sh w.sh");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_EQ(slurp(path("attempts_0")), "attempt 0\nattempt 1\nattempt 2\n");
+  EXPECT_EQ(slurp(path("attempts")), "attempt 0\nattempt 1\nattempt 2\n");
+  EXPECT_NE(r.output.find("attempt 2 of at most 3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("giving up: worker group failed and no restarts are left (--max-restarts 2, 3 attempt(s)); "
                           "root cause: rank "),
             std::string::npos)
@@ -209,7 +213,7 @@ TEST_F(Launch, SigtermOrSigintToTheLauncherStopsEveryWorker) {
   for (auto [sig, code] : {std::pair{"TERM", 143}, std::pair{"INT", 130}}) {
     Result r = run_sh(dir_.path(),
                       "\"$INGOT\" launch --nproc-per-node 2 -- sh w.sh & L=$!; "
-                      "while [ ! -s pid_0 ] || [ ! -s pid_1 ]; do sleep 0.05; done; kill -" +
+                      "n=0; while { [ ! -s pid_0 ] || [ ! -s pid_1 ]; } && [ $n -lt 100 ]; do sleep 0.05; n=$((n+1)); done; kill -" +
                           std::string(sig) + " $L; wait $L; echo launcher_exit=$?");
     EXPECT_NE(r.output.find("launcher_exit=" + std::to_string(code)), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(std::string("received SIG") + sig + ", stopping 2 worker(s)"), std::string::npos)
@@ -292,6 +296,56 @@ TEST_F(Launch, AFailureOnOneNodeRestartsBothNodes) {
   EXPECT_NE(logs.find("exited with code 7"), std::string::npos) << logs;
   EXPECT_NE(logs.find("a worker on another node failed: rank 3"), std::string::npos) << logs;
   for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(slurp(path("done_" + std::to_string(rank))), "ok\n") << logs;
+}
+
+TEST_F(Launch, StaticNodeRanksWithAMasterPortFormOneWorld) {
+  script("env.sh", "echo \"$GROUP_RANK $WORLD_SIZE\" > env_$RANK.txt\n");
+  std::string common = "--nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port " +
+                       std::to_string(free_port()) + " --rdzv-id st";
+  Result r = run_sh(dir_.path(), "\"$INGOT\" launch " + common + " --node-rank 1 -- sh env.sh > b.log 2>&1 & B=$!; "
+                                 "\"$INGOT\" launch " + common + " --node-rank 0 -- sh env.sh > a.log 2>&1; "
+                                 "echo a_exit=$?; wait $B; echo b_exit=$?");
+  std::string logs = slurp(path("a.log")) + "\n----\n" + slurp(path("b.log"));
+  EXPECT_NE(r.output.find("a_exit=0"), std::string::npos) << r.output << logs;
+  EXPECT_NE(r.output.find("b_exit=0"), std::string::npos) << r.output << logs;
+  EXPECT_EQ(slurp(path("env_0.txt")), "0 2\n") << logs;  // node rank 0 has rank 0, as given
+  EXPECT_EQ(slurp(path("env_1.txt")), "1 2\n") << logs;
+}
+
+TEST_F(Launch, TwoLaunchersClaimingTheSameNodeRankFailWithAClearError) {
+  // Nodes 0 and 1 start a job; a second "node 1" is refused, and its error ends the job on the others too.
+  std::string common = "--nnodes 2 --master-port " + std::to_string(free_port()) + " --rdzv-conf join_timeout=3";
+  Result r = run_sh(dir_.path(),
+                    "\"$INGOT\" launch " + common + " --node-rank 0 -- sleep 10 > a.log 2>&1 & A=$!; "
+                    "\"$INGOT\" launch " + common + " --node-rank 1 -- sleep 10 > b.log 2>&1 & B=$!; sleep 0.3; "
+                    "\"$INGOT\" launch " + common + " --node-rank 1 -- sleep 10 > c.log 2>&1; echo c_exit=$?; "
+                    "wait $A; echo a_exit=$?; wait $B; echo b_exit=$?");
+  std::string logs = slurp(path("a.log")) + "\n----\n" + slurp(path("b.log")) + "\n----\n" + slurp(path("c.log"));
+  EXPECT_NE(r.output.find("c_exit=1"), std::string::npos) << r.output << logs;
+  EXPECT_NE(r.output.find("a_exit=1"), std::string::npos) << r.output << logs;
+  EXPECT_NE(r.output.find("b_exit=1"), std::string::npos) << r.output << logs;
+  EXPECT_NE(slurp(path("c.log")).find("--node-rank 1 was already taken by another launcher"), std::string::npos)
+      << logs;
+  EXPECT_LT(r.seconds, 5) << "the running nodes should stop at once, not when their workers end\n" << logs;
+}
+
+TEST_F(Launch, NodeZeroThatCannotHostTheStoreSaysWhy) {
+  TcpStoreServer taken(0, "0.0.0.0");
+  Result r = launch("--nnodes 2 --master-port " + std::to_string(taken.port()) + " -- true");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("node rank 0 hosts the rendezvous store on --master-port " + std::to_string(taken.port()) +
+                          " but cannot"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(Launch, ANodeRangeStartsWithTheNodesPresentAfterTheLastCall) {
+  script("env.sh", "echo \"$WORLD_SIZE $GROUP_WORLD_SIZE\" > env_$RANK.txt\n");
+  Result r = launch("--nnodes 1:2 --nproc-per-node 2 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) +
+                    " --rdzv-conf last_call_timeout=0.2 -- sh env.sh");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(slurp(path("env_0.txt")), "2 1\n") << r.output;
+  EXPECT_EQ(slurp(path("env_1.txt")), "2 1\n") << r.output;
 }
 
 TEST_F(Launch, BadCommandLinesExitTwoWithAPointerToHelp) {
