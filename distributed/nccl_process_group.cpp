@@ -149,7 +149,11 @@ class NcclProcessGroup final : public ProcessGroup {
     cuda::DeviceGuard guard(device_);
     if (comm_) {
       // Work still in flight means a peer may never come: abort rather than wait on it.
-      bool clean = in_flight_.empty() && ncclCommFinalize(comm_) != ncclInternalError && settle("finalize").empty();
+      bool clean = in_flight_.empty();
+      if (clean) {
+        ncclResult_t r = ncclCommFinalize(comm_);
+        clean = (r == ncclSuccess || r == ncclInProgress) && settle("finalize").empty();
+      }
       if (clean)
         ncclCommDestroy(comm_);
       else

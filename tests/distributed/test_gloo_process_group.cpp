@@ -11,6 +11,7 @@
 #include "distributed/bootstrap.h"
 #include "distributed/process_group.h"
 #include "distributed/spawn.h"
+#include "runtime/file_util.h"
 
 namespace ingot::distributed {
 namespace {
@@ -173,7 +174,10 @@ TEST(GlooProcessGroup, CreatingAGroupWhosePeerNeverComesTimesOutNamingTheRendezv
 
 TEST(GlooProcessGroup, ACollectiveTimeoutNamesTheOpTheSequenceNumberAndTheMissingRank) {
   if (is_rank_process()) {
-    auto ctx = init_distributed(quick_init(400ms));
+    TempDir traces("ingot_trace");
+    InitOptions o = quick_init(400ms);
+    o.trace_dir = traces.path();
+    auto ctx = init_distributed(o);
     const int rank = ctx.info.rank;
     Tensor x = rank_tensor(rank, 8, DType::f32);
     ctx.group->all_reduce(x)->wait();  // #0: everybody
@@ -188,7 +192,7 @@ TEST(GlooProcessGroup, ACollectiveTimeoutNamesTheOpTheSequenceNumberAndTheMissin
     EXPECT_NE(msg.find("all_reduce #1 failed"), std::string::npos) << msg;
     EXPECT_NE(msg.find("ranks that never joined it: [2]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("rank " + std::to_string(rank) + "/3"), std::string::npos) << msg;
-    std::string trace = "/tmp/ingot_collectives_world_rank" + std::to_string(rank) + ".json";
+    std::string trace = traces.file("ingot_collectives_world_rank" + std::to_string(rank) + ".json");
     EXPECT_NE(msg.find(trace), std::string::npos) << msg;
     std::string text = ingot::testing::read_text(trace);
     EXPECT_NE(text.find("\"state\": \"failed\""), std::string::npos) << text;
@@ -204,7 +208,11 @@ TEST(GlooProcessGroup, ACollectiveTimeoutNamesTheOpTheSequenceNumberAndTheMissin
 
 TEST(GlooProcessGroup, APeerThatDiesMidRunIsReportedNotWaitedFor) {
   if (is_rank_process()) {
-    auto ctx = init_distributed(quick_init(20000ms));
+    // Rank 1 dies by _exit (no destructors): only the survivor makes a trace directory.
+    auto traces = ingot::testing::env_rank() == 1 ? nullptr : std::make_unique<TempDir>("ingot_trace");
+    InitOptions o = quick_init(20000ms);
+    o.trace_dir = traces ? traces->path() : "/tmp";
+    auto ctx = init_distributed(o);
     Tensor x = rank_tensor(ctx.info.rank, 8, DType::f32);
     ctx.group->all_reduce(x)->wait();
     if (ctx.info.rank == 1) _exit(3);

@@ -11,6 +11,7 @@
 #include "distributed/process_group.h"
 #include "distributed/spawn.h"
 #include "runtime/device.h"
+#include "runtime/file_util.h"
 #include "runtime/rng.h"
 
 namespace ingot::distributed {
@@ -119,7 +120,10 @@ TEST(NcclProcessGroup, DdpOnGpusGivesTheGradientsOfTheFullBatchOnTheCpu) {
 
 TEST(NcclProcessGroup, TheWatchdogNamesTheOpSequenceAndMissingRankAndAbortsInsteadOfHanging) {
   if (is_rank_process()) {
-    auto ctx = init_distributed(nccl_init(1500ms));
+    TempDir traces("ingot_trace");
+    InitOptions o = nccl_init(1500ms);
+    o.trace_dir = traces.path();
+    auto ctx = init_distributed(o);
     const int rank = ctx.info.rank;
     Device dev(DeviceType::cuda, ctx.info.local_rank);
     Tensor x = rank_tensor(rank, 1024, DType::f32, dev);
