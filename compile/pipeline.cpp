@@ -76,10 +76,13 @@ std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, const CompileOp
   if (lowered.empty()) return fns;
   std::vector<codegen::KernelSpec> specs;
   for (const LoweredGroup& lg : lowered) specs.push_back(lg.spec);
-  if (log_on(LogKind::Progress))
-    log(LogKind::Progress, "compiling '" + opts.name + detail::str_cat("': kernels 0/", specs.size()));
   codegen::CodegenStats cs;
-  std::vector<codegen::cpu::CpuKernel> kernels = codegen_for(opts.cache_dir).compile(specs, &cs);
+  codegen::cpu::ProgressFn progress;
+  if (log_on(LogKind::Progress))
+    progress = [&opts](int64_t done, int64_t total) {
+      log(LogKind::Progress, "compiling '" + opts.name + detail::str_cat("': codegen, kernels ", done, "/", total));
+    };
+  std::vector<codegen::cpu::CpuKernel> kernels = codegen_for(opts.cache_dir).compile(specs, &cs, progress);
   if (log_on(LogKind::Progress))
     log(LogKind::Progress, "compiling '" + opts.name + detail::str_cat("': kernels ", specs.size()) + "/" +
                                std::to_string(specs.size()) + " (" + cs.summary() + ")");
