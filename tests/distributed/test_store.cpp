@@ -1,5 +1,9 @@
 // TcpStore / TcpStoreServer / PrefixStore: every operation, the blocking semantics, and the timeout errors.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -218,6 +222,27 @@ TEST(TcpStore, BadPortAndBusyPortAreClearErrors) {
   TcpStoreServer a;
   std::string msg = error_of([&] { TcpStoreServer b(a.port(), "127.0.0.1"); });
   EXPECT_NE(msg.find("cannot listen on 127.0.0.1:" + std::to_string(a.port())), std::string::npos) << msg;
+}
+
+TEST(TcpStoreServer, AClientSpeakingGarbageIsDroppedAndOthersAreStillServed) {
+  TcpStoreServer server(0, "127.0.0.1");
+  TcpStore good("127.0.0.1", server.port(), quick());
+  good.set("k", "v");
+  for (std::string junk : {std::string("\xff\xff\xff\xff", 4),             // a frame over the size limit
+                           std::string("\x02\x00\x00\x00\x63\x00", 6)}) {  // unknown op 99
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL), static_cast<ssize_t>(junk.size()));
+    char c;
+    EXPECT_EQ(::recv(fd, &c, 1, 0), 0) << "the server must close a connection that breaks the protocol";
+    ::close(fd);
+  }
+  EXPECT_EQ(good.get("k"), "v");
+  EXPECT_EQ(server.num_clients(), 1);
 }
 
 TEST(PrefixStore, KeysOfDifferentPrefixesDoNotCollide) {
