@@ -51,6 +51,39 @@ TEST(TokenizerReference, Qwen3MatchesTransformersOnEveryCase) { check_reference(
 TEST(TokenizerReference, Llama2MatchesTransformersOnEveryCase) { check_reference("llama2"); }
 TEST(TokenizerReference, Gpt2MatchesTransformersOnEveryCase) { check_reference("gpt2"); }
 
+// transformers' ids for 2000 KJV verses (every `stride`-th line of data/kjv.txt), compared line by line.
+void check_kjv_fixture(const std::string& name) {
+  std::string ref_path = root("tests/fixtures/tokenizers/" + name + "_kjv_ids.json");
+  if (!std::filesystem::exists(ref_path)) GTEST_SKIP() << ref_path << " is missing";
+  std::ifstream f(root("data/kjv.txt"));
+  if (!f) GTEST_SKIP() << "data/kjv.txt is missing: run scripts/get_data.sh";
+  INGOT_REQUIRE_TOKENIZER(tok, name);
+  json ref = json::parse(read_file(ref_path));
+  const size_t stride = ref["stride"].get<size_t>(), count = ref["count"].get<size_t>();
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(f, line);) lines.push_back(line);
+  ASSERT_GE(lines.size(), (count - 1) * stride + 1);
+  size_t matched = 0, mismatches = 0;
+  for (size_t k = 0; k < count; ++k) {
+    const std::string& text = lines[k * stride];
+    std::vector<int32_t> got = tok->encode(text), want = ref["ids"][k].get<std::vector<int32_t>>();
+    if (got == want) ++matched;
+    else if (++mismatches <= 5) ADD_FAILURE() << name << ": line " << k * stride << " differs: " << text;
+    if (k % 50 == 0) {
+      DecodeOptions raw;
+      raw.clean_up_tokenization_spaces = false;
+      EXPECT_EQ(tok->decode(want, raw), text);
+    }
+  }
+  EXPECT_EQ(matched, count) << name;
+  std::cout << "[ tokenizer ] " << name << ": " << matched << "/" << count << " KJV lines match transformers\n";
+}
+
+TEST(TokenizerReference, Gpt2MatchesTransformersOnTwoThousandKjvLines) { check_kjv_fixture("gpt2"); }
+TEST(TokenizerReference, Llama3MatchesTransformersOnTwoThousandKjvLines) { check_kjv_fixture("llama3"); }
+TEST(TokenizerReference, Qwen3MatchesTransformersOnTwoThousandKjvLines) { check_kjv_fixture("qwen3"); }
+TEST(TokenizerReference, Llama2MatchesTransformersOnTwoThousandKjvLines) { check_kjv_fixture("llama2"); }
+
 // Thousands of lines of real text: the first 3000 verses of data/kjv.txt (scripts/get_data.sh) encoded
 // without special tokens, compared through the token count and an FNV-1a hash over the ids (each id one
 // step) with independent reference encoders run on the same lines: OpenAI's GPT-2 encoder in JavaScript (npm
