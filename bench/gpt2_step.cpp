@@ -5,13 +5,19 @@
 // autocast-style mixed precision: f32 parameters and optimizer state, matmuls and attention in bf16, norms,
 // softmax statistics and the loss in f32 (the same recipe as torch.autocast). GPU steps are timed with CUDA
 // events around each step after warm-up; the median is reported. Prints one table row per configuration.
+// Started by `ingot launch --nproc-per-node N -- bench_gpt2_step ...` (WORLD_SIZE > 1) the model is wrapped in
+// DistributedDataParallel (NCCL on GPUs, Gloo on CPUs), --batch is per rank, and rank 0 prints tokens/s per rank.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "distributed/bootstrap.h"
+#include "distributed/ddp.h"
 #include "models/gpt2.h"
 #include "optim/optimizer.h"
 #include "runtime/cuda_runtime.h"
@@ -61,8 +67,13 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) try {
   Args a = parse(argc, argv);
+  const bool ddp_mode = distributed::world_from_env().value_or(distributed::WorldInfo{}).world_size > 1;
+  std::optional<distributed::DistributedContext> dist;
+  if (ddp_mode) dist = distributed::init_distributed();
+  const int world = dist ? dist->info.world_size : 1, rank = dist ? dist->info.rank : 0;
   Device dev = parse_device(a.device);
-  manual_seed(1234);
+  if (dist && dev.is_cuda() && cuda_device_count() > 1) dev = Device::cuda(dist->info.local_rank);
+  manual_seed(1234 + static_cast<uint64_t>(rank));
   models::GPT2Config cfg;
   cfg.vocab_size = a.vocab;
   cfg.n_positions = a.seq;
@@ -73,7 +84,10 @@ int main(int argc, char** argv) try {
   model.to(dev);
   if (a.dtype == "bf16") model.set_compute_dtype(DType::bf16);
   else INGOT_CHECK(a.dtype == "f32", "bench_gpt2_step: --dtype must be bf16 or f32, got ", a.dtype);
-  optim::AdamW opt(model.parameters(), optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1});
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;
+  if (dist) ddp = std::make_unique<distributed::DistributedDataParallel>(model, dist->group);
+  optim::AdamW opt(ddp ? ddp->optimizer_params() : model.parameters(),
+                   optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1});
 
   Tensor data = randint(0, a.vocab, {a.batch, a.seq + 1}, dev);
   Tensor ids = contiguous(narrow(data, 1, 0, a.seq)), targets = contiguous(narrow(data, 1, 1, a.seq));
@@ -91,8 +105,13 @@ int main(int argc, char** argv) try {
     }
     Tensor loss = model.loss(ids, targets);
     loss.backward();
-    opt.step();
-    opt.zero_grad();
+    if (ddp) {
+      ddp->step(opt);
+      ddp->zero_grad();
+    } else {
+      opt.step();
+      opt.zero_grad();
+    }
     double step_ms;
     if (dev.is_cuda()) {
       e1->record(cuda::current_stream(dev.index));
@@ -111,10 +130,12 @@ int main(int argc, char** argv) try {
   double n_params = static_cast<double>(model.num_parameters());
   double flops = tokens * (6.0 * n_params + 6.0 * a.layers * a.seq * a.embd);
   AllocatorStats st = allocator_for(dev).stats();
+  if (rank != 0) return 0;
+  const std::string mode = world > 1 ? "ingot eager DDP x" + std::to_string(world) : std::string("ingot eager");
   std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | peak mem GB | loss first->last |\n",
               static_cast<long long>(a.steps));
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-  std::printf("| ingot eager | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.2f | %.3f -> %.3f |\n",
+  std::printf("| %s | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.2f | %.3f -> %.3f |\n", mode.c_str(),
               dev.str().c_str(), a.dtype.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.seq),
               n_params / 1e6, med, tokens / (med / 1e3), flops / (med / 1e3) / 1e12,
               static_cast<double>(st.peak_allocated_bytes) / 1e9, first_loss, last_loss);

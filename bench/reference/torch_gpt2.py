@@ -4,8 +4,10 @@ zero_grad) on random tokens, eager and torch.compile, bf16 autocast with f32 par
 after warm-up and prints the median in the same table format.
 
 usage: python3 bench/reference/torch_gpt2.py [--batch 16] [--seq 1024] [--layers 12] [--steps 20] [--modes eager,compile]
+Under torchrun (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel over NCCL, --batch is per GPU,
+and rank 0 prints tokens/s per GPU (the median step time of rank 0; DDP steps are synchronous).
 """
-import argparse, math, statistics, time
+import argparse, math, os, statistics, time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -57,12 +59,22 @@ def main():
     p.add_argument("--modes", default="eager,compile")
     a = p.parse_args()
     torch.manual_seed(1234)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
     dev = "cuda"
+    if world > 1:
+        import torch.distributed as dist
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        dev = f"cuda:{local}"
+        dist.init_process_group("nccl", device_id=torch.device(dev))
     for mode in a.modes.split(","):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         model = GPT(a.vocab, a.seq, a.layers, a.heads, a.embd).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+        if world > 1:
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
         data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=dev)
         ids, tgt = data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
@@ -94,9 +106,13 @@ def main():
         n = sum(p.numel() for p in model.parameters())
         tokens = a.batch * a.seq
         flops = tokens * (6 * n + 6 * a.layers * a.seq * a.embd)
-        print(f"| torch {mode} | {torch.cuda.get_device_name()} | bf16 | {a.batch} x {a.seq} | {n/1e6:.1f}M | {med:.2f} | "
-              f"{tokens/(med/1e3):.0f} | {flops/(med/1e3)/1e12:.1f} | {torch.cuda.max_memory_allocated()/1e9:.2f} | "
-              f"first call {first_s:.1f}s, loss {loss.item():.3f} |")
+        name = f"torch {mode}" + (f" DDP x{world}" if world > 1 else "")
+        if rank == 0:
+            print(f"| {name} | {torch.cuda.get_device_name()} | bf16 | {a.batch} x {a.seq} | {n/1e6:.1f}M | {med:.2f} | "
+                  f"{tokens/(med/1e3):.0f} | {flops/(med/1e3)/1e12:.1f} | {torch.cuda.max_memory_allocated()/1e9:.2f} | "
+                  f"first call {first_s:.1f}s, loss {loss.item():.3f} |", flush=True)
+    if world > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

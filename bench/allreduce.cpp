@@ -1,0 +1,77 @@
+// All-reduce bandwidth of ingot's process group (NCCL on GPUs, Gloo on CPUs), like nccl-tests' all_reduce_perf:
+//   ingot launch --nproc-per-node N -- bench_allreduce [--device cuda|cpu] [--min-mb 1] [--max-mb 1024] [--iters 20]
+// For each size (doubling), f32 sum all-reduce; median over --iters after 5 warm-up runs, timed with CUDA events
+// on the group's work (host clock on CPU). algbw = bytes / time; busbw = algbw * 2 (n - 1) / n, the figure that
+// compares across world sizes. Rank 0 prints the table.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "distributed/bootstrap.h"
+#include "runtime/cuda_runtime.h"
+#include "runtime/tensor.h"
+
+using namespace ingot;
+
+int main(int argc, char** argv) try {
+  std::string device = "cuda";
+  double min_mb = 1, max_mb = 1024;
+  int iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf("usage: ingot launch --nproc-per-node N -- bench_allreduce [--device cuda|cpu] [--min-mb X] "
+                  "[--max-mb X] [--iters N]\n");
+      return 0;
+    }
+    INGOT_CHECK(i + 1 < argc, "bench_allreduce: flag ", k, " needs a value");
+    std::string v = argv[++i];
+    if (k == "--device") device = v;
+    else if (k == "--min-mb") min_mb = std::stod(v);
+    else if (k == "--max-mb") max_mb = std::stod(v);
+    else if (k == "--iters") iters = std::stoi(v);
+    else INGOT_FAIL("bench_allreduce: unknown flag ", k, " (see --help)");
+  }
+  distributed::InitOptions opts;
+  opts.backend = device == "cpu" ? "gloo" : "nccl";
+  distributed::DistributedContext ctx = distributed::init_distributed(opts);
+  const int world = ctx.info.world_size;
+  Device dev = parse_device(device);
+  if (dev.is_cuda() && cuda_device_count() > 1) dev = Device::cuda(ctx.info.local_rank);
+  if (ctx.info.rank == 0)
+    std::printf("| bytes | ranks | device | median ms | algbw GB/s | busbw GB/s |\n|---|---|---|---|---|---|\n");
+  for (double mb = min_mb; mb <= max_mb; mb *= 2) {
+    const int64_t n = static_cast<int64_t>(mb * (1 << 20) / 4);
+    Tensor t = ones({n}, DType::f32, dev);
+    std::vector<double> ms;
+    for (int it = 0; it < iters + 5; ++it) {
+      double elapsed;
+      if (dev.is_cuda()) {
+        cuda::Event e0, e1;
+        auto stream = cuda::current_stream(dev.index);
+        e0.record(stream);
+        ctx.group->all_reduce(t, distributed::ReduceOp::Sum)->block_stream(stream);
+        e1.record(stream);
+        e1.synchronize();
+        elapsed = e0.elapsed_ms(e1);
+      } else {
+        auto t0 = std::chrono::steady_clock::now();
+        ctx.group->all_reduce(t, distributed::ReduceOp::Sum)->wait();
+        elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      }
+      if (it >= 5) ms.push_back(elapsed);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2], bytes = static_cast<double>(n) * 4;
+    const double algbw = bytes / (med / 1e3) / 1e9;
+    if (ctx.info.rank == 0)
+      std::printf("| %.0f | %d | %s | %.3f | %.1f | %.1f |\n", bytes, world, dev.str().c_str(), med, algbw,
+                  algbw * 2.0 * (world - 1) / world);
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_allreduce: error: %s\n", e.what());
+  return 1;
+}
