@@ -144,6 +144,9 @@ inline std::vector<RankResult> spawn_ranks(const SpawnOptions& opt) {
       int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
+      // The child runs exactly this test: a sharded parent's shard must not filter it out.
+      for (const char* k : {"GTEST_TOTAL_SHARDS", "GTEST_SHARD_INDEX", "GTEST_SHARD_STATUS_FILE", "GTEST_FILTER"})
+        unsetenv(k);
       for (const auto& [k, v] : env)
         if (!opt.mpirun) setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> cargv;
