@@ -45,7 +45,8 @@
 // elements, from the buffer's base pointer, which the caller has already offset to the tensor's first
 // element). Outputs are stored the same way. An output may share memory with an input (in-place update:
 // set Buffer::alias_of) only with an identical index map; the generated code then reads before it writes
-// each element and drops __restrict__ on both.
+// each element and drops __restrict__ on both. Buffers not linked by alias_of must not overlap in memory
+// (the code promises the C++ compiler they do not).
 //
 // Numerics (what the eager kernels do, so compiled results match them within rounding):
 //   - every node has a dtype: the dtype of its value. bf16/f16/f32 nodes are computed in float, f64 nodes in

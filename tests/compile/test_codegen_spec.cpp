@@ -175,5 +175,12 @@ TEST(RenderCpp, DenseDimsAreMergedIntoOneLoop) {
   EXPECT_NE(src.find("ig_ld_bf16(b0[i0])"), std::string::npos) << src;
 }
 
+TEST(RenderCpp, TheRendererFingerprintIsStable) {
+  const std::string& fp = cpu::renderer_fingerprint();
+  EXPECT_EQ(fp.rfind("renderer-", 0), 0u) << fp;
+  EXPECT_EQ(fp.size(), 9u + 16u);
+  EXPECT_EQ(&fp, &cpu::renderer_fingerprint());
+}
+
 }  // namespace
 }  // namespace ingot::codegen

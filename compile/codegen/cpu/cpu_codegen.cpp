@@ -141,7 +141,9 @@ std::vector<CpuKernel> CpuCodegen::compile(const std::vector<KernelSpec>& specs,
   const Toolchain& tc = Toolchain::host();
   std::optional<cache::CompileCache> disk;
   if (options_.use_disk_cache) disk.emplace(options_.cache_dir);
-  auto disk_key = [&](const std::string& key) { return std::string(kEntryKind) + "\n" + tc.identity + "\n" + key; };
+  auto disk_key = [&](const std::string& key) {
+    return std::string(kEntryKind) + "\n" + tc.identity + "\n" + renderer_fingerprint() + "\n" + key;
+  };
 
   // 1. keys; what this process already has; what the disk cache has.
   auto t0 = std::chrono::steady_clock::now();

@@ -645,6 +645,59 @@ inline float ig_round_f16(float f) { return ig_ld_f16(ig_st_f16(f)); }
 )";
 }
 
+const std::string& renderer_fingerprint() {
+  static const std::string fp = [] {
+    std::string text = render_preamble();
+    // Pointwise: every unary and binary op, where, casts to the narrow types, indices, scalars, constants.
+    KernelSpec pw;
+    pw.name = "probe_pointwise";
+    pw.dims = {SymInt::slot(0), SymInt::constant(3)};
+    pw.num_syms = 1;
+    const int x = pw.load(pw.input(DType::f32, {SymInt::constant(3), SymInt::constant(1)}));
+    const int z = pw.load(pw.input(DType::f64, {SymInt::constant(0), SymInt::constant(1)}));
+    const int i = pw.load(pw.input(DType::i32, {SymInt::constant(3), SymInt::constant(1)}));
+    int acc = pw.binary(Op::Add, pw.scalar(0, DType::f32), pw.constant(-INFINITY, DType::f32));
+    for (int op = static_cast<int>(Op::Neg); op < static_cast<int>(Op::Cast); ++op)
+      acc = pw.binary(Op::Add, acc, pw.unary(static_cast<Op>(op), x));
+    for (int op = static_cast<int>(Op::Add); op <= static_cast<int>(Op::Or); ++op)
+      acc = pw.where(pw.cast(pw.binary(static_cast<Op>(op), x, z), DType::b8), acc, pw.cast(i, DType::f32));
+    acc = pw.binary(Op::Add, acc, pw.cast(pw.index(0), DType::f32));
+    pw.store(pw.output(DType::bf16, {SymInt::constant(3), SymInt::constant(1)}), pw.cast(acc, DType::f16));
+    pw.store(pw.output(DType::b8, {SymInt::constant(3), SymInt::constant(1)}), pw.cast(acc, DType::b8));
+    text += render_kernel(pw, "p0");
+    // Row reduction: two phases, row and element outputs, every reduction.
+    KernelSpec rr;
+    rr.kind = KernelKind::RowReduction;
+    rr.name = "probe_rows";
+    rr.dims = {SymInt::constant(2), SymInt::constant(5)};
+    const int rx = rr.load(rr.input(DType::bf16, rr.contiguous_strides()));
+    const int m = rr.reduce(Op::ReduceMax, rx);
+    const int s = rr.reduce(Op::ReduceSum, rr.binary(Op::Sub, rx, m));
+    rr.store(rr.output(DType::f32, {SymInt::constant(1), SymInt::constant(0)}),
+             rr.binary(Op::Add, s, rr.reduce(Op::ReduceMin, rx)));
+    rr.store(rr.output(DType::f32, rr.contiguous_strides()), rr.binary(Op::Div, rx, s));
+    text += render_kernel(rr, "p1");
+    KernelSpec one = rr;
+    one.name = "probe_one_row";
+    one.dims = {SymInt::constant(5)};
+    for (Buffer& b : one.buffers) b.strides.erase(b.strides.begin());
+    text += render_kernel(one, "p2");
+    // Multi-tensor, in place.
+    KernelSpec mt;
+    mt.kind = KernelKind::MultiTensor;
+    mt.name = "probe_multi";
+    const int p = mt.input(DType::f32, {});
+    mt.store(mt.output(DType::f32, {}, "", p), mt.binary(Op::Mul, mt.load(p), mt.scalar(0, DType::f32)));
+    text += render_kernel(mt, "p3");
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "renderer-%016llx", static_cast<unsigned long long>(h));
+    return std::string(buf);
+  }();
+  return fp;
+}
+
 std::string render_kernel(const KernelSpec& spec, const std::string& symbol) {
   spec.validate();
   return Renderer(coalesce_pointwise(canonicalize(spec)), symbol).run();

@@ -28,4 +28,9 @@ std::string render_preamble();
 // One kernel as an extern "C" function named `symbol`. `spec` is canonicalized and validated here.
 std::string render_kernel(const KernelSpec& spec, const std::string& symbol);
 
+// A fingerprint of this renderer: the preamble and the code it produces for a fixed set of probe kernels
+// that use every op and kind. Part of the kernel cache key, so a changed renderer never loads libraries
+// built from an older one, even under the same ingot version.
+const std::string& renderer_fingerprint();
+
 }  // namespace ingot::codegen::cpu
