@@ -4,6 +4,8 @@
 
 #include <chrono>
 
+#include "autograd/nn/layers.h"
+#include "autograd/nn/module.h"
 #include "autograd/ops.h"
 #include "distributed/bootstrap.h"
 #include "distributed/ddp.h"
@@ -271,6 +273,26 @@ TEST(DistributedDataParallel, MisuseIsReportedWithTheParameterName) {
   bad.bucket_cap_mb = 0;
   EXPECT_NE(error_of([&] { DistributedDataParallel d({b}, g.group, bad); }).find("bucket_cap_mb must be > 0"),
             std::string::npos);
+}
+
+TEST(DistributedDataParallel, OverAModuleErrorsNameTheDottedParameterPath) {
+  LocalGroup g;
+  manual_seed(4);
+  struct Net : nn::Module {
+    std::shared_ptr<nn::Linear> fc1, fc2;
+    Net() {
+      fc1 = register_module("fc1", std::make_shared<nn::Linear>(3, 5));
+      fc2 = register_module("fc2", std::make_shared<nn::Linear>(5, 2));
+    }
+  } net;
+  DistributedDataParallel ddp(net, g.group);
+  EXPECT_EQ(ddp.bucket_layout().size(), 1u);
+  EXPECT_EQ(ddp.bucket_layout()[0], (std::vector<size_t>{3, 2, 1, 0}));
+  Tensor x = randn({4, 3});
+  sum(net.fc2->forward(tanh(net.fc1->forward(x)))).backward();
+  std::string msg = error_of([&] { sum(net.fc2->forward(tanh(net.fc1->forward(x)))).backward(); });
+  EXPECT_NE(msg.find("parameter 'fc"), std::string::npos) << msg;
+  ddp.synchronize();
 }
 
 TEST(DistributedSampler, ShardsPartitionTheGlobalBatchAndShuffleDependsOnlyOnSeedAndEpoch) {
