@@ -44,6 +44,17 @@ TEST(CodegenCpu, PointwiseBiasGeluMatchesEagerOnTransposedAndBroadcastInputs) {
   }
 }
 
+TEST(CodegenCpu, FewLongRowsAndManyShortRowsBothMatchEager) {
+  // [3, 40000] + a broadcast row: the dims cannot merge and 3 rows are too few to share out, so each row is
+  // split over threads; [3000, 40] takes the rows-over-threads path. Same kernel code, different branch.
+  for (const Shape& shape : {Shape{3, 40000}, Shape{3000, 40}}) {
+    Tensor x = randn(shape), b = randn({shape[1]}), y = empty(shape);
+    run(test_codegen().compile(bias_gelu_spec(x, b.expand_raw(shape), DType::f32)), {x, b.expand_raw(shape), y}, {},
+        {-1.25});
+    EXPECT_TENSOR_CLOSE(y, gelu(add(mul(x, -1.25), b)), DType::f32);
+  }
+}
+
 TEST(CodegenCpu, SymbolicSizeRunsAtSeveralSizesWithOneKernel) {
   // y = where(x > 0, x, expm1(x)) * w over [n, 16] with n = syms[0]: one kernel serves every n.
   KernelSpec k;

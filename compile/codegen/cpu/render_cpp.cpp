@@ -364,14 +364,19 @@ class Renderer {
     }
   }
 
-  // Opens the parallel loop over the outer dims (all but the last) and defines i0..i<nd-2> in it.
-  void open_outer_loop() {
-    const size_t outer = k_.dims.size() - 1;
+  // Defines `outer`, the number of points of the outer dims (all but the last).
+  void outer_count() {
     std::string count;
-    for (size_t d = 0; d < outer; ++d) count += (d ? " * " : "") + std::string("n") + std::to_string(d);
+    for (size_t d = 0; d + 1 < k_.dims.size(); ++d) count += (d ? " * " : "") + std::string("n") + std::to_string(d);
     line("const int64_t outer = " + count + ";");
-    line("#pragma omp parallel for schedule(static) if (outer > 1 && outer * n" + std::to_string(outer) +
-         " >= " + std::to_string(kParallelThreshold) + ")");
+  }
+
+  // Opens the loop over the outer dims (in parallel unless `serial`) and defines i0..i<nd-2> in it.
+  void open_outer_loop(bool serial = false) {
+    const size_t outer = k_.dims.size() - 1;
+    if (!serial)
+      line("#pragma omp parallel for schedule(static) if (outer > 1 && outer * n" + std::to_string(outer) +
+           " >= " + std::to_string(kParallelThreshold) + ")");
     line("for (int64_t o = 0; o < outer; ++o) {");
     ++indent_;
     if (outer == 1) {
@@ -402,22 +407,39 @@ class Renderer {
       return;
     }
     const std::string iv = "i" + std::to_string(nd - 1), n = "n" + std::to_string(nd - 1);
-    if (nd == 1) {
-      line("#pragma omp parallel for simd schedule(static) if (" + n + " >= " + std::to_string(kParallelThreshold) + ")");
-    } else {
-      open_outer_loop();
-      line("#pragma omp simd");
-    }
-    line("for (int64_t " + iv + " = 0; " + iv + " < " + n + "; ++" + iv + ") {");
-    ++indent_;
-    for (int id : body) emit_node(id, iv);
-    for (const Store& s : k_.stores) line(store_stmt(s.buffer, s.node, iv));
-    --indent_;
-    line("}");
-    if (nd > 1) {
+    const std::string split_inner =
+        "#pragma omp parallel for simd schedule(static) if (" + n + " >= " + std::to_string(kParallelThreshold) + ")";
+    auto inner_loop = [&](const std::string& pragma) {
+      line(pragma);
+      line("for (int64_t " + iv + " = 0; " + iv + " < " + n + "; ++" + iv + ") {");
+      ++indent_;
+      for (int id : body) emit_node(id, iv);
+      for (const Store& s : k_.stores) line(store_stmt(s.buffer, s.node, iv));
       --indent_;
       line("}");
+    };
+    if (nd == 1) {
+      inner_loop(split_inner);
+      return;
     }
+    // Many rows: threads take rows. Few long rows (a broadcast that kept dims from merging): threads split
+    // each row instead, so the cores are not left idle.
+    outer_count();
+    line("if (outer >= 4 * omp_get_max_threads()) {");
+    ++indent_;
+    open_outer_loop();
+    inner_loop("#pragma omp simd");
+    --indent_;
+    line("}");
+    --indent_;
+    line("} else {");
+    ++indent_;
+    open_outer_loop(/*serial=*/true);
+    inner_loop(split_inner);
+    --indent_;
+    line("}");
+    --indent_;
+    line("}");
   }
 
   void row_reduction() {
@@ -432,6 +454,7 @@ class Renderer {
       line("{  // a single row");
       ++indent_;
     } else {
+      outer_count();
       open_outer_loop();
     }
     int max_level = 0;
@@ -540,6 +563,8 @@ std::string render_preamble() {
   return R"(// ingot generated kernels: plain C++17 + OpenMP, one extern "C" function per kernel. Math goes through
 // compiler builtins, so the only header is <stdint.h>.
 #include <stdint.h>
+
+extern "C" int omp_get_max_threads(void);  // from libgomp (omp.h is not needed for one declaration)
 
 #if defined(INGOT_JIT_MVEC) && defined(__x86_64__)
 // glibc's libmvec has vector versions of these; declaring them `omp declare simd` (what math.h does only

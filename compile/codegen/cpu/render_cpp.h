@@ -4,7 +4,8 @@
 //
 // Shape of the generated code:
 //   Pointwise     adjacent dims that are contiguous in every buffer are merged first; the outer dims run as
-//                 one OpenMP loop, the innermost dim is an `omp simd` loop.
+//                 one OpenMP loop, the innermost dim is an `omp simd` loop (with fewer than 4 rows per
+//                 thread, each row is split over the threads instead).
 //   RowReduction  one OpenMP loop over rows; per row, one `omp simd reduction` loop per reduction phase (a
 //                 phase holds the reductions whose inputs are ready: softmax has two, max then sum), then one
 //                 epilogue loop for the element outputs; row outputs are stored once per row. A kernel with
