@@ -1,0 +1,209 @@
+// CUDA code generation: rendering and NVRTC for every kernel kind (no GPU needed), NVRTC errors, and
+// pointwise kernels on the GPU against the eager CPU ops for contiguous, broadcast, transposed, misaligned
+// and odd-sized inputs in f32, bf16, f16 and f64 (vector and scalar paths).
+#include <gtest/gtest.h>
+
+#include "tests/compile/test_codegen_cuda_util.h"
+
+namespace ingot::codegen {
+namespace {
+
+#ifndef INGOT_WITH_CUDA_CODEGEN
+TEST(CodegenCuda, NeedsACudaBuild) {
+  INGOT_REQUIRE_CUDA();
+  GTEST_SKIP() << "built without the CUDA code generator (INGOT_CUDA=OFF)";
+}
+#else
+
+using namespace ingot::codegen::testing;
+constexpr DType kDTypes[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
+
+std::vector<SymInt> c(std::initializer_list<int64_t> v) {
+  std::vector<SymInt> out;
+  for (int64_t x : v) out.push_back(SymInt::constant(x));
+  return out;
+}
+
+// out = x * b + tanh(y), b broadcast along rows.
+KernelSpec pointwise_spec(DType dt, const Shape& shape, std::vector<SymInt> x_strides) {
+  KernelSpec k;
+  k.name = "mul_add_tanh";
+  k.dims = dims_of(shape);
+  const int ix = k.input(dt, std::move(x_strides), "x");
+  const int ib = k.input(dt, {SymInt::constant(0), SymInt::constant(1)}, "b");
+  const int iy = k.input(dt, k.contiguous_strides(), "y");
+  const int io = k.output(dt, k.contiguous_strides(), "out");
+  k.store(io, k.binary(Op::Add, k.binary(Op::Mul, k.load(ix), k.load(ib)), k.unary(Op::Tanh, k.load(iy))));
+  return k;
+}
+
+// The same kernel with every size and stride a run-time sym: [s0, s1], x strides [s2, 1].
+KernelSpec symbolic_spec(DType dt) {
+  KernelSpec k;
+  k.name = "sym_scale_gelu";
+  k.num_syms = 3;
+  k.dims = {SymInt::slot(0), SymInt::slot(1)};
+  const int ix = k.input(dt, {SymInt::slot(2), SymInt::constant(1)}, "x");
+  const int io = k.output(dt, {SymInt::slot(1), SymInt::constant(1)}, "out");
+  k.store(io, k.unary(Op::GeluTanh, k.binary(Op::Mul, k.load(ix), k.scalar(0, dt))));
+  return k;
+}
+
+KernelSpec softmax_spec(DType dt, const Shape& shape) {
+  KernelSpec k;
+  k.kind = KernelKind::RowReduction;
+  k.name = "softmax";
+  k.dims = dims_of(shape);
+  const int ix = k.input(dt, k.contiguous_strides(), "x");
+  const int iy = k.output(dt, k.contiguous_strides(), "y");
+  const int lx = k.load(ix);
+  const int e = k.unary(Op::Exp, k.binary(Op::Sub, lx, k.reduce(Op::ReduceMax, lx)));
+  k.store(iy, k.binary(Op::Div, e, k.reduce(Op::ReduceSum, e)));
+  return k;
+}
+
+KernelSpec scale_all_spec(DType dt) {
+  KernelSpec k;
+  k.kind = KernelKind::MultiTensor;
+  k.name = "scale_all";
+  const int ip = k.input(dt, {}, "p");
+  const int io = k.output(dt, {}, "p", ip);
+  k.store(io, k.binary(Op::Mul, k.load(ip), k.scalar(0, dt)));
+  return k;
+}
+
+TEST(CodegenCuda, EveryKindRendersAndCompilesWithNvrtcWithoutAGpu) {
+  const int arch = cuda_available() ? cuda::device_arch(0) : 90;
+  std::vector<KernelSpec> specs;
+  std::vector<int> widths;
+  for (DType dt : kDTypes) {
+    const int w = static_cast<int>(std::min<size_t>(8, 16 / itemsize(dt)));
+    specs.push_back(pointwise_spec(dt, {6, 64}, c({64, 1})));
+    widths.push_back(w);
+    specs.push_back(pointwise_spec(dt, {6, 64}, c({1, 6})));  // transposed: no vector path
+    widths.push_back(1);
+    specs.push_back(pointwise_spec(dt, {6, 63}, c({63, 1})));  // odd row length: no vector path
+    widths.push_back(1);
+    specs.push_back(symbolic_spec(dt));  // decided at run time
+    widths.push_back(w);
+    specs.push_back(softmax_spec(dt, {3, 128}));
+    widths.push_back(w);
+    specs.push_back(scale_all_spec(dt));
+    widths.push_back(w);
+  }
+  std::string source = cuda::render_preamble();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const cuda::RenderedKernel r = cuda::render_kernel(specs[i], specs[i].symbol());
+    EXPECT_EQ(r.abi.vector_width, widths[i]) << specs[i].name << " #" << i << "\n" << r.source;
+    EXPECT_EQ(r.abi.functions.size(), specs[i].kind == KernelKind::RowReduction ? 2u : 1u);
+    source += "\n" + r.source;
+  }
+  const std::vector<std::string> cubins = cuda::compile_cubins({{"every_kind.cu", source}}, arch, 1);
+  ASSERT_EQ(cubins.size(), 1u);
+  EXPECT_GT(cubins[0].size(), 1000u);
+  EXPECT_EQ(cubins[0].substr(1, 3), "ELF") << "a cubin is an ELF image";
+}
+
+TEST(CodegenCuda, NvrtcFailuresQuoteTheLogAndTheOffendingSourceLine) {
+  const std::string bad = "// line 1\nextern \"C\" __global__ void f(float* y) {\n  y[0] = no_such_function(1.0f);\n}\n";
+  const std::string msg = ::ingot::testing::error_of([&] { cuda::compile_cubins({{"bad_kernel.cu", bad}}, 90, 1); });
+  EXPECT_NE(msg.find("NVRTC could not compile"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no_such_function"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bad_kernel.cu:3:   y[0] = no_such_function(1.0f);"), std::string::npos) << msg;
+}
+
+TEST(CodegenCuda, AnInvalidSpecIsRejectedWithTheKernelName) {
+  KernelSpec k = pointwise_spec(DType::f32, {4, 8}, c({8, 1}));
+  k.name = "broken_kernel";
+  k.stores[0].buffer = 0;  // an input
+  const std::string msg = ::ingot::testing::error_of([&] { cuda::render_kernel(k, "x"); });
+  EXPECT_NE(msg.find("broken_kernel"), std::string::npos) << msg;
+}
+
+TEST(CodegenCuda, PointwiseMatchesEagerForContiguousBroadcastAndTransposedInputs) {
+  INGOT_REQUIRE_CUDA();
+  const Shape shape = {37, 64};
+  std::vector<KernelSpec> specs;
+  for (DType dt : kDTypes) {
+    specs.push_back(pointwise_spec(dt, shape, c({64, 1})));
+    specs.push_back(pointwise_spec(dt, shape, c({1, 37})));
+  }
+  const auto kernels = cuda_codegen().compile(specs);
+  cuda::LaunchConfig scalar;
+  scalar.vectorize = false;
+  for (size_t d = 0; d < 4; ++d) {
+    const DType dt = kDTypes[d];
+    SCOPED_TRACE(dtype_name(dt));
+    Both x = both(randn(shape, DType::f64).to(dt));
+    Both xt = both(randn({64, 37}, DType::f64).to(dt), [](const Tensor& t) { return transpose(t, 0, 1); });
+    Both b = both(randn({64}, DType::f64).to(dt));
+    Both y = both(randn(shape, DType::f64).to(dt));
+    for (int layout = 0; layout < 2; ++layout) {
+      const Both& in = layout == 0 ? x : xt;
+      const Tensor x64 = in.cpu.to(DType::f64), b64 = b.cpu.to(DType::f64).expand_raw(shape);
+      const Tensor want = add(mul(x64, b64), tanh(y.cpu.to(DType::f64)));  // f64 on the same inputs
+      for (const cuda::LaunchConfig* cfg : std::vector<const cuda::LaunchConfig*>{nullptr, &scalar}) {
+        Tensor out = zeros(shape, dt, kGpu);
+        run_cuda(kernels[2 * d + layout], {in.gpu, b.gpu.expand_raw(shape), y.gpu, out}, {}, {}, cfg);
+        EXPECT_TENSOR_CLOSE(host(out), want, dt);
+      }
+    }
+  }
+}
+
+TEST(CodegenCuda, MisalignedViewsAndOddRunTimeSizesTakeTheScalarPath) {
+  INGOT_REQUIRE_CUDA();
+  std::vector<KernelSpec> specs;
+  for (DType dt : kDTypes) specs.push_back(symbolic_spec(dt));
+  const auto kernels = cuda_codegen().compile(specs);
+  for (size_t d = 0; d < 4; ++d) {
+    const DType dt = kDTypes[d];
+    SCOPED_TRACE(dtype_name(dt));
+    // [rows, cols] views of a flat buffer at element offset `off` with row stride `ld`: offset 1 misaligns
+    // every vector access, cols 7 is no multiple of any width, ld 9 breaks the row alignment.
+    struct Case {
+      int64_t rows, cols, ld, off;
+    };
+    for (const Case& cs : {Case{5, 16, 16, 0}, Case{5, 16, 16, 1}, Case{3, 7, 7, 0}, Case{4, 16, 24, 0},
+                           Case{4, 8, 9, 0}, Case{1, 1, 1, 3}}) {
+      SCOPED_TRACE("rows " + std::to_string(cs.rows) + " cols " + std::to_string(cs.cols) + " ld " +
+                   std::to_string(cs.ld) + " offset " + std::to_string(cs.off));
+      const int64_t n = cs.off + cs.rows * cs.ld;
+      Both x = both(randn({n}, DType::f64).to(dt),
+                    [&](const Tensor& t) { return t.as_strided({cs.rows, cs.cols}, {cs.ld, 1}, cs.off); });
+      const double scale = 0.75;
+      const Tensor want = gelu(mul(x.cpu.to(DType::f64), scale), true).to(dt);
+      Tensor out = zeros({cs.rows, cs.cols}, dt, kGpu);
+      run_cuda(kernels[d], {x.gpu, out}, {cs.rows, cs.cols, cs.ld}, {scale});
+      EXPECT_TENSOR_CLOSE(host(out), want, dt);
+    }
+  }
+}
+
+TEST(CodegenCuda, IdenticalKernelsCompileOnceAndAnEmptyLaunchIsANoOp) {
+  INGOT_REQUIRE_CUDA();
+  cuda::CudaCodegen cg(cuda::CudaCodegenOptions{"", false, 2, {}});
+  CodegenStats st;
+  KernelSpec a = pointwise_spec(DType::f32, {3, 40}, c({40, 1}));
+  KernelSpec b = a;
+  b.name = "another_name";  // names are not part of the identity
+  const auto kernels = cg.compile({a, b, softmax_spec(DType::f32, {2, 40})}, &st);
+  EXPECT_EQ(st.compiled, 2);
+  EXPECT_EQ(st.memory_hits, 1);
+  EXPECT_EQ(st.compiler_processes, 2);
+  EXPECT_EQ(kernels[0].symbol, kernels[1].symbol);
+  CodegenStats again;
+  cg.compile({a}, &again);
+  EXPECT_EQ(again.compiled, 0);
+  EXPECT_EQ(again.memory_hits, 1);
+  // Zero rows of a symbolic kernel launch nothing (a zero-sized grid would be an error).
+  const cuda::CudaKernel sym = cg.compile(symbolic_spec(DType::f32));
+  Tensor x = randn({4}, DType::f32, kGpu), out = zeros({4}, DType::f32, kGpu);
+  run_cuda(sym, {x, out}, {0, 4, 4}, {1.0});
+  EXPECT_EQ(sum(abs(host(out))).item(), 0.0);
+}
+
+#endif
+
+}  // namespace
+}  // namespace ingot::codegen

@@ -1,0 +1,454 @@
+// CUDA code generation of row reductions and multi-tensor kernels on the GPU: softmax, layer_norm forward and
+// backward (dx, dw/db), rms_norm, cross-entropy forward and backward, a full reduction with NaNs, AdamW over
+// many parameters in one launch, each against the eager CPU ops (and the CPU code generator) in f32, bf16,
+// f16 and f64, under warp-per-row, block-per-row, vector and scalar launch configurations; and a second
+// process with a warm cache that runs no NVRTC.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/cuda_runtime.h"
+#include "runtime/file_util.h"
+#include "runtime/kernels/kernels.h"
+#include "tests/compile/test_codegen_cuda_util.h"
+
+namespace ingot::codegen {
+namespace {
+
+#ifndef INGOT_WITH_CUDA_CODEGEN
+TEST(CodegenCudaRows, NeedsACudaBuild) {
+  INGOT_REQUIRE_CUDA();
+  GTEST_SKIP() << "built without the CUDA code generator (INGOT_CUDA=OFF)";
+}
+#else
+
+using namespace ingot::codegen::testing;
+constexpr DType kDTypes[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
+
+DType stat_type(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
+
+KernelSpec row_kernel(const std::string& name, const Shape& shape) {
+  KernelSpec k;
+  k.kind = KernelKind::RowReduction;
+  k.name = name;
+  k.dims = dims_of(shape);
+  return k;
+}
+
+// A per-row buffer [rows...] (contiguous) as an index map over [rows..., cols]: stride 0 along cols.
+std::vector<SymInt> row_strides(const Shape& shape) {
+  std::vector<SymInt> s(shape.size());
+  int64_t acc = 1;
+  s.back() = SymInt::constant(0);
+  for (size_t d = shape.size() - 1; d-- > 0;) {
+    s[d] = SymInt::constant(acc);
+    acc *= shape[d];
+  }
+  return s;
+}
+
+KernelSpec softmax_spec(DType dt, const Shape& shape, std::vector<SymInt> x_strides) {
+  KernelSpec k = row_kernel("softmax", shape);
+  const int ix = k.input(dt, std::move(x_strides), "x");
+  const int iy = k.output(dt, k.contiguous_strides(), "y");
+  const int lx = k.load(ix);
+  const int e = k.unary(Op::Exp, k.binary(Op::Sub, lx, k.reduce(Op::ReduceMax, lx)));
+  k.store(iy, k.binary(Op::Div, e, k.reduce(Op::ReduceSum, e)));
+  return k;
+}
+
+TEST(CodegenCudaRows, SoftmaxMatchesEagerForShortPermutedAndLongRowsUnderEveryLaunchConfig) {
+  INGOT_REQUIRE_CUDA();
+  struct Case {
+    Shape shape;  // [B, R, C]
+    bool permuted;
+  };
+  const Case cases[] = {{{3, 5, 41}, true}, {{2, 3, 64}, false}, {{1, 4, 3000}, false}};
+  std::vector<KernelSpec> specs;
+  for (const Case& cs : cases)
+    for (DType dt : kDTypes) {
+      const int64_t B = cs.shape[0], R = cs.shape[1], C = cs.shape[2];
+      specs.push_back(softmax_spec(dt, cs.shape, cs.permuted ? dims_of({R * C, 1, R}) : dims_of({R * C, C, 1})));
+      (void)B;
+    }
+  const auto kernels = cuda_codegen().compile(specs);
+  size_t i = 0;
+  for (const Case& cs : cases)
+    for (DType dt : kDTypes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " cols " + std::to_string(cs.shape[2]));
+      const int64_t B = cs.shape[0], R = cs.shape[1], C = cs.shape[2];
+      Both x = cs.permuted ? both(mul(randn({B, C, R}, DType::f64), 3.0).to(dt),
+                                  [](const Tensor& t) { return permute(t, {0, 2, 1}); })
+                           : both(mul(randn(cs.shape, DType::f64), 3.0).to(dt));
+      const Tensor want = softmax(x.cpu.to(DType::f64), -1);  // exact on the same (rounded) inputs
+      for (const cuda::LaunchConfig& cfg : row_configs()) {
+        Tensor y = zeros(cs.shape, dt, kGpu);
+        run_cuda(kernels[i], {x.gpu, y}, {}, {}, &cfg);
+        EXPECT_TENSOR_CLOSE(host(y), want, dt);
+      }
+      ++i;
+    }
+}
+
+// y = (x - mean) * rstd * w + b, with mean and rstd also written per row (what backward reads).
+KernelSpec layer_norm_fwd_spec(DType dt, int64_t R, int64_t C, double eps) {
+  const DType st = stat_type(dt);
+  KernelSpec k = row_kernel("layer_norm_fwd", {R, C});
+  const int ix = k.input(dt, k.contiguous_strides(), "x");
+  const int iw = k.input(dt, dims_of({0, 1}), "w"), ib = k.input(dt, dims_of({0, 1}), "b");
+  const int iy = k.output(dt, k.contiguous_strides(), "y");
+  const int imean = k.output(st, row_strides({R, C}), "mean"), irstd = k.output(st, row_strides({R, C}), "rstd");
+  const int lx = k.cast(k.load(ix), st);
+  const int inv_c = k.constant(1.0 / static_cast<double>(C), st);
+  const int mean = k.binary(Op::Mul, k.reduce(Op::ReduceSum, lx), inv_c);
+  const int d = k.binary(Op::Sub, lx, mean);
+  const int var = k.binary(Op::Mul, k.reduce(Op::ReduceSum, k.unary(Op::Square, d)), inv_c);
+  const int rstd = k.unary(Op::Rsqrt, k.binary(Op::Add, var, k.constant(eps, st)));
+  k.store(iy, k.binary(Op::Add, k.binary(Op::Mul, k.binary(Op::Mul, d, rstd), k.load(iw)), k.load(ib)));
+  k.store(imean, mean);
+  k.store(irstd, rstd);
+  return k;
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w: two independent reductions in one phase.
+KernelSpec layer_norm_bwd_spec(DType dt, int64_t R, int64_t C) {
+  const DType st = stat_type(dt);
+  KernelSpec k = row_kernel("layer_norm_bwd_dx", {R, C});
+  const int ix = k.input(dt, k.contiguous_strides(), "x"), idy = k.input(dt, k.contiguous_strides(), "dy");
+  const int iw = k.input(dt, dims_of({0, 1}), "w");
+  const int imean = k.input(st, row_strides({R, C}), "mean"), irstd = k.input(st, row_strides({R, C}), "rstd");
+  const int idx = k.output(dt, k.contiguous_strides(), "dx");
+  const int rstd = k.load(irstd);
+  const int xhat = k.binary(Op::Mul, k.binary(Op::Sub, k.load(ix), k.load(imean)), rstd);
+  const int g = k.binary(Op::Mul, k.load(idy), k.load(iw));
+  const int inv_c = k.constant(1.0 / static_cast<double>(C), st);
+  const int a = k.binary(Op::Mul, k.reduce(Op::ReduceSum, g), inv_c);
+  const int b = k.binary(Op::Mul, k.reduce(Op::ReduceSum, k.binary(Op::Mul, g, xhat)), inv_c);
+  k.store(idx, k.binary(Op::Mul, rstd, k.binary(Op::Sub, k.binary(Op::Sub, g, a), k.binary(Op::Mul, xhat, b))));
+  return k;
+}
+
+// dw[c] = sum over rows of dy * xhat, db[c] = sum of dy: rows made the reduced (last) dim by strides.
+KernelSpec layer_norm_dw_spec(DType dt, int64_t R, int64_t C) {
+  const DType st = stat_type(dt);
+  KernelSpec k = row_kernel("layer_norm_bwd_dw", {C, R});
+  const std::vector<SymInt> tr = dims_of({1, C});
+  const int ix = k.input(dt, tr, "x"), idy = k.input(dt, tr, "dy");
+  const int imean = k.input(st, dims_of({0, 1}), "mean"), irstd = k.input(st, dims_of({0, 1}), "rstd");
+  const int idw = k.output(dt, dims_of({1, 0}), "dw"), idb = k.output(dt, dims_of({1, 0}), "db");
+  const int xhat = k.binary(Op::Mul, k.binary(Op::Sub, k.load(ix), k.load(imean)), k.load(irstd));
+  const int dy = k.cast(k.load(idy), st);
+  k.store(idw, k.reduce(Op::ReduceSum, k.binary(Op::Mul, dy, xhat)));
+  k.store(idb, k.reduce(Op::ReduceSum, dy));
+  return k;
+}
+
+TEST(CodegenCudaRows, LayerNormForwardAndBackwardMatchEagerAndAutograd) {
+  INGOT_REQUIRE_CUDA();
+  const int64_t R = 19, C = 96;
+  const double eps = 1e-5;
+  std::vector<KernelSpec> specs;
+  for (DType dt : kDTypes) {
+    specs.push_back(layer_norm_fwd_spec(dt, R, C, eps));
+    specs.push_back(layer_norm_bwd_spec(dt, R, C));
+    specs.push_back(layer_norm_dw_spec(dt, R, C));
+  }
+  const auto all = cuda_codegen().compile(specs);
+  for (size_t i = 0; i < 4; ++i) {
+    const DType dt = kDTypes[i], st = stat_type(dt);
+    SCOPED_TRACE(dtype_name(dt));
+    Both x = both(add(mul(randn({R, C}, DType::f64), 2.0), 0.5).to(dt));
+    Both w = both(randn({C}, DType::f64).to(dt)), b = both(randn({C}, DType::f64).to(dt));
+    Both dy = both(randn({R, C}, DType::f64).to(dt));
+    // The reference runs in f64 on the same (rounded) inputs: the kernel's only errors are its own.
+    Tensor xg = ::ingot::testing::leaf(x.cpu.to(DType::f64)), wg = ::ingot::testing::leaf(w.cpu.to(DType::f64)),
+           bg = ::ingot::testing::leaf(b.cpu.to(DType::f64));
+    const Tensor want = layer_norm(xg, wg, bg, eps);
+    want.backward(dy.cpu.to(DType::f64));
+    for (const cuda::LaunchConfig& cfg : row_configs()) {
+      Tensor y = zeros({R, C}, dt, kGpu), mean = zeros({R}, st, kGpu), rstd = zeros({R}, st, kGpu);
+      run_cuda(all[3 * i], {x.gpu, w.gpu.expand_raw({R, C}), b.gpu.expand_raw({R, C}), y, mean, rstd}, {}, {}, &cfg);
+      EXPECT_TENSOR_CLOSE(host(y), want.detach(), dt);
+      const Tensor x64 = x.cpu.to(DType::f64), mean_ref = ingot::mean(x64, {-1});
+      EXPECT_TENSOR_CLOSE(host(mean), mean_ref, st);
+      Tensor dx = zeros({R, C}, dt, kGpu), dw = zeros({C}, dt, kGpu), db = zeros({C}, dt, kGpu);
+      run_cuda(all[3 * i + 1], {x.gpu, dy.gpu, w.gpu.expand_raw({R, C}), mean, rstd, dx}, {}, {}, &cfg);
+      run_cuda(all[3 * i + 2], {x.gpu, dy.gpu, mean, rstd, dw, db}, {}, {}, &cfg);
+      EXPECT_TENSOR_CLOSE(host(dx), xg.grad(), dt);
+      EXPECT_TENSOR_CLOSE(host(dw), wg.grad(), dt);
+      EXPECT_TENSOR_CLOSE(host(db), bg.grad(), dt);
+    }
+  }
+}
+
+TEST(CodegenCudaRows, RmsNormMatchesEager) {
+  INGOT_REQUIRE_CUDA();
+  const Shape shape = {2, 7, 200};
+  std::vector<KernelSpec> specs;
+  for (DType dt : kDTypes) {
+    KernelSpec k = row_kernel("rms_norm", shape);
+    const int ix = k.input(dt, k.contiguous_strides(), "x");
+    const int iw = k.input(dt, dims_of({0, 0, 1}), "w");
+    const int iy = k.output(dt, k.contiguous_strides(), "y");
+    const int lx = k.load(ix);
+    const int ms = k.binary(Op::Mul, k.reduce(Op::ReduceSum, k.unary(Op::Square, lx)), k.constant(1.0 / 200, dt));
+    const int r = k.unary(Op::Rsqrt, k.binary(Op::Add, ms, k.constant(1e-6, dt)));
+    k.store(iy, k.binary(Op::Mul, k.binary(Op::Mul, lx, r), k.load(iw)));
+    specs.push_back(k);
+  }
+  const auto kernels = cuda_codegen().compile(specs);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const DType dt = kDTypes[i];
+    SCOPED_TRACE(dtype_name(dt));
+    Both x = both(randn(shape, DType::f64).to(dt)), w = both(randn({200}, DType::f64).to(dt));
+    const Tensor want = rms_norm(x.cpu.to(DType::f64), w.cpu.to(DType::f64), 1e-6);
+    for (const cuda::LaunchConfig& cfg : row_configs()) {
+      Tensor y = zeros(shape, dt, kGpu);
+      run_cuda(kernels[i], {x.gpu, w.gpu.expand_raw(shape), y}, {}, {}, &cfg);
+      EXPECT_TENSOR_CLOSE(host(y), want, dt);
+    }
+  }
+}
+
+// Forward: per-row loss = lse - z[t] (0 where t == ignore_index) and lse, as row outputs.
+// Backward: dz = (exp(z - lse) - onehot(t)) * g, g = 1 / (counted rows) as a run-time scalar.
+std::vector<KernelSpec> cross_entropy_specs(const Shape& shape, DType dt) {
+  const DType st = stat_type(dt);
+  KernelSpec f = row_kernel("cross_entropy_fwd", shape);
+  {
+    const int iz = f.input(dt, f.contiguous_strides(), "logits");
+    const int it = f.input(DType::i64, row_strides(shape), "target");
+    const int iloss = f.output(st, row_strides(shape), "loss"), ilse = f.output(st, row_strides(shape), "lse");
+    const int z = f.cast(f.load(iz), st), t = f.load(it);
+    const int m = f.reduce(Op::ReduceMax, z);
+    const int lse = f.binary(Op::Add, m, f.unary(Op::Log, f.reduce(Op::ReduceSum, f.unary(Op::Exp, f.binary(Op::Sub, z, m)))));
+    const int zt = f.reduce(Op::ReduceSum, f.where(f.binary(Op::Eq, f.index(1), t), z, f.constant(0, st)));
+    const int ignored = f.binary(Op::Eq, t, f.constant(-100, DType::i64));
+    f.store(iloss, f.where(ignored, f.constant(0, st), f.binary(Op::Sub, lse, zt)));
+    f.store(ilse, lse);
+  }
+  KernelSpec b = row_kernel("cross_entropy_bwd", shape);
+  {
+    const int iz = b.input(dt, b.contiguous_strides(), "logits");
+    const int it = b.input(DType::i64, row_strides(shape), "target");
+    const int ilse = b.input(st, row_strides(shape), "lse");
+    const int idz = b.output(dt, b.contiguous_strides(), "dlogits");
+    const int t = b.load(it);
+    const int p = b.unary(Op::Exp, b.binary(Op::Sub, b.load(iz), b.load(ilse)));
+    const int onehot = b.cast(b.binary(Op::Eq, b.index(1), t), st);
+    const int ignored = b.binary(Op::Eq, t, b.constant(-100, DType::i64));
+    const int g = b.where(ignored, b.constant(0, st), b.scalar(0, st));
+    b.store(idz, b.binary(Op::Mul, b.binary(Op::Sub, p, onehot), g));
+  }
+  return {f, b};
+}
+
+TEST(CodegenCudaRows, CrossEntropyForwardAndBackwardMatchEagerForShortAndLongRows) {
+  INGOT_REQUIRE_CUDA();
+  const int64_t N = 10;
+  for (int64_t C : {77, 4104}) {
+    SCOPED_TRACE("classes " + std::to_string(C));
+    std::vector<KernelSpec> specs;
+    for (DType dt : kDTypes)
+      for (KernelSpec& k : cross_entropy_specs({N, C}, dt)) specs.push_back(k);
+    const auto kernels = cuda_codegen().compile(specs);
+    std::vector<int64_t> tv = {3, C - 1, 0, -100, 12, 12, 40, -100, 5, 60};
+    const Tensor t = from_vector_i64(tv, {N});
+    const Tensor tg = t.to(kGpu);
+    for (size_t i = 0; i < 4; ++i) {
+      const DType dt = kDTypes[i], st = stat_type(dt);
+      SCOPED_TRACE(dtype_name(dt));
+      Both z = both(mul(randn({N, C}, DType::f64), 3.0).to(dt));
+      Tensor zg = ::ingot::testing::leaf(z.cpu.to(DType::f64));
+      const Tensor want = cross_entropy(zg, t, -100, 0.0, Reduction::None);
+      cross_entropy(zg, t).backward();
+      for (const cuda::LaunchConfig& cfg : row_configs()) {
+        Tensor loss = zeros({N}, st, kGpu), lse = zeros({N}, st, kGpu), dz = zeros({N, C}, dt, kGpu);
+        run_cuda(kernels[2 * i], {z.gpu, tg, loss, lse}, {}, {}, &cfg);
+        EXPECT_TENSOR_CLOSE(host(loss), want.detach(), dt);
+        run_cuda(kernels[2 * i + 1], {z.gpu, tg, lse, dz}, {}, {1.0 / 8}, &cfg);  // 8 counted rows
+        EXPECT_TENSOR_CLOSE(host(dz), zg.grad(), dt);
+      }
+    }
+  }
+}
+
+TEST(CodegenCudaRows, AFullReductionIsOneRowAndPropagatesNaN) {
+  INGOT_REQUIRE_CUDA();
+  const int64_t n = 50001;
+  KernelSpec k = row_kernel("sum_sq", {n});
+  const int ix = k.input(DType::f32, dims_of({1}), "x");
+  const int isum = k.output(DType::f32, dims_of({0}), "sum_sq"), imax = k.output(DType::f32, dims_of({0}), "max");
+  const int lx = k.load(ix);
+  k.store(isum, k.reduce(Op::ReduceSum, k.unary(Op::Square, lx)));
+  k.store(imax, k.reduce(Op::ReduceMax, lx));
+  const cuda::CudaKernel kern = cuda_codegen().compile(k);
+  Tensor x = randn({n});
+  Tensor s = zeros({1}, DType::f32, kGpu), m = zeros({1}, DType::f32, kGpu);
+  run_cuda(kern, {x.to(kGpu), s, m});
+  EXPECT_NEAR(host(s).item(), sum(square(x.to(DType::f64))).item(), 1e-5 * n);
+  EXPECT_EQ(host(m).item(), amax(x).item());
+  for (int64_t at : {int64_t{0}, int64_t{777}, n - 1}) {
+    Tensor xn = x.clone_raw();
+    xn.data<float>()[at] = NAN;
+    for (const cuda::LaunchConfig& cfg : row_configs()) {
+      run_cuda(kern, {xn.to(kGpu), s, m}, {}, {}, &cfg);
+      EXPECT_TRUE(std::isnan(host(m).item())) << "NaN at " << at;
+    }
+  }
+}
+
+// AdamW over parameters of different sizes in ONE launch; p, m, v updated in place (as the CPU test).
+KernelSpec adamw_spec(DType grad_dtype) {
+  KernelSpec k;
+  k.kind = KernelKind::MultiTensor;
+  k.name = "adamw";
+  const int p = k.input(DType::f32, {}, "param"), g = k.input(grad_dtype, {}, "grad");
+  const int m = k.input(DType::f32, {}, "exp_avg"), v = k.input(DType::f32, {}, "exp_avg_sq");
+  const int po = k.output(DType::f32, {}, "param", p), mo = k.output(DType::f32, {}, "exp_avg", m);
+  const int vo = k.output(DType::f32, {}, "exp_avg_sq", v);
+  auto s = [&](int slot) { return k.scalar(slot, DType::f32); };
+  const int lr = s(0), b1 = s(1), b2 = s(2), eps = s(3), decay = s(4), scale = s(5), bc1 = s(6), bc2 = s(7);
+  const int one = k.constant(1, DType::f32);
+  const int gj = k.binary(Op::Mul, k.cast(k.load(g), DType::f32), scale);
+  const int mj = k.binary(Op::Add, k.binary(Op::Mul, b1, k.load(m)), k.binary(Op::Mul, k.binary(Op::Sub, one, b1), gj));
+  const int vj = k.binary(Op::Add, k.binary(Op::Mul, b2, k.load(v)),
+                          k.binary(Op::Mul, k.binary(Op::Mul, k.binary(Op::Sub, one, b2), gj), gj));
+  const int denom = k.binary(Op::Add, k.unary(Op::Sqrt, k.binary(Op::Div, vj, bc2)), eps);
+  const int upd = k.binary(Op::Div, k.binary(Op::Mul, lr, k.binary(Op::Div, mj, bc1)), denom);
+  k.store(po, k.binary(Op::Sub, k.binary(Op::Mul, k.load(p), decay), upd));
+  k.store(mo, mj);
+  k.store(vo, vj);
+  return k;
+}
+
+TEST(CodegenCudaRows, MultiTensorAdamWUpdatesEveryParameterInOneLaunchLikeTheCpuKernels) {
+  INGOT_REQUIRE_CUDA();
+  kernels::AdamWArgs a;
+  a.lr = 3e-3, a.beta1 = 0.8, a.beta2 = 0.95, a.eps = 1e-6, a.weight_decay = 0.1, a.step = 3, a.grad_scale = 0.5;
+  const double bc1 = 1 - std::pow(a.beta1, 3), bc2 = 1 - std::pow(a.beta2, 3);
+  const std::vector<double> scalars = {a.lr, a.beta1, a.beta2, a.eps, 1 - a.lr * a.weight_decay, a.grad_scale, bc1, bc2};
+  for (DType gdt : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(gdt));
+    const KernelSpec spec = adamw_spec(gdt);
+    const cuda::CudaKernel kern = cuda_codegen().compile(spec);
+    const cpu::CpuKernel cpu_kern = test_codegen().compile(spec);
+    // Sizes: one element, odd, several chunks (70000 > the 65536 chunk), and a view at an odd offset.
+    std::vector<Tensor> p, g, m, v, pe, me, ve;
+    for (int64_t n : {1, 300, 70001, 129}) {
+      p.push_back(randn({n})), g.push_back(randn({n}).to(gdt)), m.push_back(randn({n}, DType::f32, Device::cpu(), 0, 0.1));
+      v.push_back(rand({n}, DType::f32, Device::cpu(), 0, 0.1));
+      pe.push_back(p.back().clone_raw()), me.push_back(m.back().clone_raw()), ve.push_back(v.back().clone_raw());
+    }
+    const bool eager = gdt != DType::f16;  // the eager kernel takes f32/bf16 grads; f16 checks against the CPU codegen
+    if (eager) kernels::cpu::adamw_multi(pe, g, me, ve, a);
+    for (const cuda::LaunchConfig& cfg : row_configs()) {
+      std::vector<Tensor> pg, gg, mg, vg;
+      std::vector<void*> bufs, cpu_bufs;
+      std::vector<int64_t> syms = {static_cast<int64_t>(p.size())};
+      std::vector<Tensor> pc, mc, vc;  // the CPU code generator's copies
+      for (size_t t = 0; t < p.size(); ++t) {
+        const bool odd = t == 3;  // misaligned: the tensor starts one element into its buffer
+        auto up = [&](const Tensor& x) {
+          if (!odd) return x.to(kGpu);
+          Tensor big = zeros({x.numel() + 1}, x.dtype(), kGpu);
+          Tensor view = big.as_strided({x.numel()}, {1}, 1);
+          ingot::cuda::memcpy(view.data_ptr(), x.data_ptr(), x.numel() * itemsize(x.dtype()),
+                              ingot::cuda::CopyKind::HostToDevice, 0);
+          return view;
+        };
+        pg.push_back(up(p[t])), gg.push_back(up(g[t])), mg.push_back(up(m[t])), vg.push_back(up(v[t]));
+        pc.push_back(p[t].clone_raw()), mc.push_back(m[t].clone_raw()), vc.push_back(v[t].clone_raw());
+        syms.push_back(p[t].numel());
+        for (const Tensor& x : {pg[t], gg[t], mg[t], vg[t], pg[t], mg[t], vg[t]}) bufs.push_back(x.data_ptr());
+        for (const Tensor& x : {pc[t], g[t], mc[t], vc[t], pc[t], mc[t], vc[t]}) cpu_bufs.push_back(x.data_ptr());
+      }
+      kern.launch(bufs.data(), syms.data(), scalars.data(), cfg);
+      cpu_kern(cpu_bufs.data(), syms.data(), scalars.data());
+      for (size_t t = 0; t < p.size(); ++t) {
+        SCOPED_TRACE("tensor " + std::to_string(t));
+        const Tensor got_p = host(pg[t].contiguous_raw());
+        EXPECT_TENSOR_CLOSE(got_p, pc[t], DType::f32);
+        EXPECT_TENSOR_CLOSE(host(mg[t].contiguous_raw()), mc[t], DType::f32);
+        EXPECT_TENSOR_CLOSE(host(vg[t].contiguous_raw()), vc[t], DType::f32);
+        if (!eager) continue;
+        EXPECT_TENSOR_CLOSE(got_p, pe[t], DType::f32);
+        EXPECT_TENSOR_CLOSE(host(mg[t].contiguous_raw()), me[t], DType::f32);
+        EXPECT_TENSOR_CLOSE(host(vg[t].contiguous_raw()), ve[t], DType::f32);
+      }
+    }
+  }
+}
+
+// Child half of the cross-process test (run with --gtest_also_run_disabled_tests): compiles three kernels
+// against $INGOT_TEST_CACHE, runs one, and writes "<compiled> <disk hits> <nvrtc programs> <max error>".
+TEST(CodegenCudaCache, DISABLED_ChildCompilesAgainstTheSharedCache) {
+  INGOT_REQUIRE_CUDA();
+  const char* dir = std::getenv("INGOT_TEST_CACHE");
+  const char* out = std::getenv("INGOT_TEST_OUT");
+  ASSERT_TRUE(dir && out);
+  cuda::CudaCodegen cg(cuda::CudaCodegenOptions{dir, true, 2, {}});
+  CodegenStats st;
+  const Shape shape = {6, 33};
+  const auto kernels = cg.compile({softmax_spec(DType::f32, shape, dims_of({33, 1})), adamw_spec(DType::bf16),
+                                   layer_norm_fwd_spec(DType::bf16, 4, 64, 1e-5)},
+                                  &st);
+  Tensor x = randn(shape), y = zeros(shape, DType::f32, kGpu);
+  run_cuda(kernels[0], {x.to(kGpu), y});
+  const double err = max_rel_error(host(y), softmax(x, -1), 2e-5, 2e-6);
+  std::ofstream(out) << st.compiled << " " << st.disk_hits << " " << st.compiler_processes << " " << err << "\n";
+}
+
+struct ChildResult {
+  long long compiled = -1, disk_hits = -1, programs = -1;
+  double err = 1e9;
+};
+
+ChildResult run_child(const std::string& cache, const std::string& out) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string cmd = "INGOT_TEST_CACHE='" + cache + "' INGOT_TEST_OUT='" + out + "' '" + self +
+                          "' --gtest_also_run_disabled_tests "
+                          "--gtest_filter=CodegenCudaCache.DISABLED_ChildCompilesAgainstTheSharedCache > '" + out +
+                          ".log' 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << read_file(out + ".log");
+  ChildResult r;
+  std::ifstream in(out);
+  in >> r.compiled >> r.disk_hits >> r.programs >> r.err;
+  return r;
+}
+
+TEST(CodegenCudaCache, ASecondProcessWithAWarmCacheRunsNoNvrtc) {
+  INGOT_REQUIRE_CUDA();
+  TempDir tmp("ingot_cuda_cache_test");
+  const std::string cache = tmp.path() + "/cache";
+  const ChildResult cold = run_child(cache, tmp.path() + "/cold.txt");
+  EXPECT_EQ(cold.compiled, 3);
+  EXPECT_EQ(cold.disk_hits, 0);
+  EXPECT_EQ(cold.programs, 2);
+  EXPECT_LE(cold.err, 1.0);
+  const ChildResult warm = run_child(cache, tmp.path() + "/warm.txt");
+  EXPECT_EQ(warm.compiled, 0);
+  EXPECT_EQ(warm.programs, 0) << "a warm process runs no NVRTC";
+  EXPECT_EQ(warm.disk_hits, 3);
+  EXPECT_LE(warm.err, 1.0);
+  // A truncated cubin is a bad entry: warned about, recompiled, results still right.
+  int truncated = 0;
+  for (const auto& e : std::filesystem::directory_iterator(cache + "/files"))
+    if (e.path().extension() == ".cubin") {
+      std::filesystem::resize_file(e.path(), std::filesystem::file_size(e.path()) / 2);
+      ++truncated;
+    }
+  ASSERT_GT(truncated, 0);
+  const ChildResult again = run_child(cache, tmp.path() + "/again.txt");
+  EXPECT_EQ(again.compiled + again.disk_hits, 3);
+  EXPECT_GT(again.compiled, 0);
+  EXPECT_LE(again.err, 1.0);
+}
+
+#endif
+
+}  // namespace
+}  // namespace ingot::codegen
