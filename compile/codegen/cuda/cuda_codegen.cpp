@@ -257,7 +257,7 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
   const int device = ingot::cuda::current_device();
   ensure_context(device);
   const int arch = arch_of(device);
-  const std::string target = "sm_" + std::to_string(arch) + " " + nvrtc_version();
+  const std::string target = "sm_" + std::to_string(arch) + " " + nvrtc_version() + " " + renderer_fingerprint();
   std::optional<cache::CompileCache> disk;
   if (options_.use_disk_cache) disk.emplace(options_.cache_dir);
   auto disk_key = [&](const std::string& key) { return std::string(kEntryKind) + "\n" + target + "\n" + key; };

@@ -73,6 +73,11 @@ struct RenderedKernel {
   KernelAbi abi;
 };
 
+// A fingerprint of this renderer: the preamble and the code it produces for probe kernels that use every
+// op and kind. Part of the cubin cache key, so a changed renderer never loads cubins built from an older
+// one, even under the same ingot version.
+const std::string& renderer_fingerprint();
+
 // One kernel; `spec` is validated and canonicalized here. `symbol` names its functions.
 RenderedKernel render_kernel(const KernelSpec& spec, const std::string& symbol);
 
