@@ -3,13 +3,19 @@
 #include "compile/codegen/cuda/cuda_codegen.h"
 
 #include <cuda.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -111,6 +117,32 @@ bool decode_abi(const std::string& payload, std::string& symbol, KernelAbi& a) {
     if (!(in >> f)) return false;
   return nf > 0;
 }
+
+// An exclusive advisory lock (flock) on <dir>/<name> for the object's lifetime, released by the kernel if
+// the process dies. Where locking fails the lock is not taken (duplicate work, no harm).
+class FileLock {
+ public:
+  FileLock(const std::string& dir, const std::string& name) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    fd_ = ::open((dir + "/" + name).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) return;
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      ::close(fd_);
+      fd_ = -1;
+      return;
+    }
+  }
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 int64_t eval(const SymInt& s, const int64_t* syms) { return s.is_constant() ? s.value : syms[s.sym]; }
 
@@ -250,7 +282,8 @@ CudaKernel CudaCodegen::compile(const KernelSpec& spec, CodegenStats* stats) {
   return compile(std::vector<KernelSpec>{spec}, stats).front();
 }
 
-std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& specs, CodegenStats* stats) {
+std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& specs, CodegenStats* stats,
+                                             const ProgressFn& progress) {
   std::lock_guard<std::mutex> lock(mu_);
   CodegenStats st;
   st.kernels_requested = static_cast<int64_t>(specs.size());
@@ -320,7 +353,22 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
     pending_index[keys[i]] = pending.size();
     pending.push_back(Pending{i, keys[i], specs[i].symbol(), {}, -1});
   }
+  // The ranks of a job trace the same graph and miss the same kernels at once: the first to take the batch's
+  // lock compiles, the others wait and then find everything in the cache.
+  std::optional<FileLock> batch_lock;
+  if (disk && !pending.empty()) {
+    std::string batch_id = target;
+    for (const Pending& p : pending) batch_id += "\n" + p.key;
+    batch_lock.emplace(options_.cache_dir + "/locks", "cuda-" + cache::hex64(cache::hash_bytes(batch_id)) + ".lock");
+    std::vector<Pending> still;
+    for (Pending& p : pending)
+      if (!from_disk(p.key)) still.push_back(std::move(p));
+    pending = std::move(still);
+  }
   st.load_s += seconds_since(t0);
+  const int64_t distinct = static_cast<int64_t>(std::set<std::string>(keys.begin(), keys.end()).size());
+  int64_t ready = distinct - static_cast<int64_t>(pending.size());
+  if (progress) progress(ready, distinct);
 
   if (!pending.empty()) {
     // 2. render, balanced over at most max_parallel programs (largest kernels first).
@@ -348,7 +396,12 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
 
     // 3. NVRTC, programs side by side.
     t0 = std::chrono::steady_clock::now();
-    const std::vector<std::string> cubins = compile_cubins(progs, arch, options_.max_parallel);
+    std::vector<int64_t> per_program(programs, 0);
+    for (const Pending& p : pending) ++per_program[p.program];
+    const std::vector<std::string> cubins = compile_cubins(progs, arch, options_.max_parallel, [&](size_t u) {
+      ready += per_program[u];
+      if (progress) progress(ready, distinct);
+    });
     st.compiler_s += seconds_since(t0);
     st.compiler_processes += programs;
     st.compiled += static_cast<int64_t>(pending.size());

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -44,6 +45,10 @@ class CudaKernel {
   std::shared_ptr<LoadedKernel> loaded;
 };
 
+// Called with (kernels ready, distinct kernels of the batch) after the lookups and as each NVRTC program
+// finishes: what the compile progress line shows (the same as codegen::cpu::ProgressFn).
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
+
 struct CudaCodegenOptions {
   std::string cache_dir;       // "" = cache::CompileCache::default_dir()
   bool use_disk_cache = true;  // false: compile in memory and persist nothing
@@ -59,7 +64,8 @@ class CudaCodegen {
   // within the batch, across calls on this object and, through the disk cache, across processes. `stats`
   // receives this call's counts and phase times (compiler_s is NVRTC, compiler_processes the programs).
   // Throws ingot::Error for an invalid spec (naming it) or an NVRTC failure (log + offending source lines).
-  std::vector<CudaKernel> compile(const std::vector<KernelSpec>& specs, CodegenStats* stats = nullptr);
+  std::vector<CudaKernel> compile(const std::vector<KernelSpec>& specs, CodegenStats* stats = nullptr,
+                                  const ProgressFn& progress = {});
   CudaKernel compile(const KernelSpec& spec, CodegenStats* stats = nullptr);
 
   CodegenStats stats() const;  // totals since construction

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <mutex>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -92,14 +93,20 @@ std::vector<std::string> nvrtc_options(int arch) {
   return {"--gpu-architecture=sm_" + std::to_string(arch), "-default-device", "--std=c++17", "--fmad=true"};
 }
 
-std::vector<std::string> compile_cubins(const std::vector<NvrtcProgram>& programs, int arch, int max_parallel) {
+std::vector<std::string> compile_cubins(const std::vector<NvrtcProgram>& programs, int arch, int max_parallel,
+                                        const std::function<void(size_t)>& on_done) {
   std::vector<std::string> out(programs.size());
+  std::mutex done_mu;
   std::vector<std::exception_ptr> errors(programs.size());
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i; (i = next++) < programs.size();) {
       try {
         out[i] = compile_one(programs[i], arch);
+        if (on_done) {
+          std::lock_guard<std::mutex> lock(done_mu);
+          on_done(i);
+        }
       } catch (...) {
         errors[i] = std::current_exception();
       }

@@ -2,6 +2,7 @@
 // no GPU (only libnvrtc), so generated code can be checked on any machine with the toolkit.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,9 @@ std::vector<std::string> nvrtc_options(int arch);
 
 // Compiles each program to a cubin for sm_<arch>, running up to `max_parallel` NVRTC compilations at once
 // (threads). Throws ingot::Error for the first failing program, with NVRTC's log and, for each error it
-// names, the offending line of the generated source.
-std::vector<std::string> compile_cubins(const std::vector<NvrtcProgram>& programs, int arch, int max_parallel);
+// names, the offending line of the generated source. `on_done(i)`, when given, is called (serialized) as
+// each program i finishes.
+std::vector<std::string> compile_cubins(const std::vector<NvrtcProgram>& programs, int arch, int max_parallel,
+                                        const std::function<void(size_t)>& on_done = {});
 
 }  // namespace ingot::codegen::cuda
