@@ -4,6 +4,8 @@ find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 find_package(yaml-cpp REQUIRED)
+# Loss-curve PNGs drawn by recipes/plot.cpp.
+pkg_check_modules(PNG REQUIRED IMPORTED_TARGET libpng)
 # Tokenizers: pre-tokenizer regexes (UTF-8, Unicode properties, JIT) and Unicode NFC normalization.
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)

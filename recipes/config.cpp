@@ -306,10 +306,15 @@ void Config::apply_override(std::string_view assignment) {
 }
 
 void Config::validate(const ConfigSchema& schema) {
-  // (where, full message) pairs, reported together in file order.
-  std::vector<std::pair<ConfigOrigin, std::string>> errors;
-  auto add_error = [&](const ConfigOrigin& o, const std::string& msg) { errors.emplace_back(o, o.str() + ": " + msg); };
+  ConfigErrors errors;
+  validate(schema, errors);
+  errors.raise_if_any();
+}
 
+void Config::validate(const ConfigSchema& schema, ConfigErrors& errors) {
+  auto add_error = [&](const ConfigOrigin& o, const std::string& msg, const std::string& key) {
+    errors.add(o, msg, key);
+  };
   for (const auto& [path, v] : values_) {
     if (schema.find(path)) continue;
     std::string msg = "unknown key '" + path + "'";
@@ -324,7 +329,7 @@ void Config::validate(const ConfigSchema& schema) {
         }
       }
     }
-    add_error(v.key_origin, msg + " (`ingot run --help` lists every key)");
+    add_error(v.key_origin, msg + " (`ingot run --help` lists every key)", path);
   }
   for (const ConfigKey& k : schema.keys()) {
     auto it = values_.find(k.path);
@@ -332,7 +337,7 @@ void Config::validate(const ConfigSchema& schema) {
       if (k.required) {
         ConfigOrigin o;
         o.file = file_;
-        add_error(o, "missing required key '" + k.path + "': " + k.help);
+        add_error(o, "missing required key '" + k.path + "': " + k.help, k.path);
         continue;
       }
       Value d;
@@ -381,16 +386,78 @@ void Config::validate(const ConfigSchema& schema) {
         }
       }
     } catch (const ConfigError& e) {
-      errors.emplace_back(it->second.origin, e.what());  // fail() already put the origin in front
+      errors.add_exception(k.path, it->second.origin, e);
     }
   }
-  if (errors.empty()) return;
-  std::stable_sort(errors.begin(), errors.end(), [](const auto& a, const auto& b) {
-    return std::tie(a.first.line, a.first.column) < std::tie(b.first.line, b.first.column);
+}
+
+void Config::remove(std::string_view path) {
+  std::string key(path);
+  bool found = false;
+  for (auto it = values_.lower_bound(key); it != values_.end() && it->first.rfind(key, 0) == 0;) {
+    if (it->first.size() == key.size() || it->first[key.size()] == '.') {
+      it = values_.erase(it);
+      found = true;
+    } else {
+      ++it;
+    }
+  }
+  if (!found)
+    throw ConfigError("command-line '~" + key + "': the config does not set '" + key +
+                      "' (nothing to remove; `ingot cat` shows what it sets)");
+}
+
+// --- ConfigErrors ------------------------------------------------------------------------------------------
+
+void ConfigErrors::add(const ConfigOrigin& where, const std::string& message, std::string key) {
+  // An origin with no file and no override (an environment variable, a checkpoint) adds no prefix.
+  bool placeless = where.file.empty() && where.override_text.empty();
+  std::string text = placeless ? message : where.str() + ": " + message;
+  for (const Entry& e : errors_)
+    if (e.text == text) return;
+  errors_.push_back({where, std::move(key), std::move(text)});
+}
+
+void ConfigErrors::fail(const Config& cfg, std::string_view path, const std::string& message) {
+  ConfigOrigin where;
+  if (cfg.has(path)) {
+    where = cfg.origin(path);
+  } else {
+    where.file = cfg.file();
+  }
+  add(where, std::string(path) + ": " + message, std::string(path));
+}
+
+void ConfigErrors::add_exception(std::string_view key, const ConfigOrigin& where, const ConfigError& e) {
+  if (has_error_for(key)) return;
+  Entry entry{where, std::string(key), e.what()};  // ConfigError messages already start with the origin
+  errors_.push_back(std::move(entry));
+}
+
+bool ConfigErrors::has_error_for(std::string_view key) const {
+  for (const Entry& e : errors_)
+    if (!e.key.empty() && e.key == key) return true;
+  return false;
+}
+
+std::vector<std::string> ConfigErrors::messages() const {
+  std::vector<const Entry*> sorted;
+  for (const Entry& e : errors_) sorted.push_back(&e);
+  // File positions first, in order; overrides and defaults (line 0) after them, as recorded.
+  std::stable_sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) {
+    auto rank = [](const Entry* e) { return e->where.line == 0 ? INT32_MAX : e->where.line; };
+    return std::make_tuple(rank(a), a->where.column) < std::make_tuple(rank(b), b->where.column);
   });
+  std::vector<std::string> out;
+  for (const Entry* e : sorted) out.push_back(e->text);
+  return out;
+}
+
+void ConfigErrors::raise_if_any() const {
+  if (errors_.empty()) return;
   std::string msg;
-  for (const auto& [o, text] : errors) msg += (msg.empty() ? "" : "\n") + text;
-  if (errors.size() > 1) msg = std::to_string(errors.size()) + " config errors:\n" + msg;
+  for (const std::string& m : messages()) msg += (msg.empty() ? "" : "\n") + m;
+  if (errors_.size() > 1) msg = std::to_string(errors_.size()) + " config errors:\n" + msg;
   throw ConfigError(msg);
 }
 

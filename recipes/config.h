@@ -67,6 +67,33 @@ class ConfigSchema {
   std::vector<ConfigKey> keys_;
 };
 
+class Config;
+
+// Collects config errors so that a run, and `ingot validate`, report every mistake at once (sorted by
+// where they are written) instead of stopping at the first.
+class ConfigErrors {
+ public:
+  // Records "<origin>: <message>" (the message usually starts with the key path).
+  void add(const ConfigOrigin& where, const std::string& message, std::string key = "");
+  // Records "<origin of path>: <path>: <message>", like Config::fail without throwing.
+  void fail(const Config& cfg, std::string_view path, const std::string& message);
+  // Records a ConfigError thrown while reading `key`; repeated errors about one key are kept once.
+  void add_exception(std::string_view key, const ConfigOrigin& where, const ConfigError& e);
+  bool has_error_for(std::string_view key) const;
+  bool empty() const { return errors_.empty(); }
+  size_t size() const { return errors_.size(); }
+  std::vector<std::string> messages() const;  // sorted by file position
+  // Throws one ConfigError holding every message ("3 config errors:\n..."); no-op when empty.
+  void raise_if_any() const;
+
+ private:
+  struct Entry {
+    ConfigOrigin where;
+    std::string key, text;
+  };
+  std::vector<Entry> errors_;
+};
+
 class Config {
  public:
   struct Value {
@@ -90,6 +117,11 @@ class Config {
   // Rejects unknown keys (with a suggestion), missing required keys, wrong types, values outside bounds or
   // choices; fills in defaults for absent keys. Throws ConfigError naming the key and its origin.
   void validate(const ConfigSchema& schema);
+  // The same checks, recorded in `errors` instead of thrown.
+  void validate(const ConfigSchema& schema, ConfigErrors& errors);
+  // Removes a key, or a whole section, so its default applies (the CLI's `~key`). Removing an absent key is
+  // a ConfigError naming it.
+  void remove(std::string_view path);
 
   bool has(std::string_view path) const;
   const Value& value(std::string_view path) const;  // throws ConfigError when absent

@@ -1,16 +1,21 @@
-// The `ingot` program. Commands: run (train a recipe config). Exit status: 0 done, 1 runtime error,
-// 2 usage or config error (nothing written).
+// The `ingot` program. Commands: run, ls, cat, cp, validate, plot (see kMainHelp). Exit status: 0 done,
+// 1 runtime error, 2 usage or config error (nothing written).
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "distributed/launch/error_file.h"
 #include "recipes/config.h"
-#include "recipes/train.h"
+#include "recipes/plot.h"
+#include "recipes/registry.h"
+#include "runtime/device.h"
+#include "runtime/file_util.h"
 
 #ifndef INGOT_VERSION
 #define INGOT_VERSION "unknown"
@@ -22,7 +27,10 @@ int launch_main(const std::vector<std::string>& args);  // tools/launch.cpp
 
 namespace {
 
-using ingot::recipes::ConfigError;
+namespace fs = std::filesystem;
+namespace rc = ingot::recipes;
+using rc::ConfigError;
+using Args = std::vector<std::string_view>;
 
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
@@ -37,44 +45,87 @@ struct UsageError : std::exception {
 constexpr const char* kMainHelp = R"(ingot: a C++20 training framework (eager autograd on CPU and CUDA)
 
 Usage:
-  ingot run CONFIG [key=value ...] [--summary PATH]   train the recipe described by a YAML config
-  ingot launch [options] -- COMMAND [ARGS ...]        run COMMAND as N workers, torchrun style
-  ingot --help                                        this help
-  ingot --version                                     version and build features
+  ingot run CONFIG [key=value ...] [~key ...] [--summary PATH]   run the recipe a config describes
+  ingot ls                                                       recipes and their built-in configs
+  ingot cat CONFIG                                               print a config
+  ingot cp CONFIG PATH                                           copy a built-in config to edit it
+  ingot validate CONFIG [key=value ...] [~key ...]               check a config fully, without running
+  ingot plot RUN_DIR [--out PATH]                                draw RUN_DIR/metrics.jsonl as a PNG
+  ingot launch [options] -- COMMAND [ARGS ...]                   run COMMAND as N workers, torchrun style
+  ingot --help | --version
+
+CONFIG is a YAML file, a built-in config name (quickstart) or a recipe name (pretrain). Built-in configs
+come from $INGOT_CONFIG_PATH, <prefix>/share/ingot/configs beside an installed bin/ingot, or the source
+tree's configs/ when ingot runs from a build directory inside it.
 
 Examples:
   ingot run configs/quickstart.yaml
-  ingot run configs/quickstart.yaml max_steps=50 device=cpu --summary runs/summary.json
+  ingot run quickstart max_steps=50 device=cpu --summary runs/summary.json
+  ingot cp quickstart my.yaml && ingot validate my.yaml
 
-`ingot run --help` lists every config key.
+`ingot COMMAND --help` describes each command; `ingot run CONFIG --help` lists the recipe's keys.
 Exit status: 0 done, 1 runtime error, 2 usage or config error.
 )";
 
-constexpr const char* kRunHelp = R"(Usage: ingot run CONFIG [key=value ...] [--summary PATH]
+constexpr const char* kRunHelp = R"(Usage: ingot run CONFIG [key=value ...] [~key ...] [--summary PATH]
 
-Trains a GPT-2 from scratch on a UTF-8 text file (byte tokens, vocabulary 256), eager, then evaluates it on
-the held-out tail of the text and saves it.
+Runs the recipe named by the config's `recipe:` key (default pretrain). Everything the config says is
+checked first, and every problem is reported at once; nothing is written unless the config is valid.
 
 Arguments:
-  CONFIG            a YAML file of the keys below (nested mappings or dotted keys)
-  key=value         overrides one key, e.g. max_steps=50 train.lr=3e-4 device=cpu; the value is YAML
+  CONFIG            a YAML file, a built-in config name, or a recipe name (see `ingot ls`)
+  key=value         sets one key, e.g. max_steps=50 train.lr=3e-4 device=cpu; the value is YAML, typed by
+                    the schema like the file's values
+  ~key              removes a key (or a whole section) so its default applies, e.g. ~train.min_lr
   --summary PATH    also writes the run's summary JSON to PATH (atomically, when the run ends)
-  -h, --help        this help
+  -h, --help        this help (with CONFIG: that recipe's keys)
 
 Progress goes to stderr, one line every train.log_every steps (loss averaged since the previous line):
-  step 20/300 | loss 2.345 | lr 3.0e-04 | 12.3k tok/s | ETA 0:41
-then "eval | val_loss ..." and "done | ...". output_dir receives model.safetensors (f32 weights, Hugging
-Face-style names), config.yaml (the resolved config) and summary.json.
+  step 20/300 | loss 2.345 | lr 3.0e-04 | 12.3k tok/s | MFU 31.2% | mem 1.25 GiB | ETA 0:41
+output_dir receives model.safetensors, config.yaml (the resolved config), summary.json, metrics.jsonl (one
+record per step), loss.png, checkpoints/step_N/ (checkpoint.save_every), tensorboard/ (logging.tensorboard)
+and profile/ (profile.enabled). resume: true continues from the newest checkpoint, resume_from: PATH from
+a given one, and a job restarted by the launcher (INGOT_RESTART_COUNT > 0) resumes by itself.
 
-Summary fields: steps, first_loss, final_loss, best_loss, val_loss, tokens_per_s, train_s, compile_s,
+Summary fields: steps, first_loss, final_loss, best_loss, val_loss, tokens_per_s, mfu, train_s, compile_s,
 graphs, graph_breaks, recompiles (0 while training is eager), peak_memory_bytes, num_parameters, device,
-dtype, output_dir, config, checkpoints.
+dtype, output_dir, config, resumed_from, checkpoints, training_checkpoints, metrics_log, loss_plot, ...
 
-Errors name the key and where it was set (file:line:column or the override); unknown keys get a
-suggestion. Exit status: 0 done, 1 runtime error, 2 usage or config error (nothing is written).
-
-Config keys (type = default):
+Exit status: 0 done, 1 runtime error, 2 usage or config error (nothing is written).
 )";
+
+constexpr const char* kLsHelp = R"(Usage: ingot ls
+
+Lists the recipes and, under each, the built-in configs that run it (name and first comment line), then
+the directories searched for built-in configs.
+)";
+
+constexpr const char* kCatHelp = R"(Usage: ingot cat CONFIG
+
+Prints a config file (a path, or a built-in config name such as quickstart) to stdout.
+)";
+
+constexpr const char* kCpHelp = R"(Usage: ingot cp CONFIG PATH
+
+Copies a config (usually a built-in one) to PATH so you can edit it. PATH may be a directory (the file
+keeps its name). An existing file is not overwritten unless --force is given.
+)";
+
+constexpr const char* kValidateHelp = R"(Usage: ingot validate CONFIG [key=value ...] [~key ...]
+
+Checks a config as `ingot run` would (YAML syntax, unknown keys with a suggestion, types, ranges and
+choices, required keys, files that must exist, the recipe's own rules, a checkpoint to resume from) without
+running anything, and prints ALL problems at once, each with file:line:column and the key path.
+Exit status: 0 valid, 2 invalid.
+)";
+
+constexpr const char* kPlotHelp = R"(Usage: ingot plot RUN_DIR [--out PATH]
+
+Draws the training loss (and validation loss, when evaluated) from RUN_DIR/metrics.jsonl into a PNG:
+RUN_DIR/loss.png unless --out is given. Runs draw it by themselves at the end (logging.plot).
+)";
+
+bool is_help(std::string_view a) { return a == "-h" || a == "--help"; }
 
 void print_version() {
 #ifdef INGOT_WITH_CUDA
@@ -86,51 +137,195 @@ void print_version() {
             << ", CUDA devices visible: " << ingot::cuda_device_count() << ")\n";
 }
 
-int run_command(const std::vector<std::string_view>& args) {
-  std::string config_path, summary_path;
-  std::vector<std::string_view> overrides;
+// CONFIG then key=value / ~key edits; options are handled by the caller through `option`.
+struct ConfigArgs {
+  std::string config;
+  std::vector<std::string> edits;
+  bool help = false;
+};
+
+ConfigArgs parse_config_args(const Args& args, const std::string& cmd,
+                             const std::function<bool(const Args&, size_t&)>& option = {}) {
+  ConfigArgs out;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string_view a = args[i];
-    if (a == "-h" || a == "--help") {
-      std::cout << kRunHelp << ingot::recipes::pretrain_schema().help();
-      return 0;
-    }
-    if (a == "--summary") {
-      if (i + 1 >= args.size()) throw UsageError("--summary needs a PATH", "run");
-      summary_path = args[++i];
-    } else if (a.rfind("--summary=", 0) == 0) {
-      summary_path = a.substr(std::strlen("--summary="));
-      if (summary_path.empty()) throw UsageError("--summary needs a PATH", "run");
+    if (is_help(a)) {
+      out.help = true;
+    } else if (option && option(args, i)) {
+      continue;
     } else if (a.size() > 1 && a[0] == '-') {
-      throw UsageError("unknown option '" + std::string(a) + "'", "run");
-    } else if (config_path.empty()) {
-      config_path = a;
-    } else if (a.find('=') != std::string_view::npos) {
-      overrides.push_back(a);
+      throw UsageError("unknown option '" + std::string(a) + "'", cmd);
+    } else if (out.config.empty()) {
+      out.config = a;
+    } else if (a.find('=') != std::string_view::npos || (a.size() > 1 && a[0] == '~')) {
+      out.edits.emplace_back(a);
     } else {
-      throw UsageError("unexpected argument '" + std::string(a) + "' (overrides look like key=value)", "run");
+      throw UsageError("unexpected argument '" + std::string(a) + "' (overrides look like key=value, removals ~key)",
+                       cmd);
     }
   }
-  if (config_path.empty()) throw UsageError("missing CONFIG (a YAML file, e.g. configs/quickstart.yaml)", "run");
-  if (!summary_path.empty() && std::filesystem::is_directory(summary_path))
+  return out;
+}
+
+void print_recipe_keys(const std::string& config_arg) {
+  const rc::Recipe* recipe = rc::find_recipe("pretrain");
+  if (!config_arg.empty()) {
+    rc::Config cfg = rc::Config::load(rc::resolve_config_argument(config_arg));
+    recipe = &rc::recipe_of(cfg);
+  }
+  std::cout << "\nConfig keys of recipe '" << recipe->name << "' (type = default):\n" << recipe->schema().help();
+}
+
+int run_command(const Args& args) {
+  std::string summary_path;
+  ConfigArgs ca = parse_config_args(args, "run", [&](const Args& a, size_t& i) {
+    if (a[i] == "--summary") {
+      if (i + 1 >= a.size()) throw UsageError("--summary needs a PATH", "run");
+      summary_path = a[++i];
+      return true;
+    }
+    if (a[i].rfind("--summary=", 0) == 0) {
+      summary_path = a[i].substr(std::strlen("--summary="));
+      if (summary_path.empty()) throw UsageError("--summary needs a PATH", "run");
+      return true;
+    }
+    return false;
+  });
+  if (ca.help) {
+    std::cout << kRunHelp;
+    print_recipe_keys(ca.config);
+    return 0;
+  }
+  if (ca.config.empty()) throw UsageError("missing CONFIG (a YAML file, e.g. configs/quickstart.yaml)", "run");
+  if (!summary_path.empty() && fs::is_directory(summary_path))
     throw UsageError("--summary '" + summary_path + "' is a directory; give a file path", "run");
 
   // Everything the config says is checked before any work starts or any file is written.
-  ingot::recipes::Config cfg = ingot::recipes::Config::load(config_path);
-  for (std::string_view o : overrides) cfg.apply_override(o);
-  cfg.validate(ingot::recipes::pretrain_schema());
-  ingot::recipes::PretrainSettings settings = ingot::recipes::resolve_pretrain(cfg);
+  const rc::Recipe* recipe = nullptr;
+  rc::Config cfg = rc::load_and_check(rc::resolve_config_argument(ca.config), ca.edits, &recipe);
+  std::string summary = recipe->run(cfg, std::cerr);
+  if (!summary_path.empty()) {
+    fs::path parent = fs::path(summary_path).parent_path();
+    if (!parent.empty()) fs::create_directories(parent);
+    ingot::write_file_atomic(summary_path, [&](std::FILE* f) { ingot::write_bytes(f, summary.data(), summary.size()); });
+  }
+  return 0;
+}
 
-  ingot::recipes::TrainSummary summary = ingot::recipes::run_pretrain(settings, std::cerr);
-  if (!summary_path.empty()) ingot::recipes::write_summary(summary, summary_path);
+int ls_command(const Args& args) {
+  for (std::string_view a : args) {
+    if (is_help(a)) {
+      std::cout << kLsHelp;
+      return 0;
+    }
+    throw UsageError("unexpected argument '" + std::string(a) + "'", "ls");
+  }
+  std::vector<rc::BuiltinConfig> configs = rc::list_builtin_configs();
+  for (const rc::Recipe& r : rc::all_recipes()) {
+    std::cout << r.name << "  " << r.description << "\n";
+    size_t width = 0;
+    for (const rc::BuiltinConfig& c : configs) width = c.recipe == r.name ? std::max(width, c.name.size()) : width;
+    for (const rc::BuiltinConfig& c : configs)
+      if (c.recipe == r.name)
+        std::cout << "    " << c.name << std::string(width - c.name.size() + 2, ' ') << c.description << "\n";
+  }
+  for (const rc::BuiltinConfig& c : configs)
+    if (!rc::find_recipe(c.recipe)) std::cout << "(unknown recipe '" << c.recipe << "')  " << c.name << "\n";
+  std::vector<std::string> dirs = rc::builtin_config_dirs();
+  std::cout << "\nbuilt-in configs from: ";
+  if (dirs.empty()) std::cout << "(none found: set INGOT_CONFIG_PATH)";
+  for (size_t i = 0; i < dirs.size(); ++i) std::cout << (i ? ", " : "") << dirs[i];
+  std::cout << "\n";
+  return 0;
+}
+
+int cat_command(const Args& args) {
+  ConfigArgs ca = parse_config_args(args, "cat");
+  if (ca.help) {
+    std::cout << kCatHelp;
+    return 0;
+  }
+  if (ca.config.empty()) throw UsageError("missing CONFIG", "cat");
+  if (!ca.edits.empty()) throw UsageError("cat takes one CONFIG", "cat");
+  std::cout << ingot::read_file(rc::resolve_config_argument(ca.config));
+  return 0;
+}
+
+int cp_command(const Args& args) {
+  bool force = false;
+  std::vector<std::string> pos;
+  for (std::string_view a : args) {
+    if (is_help(a)) {
+      std::cout << kCpHelp;
+      return 0;
+    }
+    if (a == "--force" || a == "-f")
+      force = true;
+    else if (a.size() > 1 && a[0] == '-')
+      throw UsageError("unknown option '" + std::string(a) + "'", "cp");
+    else
+      pos.emplace_back(a);
+  }
+  if (pos.size() != 2) throw UsageError("expected CONFIG and PATH", "cp");
+  std::string src = rc::resolve_config_argument(pos[0]);
+  fs::path dst = pos[1];
+  if (fs::is_directory(dst)) dst /= fs::path(src).filename();
+  if (fs::exists(dst) && !force)
+    throw UsageError("'" + dst.string() + "' exists; pass --force to overwrite it", "cp");
+  std::string text = ingot::read_file(src);
+  ingot::write_file_atomic(dst.string(), [&](std::FILE* f) { ingot::write_bytes(f, text.data(), text.size()); });
+  std::cout << "copied " << src << " -> " << dst.string() << "\n";
+  return 0;
+}
+
+int validate_command(const Args& args) {
+  ConfigArgs ca = parse_config_args(args, "validate");
+  if (ca.help) {
+    std::cout << kValidateHelp;
+    return 0;
+  }
+  if (ca.config.empty()) throw UsageError("missing CONFIG", "validate");
+  std::string path = rc::resolve_config_argument(ca.config);
+  const rc::Recipe* recipe = nullptr;
+  rc::load_and_check(path, ca.edits, &recipe);
+  std::cout << path << ": valid " << recipe->name << " config\n";
+  return 0;
+}
+
+int plot_command(const Args& args) {
+  std::string run_dir, out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string_view a = args[i];
+    if (is_help(a)) {
+      std::cout << kPlotHelp;
+      return 0;
+    }
+    if (a == "--out") {
+      if (i + 1 >= args.size()) throw UsageError("--out needs a PATH", "plot");
+      out = args[++i];
+    } else if (a.size() > 1 && a[0] == '-') {
+      throw UsageError("unknown option '" + std::string(a) + "'", "plot");
+    } else if (run_dir.empty()) {
+      run_dir = a;
+    } else {
+      throw UsageError("unexpected argument '" + std::string(a) + "'", "plot");
+    }
+  }
+  if (run_dir.empty()) throw UsageError("missing RUN_DIR", "plot");
+  fs::path metrics = fs::path(run_dir) / "metrics.jsonl";
+  if (!fs::is_regular_file(metrics))
+    throw UsageError("'" + metrics.string() + "' does not exist (is '" + run_dir + "' a run directory?)", "plot");
+  if (out.empty()) out = (fs::path(run_dir) / "loss.png").string();
+  rc::plot_metrics_file(metrics.string(), out, fs::path(run_dir).filename().string());
+  std::cout << "wrote " << out << "\n";
   return 0;
 }
 
 int dispatch(int argc, char** argv) {
-  std::vector<std::string_view> args(argv + 1, argv + argc);
+  Args args(argv + 1, argv + argc);
   if (args.empty()) throw UsageError("no command given");
   std::string_view cmd = args[0];
-  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+  if (is_help(cmd) || cmd == "help") {
     std::cout << kMainHelp;
     return 0;
   }
@@ -138,9 +333,14 @@ int dispatch(int argc, char** argv) {
     print_version();
     return 0;
   }
-  if (cmd == "run") return run_command({args.begin() + 1, args.end()});
+  static const std::map<std::string_view, int (*)(const Args&)> commands = {
+      {"run", run_command},           {"ls", ls_command},     {"cat", cat_command}, {"cp", cp_command},
+      {"validate", validate_command}, {"plot", plot_command},
+  };
   if (cmd == "launch") return ingot::launch_main(std::vector<std::string>(args.begin() + 1, args.end()));
-  throw UsageError("unknown command '" + std::string(cmd) + "'");
+  auto it = commands.find(cmd);
+  if (it == commands.end()) throw UsageError("unknown command '" + std::string(cmd) + "'");
+  return it->second({args.begin() + 1, args.end()});
 }
 
 }  // namespace

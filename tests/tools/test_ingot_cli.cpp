@@ -86,7 +86,8 @@ TEST_F(IngotCli, RunTrainsAndWritesTheSummaryWeightsAndResolvedConfig) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step 1/3 | loss "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 3/3 | loss "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(" tok/s | ETA "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" tok/s | mem "), std::string::npos) << r.output;  // no MFU on a CPU by default
+  EXPECT_NE(r.output.find(" | ETA "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("eval | val_loss "), std::string::npos) << r.output;
 
   nlohmann::json j = nlohmann::json::parse(slurp(dir_.file("sub/summary.json")));
@@ -178,7 +179,7 @@ TEST_F(IngotCli, UsageErrorsExitWithTwo) {
 TEST_F(IngotCli, HelpAndVersion) {
   Result r = run_ingot(dir_.path(), "--help");
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_NE(r.output.find("ingot run CONFIG [key=value ...] [--summary PATH]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ingot run CONFIG [key=value ...] [~key ...] [--summary PATH]"), std::string::npos) << r.output;
 
   r = run_ingot(dir_.path(), "run --help");
   EXPECT_EQ(r.exit_code, 0);
@@ -188,6 +189,124 @@ TEST_F(IngotCli, HelpAndVersion) {
   r = run_ingot(dir_.path(), "--version");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.output.rfind("ingot ", 0), 0u) << r.output;
+}
+
+TEST_F(IngotCli, ValidateReportsEveryErrorAtOnceWithFileLineColumnAndKey) {
+  write(dir_.file("bad.yaml"), R"(device: cpu
+max_steps: 0
+output_dir: out
+model:
+  n_layer: many
+  n_head: 2
+  n_embd: 16
+data:
+  path: missing.txt
+train:
+  lrr: 0.1
+)");
+  Result r = run_ingot(dir_.path(), "validate bad.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("4 config errors:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad.yaml:2:12: max_steps: expected an integer >= 1, got '0'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad.yaml:5:12: model.n_layer: expected an integer, got 'many'"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("bad.yaml:9:9: data.path: no such file 'missing.txt'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad.yaml:11:3: unknown key 'train.lrr'; did you mean 'train.lr'?"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir_.file("out")));
+
+  r = run_ingot(dir_.path(), "validate tiny.yaml");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tiny.yaml: valid pretrain config"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_.file("out"))) << "validate must not run anything";
+}
+
+TEST_F(IngotCli, RemovingAKeyRestoresItsDefaultAndAnAbsentKeyIsNamed) {
+  write(dir_.file("bad.yaml"), std::string(kTinyConfig) + "  lrr: 0.1\n");
+  Result r = run_ingot(dir_.path(), "validate bad.yaml ~train.lrr");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = run_ingot(dir_.path(), "validate tiny.yaml ~train.nope");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("'~train.nope': the config does not set 'train.nope'"), std::string::npos) << r.output;
+  r = run_ingot(dir_.path(), "validate tiny.yaml recipe=pretrian");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("unknown recipe 'pretrian'; did you mean 'pretrain'?"), std::string::npos) << r.output;
+}
+
+TEST_F(IngotCli, LsCatAndCpFindTheBuiltInConfigsOfTheSourceTree) {
+  Result r = run_ingot(dir_.path(), "ls");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pretrain  train a GPT-2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("    quickstart "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("    gpt2_124m_pretrain "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(std::string(INGOT_SOURCE_DIR) + "/configs"), std::string::npos) << r.output;
+
+  const std::string quickstart = slurp(std::string(INGOT_SOURCE_DIR) + "/configs/quickstart.yaml");
+  r = run_ingot(dir_.path(), "cat quickstart");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, quickstart);
+
+  r = run_ingot(dir_.path(), "cp quickstart.yaml mine.yaml");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(slurp(dir_.file("mine.yaml")), quickstart);
+  write(dir_.file("mine.yaml"), "edited");
+  r = run_ingot(dir_.path(), "cp quickstart mine.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("exists; pass --force"), std::string::npos) << r.output;
+  EXPECT_EQ(slurp(dir_.file("mine.yaml")), "edited");
+  r = run_ingot(dir_.path(), "cp --force quickstart mine.yaml");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(slurp(dir_.file("mine.yaml")), quickstart);
+
+  r = run_ingot(dir_.path(), "cat quikstart");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("no such file, built-in config or recipe"), std::string::npos) << r.output;
+}
+
+TEST_F(IngotCli, ConfigPathEnvironmentAddsDirectoriesSearchedFirst) {
+  fs::create_directories(dir_.file("extra"));
+  write(dir_.file("extra/quickstart.yaml"), "# my own quickstart\nmax_steps: 1\n");
+  std::string cmd = "cd '" + dir_.path() + "' && INGOT_CONFIG_PATH='" + dir_.file("extra") + "' '" +
+                    ingot_binary().string() + "' ls 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << out;
+  EXPECT_NE(out.find("my own quickstart"), std::string::npos) << out;
+  EXPECT_EQ(out.find("Quickstart: a small GPT-2"), std::string::npos) << "the earlier directory wins: " << out;
+}
+
+TEST_F(IngotCli, PlotDrawsARunDirectorysMetricsAndNamesAMissingOne) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml logging.plot=false");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(dir_.file("out/loss.png")));
+  r = run_ingot(dir_.path(), "plot out");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(slurp(dir_.file("out/loss.png")).substr(1, 3), "PNG");
+  r = run_ingot(dir_.path(), "plot nowhere");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("nowhere/metrics.jsonl' does not exist"), std::string::npos) << r.output;
+}
+
+TEST_F(IngotCli, EveryCommandHasHelp) {
+  for (const char* cmd : {"run", "ls", "cat", "cp", "validate", "plot"}) {
+    Result r = run_ingot(dir_.path(), std::string(cmd) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
+    EXPECT_EQ(r.output.rfind(std::string("Usage: ingot ") + cmd, 0), 0u) << r.output;
+  }
+}
+
+TEST_F(IngotCli, ResumeTrueContinuesAfterTheNewestCheckpoint) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=4 checkpoint.save_every=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_ingot(dir_.path(), "run tiny.yaml max_steps=4 checkpoint.save_every=2 resume=true --summary s.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resume | resume: true: continuing after step 4"), std::string::npos) << r.output;
+  nlohmann::json j = nlohmann::json::parse(slurp(dir_.file("s.json")));
+  EXPECT_EQ(j["resumed_from_step"], 4);
+  EXPECT_EQ(j["steps"], 4);
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+// Run metrics: the live progress line, the JSONL metrics log in the run directory, and the model-FLOPs
+// utilization (MFU) estimate.
+//
+// metrics.jsonl holds one JSON object per line, appended as the run goes (a crash keeps what was written):
+//   {"kind":"train","step":12,"loss":2.31,"lr":0.003,"tokens":12288,"tokens_per_s":10500,"mfu":0.0,
+//    "memory_bytes":1048576,"time_s":1.2}
+//   {"kind":"eval","step":100,"val_loss":2.1}
+// Losses are written with round-trip precision, so two runs can be compared bitwise from their logs.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace ingot::recipes {
+
+struct MetricPoint {
+  std::string kind;  // "train" or "eval"
+  int64_t step = 0;
+  double value = 0;  // loss (train) or val_loss (eval)
+};
+
+class MetricsLog {
+ public:
+  // Opens <path> for appending. With `keep_until_step` >= 0 (a resumed run), first rewrites the file
+  // (atomically) keeping only records with step <= keep_until_step, so steps replayed after the checkpoint
+  // are not logged twice. Throws ingot::Error naming the file.
+  MetricsLog(const std::string& path, int64_t keep_until_step = -1);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  // Appends one line (a JSON object serialized by the caller's nlohmann::json dump) and flushes it.
+  void append(const std::string& json_line);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* f_ = nullptr;
+};
+
+// Reads the train losses and eval losses of a metrics.jsonl (lines that do not parse are skipped and
+// counted in *bad_lines when given). Throws when the file cannot be read.
+std::vector<MetricPoint> read_metrics(const std::string& path, int64_t* bad_lines = nullptr);
+
+// Training FLOPs per token of a decoder-only transformer (PaLM appendix B): 6 N for the matmuls of
+// forward and backward plus 12 L T d for attention scores, where N excludes the embedding tables.
+double transformer_flops_per_token(int64_t n_params_non_embedding, int64_t n_layer, int64_t seq_len, int64_t d_model);
+// The device's dense peak in FLOP/s used for MFU: `configured_tflops` when > 0, otherwise the H100/H200
+// figure for CUDA (989 TFLOP/s bf16, 495 TFLOP/s tf32 for f32) and 0 (MFU not reported) for CPUs.
+double peak_flops(bool cuda, bool bf16, double configured_tflops);
+
+// "12.3k", "1.25M", "950"
+std::string format_count(double n);
+// "0:41", "1:02:03"
+std::string format_duration(double seconds);
+// "512.0 MiB", "1.25 GiB"
+std::string format_bytes(double bytes);
+
+// One progress line:
+//   step 20/300 | loss 2.345 | lr 3.0e-04 | 12.3k tok/s | MFU 31.2% | mem 1.25 GiB | ETA 0:41
+// MFU is left out when mfu < 0, memory when memory_bytes < 0.
+std::string progress_line(int64_t step, int64_t total, double loss, double lr, double tokens_per_s, double mfu,
+                          double memory_bytes, double eta_s);
+
+}  // namespace ingot::recipes

@@ -1,0 +1,58 @@
+// The per-op profiler of the `profile:` config section. Eager mode has no kernels of its own to name, so
+// it times each Primitive application through apply()'s profiling hook (autograd/primitive.h): forward ops,
+// the ops backward runs (VJPs are ordinary ops) and the optimizer's fused update. On CUDA the device is
+// synchronized before and after every op while profiling, so each duration covers the op's kernels (this
+// serializes the GPU: profiled steps run slower than the others).
+//
+// Output: a Chrome-trace JSON (open it in Perfetto, ui.perfetto.dev, or chrome://tracing) with one complete
+// event per op plus one per profiled step, and a top-ops table (calls, total, mean, share of op time).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "autograd/primitive.h"
+
+namespace ingot::recipes {
+
+class OpProfiler : public OpProfilerHook {
+ public:
+  OpProfiler();
+  ~OpProfiler() override;  // uninstalls itself if still installed
+  // Installs / uninstalls the hook; ops between the two are recorded as part of step `step`.
+  void start(int64_t step);
+  void stop();
+  bool active() const { return active_; }
+
+  void begin_op(const Primitive& p) override;
+  void end_op(const Primitive& p, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override;
+
+  struct Event {
+    std::string name, shapes;  // op name, "[4,8] x [8,16] -> [4,16]"
+    int64_t step = 0;
+    double start_us = 0, dur_us = 0;
+  };
+  const std::vector<Event>& events() const { return events_; }
+
+  std::string chrome_trace_json() const;
+  // The `top_k` ops by total time: "op  calls  total ms  mean us  %".
+  std::string top_ops_table(int top_k) const;
+  // Writes trace.json and top_ops.txt into `dir` (atomically); returns the trace path.
+  std::string write(const std::string& dir, int top_k) const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  double now_us() const;
+  void sync_device(const std::vector<Tensor>& tensors) const;
+  Clock::time_point origin_;
+  bool active_ = false;
+  int64_t step_ = 0;
+  double step_start_us_ = 0;
+  std::vector<double> open_;  // start times of ops in flight (ops nest when one calls another)
+  std::vector<Event> events_;
+  std::vector<Event> steps_;
+};
+
+}  // namespace ingot::recipes

@@ -1,0 +1,183 @@
+#include "recipes/run_settings.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "recipes/checkpoint.h"
+#include "recipes/train_state.h"
+#include "runtime/file_util.h"
+
+namespace ingot::recipes {
+
+namespace fs = std::filesystem;
+
+void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string& output_dir) {
+  using T = ConfigType;
+  using K = ConfigKey;
+  s.add(K::of(T::String, "recipe", recipe, "the recipe this config runs (`ingot ls` lists them)"));
+  s.add(K::of(T::String, "device", "auto", "auto (a GPU when present), cpu, cuda or cuda:N"));
+  s.add(K::of(T::String, "dtype", "f32", "f32, or bf16 compute with f32 master weights").one_of({"f32", "bf16"}));
+  s.add(K::of(T::Int, "max_steps", "1000", "optimizer steps to run").at_least(1));
+  s.add(K::of(T::Int, "seed", "0", "seeds weight init, dropout and batch sampling").at_least(0));
+  s.add(K::of(T::String, "output_dir", output_dir, "the run directory: weights, checkpoints, metrics, plots"));
+  s.add(K::of(T::Bool, "resume", "false", "continue from the latest checkpoint in output_dir/checkpoints"));
+  s.add(K::of(T::String, "resume_from", "", "continue from this checkpoint directory (overrides resume)"));
+  s.add(K::of(T::Int, "checkpoint.save_every", "0", "save a training checkpoint every N steps and at the end (0: never)")
+            .at_least(0));
+  s.add(K::of(T::Int, "checkpoint.keep_last", "3", "training checkpoints to keep (0: all)").at_least(0));
+  s.add(K::of(T::Bool, "logging.tensorboard", "false", "also write TensorBoard event files to output_dir/tensorboard"));
+  s.add(K::of(T::Bool, "logging.plot", "true", "draw output_dir/loss.png at the end"));
+  s.add(K::of(T::Float, "logging.peak_tflops", "0", "device peak for MFU (0: H100/H200 figure on CUDA, none on CPU)")
+            .at_least(0));
+  s.add(K::of(T::Bool, "profile.enabled", "false", "record a per-op timeline (Chrome trace) for some steps"));
+  s.add(K::of(T::Int, "profile.start_step", "3", "first profiled step (1-based; later than warm-up)").at_least(1));
+  s.add(K::of(T::Int, "profile.num_steps", "1", "number of profiled steps").at_least(1));
+  s.add(K::of(T::Int, "profile.top_k", "15", "rows of the top-ops table printed at the end").at_least(1));
+  s.add(K::of(T::Bool, "compile.enabled", "false", "compile the training step (compiler not built yet: runs eager)"));
+  s.add(K::of(T::String, "compile.mode", "default", "compiler mode")
+            .one_of({"default", "reduce-overhead", "max-autotune"}));
+  s.add(K::of(T::Bool, "compile.fullgraph", "false", "fail at a graph break instead of splitting the graph"));
+  s.add(K::of(T::Bool, "compile.dynamic", "false", "treat batch and sequence sizes as symbolic"));
+  s.add(K::of(T::Float, "compile.memory_budget", "1.0",
+              "fraction of activations kept for backward (< 1: recompute the rest, activation checkpointing)")
+            .at_least(0)
+            .at_most(1));
+  s.add(K::of(T::String, "compile.cache_dir", "", "compile cache directory (empty: the compiler's default)"));
+  s.add(K::of(T::String, "distributed.backend", "auto", "process group for `ingot launch` runs")
+            .one_of({"auto", "nccl", "gloo"}));
+  s.add(K::of(T::Float, "distributed.bucket_cap_mb", "25", "DDP gradient bucket size in MiB").at_least(0.001));
+  s.add(K::of(T::Int, "distributed.zero_stage", "0", "0: plain DDP, 1: shard optimizer state (ZeRO-1)")
+            .at_least(0)
+            .at_most(1));
+  s.add(K::of(T::Bool, "distributed.overlap", "true", "all-reduce buckets during backward"));
+}
+
+int64_t restart_count_from_env() {
+  const char* v = std::getenv("INGOT_RESTART_COUNT");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || n < 0)
+    throw ConfigError(std::string("environment INGOT_RESTART_COUNT='") + v + "': expected a count >= 0");
+  return n;
+}
+
+RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
+  RunSettings s;
+  // Reads a key, recording (instead of throwing) a value the schema check already reported or cannot parse.
+  auto get = [&](std::string_view key, auto fallback, auto getter) {
+    try {
+      return (cfg.*getter)(key);
+    } catch (const ConfigError& e) {
+      errors.add_exception(key, cfg.has(key) ? cfg.origin(key) : ConfigOrigin{}, e);
+      return decltype((cfg.*getter)(key))(fallback);
+    }
+  };
+  auto str = [&](std::string_view k, std::string d = "") { return get(k, d, &Config::get_string); };
+  auto i64 = [&](std::string_view k, int64_t d = 0) { return get(k, d, &Config::get_int); };
+  auto f64 = [&](std::string_view k, double d = 0) { return get(k, d, &Config::get_double); };
+  auto flag = [&](std::string_view k, bool d = false) { return get(k, d, &Config::get_bool); };
+
+  s.recipe = str("recipe");
+  s.config_file = cfg.file();
+  s.resolved_yaml = cfg.to_yaml();
+  std::string dev = str("device", "cpu");
+  try {
+    s.device = parse_device(dev);
+    if (s.device.is_cuda()) {
+      int n = cuda_device_count();
+      if (n == 0) {
+#ifdef INGOT_WITH_CUDA
+        errors.fail(cfg, "device", "'" + dev + "' asks for a GPU, but no CUDA device is visible (use auto or cpu)");
+#else
+        errors.fail(cfg, "device",
+                    "'" + dev + "' asks for a GPU, but this ingot was built without CUDA (use auto or cpu)");
+#endif
+      } else if (s.device.index >= n) {
+        errors.fail(cfg, "device", "'" + dev + "': only " + std::to_string(n) + " CUDA device(s) are visible");
+      }
+    }
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    if (!errors.has_error_for("device")) errors.fail(cfg, "device", e.what());
+  }
+  std::string dt = str("dtype", "f32");
+  s.dtype = dt == "bf16" ? DType::bf16 : DType::f32;
+  s.max_steps = i64("max_steps", 1);
+  s.seed = static_cast<uint64_t>(i64("seed"));
+  s.output_dir = str("output_dir", "runs/run");
+  if (s.output_dir.empty()) errors.fail(cfg, "output_dir", "must not be empty");
+  s.save_every = i64("checkpoint.save_every");
+  s.keep_last = i64("checkpoint.keep_last");
+  s.tensorboard = flag("logging.tensorboard");
+  s.plot = flag("logging.plot", true);
+  s.peak_tflops = f64("logging.peak_tflops");
+  s.profile.enabled = flag("profile.enabled");
+  s.profile.start_step = i64("profile.start_step", 1);
+  s.profile.num_steps = i64("profile.num_steps", 1);
+  s.profile.top_k = i64("profile.top_k", 15);
+  if (s.profile.enabled && s.profile.start_step > s.max_steps)
+    errors.fail(cfg, "profile.start_step",
+                "step " + std::to_string(s.profile.start_step) + " is after the last step (max_steps = " +
+                    std::to_string(s.max_steps) + "), so nothing would be profiled");
+  s.compile.enabled = flag("compile.enabled");
+  s.compile.mode = str("compile.mode", "default");
+  s.compile.fullgraph = flag("compile.fullgraph");
+  s.compile.dynamic = flag("compile.dynamic");
+  s.compile.memory_budget = f64("compile.memory_budget", 1.0);
+  s.compile.cache_dir = str("compile.cache_dir");
+  s.distributed.backend = str("distributed.backend", "auto");
+  s.distributed.bucket_cap_mb = f64("distributed.bucket_cap_mb", 25);
+  s.distributed.zero_stage = i64("distributed.zero_stage");
+  s.distributed.overlap = flag("distributed.overlap", true);
+  s.config_entries = training_config_entries(cfg);
+  s.config_hash = config_hash(s.config_entries);
+
+  // Resuming.
+  std::string from = str("resume_from");
+  bool resume = flag("resume");
+  int64_t restarts = 0;
+  try {
+    restarts = restart_count_from_env();
+  } catch (const ConfigError& e) {
+    errors.add(ConfigOrigin{}, e.what());
+  }
+  std::error_code ec;
+  if (!from.empty()) {
+    if (!fs::is_directory(from, ec))
+      errors.fail(cfg, "resume_from", "no checkpoint directory '" + from + "'");
+    else if (!fs::is_regular_file(fs::path(from) / "manifest.json", ec))
+      errors.fail(cfg, "resume_from", "'" + from + "' has no manifest.json, so it is not a complete checkpoint");
+    else {
+      s.resume_checkpoint = from;
+      s.resume_reason = "resume_from";
+    }
+  } else if (resume || restarts > 0) {
+    std::optional<std::string> latest = latest_checkpoint(s.output_dir);
+    if (latest) {
+      s.resume_checkpoint = *latest;
+      s.resume_reason = resume ? "resume: true" : "INGOT_RESTART_COUNT=" + std::to_string(restarts);
+    } else if (resume) {
+      errors.fail(cfg, "resume",
+                  "true, but there is no checkpoint to resume from (" + checkpoints_dir(s.output_dir) +
+                      " holds none; set checkpoint.save_every to write some)");
+    }
+    // A restarted job that never reached its first checkpoint simply starts over.
+  }
+  if (!s.resume_checkpoint.empty()) {
+    const std::string state_path = (fs::path(s.resume_checkpoint) / "state.json").string();
+    try {
+      TrainState st = parse_train_state(read_file(state_path), state_path);
+      check_resume_config(st, cfg, s.resume_checkpoint);
+    } catch (const ConfigError& e) {
+      errors.add(cfg.has("resume_from") && !from.empty() ? cfg.origin("resume_from") : ConfigOrigin{}, e.what());
+    } catch (const Error& e) {
+      errors.fail(cfg, from.empty() ? "resume" : "resume_from",
+                  "cannot read the checkpoint's training state: " + std::string(e.what()));
+    }
+  }
+  return s;
+}
+
+}  // namespace ingot::recipes

@@ -1,0 +1,78 @@
+// Config sections every training recipe shares, with their schema keys and resolved form:
+//   top level    recipe, device, dtype, max_steps, seed, output_dir, resume, resume_from
+//   checkpoint:  save_every, keep_last
+//   logging:     tensorboard, plot, peak_tflops
+//   profile:     enabled, start_step, num_steps, top_k
+//   compile:     enabled, mode, fullgraph, dynamic, memory_budget, cache_dir (the compiler's options)
+//   distributed: backend, bucket_cap_mb, zero_stage, overlap (DDP's options)
+// A recipe's schema is add_run_keys() plus its own model/data/train keys.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "recipes/config.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+
+namespace ingot::recipes {
+
+// Adds the shared keys; `recipe` is the recipe's name (the default of the `recipe` key) and `output_dir`
+// the default run directory.
+void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string& output_dir);
+
+struct CompileSettings {
+  bool enabled = false;
+  std::string mode = "default";  // default | reduce-overhead | max-autotune
+  bool fullgraph = false, dynamic = false;
+  double memory_budget = 1.0;  // fraction of activations kept (< 1 recomputes: activation checkpointing)
+  std::string cache_dir;
+};
+
+struct DistributedSettings {
+  std::string backend = "auto";  // auto | nccl | gloo
+  double bucket_cap_mb = 25;
+  int64_t zero_stage = 0;  // 0 or 1
+  bool overlap = true;
+};
+
+struct ProfileSettings {
+  bool enabled = false;
+  int64_t start_step = 0, num_steps = 0, top_k = 0;  // 1-based first step
+};
+
+struct RunSettings {
+  std::string recipe;
+  std::string config_file;
+  std::string resolved_yaml;  // the config with defaults and overrides applied, saved in the run dir
+  Device device;
+  DType dtype = DType::f32;
+  int64_t max_steps = 0;
+  uint64_t seed = 0;
+  std::string output_dir;
+  // Where to resume from: empty = start fresh. Set from resume_from, from resume: true (latest checkpoint in
+  // output_dir), or from INGOT_RESTART_COUNT > 0 (the launcher restarted the job) when a checkpoint exists.
+  std::string resume_checkpoint;
+  std::string resume_reason;  // for the log: "resume_from", "resume: true", "INGOT_RESTART_COUNT=2"
+  int64_t save_every = 0, keep_last = 0;
+  bool tensorboard = false, plot = true;
+  double peak_tflops = 0;
+  ProfileSettings profile;
+  CompileSettings compile;
+  DistributedSettings distributed;
+  // Training-relevant config entries and their hash (recorded in checkpoints, checked on resume).
+  std::map<std::string, std::string> config_entries;
+  std::string config_hash;
+};
+
+// Resolves the shared keys; problems are recorded in `errors` (nothing is thrown for config mistakes).
+// Resuming: the checkpoint must exist and have a manifest, and its config hash must match (otherwise the
+// differing keys are listed).
+RunSettings resolve_run(const Config& cfg, ConfigErrors& errors);
+
+// INGOT_RESTART_COUNT as an integer (0 when unset); a malformed value is a ConfigError.
+int64_t restart_count_from_env();
+
+}  // namespace ingot::recipes

@@ -1,0 +1,238 @@
+#include "recipes/train_state.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include "recipes/checkpoint.h"
+#include "recipes/hash.h"
+#include "runtime/file_util.h"
+#include "runtime/rng.h"
+#include "runtime/safetensors.h"
+
+namespace ingot::recipes {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+constexpr const char* kMasterPrefix = "master.";
+
+// Keys (or sections, with a trailing '.') that do not change what a step computes.
+bool excluded_from_hash(const std::string& key) {
+  static const std::set<std::string> exact = {"output_dir",     "resume",          "resume_from",      "max_steps",
+                                              "device",         "train.log_every", "train.eval_every", "train.eval_batches",
+                                              "compile.enabled", "compile.mode"};
+  static const char* sections[] = {"checkpoint.", "logging.", "profile.", "distributed.", "compile."};
+  if (exact.count(key)) return true;
+  for (const char* s : sections)
+    if (key.rfind(s, 0) == 0) return true;
+  return false;
+}
+
+std::string canonical(const Config::Value& v) {
+  if (v.is_null) return "null";
+  if (!v.is_sequence) return v.text;
+  std::string s = "[";
+  for (size_t i = 0; i < v.items.size(); ++i) s += (i ? ", " : "") + v.items[i];
+  return s + "]";
+}
+
+}  // namespace
+
+std::map<std::string, std::string> training_config_entries(const Config& cfg) {
+  std::map<std::string, std::string> out;
+  for (const auto& [key, v] : cfg.values())
+    if (!excluded_from_hash(key)) out.emplace(key, canonical(v));
+  return out;
+}
+
+std::string config_hash(const std::map<std::string, std::string>& entries) {
+  Sha256 h;
+  for (const auto& [k, v] : entries) {
+    // Length-prefixed so "a=b" + "c" cannot collide with "a=bc".
+    std::string line = std::to_string(k.size()) + ":" + k + "=" + std::to_string(v.size()) + ":" + v + "\n";
+    h.update(line);
+  }
+  return h.hex();
+}
+
+std::vector<GeneratorState> capture_rng() {
+  std::vector<GeneratorState> out;
+  auto add = [&](Device d) {
+    Generator& g = default_generator(d);
+    out.push_back({d.str(), g.seed(), g.offset()});
+  };
+  add(Device::cpu());
+  for (int i = 0; i < cuda_device_count(); ++i) add(Device::cuda(i));
+  return out;
+}
+
+void restore_rng(const std::vector<GeneratorState>& states) {
+  for (const GeneratorState& s : states) {
+    Device d = parse_device(s.device);
+    // A checkpoint from a machine with more GPUs than this one: the missing devices' states have no user.
+    if (d.is_cuda() && d.index >= cuda_device_count()) continue;
+    Generator& g = default_generator(d);
+    g.manual_seed(s.seed);
+    g.set_offset(s.offset);
+  }
+}
+
+std::string train_state_json(const TrainState& s) {
+  nlohmann::ordered_json j;
+  j["step"] = s.step;
+  j["sampler_position"] = s.sampler_position;
+  j["tokens_seen"] = s.tokens_seen;
+  j["lr_schedule"] = {{"kind", s.lr_schedule}, {"base_lr", s.base_lr},         {"min_lr", s.min_lr},
+                      {"last_lr", s.last_lr},  {"warmup_steps", s.warmup_steps}, {"total_steps", s.total_steps}};
+  nlohmann::ordered_json rng = nlohmann::ordered_json::array();
+  for (const GeneratorState& g : s.rng) rng.push_back({{"device", g.device}, {"seed", g.seed}, {"offset", g.offset}});
+  j["rng"] = std::move(rng);
+  j["first_loss"] = s.first_loss;
+  j["best_loss"] = s.best_loss;
+  j["last_loss"] = s.last_loss;
+  j["train_s"] = s.train_s;
+  j["config_hash"] = s.config_hash;
+  j["config"] = s.config;
+  return j.dump(2) + "\n";
+}
+
+TrainState parse_train_state(const std::string& text, const std::string& file) {
+  TrainState s;
+  try {
+    nlohmann::json j = nlohmann::json::parse(text);
+    s.step = j.at("step").get<int64_t>();
+    s.sampler_position = j.at("sampler_position").get<int64_t>();
+    s.tokens_seen = j.at("tokens_seen").get<int64_t>();
+    const auto& lr = j.at("lr_schedule");
+    s.lr_schedule = lr.at("kind").get<std::string>();
+    s.base_lr = lr.at("base_lr").get<double>();
+    s.min_lr = lr.at("min_lr").get<double>();
+    s.last_lr = lr.at("last_lr").get<double>();
+    s.warmup_steps = lr.at("warmup_steps").get<int64_t>();
+    s.total_steps = lr.at("total_steps").get<int64_t>();
+    for (const auto& g : j.at("rng"))
+      s.rng.push_back({g.at("device").get<std::string>(), g.at("seed").get<uint64_t>(), g.at("offset").get<uint64_t>()});
+    s.first_loss = j.at("first_loss").get<double>();
+    s.best_loss = j.at("best_loss").get<double>();
+    s.last_loss = j.at("last_loss").get<double>();
+    s.train_s = j.at("train_s").get<double>();
+    s.config_hash = j.at("config_hash").get<std::string>();
+    s.config = j.at("config").get<std::map<std::string, std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    INGOT_FAIL(file, ": not a valid training state: ", e.what());
+  }
+  INGOT_CHECK(s.step >= 0 && s.sampler_position >= 0, file, ": negative step or data position");
+  return s;
+}
+
+std::string save_training_checkpoint(const std::string& output_dir, const nn::Module& model,
+                                     const optim::Optimizer& opt, const optim::MasterWeights* masters,
+                                     const TrainState& state) {
+  std::vector<CheckpointFile> files;
+  files.push_back({kModelFile, [&](const std::string& path) {
+                     std::vector<std::pair<std::string, Tensor>> named;
+                     for (auto& [name, t] : model.state_dict()) named.emplace_back(name, t);
+                     save_safetensors(path, named, {{"format", "pt"}});
+                   }});
+  files.push_back({kOptimizerFile, [&](const std::string& path) {
+                     std::vector<std::pair<std::string, Tensor>> named;
+                     for (auto& [name, t] : opt.state_dict()) named.emplace_back(name, t);
+                     if (masters)
+                       for (size_t i = 0; i < masters->master().size(); ++i)
+                         named.emplace_back(kMasterPrefix + std::to_string(i), masters->master()[i]);
+                     save_safetensors(path, named);
+                   }});
+  std::string json = train_state_json(state);
+  files.push_back({kStateFile, [&](const std::string& path) {
+                     write_file_atomic(path, [&](std::FILE* f) { write_bytes(f, json.data(), json.size()); });
+                   }});
+  return write_checkpoint(output_dir, state.step, files);
+}
+
+TrainState load_training_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
+                                    optim::MasterWeights* masters) {
+  Manifest m = verify_checkpoint(dir, {kModelFile, kOptimizerFile, kStateFile});
+  const std::string state_path = (fs::path(dir) / kStateFile).string();
+  TrainState s = parse_train_state(read_file(state_path), state_path);
+  INGOT_CHECK(s.step == m.step, state_path, ": step ", s.step, " differs from manifest.json's step ", m.step);
+
+  const std::string model_path = (fs::path(dir) / kModelFile).string();
+  {
+    SafetensorsFile f = SafetensorsFile::open(model_path);
+    std::map<std::string, Tensor> sd;
+    for (const std::string& name : f.names()) sd[name] = f.get(name);
+    try {
+      NoGradGuard no_grad;
+      model.load_state_dict(sd, /*strict=*/true);
+    } catch (const Error& e) {
+      INGOT_FAIL(model_path, ": does not fit this model: ", e.what());
+    }
+  }
+  const std::string opt_path = (fs::path(dir) / kOptimizerFile).string();
+  {
+    SafetensorsFile f = SafetensorsFile::open(opt_path);
+    std::map<std::string, Tensor> sd;
+    std::vector<Tensor> master_values(masters ? masters->master().size() : 0);
+    for (const std::string& name : f.names()) {
+      if (name.rfind(kMasterPrefix, 0) == 0) {
+        INGOT_CHECK(masters, opt_path, ": holds f32 master weights ('", name,
+                    "') but this run keeps none (was the checkpoint made with dtype bf16?)");
+        size_t i = std::stoul(name.substr(std::strlen(kMasterPrefix)));
+        INGOT_CHECK(i < master_values.size(), opt_path, ": unexpected master weight '", name, "'");
+        master_values[i] = f.get(name);
+      } else {
+        sd[name] = f.get(name);
+      }
+    }
+    try {
+      opt.load_state_dict(sd);
+    } catch (const Error& e) {
+      INGOT_FAIL(opt_path, ": does not fit this optimizer: ", e.what());
+    }
+    if (masters) {
+      NoGradGuard no_grad;
+      for (size_t i = 0; i < master_values.size(); ++i) {
+        INGOT_CHECK(master_values[i].defined(), opt_path, ": missing master weight 'master.", i,
+                    "' (was the checkpoint made with dtype f32?)");
+        INGOT_CHECK(master_values[i].shape() == masters->master()[i].shape(), opt_path, ": master.", i, " has shape ",
+                    shape_str(master_values[i].shape()), ", expected ", shape_str(masters->master()[i].shape()));
+        Tensor dst = masters->master()[i];
+        dst.copy_(master_values[i]);
+      }
+    }
+  }
+  return s;
+}
+
+void check_resume_config(const TrainState& saved, const Config& cfg, const std::string& checkpoint_dir) {
+  std::map<std::string, std::string> now = training_config_entries(cfg);
+  if (config_hash(now) == saved.config_hash) return;
+  std::string diffs;
+  int n = 0;
+  std::set<std::string> keys;
+  for (const auto& [k, v] : now) keys.insert(k);
+  for (const auto& [k, v] : saved.config) keys.insert(k);
+  for (const std::string& k : keys) {
+    auto a = saved.config.find(k);
+    auto b = now.find(k);
+    std::string then = a == saved.config.end() ? "(absent)" : "'" + a->second + "'";
+    std::string cur = b == now.end() ? "(absent)" : "'" + b->second + "'";
+    if (then == cur) continue;
+    ++n;
+    diffs += "\n  " + k + ": " + then + " in the checkpoint, " + cur + " now";
+    if (b != now.end()) diffs += " (" + cfg.origin(k).str() + ")";
+  }
+  if (n == 0) diffs = "\n  (the checkpoint's recorded entries do not match its hash: state.json was edited)";
+  throw ConfigError("resume: checkpoint '" + checkpoint_dir + "' was made with a different config, so the run " +
+                    "would not continue exactly; " + std::to_string(n) + " key(s) differ:" + diffs +
+                    "\nrestore those values, or start over in a new output_dir");
+}
+
+}  // namespace ingot::recipes
