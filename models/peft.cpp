@@ -46,11 +46,10 @@ void save_lora_adapter(const CausalLM& model, const nn::LoRAConfig& cfg, const H
   });
 }
 
-nn::LoRAConfig load_lora_adapter(CausalLM& model, const std::string& dir) {
-  const std::string cpath = dir + "/adapter_config.json", wpath = dir + "/adapter_model.safetensors";
-  INGOT_CHECK(std::filesystem::exists(cpath), "no adapter_config.json in ", dir);
-  INGOT_CHECK(std::filesystem::exists(wpath), "no adapter_model.safetensors in ", dir,
-              " (only safetensors adapters are supported)");
+namespace {
+
+// adapter_config.json -> LoRAConfig; unsupported peft options are errors naming the key.
+nn::LoRAConfig parse_adapter_config(const std::string& cpath) {
   json j;
   try {
     j = json::parse(read_file(cpath));
@@ -79,6 +78,22 @@ nn::LoRAConfig load_lora_adapter(CausalLM& model, const std::string& dir) {
   INGOT_CHECK(is_set("target_modules") && j["target_modules"].is_array(), key("target_modules"),
               ": expected a list of module names (a regex string is not supported)");
   cfg.target_modules = j["target_modules"].get<std::vector<std::string>>();
+  return cfg;
+}
+
+}  // namespace
+
+nn::LoRAConfig load_lora_adapter(CausalLM& model, const std::string& dir) {
+  const std::string cpath = dir + "/adapter_config.json", wpath = dir + "/adapter_model.safetensors";
+  INGOT_CHECK(std::filesystem::exists(cpath), "no adapter_config.json in ", dir);
+  INGOT_CHECK(std::filesystem::exists(wpath), "no adapter_model.safetensors in ", dir,
+              " (only safetensors adapters are supported)");
+  nn::LoRAConfig cfg;
+  try {
+    cfg = parse_adapter_config(cpath);
+  } catch (const json::exception& e) {  // a value of the wrong JSON type
+    INGOT_CHECK(false, cpath, ": ", e.what());
+  }
 
   SafetensorsFile f = SafetensorsFile::open(wpath);
   // The config and tensor names are checked before the model is adapted; a shape mismatch found after leaves
