@@ -159,6 +159,8 @@ TEST(CodegenCudaRows, LayerNormForwardAndBackwardMatchEagerAndAutograd) {
   const auto all = cuda_codegen().compile(specs);
   for (size_t i = 0; i < 4; ++i) {
     const DType dt = kDTypes[i], st = stat_type(dt);
+    EXPECT_FALSE(all[3 * i].abi.prefer_columns);
+    EXPECT_TRUE(all[3 * i + 2].abi.prefer_columns) << "dw reduces over rows of a row-major tensor";
     SCOPED_TRACE(dtype_name(dt));
     Both x = both(add(mul(randn({R, C}, DType::f64), 2.0), 0.5).to(dt));
     Both w = both(randn({C}, DType::f64).to(dt)), b = both(randn({C}, DType::f64).to(dt));

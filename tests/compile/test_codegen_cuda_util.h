@@ -55,9 +55,13 @@ inline Both both(const Tensor& base_cpu, const std::function<Tensor(const Tensor
 }
 
 // The launch configurations every row reduction is checked under: the heuristic, forced warp-per-row and
-// block-per-row (vector path allowed), and the scalar path.
+// block-per-row (vector path allowed), the scalar path, and lanes over rows (a partial last tile of rows,
+// columns split three ways).
 inline std::vector<cuda::LaunchConfig> row_configs() {
-  std::vector<cuda::LaunchConfig> out(4);
+  std::vector<cuda::LaunchConfig> out(5);
+  out[4].rows = cuda::LaunchConfig::Rows::Columns;
+  out[4].col_rows = 8;
+  out[4].col_splits = 3;
   out[1].rows = cuda::LaunchConfig::Rows::WarpPerRow;
   out[1].block_threads = 128;
   out[2].rows = cuda::LaunchConfig::Rows::BlockPerRow;

@@ -93,7 +93,8 @@ std::string encode_abi(const std::string& symbol, const KernelAbi& a) {
   std::ostringstream o;
   o << symbol << '\n'
     << static_cast<int>(a.kind) << ' ' << a.num_buffers << ' ' << a.num_syms << ' ' << a.num_scalars << ' '
-    << a.sym_slots << ' ' << a.scalar_slots << ' ' << a.vector_width << ' ' << a.index32 << ' ' << a.dims.size()
+    << a.sym_slots << ' ' << a.scalar_slots << ' ' << a.vector_width << ' ' << a.index32 << ' ' << a.prefer_columns
+    << ' ' << a.dims.size()
     << ' ' << a.functions.size() << '\n';
   for (const SymInt& d : a.dims) o << d.value << ' ' << d.sym << '\n';
   for (const std::string& f : a.functions) o << f << '\n';
@@ -106,7 +107,7 @@ bool decode_abi(const std::string& payload, std::string& symbol, KernelAbi& a) {
   size_t nd = 0, nf = 0;
   if (!std::getline(in, symbol)) return false;
   if (!(in >> kind >> a.num_buffers >> a.num_syms >> a.num_scalars >> a.sym_slots >> a.scalar_slots >>
-        a.vector_width >> a.index32 >> nd >> nf) || kind < 0 || kind > 2 || nd > 64 || nf > 4)
+        a.vector_width >> a.index32 >> a.prefer_columns >> nd >> nf) || kind < 0 || kind > 2 || nd > 64 || nf > 4)
     return false;
   a.kind = static_cast<KernelKind>(kind);
   a.dims.resize(nd);
@@ -152,7 +153,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct LoadedKernel {
   std::shared_ptr<Module> module;
-  CUfunction fns[2] = {nullptr, nullptr};
+  CUfunction fns[3] = {nullptr, nullptr, nullptr};
   // MultiTensor: uploaded tables by content hash. A table is immutable once uploaded (a launch still in
   // flight may read it), so the same parameter list costs one upload for the life of the process.
   std::mutex mu;
@@ -177,10 +178,10 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
     std::memcpy(&u, &d, 8);
     params.push_back(u);
   };
-  auto launch_fn = [&](CUfunction fn, int64_t grid, int threads) {
+  auto launch_fn = [&](CUfunction fn, int64_t grid, int threads, int threads_y = 1) {
     void* args[] = {params.data()};
-    check_cu(cuLaunchKernel(fn, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(threads), 1, 1, 0, st, args,
-                            nullptr),
+    check_cu(cuLaunchKernel(fn, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(threads),
+                            static_cast<unsigned>(threads_y), 1, 0, st, args, nullptr),
              "cuLaunchKernel", symbol);
   };
   const uint64_t flags = cfg.vectorize ? 1 : 0;
@@ -248,9 +249,21 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
   for (size_t d = 0; d + 1 < abi.dims.size(); ++d) rows *= eval(abi.dims[d], syms);
   const int64_t cols = eval(abi.dims.back(), syms);
   if (rows == 0) return;
-  const bool warp = cfg.rows == LaunchConfig::Rows::WarpPerRow ||
-                    (cfg.rows == LaunchConfig::Rows::Auto && cols <= cfg.warp_row_max_cols);
-  if (warp) {
+  LaunchConfig::Rows how = cfg.rows;
+  if (how == LaunchConfig::Rows::Auto)
+    how = abi.prefer_columns && rows > 1 ? LaunchConfig::Rows::Columns
+          : cols <= cfg.warp_row_max_cols ? LaunchConfig::Rows::WarpPerRow
+                                          : LaunchConfig::Rows::BlockPerRow;
+  if (how == LaunchConfig::Rows::Columns) {
+    const int x = std::clamp(cfg.col_rows, 1, 1024);
+    int y = cfg.col_splits;
+    if (y <= 0) {  // about 8 columns per thread, a power of two
+      y = 1;
+      while (y * 2 * x <= 1024 && y * 8 < cols) y *= 2;
+    }
+    y = std::clamp(y, 1, 1024 / x);
+    launch_fn(loaded->fns[2], std::clamp<int64_t>(ceil_div(rows, x), 1, cap * 8), x, y);
+  } else if (how == LaunchConfig::Rows::WarpPerRow) {
     launch_fn(loaded->fns[0], std::clamp<int64_t>(ceil_div(rows, block / 32), 1, cap), block);
   } else {
     int threads = cfg.row_block_threads;
@@ -302,7 +315,7 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
     k.config = options_.launch;
     k.loaded = std::make_shared<LoadedKernel>();
     k.loaded->module = m;
-    for (size_t f = 0; f < abi.functions.size() && f < 2; ++f)
+    for (size_t f = 0; f < abi.functions.size() && f < 3; ++f)
       check_cu(cuModuleGetFunction(&k.loaded->fns[f], m->handle, abi.functions[f].c_str()), "cuModuleGetFunction",
                abi.functions[f] + "' in '" + m->name);
     return k;

@@ -122,9 +122,11 @@ class Renderer {
         break;
       case KernelKind::RowReduction:
         params_struct();
-        row_reduction(false);
-        row_reduction(true);
-        out.abi.functions = {sym_ + "_warp", sym_ + "_block"};
+        row_reduction(kWarp);
+        row_reduction(kBlock);
+        row_reduction(kColumns);
+        out.abi.functions = {sym_ + "_warp", sym_ + "_block", sym_ + "_col"};
+        out.abi.prefer_columns = prefer_columns();
         break;
       case KernelKind::MultiTensor:
         multi_tensor();
@@ -560,7 +562,8 @@ class Renderer {
         if (used_[i]) acc_[i] = b(static_cast<int>(i)) + "[r" + std::to_string(i) + (element_buffer(i) ? " + c" + col_stride(i) : "") + "]";
       idx_[L] = "c";
     };
-    if (vec_ > 1) {
+    const bool vector = vec_ > 1 && !columns_;
+    if (vector) {
       const std::string V = std::to_string(vec_);
       open("if (vec) {");
       open("for (I c = tid * " + V + "; c < " + nl + "; c += nt * " + V + ") {");
@@ -580,7 +583,7 @@ class Renderer {
     point_scalar();
     body();
     close();
-    if (vec_ > 1) close();
+    if (vector) close();
     point_row();
   }
   bool element_buffer(size_t i) const { return !is_const(k_.buffers[i].strides[last()], 0); }
@@ -594,15 +597,35 @@ class Renderer {
       if (used_[i]) acc_[i] = b(static_cast<int>(i)) + "[r" + std::to_string(i) + "]";
   }
 
-  void row_reduction(bool block) {
+  // A transposed reduction (layer_norm's dw): no element buffer is contiguous along the reduced dim, but
+  // one is along the last row dim, so lanes should map to rows (kColumns) for coalesced loads.
+  bool prefer_columns() const {
     const int L = last();
-    open("extern \"C\" __global__ void __launch_bounds__(1024) " + sym_ + (block ? "_block" : "_warp") + "(const " +
-         sym_ + "_p p) {");
+    if (L < 1) return false;
+    bool any_row_unit = false;
+    for (size_t i = 0; i < k_.buffers.size(); ++i) {
+      if (!used_[i] || !element_buffer(i)) continue;
+      if (is_const(k_.buffers[i].strides[L], 1)) return false;
+      any_row_unit = any_row_unit || is_const(k_.buffers[i].strides[L - 1], 1);
+    }
+    return any_row_unit;
+  }
+
+  // kWarp: one warp per row; kBlock: one block per row; kColumns: threadIdx.x picks the row (consecutive
+  // lanes, consecutive rows), threadIdx.y splits its columns, partials combined through shared memory.
+  enum Variant { kWarp, kBlock, kColumns };
+  void row_reduction(Variant variant) {
+    const int L = last();
+    static const char* suffix[] = {"_warp", "_block", "_col"};
+    open("extern \"C\" __global__ void __launch_bounds__(1024) " + sym_ + suffix[variant] + "(const " + sym_ +
+         "_p p) {");
     prologue();
+    const bool block = variant == kBlock;
+    columns_ = variant == kColumns;
     std::string rows;
     for (int d = 0; d < L; ++d) rows += (d ? " * " : "") + std::string("n") + std::to_string(d);
     line("const I rows = " + (rows.empty() ? std::string("1") : rows) + ";");
-    if (vec_ > 1) line("const bool vec = " + vector_condition("n" + std::to_string(L)) + ";");
+    if (vec_ > 1 && !columns_) line("const bool vec = " + vector_condition("n" + std::to_string(L)) + ";");
     acc_.assign(k_.buffers.size(), "");
     idx_.assign(k_.dims.size(), "");
     for (int d = 0; d < L; ++d) idx_[d] = "i" + std::to_string(d);
@@ -614,6 +637,14 @@ class Renderer {
         line("__shared__ " + std::string(compute_type(k_.nodes[r].dtype)) + " sm" + std::to_string(r) + "[32];");
       line("const I tid = threadIdx.x, nt = blockDim.x;");
       open("for (I row = blockIdx.x; row < rows; row += gridDim.x) {");
+    } else if (columns_) {
+      for (int r : reds_all)
+        line("__shared__ " + std::string(compute_type(k_.nodes[r].dtype)) + " sm" + std::to_string(r) + "[1024];");
+      line("const I tid = threadIdx.y, nt = blockDim.y;");
+      open("for (I row0 = (I)blockIdx.x * blockDim.x; row0 < rows; row0 += (I)gridDim.x * blockDim.x) {");
+      line("const bool active = row0 + (I)threadIdx.x < rows;");
+      line("// Idle lanes of the last tile reread the last row (loads stay in bounds) and store nothing.");
+      line("const I row = active ? row0 + (I)threadIdx.x : rows - 1;");
     } else {
       line("const I tid = threadIdx.x & 31, nt = 32, warps = blockDim.x >> 5;");
       open("for (I row = (I)blockIdx.x * warps + (threadIdx.x >> 5); row < rows; row += (I)gridDim.x * warps) {");
@@ -661,9 +692,10 @@ class Renderer {
         const Node& nr = k_.nodes[r];
         const std::string f = nr.op == Op::ReduceSum ? "ig_op_sum()" : nr.op == Op::ReduceMax ? "ig_op_max()" : "ig_op_min()";
         const std::string acc = "acc" + std::to_string(r);
-        line("const " + std::string(compute_type(nr.dtype)) + " " + v(r) + " = " +
-             (block ? "ig_block_reduce(" + acc + ", " + f + ", sm" + std::to_string(r) + ")"
-                    : "ig_warp_reduce(" + acc + ", " + f + ")") + ";");
+        const std::string combine = block      ? "ig_block_reduce(" + acc + ", " + f + ", sm" + std::to_string(r) + ")"
+                                    : columns_ ? "ig_col_reduce(" + acc + ", " + f + ", sm" + std::to_string(r) + ")"
+                                               : "ig_warp_reduce(" + acc + ", " + f + ")";
+        line("const " + std::string(compute_type(nr.dtype)) + " " + v(r) + " = " + combine + ";");
       }
       emit_row_nodes(p);
     }
@@ -675,17 +707,18 @@ class Renderer {
       const std::vector<int> closure = element_closure(roots);
       column_loop(closure, element_stores, [&] {
         for (int id : closure) emit_node(id);
-        for (const Store& s : element_stores) line(store_stmt(s.buffer, s.node));
+        for (const Store& s : element_stores) line((columns_ ? "if (active) " : "") + store_stmt(s.buffer, s.node));
       });
     }
     if (!row_stores.empty()) {
       point_row();
-      open("if (tid == 0) {");
+      open(columns_ ? "if (active && tid == 0) {" : "if (tid == 0) {");
       for (const Store& s : row_stores) line(store_stmt(s.buffer, s.node));
       close();
     }
     close();
     close();
+    columns_ = false;
   }
 
   void multi_tensor() {
@@ -757,6 +790,7 @@ class Renderer {
   std::vector<std::string> acc_, idx_;
   std::string I_ = "long long";
   int vec_ = 1;
+  bool columns_ = false;  // rendering the kColumns variant of a row reduction
 };
 
 }  // namespace

@@ -9,8 +9,9 @@
 //                 storing 16 bytes at a time; the kernel takes it only when, at run time, the innermost
 //                 size is a multiple of the width, every base pointer is aligned and the outer strides are
 //                 multiples of the width (misaligned views and odd sizes take the scalar path).
-//   RowReduction  two functions: <symbol>_warp (one warp per row, rows_per_block rows per block: short rows)
-//                 and <symbol>_block (one block per row: long rows). Per row, one column loop per reduction
+//   RowReduction  three functions: <symbol>_warp (one warp per row, several rows per block: short rows),
+//                 <symbol>_block (one block per row: long rows) and <symbol>_col (lanes map to consecutive
+//                 rows, threadIdx.y splits the columns: transposed reductions such as layer_norm's dw). Per row, one column loop per reduction
 //                 phase (softmax: max, then sum), each thread accumulating in registers, combined with warp
 //                 shuffles (and, for blocks, shared memory across warps); every thread then holds the
 //                 reduced values and the epilogue loop writes the element outputs; row outputs are written
@@ -37,11 +38,14 @@ namespace ingot::codegen::cuda {
 // How a kernel is launched: everything here is a run-time choice (no recompilation), so an autotuner can
 // time candidates of one compiled kernel.
 struct LaunchConfig {
-  enum class Rows : uint8_t { Auto, WarpPerRow, BlockPerRow };
+  enum class Rows : uint8_t { Auto, WarpPerRow, BlockPerRow, Columns };
   int block_threads = 256;       // pointwise, multi-tensor and warp-per-row blocks (a multiple of 32)
   int row_block_threads = 0;     // block-per-row: threads per row; 0 = from the row length (64..1024)
-  Rows rows = Rows::Auto;        // Auto: warp per row up to warp_row_max_cols columns, else block per row
+  Rows rows = Rows::Auto;        // Auto: Columns for transposed reductions (KernelAbi::prefer_columns), else
+                                 // warp per row up to warp_row_max_cols columns, else block per row
   int64_t warp_row_max_cols = 1024;
+  int col_rows = 32;             // Columns: rows per block (threadIdx.x)
+  int col_splits = 0;            // Columns: threads per row (threadIdx.y); 0 = from the row length
   bool vectorize = true;         // allow the 16-byte path (the kernel still checks alignment and sizes)
   int waves = 8;                 // grid cap = waves * multiprocessors; grid-stride loops do the rest
   int64_t chunk_elems = 65536;   // MultiTensor: elements per chunk of the table (rounded to the width)
@@ -57,10 +61,11 @@ struct KernelAbi {
   int scalar_slots = 1;  // max(num_scalars, 1)
   int vector_width = 1;  // elements per vector access; 1 = the kernel has no vector path
   bool index32 = false;  // indices computed in 32 bits (all sizes constant and small)
+  bool prefer_columns = false;  // RowReduction: a transposed reduction, best launched as Rows::Columns
   // Pointwise: the (coalesced) iteration space; RowReduction: rows..., cols. Sizes may be sym slots.
   std::vector<SymInt> dims;
   // The functions to look up in the module: Pointwise/MultiTensor: {symbol}; RowReduction: {symbol_warp,
-  // symbol_block}.
+  // symbol_block, symbol_col}.
   std::vector<std::string> functions;
 };
 

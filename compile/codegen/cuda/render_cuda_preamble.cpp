@@ -66,6 +66,17 @@ template <typename T, typename F> __device__ __forceinline__ T ig_block_reduce(T
   return r;
 }
 
+// Rows on threadIdx.x, their columns split over threadIdx.y: every thread gets its row's value (partials
+// through `sm`, blockDim.x * blockDim.y <= 1024 slots).
+template <typename T, typename F> __device__ __forceinline__ T ig_col_reduce(T v, F f, T* sm) {
+  sm[threadIdx.y * blockDim.x + threadIdx.x] = v;
+  __syncthreads();
+  T r = sm[threadIdx.x];
+  for (unsigned int y = 1; y < blockDim.y; ++y) r = f(r, sm[y * blockDim.x + threadIdx.x]);
+  __syncthreads();
+  return r;
+}
+
 // N consecutive elements in 16-byte (or narrower) transactions; `s` is aligned to min(16, N * sizeof(T)).
 struct __align__(16) ig_v16 { unsigned int x, y, z, w; };
 struct __align__(8) ig_v8 { unsigned int x, y; };
