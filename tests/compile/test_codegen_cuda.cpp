@@ -91,6 +91,18 @@ TEST(CodegenCuda, EveryKindRendersAndCompilesWithNvrtcWithoutAGpu) {
     specs.push_back(scale_all_spec(dt));
     widths.push_back(w);
   }
+  {  // integers: math through double, integer pow and division, comparisons against an index
+    KernelSpec k;
+    k.name = "int_math";
+    k.dims = dims_of({5, 3});
+    const int ix = k.load(k.input(DType::i64, k.contiguous_strides(), "x"));
+    const int iy = k.load(k.input(DType::i32, k.contiguous_strides(), "y"));
+    const int p = k.binary(Op::Add, k.binary(Op::Pow, ix, iy), k.binary(Op::Div, ix, k.unary(Op::Abs, iy)));
+    k.store(k.output(DType::i64, k.contiguous_strides(), "p"), k.binary(Op::Max, p, k.unary(Op::Exp, iy)));
+    k.store(k.output(DType::b8, k.contiguous_strides(), "lt"), k.binary(Op::Lt, k.index(1), ix));
+    specs.push_back(k);
+    widths.push_back(1);  // 5 * 3 elements: no multiple of the width
+  }
   std::string source = cuda::render_preamble();
   for (size_t i = 0; i < specs.size(); ++i) {
     const cuda::RenderedKernel r = cuda::render_kernel(specs[i], specs[i].symbol());

@@ -345,8 +345,20 @@ class Renderer {
   }
 
   std::string unary_expr(const Node& n) const {
+    // Math on integers goes through double (CUDA's math functions have no integer overloads).
+    const bool int_math = !is_floating(n.dtype) && n.op != Op::Neg && n.op != Op::Abs && n.op != Op::Square &&
+                          n.op != Op::Relu && n.op != Op::Sign && n.op != Op::Not && n.op != Op::Cast;
+    const DType t = int_math ? DType::f64 : n.dtype;
+    const std::string a = int_math ? "(double)" + v(n.a) : as(n.a, t), T = compute_type(t);
+    if (int_math) {
+      Node d = n;
+      d.dtype = DType::f64;
+      return "(long long)(" + unary_math(d, a, T) + ")";
+    }
+    return unary_math(n, a, T);
+  }
+  std::string unary_math(const Node& n, const std::string& a, const std::string& T) const {
     const DType t = n.dtype;
-    const std::string a = as(n.a, t), T = compute_type(t);
     const std::string one = "(" + T + ")1", half = "(" + T + ")0.5";
     switch (n.op) {
       case Op::Neg: return "-" + a;
@@ -395,7 +407,9 @@ class Renderer {
       case Op::Sub: return x + " - " + y;
       case Op::Mul: return x + " * " + y;
       case Op::Div: return x + " / " + y;
-      case Op::Pow: return "(" + T + ")" + fn("pow", T) + "(" + x + ", " + y + ")";
+      case Op::Pow:
+        if (!is_floating(n.dtype)) return "(long long)pow((double)" + x + ", (double)" + y + ")";
+        return "(" + T + ")" + fn("pow", T) + "(" + x + ", " + y + ")";
       case Op::Max: return "ig_max(" + x + ", " + y + ")";
       case Op::Min: return "ig_min(" + x + ", " + y + ")";
       case Op::Eq: return x + " == " + y;
