@@ -385,6 +385,28 @@ TEST(CodegenCudaRows, MultiTensorAdamWUpdatesEveryParameterInOneLaunchLikeTheCpu
   }
 }
 
+TEST(CodegenCudaRows, MultiTensorTablesStayRightWhenThePointersKeepChanging) {
+  INGOT_REQUIRE_CUDA();
+  KernelSpec k;
+  k.kind = KernelKind::MultiTensor;
+  k.name = "scale_in_place";
+  const int ip = k.input(DType::f32, {}, "p");
+  k.store(k.output(DType::f32, {}, "p", ip), k.binary(Op::Mul, k.load(ip), k.scalar(0, DType::f32)));
+  const cuda::CudaKernel kern = cuda_codegen().compile(k);
+  // 100 distinct parameter lists (all kept alive, so every pointer set is new): past the per-kernel bound on
+  // cached tables they are dropped after a synchronize, never reused while a launch may read them.
+  std::vector<Tensor> cpu, gpu;
+  for (int i = 0; i < 100; ++i) {
+    cpu.push_back(randn({257 + i}));
+    gpu.push_back(cpu.back().to(kGpu));
+    void* bufs[] = {gpu.back().data_ptr(), gpu.back().data_ptr()};
+    const int64_t syms[] = {1, gpu.back().numel()};
+    const double scale[] = {0.5 + i};
+    kern(bufs, syms, scale);
+  }
+  for (int i = 0; i < 100; ++i) EXPECT_TENSOR_CLOSE(host(gpu[i]), mul(cpu[i], 0.5 + i), DType::f32);
+}
+
 // Child half of the cross-process test (run with --gtest_also_run_disabled_tests): compiles three kernels
 // against $INGOT_TEST_CACHE, runs one, and writes "<compiled> <disk hits> <nvrtc programs> <max error>".
 TEST(CodegenCudaCache, DISABLED_ChildCompilesAgainstTheSharedCache) {

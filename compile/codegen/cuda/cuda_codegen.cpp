@@ -30,6 +30,7 @@ namespace ingot::codegen::cuda {
 namespace {
 
 constexpr const char* kEntryKind = "cuda_kernel";
+constexpr size_t kMaxTables = 64;  // distinct multi-tensor tables kept per kernel
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -215,6 +216,13 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
       if (it != loaded->tables.end()) {
         dev = it->second;
       } else {
+        // Tables only pile up when the pointers keep changing (outputs not updated in place): past a bound,
+        // wait for every launch that may still read them, then start over.
+        if (loaded->tables.size() >= kMaxTables) {
+          check_cu(cuCtxSynchronize(), "cuCtxSynchronize (multi-tensor tables)", symbol);
+          for (auto& [key, ptr] : loaded->tables) cuMemFree(ptr);
+          loaded->tables.clear();
+        }
         check_cu(cuMemAlloc(&dev, bytes.size()), "cuMemAlloc (multi-tensor table)", symbol);
         check_cu(cuMemcpyHtoD(dev, bytes.data(), bytes.size()), "cuMemcpyHtoD (multi-tensor table)", symbol);
         loaded->tables[h] = dev;
