@@ -103,17 +103,23 @@ TEST(CodegenCuda, EveryKindRendersAndCompilesWithNvrtcWithoutAGpu) {
     specs.push_back(k);
     widths.push_back(1);  // 5 * 3 elements: no multiple of the width
   }
-  std::string source = cuda::render_preamble();
+  // One program per dtype (six kernels each) plus the integer one, compiled side by side as CudaCodegen does.
+  std::vector<cuda::NvrtcProgram> programs;
   for (size_t i = 0; i < specs.size(); ++i) {
+    if (i % 6 == 0) programs.push_back({"every_kind_" + std::to_string(i / 6) + ".cu", cuda::render_preamble()});
     const cuda::RenderedKernel r = cuda::render_kernel(specs[i], specs[i].symbol());
     EXPECT_EQ(r.abi.vector_width, widths[i]) << specs[i].name << " #" << i << "\n" << r.source;
     EXPECT_EQ(r.abi.functions.size(), specs[i].kind == KernelKind::RowReduction ? 3u : 1u);
-    source += "\n" + r.source;
+    programs.back().source += "\n" + r.source;
   }
-  const std::vector<std::string> cubins = cuda::compile_cubins({{"every_kind.cu", source}}, arch, 1);
-  ASSERT_EQ(cubins.size(), 1u);
-  EXPECT_GT(cubins[0].size(), 1000u);
-  EXPECT_EQ(cubins[0].substr(1, 3), "ELF") << "a cubin is an ELF image";
+  int finished = 0;
+  const std::vector<std::string> cubins = cuda::compile_cubins(programs, arch, 4, [&](size_t) { ++finished; });
+  ASSERT_EQ(cubins.size(), programs.size());
+  EXPECT_EQ(finished, static_cast<int>(programs.size()));
+  for (const std::string& cubin : cubins) {
+    EXPECT_GT(cubin.size(), 1000u);
+    EXPECT_EQ(cubin.substr(1, 3), "ELF") << "a cubin is an ELF image";
+  }
 }
 
 TEST(CodegenCuda, NvrtcFailuresQuoteTheLogAndTheOffendingSourceLine) {
