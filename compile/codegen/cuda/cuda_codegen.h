@@ -9,6 +9,15 @@
 // (many kernels per program amortize NVRTC's fixed cost), compile them in parallel threads for the device's
 // architecture, store each cubin and one entry per kernel in the cache (key: structural key + sm_XX + NVRTC
 // version; the cache stamps the ingot version), and load them with the driver API.
+//
+// Selecting it in the compiler core (compile/pipeline.cpp), for a graph whose values all live on one CUDA
+// device, under #ifdef INGOT_WITH_CUDA_CODEGEN (defined by codegen/cuda/cuda.cmake):
+//     codegen::cuda::CudaCodegen::shared()            (or one instance per cache_dir, as for the CPU)
+//         .compile(specs, &codegen_stats, progress)   -> std::vector<CudaKernel>, same order as specs
+//     kernel(bufs, syms, scalars)                     the C ABI of kernel_spec.h; device buffer pointers
+// and codegen::cuda::render_kernel(spec, kernel.symbol).source for INGOT_LOGS=output_code. The executor's
+// kernel steps can call a CudaKernel exactly where they call a CpuKernel (output tensors allocated on the
+// graph's device); MultiTensor steps must keep syms/scalars on the host.
 #pragma once
 
 #include <cstdint>
