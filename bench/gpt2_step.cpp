@@ -1,6 +1,9 @@
-// GPT-2 training-step benchmark (eager for now; the compiler issue adds compiled modes).
+// GPT-2 training-step benchmark, eager or compiled (the whole step traced into one graph by ingot::compile).
 //   bench_gpt2_step [--device cuda|cpu] [--batch 16] [--seq 1024] [--layers 12] [--heads 12] [--embd 768]
 //                   [--vocab 50304] [--steps 20] [--warmup 5] [--dtype bf16|f32]
+//                   [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR]
+// Compiled, the first call traces and compiles (its wall time is printed as the compile time; with a warm
+// --cache-dir it measures the warm-cache compile) and counts as a warm-up step.
 // One step = forward, mean cross entropy, backward, fused AdamW, zero_grad, on random tokens. bf16 means
 // autocast-style mixed precision: f32 parameters and optimizer state, matmuls and attention in bf16, norms,
 // softmax statistics and the loss in f32 (the same recipe as torch.autocast). GPU steps are timed with CUDA
@@ -16,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "compile/api.h"
 #include "distributed/bootstrap.h"
 #include "distributed/ddp.h"
 #include "models/gpt2.h"
@@ -28,7 +32,7 @@ using namespace ingot;
 namespace {
 
 struct Args {
-  std::string device = "auto", dtype = "bf16";
+  std::string device = "auto", dtype = "bf16", compile = "none", cache_dir;
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
 };
 
@@ -38,7 +42,8 @@ Args parse(int argc, char** argv) {
     std::string k = argv[i];
     if (k == "--help" || k == "-h") {
       std::printf("usage: bench_gpt2_step [--device auto|cpu|cuda] [--dtype bf16|f32] [--batch N] [--seq N]\n"
-                  "       [--layers N] [--heads N] [--embd N] [--vocab N] [--steps N] [--warmup N]\n");
+                  "       [--layers N] [--heads N] [--embd N] [--vocab N] [--steps N] [--warmup N]\n"
+                  "       [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR]\n");
       std::exit(0);
     }
     INGOT_CHECK(i + 1 < argc, "bench_gpt2_step: flag ", k, " needs a value");
@@ -53,6 +58,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--vocab") a.vocab = std::stoll(v);
     else if (k == "--steps") a.steps = std::stoll(v);
     else if (k == "--warmup") a.warmup = std::stoll(v);
+    else if (k == "--compile") a.compile = v;
+    else if (k == "--cache-dir") a.cache_dir = v;
     else INGOT_FAIL("bench_gpt2_step: unknown flag ", k, " (see --help)");
   }
   return a;
@@ -91,7 +98,33 @@ int main(int argc, char** argv) try {
 
   Tensor data = randint(0, a.vocab, {a.batch, a.seq + 1}, dev);
   Tensor ids = contiguous(narrow(data, 1, 0, a.seq)), targets = contiguous(narrow(data, 1, 1, a.seq));
+  // The step as one function: eager calls it directly, compiled modes trace it into one graph.
+  auto step_fn = [&](const std::vector<Tensor>& b) {
+    Tensor loss = model.loss(b[0], b[1]);
+    loss.backward();
+    if (ddp) {
+      ddp->step(opt);
+      ddp->zero_grad();
+    } else {
+      opt.step();
+      opt.zero_grad();
+    }
+    return std::vector<Tensor>{loss};
+  };
+  std::optional<CompiledFunction> compiled;
+  if (a.compile != "none") {
+    INGOT_CHECK(!ddp, "bench_gpt2_step: --compile with DDP is not supported yet; run eager under ingot launch");
+    CompileOptions o;
+    if (a.compile == "default") o.mode = CompileMode::Default;
+    else if (a.compile == "reduce-overhead") o.mode = CompileMode::ReduceOverhead;
+    else if (a.compile == "max-autotune") o.mode = CompileMode::MaxAutotune;
+    else INGOT_FAIL("bench_gpt2_step: --compile must be none, default, reduce-overhead or max-autotune, got ", a.compile);
+    o.cache_dir = a.cache_dir;
+    o.name = "gpt2_step";
+    compiled = compile(step_fn, o);
+  }
   if (dev.is_cuda()) allocator_for(dev).reset_peak();
+  double compile_s = 0;
 
   std::vector<double> ms;
   double first_loss = 0, last_loss = 0;
@@ -103,14 +136,10 @@ int main(int argc, char** argv) try {
       e1 = std::make_unique<cuda::Event>();
       e0->record(cuda::current_stream(dev.index));
     }
-    Tensor loss = model.loss(ids, targets);
-    loss.backward();
-    if (ddp) {
-      ddp->step(opt);
-      ddp->zero_grad();
-    } else {
-      opt.step();
-      opt.zero_grad();
+    Tensor loss = (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0];
+    if (compiled && s == 0) {
+      if (dev.is_cuda()) cuda::synchronize_device(dev.index);
+      compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     double step_ms;
     if (dev.is_cuda()) {
@@ -131,14 +160,27 @@ int main(int argc, char** argv) try {
   double flops = tokens * (6.0 * n_params + 6.0 * a.layers * a.seq * a.embd);
   AllocatorStats st = allocator_for(dev).stats();
   if (rank != 0) return 0;
-  const std::string mode = world > 1 ? "ingot eager DDP x" + std::to_string(world) : std::string("ingot eager");
-  std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | peak mem GB | loss first->last |\n",
+  std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
+  if (world > 1) mode += " DDP x" + std::to_string(world);
+  std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | peak mem GB | "
+              "first call s | loss first->last |\n",
               static_cast<long long>(a.steps));
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-  std::printf("| %s | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.2f | %.3f -> %.3f |\n", mode.c_str(),
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| %s | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.2f | %.2f | %.3f -> %.3f |\n", mode.c_str(),
               dev.str().c_str(), a.dtype.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.seq),
               n_params / 1e6, med, tokens / (med / 1e3), flops / (med / 1e3) / 1e12,
-              static_cast<double>(st.peak_allocated_bytes) / 1e9, first_loss, last_loss);
+              static_cast<double>(st.peak_allocated_bytes) / 1e9, compile_s, first_loss, last_loss);
+  if (compiled) {
+    const CompileStats& cs = compiled->stats();
+    std::printf("compile: %lld graph(s), %lld break(s), %lld eager ops -> %lld launches (%lld generated kernels: %lld "
+                "compiled, %lld reused, %lld from disk); trace %.0f ms, passes %.0f ms, codegen %.0f ms\n",
+                static_cast<long long>(cs.compiles), static_cast<long long>(cs.graph_breaks.size()),
+                static_cast<long long>(cs.compute_ops), static_cast<long long>(cs.launches),
+                static_cast<long long>(cs.kernels), static_cast<long long>(cs.kernels_generated),
+                static_cast<long long>(cs.kernels_reused), static_cast<long long>(cs.kernels_disk_hits),
+                cs.time.trace_ms, cs.time.passes_ms, cs.time.codegen_ms);
+    for (const std::string& b : cs.graph_breaks) std::printf("compile: graph break: %s\n", b.c_str());
+  }
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_gpt2_step: error: %s\n", e.what());

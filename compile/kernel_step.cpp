@@ -30,7 +30,7 @@ bool in_place_ok(const Graph& g, int32_t node_index, int32_t in_value, int32_t o
 
 }  // namespace
 
-KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, codegen::cpu::CpuKernel kernel) {
+KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall kernel) {
   if (lg.spec.kind == codegen::KernelKind::MultiTensor) {
     const size_t n = lg.tensors;
     int32_t node_index = g.values[static_cast<size_t>(lg.outputs[0])].producer;

@@ -6,13 +6,15 @@
 #include <functional>
 #include <vector>
 
-#include "compile/codegen/cpu/cpu_codegen.h"
 #include "compile/lower_kernel.h"
 
 namespace ingot::compiler {
 
 using KernelStepFn = std::function<void(std::vector<Tensor>& env)>;
+// A compiled kernel of either backend (codegen::cpu::CpuKernel, codegen::cuda::CudaKernel): buffer pointers
+// live on the kernel's device, syms and scalars on the host.
+using KernelCall = std::function<void(void* const* bufs, const int64_t* syms, const double* scalars)>;
 
-KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, codegen::cpu::CpuKernel kernel);
+KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall kernel);
 
 }  // namespace ingot::compiler

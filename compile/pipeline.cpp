@@ -3,10 +3,16 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "compile/codegen/cpu/cpu_codegen.h"
 #include "compile/codegen/cpu/render_cpp.h"
+#ifdef INGOT_WITH_CUDA_CODEGEN
+#include "compile/codegen/cuda/cuda_codegen.h"
+#include "compile/codegen/cuda/render_cuda.h"
+#include "runtime/cuda_runtime.h"
+#endif
 #include "compile/kernel_step.h"
 #include "compile/logs.h"
 #include "compile/lower_kernel.h"
@@ -51,21 +57,62 @@ codegen::cpu::CpuCodegen& codegen_for(const std::string& dir) {
   return *cg;
 }
 
-bool all_on_cpu(const Graph& g) {
-  for (const Value& v : g.values)
-    if (!v.device.is_cpu()) return false;
+#ifdef INGOT_WITH_CUDA_CODEGEN
+codegen::cuda::CudaCodegen& cuda_codegen_for(const std::string& dir) {
+  if (dir.empty()) return codegen::cuda::CudaCodegen::shared();
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<codegen::cuda::CudaCodegen>> by_dir;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& cg = by_dir[dir];
+  if (!cg) {
+    codegen::cuda::CudaCodegenOptions o;
+    o.cache_dir = dir;
+    cg = std::make_unique<codegen::cuda::CudaCodegen>(o);
+  }
+  return *cg;
+}
+#endif
+
+// Where generated kernels run: the CPU when every value is on the CPU; one CUDA device when every tensor the
+// step computes lives there (host inputs such as the optimizer's [G, 3] hyper-parameter rows stay on the CPU
+// and reach kernels as scalars). Anything else (values on two GPUs) runs op by op through the eager kernels.
+std::optional<Device> codegen_device(const Graph& g) {
+  std::optional<Device> cuda;
+  for (const Value& v : g.values) {
+    if (v.device.is_cpu()) continue;  // in a CUDA graph, groups touching them are not lowered (buffers_on)
+    if (cuda && *cuda != v.device) return std::nullopt;
+    cuda = v.device;
+  }
+  return cuda ? *cuda : Device::cpu();
+}
+
+// A group lowers for `dev` when every buffer it touches lives there; the MultiTensor update's hyper row is
+// read on the host by the step glue and is exempt.
+bool buffers_on(const Graph& g, const LoweredGroup& lg, Device dev) {
+  auto on = [&](int32_t v) { return v == lg.hyper_value || g.values[static_cast<size_t>(v)].device == dev; };
+  for (int32_t v : lg.inputs)
+    if (!on(v)) return false;
+  for (int32_t v : lg.outputs)
+    if (!on(v)) return false;
   return true;
 }
 
-// Lowers every fusion group it can and compiles the kernels in one batch; returns the executor steps' kernels.
-std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, const CompileOptions& opts, CompileStats& stats) {
+// Lowers every fusion group it can and compiles the kernels in one batch for `dev` (the CPU's C++ codegen or
+// the CUDA codegen); returns the executor steps' kernels.
+std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, Device dev, const CompileOptions& opts,
+                                                 CompileStats& stats) {
   std::map<int32_t, KernelStepFn> fns;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<LoweredGroup> lowered;
   std::vector<int32_t> ids;
   for (const FusionGroup& fg : g.groups) {
     std::string why;
-    if (auto lg = lower_group(g, fg, &why)) {
+    std::optional<LoweredGroup> lg = lower_group(g, fg, &why);
+    if (lg && !buffers_on(g, *lg, dev)) {
+      why = "its buffers are not all on " + dev.str();
+      lg.reset();
+    }
+    if (lg) {
       lowered.push_back(std::move(*lg));
       ids.push_back(fg.id);
     } else if (log_on(LogKind::OutputCode)) {
@@ -77,18 +124,44 @@ std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, const CompileOp
   std::vector<codegen::KernelSpec> specs;
   for (const LoweredGroup& lg : lowered) specs.push_back(lg.spec);
   codegen::CodegenStats cs;
-  codegen::cpu::ProgressFn progress;
+  std::function<void(int64_t, int64_t)> progress;
   if (log_on(LogKind::Progress))
     progress = [&opts](int64_t done, int64_t total) {
       log(LogKind::Progress, "compiling '" + opts.name + detail::str_cat("': codegen, kernels ", done, "/", total));
     };
-  std::vector<codegen::cpu::CpuKernel> kernels = codegen_for(opts.cache_dir).compile(specs, &cs, progress);
+  std::vector<KernelCall> kernels;
+  std::vector<std::string> sources;  // INGOT_LOGS=output_code only
+  const bool show_code = log_on(LogKind::OutputCode);
+  if (dev.is_cpu()) {
+    for (codegen::cpu::CpuKernel& k : codegen_for(opts.cache_dir).compile(specs, &cs, progress)) {
+      if (show_code) sources.push_back(codegen::cpu::render_kernel(specs[kernels.size()], k.symbol));
+      kernels.emplace_back(std::move(k));
+    }
+  } else {
+#ifdef INGOT_WITH_CUDA_CODEGEN
+    // CudaCodegen compiles for and loads into the current device.
+    const int previous = ingot::cuda::current_device();
+    ingot::cuda::set_device(dev.index);
+    std::vector<codegen::cuda::CudaKernel> compiled;
+    try {
+      compiled = cuda_codegen_for(opts.cache_dir).compile(specs, &cs, progress);
+    } catch (...) {
+      ingot::cuda::set_device(previous);
+      throw;
+    }
+    ingot::cuda::set_device(previous);
+    for (codegen::cuda::CudaKernel& k : compiled) {
+      if (show_code) sources.push_back(codegen::cuda::render_kernel(specs[kernels.size()], k.symbol).source);
+      kernels.emplace_back(std::move(k));
+    }
+#else
+    return fns;
+#endif
+  }
   if (log_on(LogKind::Progress))
     log(LogKind::Progress, "compiling '" + opts.name + detail::str_cat("': kernels ", specs.size()) + "/" +
                                std::to_string(specs.size()) + " (" + cs.summary() + ")");
-  if (log_on(LogKind::OutputCode))
-    for (size_t i = 0; i < specs.size(); ++i)
-      log(LogKind::OutputCode, codegen::cpu::render_kernel(specs[i], kernels[i].symbol));
+  for (const std::string& src : sources) log(LogKind::OutputCode, src);
   stats.time.codegen_ms += cs.total_s() * 1000.0;
   stats.kernels_generated += cs.compiled;
   stats.kernels_reused += cs.memory_hits + cs.disk_hits;
@@ -132,7 +205,8 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   stats.time.passes_ms += ms_since(t0);
   auto exe = std::make_shared<Executable>();
   std::map<int32_t, KernelStepFn> kernels;
-  if (opts.backend != CompileBackend::Eager && all_on_cpu(g)) kernels = generate_kernels(g, opts, stats);
+  if (opts.backend != CompileBackend::Eager)
+    if (std::optional<Device> dev = codegen_device(g)) kernels = generate_kernels(g, *dev, opts, stats);
   exe->kernels = kernels.size();
   stats.kernels = static_cast<int64_t>(kernels.size());
   exe->steps = plan_steps(g, kernels);

@@ -17,6 +17,7 @@
 #include "optim/mixed_precision.h"
 #include "optim/optimizer.h"
 #include "recipes/checkpoint.h"
+#include "recipes/compiled_step.h"
 #include "recipes/data.h"
 #include "recipes/metrics.h"
 #include "recipes/run_outputs.h"
@@ -225,10 +226,40 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   if (!run.resume_checkpoint.empty())
     log << "resume | " << run.resume_reason << ": continuing after step " << st.step << " from "
         << run.resume_checkpoint << "\n";
-  if (run.compile.enabled)
-    log << "note: compile.enabled is true (mode " << run.compile.mode
-        << "), but the compiler is not built yet; running eager\n";
   log.flush();
+
+  // One training step: every micro-batch's forward and backward, clipping, the optimizer update and the
+  // master-weight copies. Compiled, it is traced into one graph on the first call (compile/api.h); the clip
+  // then stays on the device (clip_grad_norm_tensor) instead of reading the norm back to the host.
+  const double inv_accum = 1.0 / static_cast<double>(s.grad_accum);
+  auto step_body = [&](const std::vector<Tensor>& batch, bool traced) {
+    Tensor total;
+    for (int64_t micro = 0; micro < s.grad_accum; ++micro) {
+      Tensor loss = model->loss(batch[2 * micro], batch[2 * micro + 1]);
+      // Gradients of the mean over micro-batches; with one micro-batch the loss is used as is.
+      Tensor scaled = s.grad_accum > 1 ? loss * inv_accum : loss;
+      scaled.backward();
+      total = total.defined() ? total + scaled.detach() : scaled.detach();
+    }
+    if (masters) masters->copy_grads_to_master();
+    if (s.grad_clip > 0) {
+      if (traced) optim::clip_grad_norm_tensor(opt_params, s.grad_clip);
+      else opt.set_grad_scale(optim::clip_coefficient(optim::grad_norm(opt_params), s.grad_clip));
+    }
+    opt.step();
+    opt.zero_grad();
+    if (masters) {
+      masters->copy_to_model();
+      model->zero_grad();
+    }
+    return std::vector<Tensor>{total};
+  };
+  std::optional<CompiledFunction> compiled;
+  if (run.compile.enabled) {
+    compiled = compile([&](const std::vector<Tensor>& b) { return step_body(b, true); },
+                       compile_options(run.compile));
+    log << "compile | mode " << run.compile.mode << ": the first step traces and compiles the whole training step\n";
+  }
 
   RunOutputs outputs(run, start_step > 0 ? start_step : -1, log);
   r.metrics_log = outputs.metrics_path();
@@ -240,7 +271,6 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   const double flops_per_token =
       transformer_flops_per_token(r.num_parameters - n_embedding, s.n_layer, s.block_size, s.n_embd);
   const double peak = peak_flops(run.device.is_cuda(), run.dtype == DType::bf16, run.peak_tflops);
-  const double inv_accum = 1.0 / static_cast<double>(s.grad_accum);
   double window_loss = 0, train_s = 0;
   int64_t window_steps = 0;
   Clock::time_point window_start = Clock::now();
@@ -273,23 +303,13 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
     outputs.begin_step(step + 1);
     double lr = sched.at(step);
     opt.set_lr(lr);
-    double l = 0;
+    std::vector<Tensor> batch;
     for (int64_t micro = 0; micro < s.grad_accum; ++micro) {
       auto [x, y] = inputs_and_targets(train_batches.next().to(run.device));
-      Tensor loss = model->loss(x, y);
-      // Gradients of the mean over micro-batches; with one micro-batch the loss is used as is.
-      (s.grad_accum > 1 ? loss * inv_accum : loss).backward();
-      l += loss.item();
+      batch.push_back(x);
+      batch.push_back(y);
     }
-    l *= inv_accum;
-    if (masters) masters->copy_grads_to_master();
-    if (s.grad_clip > 0) opt.set_grad_scale(optim::clip_coefficient(optim::grad_norm(opt_params), s.grad_clip));
-    opt.step();
-    opt.zero_grad();
-    if (masters) {
-      masters->copy_to_model();
-      model->zero_grad();
-    }
+    const double l = (compiled ? (*compiled)(batch) : step_body(batch, false))[0].item();
     INGOT_CHECK(std::isfinite(l), "training diverged: the loss is ", l, " at step ", step + 1, " (lr ", lr,
                 "); lower train.lr or set train.grad_clip");
     double step_s = seconds_since(step_start);
@@ -370,6 +390,22 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
     log << buf;
   }
   r.peak_memory_bytes = alloc.stats().peak_allocated_bytes;
+  if (compiled) {
+    const CompileStats& cs = compiled->stats();
+    r.compile_s = cs.time.total_ms / 1e3;
+    r.graphs = cs.compiles;
+    r.graph_breaks = static_cast<int64_t>(cs.graph_breaks.size());
+    r.recompiles = cs.recompiles;
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "compile | %lld graph(s), %lld break(s), %lld recompile(s) | %lld launches per step for %lld eager "
+                  "ops (%lld generated kernels) | compile %.2f s\n",
+                  static_cast<long long>(r.graphs), static_cast<long long>(r.graph_breaks),
+                  static_cast<long long>(r.recompiles), static_cast<long long>(cs.launches),
+                  static_cast<long long>(cs.compute_ops), static_cast<long long>(cs.kernels), r.compile_s);
+    log << buf;
+    for (const std::string& b : cs.graph_breaks) log << "compile | graph break: " << b << "\n";
+  }
 
   // Save f32 weights: in bf16 mode the masters hold the precise values.
   if (masters) {

@@ -22,9 +22,17 @@ if want tests; then
   grep -E "FAILED|PASSED|SKIPPED \[" "$out/tests.log" | tail -25
 fi
 if want bench; then
+  # ingot eager, ingot compiled (cold cache, then warm cache in a second process), then PyTorch eager and
+  # torch.compile, all in this call on this GPU.
   for b in 16 4; do
     bench_gpt2_step --device cuda --dtype bf16 --batch $b --seq 1024 --steps 20 --warmup 5 \
-      > "$out/bench_ingot_b$b.log" 2>&1; tail -3 "$out/bench_ingot_b$b.log"
+      > "$out/bench_ingot_b$b.log" 2>&1; tail -1 "$out/bench_ingot_b$b.log"
+    rm -rf /tmp/ingot-bench-cache
+    for pass in cold warm; do
+      bench_gpt2_step --device cuda --dtype bf16 --batch $b --seq 1024 --steps 20 --warmup 5 --compile default \
+        --cache-dir /tmp/ingot-bench-cache > "$out/bench_ingot_compile_${pass}_b$b.log" 2>&1
+      echo "($pass cache)"; tail -2 "$out/bench_ingot_compile_${pass}_b$b.log"
+    done
     python3 bench/reference/torch_gpt2.py --batch $b --seq 1024 --steps 20 --warmup 5 \
       > "$out/bench_torch_b$b.log" 2>&1; tail -4 "$out/bench_torch_b$b.log"
   done

@@ -183,6 +183,12 @@ struct Attempt {
       // N CPU workers on one node would each start one OpenMP thread per core; share the cores instead.
       if (!omp) vars["OMP_NUM_THREADS"] = std::to_string(std::max(1, cpus / world.nproc));
       if (world.gpus) vars["CUDA_VISIBLE_DEVICES"] = gpu_ids.at(lr);
+      // The address Gloo's sockets bind to: --local-addr, or loopback when the whole job is on this node (the
+      // host name may not resolve inside a container); multi-node runs without it use the host name.
+      if (!std::getenv("INGOT_GLOO_HOSTNAME")) {
+        if (!opts.local_addr.empty()) vars["INGOT_GLOO_HOSTNAME"] = opts.local_addr;
+        else if (a.num_nodes == 1) vars["INGOT_GLOO_HOSTNAME"] = "127.0.0.1";
+      }
       w.env = worker_env(vars);
       out.push_back(std::move(w));
     }
@@ -201,8 +207,9 @@ struct Attempt {
   }
 
   AttemptResult monitor(WorkerGroup& g, const NodeAssignment& a) {
-    log << "ingot launch: attempt " << a.round << " of at most " << opts.max_restarts + 1 << ": node " << a.node_rank << " of " << a.num_nodes << ", ranks " << a.rank_offset << ".."
-        << a.rank_offset + world.nproc - 1 << " of world size " << a.world_size << std::endl;
+    log << "ingot launch: attempt " << a.round << " of at most " << opts.max_restarts + 1 << ": node " << a.node_rank
+        << " of " << a.num_nodes << ", ranks " << a.rank_offset << ".." << a.rank_offset + world.nproc - 1
+        << " of world size " << a.world_size << std::endl;
     g.start();
     bool local_done = false;
     const bool multi = a.num_nodes > 1;
@@ -222,9 +229,11 @@ struct Attempt {
       }
       if (g.any_failed()) {
         size_t root = choose_root_cause(g);
+        // The other nodes hear of it before our workers are stopped (which may take the whole grace period).
+        std::string summary = describe_failure(g, root, a, host).summary;
+        std::string first = multi ? rdzv.report_failure(a.round, summary) : summary;
         g.stop(SIGTERM, opts.stop_timeout_s, signals);
         AttemptResult r = describe_failure(g, root, a, host);
-        std::string first = multi ? rdzv.report_failure(a.round, r.summary) : r.summary;
         log << "ingot launch: worker failed; stopped all workers of this node\n" << r.report;
         if (first != r.summary) log << "  (another node reported a failure first: " << first << ")\n";
         log.flush();

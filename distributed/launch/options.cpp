@@ -30,7 +30,8 @@ Nodes and rendezvous:
   --rdzv-id ID                     job id shared by all nodes (default "none"; also INGOT_RUN_ID)
   --rdzv-conf K=V[,K=V]            join_timeout (s, default 600), last_call_timeout (s, default 30)
   --standalone                     single node, store on a free local port (ignores master address/port)
-  --local-addr ADDR                address other nodes use to reach this node (default: hostname)
+  --local-addr ADDR                address other nodes use to reach this node's workers (exported as
+                                   INGOT_GLOO_HOSTNAME; default: the host name, loopback on a single node)
 Failures:
   --max-restarts N                 restart the whole group up to N times after a worker fails (default 0)
   --monitor-interval SECONDS       how often workers are checked (default 0.1)

@@ -17,7 +17,10 @@
 #include <sstream>
 #include <string>
 
+#include "distributed/bootstrap.h"
+#include "distributed/process_group.h"
 #include "distributed/store.h"
+#include "autograd/ops.h"
 #include "runtime/device.h"
 #include "runtime/file_util.h"
 
@@ -139,6 +142,40 @@ TEST_F(Launch, WorkersReachTheStoreTheLauncherHosts) {
                     "' --gtest_filter=Launch.WorkersReachTheStoreTheLauncherHosts --gtest_brief=1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("all 2 worker(s) succeeded"), std::string::npos) << r.output;
+}
+
+// The launcher's environment is what init_distributed() needs: Gloo workers meet in the launcher's store and
+// all-reduce. On the first attempt rank 1 is SIGKILLed while rank 0 waits in the collective; the launcher stops
+// rank 0, restarts both, and the second attempt (fresh store keys) completes.
+TEST_F(Launch, GlooWorkersAllReduceAndAKilledRankRestartsTheJob) {
+  if (const char* v = getenv("INGOT_LAUNCH_TEST_WORKER"); v && std::string(v) == "gloo") {
+    InitOptions o;
+    o.backend = "gloo";
+    o.timeout = Millis(20000);
+    o.connect_timeout = Millis(5000);
+    DistributedContext ctx = init_distributed(o);
+    int rank = ctx.info.rank;
+    if (ctx.info.restart_count == 0 && rank == 1) raise(SIGKILL);
+    Tensor t = from_vector(std::vector<double>{1.0 + rank, 10.0 * (rank + 1)}, {2}, DType::f64);
+    ctx.group->all_reduce(t, ReduceOp::Sum)->wait();
+    EXPECT_EQ(t.to_vector(), (std::vector<double>{3.0, 30.0}));
+    std::ofstream(std::string(getenv("INGOT_LAUNCH_TEST_DIR")) + "/sum_" + std::to_string(rank))
+        << t.to_vector()[1] << " attempt " << ctx.info.restart_count;
+    return;
+  }
+#ifndef INGOT_WITH_GLOO
+  GTEST_SKIP() << "built without Gloo";
+#endif
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  Result r = launch("--nproc-per-node 2 --max-restarts 1 -- env INGOT_LAUNCH_TEST_WORKER=gloo INGOT_LAUNCH_TEST_DIR='" +
+                    dir_.path() + "' '" + self +
+                    "' --gtest_filter=Launch.GlooWorkersAllReduceAndAKilledRankRestartsTheJob --gtest_brief=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (local rank 1 on node 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("was killed by SIGKILL"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("all 2 worker(s) succeeded (attempt 1)"), std::string::npos) << r.output;
+  EXPECT_EQ(slurp(path("sum_0")), "30 attempt 1");
+  EXPECT_EQ(slurp(path("sum_1")), "30 attempt 1");
 }
 
 TEST_F(Launch, FailingWorkerStopsTheOthersAndIsReportedAsRootCauseWithItsErrorFile) {

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "compile/cache/compile_cache.h"
+#include "compile/codegen/cuda/driver_api.h"
 #include "compile/codegen/cuda/nvrtc_jit.h"
 #include "runtime/cuda_runtime.h"
 #include "runtime/error.h"
@@ -39,7 +40,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 void check_cu(CUresult r, const char* what, const std::string& name) {
   if (r == CUDA_SUCCESS) return;
   const char* msg = nullptr;
-  cuGetErrorString(r, &msg);
+  driver::api().get_error_string(r, &msg);
   INGOT_FAIL("[codegen] CUDA driver ", what, " failed for '", name, "': ", msg ? msg : "unknown error", " (", static_cast<int>(r), ")");
 }
 
@@ -47,9 +48,9 @@ void check_cu(CUresult r, const char* what, const std::string& name) {
 // (the one ingot's tensors and streams live in) when this thread has none or another one.
 void ensure_context(int device) {
   CUcontext cur = nullptr;
-  cuCtxGetCurrent(&cur);
+  driver::api().ctx_get_current(&cur);
   CUdevice want = 0;
-  if (cur != nullptr && cuCtxGetDevice(&want) == CUDA_SUCCESS && static_cast<int>(want) == device) return;
+  if (cur != nullptr && driver::api().ctx_get_device(&want) == CUDA_SUCCESS && static_cast<int>(want) == device) return;
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaFree(nullptr);  // creates the primary context if needed
   INGOT_CHECK(e == cudaSuccess, "[codegen] cannot make cuda:", device, " current: ", cudaGetErrorString(e));
@@ -85,7 +86,7 @@ struct Module {
 std::shared_ptr<Module> load_module(const std::string& cubin, const std::string& name) {
   auto m = std::make_shared<Module>();
   m->name = name;
-  check_cu(cuModuleLoadData(&m->handle, cubin.data()), "cuModuleLoadData", name);
+  check_cu(driver::api().module_load_data(&m->handle, cubin.data()), "cuModuleLoadData", name);
   return m;
 }
 
@@ -181,7 +182,7 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
   };
   auto launch_fn = [&](CUfunction fn, int64_t grid, int threads, int threads_y = 1) {
     void* args[] = {params.data()};
-    check_cu(cuLaunchKernel(fn, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(threads),
+    check_cu(driver::api().launch_kernel(fn, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(threads),
                             static_cast<unsigned>(threads_y), 1, 0, st, args, nullptr),
              "cuLaunchKernel", symbol);
   };
@@ -219,12 +220,12 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
         // Tables only pile up when the pointers keep changing (outputs not updated in place): past a bound,
         // wait for every launch that may still read them, then start over.
         if (loaded->tables.size() >= kMaxTables) {
-          check_cu(cuCtxSynchronize(), "cuCtxSynchronize (multi-tensor tables)", symbol);
-          for (auto& [key, ptr] : loaded->tables) cuMemFree(ptr);
+          check_cu(driver::api().ctx_synchronize(), "cuCtxSynchronize (multi-tensor tables)", symbol);
+          for (auto& [key, ptr] : loaded->tables) driver::api().mem_free(ptr);
           loaded->tables.clear();
         }
-        check_cu(cuMemAlloc(&dev, bytes.size()), "cuMemAlloc (multi-tensor table)", symbol);
-        check_cu(cuMemcpyHtoD(dev, bytes.data(), bytes.size()), "cuMemcpyHtoD (multi-tensor table)", symbol);
+        check_cu(driver::api().mem_alloc(&dev, bytes.size()), "cuMemAlloc (multi-tensor table)", symbol);
+        check_cu(driver::api().memcpy_htod(dev, bytes.data(), bytes.size()), "cuMemcpyHtoD (multi-tensor table)", symbol);
         loaded->tables[h] = dev;
       }
     }
@@ -324,7 +325,7 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
     k.loaded = std::make_shared<LoadedKernel>();
     k.loaded->module = m;
     for (size_t f = 0; f < abi.functions.size() && f < 3; ++f)
-      check_cu(cuModuleGetFunction(&k.loaded->fns[f], m->handle, abi.functions[f].c_str()), "cuModuleGetFunction",
+      check_cu(driver::api().module_get_function(&k.loaded->fns[f], m->handle, abi.functions[f].c_str()), "cuModuleGetFunction",
                abi.functions[f] + "' in '" + m->name);
     return k;
   };
