@@ -31,6 +31,24 @@ std::string describe(const Config::Value& v) {
   return single_quoted(v.text);
 }
 
+// A schema default "[a, b]" as a sequence value (items are plain words; no quoting).
+Config::Value parse_flow_list(std::string_view text) {
+  Config::Value v;
+  v.is_sequence = true;
+  std::string_view body = text;
+  if (body.size() >= 2 && body.front() == '[' && body.back() == ']') body = body.substr(1, body.size() - 2);
+  size_t start = 0;
+  while (start <= body.size()) {
+    size_t comma = body.find(',', start);
+    std::string_view item = body.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    size_t a = item.find_first_not_of(' '), b = item.find_last_not_of(' ');
+    if (a != std::string_view::npos) v.items.emplace_back(item.substr(a, b - a + 1));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return v;
+}
+
 std::string lower(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -152,6 +170,7 @@ std::string_view config_type_name(ConfigType t) {
     case ConfigType::Float: return "number";
     case ConfigType::Bool: return "boolean";
     case ConfigType::String: return "string";
+    case ConfigType::StringList: return "list";
   }
   return "?";
 }
@@ -342,6 +361,7 @@ void Config::validate(const ConfigSchema& schema, ConfigErrors& errors) {
       }
       Value d;
       d.text = k.default_value;
+      if (k.type == ConfigType::StringList) d = parse_flow_list(k.default_value);
       it = values_.emplace(k.path, d).first;
     }
     try {
@@ -375,6 +395,7 @@ void Config::validate(const ConfigSchema& schema, ConfigErrors& errors) {
           break;
         }
         case ConfigType::Bool: get_bool(k.path); break;
+        case ConfigType::StringList: get_string_list(k.path); break;
         case ConfigType::String: {
           std::string s = get_string(k.path);
           if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
@@ -506,6 +527,12 @@ std::string Config::get_string(std::string_view path) const {
   const Value& v = value(path);
   if (v.is_null || v.is_sequence) fail(path, "expected a string, got " + describe(v));
   return v.text;
+}
+
+std::vector<std::string> Config::get_string_list(std::string_view path) const {
+  const Value& v = value(path);
+  if (v.is_null) fail(path, "expected a list, got " + describe(v));
+  return v.is_sequence ? v.items : std::vector<std::string>{v.text};
 }
 
 std::string Config::to_yaml() const {

@@ -32,8 +32,10 @@ struct ConfigOrigin {
   std::string str() const;    // "configs/q.yaml:9:7" or "command-line override 'train.lr=3e-4'"
 };
 
-enum class ConfigType { Int, Float, Bool, String };
-std::string_view config_type_name(ConfigType t);  // "integer", "number", "boolean", "string"
+// StringList: a YAML list of plain values ([q_proj, v_proj]); a single value is a one-item list. Its default
+// is written as a flow list ("[q_proj, v_proj]").
+enum class ConfigType { Int, Float, Bool, String, StringList };
+std::string_view config_type_name(ConfigType t);  // "integer", "number", "boolean", "string", "list"
 
 // One key a recipe reads.
 struct ConfigKey {
@@ -129,6 +131,7 @@ class Config {
   double get_double(std::string_view path) const;  // integers are accepted
   bool get_bool(std::string_view path) const;      // true/false/yes/no/on/off
   std::string get_string(std::string_view path) const;
+  std::vector<std::string> get_string_list(std::string_view path) const;  // a list, or one value as a list
   const ConfigOrigin& origin(std::string_view path) const;
   // Throws a ConfigError "<origin>: <path>: <message>".
   [[noreturn]] void fail(std::string_view path, const std::string& message) const;

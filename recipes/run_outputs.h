@@ -9,7 +9,7 @@
 #include <string>
 
 #include "recipes/run_settings.h"
-#include "recipes/train.h"
+#include "recipes/train_loop.h"
 
 namespace ingot::recipes {
 

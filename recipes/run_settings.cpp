@@ -11,12 +11,49 @@ namespace ingot::recipes {
 
 namespace fs = std::filesystem;
 
+void add_device_keys(ConfigSchema& s) {
+  using T = ConfigType;
+  using K = ConfigKey;
+  s.add(K::of(T::String, "device", "auto", "auto (a GPU when present), cpu, cuda or cuda:N"));
+  s.add(K::of(T::String, "dtype", "f32", "f32, or bf16 compute with f32 master weights").one_of({"f32", "bf16"}));
+}
+
+Device resolve_device(const Config& cfg, ConfigErrors& errors) {
+  std::string dev = "cpu";
+  try {
+    dev = cfg.get_string("device");
+  } catch (const ConfigError& e) {
+    errors.add_exception("device", cfg.has("device") ? cfg.origin("device") : ConfigOrigin{}, e);
+  }
+  Device device = Device::cpu();
+  try {
+    device = parse_device(dev);
+    if (device.is_cuda()) {
+      int n = cuda_device_count();
+      if (n == 0) {
+#ifdef INGOT_WITH_CUDA
+        errors.fail(cfg, "device", "'" + dev + "' asks for a GPU, but no CUDA device is visible (use auto or cpu)");
+#else
+        errors.fail(cfg, "device",
+                    "'" + dev + "' asks for a GPU, but this ingot was built without CUDA (use auto or cpu)");
+#endif
+      } else if (device.index >= n) {
+        errors.fail(cfg, "device", "'" + dev + "': only " + std::to_string(n) + " CUDA device(s) are visible");
+      }
+    }
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    if (!errors.has_error_for("device")) errors.fail(cfg, "device", e.what());
+  }
+  return device;
+}
+
 void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string& output_dir) {
   using T = ConfigType;
   using K = ConfigKey;
   s.add(K::of(T::String, "recipe", recipe, "the recipe this config runs (`ingot ls` lists them)"));
-  s.add(K::of(T::String, "device", "auto", "auto (a GPU when present), cpu, cuda or cuda:N"));
-  s.add(K::of(T::String, "dtype", "f32", "f32, or bf16 compute with f32 master weights").one_of({"f32", "bf16"}));
+  add_device_keys(s);
   s.add(K::of(T::Int, "max_steps", "1000", "optimizer steps to run").at_least(1));
   s.add(K::of(T::Int, "seed", "0", "seeds weight init, dropout and batch sampling").at_least(0));
   s.add(K::of(T::String, "output_dir", output_dir, "the run directory: weights, checkpoints, metrics, plots"));
@@ -81,27 +118,7 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
   s.recipe = str("recipe");
   s.config_file = cfg.file();
   s.resolved_yaml = cfg.to_yaml();
-  std::string dev = str("device", "cpu");
-  try {
-    s.device = parse_device(dev);
-    if (s.device.is_cuda()) {
-      int n = cuda_device_count();
-      if (n == 0) {
-#ifdef INGOT_WITH_CUDA
-        errors.fail(cfg, "device", "'" + dev + "' asks for a GPU, but no CUDA device is visible (use auto or cpu)");
-#else
-        errors.fail(cfg, "device",
-                    "'" + dev + "' asks for a GPU, but this ingot was built without CUDA (use auto or cpu)");
-#endif
-      } else if (s.device.index >= n) {
-        errors.fail(cfg, "device", "'" + dev + "': only " + std::to_string(n) + " CUDA device(s) are visible");
-      }
-    }
-  } catch (const ConfigError&) {
-    throw;
-  } catch (const Error& e) {
-    if (!errors.has_error_for("device")) errors.fail(cfg, "device", e.what());
-  }
+  s.device = resolve_device(cfg, errors);
   std::string dt = str("dtype", "f32");
   s.dtype = dt == "bf16" ? DType::bf16 : DType::f32;
   s.max_steps = i64("max_steps", 1);

@@ -19,6 +19,11 @@
 
 namespace ingot::recipes {
 
+// device and dtype only (recipes that do not train: eval, generate).
+void add_device_keys(ConfigSchema& s);
+// The `device` key as a Device, checked against the GPUs present (problems go to `errors`; cpu then).
+Device resolve_device(const Config& cfg, ConfigErrors& errors);
+
 // Adds the shared keys; `recipe` is the recipe's name (the default of the `recipe` key) and `output_dir`
 // the default run directory.
 void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string& output_dir);

@@ -23,6 +23,7 @@
 
 #include "recipes/config.h"
 #include "recipes/run_settings.h"
+#include "recipes/train_loop.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 
@@ -40,10 +41,7 @@ struct PretrainSettings {
   // data
   std::string data_path;
   double val_fraction = 0;
-  // train
-  int64_t batch_size = 0, grad_accum = 1, warmup_steps = 0, log_every = 0, eval_every = 0, eval_batches = 0;
-  double lr = 0, min_lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, grad_clip = 0;
-  std::string lr_schedule;
+  TrainOptions train;
   // Stops the loop after this many completed steps as if the process had died there (no final eval,
   // weights or summary; checkpoints already written stay). 0: off. Tests use it to check exact resume.
   int64_t halt_after_steps = 0;
@@ -55,33 +53,9 @@ struct PretrainSettings {
 PretrainSettings resolve_pretrain(const Config& cfg, ConfigErrors& errors);
 PretrainSettings resolve_pretrain(const Config& cfg);
 
-struct TrainSummary {
-  int64_t steps = 0;
-  double first_loss = 0, final_loss = 0, best_loss = 0;  // training loss of step 1, the last step, the lowest
-  double val_loss = 0;                                   // mean over train.eval_batches validation batches
-  double tokens_per_s = 0, train_s = 0;                  // training steps only (no set-up, eval or saving)
-  double mfu = 0;                                        // model FLOPs utilization (0 when no peak is known)
-  // Compiler figures; 0 while every run is eager.
-  double compile_s = 0;
-  int64_t graphs = 0, graph_breaks = 0, recompiles = 0;
-  int64_t peak_memory_bytes = 0;  // the device allocator's high-water mark during the run
-  int64_t num_parameters = 0;
-  int64_t resumed_from_step = 0;  // 0 for a fresh run
-  std::string device, dtype, output_dir, config_file, resumed_from;
-  std::vector<std::string> checkpoints;           // final files written under output_dir
-  std::vector<std::string> training_checkpoints;  // checkpoint directories kept at the end
-  std::string metrics_log, loss_plot, tensorboard_dir, profile_trace;
-};
-
-// Trains, evaluates on the validation split, saves the run directory described above. Writes one progress
-// line every log_every steps to `log` (loss is the mean over the steps since the previous line):
-//   step 20/300 | loss 2.345 | lr 3.0e-04 | 12.3k tok/s | MFU 1.2% | mem 12.0 MiB | ETA 0:41
+// Trains (recipes/train_loop.h), evaluates on the validation split, saves the run directory described above.
 // Throws ingot::Error on failures (a non-finite loss, unwritable output, a corrupt checkpoint), leaving
 // earlier files in output_dir untouched.
 TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log);
-
-// The summary as one JSON object, written atomically (an existing file is replaced only when complete).
-std::string summary_json(const TrainSummary& r);
-void write_summary(const TrainSummary& r, const std::string& path);
 
 }  // namespace ingot::recipes

@@ -1,0 +1,252 @@
+#include "recipes/finetune.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <system_error>
+
+#include "models/hf_checkpoint.h"
+#include "models/peft.h"
+#include "recipes/metrics.h"
+#include "runtime/file_util.h"
+#include "runtime/rng.h"
+
+namespace ingot::recipes {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+TrainDefaults finetune_train_defaults(bool lora) {
+  TrainDefaults d;
+  d.batch_size = "8";
+  d.lr = lora ? "2e-4" : "2e-5";
+  d.min_lr = "0";
+  d.warmup_steps = "0";
+  d.weight_decay = "0.0";
+  d.beta2 = "0.999";
+  d.eval_batches = "10";
+  return d;
+}
+
+ConfigSchema finetune_schema(bool lora) {
+  using T = ConfigType;
+  using K = ConfigKey;
+  ConfigSchema s;
+  const std::string name = lora ? "lora_finetune" : "full_finetune";
+  add_run_keys(s, name, "runs/" + name);
+  add_model_keys(s, /*adapter=*/false);
+  add_data_keys(s, /*training=*/true, "instruction");
+  add_train_keys(s, finetune_train_defaults(lora));
+  s.add(K::of(T::Int, "train.epochs", "0", "passes over the data (> 0 replaces max_steps)").at_least(0));
+  if (lora) {
+    s.add(K::of(T::Int, "lora.rank", "8", "rank r of the adapters").at_least(1));
+    s.add(K::of(T::Float, "lora.alpha", "16", "the update is scaled by alpha / rank").at_least(1e-9));
+    s.add(K::of(T::Float, "lora.dropout", "0.0", "dropout on the adapters' input").at_least(0).at_most(0.99));
+    s.add(K::of(T::StringList, "lora.target_modules", "[q_proj, v_proj]",
+                "projections to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2: "
+                "c_attn, c_proj, c_fc)"));
+    s.add(K::of(T::Bool, "lora.merge_on_export", "true", "also export the merged model to output_dir/hf"));
+  }
+  s.add(K::of(T::Float, "export.max_shard_mb", "5000", "exported weights are split into shards above this size (MB)")
+            .at_least(0.001));
+  return s;
+}
+
+// Examples [0, n - held_out) train, the rest validate.
+int64_t held_out_count(size_t n, double fraction) {
+  if (fraction <= 0) return 0;
+  return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(n) * fraction));
+}
+
+std::vector<std::string> files_to_export(const ModelSource& src) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                        "merges.txt"}) {
+    fs::path p = fs::path(src.tokenizer_path) / f;
+    if (fs::is_regular_file(p, ec)) out.push_back(p.string());
+  }
+  fs::path gen = fs::path(src.path) / "generation_config.json";
+  if (fs::is_regular_file(gen, ec)) out.push_back(gen.string());
+  return out;
+}
+
+int64_t count_loss_tokens(const std::vector<datasets::Example>& ex) {
+  int64_t n = 0;
+  for (const auto& e : ex)
+    for (int32_t l : e.labels) n += l != kIgnoreIndex;
+  return n;
+}
+
+}  // namespace
+
+const ConfigSchema& full_finetune_schema() {
+  static const ConfigSchema s = finetune_schema(false);
+  return s;
+}
+
+const ConfigSchema& lora_finetune_schema() {
+  static const ConfigSchema s = finetune_schema(true);
+  return s;
+}
+
+std::vector<std::string> lora_target_names(const models::HFConfig& cfg) {
+  std::vector<std::string> names;
+  if (cfg.arch == models::HFConfig::Arch::GPT2) names = {"c_attn", "c_proj", "c_fc"};
+  else names = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  if (!cfg.tie_word_embeddings()) names.push_back("lm_head");  // a tied head is the embedding, not a projection
+  return names;
+}
+
+FinetuneSettings resolve_finetune(const Config& cfg, ConfigErrors& errors) {
+  FinetuneSettings s;
+  s.run = resolve_run(cfg, errors);
+  s.lora = s.run.recipe == "lora_finetune";
+  s.model = resolve_model_source(cfg, errors);
+  const bool model_ok = !errors.has_error_for("model.path");
+  s.data = resolve_data(cfg, s.model.config, errors);
+  s.train = resolve_train_options(cfg, errors);
+  try {
+    s.epochs = cfg.get_int("train.epochs");
+    s.max_shard_bytes = static_cast<int64_t>(cfg.get_double("export.max_shard_mb") * 1e6);
+    if (s.lora) {
+      s.lora_config.rank = cfg.get_int("lora.rank");
+      s.lora_config.alpha = cfg.get_double("lora.alpha");
+      s.lora_config.dropout = cfg.get_double("lora.dropout");
+      s.lora_config.target_modules = cfg.get_string_list("lora.target_modules");
+      s.merge_on_export = cfg.get_bool("lora.merge_on_export");
+    }
+  } catch (const ConfigError&) {
+    // Reported by the schema check.
+  }
+  if (s.data.val_fraction > 0 && s.train.eval_batches == 0 && cfg.has("train.eval_batches"))
+    errors.fail(cfg, "train.eval_batches", "is 0 while data.val_fraction holds examples out; set it to evaluate them");
+  if (s.lora && model_ok) {
+    const std::vector<std::string> known = lora_target_names(s.model.config);
+    if (s.lora_config.target_modules.empty())
+      errors.fail(cfg, "lora.target_modules", "is empty; name at least one projection");
+    for (const std::string& t : s.lora_config.target_modules)
+      if (std::find(known.begin(), known.end(), t) == known.end()) {
+        std::string list;
+        for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+        errors.fail(cfg, "lora.target_modules",
+                    "unknown module '" + t + "' for a " + s.model.config.model_type + " model (" + s.model.path +
+                        "); its projections are " + list);
+      }
+  }
+  return s;
+}
+
+FinetuneSettings resolve_finetune(const Config& cfg) {
+  ConfigErrors errors;
+  FinetuneSettings s = resolve_finetune(cfg, errors);
+  errors.raise_if_any();
+  return s;
+}
+
+TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
+  // Everything that can fail on the inputs happens before the loop creates any file in output_dir.
+  const Tokenizer tok = load_tokenizer(s.model);
+  std::vector<datasets::Example> examples = load_data(s.data, tok);
+  const int64_t n_val = held_out_count(examples.size(), s.data.val_fraction);
+  INGOT_CHECK(n_val < static_cast<int64_t>(examples.size()), s.data.path, ": ", examples.size(),
+              " examples leave none for training after data.val_fraction = ", s.data.val_fraction);
+  std::vector<datasets::Example> val(examples.end() - n_val, examples.end());
+  examples.resize(examples.size() - static_cast<size_t>(n_val));
+
+  const RunSettings& base_run = s.run;
+  const TrainOptions& o = s.train;
+  datasets::LoaderOptions lo;
+  lo.seq_len = s.data.seq_len;
+  lo.global_batch_size = o.batch_size;
+  lo.pack = s.data.packing;
+  lo.pad_id = tok.pad_id().value_or(tok.eos_id().value_or(0));
+  lo.seed = base_run.seed;
+  std::unique_ptr<datasets::DataLoader> loader;
+  try {
+    loader = std::make_unique<datasets::DataLoader>(examples, lo);
+  } catch (const Error& e) {
+    INGOT_FAIL(s.data.path, ": ", e.what(), "; lower train.batch_size or data.seq_len, or add data");
+  }
+  const int64_t per_epoch = loader->batches_per_epoch();
+
+  RunSettings run = base_run;
+  if (s.epochs > 0) run.max_steps = std::max<int64_t>(1, s.epochs * per_epoch / o.grad_accum);
+
+  manual_seed(run.seed);
+  models::HFModel hf = models::load_hf_model(s.model.path, DType::f32);
+  models::CausalLM& model = *hf.model;
+  model.to(run.device);
+  std::vector<std::string> adapted;
+  if (s.lora) adapted = nn::apply_lora(model, s.lora_config);  // freezes every other parameter
+  model.set_tensor_names();
+
+  TrainTask task;
+  task.model = &model;
+  task.params = s.lora ? nn::trainable_parameters(model) : model.parameters();
+  task.loss = [&](const Tensor& x, const Tensor& y) { return model.loss(x, y); };
+  task.next_batch = [&] {
+    datasets::Batch b = loader->next();
+    return std::make_pair(b.input_ids, b.labels);
+  };
+  task.data_position = [&] {
+    datasets::DataPosition p = loader->position();
+    return p.epoch * per_epoch + p.index;
+  };
+  task.set_data_position = [&](int64_t p) { loader->set_position({p / per_epoch, p % per_epoch}); };
+  if (!val.empty() && o.eval_batches > 0) {
+    task.evaluate = [&] { return sum_loss(model, val, s.data.seq_len, o.batch_size, o.eval_batches, run.device).mean(); };
+    task.eval_description = std::to_string(val.size()) + " held-out examples";
+  }
+  task.tokens_per_step = static_cast<double>(o.batch_size * s.data.seq_len * o.grad_accum);
+  const bool gpt2 = hf.config.arch == models::HFConfig::Arch::GPT2;
+  const int64_t n_layer = gpt2 ? hf.config.gpt2.n_layer : hf.config.llama.num_hidden_layers;
+  const int64_t d_model = gpt2 ? hf.config.gpt2.n_embd : hf.config.llama.hidden_size;
+  task.flops_per_token = transformer_flops_per_token(model.num_parameters() - hf.config.vocab_size() * d_model,
+                                                     n_layer, s.data.seq_len, d_model);
+  task.halt_after_steps = s.halt_after_steps;
+
+  int64_t trained = 0;
+  for (const Tensor& p : task.params) trained += p.numel();
+  std::ostringstream h;
+  h << run.recipe << " | " << hf.config.model_type << " " << n_layer << " layers, "
+    << format_count(static_cast<double>(model.num_parameters())) << " parameters, "
+    << format_count(static_cast<double>(trained)) << " trained";
+  if (s.lora) h << " (LoRA r=" << s.lora_config.rank << " on " << adapted.size() << " projections)";
+  h << " | " << run.device.str() << " " << dtype_name(run.dtype) << " | " << s.data.path << ": " << examples.size()
+    << " examples, " << format_count(static_cast<double>(count_loss_tokens(examples))) << " loss tokens";
+  if (!val.empty()) h << " (+" << val.size() << " held out)";
+  h << " | batch " << o.batch_size << " x " << s.data.seq_len << (s.data.packing ? " packed" : " padded");
+  if (o.grad_accum > 1) h << " x " << o.grad_accum << " accumulated";
+  h << " | " << per_epoch << " batches per epoch";
+  task.header = h.str();
+
+  task.save_final = [&] {
+    std::vector<std::string> out;
+    const fs::path dir(run.output_dir);
+    std::string config = (dir / "config.yaml").string();
+    write_file_atomic(config,
+                      [&](std::FILE* f) { write_bytes(f, run.resolved_yaml.data(), run.resolved_yaml.size()); });
+    if (s.lora) {
+      std::string adapter = (dir / "adapter").string();
+      models::save_lora_adapter(model, s.lora_config, hf.config, adapter, s.model.path);
+      out.push_back(adapter);
+    }
+    if (!s.lora || s.merge_on_export) {
+      models::HFSaveOptions so;
+      so.max_shard_bytes = s.max_shard_bytes;
+      so.extra_files = files_to_export(s.model);
+      std::string export_dir = (dir / "hf").string();
+      models::save_hf_model(model, hf.config, export_dir, so);  // LoRA adapters merged into the weights
+      out.push_back(export_dir);
+    }
+    out.push_back(config);
+    return out;
+  };
+  return run_training(run, o, task, log);
+}
+
+}  // namespace ingot::recipes

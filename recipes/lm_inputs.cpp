@@ -1,0 +1,190 @@
+#include "recipes/lm_inputs.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+#include "autograd/ops.h"
+
+namespace ingot::recipes {
+
+namespace fs = std::filesystem;
+
+void add_model_keys(ConfigSchema& s, bool adapter) {
+  using T = ConfigType;
+  using K = ConfigKey;
+  s.add(K::required_key(T::String, "model.path",
+                        "Hugging Face checkpoint directory (config.json + model.safetensors or shards)"));
+  if (adapter)
+    s.add(K::of(T::String, "model.adapter", "", "PEFT LoRA adapter directory applied to the model (empty: none)"));
+  s.add(K::of(T::String, "tokenizer.path", "", "directory with tokenizer.json (empty: model.path)"));
+}
+
+void add_data_keys(ConfigSchema& s, bool training, const std::string& default_format) {
+  using T = ConfigType;
+  using K = ConfigKey;
+  s.add(K::of(T::String, "data.format", default_format,
+              "text (a document per line), jsonl (text or prompt/completion), instruction (alpaca "
+              "instruction/input/output), chat (messages lists)")
+            .one_of({"text", "jsonl", "instruction", "chat"}));
+  s.add(K::required_key(T::String, "data.path", "the data file (relative to the working directory)"));
+  s.add(K::of(T::Int, "data.seq_len", "0", "tokens per row (0: the model's context, at most 2048)").at_least(0));
+  if (training) s.add(K::of(T::Bool, "data.packing", "true", "concatenate examples into full rows (false: pad each)"));
+  s.add(K::of(T::String, "data.chat_template", "auto",
+              "template for instruction/chat data (auto: the tokenizer's own); prompts are masked from the loss")
+            .one_of({"auto", "llama3", "chatml", "qwen3", "alpaca"}));
+  s.add(K::of(T::String, "data.text_field", "text", "the JSON field holding the text (format jsonl)"));
+  if (training)
+    s.add(K::of(T::Float, "data.val_fraction", "0.0", "trailing fraction of the examples held out for eval")
+              .at_least(0)
+              .at_most(0.9));
+}
+
+namespace {
+
+std::string get_str(const Config& cfg, ConfigErrors& errors, std::string_view key) {
+  try {
+    return cfg.get_string(key);
+  } catch (const ConfigError& e) {
+    errors.add_exception(key, cfg.has(key) ? cfg.origin(key) : ConfigOrigin{}, e);
+    return "";
+  }
+}
+
+bool has_tokenizer_files(const fs::path& dir) {
+  std::error_code ec;
+  auto file = [&](const char* name) { return fs::is_regular_file(dir / name, ec); };
+  return file("tokenizer.json") || (file("vocab.json") && file("merges.txt")) ||
+         (file("encoder.json") && file("vocab.bpe"));
+}
+
+}  // namespace
+
+ModelSource resolve_model_source(const Config& cfg, ConfigErrors& errors) {
+  ModelSource src;
+  std::error_code ec;
+  src.path = get_str(cfg, errors, "model.path");
+  if (!errors.has_error_for("model.path")) {
+    if (!fs::is_directory(src.path, ec)) {
+      errors.fail(cfg, "model.path", "no such checkpoint directory '" + src.path + "'");
+    } else {
+      try {
+        src.config = models::load_hf_config(src.path);
+      } catch (const Error& e) {
+        errors.fail(cfg, "model.path", e.what());
+      }
+      fs::path dir(src.path);
+      if (!errors.has_error_for("model.path") && !fs::is_regular_file(dir / "model.safetensors", ec) &&
+          !fs::is_regular_file(dir / "model.safetensors.index.json", ec))
+        errors.fail(cfg, "model.path",
+                    "'" + src.path + "' has no model.safetensors or model.safetensors.index.json (weights in "
+                    "PyTorch .bin files are not read; save them with safe_serialization=True)");
+    }
+  }
+  if (cfg.has("model.adapter")) {
+    src.adapter = get_str(cfg, errors, "model.adapter");
+    if (!src.adapter.empty() && !fs::is_regular_file(fs::path(src.adapter) / "adapter_config.json", ec))
+      errors.fail(cfg, "model.adapter", "'" + src.adapter + "' holds no adapter_config.json (not a PEFT adapter)");
+  }
+  src.tokenizer_path = get_str(cfg, errors, "tokenizer.path");
+  const bool own = src.tokenizer_path.empty();
+  if (own) src.tokenizer_path = src.path;
+  if (!errors.has_error_for("tokenizer.path") && !errors.has_error_for("model.path") &&
+      !has_tokenizer_files(src.tokenizer_path))
+    errors.fail(cfg, own ? "model.path" : "tokenizer.path",
+                "'" + src.tokenizer_path + "' holds no tokenizer.json (nor vocab.json + merges.txt)" +
+                    (own ? "; set tokenizer.path to a directory that has one" : ""));
+  return src;
+}
+
+DataSettings resolve_data(const Config& cfg, const models::HFConfig& model, ConfigErrors& errors) {
+  DataSettings d;
+  d.format = get_str(cfg, errors, "data.format");
+  d.path = get_str(cfg, errors, "data.path");
+  std::error_code ec;
+  if (!errors.has_error_for("data.path") && !fs::is_regular_file(d.path, ec))
+    errors.fail(cfg, "data.path", "no such file '" + d.path + "'");
+  d.chat_template = get_str(cfg, errors, "data.chat_template");
+  d.text_field = get_str(cfg, errors, "data.text_field");
+  try {
+    d.seq_len = cfg.get_int("data.seq_len");
+    if (cfg.has("data.packing")) d.packing = cfg.get_bool("data.packing");
+    if (cfg.has("data.val_fraction")) d.val_fraction = cfg.get_double("data.val_fraction");
+  } catch (const ConfigError&) {
+    // Already reported by the schema check.
+  }
+  const int64_t positions = model.arch == models::HFConfig::Arch::GPT2 ? model.gpt2.n_positions
+                                                                        : model.llama.max_position_embeddings;
+  if (positions > 0) {
+    if (d.seq_len == 0) d.seq_len = std::min<int64_t>(positions, 2048);
+    else if (d.seq_len > positions)
+      errors.fail(cfg, "data.seq_len",
+                  std::to_string(d.seq_len) + " is longer than the model's " + std::to_string(positions) +
+                      " positions (" + model.source + ")");
+  } else if (d.seq_len == 0) {
+    d.seq_len = 2048;
+  }
+  return d;
+}
+
+Tokenizer load_tokenizer(const ModelSource& src) {
+  Tokenizer tok = Tokenizer::from_dir(src.tokenizer_path);
+  INGOT_CHECK(tok.vocab_size() <= src.config.vocab_size(), "tokenizer '", src.tokenizer_path, "' has ",
+              tok.vocab_size(), " tokens but the model (", src.config.source, ") embeds only ",
+              src.config.vocab_size(), "; set tokenizer.path to the model's own tokenizer");
+  return tok;
+}
+
+ChatTemplate chat_template_for(const std::string& name, const Tokenizer& tok) {
+  return name == "auto" ? ChatTemplate::detect(tok) : ChatTemplate::from_name(name, tok);
+}
+
+std::vector<datasets::Example> load_data(const DataSettings& d, const Tokenizer& tok) {
+  datasets::SourceOptions o;
+  if (d.format == "text") o.format = datasets::DatasetFormat::Text;
+  else if (d.format == "jsonl") o.format = datasets::DatasetFormat::Jsonl;
+  else o.format = datasets::DatasetFormat::Instruction;  // alpaca fields or messages, per line
+  o.text_field = d.text_field;
+  if (o.format == datasets::DatasetFormat::Instruction) o.chat_template = chat_template_for(d.chat_template, tok);
+  std::vector<datasets::Example> ex = datasets::load_examples(d.path, tok, o);
+  INGOT_CHECK(!ex.empty(), d.path, ": no examples (the file is empty)");
+  return ex;
+}
+
+LossSum sum_loss(models::CausalLM& model, const std::vector<datasets::Example>& examples, int64_t seq_len,
+                 int64_t batch_size, int64_t max_batches, Device device) {
+  NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  LossSum sum;
+  auto add = [&](const datasets::Batch& b) {
+    if (b.num_loss_tokens == 0) return;  // a row of prompt only: nothing to score
+    Tensor loss = model.loss(b.input_ids.to(device), b.labels.to(device));
+    sum.total_nll += loss.item() * static_cast<double>(b.num_loss_tokens);
+    sum.tokens += b.num_loss_tokens;
+    sum.rows += b.input_ids.size(0);
+  };
+  datasets::LoaderOptions lo;
+  lo.seq_len = seq_len;
+  lo.pack = false;
+  lo.shuffle = false;
+  int64_t rows = 0;
+  for (const datasets::Example& e : examples) rows += e.ids.size() >= 2;
+  INGOT_CHECK(rows > 0, "evaluation: no example has two tokens or more");
+  lo.global_batch_size = std::min(batch_size, rows);
+  datasets::DataLoader full(examples, lo);
+  int64_t batches = 0;
+  for (int64_t i = 0; i < full.batches_per_epoch() && (max_batches <= 0 || batches < max_batches); ++i, ++batches)
+    add(full.batch_at({0, i}));
+  // The rows after the last full batch, one at a time (the loader keeps whole batches only).
+  const int64_t covered = full.batches_per_epoch() * lo.global_batch_size;
+  if (covered < rows && (max_batches <= 0 || batches < max_batches)) {
+    lo.global_batch_size = 1;
+    datasets::DataLoader single(examples, lo);
+    for (int64_t r = covered; r < rows; ++r) add(single.batch_at({0, r}));
+  }
+  model.train(was_training);
+  return sum;
+}
+
+}  // namespace ingot::recipes

@@ -1,0 +1,409 @@
+#include "recipes/train_loop.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <system_error>
+
+#include "optim/clip.h"
+#include "optim/lr_schedule.h"
+#include "optim/mixed_precision.h"
+#include "optim/optimizer.h"
+#include "recipes/checkpoint.h"
+#include "recipes/compiled_step.h"
+#include "recipes/metrics.h"
+#include "recipes/run_outputs.h"
+#include "recipes/train_state.h"
+#include "runtime/allocator.h"
+#include "runtime/file_util.h"
+#include "runtime/rng.h"
+
+namespace ingot::recipes {
+
+namespace fs = std::filesystem;
+
+void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
+  using T = ConfigType;
+  using K = ConfigKey;
+  s.add(K::of(T::Int, "train.batch_size", d.batch_size, "sequences per micro-batch").at_least(1));
+  s.add(K::of(T::Int, "train.gradient_accumulation_steps", "1", "micro-batches summed into one optimizer step")
+            .at_least(1));
+  s.add(K::of(T::Float, "train.lr", d.lr, "peak learning rate").at_least(0));
+  s.add(K::of(T::Float, "train.min_lr", d.min_lr, "learning rate at the end of the decay").at_least(0));
+  s.add(K::of(T::Int, "train.warmup_steps", d.warmup_steps, "linear warm-up steps").at_least(0));
+  s.add(K::of(T::String, "train.lr_schedule", d.lr_schedule, "decay after warm-up")
+            .one_of({"cosine", "linear", "constant"}));
+  s.add(K::of(T::Float, "train.weight_decay", d.weight_decay, "AdamW decoupled weight decay").at_least(0));
+  s.add(K::of(T::Float, "train.beta1", "0.9", "AdamW beta1").at_least(0).at_most(0.999999));
+  s.add(K::of(T::Float, "train.beta2", d.beta2, "AdamW beta2").at_least(0).at_most(0.999999));
+  s.add(K::of(T::Float, "train.grad_clip", d.grad_clip, "max global gradient norm (0: no clipping)").at_least(0));
+  s.add(K::of(T::Int, "train.log_every", d.log_every, "steps between progress lines").at_least(1));
+  s.add(K::of(T::Int, "train.eval_every", "0", "steps between validation evals (0: only at the end)").at_least(0));
+  s.add(K::of(T::Int, "train.eval_batches", d.eval_batches, "validation batches per eval (0: skip eval)")
+            .at_least(0));
+}
+
+TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
+  auto get = [&](std::string_view key, auto fallback, auto getter) {
+    try {
+      return (cfg.*getter)(key);
+    } catch (const ConfigError& e) {
+      errors.add_exception(key, cfg.has(key) ? cfg.origin(key) : ConfigOrigin{}, e);
+      return decltype((cfg.*getter)(key))(fallback);
+    }
+  };
+  auto i64 = [&](std::string_view k, int64_t d) { return get(k, d, &Config::get_int); };
+  auto f64 = [&](std::string_view k, double d) { return get(k, d, &Config::get_double); };
+  TrainOptions o;
+  o.batch_size = i64("train.batch_size", 1);
+  o.grad_accum = i64("train.gradient_accumulation_steps", 1);
+  o.lr = f64("train.lr", 1e-3);
+  o.min_lr = f64("train.min_lr", 0);
+  if (o.min_lr > o.lr && cfg.has("train.lr"))
+    errors.fail(cfg, "train.min_lr", "must not exceed train.lr (" + cfg.value("train.lr").text + ")");
+  o.warmup_steps = i64("train.warmup_steps", 0);
+  o.lr_schedule = get("train.lr_schedule", std::string("cosine"), &Config::get_string);
+  o.weight_decay = f64("train.weight_decay", 0);
+  o.beta1 = f64("train.beta1", 0.9);
+  o.beta2 = f64("train.beta2", 0.95);
+  o.grad_clip = f64("train.grad_clip", 0);
+  o.log_every = i64("train.log_every", 10);
+  o.eval_every = i64("train.eval_every", 0);
+  o.eval_batches = i64("train.eval_batches", 0);
+  if (o.eval_every > 0 && o.eval_batches == 0)
+    errors.fail(cfg, "train.eval_every", "is set but train.eval_batches is 0, so each eval would use no data");
+  return o;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int64_t count_elements(const std::vector<Tensor>& ts) {
+  int64_t n = 0;
+  for (const Tensor& t : ts) n += t.numel();
+  return n;
+}
+
+// task.evaluate in eval mode without gradients; the model is back in training mode afterwards.
+double evaluate(TrainTask& task) {
+  NoGradGuard no_grad;
+  task.model->eval();
+  double v = task.evaluate();
+  task.model->train();
+  return v;
+}
+
+void log_compile_stats(const CompiledFunction& compiled, TrainSummary& r, std::ostream& log) {
+  const CompileStats& cs = compiled.stats();
+  r.compile_s = cs.time.total_ms / 1e3;
+  r.graphs = cs.compiles;
+  r.graph_breaks = static_cast<int64_t>(cs.graph_breaks.size());
+  r.recompiles = cs.recompiles;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "compile | %lld graph(s), %lld break(s), %lld recompile(s) | %lld launches per step for %lld eager "
+                "ops (%lld generated kernels) | compile %.2f s\n",
+                static_cast<long long>(r.graphs), static_cast<long long>(r.graph_breaks),
+                static_cast<long long>(r.recompiles), static_cast<long long>(cs.launches),
+                static_cast<long long>(cs.compute_ops), static_cast<long long>(cs.kernels), r.compile_s);
+  log << buf;
+  for (const std::string& b : cs.graph_breaks) log << "compile | graph break: " << b << "\n";
+}
+
+}  // namespace
+
+TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTask& task, std::ostream& log) {
+  INGOT_INTERNAL_CHECK(task.model && task.loss && task.next_batch && task.data_position && task.set_data_position &&
+                           task.save_final,
+                       "run_training: incomplete TrainTask");
+  nn::Module& model = *task.model;
+  model.train();
+
+  // bf16: the model computes in bf16 parameters; AdamW updates f32 masters that are rounded back each step.
+  // Parameter handles stay valid across to() (module.h), so task.params still names the trained tensors.
+  std::unique_ptr<optim::MasterWeights> masters;
+  std::vector<Tensor> opt_params = task.params;
+  if (run.dtype == DType::bf16) {
+    model.to(DType::bf16);
+    masters = std::make_unique<optim::MasterWeights>(task.params);
+    opt_params = masters->master();
+  }
+  optim::AdamWOptions ao;
+  ao.lr = o.lr;
+  ao.beta1 = o.beta1;
+  ao.beta2 = o.beta2;
+  ao.weight_decay = o.weight_decay;
+  optim::AdamW opt(opt_params, ao);
+  optim::LrSchedule sched;
+  sched.kind = optim::LrSchedule::parse_kind(o.lr_schedule);
+  sched.base_lr = o.lr;
+  sched.min_lr = o.min_lr;
+  sched.warmup_steps = o.warmup_steps;
+  sched.total_steps = run.max_steps;
+
+  TrainSummary r;
+  r.device = run.device.str();
+  r.dtype = std::string(dtype_name(run.dtype));
+  r.output_dir = run.output_dir;
+  r.config_file = run.config_file;
+  r.num_parameters = model.num_parameters();
+  r.trainable_parameters = count_elements(task.params);
+  r.best_loss = std::numeric_limits<double>::infinity();
+
+  // Resume before anything is written: a corrupt checkpoint leaves the run directory as it was.
+  TrainState st;
+  if (!run.resume_checkpoint.empty()) {
+    st = load_training_checkpoint(run.resume_checkpoint, model, opt, masters.get());
+    restore_rng(st.rng);
+    task.set_data_position(st.sampler_position);
+    r.first_loss = st.first_loss;
+    r.best_loss = st.best_loss;
+    r.final_loss = st.last_loss;
+    r.steps = st.step;
+    r.resumed_from = run.resume_checkpoint;
+    r.resumed_from_step = st.step;
+  }
+  const int64_t start_step = st.step;
+
+  log << task.header << "\n";
+  if (!run.resume_checkpoint.empty())
+    log << "resume | " << run.resume_reason << ": continuing after step " << st.step << " from "
+        << run.resume_checkpoint << "\n";
+  log.flush();
+
+  // One training step: every micro-batch's forward and backward, clipping, the optimizer update and the
+  // master-weight copies. Compiled, it is traced into one graph on the first call (compile/api.h); the clip
+  // then stays on the device (clip_grad_norm_tensor) instead of reading the norm back to the host.
+  const double inv_accum = 1.0 / static_cast<double>(o.grad_accum);
+  auto step_body = [&](const std::vector<Tensor>& batch, bool traced) {
+    Tensor total;
+    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+      Tensor loss = task.loss(batch[2 * micro], batch[2 * micro + 1]);
+      // Gradients of the mean over micro-batches; with one micro-batch the loss is used as is.
+      Tensor scaled = o.grad_accum > 1 ? loss * inv_accum : loss;
+      scaled.backward();
+      total = total.defined() ? total + scaled.detach() : scaled.detach();
+    }
+    if (masters) masters->copy_grads_to_master();
+    if (o.grad_clip > 0) {
+      if (traced) optim::clip_grad_norm_tensor(opt_params, o.grad_clip);
+      else opt.set_grad_scale(optim::clip_coefficient(optim::grad_norm(opt_params), o.grad_clip));
+    }
+    opt.step();
+    opt.zero_grad();
+    if (masters) {
+      masters->copy_to_model();
+      model.zero_grad();
+    }
+    return std::vector<Tensor>{total};
+  };
+  std::optional<CompiledFunction> compiled;
+  if (run.compile.enabled) {
+    compiled = compile([&](const std::vector<Tensor>& b) { return step_body(b, true); },
+                       compile_options(run.compile));
+    log << "compile | mode " << run.compile.mode << ": the first step traces and compiles the whole training step\n";
+  }
+
+  RunOutputs outputs(run, start_step > 0 ? start_step : -1, log);
+  r.metrics_log = outputs.metrics_path();
+
+  Allocator& alloc = allocator_for(run.device);
+  alloc.reset_peak();
+  const double tokens_per_step = task.tokens_per_step;
+  const double peak = task.flops_per_token > 0 ? peak_flops(run.device.is_cuda(), run.dtype == DType::bf16,
+                                                            run.peak_tflops)
+                                               : 0;
+  double window_loss = 0, train_s = 0;
+  int64_t window_steps = 0;
+  Clock::time_point window_start = Clock::now();
+
+  auto make_state = [&](int64_t step, double lr) {
+    TrainState t;
+    t.step = step;
+    t.sampler_position = task.data_position();
+    t.tokens_seen = static_cast<int64_t>(tokens_per_step) * step;
+    t.lr_schedule = o.lr_schedule;
+    t.base_lr = o.lr;
+    t.min_lr = o.min_lr;
+    t.last_lr = lr;
+    t.warmup_steps = o.warmup_steps;
+    t.total_steps = run.max_steps;
+    t.rng = capture_rng();
+    t.first_loss = r.first_loss;
+    t.best_loss = r.best_loss;
+    t.last_loss = r.final_loss;
+    t.train_s = st.train_s + train_s;
+    t.config_hash = run.config_hash;
+    t.config = run.config_entries;
+    return t;
+  };
+
+  bool stale_removed = false;
+  std::error_code ec;
+  for (int64_t step = start_step; step < run.max_steps; ++step) {
+    Clock::time_point step_start = Clock::now();
+    outputs.begin_step(step + 1);
+    double lr = sched.at(step);
+    opt.set_lr(lr);
+    std::vector<Tensor> batch;
+    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+      auto [x, y] = task.next_batch();
+      batch.push_back(x.to(run.device));
+      batch.push_back(y.to(run.device));
+    }
+    const double l = (compiled ? (*compiled)(batch) : step_body(batch, false))[0].item();
+    INGOT_CHECK(std::isfinite(l), "training diverged: the loss is ", l, " at step ", step + 1, " (lr ", lr,
+                "); lower train.lr or set train.grad_clip");
+    double step_s = seconds_since(step_start);
+    train_s += step_s;
+    outputs.end_step(step + 1);
+    if (step == 0) r.first_loss = l;
+    r.final_loss = l;
+    r.best_loss = std::min(r.best_loss, l);
+    r.steps = step + 1;
+    window_loss += l;
+    ++window_steps;
+
+    const double rate = tokens_per_step / std::max(step_s, 1e-9);
+    const double mfu = peak > 0 ? rate * task.flops_per_token / peak : -1;
+    const double mem = static_cast<double>(alloc.stats().allocated_bytes);
+    nlohmann::ordered_json rec;
+    rec["kind"] = "train";
+    rec["step"] = step + 1;
+    rec["loss"] = l;
+    rec["lr"] = lr;
+    rec["tokens"] = static_cast<int64_t>(tokens_per_step) * (step + 1);
+    rec["tokens_per_s"] = rate;
+    rec["mfu"] = std::max(mfu, 0.0);
+    rec["memory_bytes"] = static_cast<int64_t>(mem);
+    rec["time_s"] = st.train_s + train_s;
+    outputs.log_train(rec.dump(), step + 1, l, lr, rate);
+
+    bool last = step + 1 == run.max_steps;
+    if (step == start_step || (step + 1) % o.log_every == 0 || last) {
+      double window_rate =
+          tokens_per_step * static_cast<double>(window_steps) / std::max(seconds_since(window_start), 1e-9);
+      double done = static_cast<double>(step + 1 - start_step);
+      double eta = train_s / done * static_cast<double>(run.max_steps - step - 1);
+      double window_mfu = peak > 0 ? window_rate * task.flops_per_token / peak : -1;
+      log << progress_line(step + 1, run.max_steps, window_loss / static_cast<double>(window_steps), lr, window_rate,
+                           window_mfu, mem, eta)
+          << "\n"
+          << std::flush;
+      window_loss = 0;
+      window_steps = 0;
+      window_start = Clock::now();
+    }
+    if (task.evaluate && o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
+      double v = evaluate(task);
+      outputs.log_eval(step + 1, v);
+      char buf[120];
+      std::snprintf(buf, sizeof buf, "eval | step %lld | val_loss %.3f\n", static_cast<long long>(step + 1), v);
+      log << buf << std::flush;
+    }
+    if (run.save_every > 0 && ((step + 1) % run.save_every == 0 || last)) {
+      std::string path = save_training_checkpoint(run.output_dir, model, opt, masters.get(), make_state(step + 1, lr));
+      if (!stale_removed) {
+        // Checkpoints past this run's starting point belong to an earlier run in the same output_dir (or a
+        // future this run has replaced); they go once this run has a checkpoint of its own.
+        for (const auto& [old_step, old_path] : list_checkpoints(run.output_dir))
+          if (old_step > start_step && old_path != path) fs::remove_all(old_path, ec);
+        stale_removed = true;
+      }
+      prune_checkpoints(run.output_dir, run.keep_last);
+      log << "checkpoint | step " << step + 1 << " | " << path << "\n" << std::flush;
+    }
+    if (task.halt_after_steps > 0 && step + 1 - start_step >= task.halt_after_steps) {
+      r.train_s = train_s;
+      return r;
+    }
+  }
+  r.train_s = st.train_s + train_s;
+  const double run_steps = static_cast<double>(r.steps - start_step);
+  r.tokens_per_s = tokens_per_step * run_steps / std::max(train_s, 1e-9);
+  r.mfu = peak > 0 ? r.tokens_per_s * task.flops_per_token / peak : 0;
+
+  if (task.evaluate) {
+    r.val_loss = evaluate(task);
+    outputs.log_eval(r.steps, r.val_loss);
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "eval | val_loss %.3f over %s | train loss %.3f (last step)\n", r.val_loss,
+                  task.eval_description.c_str(), r.final_loss);
+    log << buf;
+  }
+  r.peak_memory_bytes = alloc.stats().peak_allocated_bytes;
+  if (compiled) log_compile_stats(*compiled, r, log);
+
+  // Final artifacts hold f32 weights: in bf16 mode the masters hold the precise values.
+  if (masters) {
+    NoGradGuard no_grad;
+    model.to(DType::f32);
+    for (size_t i = 0; i < task.params.size(); ++i) task.params[i].copy_(masters->master()[i]);
+  }
+  fs::create_directories(run.output_dir, ec);
+  INGOT_CHECK(!ec, "cannot create output_dir '", run.output_dir, "': ", ec.message());
+  r.checkpoints = task.save_final();
+  for (const auto& [step, path] : list_checkpoints(run.output_dir)) r.training_checkpoints.push_back(path);
+  outputs.finish(r);
+  write_summary(r, (fs::path(run.output_dir) / "summary.json").string());
+
+  log << "done | " << r.steps << " steps in " << format_duration(r.train_s) << " | loss ";
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%.3f -> %.3f | %s tok/s | saved %s\n", r.first_loss, r.final_loss,
+                format_count(r.tokens_per_s).c_str(), r.checkpoints.empty() ? "-" : r.checkpoints.front().c_str());
+  log << buf << std::flush;
+  return r;
+}
+
+std::string summary_json(const TrainSummary& r) {
+  nlohmann::ordered_json j;
+  j["steps"] = r.steps;
+  j["first_loss"] = r.first_loss;
+  j["final_loss"] = r.final_loss;
+  j["best_loss"] = std::isfinite(r.best_loss) ? r.best_loss : 0.0;
+  j["val_loss"] = r.val_loss;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["mfu"] = r.mfu;
+  j["train_s"] = r.train_s;
+  j["compile_s"] = r.compile_s;
+  j["graphs"] = r.graphs;
+  j["graph_breaks"] = r.graph_breaks;
+  j["recompiles"] = r.recompiles;
+  j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["num_parameters"] = r.num_parameters;
+  j["trainable_parameters"] = r.trainable_parameters;
+  j["device"] = r.device;
+  j["dtype"] = r.dtype;
+  j["output_dir"] = r.output_dir;
+  j["config"] = r.config_file;
+  j["resumed_from"] = r.resumed_from;
+  j["resumed_from_step"] = r.resumed_from_step;
+  j["checkpoints"] = r.checkpoints;
+  j["training_checkpoints"] = r.training_checkpoints;
+  j["metrics_log"] = r.metrics_log;
+  j["loss_plot"] = r.loss_plot;
+  j["tensorboard_dir"] = r.tensorboard_dir;
+  j["profile_trace"] = r.profile_trace;
+  return j.dump(2) + "\n";
+}
+
+void write_summary(const TrainSummary& r, const std::string& path) {
+  std::string text = summary_json(r);
+  fs::path parent = fs::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  INGOT_CHECK(!ec, "cannot create the directory of summary file '", path, "': ", ec.message());
+  write_file_atomic(path, [&](std::FILE* f) { write_bytes(f, text.data(), text.size()); });
+}
+
+}  // namespace ingot::recipes

@@ -1,0 +1,104 @@
+// The training loop every training recipe shares (pretrain, full_finetune, lora_finetune): AdamW over the
+// parameters a recipe chooses, a warm-up + decay LR schedule, gradient accumulation and clipping, optional bf16
+// compute with f32 master weights, compile.enabled (the whole step traced into one graph, recipes/compiled_step.h),
+// the progress line, metrics.jsonl / TensorBoard / profile / loss plot (recipes/run_outputs.h), training
+// checkpoints with exact resume (recipes/train_state.h), periodic and final evaluation, and the summary JSON.
+//
+// A recipe builds its model and data, describes them as a TrainTask, and calls run_training:
+//
+//   TrainTask task;
+//   task.model = model.get();  task.params = model->parameters();
+//   task.loss = [&](const Tensor& x, const Tensor& y) { return model->loss(x, y); };
+//   task.next_batch = [&] { return loader.next_pair(); };   // one micro-batch, CPU
+//   task.save_final = [&] { model->save(...); return paths; };
+//   TrainSummary r = run_training(settings.run, settings.train, task, log);
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/nn/module.h"
+#include "recipes/config.h"
+#include "recipes/run_settings.h"
+
+namespace ingot::recipes {
+
+// Defaults of the train.* keys, which differ between pretraining and fine-tuning.
+struct TrainDefaults {
+  std::string batch_size = "16", lr = "1e-3", min_lr = "1e-4", warmup_steps = "100", lr_schedule = "cosine",
+              weight_decay = "0.1", beta2 = "0.95", grad_clip = "1.0", log_every = "10", eval_batches = "20";
+};
+
+// Adds train.batch_size, gradient_accumulation_steps, lr, min_lr, warmup_steps, lr_schedule, weight_decay,
+// beta1, beta2, grad_clip, log_every, eval_every, eval_batches.
+void add_train_keys(ConfigSchema& s, const TrainDefaults& d);
+
+// The train.* section as typed values.
+struct TrainOptions {
+  int64_t batch_size = 1, grad_accum = 1, warmup_steps = 0, log_every = 10, eval_every = 0, eval_batches = 0;
+  double lr = 0, min_lr = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.95, grad_clip = 0;
+  std::string lr_schedule = "cosine";
+};
+
+// Reads the keys add_train_keys adds; problems (min_lr > lr, eval_every without eval_batches) go to `errors`.
+TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors);
+
+struct TrainSummary {
+  int64_t steps = 0;
+  double first_loss = 0, final_loss = 0, best_loss = 0;  // training loss of step 1, the last step, the lowest
+  double val_loss = 0;                                   // mean over train.eval_batches validation batches
+  double tokens_per_s = 0, train_s = 0;                  // training steps only (no set-up, eval or saving)
+  double mfu = 0;                                        // model FLOPs utilization (0 when no peak is known)
+  // Compiler figures; 0 while every run is eager.
+  double compile_s = 0;
+  int64_t graphs = 0, graph_breaks = 0, recompiles = 0;
+  int64_t peak_memory_bytes = 0;  // the device allocator's high-water mark during the run
+  int64_t num_parameters = 0;
+  int64_t trainable_parameters = 0;  // what the optimizer updates (fewer than num_parameters with LoRA)
+  int64_t resumed_from_step = 0;     // 0 for a fresh run
+  std::string device, dtype, output_dir, config_file, resumed_from;
+  std::vector<std::string> checkpoints;           // final files and directories written under output_dir
+  std::vector<std::string> training_checkpoints;  // checkpoint directories kept at the end
+  std::string metrics_log, loss_plot, tensorboard_dir, profile_trace;
+};
+
+// What a recipe trains and how it gets its data. Every callback runs on the calling thread.
+struct TrainTask {
+  std::string header;                 // the first log line (model, data, batch shape)
+  nn::Module* model = nullptr;        // trained in place; checkpointed whole (frozen weights too)
+  std::vector<Tensor> params;         // what AdamW updates: every parameter, or only the LoRA adapters
+  // Loss of one micro-batch (inputs, targets on the run's device): a scalar the loop differentiates.
+  std::function<Tensor(const Tensor& inputs, const Tensor& targets)> loss;
+  // The next training micro-batch (inputs, targets) on the CPU; the loop moves it to the device.
+  std::function<std::pair<Tensor, Tensor>()> next_batch;
+  // Where the data is (saved in checkpoints as one integer) and how to go back there on resume.
+  std::function<int64_t()> data_position;
+  std::function<void(int64_t)> set_data_position;
+  // Mean validation loss (the loop switches the model to eval mode and disables gradients); empty: no eval.
+  std::function<double()> evaluate;
+  std::string eval_description;  // "20 batches", for the final eval line
+  double tokens_per_step = 0;   // over all micro-batches of a step
+  double flops_per_token = 0;   // for MFU (0: not reported)
+  // Writes the recipe's final artifacts (weights are f32 again when the run kept bf16 masters) and returns
+  // their paths; they go into the summary's `checkpoints`.
+  std::function<std::vector<std::string>()> save_final;
+  // Stops after this many completed steps as if the process had died there (no final eval, artifacts or
+  // summary; checkpoints already written stay). 0: off. Tests use it to check exact resume.
+  int64_t halt_after_steps = 0;
+};
+
+// Trains for run.max_steps optimizer steps (continuing from run.resume_checkpoint when set), evaluates, calls
+// save_final and writes output_dir/summary.json. Progress line every log_every steps:
+//   step 20/300 | loss 2.345 | lr 3.0e-04 | 12.3k tok/s | MFU 1.2% | mem 12.0 MiB | ETA 0:41
+// Throws ingot::Error on failures (a non-finite loss, unwritable output, a corrupt checkpoint).
+TrainSummary run_training(const RunSettings& run, const TrainOptions& opts, TrainTask& task, std::ostream& log);
+
+// The summary as one JSON object, written atomically (an existing file is replaced only when complete).
+std::string summary_json(const TrainSummary& r);
+void write_summary(const TrainSummary& r, const std::string& path);
+
+}  // namespace ingot::recipes

@@ -1,0 +1,319 @@
+// The fine-tuning recipes on the tiny Hugging Face fixtures (tests/fixtures/hf) and the KJV instruction set
+// (tests/fixtures/data): the loss falls, LoRA trains only its adapters, exports reload with the trained
+// model's logits, interrupted + resumed runs equal uninterrupted ones bit for bit, and bad inputs are named.
+#include "recipes/finetune.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "models/hf_checkpoint.h"
+#include "models/peft.h"
+#include "recipes/metrics.h"
+#include "recipes/registry.h"
+#include "runtime/file_util.h"
+#include "runtime/safetensors.h"
+
+namespace ingot::recipes {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kFixtures = "tests/fixtures/hf/";
+
+// The state dict of a safetensors file.
+std::map<std::string, Tensor> read_tensors(const std::string& path) {
+  SafetensorsFile f = SafetensorsFile::open(path);
+  std::map<std::string, Tensor> out;
+  for (const std::string& n : f.names()) out[n] = f.get(n);
+  return out;
+}
+
+double mean_of(const std::vector<double>& v, size_t from, size_t to) {
+  double s = 0;
+  for (size_t i = from; i < to && i < v.size(); ++i) s += v[i];
+  return s / static_cast<double>(std::min(to, v.size()) - from);
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && a.to_vector() == b.to_vector();
+}
+
+// Logits of a fixed id sequence [1, 24] (ids < 512, the fixtures' vocabulary).
+Tensor probe_logits(models::CausalLM& model) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 24; ++i) ids.push_back((i * 37 + 11) % 500);
+  NoGradGuard no_grad;
+  model.eval();
+  return model.forward(from_vector_i64(ids, {1, 24}));
+}
+
+class Finetune : public ::testing::Test {
+ public:
+  // A validated config of `recipe` on fixture `model`; `extra` overrides come last.
+  Config config(const std::string& recipe, const std::string& model, const std::string& out,
+                std::vector<std::string> extra = {}) {
+    Config c = Config::parse("recipe: " + recipe +
+                                 "\ndevice: cpu\nmax_steps: 30\nseed: 5\n"
+                                 "tokenizer: {path: tests/fixtures/data/tokenizer}\n"
+                                 "data: {format: instruction, path: tests/fixtures/data/kjv_instruct.jsonl, "
+                                 "seq_len: 48, chat_template: chatml}\n"
+                                 "train: {batch_size: 4, lr: 3.0e-3, warmup_steps: 2, log_every: 10}\n"
+                                 "logging: {plot: false}\n",
+                             "ft.yaml");
+    c.apply_override("model.path=" + std::string(kFixtures) + model);
+    c.apply_override("output_dir=" + dir_.file(out));
+    for (const std::string& o : extra) c.apply_override(o);
+    c.validate(recipe == "lora_finetune" ? lora_finetune_schema() : full_finetune_schema());
+    return c;
+  }
+  TrainSummary run(const Config& c, int64_t halt = 0) {
+    FinetuneSettings s = resolve_finetune(c);
+    s.halt_after_steps = halt;
+    return run_finetune(s, log_);
+  }
+  std::vector<double> losses(const std::string& out) {
+    std::vector<double> l;
+    for (const MetricPoint& p : read_metrics(dir_.file(out + "/metrics.jsonl")))
+      if (p.kind == "train") l.push_back(p.value);
+    return l;
+  }
+  // A ConfigError from resolving `c` (empty when there is none).
+  static std::string resolve_error(const Config& c) {
+    try {
+      resolve_finetune(c);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  }
+  TempDir dir_{"ingot_finetune_test"};
+  std::ostringstream log_;
+};
+
+TEST_F(Finetune, FullFinetuneLowersTheLossAndExportsAHuggingFaceCheckpoint) {
+  TrainSummary r = run(config("full_finetune", "llama_tiny", "full", {"max_steps=60", "train.lr=1.0e-2"}));
+  EXPECT_EQ(r.steps, 60);
+  EXPECT_LT(mean_of(losses("full"), 50, 60), mean_of(losses("full"), 0, 10) - 1.5) << log_.str();
+  EXPECT_EQ(r.trainable_parameters, r.num_parameters);
+  const std::string hf = dir_.file("full/hf");
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                        "generation_config.json"})
+    EXPECT_TRUE(fs::is_regular_file(fs::path(hf) / f)) << f;
+  EXPECT_TRUE(fs::is_regular_file(dir_.file("full/summary.json")));
+  EXPECT_NE(log_.str().find("step 10/60 | loss"), std::string::npos) << log_.str();
+}
+
+TEST_F(Finetune, LoraFinetuneLowersTheLossTrainsOnlyAdaptersAndSavesOnlyAdapters) {
+  TrainSummary r = run(config("lora_finetune", "llama_tiny", "lora",
+                              {"max_steps=60", "train.lr=2.0e-2", "checkpoint.save_every=60",
+                               "lora.target_modules=[q_proj, v_proj, lm_head]"}));
+  EXPECT_LT(mean_of(losses("lora"), 50, 60), mean_of(losses("lora"), 0, 10) - 0.8) << log_.str();
+  EXPECT_LT(r.trainable_parameters, r.num_parameters / 5);
+
+  // The final training checkpoint holds the whole model: every base tensor is the fixture's, bit for bit.
+  std::map<std::string, Tensor> trained = read_tensors(dir_.file("lora/checkpoints/step_00000060/model.safetensors"));
+  models::HFModel base = models::load_hf_model(std::string(kFixtures) + "llama_tiny");
+  int64_t lora_tensors = 0;
+  for (const auto& [name, t] : base.model->state_dict()) {
+    ASSERT_TRUE(trained.count(name)) << name;
+    EXPECT_TRUE(bitwise_equal(trained.at(name), t)) << name << " changed";
+  }
+  for (const auto& [name, t] : trained) lora_tensors += name.find(".lora_") != std::string::npos;
+  EXPECT_EQ(lora_tensors, 2 * (2 * 2 + 1));  // A and B of q_proj and v_proj in 2 layers, and of lm_head
+
+  // The adapter directory holds the adapters only.
+  std::map<std::string, Tensor> adapter = read_tensors(dir_.file("lora/adapter/adapter_model.safetensors"));
+  EXPECT_EQ(static_cast<int64_t>(adapter.size()), lora_tensors);
+  for (const auto& [name, t] : adapter) EXPECT_NE(name.find(".lora_"), std::string::npos) << name;
+  EXPECT_TRUE(fs::is_regular_file(dir_.file("lora/adapter/adapter_config.json")));
+  EXPECT_TRUE(fs::is_regular_file(dir_.file("lora/hf/model.safetensors")));  // merge_on_export
+}
+
+TEST_F(Finetune, FullExportReloadsWithTheTrainedModelsLogitsBitwise) {
+  run(config("full_finetune", "gpt2_tiny", "gpt2", {"max_steps=6", "checkpoint.save_every=6"}));
+  // The trained weights, as the training checkpoint holds them, in a model built from the fixture.
+  models::HFModel trained = models::load_hf_model(std::string(kFixtures) + "gpt2_tiny");
+  trained.model->load_state_dict(read_tensors(dir_.file("gpt2/checkpoints/step_00000006/model.safetensors")));
+  models::HFModel exported = models::load_hf_model(dir_.file("gpt2/hf"));
+  models::HFModel original = models::load_hf_model(std::string(kFixtures) + "gpt2_tiny");
+  Tensor want = probe_logits(*trained.model);
+  EXPECT_TRUE(bitwise_equal(probe_logits(*exported.model), want));
+  EXPECT_FALSE(bitwise_equal(probe_logits(*original.model), want)) << "training changed nothing";
+}
+
+TEST_F(Finetune, LoraAdapterAndMergedExportReproduceTheTrainedModel) {
+  run(config("lora_finetune", "llama_tiny", "lora", {"max_steps=6", "checkpoint.save_every=6", "train.lr=1.0e-2"}));
+  models::HFModel trained = models::load_hf_model(std::string(kFixtures) + "llama_tiny");
+  nn::LoRAConfig lc;
+  lc.target_modules = {"q_proj", "v_proj"};
+  nn::apply_lora(*trained.model, lc);
+  trained.model->load_state_dict(read_tensors(dir_.file("lora/checkpoints/step_00000006/model.safetensors")));
+  Tensor want = probe_logits(*trained.model);
+
+  models::HFModel with_adapter = models::load_hf_model(std::string(kFixtures) + "llama_tiny");
+  models::load_lora_adapter(*with_adapter.model, dir_.file("lora/adapter"));
+  EXPECT_TRUE(bitwise_equal(probe_logits(*with_adapter.model), want));
+
+  // Merging rounds W + s * B A once, so the merged model agrees to float precision rather than bitwise.
+  models::HFModel merged = models::load_hf_model(dir_.file("lora/hf"));
+  std::vector<double> a = probe_logits(*merged.model).to_vector(), b = want.to_vector();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4) << i;
+}
+
+// Runs uninterrupted, then crashes after `halt` steps having saved every `every`, resumes, and expects the
+// same per-step losses and final export, bit for bit.
+void expect_exact_resume(Finetune& t, const std::string& recipe, const std::string& model,
+                         std::vector<std::string> extra) {
+  extra.push_back("max_steps=12");
+  t.run(t.config(recipe, model, "full", extra));
+  std::vector<std::string> ckpt = extra;
+  ckpt.push_back("checkpoint.save_every=4");
+  t.run(t.config(recipe, model, "split", ckpt), /*halt=*/6);
+  EXPECT_EQ(t.losses("split").size(), 6u);
+  EXPECT_FALSE(fs::exists(t.dir_.file("split/hf"))) << "a crashed run exports nothing";
+  ckpt.push_back("resume=true");
+  TrainSummary r = t.run(t.config(recipe, model, "split", ckpt));
+  EXPECT_EQ(r.resumed_from_step, 4);
+  std::vector<double> a = t.losses("full"), b = t.losses("split");
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;  // bitwise
+  EXPECT_EQ(read_file(t.dir_.file("full/hf/model.safetensors")), read_file(t.dir_.file("split/hf/model.safetensors")));
+}
+
+TEST_F(Finetune, FullFinetuneResumesBitwiseAcrossEpochs) {
+  // 64 examples of ~40 tokens pack into ~50 rows: 12 steps of 4 rows cross an epoch boundary (reshuffle).
+  expect_exact_resume(*this, "full_finetune", "llama_tiny", {"train.gradient_accumulation_steps=2"});
+}
+
+TEST_F(Finetune, LoraFinetuneWithDropoutAndPaddingResumesBitwise) {
+  expect_exact_resume(*this, "lora_finetune", "mistral_tiny", {"lora.dropout=0.1", "data.packing=false"});
+}
+
+TEST_F(Finetune, EpochsSetTheNumberOfSteps) {
+  FinetuneSettings s = resolve_finetune(config("full_finetune", "llama_tiny", "e", {"train.epochs=2"}));
+  TrainSummary r = run_finetune(s, log_);
+  // Two passes over the packed rows, batch 4: steps = 2 * rows / 4 (rows as the header line reports).
+  std::string header = log_.str().substr(0, log_.str().find('\n'));
+  size_t at = header.find(" batches per epoch");
+  ASSERT_NE(at, std::string::npos) << header;
+  int64_t per_epoch = std::stoll(header.substr(header.rfind("| ", at) + 2));
+  EXPECT_EQ(r.steps, 2 * per_epoch);
+}
+
+TEST_F(Finetune, HeldOutExamplesAreEvaluated) {
+  TrainSummary r = run(config("full_finetune", "llama_tiny", "v",
+                              {"max_steps=8", "data.val_fraction=0.25", "train.eval_every=4", "train.eval_batches=2"}));
+  EXPECT_GT(r.val_loss, 0);
+  EXPECT_NE(log_.str().find("eval | step 4 | val_loss"), std::string::npos) << log_.str();
+  EXPECT_NE(log_.str().find("(+16 held out)"), std::string::npos) << log_.str();
+}
+
+// --- bad inputs: named, and nothing written -----------------------------------------------------------------
+
+TEST_F(Finetune, AMissingModelDirectoryIsAConfigErrorNamingTheKey) {
+  Config c = config("full_finetune", "llama_tiny", "x");
+  c.apply_override("model.path=" + dir_.file("no_such_model"));
+  std::string msg = resolve_error(c);
+  EXPECT_NE(msg.find("model.path: no such checkpoint directory"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no_such_model"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(dir_.file("x")));
+}
+
+TEST_F(Finetune, AMissingTensorIsAnErrorNamingItAndNothingIsWritten) {
+  // A copy of the fixture without one tensor.
+  fs::create_directories(dir_.file("broken"));
+  fs::copy_file(std::string(kFixtures) + "llama_tiny/config.json", dir_.file("broken/config.json"));
+  std::vector<std::pair<std::string, Tensor>> kept;
+  for (auto& [name, t] : read_tensors(std::string(kFixtures) + "llama_tiny/model.safetensors"))
+    if (name != "model.layers.1.mlp.up_proj.weight") kept.emplace_back(name, t);
+  save_safetensors(dir_.file("broken/model.safetensors"), kept, {{"format", "pt"}});
+  Config c = config("full_finetune", "llama_tiny", "x");
+  c.apply_override("model.path=" + dir_.file("broken"));
+  try {
+    run(c);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.1.mlp.up_proj.weight"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_.file("x")));
+}
+
+TEST_F(Finetune, ABadJsonlLineIsAnErrorWithItsLineNumberAndNothingIsWritten) {
+  std::ifstream in("tests/fixtures/data/kjv_instruct.jsonl");
+  std::string text, line;
+  for (int i = 0; std::getline(in, line); ++i) text += (i == 6 ? line.substr(0, line.size() / 2) : line) + "\n";
+  std::ofstream(dir_.file("bad.jsonl")) << text;
+  try {
+    run(config("full_finetune", "llama_tiny", "x", {"data.path=" + dir_.file("bad.jsonl")}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.jsonl:7: malformed JSON"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_.file("x")));
+}
+
+TEST_F(Finetune, AnUnknownLoraTargetIsAConfigErrorListingTheProjections) {
+  std::string msg = resolve_error(config("lora_finetune", "llama_tiny", "x", {"lora.target_modules=[q_proj, qkv]"}));
+  EXPECT_NE(msg.find("lora.target_modules: unknown module 'qkv' for a llama model"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"), std::string::npos) << msg;
+  msg = resolve_error(config("lora_finetune", "gpt2_tiny", "x"));  // GPT-2 has c_attn, not q_proj
+  EXPECT_NE(msg.find("unknown module 'q_proj' for a gpt2 model"), std::string::npos) << msg;
+}
+
+TEST_F(Finetune, AnUnknownChatTemplateIsAConfigErrorAtItsLine) {
+  Config c = Config::parse("recipe: full_finetune\nmodel: {path: tests/fixtures/hf/llama_tiny}\n"
+                           "data:\n  path: tests/fixtures/data/kjv_instruct.jsonl\n  chat_template: vicuna\n",
+                           "ft.yaml");
+  try {
+    c.validate(full_finetune_schema());
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("ft.yaml:5:18: data.chat_template: expected one of auto, llama3, chatml"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(Finetune, ATemplateTheTokenizerCannotRenderIsNamed) {
+  // The GPT-2 tokenizer layout has no <|start_header_id|>: a fixture-sized tokenizer without chat tokens.
+  fs::create_directories(dir_.file("tok"));
+  nlohmann::json j = nlohmann::json::parse(read_file("tests/fixtures/data/tokenizer/tokenizer.json"));
+  nlohmann::json kept = nlohmann::json::array();
+  for (auto& t : j["added_tokens"])
+    if (t["content"] != "<|start_header_id|>") kept.push_back(t);
+  j["added_tokens"] = kept;
+  std::ofstream(dir_.file("tok/tokenizer.json")) << j.dump();
+  try {
+    run(config("full_finetune", "llama_tiny", "x", {"data.chat_template=llama3", "tokenizer.path=" + dir_.file("tok")}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no <|start_header_id|>"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_.file("x")));
+}
+
+TEST_F(Finetune, ASequenceLongerThanTheModelIsAConfigError) {
+  std::string msg = resolve_error(config("full_finetune", "llama_tiny", "x", {"data.seq_len=65"}));
+  EXPECT_NE(msg.find("data.seq_len: 65 is longer than the model's 64 positions"), std::string::npos) << msg;
+}
+
+TEST(FinetuneConfigs, EveryBuiltInConfigValidates) {
+  int checked = 0;
+  for (const BuiltinConfig& b : list_builtin_configs()) {
+    if (b.recipe == "pretrain") continue;  // their data comes from scripts/get_data.sh
+    const Recipe* recipe = nullptr;
+    EXPECT_NO_THROW(load_and_check(b.path, {"device=cpu"}, &recipe)) << b.path;
+    ++checked;
+  }
+  EXPECT_GE(checked, 6);
+}
+
+}  // namespace
+}  // namespace ingot::recipes

@@ -1,0 +1,124 @@
+// The fine-tuning, eval and generate recipes through the `ingot` program (bin/ingot beside bin/ingot_tests),
+// run from the source tree so the built-in configs find their fixtures.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "runtime/file_util.h"
+
+namespace ingot {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `ingot <args>` in the source tree.
+Result ingot(const std::string& args) {
+  const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path() / "ingot";
+  std::string cmd = "cd '" + std::string(INGOT_SOURCE_DIR) + "' && '" + bin.string() + "' " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+bool has(const Result& r, const std::string& needle) { return r.output.find(needle) != std::string::npos; }
+
+TEST(FinetuneCli, LsListsTheRecipesAndTheirConfigs) {
+  Result r = ingot("ls");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* s : {"full_finetune  fine-tune every weight", "lora_finetune  train LoRA adapters", "eval  perplexity",
+                        "generate  continue a prompt", "    gpt2_full_finetune ", "    llama_full_finetune ",
+                        "    llama_lora_finetune ", "    qwen2_lora_finetune ", "    eval_perplexity ",
+                        "    generate_text "})
+    EXPECT_TRUE(has(r, s)) << s << "\n" << r.output;
+}
+
+TEST(FinetuneCli, CatValidateAndRunHelpDescribeTheConfigs) {
+  Result r = ingot("cat qwen2_lora_finetune");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r, "recipe: lora_finetune")) << r.output;
+  for (const char* c : {"gpt2_full_finetune", "llama_full_finetune", "llama_lora_finetune", "qwen2_lora_finetune",
+                        "eval_perplexity", "generate_text"}) {
+    r = ingot(std::string("validate ") + c + " device=cpu");
+    EXPECT_EQ(r.exit_code, 0) << c << ": " << r.output;
+  }
+  r = ingot("run lora_finetune --help");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* key : {"lora.target_modules", "lora.merge_on_export", "data.chat_template", "train.epochs",
+                          "model.path", "tokenizer.path", "export.max_shard_mb"})
+    EXPECT_TRUE(has(r, key)) << key;
+  r = ingot("run generate --help");
+  EXPECT_TRUE(has(r, "generate.top_p")) << r.output;
+}
+
+TEST(FinetuneCli, RunFineTunesThenEvalAndGenerateUseTheExport) {
+  TempDir dir("ingot_ft_cli");
+  const std::string out = dir.file("run");
+  Result r = ingot("run llama_lora_finetune device=cpu max_steps=4 train.log_every=2 output_dir=" + out +
+                   " --summary " + dir.file("s.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r, "step 4/4 | loss")) << r.output;
+  EXPECT_TRUE(fs::is_regular_file(out + "/adapter/adapter_config.json"));
+  EXPECT_TRUE(fs::is_regular_file(out + "/hf/model.safetensors"));
+  EXPECT_TRUE(fs::is_regular_file(dir.file("s.json")));
+
+  r = ingot("run eval_perplexity device=cpu model.path=" + out + "/hf tokenizer.path=" + out + "/hf");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r, "eval | loss")) << r.output;
+  r = ingot("run eval_perplexity device=cpu model.path=tests/fixtures/hf/llama_tiny model.adapter=" + out + "/adapter");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+
+  // The completion is printed on stdout; the log line on stderr.
+  const std::string bin = (fs::read_symlink("/proc/self/exe").parent_path() / "ingot").string();
+  std::string cmd = "cd '" + std::string(INGOT_SOURCE_DIR) + "' && '" + bin + "' run generate_text device=cpu "
+                    "generate.max_new_tokens=5 model.path=" + out + "/hf 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::array<char, 4096> buf;
+  std::string stdout_text;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) stdout_text.append(buf.data(), n);
+  EXPECT_EQ(pclose(p), 0);
+  EXPECT_FALSE(stdout_text.empty());
+  EXPECT_EQ(stdout_text.find("generate |"), std::string::npos) << stdout_text;
+}
+
+TEST(FinetuneCli, BadInputsExitNonZeroNamingTheProblemAndWriteNothing) {
+  TempDir dir("ingot_ft_cli_bad");
+  const std::string out = dir.file("run");
+  Result r = ingot("run qwen2_lora_finetune device=cpu output_dir=" + out + " model.path=" + dir.file("nope"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r, "model.path: no such checkpoint directory")) << r.output;
+
+  r = ingot("run qwen2_lora_finetune device=cpu output_dir=" + out + " 'lora.target_modules=[q_proj, attn]'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r, "lora.target_modules: unknown module 'attn'")) << r.output;
+
+  r = ingot("run qwen2_lora_finetune device=cpu output_dir=" + out + " data.chat_template=zephyr");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r, "data.chat_template: expected one of")) << r.output;
+
+  std::ofstream(dir.file("bad.jsonl")) << "{\"instruction\": \"a\", \"output\": \"b\"}\n{\"instruction\": \n";
+  r = ingot("run qwen2_lora_finetune device=cpu output_dir=" + out + " data.path=" + dir.file("bad.jsonl"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r, "bad.jsonl:2: malformed JSON")) << r.output;
+  EXPECT_FALSE(fs::exists(out)) << "nothing may be written for bad inputs";
+}
+
+}  // namespace
+}  // namespace ingot
