@@ -235,6 +235,12 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
       models::save_lora_adapter(model, s.lora_config, hf.config, adapter, s.model.path);
       out.push_back(adapter);
     }
+    if (s.lora && run.dtype != DType::f32) {
+      // The frozen base was rounded to the compute dtype; merge the adapters into the checkpoint's own
+      // weights instead (load_hf_weights leaves the adapters alone).
+      NoGradGuard no_grad;
+      models::load_hf_weights(model, hf.config, s.model.path);
+    }
     if (!s.lora || s.merge_on_export) {
       models::HFSaveOptions so;
       so.max_shard_bytes = s.max_shard_bytes;

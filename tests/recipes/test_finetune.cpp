@@ -135,7 +135,10 @@ TEST_F(Finetune, LoraFinetuneLowersTheLossTrainsOnlyAdaptersAndSavesOnlyAdapters
 }
 
 TEST_F(Finetune, FullExportReloadsWithTheTrainedModelsLogitsBitwise) {
-  run(config("full_finetune", "gpt2_tiny", "gpt2", {"max_steps=6", "checkpoint.save_every=6"}));
+  // 0.2 MB shards: the ~0.55 MB model is exported as model-0000k-of-0000n.safetensors plus the index.
+  run(config("full_finetune", "gpt2_tiny", "gpt2", {"max_steps=6", "checkpoint.save_every=6", "export.max_shard_mb=0.2"}));
+  EXPECT_TRUE(fs::is_regular_file(dir_.file("gpt2/hf/model.safetensors.index.json")));
+  EXPECT_TRUE(fs::is_regular_file(dir_.file("gpt2/hf/model-00001-of-00003.safetensors")));
   // The trained weights, as the training checkpoint holds them, in a model built from the fixture.
   models::HFModel trained = models::load_hf_model(std::string(kFixtures) + "gpt2_tiny");
   trained.model->load_state_dict(read_tensors(dir_.file("gpt2/checkpoints/step_00000006/model.safetensors")));
@@ -213,6 +216,36 @@ TEST_F(Finetune, HeldOutExamplesAreEvaluated) {
   EXPECT_GT(r.val_loss, 0);
   EXPECT_NE(log_.str().find("eval | step 4 | val_loss"), std::string::npos) << log_.str();
   EXPECT_NE(log_.str().find("(+16 held out)"), std::string::npos) << log_.str();
+}
+
+TEST_F(Finetune, CompiledStepsFollowTheEagerRunInOneGraph) {
+  for (const char* recipe : {"full_finetune", "lora_finetune"}) {
+    SCOPED_TRACE(recipe);
+    const std::vector<std::string> common = {"max_steps=6", "train.grad_clip=0.5", "train.gradient_accumulation_steps=2"};
+    TrainSummary e = run(config(recipe, "llama_tiny", "eager", common));
+    std::vector<std::string> comp = common;
+    comp.push_back("compile.enabled=true");
+    comp.push_back("compile.cache_dir=" + dir_.file("cache"));
+    TrainSummary c = run(config(recipe, "llama_tiny", "compiled", comp));
+    EXPECT_NEAR(c.first_loss, e.first_loss, 1e-5 * e.first_loss);
+    EXPECT_NEAR(c.final_loss, e.final_loss, 1e-3 * e.final_loss) << log_.str();
+    EXPECT_EQ(c.graphs, 1) << log_.str();
+    EXPECT_EQ(c.graph_breaks, 0) << log_.str();
+    EXPECT_EQ(c.recompiles, 0);
+  }
+}
+
+TEST_F(Finetune, Bf16LoraKeepsTheExactBaseWeightsInTheMergedExport) {
+  // bf16 rounds the frozen base for compute; the merged export starts again from model.path's own weights.
+  run(config("lora_finetune", "llama_tiny", "bf16", {"max_steps=4", "dtype=bf16", "lora.merge_on_export=true",
+                                                     "lora.target_modules=[q_proj]"}));
+  std::map<std::string, Tensor> base = read_tensors(std::string(kFixtures) + "llama_tiny/model.safetensors");
+  std::map<std::string, Tensor> exported = read_tensors(dir_.file("bf16/hf/model.safetensors"));
+  for (const auto& [name, t] : base) {
+    ASSERT_TRUE(exported.count(name)) << name;
+    if (name.find("q_proj") == std::string::npos) EXPECT_TRUE(bitwise_equal(exported.at(name), t)) << name;
+    else EXPECT_FALSE(bitwise_equal(exported.at(name), t)) << name << ": the adapter was not merged";
+  }
 }
 
 // --- bad inputs: named, and nothing written -----------------------------------------------------------------
