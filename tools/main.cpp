@@ -58,10 +58,13 @@ CONFIG is a YAML file, a built-in config name (quickstart) or a recipe name (pre
 come from $INGOT_CONFIG_PATH, <prefix>/share/ingot/configs beside an installed bin/ingot, or the source
 tree's configs/ when ingot runs from a build directory inside it.
 
+Recipes: pretrain, full_finetune, lora_finetune (Hugging Face checkpoints), eval (perplexity), generate.
+
 Examples:
   ingot run configs/quickstart.yaml
   ingot run quickstart max_steps=50 device=cpu --summary runs/summary.json
   ingot cp quickstart my.yaml && ingot validate my.yaml
+  ingot run llama_lora_finetune && ingot run generate_text model.path=runs/llama_lora_finetune/hf
 
 `ingot COMMAND --help` describes each command; `ingot run CONFIG --help` lists the recipe's keys.
 Exit status: 0 done, 1 runtime error, 2 usage or config error.
@@ -86,6 +89,9 @@ output_dir receives model.safetensors, config.yaml (the resolved config), summar
 record per step), loss.png, checkpoints/step_N/ (checkpoint.save_every), tensorboard/ (logging.tensorboard)
 and profile/ (profile.enabled). resume: true continues from the newest checkpoint, resume_from: PATH from
 a given one, and a job restarted by the launcher (INGOT_RESTART_COUNT > 0) resumes by itself.
+full_finetune and lora_finetune also export output_dir/hf (config.json + safetensors + tokenizer files, what
+transformers loads) and, for LoRA, output_dir/adapter (PEFT). eval prints the loss and perplexity; generate
+prints the completion on stdout. Their summaries are JSON too.
 
 Summary fields: steps, first_loss, final_loss, best_loss, val_loss, tokens_per_s, mfu, train_s, compile_s,
 graphs, graph_breaks, recompiles (0 while training is eager), peak_memory_bytes, num_parameters, device,
