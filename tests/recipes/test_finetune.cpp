@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -245,6 +246,50 @@ TEST_F(Finetune, Bf16LoraKeepsTheExactBaseWeightsInTheMergedExport) {
     ASSERT_TRUE(exported.count(name)) << name;
     if (name.find("q_proj") == std::string::npos) EXPECT_TRUE(bitwise_equal(exported.at(name), t)) << name;
     else EXPECT_FALSE(bitwise_equal(exported.at(name), t)) << name << ": the adapter was not merged";
+  }
+}
+
+// Writes fine-tuned exports with ingot's logits for tests/fixtures/check_hf_export.py, which loads them with
+// transformers (and peft) where those are installed:
+//   INGOT_HF_EXPORT_DIR=/tmp/x build/bin/ingot_tests --gtest_filter='Finetune.ExportsForTheTransformersCheck'
+//   python3 tests/fixtures/check_hf_export.py /tmp/x
+TEST_F(Finetune, ExportsForTheTransformersCheck) {
+  const char* root = std::getenv("INGOT_HF_EXPORT_DIR");
+  if (!root || !*root) GTEST_SKIP() << "set INGOT_HF_EXPORT_DIR to write exports for check_hf_export.py";
+  auto reference = [&](models::CausalLM& model, const std::string& dir) {
+    std::vector<int64_t> ids;
+    for (int64_t i = 0; i < 24; ++i) ids.push_back((i * 37 + 11) % 500);
+    Tensor input = from_vector_i64(ids, {1, 24});
+    save_safetensors(dir + "/ingot_reference.safetensors", {{"input_ids", input}, {"logits", probe_logits(model)}});
+  };
+  auto copy = [&](const std::string& from, const std::string& name) {
+    const std::string to = std::string(root) + "/" + name;
+    fs::remove_all(to);
+    fs::create_directories(root);
+    fs::copy(from, to, fs::copy_options::recursive);
+    return to;
+  };
+  struct Case {
+    const char* recipe;
+    const char* model;
+    const char* template_name;
+  };
+  for (Case c : {Case{"full_finetune", "gpt2_tiny", "chatml"}, Case{"full_finetune", "llama3_tiny", "llama3"},
+                 Case{"full_finetune", "mistral_tiny", "chatml"}, Case{"lora_finetune", "qwen2_tiny", "chatml"},
+                 Case{"lora_finetune", "llama_tiny", "llama3"}}) {
+    const std::string name = std::string(c.recipe) + "_" + c.model;
+    std::vector<std::string> extra = {"max_steps=8", std::string("data.chat_template=") + c.template_name};
+    if (std::string(c.recipe) == "lora_finetune" && std::string(c.model) == "llama_tiny")
+      extra.push_back("lora.target_modules=[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head]");
+    run(config(c.recipe, c.model, name, extra));
+    std::string hf = copy(dir_.file(name + "/hf"), name + "_hf");
+    reference(*models::load_hf_model(hf).model, hf);
+    if (std::string(c.recipe) == "lora_finetune") {
+      std::string adapter = copy(dir_.file(name + "/adapter"), name + "_adapter");
+      models::HFModel m = models::load_hf_model(std::string(kFixtures) + c.model);
+      models::load_lora_adapter(*m.model, adapter);
+      reference(*m.model, adapter);
+    }
   }
 }
 
