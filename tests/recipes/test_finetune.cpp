@@ -192,7 +192,8 @@ void expect_exact_resume(Finetune& t, const std::string& recipe, const std::stri
 }
 
 TEST_F(Finetune, FullFinetuneResumesBitwiseAcrossEpochs) {
-  // 64 examples of ~40 tokens pack into ~50 rows: 12 steps of 4 rows cross an epoch boundary (reshuffle).
+  // The examples pack into 20 batches of 4 rows x 48 tokens per epoch: 12 steps of 2 micro-batches cross into
+  // the second epoch (a new shuffle) after the checkpoint at step 4.
   expect_exact_resume(*this, "full_finetune", "llama_tiny", {"train.gradient_accumulation_steps=2"});
 }
 
