@@ -47,11 +47,13 @@ std::vector<Tensor> alloc_outputs(const std::vector<TensorMeta>& metas) {
 }
 
 std::vector<Tensor> apply(std::shared_ptr<Primitive> p, const std::vector<Tensor>& inputs, std::source_location loc) {
+  size_t first = inputs.size();  // the first input on the op's device
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) continue;
-    if (i > 0 && inputs[0].defined())
-      INGOT_CHECK(inputs[i].device() == inputs[0].device(), p->name(), ": input ", i, " is on ",
-                  inputs[i].device().str(), " but input 0 is on ", inputs[0].device().str());
+    if (!inputs[i].defined() || p->host_input(i)) continue;
+    if (first == inputs.size()) first = i;
+    else
+      INGOT_CHECK(inputs[i].device() == inputs[first].device(), p->name(), ": input ", i, " is on ",
+                  inputs[i].device().str(), " but input ", first, " is on ", inputs[first].device().str());
   }
   OpProfilerHook* prof = g_profiler_hook.load(std::memory_order_acquire);
   if (prof) prof->begin_op(*p);

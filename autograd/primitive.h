@@ -52,6 +52,9 @@ class Primitive {
   virtual bool saves_input(size_t) const { return true; }
   virtual bool saves_output(size_t) const { return false; }
   virtual FusionKind fusion_kind() const { return FusionKind::Opaque; }
+  // Input i is read on the host whatever device the other inputs live on (the optimizers' [G, 3] f64 rows of
+  // learning rate, step and grad scale): exempt from the same-device check of apply().
+  virtual bool host_input(size_t) const { return false; }
   // Attributes, printed after the name in graphs and errors ("dim=1, keepdim=true").
   virtual void print_attrs(std::ostream&) const {}
   // Same op with the same attributes (what CSE and kernel dedup need). Default compares name and attrs text.

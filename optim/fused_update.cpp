@@ -47,6 +47,7 @@ class AdamWUpdatePrim final : public Primitive {
     return out;
   }
   bool differentiable() const override { return false; }
+  bool host_input(size_t i) const override { return i == 0; }
   size_t n() const { return n_; }
   int64_t row() const { return row_; }
   const kernels::AdamWArgs& fixed() const { return a_; }
@@ -88,6 +89,7 @@ class SgdUpdatePrim final : public Primitive {
     return p;
   }
   bool differentiable() const override { return false; }
+  bool host_input(size_t i) const override { return i == 0; }
   void print_attrs(std::ostream& os) const override {
     os << "n=" << n_ << ", row=" << row_ << ", momentum=" << a_.momentum << ", dampening=" << a_.dampening
        << ", weight_decay=" << a_.weight_decay << ", nesterov=" << a_.nesterov;

@@ -2,7 +2,8 @@
 # The GPU check run on a lent GPU machine (see bench/RESULTS.md for results): CUDA tests, the GPT-2 eager step
 # benchmark next to PyTorch eager and torch.compile on the same GPU, and (optionally) the HF reference fixtures.
 # Expects a bundle made here with: shared/device/bundle.sh .device build-cuda/bin/{ingot_tests,bench_gpt2_step,...}
-#   scripts/device_check.sh [tests] [bench] [fixtures]     (default: tests bench); logs go to $OUT (or ./out)
+#   scripts/device_check.sh [gpu] [tests] [bench] [fixtures]   (default: tests bench); logs go to $OUT (or ./out)
+#   gpu: only the GPU suites; tests: the whole ingot_tests
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 # The bundle may travel packed (the carry limit is 64 MiB).
@@ -16,6 +17,16 @@ if want fixtures; then
   mkdir -p /tmp/tok && tar xzf .device/tok.tgz -C /tmp/tok
   python3 tests/fixtures/make_fixtures.py --tokenizers /tmp/tok --out "$out/fixtures" > "$out/fixtures.log" 2>&1
   tail -12 "$out/fixtures.log"
+fi
+if want gpu; then
+  # Only the GPU suites (CUDA kernels vs CPU, CUDA codegen, compiled GPU steps, models on CUDA), one process per
+  # suite so that a crash in one still reports the others.
+  for f in 'CompileCudaStep*' 'CodegenCuda*' 'Cuda*' 'ModelsCuda*'; do
+    log="$out/gpu_${f%%\**}.log"
+    INGOT_CRASH_BACKTRACE=1 timeout 300 ingot_tests --gtest_filter="$f" > "$log" 2>&1; rc=$?
+    echo "== $f: exit $rc"; grep -E "^\[  FAILED|^\[  PASSED|^\[ compare|^\[ kernels|Failure" "$log" | head -20
+    [[ $rc -eq 0 ]] || tail -40 "$log"
+  done
 fi
 if want tests; then
   ingot_tests --gtest_brief=1 > "$out/tests.log" 2>&1; echo "ingot_tests exit $?"

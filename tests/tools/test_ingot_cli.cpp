@@ -149,10 +149,12 @@ TEST_F(IngotCli, ResumeWithoutACheckpointIsAnErrorNamingTheKey) {
   EXPECT_NE(r.output.find("resume: true, but there is no checkpoint"), std::string::npos) << r.output;
 }
 
-TEST_F(IngotCli, CompileEnabledSaysTheCompilerIsNotBuiltAndRunsEager) {
-  Result r = run_ingot(dir_.path(), "run tiny.yaml compile.enabled=true compile.mode=max-autotune max_steps=1");
+TEST_F(IngotCli, CompileEnabledCompilesTheStepIntoOneGraphAndReportsIt) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml compile.enabled=true compile.mode=max-autotune max_steps=2 "
+                                    "compile.cache_dir=" + dir_.file("cache"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("compiler is not built yet; running eager"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("compile | mode max-autotune"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("compile | 1 graph(s), 0 break(s), 0 recompile(s)"), std::string::npos) << r.output;
   r = run_ingot(dir_.path(), "run tiny.yaml compile.mode=fastest");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("compile.mode: expected one of default, reduce-overhead, max-autotune"), std::string::npos)

@@ -6,21 +6,24 @@
 #pragma once
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 namespace ingot::codegen::cuda::driver {
 
+// Each entry is pinned to the ABI version whose signature we call (PFN_<name>_v<version> of cudaTypedefs.h):
+// asking for "the toolkit's version" would silently hand back newer variants with other signatures
+// (CUDA 13's cuCtxGetDevice and cuCtxSynchronize take a context argument).
 struct Api {
-  CUresult (*get_error_string)(CUresult, const char**) = nullptr;
-  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
-  CUresult (*ctx_get_device)(CUdevice*) = nullptr;
-  CUresult (*ctx_synchronize)() = nullptr;
-  CUresult (*module_load_data)(CUmodule*, const void*) = nullptr;
-  CUresult (*module_get_function)(CUfunction*, CUmodule, const char*) = nullptr;
-  CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                            CUstream, void**, void**) = nullptr;
-  CUresult (*mem_alloc)(CUdeviceptr*, size_t) = nullptr;
-  CUresult (*mem_free)(CUdeviceptr) = nullptr;
-  CUresult (*memcpy_htod)(CUdeviceptr, const void*, size_t) = nullptr;
+  PFN_cuGetErrorString_v6000 get_error_string = nullptr;
+  PFN_cuCtxGetCurrent_v4000 ctx_get_current = nullptr;
+  PFN_cuCtxGetDevice_v2000 ctx_get_device = nullptr;
+  PFN_cuCtxSynchronize_v2000 ctx_synchronize = nullptr;
+  PFN_cuModuleLoadData_v2000 module_load_data = nullptr;
+  PFN_cuModuleGetFunction_v2000 module_get_function = nullptr;
+  PFN_cuLaunchKernel_v4000 launch_kernel = nullptr;
+  PFN_cuMemAlloc_v3020 mem_alloc = nullptr;
+  PFN_cuMemFree_v3020 mem_free = nullptr;
+  PFN_cuMemcpyHtoD_v3020 memcpy_htod = nullptr;
 };
 
 // The resolved table; the first call resolves every entry and throws, naming the symbol, when the driver

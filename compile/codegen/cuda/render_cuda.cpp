@@ -612,13 +612,15 @@ class Renderer {
   }
 
   // A transposed reduction (layer_norm's dw): no element buffer is contiguous along the reduced dim, but
-  // one is along the last row dim, so lanes should map to rows (kColumns) for coalesced loads.
+  // one is along the last row dim, so lanes should map to rows (kColumns) for coalesced loads. Buffers that
+  // every row reads alike (stride 0 along the last row dim: layer_norm's per-token mean and rstd here) are
+  // one row of data that stays in cache, so their layout does not decide.
   bool prefer_columns() const {
     const int L = last();
     if (L < 1) return false;
     bool any_row_unit = false;
     for (size_t i = 0; i < k_.buffers.size(); ++i) {
-      if (!used_[i] || !element_buffer(i)) continue;
+      if (!used_[i] || !element_buffer(i) || is_const(k_.buffers[i].strides[L - 1], 0)) continue;
       if (is_const(k_.buffers[i].strides[L], 1)) return false;
       any_row_unit = any_row_unit || is_const(k_.buffers[i].strides[L - 1], 1);
     }
