@@ -225,7 +225,12 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
           loaded->tables.clear();
         }
         check_cu(driver::api().mem_alloc(&dev, bytes.size()), "cuMemAlloc (multi-tensor table)", symbol);
-        check_cu(driver::api().memcpy_htod(dev, bytes.data(), bytes.size()), "cuMemcpyHtoD (multi-tensor table)", symbol);
+        // On the launch stream: a synchronous cuMemcpyHtoD from pageable memory runs on the legacy stream
+        // and may return before the DMA lands, so a kernel on ingot's (non-blocking) stream could read a
+        // half-written table. From pageable memory the async copy is staged before it returns, so `table`
+        // may die with this call.
+        check_cu(driver::api().memcpy_htod_async(dev, bytes.data(), bytes.size(), st),
+                 "cuMemcpyHtoDAsync (multi-tensor table)", symbol);
         loaded->tables[h] = dev;
       }
     }

@@ -32,6 +32,7 @@ Api load() {
   resolve(a.mem_alloc, "cuMemAlloc", 3020);
   resolve(a.mem_free, "cuMemFree", 3020);
   resolve(a.memcpy_htod, "cuMemcpyHtoD", 3020);
+  resolve(a.memcpy_htod_async, "cuMemcpyHtoDAsync", 3020);
   return a;
 }
 

@@ -24,6 +24,7 @@ struct Api {
   PFN_cuMemAlloc_v3020 mem_alloc = nullptr;
   PFN_cuMemFree_v3020 mem_free = nullptr;
   PFN_cuMemcpyHtoD_v3020 memcpy_htod = nullptr;
+  PFN_cuMemcpyHtoDAsync_v3020 memcpy_htod_async = nullptr;
 };
 
 // The resolved table; the first call resolves every entry and throws, naming the symbol, when the driver
