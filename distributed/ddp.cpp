@@ -7,7 +7,10 @@
 #include <set>
 
 #include "autograd/nn/module.h"
+#include "autograd/ops.h"
+#include "autograd/primitive.h"
 #include "distributed/buckets.h"
+#include "distributed/collective_ops.h"
 
 namespace ingot::distributed {
 
@@ -166,7 +169,9 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
   for (size_t i = 0; i < st->params.size(); ++i) {
     st->params[i].register_post_accumulate_grad_hook([weak, i](Tensor& param) {
       auto s = weak.lock();
-      if (!s || s->no_sync_depth > 0) return;  // the DDP object is gone, or accumulating locally
+      // The DDP object is gone, or accumulating locally, or a compiled step is being traced (its reduction is
+      // recorded by synchronize() instead: Note [DDP in a traced step]).
+      if (!s || s->no_sync_depth > 0 || trace_observer() != nullptr) return;
       Tensor g = param.grad();
       s->mark_ready(i, &g);
     });
@@ -176,9 +181,49 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
 DistributedDataParallel::NoSync::NoSync(DistributedDataParallel* d) : d_(d) { ++d_->state_->no_sync_depth; }
 DistributedDataParallel::NoSync::~NoSync() { --d_->state_->no_sync_depth; }
 
+// Note [DDP in a traced step]: while ingot::compile traces the step, the backward hooks stay quiet and
+// synchronize() records each bucket's reduction as ops: the bucket's gradients flattened and concatenated (the
+// same layout as eager's flat buffers), one all_reduce_avg node, and slices of its result copied back into
+// the .grad tensors. The compiled graph then holds the all-reduces between the backward and the optimizer
+// update, and eager and compiled runs reduce the same buckets in the same order.
+void DistributedDataParallel::synchronize_traced() {
+  State& s = *state_;
+  INGOT_CHECK(!s.zero1, "DistributedDataParallel: ZeRO-1 inside a compiled step is not supported yet; "
+                        "compile with zero1 off or run the step eagerly");
+  TraceObserver* obs = trace_observer();
+  for (Bucket& b : s.buckets) {
+    std::vector<Tensor> parts;
+    int64_t used = 0;
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const Tensor& p = s.params[b.params[k]];
+      Tensor g = p.grad();
+      parts.push_back(reshape(g.defined() ? g : zeros(p.shape(), p.dtype(), p.device()), {p.numel()}));
+      used += p.numel();
+    }
+    if (b.flat.numel() > used) parts.push_back(zeros({b.flat.numel() - used}, b.flat.dtype(), b.flat.device()));
+    Tensor avg = all_reduce_avg(parts.size() == 1 ? parts[0] : cat(parts, 0), group_);
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      Tensor& p = s.params[b.params[k]];
+      Tensor a = reshape(narrow(avg, 0, b.offsets[k], p.numel()), p.shape());
+      Tensor g = p.grad();
+      if (g.defined()) {
+        g.copy_(a);
+        obs->on_assign(g, a);
+      } else {
+        p.set_grad(a.clone_raw());
+      }
+    }
+  }
+  s.reset_round();
+}
+
 void DistributedDataParallel::synchronize() {
   State& s = *state_;
   INGOT_CHECK(s.no_sync_depth == 0, "DistributedDataParallel: synchronize() called inside no_sync()");
+  if (trace_observer() != nullptr) {
+    synchronize_traced();
+    return;
+  }
   // Parameters that got no gradient this round (unused in this rank's forward) contribute zeros.
   for (size_t i = 0; i < s.params.size(); ++i)
     if (!s.ready[i]) {

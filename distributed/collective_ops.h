@@ -1,0 +1,17 @@
+// Collectives as autograd primitives: a traced training step records them as graph nodes, so the gradient
+// all-reduce of DistributedDataParallel lands in the same compiled graph as the forward, the backward and the
+// optimizer update (compile/'s executor runs the node through the process group like any extern op).
+#pragma once
+
+#include <memory>
+
+#include "distributed/process_group.h"
+#include "runtime/tensor.h"
+
+namespace ingot::distributed {
+
+// The average of `flat` over the ranks of `group` (a new tensor; `flat` is not modified). Not
+// differentiable. Every rank must call it with the same shape, in the same order.
+Tensor all_reduce_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
+
+}  // namespace ingot::distributed
