@@ -68,12 +68,17 @@ TextDataset TextDataset::from_text(const std::string& text, double val_fraction,
   return d;
 }
 
-BatchSampler::BatchSampler(const TextDataset& data, Split split, int64_t batch, int64_t block, uint64_t seed)
+BatchSampler::BatchSampler(const TextDataset& data, Split split, int64_t batch, int64_t block, uint64_t seed, int rank,
+                           int world)
     : tokens_(&data.tokens(split)),
       batch_(batch),
       block_(block),
       seed_(split == Split::Val ? seed ^ kValSeedSalt : seed) {
   INGOT_CHECK(batch >= 1 && block >= 1, "BatchSampler: batch and block must be >= 1, got ", batch, " and ", block);
+  INGOT_CHECK(world >= 1 && rank >= 0 && rank < world && batch % world == 0, "BatchSampler: rank ", rank, " of ",
+              world, " cannot take an equal share of a global batch of ", batch);
+  row_begin_ = rank * (batch / world);
+  row_end_ = row_begin_ + batch / world;
   const char* which = split == Split::Train ? "train" : "validation";
   INGOT_CHECK(static_cast<int64_t>(tokens_->size()) >= block + 1, data.name(), ": the ", which, " split has ",
               tokens_->size(), " tokens, fewer than block_size + 1 = ", block + 1,
@@ -83,13 +88,14 @@ BatchSampler::BatchSampler(const TextDataset& data, Split split, int64_t batch, 
 Tensor BatchSampler::batch(int64_t index) const {
   INGOT_CHECK(index >= 0, "BatchSampler: negative batch index ", index);
   const uint64_t n_windows = tokens_->size() - static_cast<uint64_t>(block_);
-  std::vector<int64_t> out(static_cast<size_t>(batch_ * (block_ + 1)));
-  for (int64_t b = 0; b < batch_; ++b) {
+  const int64_t rows = row_end_ - row_begin_;
+  std::vector<int64_t> out(static_cast<size_t>(rows * (block_ + 1)));
+  for (int64_t b = row_begin_; b < row_end_; ++b) {
     Philox4 r = philox4x32_10(seed_, static_cast<uint64_t>(index * batch_ + b));
     uint64_t start = ((static_cast<uint64_t>(r.v[0]) << 32) | r.v[1]) % n_windows;
-    for (int64_t t = 0; t <= block_; ++t) out[b * (block_ + 1) + t] = (*tokens_)[start + t];
+    for (int64_t t = 0; t <= block_; ++t) out[(b - row_begin_) * (block_ + 1) + t] = (*tokens_)[start + t];
   }
-  return from_vector_i64(out, {batch_, block_ + 1});
+  return from_vector_i64(out, {rows, block_ + 1});
 }
 
 }  // namespace ingot::recipes

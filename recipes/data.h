@@ -34,12 +34,17 @@ class TextDataset {
   std::vector<int32_t> train_, val_;
 };
 
-// Draws batches of windows [batch, block + 1] (i64, CPU) from one split of a dataset.
+// Draws batches of windows [batch, block + 1] (i64, CPU) from one split of a dataset. Data parallel: rank r of
+// `world` reads only rows [r*batch/world, (r+1)*batch/world) of each global batch, so the global batch (and the
+// training it drives) does not depend on the world size.
 class BatchSampler {
  public:
-  // Throws when the split is shorter than block + 1 tokens. The dataset must outlive the sampler.
-  BatchSampler(const TextDataset& data, Split split, int64_t batch, int64_t block, uint64_t seed);
-  // Batch number `index`: row b starts at a uniform random offset drawn from Philox(seed, index * batch + b).
+  // Throws when the split is shorter than block + 1 tokens or world does not divide batch. The dataset must
+  // outlive the sampler.
+  BatchSampler(const TextDataset& data, Split split, int64_t batch, int64_t block, uint64_t seed, int rank = 0,
+               int world = 1);
+  // This rank's rows of global batch number `index` ([batch / world, block + 1]): row b of the global batch
+  // starts at a uniform random offset drawn from Philox(seed, index * batch + b).
   Tensor batch(int64_t index) const;
   // batch(position()), then advances the position.
   Tensor next() { return batch(position_++); }
@@ -50,6 +55,7 @@ class BatchSampler {
   const std::vector<int32_t>* tokens_;
   int64_t batch_, block_;
   uint64_t seed_;
+  int64_t row_begin_ = 0, row_end_ = 0;
   int64_t position_ = 0;
 };
 

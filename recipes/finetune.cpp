@@ -9,6 +9,7 @@
 
 #include "models/hf_checkpoint.h"
 #include "models/peft.h"
+#include "recipes/data_parallel.h"
 #include "recipes/metrics.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
@@ -109,6 +110,7 @@ FinetuneSettings resolve_finetune(const Config& cfg, ConfigErrors& errors) {
   const bool model_ok = !errors.has_error_for("model.path");
   s.data = resolve_data(cfg, s.model.config, errors);
   s.train = resolve_train_options(cfg, errors);
+  check_global_batch(cfg, s.run, s.train.batch_size, errors);
   try {
     s.epochs = cfg.get_int("train.epochs");
     s.max_shard_bytes = static_cast<int64_t>(cfg.get_double("export.max_shard_mb") * 1e6);
@@ -165,6 +167,8 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   lo.pack = s.data.packing;
   lo.pad_id = tok.pad_id().value_or(tok.eos_id().value_or(0));
   lo.seed = base_run.seed;
+  lo.rank = base_run.rank;  // each rank reads its rows of every global batch
+  lo.world_size = base_run.world_size;
   std::unique_ptr<datasets::DataLoader> loader;
   try {
     loader = std::make_unique<datasets::DataLoader>(examples, lo);
@@ -221,6 +225,7 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   if (!val.empty()) h << " (+" << val.size() << " held out)";
   h << " | batch " << o.batch_size << " x " << s.data.seq_len << (s.data.packing ? " packed" : " padded");
   if (o.grad_accum > 1) h << " x " << o.grad_accum << " accumulated";
+  if (run.world_size > 1) h << " (" << o.batch_size / run.world_size << " per rank x " << run.world_size << " ranks)";
   h << " | " << per_epoch << " batches per epoch";
   task.header = h.str();
 

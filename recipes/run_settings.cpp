@@ -2,7 +2,10 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
+#include <optional>
 
+#include "distributed/bootstrap.h"
 #include "recipes/checkpoint.h"
 #include "recipes/train_state.h"
 #include "runtime/file_util.h"
@@ -80,13 +83,46 @@ void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string&
             .at_least(0)
             .at_most(1));
   s.add(K::of(T::String, "compile.cache_dir", "", "compile cache directory (empty: the compiler's default)"));
-  s.add(K::of(T::String, "distributed.backend", "auto", "process group for `ingot launch` runs")
+  s.add(K::of(T::String, "distributed.backend", "auto",
+              "process group of a data-parallel run (`ingot launch`, mpirun): auto = nccl on CUDA, gloo on CPU")
             .one_of({"auto", "nccl", "gloo"}));
-  s.add(K::of(T::Float, "distributed.bucket_cap_mb", "25", "DDP gradient bucket size in MiB").at_least(0.001));
-  s.add(K::of(T::Int, "distributed.zero_stage", "0", "0: plain DDP, 1: shard optimizer state (ZeRO-1)")
+  s.add(K::of(T::Float, "distributed.bucket_cap_mb", "25",
+              "DDP gradient bucket size in MiB (gradients are averaged across ranks bucket by bucket)").at_least(0.001));
+  s.add(K::of(T::Int, "distributed.zero_stage", "0",
+              "0: plain DDP, 1: shard the optimizer state across ranks (ZeRO-1; checkpoints hold it whole)")
             .at_least(0)
             .at_most(1));
-  s.add(K::of(T::Bool, "distributed.overlap", "true", "all-reduce buckets during backward"));
+  s.add(K::of(T::Bool, "distributed.overlap", "true",
+              "reduce each bucket during backward as soon as it fills (false: after the whole backward)"));
+}
+
+namespace {
+
+// The first of `names` that is set, as an integer; `fallback` when none is.
+int env_int_of(std::initializer_list<const char*> names, int fallback) {
+  for (const char* n : names)
+    if (const char* v = std::getenv(n); v && *v) {
+      char* end = nullptr;
+      long x = std::strtol(v, &end, 10);
+      INGOT_CHECK(*end == '\0' && x >= 0, "environment ", n, "='", v, "': expected an integer >= 0");
+      return static_cast<int>(x);
+    }
+  return fallback;
+}
+
+}  // namespace
+
+void resolve_placement(RunSettings& s) {
+  if (std::optional<distributed::WorldInfo> w = distributed::world_from_env()) {
+    s.rank = w->rank;
+    s.world_size = w->world_size;
+    s.local_rank = w->local_rank;
+  } else if (distributed::started_by_mpi()) {
+    s.mpi = true;
+    s.rank = env_int_of({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}, 0);
+    s.world_size = env_int_of({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, 1);
+    s.local_rank = env_int_of({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}, 0);
+  }
 }
 
 int64_t restart_count_from_env() {
@@ -119,6 +155,21 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
   s.config_file = cfg.file();
   s.resolved_yaml = cfg.to_yaml();
   s.device = resolve_device(cfg, errors);
+  try {
+    resolve_placement(s);
+  } catch (const Error& e) {
+    errors.add(ConfigOrigin{}, e.what());
+  }
+  if ((s.world_size > 1 || s.mpi) && s.device.is_cuda() && !errors.has_error_for("device")) {
+    // One GPU per rank: cuda:LOCAL_RANK, or the only visible one when the launcher pinned this worker.
+    const int visible = cuda_device_count();
+    if (s.local_rank < visible) s.device = Device::cuda(s.local_rank);
+    else if (visible == 1) s.device = Device::cuda(0);
+    else
+      errors.fail(cfg, "device",
+                  "local rank " + std::to_string(s.local_rank) + " has no GPU of its own: only " +
+                      std::to_string(visible) + " CUDA device(s) are visible (launch at most that many workers per node)");
+  }
   std::string dt = str("dtype", "f32");
   s.dtype = dt == "bf16" ? DType::bf16 : DType::f32;
   s.max_steps = i64("max_steps", 1);

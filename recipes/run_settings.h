@@ -67,6 +67,11 @@ struct RunSettings {
   ProfileSettings profile;
   CompileSettings compile;
   DistributedSettings distributed;
+  // This process's place in a data-parallel job (recipes/data_parallel.h), from the environment: RANK,
+  // WORLD_SIZE, LOCAL_RANK (`ingot launch`, torchrun) or mpirun/srun's variables (mpi). A single process is
+  // rank 0 of 1. Under a job, a CUDA device is cuda:LOCAL_RANK (cuda:0 when the launcher pinned one GPU).
+  int rank = 0, world_size = 1, local_rank = 0;
+  bool mpi = false;
   // Training-relevant config entries and their hash (recorded in checkpoints, checked on resume).
   std::map<std::string, std::string> config_entries;
   std::string config_hash;
@@ -76,6 +81,9 @@ struct RunSettings {
 // Resuming: the checkpoint must exist and have a manifest, and its config hash must match (otherwise the
 // differing keys are listed).
 RunSettings resolve_run(const Config& cfg, ConfigErrors& errors);
+
+// Fills rank, world_size, local_rank and mpi from the environment; malformed variables throw ingot::Error.
+void resolve_placement(RunSettings& s);
 
 // INGOT_RESTART_COUNT as an integer (0 when unset); a malformed value is a ConfigError.
 int64_t restart_count_from_env();

@@ -8,6 +8,7 @@
 
 #include "models/gpt2.h"
 #include "recipes/data.h"
+#include "recipes/data_parallel.h"
 #include "recipes/metrics.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
@@ -70,6 +71,7 @@ PretrainSettings resolve_pretrain(const Config& cfg, ConfigErrors& errors) {
   s.val_fraction = f64("data.val_fraction", 0.1);
 
   s.train = resolve_train_options(cfg, errors);
+  check_global_batch(cfg, s.run, s.train.batch_size, errors);
   if (s.train.eval_batches > 0 && s.val_fraction == 0 && !errors.has_error_for("data.val_fraction"))
     errors.fail(cfg, "data.val_fraction",
                 "is 0, so there is nothing to evaluate on; set train.eval_batches: 0 to skip eval");
@@ -97,10 +99,12 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   const RunSettings& run = s.run;
   const TrainOptions& o = s.train;
   TextDataset data = TextDataset::from_file(s.data_path, s.val_fraction);
-  BatchSampler train_batches(data, Split::Train, o.batch_size, s.block_size, run.seed);
+  // Each rank reads its rows of every global batch (train.batch_size is the global batch).
+  BatchSampler train_batches(data, Split::Train, o.batch_size, s.block_size, run.seed, run.rank, run.world_size);
   std::unique_ptr<BatchSampler> val_batches;
   if (o.eval_batches > 0)
-    val_batches = std::make_unique<BatchSampler>(data, Split::Val, o.batch_size, s.block_size, run.seed);
+    val_batches = std::make_unique<BatchSampler>(data, Split::Val, o.batch_size, s.block_size, run.seed, run.rank,
+                                                 run.world_size);
 
   manual_seed(run.seed);
   models::GPT2Config mc;
@@ -145,6 +149,7 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
          << format_count(static_cast<double>(data.tokens(Split::Val).size())) << " val tokens (bytes) | batch "
          << o.batch_size << " x " << s.block_size;
   if (o.grad_accum > 1) header << " x " << o.grad_accum << " accumulated";
+  if (run.world_size > 1) header << " (" << o.batch_size / run.world_size << " per rank x " << run.world_size << " ranks)";
   task.header = header.str();
 
   task.save_final = [&] {

@@ -7,17 +7,20 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <system_error>
 
+#include "compile/explain.h"
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
 #include "optim/mixed_precision.h"
 #include "optim/optimizer.h"
 #include "recipes/checkpoint.h"
 #include "recipes/compiled_step.h"
+#include "recipes/data_parallel.h"
 #include "recipes/metrics.h"
 #include "recipes/run_outputs.h"
 #include "recipes/train_state.h"
@@ -32,7 +35,9 @@ namespace fs = std::filesystem;
 void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
   using T = ConfigType;
   using K = ConfigKey;
-  s.add(K::of(T::Int, "train.batch_size", d.batch_size, "sequences per micro-batch").at_least(1));
+  s.add(K::of(T::Int, "train.batch_size", d.batch_size,
+              "sequences per micro-batch over all ranks (the global batch; each of N ranks reads batch_size / N)")
+            .at_least(1));
   s.add(K::of(T::Int, "train.gradient_accumulation_steps", "1", "micro-batches summed into one optimizer step")
             .at_least(1));
   s.add(K::of(T::Float, "train.lr", d.lr, "peak learning rate").at_least(0));
@@ -88,24 +93,32 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Where ranks other than 0 send their progress lines.
+class NullStream : public std::ostream {
+ public:
+  NullStream() : std::ostream(nullptr) {}
+};
+
 int64_t count_elements(const std::vector<Tensor>& ts) {
   int64_t n = 0;
   for (const Tensor& t : ts) n += t.numel();
   return n;
 }
 
-// task.evaluate in eval mode without gradients; the model is back in training mode afterwards.
-double evaluate(TrainTask& task) {
+// task.evaluate in eval mode without gradients, averaged over the ranks (each evaluates its shard, or all of
+// the validation data); the model is back in training mode afterwards.
+double evaluate(TrainTask& task, DataParallel* dp) {
   NoGradGuard no_grad;
   task.model->eval();
   double v = task.evaluate();
   task.model->train();
-  return v;
+  return dp ? dp->mean(v) : v;
 }
 
 void log_compile_stats(const CompiledFunction& compiled, TrainSummary& r, std::ostream& log) {
   const CompileStats& cs = compiled.stats();
   r.compile_s = cs.time.total_ms / 1e3;
+  r.compile_report = explain_report(compiled);
   r.graphs = cs.compiles;
   r.graph_breaks = static_cast<int64_t>(cs.graph_breaks.size());
   r.recompiles = cs.recompiles;
@@ -122,27 +135,50 @@ void log_compile_stats(const CompiledFunction& compiled, TrainSummary& r, std::o
 
 }  // namespace
 
-TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTask& task, std::ostream& log) {
+TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTask& task, std::ostream& main_log) {
   INGOT_INTERNAL_CHECK(task.model && task.loss && task.next_batch && task.data_position && task.set_data_position &&
                            task.save_final,
                        "run_training: incomplete TrainTask");
   nn::Module& model = *task.model;
   model.train();
 
+  // Data parallel (recipes/data_parallel.h): join the job's process group; rank 0 alone logs and writes.
+  std::unique_ptr<DataParallel> dp = DataParallel::join(run, main_log);
+  const bool is_main = !dp || dp->rank() == 0;
+  const bool zero1 = dp && dp->zero1();
+  NullStream quiet;
+  std::ostream& log = is_main ? main_log : quiet;
+
   // bf16: the model computes in bf16 parameters; AdamW updates f32 masters that are rounded back each step.
   // Parameter handles stay valid across to() (module.h), so task.params still names the trained tensors.
-  std::unique_ptr<optim::MasterWeights> masters;
-  std::vector<Tensor> opt_params = task.params;
-  if (run.dtype == DType::bf16) {
-    model.to(DType::bf16);
-    masters = std::make_unique<optim::MasterWeights>(task.params);
-    opt_params = masters->master();
-  }
+  if (run.dtype == DType::bf16) model.to(DType::bf16);
   optim::AdamWOptions ao;
   ao.lr = o.lr;
   ao.beta1 = o.beta1;
   ao.beta2 = o.beta2;
   ao.weight_decay = o.weight_decay;
+
+  // ZeRO-1 resumes through a stand-in optimizer over the whole parameters (what the checkpoint holds), before
+  // DDP cuts its shards from the loaded weights; the stand-in's state is then scattered into the shards.
+  TrainState st;
+  std::map<std::string, Tensor> full_opt_state;
+  std::vector<Tensor> full_masters;
+  if (zero1 && !run.resume_checkpoint.empty()) {
+    std::unique_ptr<optim::MasterWeights> m;
+    if (run.dtype == DType::bf16) m = std::make_unique<optim::MasterWeights>(task.params);
+    optim::AdamW stand_in(m ? m->master() : task.params, ao);
+    st = load_training_checkpoint(run.resume_checkpoint, model, stand_in, m.get());
+    full_opt_state = stand_in.state_dict();
+    if (m) full_masters = m->master();
+  }
+  if (dp) dp->wrap(task.params);
+  std::vector<Tensor> trained = dp ? dp->optimizer_params() : task.params;
+  std::unique_ptr<optim::MasterWeights> masters;
+  std::vector<Tensor> opt_params = trained;
+  if (run.dtype == DType::bf16) {
+    masters = std::make_unique<optim::MasterWeights>(trained);
+    opt_params = masters->master();
+  }
   optim::AdamW opt(opt_params, ao);
   optim::LrSchedule sched;
   sched.kind = optim::LrSchedule::parse_kind(o.lr_schedule);
@@ -161,9 +197,20 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   r.best_loss = std::numeric_limits<double>::infinity();
 
   // Resume before anything is written: a corrupt checkpoint leaves the run directory as it was.
-  TrainState st;
   if (!run.resume_checkpoint.empty()) {
-    st = load_training_checkpoint(run.resume_checkpoint, model, opt, masters.get());
+    if (zero1) {
+      opt.load_state_dict(dp->scatter_optimizer_state(full_opt_state));
+      if (masters) {
+        NoGradGuard no_grad;
+        std::vector<Tensor> chunks = dp->scatter_to_chunks(full_masters);
+        for (size_t i = 0; i < chunks.size(); ++i) {
+          Tensor dst = masters->master()[i];
+          dst.copy_(chunks[i]);
+        }
+      }
+    } else {
+      st = load_training_checkpoint(run.resume_checkpoint, model, opt, masters.get());
+    }
     restore_rng(st.rng);
     task.set_data_position(st.sampler_position);
     r.first_loss = st.first_loss;
@@ -185,19 +232,29 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   // master-weight copies. Compiled, it is traced into one graph on the first call (compile/api.h); the clip
   // then stays on the device (clip_grad_norm_tensor) instead of reading the norm back to the host.
   const double inv_accum = 1.0 / static_cast<double>(o.grad_accum);
+  // Under DDP: the micro-steps before the last accumulate locally (no_sync), the last one's backward reduces
+  // the gradient buckets; ZeRO-1 then updates this rank's shards and all-gathers them into the parameters.
   auto step_body = [&](const std::vector<Tensor>& batch, bool traced) {
     Tensor total;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
       Tensor loss = task.loss(batch[2 * micro], batch[2 * micro + 1]);
       // Gradients of the mean over micro-batches; with one micro-batch the loss is used as is.
       Tensor scaled = o.grad_accum > 1 ? loss * inv_accum : loss;
-      scaled.backward();
+      if (dp) dp->backward(scaled, micro + 1 == o.grad_accum);
+      else scaled.backward();
       total = total.defined() ? total + scaled.detach() : scaled.detach();
     }
+    if (dp) dp->synchronize();
     if (masters) masters->copy_grads_to_master();
     if (o.grad_clip > 0) {
-      if (traced) optim::clip_grad_norm_tensor(opt_params, o.grad_clip);
-      else opt.set_grad_scale(optim::clip_coefficient(optim::grad_norm(opt_params), o.grad_clip));
+      if (traced) {
+        optim::clip_grad_norm_tensor(opt_params, o.grad_clip);
+      } else {
+        double norm = optim::grad_norm(opt_params);
+        // ZeRO-1: each rank holds the gradient of its shards only; the global norm sums their squares.
+        if (zero1) norm = std::sqrt(dp->sum(norm * norm));
+        opt.set_grad_scale(optim::clip_coefficient(norm, o.grad_clip));
+      }
     }
     opt.step();
     opt.zero_grad();
@@ -205,17 +262,26 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
       masters->copy_to_model();
       model.zero_grad();
     }
+    if (dp) {
+      dp->after_step();
+      dp->zero_grad();
+    }
     return std::vector<Tensor>{total};
   };
   std::optional<CompiledFunction> compiled;
-  if (run.compile.enabled) {
+  // Compiled DDP is not available yet: a data-parallel run trains eager (DataParallel::join says so).
+  if (run.compile.enabled && !dp) {
     compiled = compile([&](const std::vector<Tensor>& b) { return step_body(b, true); },
                        compile_options(run.compile));
     log << "compile | mode " << run.compile.mode << ": the first step traces and compiles the whole training step\n";
   }
 
-  RunOutputs outputs(run, start_step > 0 ? start_step : -1, log);
-  r.metrics_log = outputs.metrics_path();
+  // Rank 0 alone writes metrics, TensorBoard events, the profile and the plot.
+  std::unique_ptr<RunOutputs> outputs;
+  if (is_main) {
+    outputs = std::make_unique<RunOutputs>(run, start_step > 0 ? start_step : -1, log);
+    r.metrics_log = outputs->metrics_path();
+  }
 
   Allocator& alloc = allocator_for(run.device);
   alloc.reset_peak();
@@ -247,12 +313,36 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     t.config = run.config_entries;
     return t;
   };
+  // Rank 0 writes; under ZeRO-1 every rank first takes part in gathering the sharded optimizer state (Note
+  // [ZeRO-1 checkpoints hold the full optimizer state], data_parallel.cpp).
+  auto save_checkpoint = [&](int64_t step, double lr) -> std::string {
+    if (!zero1) {
+      if (!is_main) return checkpoint_path(run.output_dir, step);
+      return save_training_checkpoint(run.output_dir, model, opt, masters.get(), make_state(step, lr));
+    }
+    std::map<std::string, Tensor> state = dp->gather_optimizer_state(opt.state_dict());
+    std::vector<Tensor> gathered_masters;
+    if (masters) gathered_masters = dp->gather_to_params(masters->master());
+    if (!is_main) return checkpoint_path(run.output_dir, step);
+    std::unique_ptr<optim::MasterWeights> m;
+    if (masters) {
+      NoGradGuard no_grad;
+      m = std::make_unique<optim::MasterWeights>(task.params);
+      for (size_t i = 0; i < gathered_masters.size(); ++i) {
+        Tensor dst = m->master()[i];
+        dst.copy_(gathered_masters[i]);
+      }
+    }
+    optim::AdamW stand_in(m ? m->master() : task.params, ao);
+    stand_in.load_state_dict(state);
+    return save_training_checkpoint(run.output_dir, model, stand_in, m.get(), make_state(step, lr));
+  };
 
   bool stale_removed = false;
   std::error_code ec;
   for (int64_t step = start_step; step < run.max_steps; ++step) {
     Clock::time_point step_start = Clock::now();
-    outputs.begin_step(step + 1);
+    if (outputs) outputs->begin_step(step + 1);
     double lr = sched.at(step);
     opt.set_lr(lr);
     std::vector<Tensor> batch;
@@ -261,12 +351,13 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
       batch.push_back(x.to(run.device));
       batch.push_back(y.to(run.device));
     }
-    const double l = (compiled ? (*compiled)(batch) : step_body(batch, false))[0].item();
+    double l = (compiled ? (*compiled)(batch) : step_body(batch, false))[0].item();
+    if (dp) l = dp->mean(l);  // each rank's loss is the mean over its equal share of the global batch
     INGOT_CHECK(std::isfinite(l), "training diverged: the loss is ", l, " at step ", step + 1, " (lr ", lr,
                 "); lower train.lr or set train.grad_clip");
     double step_s = seconds_since(step_start);
     train_s += step_s;
-    outputs.end_step(step + 1);
+    if (outputs) outputs->end_step(step + 1);
     if (step == 0) r.first_loss = l;
     r.final_loss = l;
     r.best_loss = std::min(r.best_loss, l);
@@ -287,7 +378,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     rec["mfu"] = std::max(mfu, 0.0);
     rec["memory_bytes"] = static_cast<int64_t>(mem);
     rec["time_s"] = st.train_s + train_s;
-    outputs.log_train(rec.dump(), step + 1, l, lr, rate);
+    if (outputs) outputs->log_train(rec.dump(), step + 1, l, lr, rate);
 
     bool last = step + 1 == run.max_steps;
     if (step == start_step || (step + 1) % o.log_every == 0 || last) {
@@ -305,24 +396,27 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
       window_start = Clock::now();
     }
     if (task.evaluate && o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
-      double v = evaluate(task);
-      outputs.log_eval(step + 1, v);
+      double v = evaluate(task, dp.get());
+      if (outputs) outputs->log_eval(step + 1, v);
       char buf[120];
       std::snprintf(buf, sizeof buf, "eval | step %lld | val_loss %.3f\n", static_cast<long long>(step + 1), v);
       log << buf << std::flush;
     }
     if (run.save_every > 0 && ((step + 1) % run.save_every == 0 || last)) {
-      std::string path = save_training_checkpoint(run.output_dir, model, opt, masters.get(), make_state(step + 1, lr));
-      if (!stale_removed) {
+      std::string path = save_checkpoint(step + 1, lr);
+      if (is_main && !stale_removed) {
         // Checkpoints past this run's starting point belong to an earlier run in the same output_dir (or a
         // future this run has replaced); they go once this run has a checkpoint of its own.
         for (const auto& [old_step, old_path] : list_checkpoints(run.output_dir))
           if (old_step > start_step && old_path != path) fs::remove_all(old_path, ec);
         stale_removed = true;
       }
-      prune_checkpoints(run.output_dir, run.keep_last);
+      if (is_main) prune_checkpoints(run.output_dir, run.keep_last);
+      // No rank goes on (or can die) before the checkpoint is complete: a restarted job resumes from it.
+      if (dp) dp->barrier();
       log << "checkpoint | step " << step + 1 << " | " << path << "\n" << std::flush;
     }
+    if (dp) maybe_kill_for_test(dp->rank(), step + 1);
     if (task.halt_after_steps > 0 && step + 1 - start_step >= task.halt_after_steps) {
       r.train_s = train_s;
       return r;
@@ -334,8 +428,8 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   r.mfu = peak > 0 ? r.tokens_per_s * task.flops_per_token / peak : 0;
 
   if (task.evaluate) {
-    r.val_loss = evaluate(task);
-    outputs.log_eval(r.steps, r.val_loss);
+    r.val_loss = evaluate(task, dp.get());
+    if (outputs) outputs->log_eval(r.steps, r.val_loss);
     char buf[200];
     std::snprintf(buf, sizeof buf, "eval | val_loss %.3f over %s | train loss %.3f (last step)\n", r.val_loss,
                   task.eval_description.c_str(), r.final_loss);
@@ -348,13 +442,16 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   if (masters) {
     NoGradGuard no_grad;
     model.to(DType::f32);
-    for (size_t i = 0; i < task.params.size(); ++i) task.params[i].copy_(masters->master()[i]);
+    // ZeRO-1: the masters are per-shard; gathered (on every rank: a collective) into per-parameter values.
+    std::vector<Tensor> precise = zero1 ? dp->gather_to_params(masters->master()) : masters->master();
+    for (size_t i = 0; i < task.params.size(); ++i) task.params[i].copy_(precise[i]);
   }
+  if (!is_main) return r;  // rank 0 writes the run's artifacts
   fs::create_directories(run.output_dir, ec);
   INGOT_CHECK(!ec, "cannot create output_dir '", run.output_dir, "': ", ec.message());
   r.checkpoints = task.save_final();
   for (const auto& [step, path] : list_checkpoints(run.output_dir)) r.training_checkpoints.push_back(path);
-  outputs.finish(r);
+  outputs->finish(r);
   write_summary(r, (fs::path(run.output_dir) / "summary.json").string());
 
   log << "done | " << r.steps << " steps in " << format_duration(r.train_s) << " | loss ";
@@ -379,6 +476,7 @@ std::string summary_json(const TrainSummary& r) {
   j["graphs"] = r.graphs;
   j["graph_breaks"] = r.graph_breaks;
   j["recompiles"] = r.recompiles;
+  if (!r.compile_report.empty()) j["compile_report"] = r.compile_report;
   j["peak_memory_bytes"] = r.peak_memory_bytes;
   j["num_parameters"] = r.num_parameters;
   j["trainable_parameters"] = r.trainable_parameters;

@@ -56,6 +56,7 @@ struct TrainSummary {
   // Compiler figures; 0 while every run is eager.
   double compile_s = 0;
   int64_t graphs = 0, graph_breaks = 0, recompiles = 0;
+  std::string compile_report;  // compile/explain.h's report of the compiled step ("" when eager)
   int64_t peak_memory_bytes = 0;  // the device allocator's high-water mark during the run
   int64_t num_parameters = 0;
   int64_t trainable_parameters = 0;  // what the optimizer updates (fewer than num_parameters with LoRA)

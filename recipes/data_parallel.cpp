@@ -1,0 +1,252 @@
+#include "recipes/data_parallel.h"
+
+#include <signal.h>
+
+#include <cstdlib>
+#include <optional>
+#include <ostream>
+
+#include "distributed/bootstrap.h"
+#include "distributed/buckets.h"
+#include "distributed/ddp.h"
+#include "runtime/cuda_runtime.h"
+
+namespace ingot::recipes {
+
+namespace dist = ingot::distributed;
+
+namespace {
+
+// A view of `flat` holding `shape` at element `offset`.
+Tensor view_at(const Tensor& flat, int64_t offset, const Shape& shape) {
+  return flat.as_strided(shape, contiguous_strides(shape), flat.offset() + offset);
+}
+
+// Optimizer state entries are buffers shaped like their parameter (f32) or counters (i64 scalars).
+bool is_counter(const Tensor& t) { return t.dim() == 0 || t.dtype() == DType::i64; }
+
+}  // namespace
+
+struct DataParallel::Impl {
+  RunSettings run;
+  dist::DistributedContext ctx;
+  std::string backend;
+  std::vector<Tensor> params;
+  std::vector<dist::BucketPlan> plans;  // the layout DDP uses (checked against it in wrap)
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+
+  int64_t chunk(const dist::BucketPlan& p) const { return p.padded_numel / ctx.group->size(); }
+  double reduce(double v, dist::ReduceOp op) {
+    Tensor t = from_vector(std::vector<double>{v}, {1}, DType::f64, run.device);
+    ctx.group->all_reduce(t, op)->wait();
+    return t.item();
+  }
+};
+
+DataParallel::DataParallel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DataParallel::~DataParallel() = default;
+
+std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::ostream& log) {
+  if (run.world_size <= 1 && !run.mpi) return nullptr;
+  auto impl = std::make_unique<Impl>();
+  impl->run = run;
+  std::string backend = run.distributed.backend;
+  if (backend == "auto") backend = run.device.is_cuda() ? "nccl" : "gloo";
+  INGOT_CHECK(backend != "nccl" || run.device.is_cuda(), "distributed.backend: nccl needs a CUDA device, but device is ",
+              run.device.str(), " (use distributed.backend: gloo or auto)");
+  INGOT_CHECK(backend != "gloo" || !run.device.is_cuda(), "distributed.backend: gloo reduces CPU tensors, but device is ",
+              run.device.str(), " (use distributed.backend: nccl or auto)");
+  if (run.device.is_cuda()) cuda::set_device(run.device.index);
+  dist::InitOptions io;
+  io.backend = backend;
+  impl->ctx = dist::init_distributed(io);
+  impl->backend = backend;
+  const dist::WorldInfo& w = impl->ctx.info;
+  INGOT_CHECK(w.world_size == run.world_size && w.rank == run.rank, "distributed: the process group says rank ",
+              w.rank, " of ", w.world_size, " but the environment said rank ", run.rank, " of ", run.world_size);
+  if (w.world_size == 1) return nullptr;
+  if (w.rank == 0) {
+    log << "distributed | " << w.world_size << " ranks (" << w.source << ", " << backend << ") | DDP"
+        << (run.distributed.zero_stage == 1 ? " + ZeRO-1 (optimizer state sharded)" : "") << ", buckets of "
+        << run.distributed.bucket_cap_mb << " MiB"
+        << (run.distributed.overlap ? ", reduced during backward" : ", reduced after backward") << "\n";
+    if (run.compile.enabled)
+      log << "distributed | compile.enabled: compiled DDP is not available yet, so this run trains eager DDP\n";
+    log.flush();
+  }
+  return std::unique_ptr<DataParallel>(new DataParallel(std::move(impl)));
+}
+
+int DataParallel::rank() const { return impl_->ctx.group->rank(); }
+int DataParallel::world_size() const { return impl_->ctx.group->size(); }
+bool DataParallel::zero1() const { return impl_->run.distributed.zero_stage == 1; }
+const std::string& DataParallel::backend() const { return impl_->backend; }
+
+void DataParallel::wrap(const std::vector<Tensor>& params) {
+  Impl& m = *impl_;
+  INGOT_INTERNAL_CHECK(!m.ddp, "DataParallel::wrap called twice");
+  dist::DdpOptions o;
+  o.bucket_cap_mb = m.run.distributed.bucket_cap_mb;
+  o.zero1 = zero1();
+  m.params = params;
+  m.ddp = std::make_unique<dist::DistributedDataParallel>(params, m.ctx.group, o);
+  std::vector<dist::BucketParam> infos;
+  for (const Tensor& p : params) infos.push_back({p.numel(), p.dtype()});
+  m.plans = dist::plan_buckets(infos, o.bucket_cap_mb * 1024 * 1024, o.zero1 ? world_size() : 1);
+  const auto layout = m.ddp->bucket_layout();
+  INGOT_INTERNAL_CHECK(layout.size() == m.plans.size(), "DataParallel: bucket plan differs from DDP's");
+  for (size_t b = 0; b < layout.size(); ++b)
+    INGOT_INTERNAL_CHECK(layout[b] == m.plans[b].params, "DataParallel: bucket ", b, " differs from DDP's");
+}
+
+std::vector<Tensor> DataParallel::optimizer_params() const { return impl_->ddp->optimizer_params(); }
+
+void DataParallel::backward(const Tensor& loss, bool sync) {
+  if (sync && impl_->run.distributed.overlap) {
+    loss.backward();
+    return;
+  }
+  // Without overlap every bucket is issued by synchronize(), after the whole backward.
+  auto guard = impl_->ddp->no_sync();
+  loss.backward();
+}
+
+void DataParallel::synchronize() { impl_->ddp->synchronize(); }
+void DataParallel::after_step() { impl_->ddp->after_step(); }
+void DataParallel::zero_grad() { impl_->ddp->zero_grad(); }
+
+double DataParallel::mean(double v) { return impl_->reduce(v, dist::ReduceOp::Avg); }
+double DataParallel::sum(double v) { return impl_->reduce(v, dist::ReduceOp::Sum); }
+void DataParallel::barrier() { impl_->ctx.group->barrier()->wait(); }
+
+std::vector<Tensor> DataParallel::gather_to_params(const std::vector<Tensor>& chunks) {
+  Impl& m = *impl_;
+  INGOT_INTERNAL_CHECK(chunks.size() == m.plans.size(), "gather_to_params: one chunk per bucket expected");
+  std::vector<Tensor> out(m.params.size());
+  for (size_t b = 0; b < m.plans.size(); ++b) {
+    const dist::BucketPlan& plan = m.plans[b];
+    Tensor c = chunks[b].is_contiguous() ? chunks[b] : chunks[b].clone_raw();
+    INGOT_INTERNAL_CHECK(c.numel() == m.chunk(plan), "gather_to_params: bucket ", b, " chunk has ", c.numel(),
+                         " elements, expected ", m.chunk(plan));
+    Tensor full = empty({plan.padded_numel}, c.dtype(), c.device());
+    m.ctx.group->all_gather(full, c)->wait();
+    for (size_t k = 0; k < plan.params.size(); ++k) {
+      const size_t p = plan.params[k];
+      out[p] = view_at(full, plan.offsets[k], m.params[p].shape()).clone_raw();
+    }
+  }
+  return out;
+}
+
+std::vector<Tensor> DataParallel::scatter_to_chunks(const std::vector<Tensor>& per_param) const {
+  const Impl& m = *impl_;
+  INGOT_INTERNAL_CHECK(per_param.size() == m.params.size(), "scatter_to_chunks: one tensor per parameter expected");
+  std::vector<Tensor> out;
+  for (const dist::BucketPlan& plan : m.plans) {
+    const Tensor& first = per_param[plan.params[0]];
+    Tensor flat = zeros({plan.padded_numel}, first.dtype(), first.device());
+    for (size_t k = 0; k < plan.params.size(); ++k) {
+      const size_t p = plan.params[k];
+      view_at(flat, plan.offsets[k], m.params[p].shape()).copy_(per_param[p]);
+    }
+    out.push_back(view_at(flat, rank() * m.chunk(plan), {m.chunk(plan)}).clone_raw());
+  }
+  return out;
+}
+
+// Note [ZeRO-1 checkpoints hold the full optimizer state]
+// A shard's optimizer state is a flat [chunk] tensor per vector state (exp_avg, exp_avg_sq) plus scalars (its
+// step count). The checkpoint stores what a plain optimizer over the parameters would hold, so vector states
+// are all-gathered into the bucket layout and cut per parameter, and each scalar is copied to every parameter
+// of its bucket (all of them step together under DDP: a parameter without a gradient gets zeros).
+std::map<std::string, Tensor> DataParallel::gather_optimizer_state(const std::map<std::string, Tensor>& shard_state) {
+  const Impl& m = *impl_;
+  std::map<std::string, Tensor> out;
+  std::map<std::string, std::vector<Tensor>> vectors;  // state name -> per-bucket chunk
+  for (const auto& [key, t] : shard_state) {
+    if (key == "step") {
+      out[key] = t;
+      continue;
+    }
+    const size_t dot = key.find('.');
+    INGOT_INTERNAL_CHECK(dot != std::string::npos, "gather_optimizer_state: unexpected entry '", key, "'");
+    const size_t b = std::stoul(key.substr(0, dot));
+    const std::string name = key.substr(dot + 1);
+    INGOT_INTERNAL_CHECK(b < m.plans.size(), "gather_optimizer_state: entry '", key, "' names no bucket");
+    if (is_counter(t)) {
+      for (size_t p : m.plans[b].params) out[std::to_string(p) + "." + name] = t.clone_raw();
+    } else {
+      auto& v = vectors[name];
+      v.resize(m.plans.size());
+      v[b] = t;
+    }
+  }
+  // Every rank holds the same state names for every bucket (the shards step together), so the collectives
+  // below line up across ranks.
+  for (auto& [name, chunks] : vectors) {
+    for (size_t b = 0; b < chunks.size(); ++b)
+      INGOT_INTERNAL_CHECK(chunks[b].defined(), "gather_optimizer_state: bucket ", b, " has no '", name, "'");
+    std::vector<Tensor> per_param = gather_to_params(chunks);
+    for (size_t p = 0; p < per_param.size(); ++p) out[std::to_string(p) + "." + name] = per_param[p];
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> DataParallel::scatter_optimizer_state(
+    const std::map<std::string, Tensor>& param_state) const {
+  const Impl& m = *impl_;
+  std::map<std::string, Tensor> out;
+  auto step = param_state.find("step");
+  INGOT_INTERNAL_CHECK(step != param_state.end(), "scatter_optimizer_state: no 'step'");
+  out["step"] = step->second;
+  auto get = [&](size_t p, const std::string& name) -> const Tensor* {
+    auto it = param_state.find(std::to_string(p) + "." + name);
+    return it == param_state.end() ? nullptr : &it->second;
+  };
+  // The state names of each bucket are those of its first parameter.
+  std::map<std::string, bool> names;  // name -> scalar
+  for (const auto& [key, t] : param_state)
+    if (key != "step") names[key.substr(key.find('.') + 1)] = is_counter(t);
+  for (const auto& [name, scalar] : names) {
+    if (scalar) {
+      for (size_t b = 0; b < m.plans.size(); ++b)
+        if (const Tensor* t = get(m.plans[b].params[0], name)) out[std::to_string(b) + "." + name] = *t;
+      continue;
+    }
+    std::vector<Tensor> per_param(m.params.size());
+    bool complete = true;
+    for (size_t p = 0; p < m.params.size(); ++p) {
+      const Tensor* t = get(p, name);
+      if (t) per_param[p] = *t;
+      else complete = false;
+    }
+    // A checkpoint saved before the first step holds no state yet; a partial one cannot come from DDP.
+    if (!complete) continue;
+    std::vector<Tensor> chunks = scatter_to_chunks(per_param);
+    for (size_t b = 0; b < chunks.size(); ++b) out[std::to_string(b) + "." + name] = chunks[b];
+  }
+  return out;
+}
+
+void check_global_batch(const Config& cfg, const RunSettings& run, int64_t batch_size, ConfigErrors& errors) {
+  if (run.world_size <= 1 || errors.has_error_for("train.batch_size")) return;
+  if (batch_size % run.world_size == 0) return;
+  errors.fail(cfg, "train.batch_size",
+              std::to_string(batch_size) + " is the global batch over all ranks and must divide by the world size " +
+                  std::to_string(run.world_size) + " (WORLD_SIZE); use a multiple of " +
+                  std::to_string(run.world_size));
+}
+
+void maybe_kill_for_test(int rank, int64_t step) {
+  const char* v = std::getenv("INGOT_TEST_KILL_AT_STEP");
+  if (!v || !*v) return;
+  const char* restarts = std::getenv("INGOT_RESTART_COUNT");
+  if (restarts && *restarts && std::string(restarts) != "0") return;
+  std::string s = v;
+  size_t colon = s.find(':');
+  if (colon == std::string::npos) return;
+  if (std::atoi(s.substr(0, colon).c_str()) == rank && std::atoll(s.substr(colon + 1).c_str()) == step)
+    ::raise(SIGKILL);
+}
+
+}  // namespace ingot::recipes

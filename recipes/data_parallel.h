@@ -1,0 +1,85 @@
+// Data parallelism for the training loop: what `ingot launch --nproc-per-node N -- ingot run CONFIG` (or
+// mpirun/srun) turns on, as torchrun + a torchtune recipe would.
+//
+//   every rank     holds the whole model, reads rows [r*B/W, (r+1)*B/W) of every global micro-batch of B rows
+//                  (train.batch_size is the global batch), averages its gradients with the others through
+//                  DistributedDataParallel (buckets reduced during the last micro-step's backward; earlier
+//                  micro-steps of gradient accumulation run under no_sync), and logs the global mean loss
+//   ZeRO-1         (distributed.zero_stage: 1) the optimizer updates this rank's shards of the buckets only
+//   rank 0 alone   prints progress and writes metrics, plots, checkpoints, final weights and the summary
+//
+// Checkpoints (Note [ZeRO-1 checkpoints hold the full optimizer state]): rank 0 writes the same files a
+// single process writes. Under ZeRO-1 the shards' optimizer state (and f32 masters) are all-gathered first and
+// stored per parameter under the plain optimizer's names, so a checkpoint resumes under any world size, with
+// or without ZeRO-1; resuming cuts this rank's shards out of it again. Every rank waits on a barrier after a
+// save, so a restarted job always finds the newest checkpoint complete. The data position is the global batch
+// index and the RNG streams advance identically on every rank, so rank 0's state.json is every rank's state.
+#pragma once
+
+#include <iosfwd>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "optim/optimizer.h"
+#include "recipes/run_settings.h"
+#include "runtime/tensor.h"
+
+namespace ingot::recipes {
+
+class DataParallel {
+ public:
+  // Joins the job's default process group (gloo on CPU, nccl on CUDA for distributed.backend auto); blocks
+  // until every rank arrived. Returns null when this process is not part of a multi-process job.
+  static std::unique_ptr<DataParallel> join(const RunSettings& run, std::ostream& log);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  bool zero1() const;
+  const std::string& backend() const;
+
+  // Wraps the trained parameters in DistributedDataParallel (rank 0's values are broadcast to every rank).
+  void wrap(const std::vector<Tensor>& params);
+  // What the optimizer updates: the parameters, or this rank's flat shards under ZeRO-1.
+  std::vector<Tensor> optimizer_params() const;
+  // One micro-step's backward: `sync` false accumulates locally (no_sync), true reduces the buckets as they
+  // fill (or, with distributed.overlap false, leaves every reduction to synchronize()).
+  void backward(const Tensor& loss, bool sync);
+  // Waits for the averaged gradients (DDP synchronize).
+  void synchronize();
+  // ZeRO-1: all-gathers the updated shards into the parameters; nothing in plain DDP.
+  void after_step();
+  void zero_grad();
+
+  double mean(double v);  // average over ranks
+  double sum(double v);   // sum over ranks
+  void barrier();
+
+  // ZeRO-1 checkpoints. Per-shard optimizer state ("<bucket>.<state>") -> per-parameter state
+  // ("<param>.<state>", what a plain optimizer over the parameters holds); collective.
+  std::map<std::string, Tensor> gather_optimizer_state(const std::map<std::string, Tensor>& shard_state);
+  // The reverse: this rank's chunks of a per-parameter state.
+  std::map<std::string, Tensor> scatter_optimizer_state(const std::map<std::string, Tensor>& param_state) const;
+  // Per-bucket flat chunks (e.g. f32 masters of the shards) -> per-parameter tensors; collective.
+  std::vector<Tensor> gather_to_params(const std::vector<Tensor>& chunks);
+  // Per-parameter tensors -> this rank's chunk of each bucket.
+  std::vector<Tensor> scatter_to_chunks(const std::vector<Tensor>& per_param) const;
+
+ private:
+  struct Impl;
+  explicit DataParallel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// train.batch_size is the global micro-batch: it must divide by the world size (an error naming the key).
+void check_global_batch(const Config& cfg, const RunSettings& run, int64_t batch_size, ConfigErrors& errors);
+
+// Test hook: INGOT_TEST_KILL_AT_STEP=RANK:STEP SIGKILLs that rank right after it completed STEP (and saved any
+// checkpoint of that step), on the launcher's first attempt only (INGOT_RESTART_COUNT 0 or unset).
+void maybe_kill_for_test(int rank, int64_t step);
+
+}  // namespace ingot::recipes
