@@ -117,6 +117,11 @@ void DataParallel::zero_grad() { impl_->ddp->zero_grad(); }
 
 double DataParallel::mean(double v) { return impl_->reduce(v, dist::ReduceOp::Avg); }
 double DataParallel::sum(double v) { return impl_->reduce(v, dist::ReduceOp::Sum); }
+std::vector<double> DataParallel::sum(const std::vector<double>& v) {
+  Tensor t = from_vector(v, {static_cast<int64_t>(v.size())}, DType::f64, impl_->run.device);
+  impl_->ctx.group->all_reduce(t, dist::ReduceOp::Sum)->wait();
+  return t.to(Device::cpu()).to_vector();
+}
 void DataParallel::barrier() { impl_->ctx.group->barrier()->wait(); }
 
 std::vector<Tensor> DataParallel::gather_to_params(const std::vector<Tensor>& chunks) {

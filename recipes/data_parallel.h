@@ -57,6 +57,7 @@ class DataParallel {
 
   double mean(double v);  // average over ranks
   double sum(double v);   // sum over ranks
+  std::vector<double> sum(const std::vector<double>& v);  // elementwise sum over ranks
   void barrier();
 
   // ZeRO-1 checkpoints. Per-shard optimizer state ("<bucket>.<state>") -> per-parameter state

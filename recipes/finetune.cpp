@@ -196,6 +196,11 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
     datasets::Batch b = loader->next();
     return std::make_pair(b.input_ids, b.labels);
   };
+  task.loss_tokens = [](const Tensor& labels) {
+    double n = 0;
+    for (double l : labels.to_vector()) n += l != kIgnoreIndex;
+    return n;
+  };
   task.data_position = [&] {
     datasets::DataPosition p = loader->position();
     return p.epoch * per_epoch + p.index;

@@ -234,12 +234,17 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   const double inv_accum = 1.0 / static_cast<double>(o.grad_accum);
   // Under DDP: the micro-steps before the last accumulate locally (no_sync), the last one's backward reduces
   // the gradient buckets; ZeRO-1 then updates this rank's shards and all-gathers them into the parameters.
+  // token_weights (data parallel with task.loss_tokens): each micro-batch's rank-local mean is weighed by
+  // world * local / global loss targets, so DDP's average over ranks is the global token mean.
+  std::vector<double> token_weights;
   auto step_body = [&](const std::vector<Tensor>& batch, bool traced) {
     Tensor total;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
       Tensor loss = task.loss(batch[2 * micro], batch[2 * micro + 1]);
       // Gradients of the mean over micro-batches; with one micro-batch the loss is used as is.
-      Tensor scaled = o.grad_accum > 1 ? loss * inv_accum : loss;
+      Tensor scaled = !token_weights.empty() ? loss * (inv_accum * token_weights[micro])
+                      : o.grad_accum > 1     ? loss * inv_accum
+                                             : loss;
       if (dp) dp->backward(scaled, micro + 1 == o.grad_accum);
       else scaled.backward();
       total = total.defined() ? total + scaled.detach() : scaled.detach();
@@ -346,10 +351,18 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     double lr = sched.at(step);
     opt.set_lr(lr);
     std::vector<Tensor> batch;
+    std::vector<double> local_tokens;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
       auto [x, y] = task.next_batch();
+      if (dp && task.loss_tokens) local_tokens.push_back(task.loss_tokens(y));
       batch.push_back(x.to(run.device));
       batch.push_back(y.to(run.device));
+    }
+    if (!local_tokens.empty()) {
+      std::vector<double> global_tokens = dp->sum(local_tokens);  // one collective for every micro-batch
+      token_weights.assign(local_tokens.size(), 0.0);
+      for (size_t m = 0; m < local_tokens.size(); ++m)
+        if (global_tokens[m] > 0) token_weights[m] = dp->world_size() * local_tokens[m] / global_tokens[m];
     }
     double l = (compiled ? (*compiled)(batch) : step_body(batch, false))[0].item();
     if (dp) l = dp->mean(l);  // each rank's loss is the mean over its equal share of the global batch

@@ -76,6 +76,11 @@ struct TrainTask {
   std::function<Tensor(const Tensor& inputs, const Tensor& targets)> loss;
   // The next training micro-batch (inputs, targets) on the CPU; the loop moves it to the device.
   std::function<std::pair<Tensor, Tensor>()> next_batch;
+  // Targets that count in the loss (CPU targets of a micro-batch), when `loss` is a mean over a varying number
+  // of them (fine-tuning masks prompts and padding). Data parallel then weighs each rank's mean by its share
+  // of the global count, so the gradient is the global batch's token mean, as in one process. Empty: every
+  // rank's micro-batch has as many loss targets.
+  std::function<double(const Tensor& targets)> loss_tokens;
   // Where the data is (saved in checkpoints as one integer) and how to go back there on resume.
   std::function<int64_t()> data_position;
   std::function<void(int64_t)> set_data_position;

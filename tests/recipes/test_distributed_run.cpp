@@ -228,6 +228,22 @@ TEST_F(DistributedRun, AGlobalBatchThatDoesNotDivideByTheWorldSizeFailsEveryRank
   EXPECT_FALSE(fs::exists(path("bad")));
 }
 
+TEST_F(DistributedRun, LoraFinetuneOnPaddedChatDataWeighsRanksByTheirLossTokens) {
+  // Padded chat rows carry different numbers of loss tokens per rank: each rank's mean is weighed by its share
+  // of the global count, so two workers still train exactly like one process.
+  const std::string src = INGOT_SOURCE_DIR;
+  const std::string cfg = "'" + src + "/configs/llama_lora_finetune.yaml' device=cpu max_steps=4 train.log_every=1 "
+                          "model.path=" + src + "/tests/fixtures/hf/llama_tiny tokenizer.path=" + src +
+                          "/tests/fixtures/data/tokenizer data.path=" + src + "/tests/fixtures/data/kjv_chat.jsonl "
+                          "lora.merge_on_export=false logging.plot=false";
+  Result one = sh("\"$INGOT\" run " + cfg + " output_dir=one");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  Result two = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" run " + cfg + " output_dir=two");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  expect_same_losses(train_losses(path("two/metrics.jsonl")), train_losses(path("one/metrics.jsonl")),
+                     "LoRA on 2 workers vs 1 process");
+}
+
 TEST_F(DistributedRun, CompileEnabledTrainsEagerDdpAndSaysSo) {
   Result r = launch(2, "compiled", "compile.enabled=true max_steps=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
