@@ -1,5 +1,6 @@
-// The `ingot` program. Commands: run, ls, cat, cp, validate, plot (see kMainHelp). Exit status: 0 done,
+// The `ingot` program. Commands: run, ls, cat, cp, validate, explain, plot (see kMainHelp). Exit status: 0 done,
 // 1 runtime error, 2 usage or config error (nothing written).
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -9,6 +10,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "distributed/launch/error_file.h"
 #include "recipes/config.h"
@@ -50,6 +53,7 @@ Usage:
   ingot cat CONFIG                                               print a config
   ingot cp CONFIG PATH                                           copy a built-in config to edit it
   ingot validate CONFIG [key=value ...] [~key ...]               check a config fully, without running
+  ingot explain CONFIG [key=value ...] [~key ...] [--steps N]    what the compiler does with the training step
   ingot plot RUN_DIR [--out PATH]                                draw RUN_DIR/metrics.jsonl as a PNG
   ingot launch [options] -- COMMAND [ARGS ...]                   run COMMAND as N workers, torchrun style
   ingot --help | --version
@@ -123,6 +127,18 @@ Checks a config as `ingot run` would (YAML syntax, unknown keys with a suggestio
 choices, required keys, files that must exist, the recipe's own rules, a checkpoint to resume from) without
 running anything, and prints ALL problems at once, each with file:line:column and the key path.
 Exit status: 0 valid, 2 invalid.
+)";
+
+constexpr const char* kExplainHelp = R"(Usage: ingot explain CONFIG [key=value ...] [~key ...] [--steps N]
+
+Compiles the training step of a pretrain / full_finetune / lora_finetune config and reports what the compiler
+did: graphs and graph breaks (reason and source line), ops before and after the passes, fusion groups,
+kernels generated and reused, launches per step against eager's op count, recompiles with their reasons,
+planned peak memory and compile time by phase. It runs N real training steps (default 2: the first traces
+and compiles, the second runs the compiled graph) with compile.enabled=true, into a temporary output_dir
+that is removed afterwards: nothing in the config's output_dir is touched. The training log goes to stderr,
+the report to stdout. The config's compile.* keys (mode, dynamic, memory_budget, cache_dir...) apply.
+Exit status: 0 done, 1 runtime error, 2 usage or config error.
 )";
 
 constexpr const char* kPlotHelp = R"(Usage: ingot plot RUN_DIR [--out PATH]
@@ -298,6 +314,44 @@ int validate_command(const Args& args) {
   return 0;
 }
 
+int explain_command(const Args& args) {
+  int64_t steps = 2;
+  ConfigArgs ca = parse_config_args(args, "explain", [&](const Args& a, size_t& i) {
+    if (a[i] != "--steps") return false;
+    if (i + 1 >= a.size()) throw UsageError("--steps needs a number", "explain");
+    const std::string v(a[++i]);
+    char* end = nullptr;
+    steps = std::strtoll(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0' || steps < 1) throw UsageError("--steps: expected a positive integer, got '" + v + "'", "explain");
+    return true;
+  });
+  if (ca.help) {
+    std::cout << kExplainHelp;
+    return 0;
+  }
+  if (ca.config.empty()) throw UsageError("missing CONFIG", "explain");
+  const std::string path = rc::resolve_config_argument(ca.config);
+  {
+    const rc::Recipe* recipe = nullptr;
+    rc::load_and_check(path, ca.edits, &recipe);  // the user's config, as given, must be valid first
+    if (recipe->name != "pretrain" && recipe->name != "full_finetune" && recipe->name != "lora_finetune")
+      throw UsageError("recipe '" + recipe->name + "' has no training step to compile (explain takes pretrain, "
+                       "full_finetune or lora_finetune configs)", "explain");
+  }
+  ingot::TempDir scratch("ingot-explain-");
+  std::vector<std::string> edits = ca.edits;
+  for (std::string e : {std::string("compile.enabled=true"), "max_steps=" + std::to_string(steps),
+                        "output_dir=" + scratch.file("run"), std::string("resume=false"), std::string("resume_from=''")})
+    edits.push_back(e);
+  const rc::Recipe* recipe = nullptr;
+  rc::Config cfg = rc::load_and_check(path, edits, &recipe);
+  const nlohmann::json summary = nlohmann::json::parse(recipe->run(cfg, std::cerr));
+  if (!summary.contains("compile_report") || !summary["compile_report"].is_string())
+    throw std::runtime_error("the " + recipe->name + " run produced no compile report");
+  std::cout << summary["compile_report"].get<std::string>();
+  return 0;
+}
+
 int plot_command(const Args& args) {
   std::string run_dir, out;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -341,7 +395,7 @@ int dispatch(int argc, char** argv) {
   }
   static const std::map<std::string_view, int (*)(const Args&)> commands = {
       {"run", run_command},           {"ls", ls_command},     {"cat", cat_command}, {"cp", cp_command},
-      {"validate", validate_command}, {"plot", plot_command},
+      {"validate", validate_command}, {"plot", plot_command},         {"explain", explain_command},
   };
   if (cmd == "launch") return ingot::launch_main(std::vector<std::string>(args.begin() + 1, args.end()));
   auto it = commands.find(cmd);

@@ -143,6 +143,34 @@ TEST_F(IngotCli, MissingConfigOrDataFileIsNamed) {
   EXPECT_NE(r.output.find("data.path: no such file 'missing.txt'"), std::string::npos) << r.output;
 }
 
+// `ingot explain` runs two real steps into a scratch directory and prints the compiler's report on stdout; the
+// config's own output_dir stays untouched.
+TEST_F(IngotCli, ExplainReportsTheCompiledStepWithoutWritingTheRunsOutputDir) {
+  // stdout alone into report.txt (run_ingot appends 2>&1, which here applies to `exit`).
+  Result r = run_ingot(dir_.path(), "explain tiny.yaml compile.cache_dir=" + dir_.file("cache") +
+                                        " > report.txt 2> log.txt; exit $?");
+  ASSERT_EQ(r.exit_code, 0) << slurp(dir_.file("log.txt"));
+  EXPECT_NE(slurp(dir_.file("log.txt")).find("step 2/2 | loss "), std::string::npos) << "the training log";
+  r.output = slurp(dir_.file("report.txt"));
+  EXPECT_NE(r.output.find("compiled function 'train_step'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("graphs: 1 (the whole step is one graph)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("graph breaks: 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("launches per call (eager: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("calls: 2 (1 compiled, 0 eager)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 1/2"), std::string::npos) << "the report alone is on stdout";
+  EXPECT_FALSE(fs::exists(dir_.file("out"))) << "explain writes into a scratch directory only";
+
+  r = run_ingot(dir_.path(), "explain tiny.yaml --steps 0");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--steps: expected a positive integer, got '0'"), std::string::npos) << r.output;
+  r = run_ingot(dir_.path(), "explain tiny.yaml train.lr=fast");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.lr"), std::string::npos) << r.output;
+  write(dir_.file("gen.yaml"), "recipe: generate\n");
+  r = run_ingot(dir_.path(), "explain gen.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
 TEST_F(IngotCli, ResumeWithoutACheckpointIsAnErrorNamingTheKey) {
   Result r = run_ingot(dir_.path(), "run tiny.yaml resume=true");
   EXPECT_EQ(r.exit_code, 2) << r.output;
