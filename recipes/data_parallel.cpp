@@ -70,8 +70,10 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
         << (run.distributed.zero_stage == 1 ? " + ZeRO-1 (optimizer state sharded)" : "") << ", buckets of "
         << run.distributed.bucket_cap_mb << " MiB"
         << (run.distributed.overlap ? ", reduced during backward" : ", reduced after backward") << "\n";
-    if (run.compile.enabled)
-      log << "distributed | compile.enabled: compiled DDP is not available yet, so this run trains eager DDP\n";
+    if (run.compile.enabled && run.distributed.zero_stage == 1)
+      log << "distributed | compile.enabled: ZeRO-1 steps are not compiled yet, so this run trains eager DDP\n";
+    else if (run.compile.enabled)
+      log << "distributed | compile.enabled: the bucket all-reduces are nodes of the compiled step\n";
     log.flush();
   }
   return std::unique_ptr<DataParallel>(new DataParallel(std::move(impl)));

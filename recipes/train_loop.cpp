@@ -234,17 +234,19 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   const double inv_accum = 1.0 / static_cast<double>(o.grad_accum);
   // Under DDP: the micro-steps before the last accumulate locally (no_sync), the last one's backward reduces
   // the gradient buckets; ZeRO-1 then updates this rank's shards and all-gathers them into the parameters.
-  // token_weights (data parallel with task.loss_tokens): each micro-batch's rank-local mean is weighed by
-  // world * local / global loss targets, so DDP's average over ranks is the global token mean.
-  std::vector<double> token_weights;
+  // Token weights (data parallel with task.loss_tokens): each micro-batch's rank-local mean is weighed by
+  // world * local / global loss targets, so DDP's average over ranks is the global token mean. They change
+  // every step, so they travel as the batch's last tensor ([grad_accum], inv_accum folded in), an input of
+  // the compiled graph rather than a constant baked into it.
   auto step_body = [&](const std::vector<Tensor>& batch, bool traced) {
     Tensor total;
+    const bool weighted = static_cast<int64_t>(batch.size()) > 2 * o.grad_accum;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
       Tensor loss = task.loss(batch[2 * micro], batch[2 * micro + 1]);
       // Gradients of the mean over micro-batches; with one micro-batch the loss is used as is.
-      Tensor scaled = !token_weights.empty() ? loss * (inv_accum * token_weights[micro])
-                      : o.grad_accum > 1     ? loss * inv_accum
-                                             : loss;
+      Tensor scaled = weighted          ? loss * reshape(narrow(batch.back(), 0, micro, 1), {})
+                      : o.grad_accum > 1 ? loss * inv_accum
+                                         : loss;
       if (dp) dp->backward(scaled, micro + 1 == o.grad_accum);
       else scaled.backward();
       total = total.defined() ? total + scaled.detach() : scaled.detach();
@@ -274,8 +276,9 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     return std::vector<Tensor>{total};
   };
   std::optional<CompiledFunction> compiled;
-  // Compiled DDP is not available yet: a data-parallel run trains eager (DataParallel::join says so).
-  if (run.compile.enabled && !dp) {
+  // Under plain DDP the bucket all-reduces are nodes of the compiled graph (Note [DDP in a traced step],
+  // distributed/ddp.cpp); ZeRO-1 steps are not compiled yet and train eager (DataParallel::join says so).
+  if (run.compile.enabled && !zero1) {
     compiled = compile([&](const std::vector<Tensor>& b) { return step_body(b, true); },
                        compile_options(run.compile));
     log << "compile | mode " << run.compile.mode << ": the first step traces and compiles the whole training step\n";
@@ -360,9 +363,10 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     }
     if (!local_tokens.empty()) {
       std::vector<double> global_tokens = dp->sum(local_tokens);  // one collective for every micro-batch
-      token_weights.assign(local_tokens.size(), 0.0);
+      std::vector<double> weights(local_tokens.size(), 0.0);
       for (size_t m = 0; m < local_tokens.size(); ++m)
-        if (global_tokens[m] > 0) token_weights[m] = dp->world_size() * local_tokens[m] / global_tokens[m];
+        if (global_tokens[m] > 0) weights[m] = inv_accum * dp->world_size() * local_tokens[m] / global_tokens[m];
+      batch.push_back(from_vector(weights, {static_cast<int64_t>(weights.size())}, DType::f32).to(run.device));
     }
     double l = (compiled ? (*compiled)(batch) : step_body(batch, false))[0].item();
     if (dp) l = dp->mean(l);  // each rank's loss is the mean over its equal share of the global batch

@@ -242,13 +242,34 @@ TEST_F(DistributedRun, LoraFinetuneOnPaddedChatDataWeighsRanksByTheirLossTokens)
   ASSERT_EQ(two.exit_code, 0) << two.output;
   expect_same_losses(train_losses(path("two/metrics.jsonl")), train_losses(path("one/metrics.jsonl")),
                      "LoRA on 2 workers vs 1 process");
+  // Compiled, the per-step token weights are an input of the graph, not constants of the first step.
+  Result comp = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" run " + cfg +
+                   " output_dir=comp compile.enabled=true compile.cache_dir=" + path("cache"));
+  ASSERT_EQ(comp.exit_code, 0) << comp.output;
+  EXPECT_NE(comp.output.find("compile | 1 graph(s), 0 break(s), 0 recompile(s)"), std::string::npos) << comp.output;
+  const std::map<int64_t, double> e = train_losses(path("one/metrics.jsonl")), c = train_losses(path("comp/metrics.jsonl"));
+  ASSERT_EQ(e.size(), c.size());
+  for (const auto& [step, loss] : e) EXPECT_NEAR(c.at(step), loss, 1e-4 * std::abs(loss)) << "compiled step " << step;
 }
 
-TEST_F(DistributedRun, CompileEnabledTrainsEagerDdpAndSaysSo) {
-  Result r = launch(2, "compiled", "compile.enabled=true max_steps=2");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("compiled DDP is not available yet, so this run trains eager DDP"), std::string::npos)
-      << r.output;
+// compile.enabled under DDP: one compiled graph holding the all-reduces, training like eager DDP; ZeRO-1 steps
+// stay eager and say so.
+TEST_F(DistributedRun, CompiledDdpFollowsEagerDdpInOneGraph) {
+  Result eager = launch(2, "eager", "max_steps=4");
+  ASSERT_EQ(eager.exit_code, 0) << eager.output;
+  Result comp = launch(2, "compiled", "max_steps=4 compile.enabled=true compile.cache_dir=" + path("cache"));
+  ASSERT_EQ(comp.exit_code, 0) << comp.output;
+  EXPECT_NE(comp.output.find("the bucket all-reduces are nodes of the compiled step"), std::string::npos)
+      << comp.output;
+  EXPECT_NE(comp.output.find("compile | 1 graph(s), 0 break(s), 0 recompile(s)"), std::string::npos) << comp.output;
+  const std::map<int64_t, double> e = train_losses(path("eager/metrics.jsonl")),
+                                   c = train_losses(path("compiled/metrics.jsonl"));
+  ASSERT_EQ(e.size(), c.size());
+  for (const auto& [step, loss] : e) EXPECT_NEAR(c.at(step), loss, 1e-4 * std::abs(loss)) << "step " << step;
+  Result z = launch(2, "zero", "max_steps=2 compile.enabled=true distributed.zero_stage=1");
+  ASSERT_EQ(z.exit_code, 0) << z.output;
+  EXPECT_NE(z.output.find("ZeRO-1 steps are not compiled yet, so this run trains eager DDP"), std::string::npos)
+      << z.output;
 }
 
 }  // namespace
