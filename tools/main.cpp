@@ -226,7 +226,15 @@ int run_command(const Args& args) {
   const rc::Recipe* recipe = nullptr;
   rc::Config cfg = rc::load_and_check(rc::resolve_config_argument(ca.config), ca.edits, &recipe);
   std::string summary = recipe->run(cfg, std::cerr);
-  if (!summary_path.empty()) {
+  // Under `ingot launch` every rank runs this; rank 0's summary is the run's (the others hold the same
+  // global figures), and one writer keeps the file from being replaced N times.
+  bool rank_zero = true;
+  for (const char* var : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* v = std::getenv(var)) {
+      rank_zero = std::string_view(v) == "0";
+      break;
+    }
+  if (!summary_path.empty() && rank_zero) {
     fs::path parent = fs::path(summary_path).parent_path();
     if (!parent.empty()) fs::create_directories(parent);
     ingot::write_file_atomic(summary_path, [&](std::FILE* f) { ingot::write_bytes(f, summary.data(), summary.size()); });
