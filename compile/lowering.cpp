@@ -4,12 +4,10 @@
 
 namespace ingot::compiler {
 
-std::optional<std::string> no_lowering_reason(const Primitive& p) {
-  // Dropout records its Philox (seed, offset) as attributes (autograd/ops/random.cpp); replaying the graph
-  // would reuse one mask for every step instead of drawing a fresh one.
-  if (p.name() == "dropout")
-    return std::string("op 'dropout' has no lowering: its random offset is fixed when traced, a replay would "
-                       "repeat the same mask");
+std::optional<std::string> no_lowering_reason(const Primitive&) {
+  // Every primitive can run from a compiled graph today. Dropout used to be the exception: its (seed, offset)
+  // is now a host input of the graph that reserves fresh draws at every replay (Note [Replayable dropout],
+  // autograd/ops/random.cpp).
   return std::nullopt;
 }
 

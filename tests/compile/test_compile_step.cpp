@@ -200,6 +200,24 @@ TEST(CompileStep, TinyLlamaTwentyAdamWStepsMatchEager) {
   EXPECT_TRUE(comp.stats.graph_breaks.empty());
 }
 
+// A model with dropout compiles into one graph: every step draws the same masks as the eager step would (the
+// (seed, offset) pairs are host inputs that reserve the generator's draws at each replay).
+TEST(CompileStep, DropoutModelTrainsLikeEagerInOneGraph) {
+  auto with_dropout = [] {
+    models::GPT2Config c = tiny_gpt2_config();
+    c.dropout = 0.2;
+    return std::make_shared<models::GPT2>(c);
+  };
+  StepRun eager = train_steps(with_dropout, false, 12);
+  const uint64_t eager_offset = default_generator(Device::cpu()).offset();
+  StepRun comp = train_steps(with_dropout, true, 12);
+  EXPECT_EQ(default_generator(Device::cpu()).offset(), eager_offset) << "the generator advanced as in eager";
+  expect_same_training(eager, comp);
+  EXPECT_EQ(comp.stats.compiles, 1);
+  EXPECT_TRUE(comp.stats.graph_breaks.empty());
+  EXPECT_NE(comp.stats.last_graph.find("dropout("), std::string::npos);
+}
+
 TEST(CompileStep, TheWholeStepIsOneGraphWithForwardBackwardAndOneFusedUpdate) {
   StepRun comp = train_steps(tiny_gpt2, true, 2);
   const std::string& g = comp.stats.last_graph;

@@ -4,6 +4,7 @@
 #include "autograd/ops.h"
 #include "compile/api.h"
 #include "compile/explain.h"
+#include "runtime/rng.h"
 
 namespace ingot {
 namespace {
@@ -53,12 +54,22 @@ TEST(GraphBreaks, WithoutFullgraphTheFunctionContinuesAndGivesEagerResults) {
   EXPECT_NE(report.find("runs eagerly"), std::string::npos) << report;
 }
 
-TEST(GraphBreaks, DropoutInTrainingModeBreaksWithItsReason) {
+// Dropout's (seed, offset) is a host input of the graph (Note [Replayable dropout]): no break, a fresh mask at
+// every call, and the same masks, in the same order, as eager calls from the same generator state.
+TEST(GraphBreaks, DropoutCompilesWithoutABreakAndDrawsEagersMasks) {
   auto fn = [](const std::vector<Tensor>& a) { return std::vector<Tensor>{dropout(a[0], 0.5, true)}; };
-  CompiledFunction c = compile(fn, no_codegen());
-  c({randn({16})});
-  ASSERT_EQ(c.stats().graph_breaks.size(), 1u);
-  EXPECT_NE(c.stats().graph_breaks[0].find("dropout"), std::string::npos) << c.stats().graph_breaks[0];
+  const Tensor x = add(rand({64}), 0.5);
+  manual_seed(41);
+  std::vector<std::vector<double>> eager;
+  for (int i = 0; i < 3; ++i) eager.push_back(fn({x})[0].to_vector());
+  const uint64_t eager_offset = default_generator(Device::cpu()).offset();
+  manual_seed(41);
+  CompiledFunction c = compile(fn);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(c({x})[0].to_vector(), eager[static_cast<size_t>(i)]) << "call " << i;
+  EXPECT_EQ(default_generator(Device::cpu()).offset(), eager_offset) << "compiled calls draw what eager draws";
+  EXPECT_NE(eager[1], eager[2]) << "each call draws a fresh mask";
+  EXPECT_TRUE(c.stats().graph_breaks.empty());
+  EXPECT_EQ(c.stats().compiled_calls, 2);
 }
 
 TEST(GraphBreaks, HostReadsOfUntracedTensorsAreNotBreaks) {
