@@ -13,5 +13,10 @@ namespace ingot::distributed {
 // The average of `flat` over the ranks of `group` (a new tensor; `flat` is not modified). Not
 // differentiable. Every rank must call it with the same shape, in the same order.
 Tensor all_reduce_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
+// ZeRO-1's pair. reduce_scatter_avg: this rank's chunk (numel / world elements, chunk `rank`) of the average
+// of `flat` over the ranks; flat.numel() must divide by the world size. all_gather: the concatenation of
+// every rank's `chunk`, rank order.
+Tensor reduce_scatter_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
+Tensor all_gather(const Tensor& chunk, std::shared_ptr<ProcessGroup> group);
 
 }  // namespace ingot::distributed

@@ -186,11 +186,21 @@ DistributedDataParallel::NoSync::~NoSync() { --d_->state_->no_sync_depth; }
 // same layout as eager's flat buffers), one all_reduce_avg node, and slices of its result copied back into
 // the .grad tensors. The compiled graph then holds the all-reduces between the backward and the optimizer
 // update, and eager and compiled runs reduce the same buckets in the same order.
+// ZeRO-1 records a reduce_scatter_avg node per bucket instead, whose chunk becomes the shard's gradient, and
+// after_step() an all_gather node per bucket whose slices are copied into the parameters (write-backs).
 void DistributedDataParallel::synchronize_traced() {
   State& s = *state_;
-  INGOT_CHECK(!s.zero1, "DistributedDataParallel: ZeRO-1 inside a compiled step is not supported yet; "
-                        "compile with zero1 off or run the step eagerly");
   TraceObserver* obs = trace_observer();
+  // The optimizer reads `.grad`; under tracing its value is whatever was last assigned to that tensor.
+  auto publish_grad = [obs](Tensor& leaf, const Tensor& value) {
+    Tensor g = leaf.grad();
+    if (g.defined()) {
+      g.copy_(value);
+      obs->on_assign(g, value);
+    } else {
+      leaf.set_grad(clone(value));  // a traced op: the optimizer's read of .grad maps to the graph value
+    }
+  };
   for (Bucket& b : s.buckets) {
     std::vector<Tensor> parts;
     int64_t used = 0;
@@ -201,20 +211,32 @@ void DistributedDataParallel::synchronize_traced() {
       used += p.numel();
     }
     if (b.flat.numel() > used) parts.push_back(zeros({b.flat.numel() - used}, b.flat.dtype(), b.flat.device()));
-    Tensor avg = all_reduce_avg(parts.size() == 1 ? parts[0] : cat(parts, 0), group_);
+    const Tensor flat = parts.size() == 1 ? parts[0] : cat(parts, 0);
+    if (s.zero1) {
+      publish_grad(b.shard, reduce_scatter_avg(flat, group_));
+      continue;
+    }
+    Tensor avg = all_reduce_avg(flat, group_);
     for (size_t k = 0; k < b.params.size(); ++k) {
       Tensor& p = s.params[b.params[k]];
-      Tensor a = reshape(narrow(avg, 0, b.offsets[k], p.numel()), p.shape());
-      Tensor g = p.grad();
-      if (g.defined()) {
-        g.copy_(a);
-        obs->on_assign(g, a);
-      } else {
-        p.set_grad(a.clone_raw());
-      }
+      publish_grad(p, reshape(narrow(avg, 0, b.offsets[k], p.numel()), p.shape()));
     }
   }
   s.reset_round();
+}
+
+void DistributedDataParallel::after_step_traced() {
+  State& s = *state_;
+  TraceObserver* obs = trace_observer();
+  for (Bucket& b : s.buckets) {
+    Tensor gathered = all_gather(b.shard, group_);
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      Tensor& p = s.params[b.params[k]];
+      Tensor v = reshape(narrow(gathered, 0, b.offsets[k], p.numel()), p.shape());
+      p.copy_(v);
+      obs->on_assign(p, v);
+    }
+  }
 }
 
 void DistributedDataParallel::synchronize() {
@@ -271,6 +293,10 @@ std::vector<Tensor> DistributedDataParallel::optimizer_params() const {
 void DistributedDataParallel::after_step() {
   State& s = *state_;
   if (!s.zero1) return;
+  if (trace_observer() != nullptr) {
+    after_step_traced();
+    return;
+  }
   std::vector<std::shared_ptr<Work>> works;
   for (Bucket& b : s.buckets) works.push_back(group_->all_gather(b.gathered, b.shard));
   for (auto& w : works) w->wait();

@@ -88,6 +88,7 @@ class DistributedDataParallel {
  private:
   void init(std::vector<Tensor> params, std::vector<std::string> names);
   void synchronize_traced();  // Note [DDP in a traced step] (ddp.cpp)
+  void after_step_traced();
   std::shared_ptr<ProcessGroup> group_;
   DdpOptions options_;
   std::shared_ptr<State> state_;  // shared with the hooks, which hold it weakly

@@ -39,7 +39,8 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   return norm;
 }
 
-Tensor clip_grad_norm_tensor(const std::vector<Tensor>& params, double max_norm) {
+Tensor clip_grad_norm_tensor(const std::vector<Tensor>& params, double max_norm,
+                             const std::function<Tensor(const Tensor&)>& combine) {
   INGOT_CHECK(max_norm > 0, "clip_grad_norm_tensor: max_norm must be positive, got ", max_norm);
   NoGradGuard ng;
   Tensor total;
@@ -49,7 +50,8 @@ Tensor clip_grad_norm_tensor(const std::vector<Tensor>& params, double max_norm)
     Tensor s = sum(square(cast(g, g.dtype() == DType::f64 ? DType::f64 : DType::f32)));
     total = total.defined() ? add(total, s) : s;
   }
-  if (!total.defined()) return zeros({});
+  if (!total.defined()) total = zeros({});
+  if (combine) total = combine(total);
   Tensor norm = sqrt(total);
   Tensor coef = minimum(rdiv(add(norm, 1e-6), max_norm), ones({}, norm.dtype(), norm.device()));
   for (const Tensor& p : params) {

@@ -1,6 +1,7 @@
 // Gradient clipping by the global L2 norm over all gradients (torch.nn.utils.clip_grad_norm_).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "runtime/tensor.h"
@@ -16,7 +17,10 @@ double clip_coefficient(double total_norm, double max_norm);
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 // The same clipping without a host sync: the norm stays a device scalar (f32) and every defined grad is
 // replaced by grad * min(1, max_norm / (norm + 1e-6)), all with tensor ops, so it traces into a compiled
-// step (ingot::compile) with no graph break. Returns the norm before clipping.
-Tensor clip_grad_norm_tensor(const std::vector<Tensor>& params, double max_norm);
+// step (ingot::compile) with no graph break. Returns the norm before clipping. `combine`, when given, maps
+// this process's sum of squares to the global one (ZeRO-1: each rank holds the gradients of its shards only,
+// so the squares are summed across ranks) before the norm is taken.
+Tensor clip_grad_norm_tensor(const std::vector<Tensor>& params, double max_norm,
+                             const std::function<Tensor(const Tensor&)>& combine = {});
 
 }  // namespace ingot::optim

@@ -6,8 +6,10 @@
 #include <optional>
 #include <ostream>
 
+#include "autograd/ops.h"
 #include "distributed/bootstrap.h"
 #include "distributed/buckets.h"
+#include "distributed/collective_ops.h"
 #include "distributed/ddp.h"
 #include "runtime/cuda_runtime.h"
 
@@ -70,10 +72,10 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
         << (run.distributed.zero_stage == 1 ? " + ZeRO-1 (optimizer state sharded)" : "") << ", buckets of "
         << run.distributed.bucket_cap_mb << " MiB"
         << (run.distributed.overlap ? ", reduced during backward" : ", reduced after backward") << "\n";
-    if (run.compile.enabled && run.distributed.zero_stage == 1)
-      log << "distributed | compile.enabled: ZeRO-1 steps are not compiled yet, so this run trains eager DDP\n";
-    else if (run.compile.enabled)
-      log << "distributed | compile.enabled: the bucket all-reduces are nodes of the compiled step\n";
+    if (run.compile.enabled)
+      log << "distributed | compile.enabled: the bucket "
+          << (run.distributed.zero_stage == 1 ? "reduce-scatters and all-gathers" : "all-reduces")
+          << " are nodes of the compiled step\n";
     log.flush();
   }
   return std::unique_ptr<DataParallel>(new DataParallel(std::move(impl)));
@@ -114,6 +116,9 @@ void DataParallel::backward(const Tensor& loss, bool sync) {
 }
 
 void DataParallel::synchronize() { impl_->ddp->synchronize(); }
+Tensor DataParallel::sum_tensor(const Tensor& t) {
+  return mul(dist::all_reduce_avg(t, impl_->ctx.group), static_cast<double>(world_size()));
+}
 void DataParallel::after_step() { impl_->ddp->after_step(); }
 void DataParallel::zero_grad() { impl_->ddp->zero_grad(); }
 

@@ -255,7 +255,10 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     if (masters) masters->copy_grads_to_master();
     if (o.grad_clip > 0) {
       if (traced) {
-        optim::clip_grad_norm_tensor(opt_params, o.grad_clip);
+        // ZeRO-1: the norm of every rank's shards, summed across ranks inside the graph.
+        std::function<Tensor(const Tensor&)> global;
+        if (zero1) global = [&](const Tensor& sq) { return dp->sum_tensor(sq); };
+        optim::clip_grad_norm_tensor(opt_params, o.grad_clip, global);
       } else {
         double norm = optim::grad_norm(opt_params);
         // ZeRO-1: each rank holds the gradient of its shards only; the global norm sums their squares.
@@ -276,9 +279,9 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     return std::vector<Tensor>{total};
   };
   std::optional<CompiledFunction> compiled;
-  // Under plain DDP the bucket all-reduces are nodes of the compiled graph (Note [DDP in a traced step],
-  // distributed/ddp.cpp); ZeRO-1 steps are not compiled yet and train eager (DataParallel::join says so).
-  if (run.compile.enabled && !zero1) {
+  // Under DDP the bucket all-reduces (ZeRO-1: reduce-scatters and all-gathers) are nodes of the compiled
+  // graph (Note [DDP in a traced step], distributed/ddp.cpp).
+  if (run.compile.enabled) {
     compiled = compile([&](const std::vector<Tensor>& b) { return step_body(b, true); },
                        compile_options(run.compile));
     log << "compile | mode " << run.compile.mode << ": the first step traces and compiles the whole training step\n";

@@ -43,11 +43,12 @@ struct DdpRun {
 
 // Tiny GPT-2, AdamW, 6 steps on this rank's half of a fixed global batch of 4 sequences; small buckets so
 // the model spreads over several all-reduces.
-DdpRun train(const DistributedContext& ctx, bool compiled, const std::string& cache_dir) {
+DdpRun train(const DistributedContext& ctx, bool compiled, const std::string& cache_dir, bool zero1 = false) {
   manual_seed(5);
   models::GPT2 model(ingot::testing::tiny_gpt2_config());
   DdpOptions o;
   o.bucket_cap_mb = 8.0 / 1024;  // 8 KiB: a handful of buckets
+  o.zero1 = zero1;
   DistributedDataParallel ddp(model, ctx.group, o);
   optim::AdamW opt(ddp.optimizer_params(), optim::AdamWOptions{3e-3, 0.9, 0.95, 1e-8, 0.1});
   auto [ids, tgt] = ingot::testing::repeating_batch(4, 8);
@@ -94,6 +95,36 @@ TEST(CompiledDdp, AllReducesAreGraphNodesAndTrainingFollowsEagerDdp) {
     std::printf("[ ddp      ] rank %d: %zu buckets, %lld launches, %lld generated kernels (%lld compiled here)\n",
                 ctx.info.rank, eager.buckets, static_cast<long long>(comp.stats.launches),
                 static_cast<long long>(comp.stats.kernels), static_cast<long long>(comp.stats.kernels_generated));
+    return;
+  }
+  TempDir cache("ingot-ddp-compile-");
+  ingot::testing::SpawnOptions o = ingot::testing::world(2).within(std::chrono::seconds(120));
+  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
+  expect_ranks_pass(spawn_ranks(o));
+}
+
+// ZeRO-1 compiled: a reduce_scatter_avg node per bucket feeds this rank's shard update, an all_gather node per
+// bucket writes the parameters back; the run follows eager ZeRO-1.
+TEST(CompiledDdp, ZeroOneReduceScattersAndAllGathersInTheGraphLikeEagerZeroOne) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(quick_init());
+    const std::string cache = std::string(std::getenv("INGOT_TEST_CACHE_DIR"));
+    DdpRun eager = train(ctx, false, cache, true), comp = train(ctx, true, cache, true);
+    for (size_t i = 0; i < eager.losses.size(); ++i)
+      EXPECT_NEAR(comp.losses[i], eager.losses[i], 1e-4 * std::abs(eager.losses[i])) << "step " << i;
+    for (size_t k = 0; k < eager.params.size(); ++k)
+      EXPECT_LE(max_rel_error(comp.params[k], eager.params[k], 1e-3, 1e-4), 1.0) << "parameter " << k;
+    EXPECT_LT(eager.losses.back(), eager.losses.front() - 0.3) << "the run must actually train";
+    EXPECT_TRUE(comp.stats.graph_breaks.empty());
+    const std::string& g = comp.stats.last_graph;
+    auto count = [&](const std::string& what) {
+      size_t n = 0;
+      for (size_t p = g.find(what); p != std::string::npos; p = g.find(what, p + 1)) ++n;
+      return n;
+    };
+    EXPECT_EQ(count("reduce_scatter_avg("), eager.buckets);
+    EXPECT_EQ(count("all_gather("), eager.buckets);
+    EXPECT_EQ(count("all_reduce_avg("), 0u);
     return;
   }
   TempDir cache("ingot-ddp-compile-");

@@ -252,8 +252,8 @@ TEST_F(DistributedRun, LoraFinetuneOnPaddedChatDataWeighsRanksByTheirLossTokens)
   for (const auto& [step, loss] : e) EXPECT_NEAR(c.at(step), loss, 1e-4 * std::abs(loss)) << "compiled step " << step;
 }
 
-// compile.enabled under DDP: one compiled graph holding the all-reduces, training like eager DDP; ZeRO-1 steps
-// stay eager and say so.
+// compile.enabled under DDP: one compiled graph holding the all-reduces (ZeRO-1: reduce-scatters, all-gathers
+// and the cross-rank gradient norm), training like eager DDP.
 TEST_F(DistributedRun, CompiledDdpFollowsEagerDdpInOneGraph) {
   Result eager = launch(2, "eager", "max_steps=4");
   ASSERT_EQ(eager.exit_code, 0) << eager.output;
@@ -266,10 +266,19 @@ TEST_F(DistributedRun, CompiledDdpFollowsEagerDdpInOneGraph) {
                                    c = train_losses(path("compiled/metrics.jsonl"));
   ASSERT_EQ(e.size(), c.size());
   for (const auto& [step, loss] : e) EXPECT_NEAR(c.at(step), loss, 1e-4 * std::abs(loss)) << "step " << step;
-  Result z = launch(2, "zero", "max_steps=2 compile.enabled=true distributed.zero_stage=1");
-  ASSERT_EQ(z.exit_code, 0) << z.output;
-  EXPECT_NE(z.output.find("ZeRO-1 steps are not compiled yet, so this run trains eager DDP"), std::string::npos)
-      << z.output;
+  // ZeRO-1 with clipping (the global norm sums the ranks' shards inside the graph), compiled vs eager.
+  const std::string z1 = "max_steps=4 distributed.zero_stage=1 distributed.bucket_cap_mb=0.004 train.grad_clip=0.05";
+  Result ze = launch(2, "zero_eager", z1);
+  ASSERT_EQ(ze.exit_code, 0) << ze.output;
+  Result zc = launch(2, "zero_comp", z1 + " compile.enabled=true compile.cache_dir=" + path("cache"));
+  ASSERT_EQ(zc.exit_code, 0) << zc.output;
+  EXPECT_NE(zc.output.find("reduce-scatters and all-gathers are nodes of the compiled step"), std::string::npos)
+      << zc.output;
+  EXPECT_NE(zc.output.find("compile | 1 graph(s), 0 break(s), 0 recompile(s)"), std::string::npos) << zc.output;
+  const std::map<int64_t, double> ze_l = train_losses(path("zero_eager/metrics.jsonl")),
+                                   zc_l = train_losses(path("zero_comp/metrics.jsonl"));
+  ASSERT_EQ(ze_l.size(), zc_l.size());
+  for (const auto& [step, loss] : ze_l) EXPECT_NEAR(zc_l.at(step), loss, 1e-4 * std::abs(loss)) << "ZeRO-1 step " << step;
 }
 
 }  // namespace
