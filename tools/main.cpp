@@ -45,7 +45,7 @@ struct UsageError : std::exception {
   std::string msg, command;
 };
 
-constexpr const char* kMainHelp = R"(ingot: a C++20 training framework (eager autograd on CPU and CUDA)
+constexpr const char* kMainHelp = R"(ingot: a C++20 training framework (autograd, whole-step compiler, data parallel; CPU and CUDA)
 
 Usage:
   ingot run CONFIG [key=value ...] [~key ...] [--summary PATH]   run the recipe a config describes
