@@ -14,6 +14,12 @@ namespace ingot::compiler {
 std::optional<std::string> no_lowering_reason(const Primitive& p);
 // The optimizer's fused multi-tensor update (optim/fused_update.h): fused horizontally, never split.
 bool is_multi_tensor_update(const Primitive& p);
+// Where the scheduler wants `p` among the nodes ready to run: -1 as early as possible (a collective's start,
+// so communication overlaps the compute after it), +1 as late as possible (the wait for a collective), 0 in
+// trace order (everything else).
+int schedule_class(const Primitive& p);
+// Ops that only move or re-describe data (views, cat): what may be hoisted with a collective's start.
+bool is_layout_glue(const Primitive& p);
 
 }  // namespace ingot::compiler
 

@@ -13,6 +13,13 @@ namespace ingot::distributed {
 // The average of `flat` over the ranks of `group` (a new tensor; `flat` is not modified). Not
 // differentiable. Every rank must call it with the same shape, in the same order.
 Tensor all_reduce_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
+// The same average split in two graph nodes so that the communication overlaps the rest of the step:
+// all_reduce_start issues it and returns the buffer being reduced (not to be read yet); collective_wait
+// returns that buffer once the reduction is done (CUDA: the current stream waits, the host does not). The
+// compiler's scheduler issues starts as soon as their inputs exist and waits as late as their consumers
+// allow (compile/lowering.h: schedule_class).
+Tensor all_reduce_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
+Tensor collective_wait(const Tensor& pending);
 // ZeRO-1's pair. reduce_scatter_avg: this rank's chunk (numel / world elements, chunk `rank`) of the average
 // of `flat` over the ranks; flat.numel() must divide by the world size. all_gather: the concatenation of
 // every rank's `chunk`, rank order.

@@ -183,8 +183,9 @@ DistributedDataParallel::NoSync::~NoSync() { --d_->state_->no_sync_depth; }
 
 // Note [DDP in a traced step]: while ingot::compile traces the step, the backward hooks stay quiet and
 // synchronize() records each bucket's reduction as ops: the bucket's gradients flattened and concatenated (the
-// same layout as eager's flat buffers), one all_reduce_avg node, and slices of its result copied back into
-// the .grad tensors. The compiled graph then holds the all-reduces between the backward and the optimizer
+// same layout as eager's flat buffers), an all_reduce_start node and its collective_wait, and slices of the
+// result copied back into the .grad tensors. The scheduler moves each start up to where its bucket's last
+// gradient is made and each wait down to the optimizer, so the reductions overlap the rest of the backward. The compiled graph then holds the all-reduces between the backward and the optimizer
 // update, and eager and compiled runs reduce the same buckets in the same order.
 // ZeRO-1 records a reduce_scatter_avg node per bucket instead, whose chunk becomes the shard's gradient, and
 // after_step() an all_gather node per bucket whose slices are copied into the parameters (write-backs).
@@ -216,7 +217,7 @@ void DistributedDataParallel::synchronize_traced() {
       publish_grad(b.shard, reduce_scatter_avg(flat, group_));
       continue;
     }
-    Tensor avg = all_reduce_avg(flat, group_);
+    Tensor avg = collective_wait(all_reduce_start(flat, group_));
     for (size_t k = 0; k < b.params.size(); ++k) {
       Tensor& p = s.params[b.params[k]];
       publish_grad(p, reshape(narrow(avg, 0, b.offsets[k], p.numel()), p.shape()));

@@ -2,10 +2,15 @@
 // are contiguous (so a group runs as one kernel), and among ready nodes the one earliest in the traced
 // order goes first (the trace order already frees forward activations as backward consumes them; keeping
 // it keeps peak memory where eager has it). Groups are acyclic by fuse.cpp's invariant.
+// Collectives (compile/lowering.h: schedule_class) bend the order: a collective's start, and the views and
+// concatenations whose results only feed starts (a bucket's flatten and concatenation), go before other
+// ready work; a wait goes after all other ready work. A gradient bucket is then reduced while
+// the rest of the backward runs, and the optimizer waits for it last.
 // Test: tests/compile/test_passes.cpp (Schedule.*).
 #include <algorithm>
 #include <queue>
 
+#include "compile/lowering.h"
 #include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
@@ -38,16 +43,44 @@ bool schedule(Graph& g) {
       succ[static_cast<size_t>(unit_of[static_cast<size_t>(p)])].push_back(unit_of[i]);
       ++indeg[static_cast<size_t>(unit_of[i])];
     }
-  std::priority_queue<int32_t, std::vector<int32_t>, std::greater<>> ready;  // by first member's index
+  // Scheduling class per unit: -1 early, 0 trace order, +1 late. A glue unit whose consumers are all early
+  // (and that has some) is early too; units are in trace order, so one reverse sweep settles the chains.
+  std::vector<int> cls(units, 0);
   for (size_t u = 0; u < units; ++u)
-    if (indeg[u] == 0) ready.push(static_cast<int32_t>(u));
+    for (int32_t m : members[u]) {
+      const int c = schedule_class(*g.nodes[static_cast<size_t>(m)].prim);
+      if (c != 0) cls[u] = c;
+    }
+  bool any_early = false;
+  for (int c : cls) any_early = any_early || c < 0;
+  // Only data-movement glue (views, concatenation) inherits "early": the compute that makes a gradient keeps
+  // its trace order, or every backward op feeding a bucket would jump ahead of the rest of the backward.
+  auto glue = [&](size_t u) {
+    for (int32_t m : members[u])
+      if (!is_layout_glue(*g.nodes[static_cast<size_t>(m)].prim)) return false;
+    return true;
+  };
+  if (any_early)
+    for (size_t u = units; u-- > 0;) {
+      if (cls[u] != 0 || succ[u].empty() || !glue(u)) continue;
+      bool all_early = true;
+      for (int32_t s : succ[u]) all_early = all_early && cls[static_cast<size_t>(s)] < 0;
+      if (all_early) cls[u] = -1;
+    }
+  // The classes only reorder ready units: any order the queue produces is topological, so they cannot change
+  // results, only when communication starts and ends.
+  using Key = std::pair<int, int32_t>;  // (class, first member's index)
+  std::priority_queue<Key, std::vector<Key>, std::greater<>> ready;
+  auto push = [&](int32_t u) { ready.push({cls[static_cast<size_t>(u)], u}); };
+  for (size_t u = 0; u < units; ++u)
+    if (indeg[u] == 0) push(static_cast<int32_t>(u));
   std::vector<int32_t> order;
   while (!ready.empty()) {
-    const int32_t u = ready.top();
+    const int32_t u = ready.top().second;
     ready.pop();
     for (int32_t m : members[static_cast<size_t>(u)]) order.push_back(m);
     for (int32_t s : succ[static_cast<size_t>(u)])
-      if (--indeg[static_cast<size_t>(s)] == 0) ready.push(s);
+      if (--indeg[static_cast<size_t>(s)] == 0) push(s);
   }
   INGOT_INTERNAL_CHECK(order.size() == n, "schedule: fusion groups form a cycle (", order.size(), " of ", n,
                        " nodes scheduled)");
