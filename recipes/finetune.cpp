@@ -208,6 +208,10 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   task.set_data_position = [&](int64_t p) { loader->set_position({p / per_epoch, p % per_epoch}); };
   if (!val.empty() && o.eval_batches > 0) {
     task.evaluate = [&] { return sum_loss(model, val, s.data.seq_len, o.batch_size, o.eval_batches, run.device).mean(); };
+    task.evaluate_shard = [&](int rank, int world) {
+      const LossSum ls = sum_loss(model, val, s.data.seq_len, o.batch_size, o.eval_batches, run.device, rank, world);
+      return std::make_pair(ls.total_nll, static_cast<double>(ls.tokens));
+    };
     task.eval_description = std::to_string(val.size()) + " held-out examples";
   }
   task.tokens_per_step = static_cast<double>(o.batch_size * s.data.seq_len * o.grad_accum);

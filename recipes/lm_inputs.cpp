@@ -152,7 +152,8 @@ std::vector<datasets::Example> load_data(const DataSettings& d, const Tokenizer&
 }
 
 LossSum sum_loss(models::CausalLM& model, const std::vector<datasets::Example>& examples, int64_t seq_len,
-                 int64_t batch_size, int64_t max_batches, Device device) {
+                 int64_t batch_size, int64_t max_batches, Device device, int rank, int world) {
+  INGOT_CHECK(world >= 1 && rank >= 0 && rank < world, "sum_loss: rank ", rank, " of ", world);
   NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -174,14 +175,16 @@ LossSum sum_loss(models::CausalLM& model, const std::vector<datasets::Example>& 
   lo.global_batch_size = std::min(batch_size, rows);
   datasets::DataLoader full(examples, lo);
   int64_t batches = 0;
+  // `batches` numbers every batch (the tail's single rows continue the count): rank r scores those = r mod world.
   for (int64_t i = 0; i < full.batches_per_epoch() && (max_batches <= 0 || batches < max_batches); ++i, ++batches)
-    add(full.batch_at({0, i}));
+    if (batches % world == rank) add(full.batch_at({0, i}));
   // The rows after the last full batch, one at a time (the loader keeps whole batches only).
   const int64_t covered = full.batches_per_epoch() * lo.global_batch_size;
   if (covered < rows && (max_batches <= 0 || batches < max_batches)) {
     lo.global_batch_size = 1;
     datasets::DataLoader single(examples, lo);
-    for (int64_t r = covered; r < rows; ++r) add(single.batch_at({0, r}));
+    for (int64_t r = covered; r < rows; ++r, ++batches)
+      if (batches % world == rank) add(single.batch_at({0, r}));
   }
   model.train(was_training);
   return sum;

@@ -72,7 +72,9 @@ struct LossSum {
   int64_t rows = 0;
   double mean() const { return tokens > 0 ? total_nll / static_cast<double>(tokens) : 0.0; }
 };
+// With world > 1, only the batches whose index is rank modulo world (the ranks of a data-parallel job split
+// the evaluation; summing their LossSums gives the whole one).
 LossSum sum_loss(models::CausalLM& model, const std::vector<datasets::Example>& examples, int64_t seq_len,
-                 int64_t batch_size, int64_t max_batches, Device device);
+                 int64_t batch_size, int64_t max_batches, Device device, int rank = 0, int world = 1);
 
 }  // namespace ingot::recipes

@@ -105,14 +105,23 @@ int64_t count_elements(const std::vector<Tensor>& ts) {
   return n;
 }
 
-// task.evaluate in eval mode without gradients, averaged over the ranks (each evaluates its shard, or all of
-// the validation data); the model is back in training mode afterwards.
+// The validation loss in eval mode without gradients; under data parallel the ranks split it
+// (task.evaluate_shard) or each evaluates its own rows and the means are averaged. The model is back in
+// training mode afterwards.
 double evaluate(TrainTask& task, DataParallel* dp) {
   NoGradGuard no_grad;
   task.model->eval();
-  double v = task.evaluate();
+  double v = 0;
+  if (dp && task.evaluate_shard) {
+    const auto [total, weight] = task.evaluate_shard(dp->rank(), dp->world_size());
+    const std::vector<double> sums = dp->sum(std::vector<double>{total, weight});
+    v = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  } else {
+    v = task.evaluate();
+    if (dp) v = dp->mean(v);
+  }
   task.model->train();
-  return dp ? dp->mean(v) : v;
+  return v;
 }
 
 void log_compile_stats(const CompiledFunction& compiled, TrainSummary& r, std::ostream& log) {

@@ -86,6 +86,9 @@ struct TrainTask {
   std::function<void(int64_t)> set_data_position;
   // Mean validation loss (the loop switches the model to eval mode and disables gradients); empty: no eval.
   std::function<double()> evaluate;
+  // Optional, for data-parallel runs: this rank's share of the evaluation as (summed loss, weight); the loop
+  // sums both over the ranks and divides. Empty: every rank runs `evaluate` and the ranks' means are averaged.
+  std::function<std::pair<double, double>(int rank, int world)> evaluate_shard;
   std::string eval_description;  // "20 batches", for the final eval line
   double tokens_per_step = 0;   // over all micro-batches of a step
   double flops_per_token = 0;   // for MFU (0: not reported)

@@ -235,13 +235,18 @@ TEST_F(DistributedRun, LoraFinetuneOnPaddedChatDataWeighsRanksByTheirLossTokens)
   const std::string cfg = "'" + src + "/configs/llama_lora_finetune.yaml' device=cpu max_steps=4 train.log_every=1 "
                           "model.path=" + src + "/tests/fixtures/hf/llama_tiny tokenizer.path=" + src +
                           "/tests/fixtures/data/tokenizer data.path=" + src + "/tests/fixtures/data/kjv_chat.jsonl "
-                          "lora.merge_on_export=false logging.plot=false";
+                          "lora.merge_on_export=false logging.plot=false data.val_fraction=0.25 train.eval_batches=3";
   Result one = sh("\"$INGOT\" run " + cfg + " output_dir=one");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   Result two = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" run " + cfg + " output_dir=two");
   ASSERT_EQ(two.exit_code, 0) << two.output;
   expect_same_losses(train_losses(path("two/metrics.jsonl")), train_losses(path("one/metrics.jsonl")),
                      "LoRA on 2 workers vs 1 process");
+  // The held-out loss: the two ranks score alternate batches and the token-weighted sums are combined.
+  const double v1 = nlohmann::json::parse(slurp(path("one/summary.json")))["val_loss"].get<double>();
+  const double v2 = nlohmann::json::parse(slurp(path("two/summary.json")))["val_loss"].get<double>();
+  EXPECT_GT(v1, 0.0);
+  EXPECT_NEAR(v2, v1, 1e-6 * v1) << "split evaluation equals one process's";
   // Compiled, the per-step token weights are an input of the graph, not constants of the first step.
   Result comp = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" run " + cfg +
                    " output_dir=comp compile.enabled=true compile.cache_dir=" + path("cache"));
