@@ -412,6 +412,25 @@ void Config::validate(const ConfigSchema& schema, ConfigErrors& errors) {
   }
 }
 
+// --- ConfigReader ------------------------------------------------------------------------------------------
+
+template <class T, class Getter>
+T ConfigReader::read(std::string_view key, T fallback, Getter getter) const {
+  try {
+    return (cfg_.*getter)(key);
+  } catch (const ConfigError& e) {
+    errors_.add_exception(key, cfg_.has(key) ? cfg_.origin(key) : ConfigOrigin{}, e);
+    return fallback;
+  }
+}
+
+int64_t ConfigReader::i64(std::string_view key, int64_t fallback) const { return read(key, fallback, &Config::get_int); }
+double ConfigReader::f64(std::string_view key, double fallback) const { return read(key, fallback, &Config::get_double); }
+bool ConfigReader::flag(std::string_view key, bool fallback) const { return read(key, fallback, &Config::get_bool); }
+std::string ConfigReader::str(std::string_view key, std::string fallback) const {
+  return read(key, std::move(fallback), &Config::get_string);
+}
+
 void Config::remove(std::string_view path) {
   std::string key(path);
   bool found = false;

@@ -96,6 +96,23 @@ class ConfigErrors {
   std::vector<Entry> errors_;
 };
 
+// Typed reads for a settings resolver: a value that cannot be read (the schema check already reported it, or it
+// does not parse) is recorded in `errors` and `fallback` returned, so one pass reports every mistake at once.
+class ConfigReader {
+ public:
+  ConfigReader(const Config& cfg, ConfigErrors& errors) : cfg_(cfg), errors_(errors) {}
+  int64_t i64(std::string_view key, int64_t fallback = 0) const;
+  double f64(std::string_view key, double fallback = 0) const;
+  bool flag(std::string_view key, bool fallback = false) const;
+  std::string str(std::string_view key, std::string fallback = "") const;
+
+ private:
+  template <class T, class Getter>
+  T read(std::string_view key, T fallback, Getter getter) const;
+  const Config& cfg_;
+  ConfigErrors& errors_;
+};
+
 class Config {
  public:
   struct Value {

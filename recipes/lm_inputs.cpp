@@ -42,15 +42,6 @@ void add_data_keys(ConfigSchema& s, bool training, const std::string& default_fo
 
 namespace {
 
-std::string get_str(const Config& cfg, ConfigErrors& errors, std::string_view key) {
-  try {
-    return cfg.get_string(key);
-  } catch (const ConfigError& e) {
-    errors.add_exception(key, cfg.has(key) ? cfg.origin(key) : ConfigOrigin{}, e);
-    return "";
-  }
-}
-
 bool has_tokenizer_files(const fs::path& dir) {
   std::error_code ec;
   auto file = [&](const char* name) { return fs::is_regular_file(dir / name, ec); };
@@ -61,9 +52,10 @@ bool has_tokenizer_files(const fs::path& dir) {
 }  // namespace
 
 ModelSource resolve_model_source(const Config& cfg, ConfigErrors& errors) {
+  const ConfigReader rd(cfg, errors);
   ModelSource src;
   std::error_code ec;
-  src.path = get_str(cfg, errors, "model.path");
+  src.path = rd.str("model.path");
   if (!errors.has_error_for("model.path")) {
     if (!fs::is_directory(src.path, ec)) {
       errors.fail(cfg, "model.path", "no such checkpoint directory '" + src.path + "'");
@@ -82,11 +74,11 @@ ModelSource resolve_model_source(const Config& cfg, ConfigErrors& errors) {
     }
   }
   if (cfg.has("model.adapter")) {
-    src.adapter = get_str(cfg, errors, "model.adapter");
+    src.adapter = rd.str("model.adapter");
     if (!src.adapter.empty() && !fs::is_regular_file(fs::path(src.adapter) / "adapter_config.json", ec))
       errors.fail(cfg, "model.adapter", "'" + src.adapter + "' holds no adapter_config.json (not a PEFT adapter)");
   }
-  src.tokenizer_path = get_str(cfg, errors, "tokenizer.path");
+  src.tokenizer_path = rd.str("tokenizer.path");
   const bool own = src.tokenizer_path.empty();
   if (own) src.tokenizer_path = src.path;
   if (!errors.has_error_for("tokenizer.path") && !errors.has_error_for("model.path") &&
@@ -98,14 +90,15 @@ ModelSource resolve_model_source(const Config& cfg, ConfigErrors& errors) {
 }
 
 DataSettings resolve_data(const Config& cfg, const models::HFConfig& model, ConfigErrors& errors) {
+  const ConfigReader rd(cfg, errors);
   DataSettings d;
-  d.format = get_str(cfg, errors, "data.format");
-  d.path = get_str(cfg, errors, "data.path");
+  d.format = rd.str("data.format");
+  d.path = rd.str("data.path");
   std::error_code ec;
   if (!errors.has_error_for("data.path") && !fs::is_regular_file(d.path, ec))
     errors.fail(cfg, "data.path", "no such file '" + d.path + "'");
-  d.chat_template = get_str(cfg, errors, "data.chat_template");
-  d.text_field = get_str(cfg, errors, "data.text_field");
+  d.chat_template = rd.str("data.chat_template");
+  d.text_field = rd.str("data.text_field");
   try {
     d.seq_len = cfg.get_int("data.seq_len");
     if (cfg.has("data.packing")) d.packing = cfg.get_bool("data.packing");

@@ -137,21 +137,9 @@ int64_t restart_count_from_env() {
 
 RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
   RunSettings s;
-  // Reads a key, recording (instead of throwing) a value the schema check already reported or cannot parse.
-  auto get = [&](std::string_view key, auto fallback, auto getter) {
-    try {
-      return (cfg.*getter)(key);
-    } catch (const ConfigError& e) {
-      errors.add_exception(key, cfg.has(key) ? cfg.origin(key) : ConfigOrigin{}, e);
-      return decltype((cfg.*getter)(key))(fallback);
-    }
-  };
-  auto str = [&](std::string_view k, std::string d = "") { return get(k, d, &Config::get_string); };
-  auto i64 = [&](std::string_view k, int64_t d = 0) { return get(k, d, &Config::get_int); };
-  auto f64 = [&](std::string_view k, double d = 0) { return get(k, d, &Config::get_double); };
-  auto flag = [&](std::string_view k, bool d = false) { return get(k, d, &Config::get_bool); };
+  const ConfigReader rd(cfg, errors);
 
-  s.recipe = str("recipe");
+  s.recipe = rd.str("recipe");
   s.config_file = cfg.file();
   s.resolved_yaml = cfg.to_yaml();
   s.device = resolve_device(cfg, errors);
@@ -170,41 +158,41 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
                   "local rank " + std::to_string(s.local_rank) + " has no GPU of its own: only " +
                       std::to_string(visible) + " CUDA device(s) are visible (launch at most that many workers per node)");
   }
-  std::string dt = str("dtype", "f32");
+  std::string dt = rd.str("dtype", "f32");
   s.dtype = dt == "bf16" ? DType::bf16 : DType::f32;
-  s.max_steps = i64("max_steps", 1);
-  s.seed = static_cast<uint64_t>(i64("seed"));
-  s.output_dir = str("output_dir", "runs/run");
+  s.max_steps = rd.i64("max_steps", 1);
+  s.seed = static_cast<uint64_t>(rd.i64("seed"));
+  s.output_dir = rd.str("output_dir", "runs/run");
   if (s.output_dir.empty()) errors.fail(cfg, "output_dir", "must not be empty");
-  s.save_every = i64("checkpoint.save_every");
-  s.keep_last = i64("checkpoint.keep_last");
-  s.tensorboard = flag("logging.tensorboard");
-  s.plot = flag("logging.plot", true);
-  s.peak_tflops = f64("logging.peak_tflops");
-  s.profile.enabled = flag("profile.enabled");
-  s.profile.start_step = i64("profile.start_step", 1);
-  s.profile.num_steps = i64("profile.num_steps", 1);
-  s.profile.top_k = i64("profile.top_k", 15);
+  s.save_every = rd.i64("checkpoint.save_every");
+  s.keep_last = rd.i64("checkpoint.keep_last");
+  s.tensorboard = rd.flag("logging.tensorboard");
+  s.plot = rd.flag("logging.plot", true);
+  s.peak_tflops = rd.f64("logging.peak_tflops");
+  s.profile.enabled = rd.flag("profile.enabled");
+  s.profile.start_step = rd.i64("profile.start_step", 1);
+  s.profile.num_steps = rd.i64("profile.num_steps", 1);
+  s.profile.top_k = rd.i64("profile.top_k", 15);
   if (s.profile.enabled && s.profile.start_step > s.max_steps)
     errors.fail(cfg, "profile.start_step",
                 "step " + std::to_string(s.profile.start_step) + " is after the last step (max_steps = " +
                     std::to_string(s.max_steps) + "), so nothing would be profiled");
-  s.compile.enabled = flag("compile.enabled");
-  s.compile.mode = str("compile.mode", "default");
-  s.compile.fullgraph = flag("compile.fullgraph");
-  s.compile.dynamic = flag("compile.dynamic");
-  s.compile.memory_budget = f64("compile.memory_budget", 1.0);
-  s.compile.cache_dir = str("compile.cache_dir");
-  s.distributed.backend = str("distributed.backend", "auto");
-  s.distributed.bucket_cap_mb = f64("distributed.bucket_cap_mb", 25);
-  s.distributed.zero_stage = i64("distributed.zero_stage");
-  s.distributed.overlap = flag("distributed.overlap", true);
+  s.compile.enabled = rd.flag("compile.enabled");
+  s.compile.mode = rd.str("compile.mode", "default");
+  s.compile.fullgraph = rd.flag("compile.fullgraph");
+  s.compile.dynamic = rd.flag("compile.dynamic");
+  s.compile.memory_budget = rd.f64("compile.memory_budget", 1.0);
+  s.compile.cache_dir = rd.str("compile.cache_dir");
+  s.distributed.backend = rd.str("distributed.backend", "auto");
+  s.distributed.bucket_cap_mb = rd.f64("distributed.bucket_cap_mb", 25);
+  s.distributed.zero_stage = rd.i64("distributed.zero_stage");
+  s.distributed.overlap = rd.flag("distributed.overlap", true);
   s.config_entries = training_config_entries(cfg);
   s.config_hash = config_hash(s.config_entries);
 
   // Resuming.
-  std::string from = str("resume_from");
-  bool resume = flag("resume");
+  std::string from = rd.str("resume_from");
+  bool resume = rd.flag("resume");
   int64_t restarts = 0;
   try {
     restarts = restart_count_from_env();

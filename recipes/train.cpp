@@ -41,34 +41,24 @@ const ConfigSchema& pretrain_schema() {
 PretrainSettings resolve_pretrain(const Config& cfg, ConfigErrors& errors) {
   PretrainSettings s;
   s.run = resolve_run(cfg, errors);
-  auto get = [&](std::string_view key, auto fallback, auto getter) {
-    try {
-      return (cfg.*getter)(key);
-    } catch (const ConfigError& e) {
-      errors.add_exception(key, cfg.has(key) ? cfg.origin(key) : ConfigOrigin{}, e);
-      return decltype((cfg.*getter)(key))(fallback);
-    }
-  };
-  auto i64 = [&](std::string_view k, int64_t d) { return get(k, d, &Config::get_int); };
-  auto f64 = [&](std::string_view k, double d) { return get(k, d, &Config::get_double); };
-  auto str = [&](std::string_view k) { return get(k, std::string(), &Config::get_string); };
+  const ConfigReader rd(cfg, errors);
 
-  s.n_layer = i64("model.n_layer", 1);
-  s.n_head = i64("model.n_head", 1);
-  s.n_embd = i64("model.n_embd", 1);
-  s.block_size = i64("model.block_size", 1);
-  s.dropout = f64("model.dropout", 0);
+  s.n_layer = rd.i64("model.n_layer", 1);
+  s.n_head = rd.i64("model.n_head", 1);
+  s.n_embd = rd.i64("model.n_embd", 1);
+  s.block_size = rd.i64("model.block_size", 1);
+  s.dropout = rd.f64("model.dropout", 0);
   if (s.n_head > 0 && s.n_embd % s.n_head != 0)
     errors.fail(cfg, "model.n_head",
                 std::to_string(s.n_head) + " heads do not divide model.n_embd = " + std::to_string(s.n_embd));
 
-  s.data_path = str("data.path");
+  s.data_path = rd.str("data.path");
   std::error_code ec;
   if (!errors.has_error_for("data.path") && !fs::is_regular_file(s.data_path, ec))
     errors.fail(cfg, "data.path",
                 "no such file '" + s.data_path + "'" +
                     (s.data_path.rfind("data/", 0) == 0 ? " (run ./scripts/get_data.sh to fetch it)" : ""));
-  s.val_fraction = f64("data.val_fraction", 0.1);
+  s.val_fraction = rd.f64("data.val_fraction", 0.1);
 
   s.train = resolve_train_options(cfg, errors);
   check_global_batch(cfg, s.run, s.train.batch_size, errors);

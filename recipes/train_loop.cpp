@@ -56,32 +56,23 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
 }
 
 TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
-  auto get = [&](std::string_view key, auto fallback, auto getter) {
-    try {
-      return (cfg.*getter)(key);
-    } catch (const ConfigError& e) {
-      errors.add_exception(key, cfg.has(key) ? cfg.origin(key) : ConfigOrigin{}, e);
-      return decltype((cfg.*getter)(key))(fallback);
-    }
-  };
-  auto i64 = [&](std::string_view k, int64_t d) { return get(k, d, &Config::get_int); };
-  auto f64 = [&](std::string_view k, double d) { return get(k, d, &Config::get_double); };
+  const ConfigReader rd(cfg, errors);
   TrainOptions o;
-  o.batch_size = i64("train.batch_size", 1);
-  o.grad_accum = i64("train.gradient_accumulation_steps", 1);
-  o.lr = f64("train.lr", 1e-3);
-  o.min_lr = f64("train.min_lr", 0);
+  o.batch_size = rd.i64("train.batch_size", 1);
+  o.grad_accum = rd.i64("train.gradient_accumulation_steps", 1);
+  o.lr = rd.f64("train.lr", 1e-3);
+  o.min_lr = rd.f64("train.min_lr", 0);
   if (o.min_lr > o.lr && cfg.has("train.lr"))
     errors.fail(cfg, "train.min_lr", "must not exceed train.lr (" + cfg.value("train.lr").text + ")");
-  o.warmup_steps = i64("train.warmup_steps", 0);
-  o.lr_schedule = get("train.lr_schedule", std::string("cosine"), &Config::get_string);
-  o.weight_decay = f64("train.weight_decay", 0);
-  o.beta1 = f64("train.beta1", 0.9);
-  o.beta2 = f64("train.beta2", 0.95);
-  o.grad_clip = f64("train.grad_clip", 0);
-  o.log_every = i64("train.log_every", 10);
-  o.eval_every = i64("train.eval_every", 0);
-  o.eval_batches = i64("train.eval_batches", 0);
+  o.warmup_steps = rd.i64("train.warmup_steps", 0);
+  o.lr_schedule = rd.str("train.lr_schedule", "cosine");
+  o.weight_decay = rd.f64("train.weight_decay", 0);
+  o.beta1 = rd.f64("train.beta1", 0.9);
+  o.beta2 = rd.f64("train.beta2", 0.95);
+  o.grad_clip = rd.f64("train.grad_clip", 0);
+  o.log_every = rd.i64("train.log_every", 10);
+  o.eval_every = rd.i64("train.eval_every", 0);
+  o.eval_batches = rd.i64("train.eval_batches", 0);
   if (o.eval_every > 0 && o.eval_batches == 0)
     errors.fail(cfg, "train.eval_every", "is set but train.eval_batches is 0, so each eval would use no data");
   return o;
