@@ -4,11 +4,8 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -23,34 +20,21 @@
 #include "autograd/ops.h"
 #include "runtime/device.h"
 #include "runtime/file_util.h"
+#include "tests/shell.h"
 
 namespace ingot::distributed::launch {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-  double seconds = 0;
-};
+using Result = ingot::testing::ShellResult;  // stdout and stderr together
 
 fs::path bin_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
 
 // Runs a shell command line in `cwd` with `ingot` meaning the built binary.
 Result run_sh(const std::string& cwd, const std::string& cmd) {
-  std::string full = "cd '" + cwd + "' && INGOT='" + (bin_dir() / "ingot").string() + "' && (" + cmd + ") 2>&1";
-  auto t0 = std::chrono::steady_clock::now();
-  Result r;
-  FILE* p = popen(full.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
+  return ingot::testing::run_shell("cd '" + cwd + "' && INGOT='" + (bin_dir() / "ingot").string() + "' && (" + cmd +
+                                   ") 2>&1");
 }
 
 std::string slurp(const std::string& path) {

@@ -1,10 +1,7 @@
 // Data-parallel training end to end: `ingot launch --nproc-per-node N -- ingot run CONFIG` with Gloo workers
 // on the CPU (recipes/data_parallel.h), checked against one process training on the same global batch.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,16 +17,14 @@
 #include "recipes/train.h"
 #include "runtime/file_util.h"
 #include "runtime/safetensors.h"
+#include "tests/shell.h"
 
 namespace ingot::recipes {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using Result = ingot::testing::ShellResult;  // stdout and stderr together
 
 fs::path bin_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
 
@@ -98,17 +93,8 @@ class DistributedRun : public ::testing::Test {
   }
   // Runs a shell command line in the test directory with $INGOT the built binary.
   Result sh(const std::string& cmd) {
-    std::string full = "cd '" + dir_.path() + "' && INGOT='" + (bin_dir() / "ingot").string() + "' && (" + cmd +
-                       ") 2>&1";
-    Result r;
-    FILE* p = popen(full.c_str(), "r");
-    if (!p) return r;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-    int status = pclose(p);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
+    return ingot::testing::run_shell("cd '" + dir_.path() + "' && INGOT='" + (bin_dir() / "ingot").string() +
+                                     "' && (" + cmd + ") 2>&1");
   }
   // One process, no launcher.
   Result single(const std::string& out, const std::string& overrides = "") {

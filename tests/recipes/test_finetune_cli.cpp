@@ -1,39 +1,27 @@
 // The fine-tuning, eval and generate recipes through the `ingot` program (bin/ingot beside bin/ingot_tests),
 // run from the source tree so the built-in configs find their fixtures.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "runtime/file_util.h"
+#include "tests/shell.h"
 
 namespace ingot {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using Result = ingot::testing::ShellResult;  // stdout and stderr together
 
 // Runs `ingot <args>` in the source tree.
 Result ingot(const std::string& args) {
   const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path() / "ingot";
-  std::string cmd = "cd '" + std::string(INGOT_SOURCE_DIR) + "' && '" + bin.string() + "' " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return ingot::testing::run_shell("cd '" + std::string(INGOT_SOURCE_DIR) + "' && '" + bin.string() + "' " + args +
+                                   " 2>&1");
 }
 
 bool has(const Result& r, const std::string& needle) { return r.output.find(needle) != std::string::npos; }
@@ -85,15 +73,11 @@ TEST(FinetuneCli, RunFineTunesThenEvalAndGenerateUseTheExport) {
 
   // The completion is printed on stdout; the log line on stderr.
   const std::string bin = (fs::read_symlink("/proc/self/exe").parent_path() / "ingot").string();
-  std::string cmd = "cd '" + std::string(INGOT_SOURCE_DIR) + "' && '" + bin + "' run generate_text device=cpu "
-                    "generate.max_new_tokens=5 model.path=" + out + "/hf 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::array<char, 4096> buf;
-  std::string stdout_text;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) stdout_text.append(buf.data(), n);
-  EXPECT_EQ(pclose(p), 0);
+  const Result gen = ingot::testing::run_shell("cd '" + std::string(INGOT_SOURCE_DIR) + "' && '" + bin +
+                                              "' run generate_text device=cpu generate.max_new_tokens=5 model.path=" +
+                                              out + "/hf 2>/dev/null");
+  const std::string& stdout_text = gen.output;
+  EXPECT_EQ(gen.exit_code, 0);
   EXPECT_FALSE(stdout_text.empty());
   EXPECT_EQ(stdout_text.find("generate |"), std::string::npos) << stdout_text;
 }

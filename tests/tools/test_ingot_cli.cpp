@@ -1,9 +1,7 @@
 // End-to-end tests of the `ingot` program: they run the built binary (bin/ingot beside bin/ingot_tests) on a
 // tiny config and text in a temporary directory.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,31 +11,20 @@
 
 #include "recipes/train.h"
 #include "runtime/file_util.h"
+#include "tests/shell.h"
 
 namespace ingot {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using Result = ingot::testing::ShellResult;  // stdout and stderr together
 
 fs::path ingot_binary() { return fs::read_symlink("/proc/self/exe").parent_path() / "ingot"; }
 
 // Runs `ingot <args>` in `cwd` through the shell; args are passed as written (tests quote them).
 Result run_ingot(const std::string& cwd, const std::string& args) {
-  std::string cmd = "cd '" + cwd + "' && '" + ingot_binary().string() + "' " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return ingot::testing::run_shell("cd '" + cwd + "' && '" + ingot_binary().string() + "' " + args + " 2>&1");
 }
 
 void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
@@ -298,14 +285,10 @@ TEST_F(IngotCli, LsCatAndCpFindTheBuiltInConfigsOfTheSourceTree) {
 TEST_F(IngotCli, ConfigPathEnvironmentAddsDirectoriesSearchedFirst) {
   fs::create_directories(dir_.file("extra"));
   write(dir_.file("extra/quickstart.yaml"), "# my own quickstart\nmax_steps: 1\n");
-  std::string cmd = "cd '" + dir_.path() + "' && INGOT_CONFIG_PATH='" + dir_.file("extra") + "' '" +
-                    ingot_binary().string() + "' ls 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << out;
+  const Result r = ingot::testing::run_shell("cd '" + dir_.path() + "' && INGOT_CONFIG_PATH='" + dir_.file("extra") +
+                                            "' '" + ingot_binary().string() + "' ls 2>&1");
+  const std::string& out = r.output;
+  EXPECT_EQ(r.exit_code, 0) << out;
   EXPECT_NE(out.find("my own quickstart"), std::string::npos) << out;
   EXPECT_EQ(out.find("Quickstart: a small GPT-2"), std::string::npos) << "the earlier directory wins: " << out;
 }
