@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "distributed/bootstrap.h"
 #include "distributed/store.h"
 
 namespace ingot::testing {
@@ -203,6 +204,19 @@ inline void expect_ranks_pass(const std::vector<RankResult>& results) {
           << "rank " << r.rank << " did not run the test; its output:\n" << r.output;
     }
   }
+}
+
+// What a rank process passes to init_distributed(): Gloo, with timeouts short enough that a broken test fails
+// in seconds instead of hanging (a collective's `timeout`; `store_timeout` for rendezvous and store waits).
+inline distributed::InitOptions gloo_test_init(std::chrono::milliseconds timeout = std::chrono::milliseconds(5000),
+                                               std::chrono::milliseconds store_timeout = std::chrono::milliseconds(5000)) {
+  distributed::InitOptions o;
+  o.backend = "gloo";
+  o.timeout = timeout;
+  o.store_timeout = store_timeout;
+  o.connect_timeout = std::chrono::milliseconds(5000);
+  o.report_grace = std::chrono::milliseconds(500);
+  return o;
 }
 
 }  // namespace ingot::testing

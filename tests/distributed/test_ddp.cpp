@@ -73,15 +73,7 @@ std::vector<int64_t> range(int64_t b, int64_t e) {
   return v;
 }
 
-InitOptions quick_init() {
-  InitOptions o;
-  o.backend = "gloo";
-  o.timeout = 5000ms;
-  o.store_timeout = 5000ms;
-  o.connect_timeout = 5000ms;
-  o.report_grace = 500ms;
-  return o;
-}
+InitOptions quick_init() { return ingot::testing::gloo_test_init(); }
 
 // A one-rank Gloo group inside the test process, for layout and error tests.
 struct LocalGroup {

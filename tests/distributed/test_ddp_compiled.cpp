@@ -24,15 +24,8 @@ using ingot::testing::expect_ranks_pass;
 using ingot::testing::is_rank_process;
 using ingot::testing::spawn_ranks;
 
-InitOptions quick_init() {
-  InitOptions o;
-  o.backend = "gloo";
-  o.timeout = 20000ms;
-  o.store_timeout = 20000ms;
-  o.connect_timeout = 5000ms;
-  o.report_grace = 500ms;
-  return o;
-}
+// Longer timeouts than the other DDP tests: each rank compiles the step (g++) before its first collective.
+InitOptions quick_init() { return ingot::testing::gloo_test_init(20000ms, 20000ms); }
 
 struct DdpRun {
   std::vector<double> losses;

@@ -39,15 +39,7 @@ std::string error_of(const std::function<void()>& fn) {
   return "no error";
 }
 
-InitOptions quick_init(Millis timeout = 5000ms) {
-  InitOptions o;
-  o.backend = "gloo";
-  o.timeout = timeout;
-  o.store_timeout = 5000ms;
-  o.connect_timeout = 5000ms;
-  o.report_grace = 500ms;
-  return o;
-}
+InitOptions quick_init(Millis timeout = 5000ms) { return ingot::testing::gloo_test_init(timeout); }
 
 TEST(GlooProcessGroup, AllReduceSumAvgMaxAgreeWithTheRankwiseFormulasOnFourRanks) {
   if (is_rank_process()) {
