@@ -17,6 +17,7 @@
 #include "recipes/config.h"
 #include "recipes/plot.h"
 #include "recipes/registry.h"
+#include "recipes/run_settings.h"
 #include "runtime/device.h"
 #include "runtime/file_util.h"
 
@@ -228,13 +229,9 @@ int run_command(const Args& args) {
   std::string summary = recipe->run(cfg, std::cerr);
   // Under `ingot launch` every rank runs this; rank 0's summary is the run's (the others hold the same
   // global figures), and one writer keeps the file from being replaced N times.
-  bool rank_zero = true;
-  for (const char* var : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
-    if (const char* v = std::getenv(var)) {
-      rank_zero = std::string_view(v) == "0";
-      break;
-    }
-  if (!summary_path.empty() && rank_zero) {
+  rc::RunSettings placement;
+  rc::resolve_placement(placement);  // this process's rank, as the run itself read it (env:// or MPI)
+  if (!summary_path.empty() && placement.rank == 0) {
     fs::path parent = fs::path(summary_path).parent_path();
     if (!parent.empty()) fs::create_directories(parent);
     ingot::write_file_atomic(summary_path, [&](std::FILE* f) { ingot::write_bytes(f, summary.data(), summary.size()); });
