@@ -115,10 +115,10 @@ int main(int argc, char** argv) try {
   std::optional<CompiledFunction> compiled;
   if (a.compile != "none") {
     CompileOptions o;
-    if (a.compile == "default") o.mode = CompileMode::Default;
-    else if (a.compile == "reduce-overhead") o.mode = CompileMode::ReduceOverhead;
-    else if (a.compile == "max-autotune") o.mode = CompileMode::MaxAutotune;
-    else INGOT_FAIL("bench_gpt2_step: --compile must be none, default, reduce-overhead or max-autotune, got ", a.compile);
+    const std::optional<CompileMode> mode = parse_compile_mode(a.compile);
+    INGOT_CHECK(mode, "bench_gpt2_step: --compile must be none, default, reduce-overhead or max-autotune, got ",
+                a.compile);
+    o.mode = *mode;
     o.cache_dir = a.cache_dir;
     o.name = "gpt2_step";
     compiled = compile(step_fn, o);

@@ -279,6 +279,13 @@ void CompiledFunction::set_stance(Stance s) { state_->opts.stance = s; }
 const CompileStats& CompiledFunction::stats() const { return state_->stats; }
 const CompileOptions& CompiledFunction::options() const { return state_->opts; }
 
+std::optional<CompileMode> parse_compile_mode(std::string_view name) {
+  if (name == "default") return CompileMode::Default;
+  if (name == "reduce-overhead") return CompileMode::ReduceOverhead;
+  if (name == "max-autotune") return CompileMode::MaxAutotune;
+  return std::nullopt;
+}
+
 CompiledFunction compile(CompiledFunction::Fn fn, CompileOptions opts) {
   INGOT_CHECK(fn != nullptr, "compile: the function is empty");
   INGOT_CHECK(opts.recompile_limit >= 0, "compile: recompile_limit must be >= 0, got ", opts.recompile_limit);

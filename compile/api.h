@@ -35,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/tensor.h"
@@ -42,6 +43,8 @@
 namespace ingot {
 
 enum class CompileMode { Default, ReduceOverhead, MaxAutotune };  // CPU: all three behave as Default
+// torch.compile's spelling: "default", "reduce-overhead", "max-autotune"; nullopt for anything else.
+std::optional<CompileMode> parse_compile_mode(std::string_view name);
 enum class DynamicMode { Auto, True, False };
 enum class CompileBackend { Eager, Cpu, Cuda, Auto };  // Eager: trace and run node by node, no codegen
 enum class Stance { Default, ForceEager, EagerOnRecompile, FailOnRecompile, EagerThenCompile };

@@ -6,10 +6,9 @@ namespace ingot::recipes {
 
 CompileOptions compile_options(const CompileSettings& c) {
   CompileOptions o;
-  if (c.mode == "default") o.mode = CompileMode::Default;
-  else if (c.mode == "reduce-overhead") o.mode = CompileMode::ReduceOverhead;
-  else if (c.mode == "max-autotune") o.mode = CompileMode::MaxAutotune;
-  else INGOT_FAIL("compile.mode: expected default, reduce-overhead or max-autotune, got '", c.mode, "'");
+  const std::optional<CompileMode> mode = parse_compile_mode(c.mode);
+  INGOT_CHECK(mode, "compile.mode: expected default, reduce-overhead or max-autotune, got '", c.mode, "'");
+  o.mode = *mode;
   o.fullgraph = c.fullgraph;
   o.dynamic = c.dynamic ? DynamicMode::True : DynamicMode::False;
   o.memory_budget = c.memory_budget;
