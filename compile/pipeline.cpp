@@ -42,36 +42,22 @@ void run_pass(const char* name, Graph& g, F&& pass) {
   }
 }
 
-// One code generator per cache directory, shared by every graph of the process (kernels dedup across graphs).
-codegen::cpu::CpuCodegen& codegen_for(const std::string& dir) {
-  if (dir.empty()) return codegen::cpu::CpuCodegen::shared();
+// One code generator per cache directory and backend, shared by every graph of the process (kernels dedup
+// across graphs); the default directory uses the backend's process-wide instance.
+template <class Codegen, class Options>
+Codegen& codegen_for(const std::string& dir) {
+  if (dir.empty()) return Codegen::shared();
   static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<codegen::cpu::CpuCodegen>> by_dir;
+  static std::map<std::string, std::unique_ptr<Codegen>> by_dir;
   std::lock_guard<std::mutex> lock(mu);
   auto& cg = by_dir[dir];
   if (!cg) {
-    codegen::cpu::CpuCodegenOptions o;
+    Options o;
     o.cache_dir = dir;
-    cg = std::make_unique<codegen::cpu::CpuCodegen>(o);
+    cg = std::make_unique<Codegen>(o);
   }
   return *cg;
 }
-
-#ifdef INGOT_WITH_CUDA_CODEGEN
-codegen::cuda::CudaCodegen& cuda_codegen_for(const std::string& dir) {
-  if (dir.empty()) return codegen::cuda::CudaCodegen::shared();
-  static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<codegen::cuda::CudaCodegen>> by_dir;
-  std::lock_guard<std::mutex> lock(mu);
-  auto& cg = by_dir[dir];
-  if (!cg) {
-    codegen::cuda::CudaCodegenOptions o;
-    o.cache_dir = dir;
-    cg = std::make_unique<codegen::cuda::CudaCodegen>(o);
-  }
-  return *cg;
-}
-#endif
 
 // Where generated kernels run: the CPU when every value is on the CPU; one CUDA device when every tensor the
 // step computes lives there (host inputs such as the optimizer's [G, 3] hyper-parameter rows stay on the CPU
@@ -133,7 +119,8 @@ std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, Device dev, con
   std::vector<std::string> sources;  // INGOT_LOGS=output_code only
   const bool show_code = log_on(LogKind::OutputCode);
   if (dev.is_cpu()) {
-    for (codegen::cpu::CpuKernel& k : codegen_for(opts.cache_dir).compile(specs, &cs, progress)) {
+    auto& cg = codegen_for<codegen::cpu::CpuCodegen, codegen::cpu::CpuCodegenOptions>(opts.cache_dir);
+    for (codegen::cpu::CpuKernel& k : cg.compile(specs, &cs, progress)) {
       if (show_code) sources.push_back(codegen::cpu::render_kernel(specs[kernels.size()], k.symbol));
       kernels.emplace_back(std::move(k));
     }
@@ -142,9 +129,10 @@ std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, Device dev, con
     // CudaCodegen compiles for and loads into the current device.
     const int previous = ingot::cuda::current_device();
     ingot::cuda::set_device(dev.index);
+    auto& cg = codegen_for<codegen::cuda::CudaCodegen, codegen::cuda::CudaCodegenOptions>(opts.cache_dir);
     std::vector<codegen::cuda::CudaKernel> compiled;
     try {
-      compiled = cuda_codegen_for(opts.cache_dir).compile(specs, &cs, progress);
+      compiled = cg.compile(specs, &cs, progress);
     } catch (...) {
       ingot::cuda::set_device(previous);
       throw;
