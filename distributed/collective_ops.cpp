@@ -10,42 +10,42 @@
 namespace ingot::distributed {
 namespace {
 
-class AllReduceAvgPrim final : public Primitive {
+// What every collective node shares: not differentiable, saves nothing, and never equivalent to another (CSE
+// must keep each collective: every rank issues the same ones in the same order). Attributes print nothing
+// rank- or world-size-specific, so every rank of a job traces the same graph text and shares one
+// compile-cache entry. infer() maps one input to one output of numel * out_num / out_den elements (the input's
+// shape when the ratio is 1; ZeRO-1's collectives take flat 1-d buffers).
+class CollectivePrim : public Primitive {
  public:
-  explicit AllReduceAvgPrim(std::shared_ptr<ProcessGroup> group) : group_(std::move(group)) {}
-  std::string_view name() const override { return "all_reduce_avg"; }
+  CollectivePrim(std::shared_ptr<ProcessGroup> group, int64_t out_num = 1, int64_t out_den = 1)
+      : group_(std::move(group)), num_(out_num), den_(out_den) {}
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    INGOT_CHECK(in.size() == 1, "all_reduce_avg: expected one input, got ", in.size());
-    return {in[0]};
-  }
-  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
-    Tensor out = in[0].clone_raw();
-    reduce_bucket_async(*group_, out)->wait();
-    return {out};
+    INGOT_CHECK(in.size() == 1, name(), ": expected one input, got ", in.size());
+    if (num_ == den_) return {in[0]};
+    INGOT_CHECK(in[0].shape.size() == 1, name(), ": expected one flat (1-d) input");
+    const int64_t n = in[0].shape[0];
+    INGOT_CHECK(n * num_ % den_ == 0, name(), ": ", n, " elements do not split over ", group_->size(), " ranks");
+    TensorMeta m = in[0];
+    m.shape = Shape{n * num_ / den_};
+    return {m};
   }
   bool differentiable() const override { return false; }
   bool saves_input(size_t) const override { return false; }
-  // Nothing rank- or world-size-specific: every rank of a job traces the same graph text, so they share one
-  // compile-cache entry. Two all-reduces are never equivalent: CSE must keep each collective.
-  void print_attrs(std::ostream& os) const override { os << "op=avg"; }
   bool equivalent(const Primitive&) const override { return false; }
 
- private:
+ protected:
   std::shared_ptr<ProcessGroup> group_;
+  int64_t num_, den_;
 };
 
 // Collectives in flight, by the storage of the buffer they write: what collective_wait waits for.
 std::mutex g_pending_mu;
 std::map<const Storage*, std::shared_ptr<Work>> g_pending;
 
-class AllReduceStartPrim final : public Primitive {
+class AllReduceStartPrim final : public CollectivePrim {
  public:
-  explicit AllReduceStartPrim(std::shared_ptr<ProcessGroup> group) : group_(std::move(group)) {}
+  using CollectivePrim::CollectivePrim;
   std::string_view name() const override { return "all_reduce_start"; }
-  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    INGOT_CHECK(in.size() == 1, "all_reduce_start: expected one input, got ", in.size());
-    return {in[0]};
-  }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     Tensor out = in[0].clone_raw();
     std::shared_ptr<Work> work = reduce_bucket_async(*group_, out);
@@ -53,22 +53,13 @@ class AllReduceStartPrim final : public Primitive {
     g_pending[out.storage().get()] = std::move(work);
     return {out};
   }
-  bool differentiable() const override { return false; }
-  bool saves_input(size_t) const override { return false; }
-  void print_attrs(std::ostream& os) const override { os << "op=avg"; }  // rank-independent (cache key)
-  bool equivalent(const Primitive&) const override { return false; }
-
- private:
-  std::shared_ptr<ProcessGroup> group_;
+  void print_attrs(std::ostream& os) const override { os << "op=avg"; }
 };
 
-class CollectiveWaitPrim final : public Primitive {
+class CollectiveWaitPrim final : public CollectivePrim {
  public:
+  CollectiveWaitPrim() : CollectivePrim(nullptr) {}
   std::string_view name() const override { return "collective_wait"; }
-  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    INGOT_CHECK(in.size() == 1, "collective_wait: expected one input, got ", in.size());
-    return {in[0]};
-  }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     std::shared_ptr<Work> work;
     {
@@ -84,37 +75,11 @@ class CollectiveWaitPrim final : public Primitive {
       work->wait();
     return {in[0]};
   }
-  bool differentiable() const override { return false; }
-  bool saves_input(size_t) const override { return false; }
-  bool equivalent(const Primitive&) const override { return false; }
 };
 
-// The base of the ZeRO-1 collectives: one flat input, one flat output of numel * out_num / out_den.
-class FlatCollectivePrim : public Primitive {
+class ReduceScatterAvgPrim final : public CollectivePrim {
  public:
-  FlatCollectivePrim(std::shared_ptr<ProcessGroup> group, int64_t out_num, int64_t out_den)
-      : group_(std::move(group)), num_(out_num), den_(out_den) {}
-  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    INGOT_CHECK(in.size() == 1 && in[0].shape.size() == 1, name(), ": expected one flat (1-d) input");
-    const int64_t n = in[0].shape[0];
-    INGOT_CHECK(n * num_ % den_ == 0, name(), ": ", n, " elements do not split over ", group_->size(), " ranks");
-    TensorMeta m = in[0];
-    m.shape = Shape{n * num_ / den_};
-    return {m};
-  }
-  bool differentiable() const override { return false; }
-  bool saves_input(size_t) const override { return false; }
-  void print_attrs(std::ostream&) const override {}  // nothing rank- or world-specific: ranks share the cache
-  bool equivalent(const Primitive&) const override { return false; }
-
- protected:
-  std::shared_ptr<ProcessGroup> group_;
-  int64_t num_, den_;
-};
-
-class ReduceScatterAvgPrim final : public FlatCollectivePrim {
- public:
-  explicit ReduceScatterAvgPrim(std::shared_ptr<ProcessGroup> g) : FlatCollectivePrim(g, 1, g->size()) {}
+  explicit ReduceScatterAvgPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, 1, g->size()) {}
   std::string_view name() const override { return "reduce_scatter_avg"; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     Tensor flat = in[0].clone_raw();  // reduce_scatter may use its input as scratch
@@ -124,9 +89,9 @@ class ReduceScatterAvgPrim final : public FlatCollectivePrim {
   }
 };
 
-class AllGatherPrim final : public FlatCollectivePrim {
+class AllGatherPrim final : public CollectivePrim {
  public:
-  explicit AllGatherPrim(std::shared_ptr<ProcessGroup> g) : FlatCollectivePrim(g, g->size(), 1) {}
+  explicit AllGatherPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, g->size(), 1) {}
   std::string_view name() const override { return "all_gather"; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     Tensor chunk = in[0].contiguous_raw();
@@ -136,21 +101,24 @@ class AllGatherPrim final : public FlatCollectivePrim {
   }
 };
 
+template <class Prim>
+Tensor apply_collective(const char* op, const Tensor& in, std::shared_ptr<ProcessGroup> group) {
+  INGOT_CHECK(group != nullptr, op, ": no process group");
+  return ingot::apply(std::make_shared<Prim>(std::move(group)), {in})[0];
+}
+
 }  // namespace
 
 Tensor reduce_scatter_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {
-  INGOT_CHECK(group != nullptr, "reduce_scatter_avg: no process group");
-  return ingot::apply(std::make_shared<ReduceScatterAvgPrim>(std::move(group)), {flat})[0];
+  return apply_collective<ReduceScatterAvgPrim>("reduce_scatter_avg", flat, std::move(group));
 }
 
 Tensor all_gather(const Tensor& chunk, std::shared_ptr<ProcessGroup> group) {
-  INGOT_CHECK(group != nullptr, "all_gather: no process group");
-  return ingot::apply(std::make_shared<AllGatherPrim>(std::move(group)), {chunk})[0];
+  return apply_collective<AllGatherPrim>("all_gather", chunk, std::move(group));
 }
 
 Tensor all_reduce_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {
-  INGOT_CHECK(group != nullptr, "all_reduce_start: no process group");
-  return ingot::apply(std::make_shared<AllReduceStartPrim>(std::move(group)), {flat})[0];
+  return apply_collective<AllReduceStartPrim>("all_reduce_start", flat, std::move(group));
 }
 
 Tensor collective_wait(const Tensor& pending) {
@@ -159,7 +127,7 @@ Tensor collective_wait(const Tensor& pending) {
 
 Tensor all_reduce_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {
   INGOT_CHECK(group != nullptr, "all_reduce_avg: no process group");
-  return ingot::apply(std::make_shared<AllReduceAvgPrim>(std::move(group)), {flat})[0];
+  return collective_wait(all_reduce_start(flat, std::move(group)));
 }
 
 }  // namespace ingot::distributed

@@ -10,8 +10,9 @@
 
 namespace ingot::distributed {
 
-// The average of `flat` over the ranks of `group` (a new tensor; `flat` is not modified). Not
-// differentiable. Every rank must call it with the same shape, in the same order.
+// The average of `flat` over the ranks of `group` (a new tensor; `flat` is not modified): all_reduce_start
+// followed at once by its collective_wait. Not differentiable. Every rank must call it with the same shape,
+// in the same order.
 Tensor all_reduce_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
 // The same average split in two graph nodes so that the communication overlaps the rest of the step:
 // all_reduce_start issues it and returns the buffer being reduced (not to be read yet); collective_wait

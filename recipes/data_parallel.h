@@ -58,8 +58,8 @@ class DataParallel {
   double mean(double v);  // average over ranks
   double sum(double v);   // sum over ranks
   std::vector<double> sum(const std::vector<double>& v);  // elementwise sum over ranks
-  // The sum over ranks as tensor ops (an all_reduce_avg node times the world size): usable inside a traced
-  // step, where the doubles above would read the value on the host and break the graph.
+  // The sum over ranks as tensor ops (an all-reduce's start and wait nodes, times the world size): usable
+  // inside a traced step, where the doubles above would read the value on the host and break the graph.
   Tensor sum_tensor(const Tensor& t);
   void barrier();
 
