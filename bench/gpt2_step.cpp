@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/step_bench.h"
 #include "compile/api.h"
 #include "distributed/bootstrap.h"
 #include "distributed/ddp.h"
@@ -64,11 +65,6 @@ Args parse(int argc, char** argv) {
     else INGOT_FAIL("bench_gpt2_step: unknown flag ", k, " (see --help)");
   }
   return a;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 }  // namespace
@@ -124,36 +120,10 @@ int main(int argc, char** argv) try {
     compiled = compile(step_fn, o);
   }
   if (dev.is_cuda()) allocator_for(dev).reset_peak();
-  double compile_s = 0;
-
-  std::vector<double> ms;
-  double first_loss = 0, last_loss = 0;
-  for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
-    auto t0 = std::chrono::steady_clock::now();
-    std::unique_ptr<cuda::Event> e0, e1;
-    if (dev.is_cuda()) {
-      e0 = std::make_unique<cuda::Event>();
-      e1 = std::make_unique<cuda::Event>();
-      e0->record(cuda::current_stream(dev.index));
-    }
-    Tensor loss = (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0];
-    if (compiled && s == 0) {
-      if (dev.is_cuda()) cuda::synchronize_device(dev.index);
-      compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    double step_ms;
-    if (dev.is_cuda()) {
-      e1->record(cuda::current_stream(dev.index));
-      e1->synchronize();
-      step_ms = e0->elapsed_ms(*e1);
-    } else {
-      step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    }
-    last_loss = loss.item();
-    if (s == 0) first_loss = last_loss;
-    if (s >= a.warmup) ms.push_back(step_ms);
-  }
-  double med = median(ms);
+  const bench::StepTimes t = bench::time_steps(dev, a.warmup, a.steps, [&] {
+    return (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0];
+  });
+  const double med = t.median_ms(), compile_s = compiled ? t.first_call_s : 0.0;
   double tokens = static_cast<double>(a.batch * a.seq);
   // 6 * params * tokens for the matmuls plus the attention term 12 * L * T * C * tokens... per token: 6N + 6*L*T*C.
   double n_params = static_cast<double>(model.num_parameters());
@@ -169,18 +139,8 @@ int main(int argc, char** argv) try {
   std::printf("| %s | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.2f | %.2f | %.3f -> %.3f |\n", mode.c_str(),
               dev.str().c_str(), a.dtype.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.seq),
               n_params / 1e6, med, tokens / (med / 1e3), flops / (med / 1e3) / 1e12,
-              static_cast<double>(st.peak_allocated_bytes) / 1e9, compile_s, first_loss, last_loss);
-  if (compiled) {
-    const CompileStats& cs = compiled->stats();
-    std::printf("compile: %lld graph(s), %lld break(s), %lld eager ops -> %lld launches (%lld generated kernels: %lld "
-                "compiled, %lld reused, %lld from disk); trace %.0f ms, passes %.0f ms, codegen %.0f ms\n",
-                static_cast<long long>(cs.compiles), static_cast<long long>(cs.graph_breaks.size()),
-                static_cast<long long>(cs.compute_ops), static_cast<long long>(cs.launches),
-                static_cast<long long>(cs.kernels), static_cast<long long>(cs.kernels_generated),
-                static_cast<long long>(cs.kernels_reused), static_cast<long long>(cs.kernels_disk_hits),
-                cs.time.trace_ms, cs.time.passes_ms, cs.time.codegen_ms);
-    for (const std::string& b : cs.graph_breaks) std::printf("compile: graph break: %s\n", b.c_str());
-  }
+              static_cast<double>(st.peak_allocated_bytes) / 1e9, compile_s, t.first_loss, t.last_loss);
+  if (compiled) bench::print_compile_stats(compiled->stats());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_gpt2_step: error: %s\n", e.what());

@@ -2,8 +2,12 @@
 # The GPU check run on a lent GPU machine (see bench/RESULTS.md for results): CUDA tests, the GPT-2 eager step
 # benchmark next to PyTorch eager and torch.compile on the same GPU, and (optionally) the HF reference fixtures.
 # Expects a bundle made here with: shared/device/bundle.sh .device build-cuda/bin/{ingot_tests,bench_gpt2_step,...}
-#   scripts/device_check.sh [gpu] [tests] [bench] [fixtures]   (default: tests bench); logs go to $OUT (or ./out)
+#   scripts/device_check.sh [gpu] [tests] [bench] [fixtures] [hf] [llama]   (default: tests bench); logs to $OUT
 #   gpu: only the GPU suites; tests: the whole ingot_tests
+#   hf: transformers/peft load ingot's exports; make them here first (CPU) and carry them packed:
+#       INGOT_HF_EXPORT_DIR=/tmp/hfx ingot_tests --gtest_filter='HFExport.*:Finetune.Exports*:LoRA.Peft*'
+#       tar czf .device/hfx.tgz -C /tmp hfx
+#   llama: ~1B Llama full fine-tune step (bench_llama_step) next to transformers eager and torch.compile
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 # The bundle may travel packed (the carry limit is 64 MiB).
@@ -47,4 +51,16 @@ if want bench; then
     python3 bench/reference/torch_gpt2.py --batch $b --seq 1024 --steps 20 --warmup 5 \
       > "$out/bench_torch_b$b.log" 2>&1; tail -4 "$out/bench_torch_b$b.log"
   done
+fi
+if want hf; then
+  tar xzf .device/hfx.tgz -C /tmp
+  python3 tests/fixtures/check_hf_export.py /tmp/hfx > "$out/hf_check.log" 2>&1; echo "check_hf_export exit $?"
+  grep -E "OK|FAIL|checked" "$out/hf_check.log"
+fi
+if want llama; then
+  c=bench/configs/llama_1b/config.json
+  bench_llama_step --config $c --device cuda --batch 2 --seq 2048 --steps 20 --warmup 5 2>&1 | tail -1
+  bench_llama_step --config $c --device cuda --batch 2 --seq 2048 --steps 20 --warmup 5 --compile default \
+    --cache-dir /tmp/ingot-llama-cache 2>&1 | tail -2
+  python3 bench/reference/hf_llama.py --config $c --batch 2 --seq 2048 --steps 20 --warmup 5 2>&1 | grep "^|"
 fi

@@ -1,0 +1,74 @@
+// What bench_gpt2_step and bench_llama_step share: the timed step loop (CUDA events around each step after
+// warm-up on GPUs, wall clock on CPUs; the median is reported), the compile-statistics line, and flag parsing.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compile/api.h"
+#include "runtime/cuda_runtime.h"
+#include "runtime/tensor.h"
+
+namespace ingot::bench {
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct StepTimes {
+  std::vector<double> ms;  // the measured steps (after warm-up)
+  double first_loss = 0, last_loss = 0;
+  double first_call_s = 0;  // compiled: trace + compile + the first step (cold or warm cache)
+  double median_ms() const { return median(ms); }
+};
+
+// Runs `step` warmup + steps times; `step` returns the loss. Every step's loss is read on the host (as a
+// training loop's logging would), after the stop event, so the read is not timed.
+inline StepTimes time_steps(Device dev, int64_t warmup, int64_t steps, const std::function<Tensor()>& step) {
+  StepTimes r;
+  for (int64_t s = 0; s < warmup + steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<cuda::Event> e0, e1;
+    if (dev.is_cuda()) {
+      e0 = std::make_unique<cuda::Event>();
+      e1 = std::make_unique<cuda::Event>();
+      e0->record(cuda::current_stream(dev.index));
+    }
+    Tensor loss = step();
+    if (s == 0) {
+      if (dev.is_cuda()) cuda::synchronize_device(dev.index);
+      r.first_call_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    double step_ms;
+    if (dev.is_cuda()) {
+      e1->record(cuda::current_stream(dev.index));
+      e1->synchronize();
+      step_ms = e0->elapsed_ms(*e1);
+    } else {
+      step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+    r.last_loss = loss.item();
+    if (s == 0) r.first_loss = r.last_loss;
+    if (s >= warmup) r.ms.push_back(step_ms);
+  }
+  return r;
+}
+
+inline void print_compile_stats(const CompileStats& cs) {
+  std::printf("compile: %lld graph(s), %lld break(s), %lld eager ops -> %lld launches (%lld generated kernels: %lld "
+              "compiled, %lld reused, %lld from disk); trace %.0f ms, passes %.0f ms, codegen %.0f ms\n",
+              static_cast<long long>(cs.compiles), static_cast<long long>(cs.graph_breaks.size()),
+              static_cast<long long>(cs.compute_ops), static_cast<long long>(cs.launches),
+              static_cast<long long>(cs.kernels), static_cast<long long>(cs.kernels_generated),
+              static_cast<long long>(cs.kernels_reused), static_cast<long long>(cs.kernels_disk_hits),
+              cs.time.trace_ms, cs.time.passes_ms, cs.time.codegen_ms);
+  for (const std::string& b : cs.graph_breaks) std::printf("compile: graph break: %s\n", b.c_str());
+}
+
+}  // namespace ingot::bench
