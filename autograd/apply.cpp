@@ -55,10 +55,17 @@ std::vector<Tensor> apply(std::shared_ptr<Primitive> p, const std::vector<Tensor
       INGOT_CHECK(inputs[i].device() == inputs[first].device(), p->name(), ": input ", i, " is on ",
                   inputs[i].device().str(), " but input ", first, " is on ", inputs[first].device().str());
   }
-  OpProfilerHook* prof = g_profiler_hook.load(std::memory_order_acquire);
-  if (prof) prof->begin_op(*p);
-  std::vector<Tensor> outs = p->eval(inputs);
-  if (prof) prof->end_op(*p, inputs, outs);
+  std::vector<Tensor> outs;
+  std::optional<std::vector<Tensor>> deferred;
+  if (t_trace_observer) deferred = t_trace_observer->defer(p, inputs, loc);
+  if (deferred) {
+    outs = std::move(*deferred);
+  } else {
+    OpProfilerHook* prof = g_profiler_hook.load(std::memory_order_acquire);
+    if (prof) prof->begin_op(*p);
+    outs = p->eval(inputs);
+    if (prof) prof->end_op(*p, inputs, outs);
+  }
 
   bool needs = false;
   if (grad_enabled() && p->differentiable())

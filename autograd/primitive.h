@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <source_location>
 #include <string_view>
@@ -86,6 +87,13 @@ class TraceObserver {
   // `t` holds host-computed values that a replay must recompute with `produce` before every run (learning
   // rate, step count); `produce` may advance host counters (it stands in for the host code that made t).
   virtual void on_host_input(const Tensor& t, std::function<Tensor()> produce) = 0;
+  // Deferred execution (compile/segments.h): asked before `p` is evaluated. Outputs returned here stand in
+  // for the evaluation (right metadata, data produced later by the observer); nullopt evaluates now. Either
+  // way on_apply follows.
+  virtual std::optional<std::vector<Tensor>> defer(const std::shared_ptr<Primitive>&, const std::vector<Tensor>&,
+                                                   const std::source_location&) {
+    return std::nullopt;
+  }
 };
 TraceObserver* trace_observer();
 void set_trace_observer(TraceObserver* obs);  // thread-local; pass nullptr to stop

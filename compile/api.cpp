@@ -7,6 +7,7 @@
 
 #include "compile/logs.h"
 #include "compile/pipeline.h"
+#include "compile/segments.h"
 #include "compile/trace.h"
 
 namespace ingot {
@@ -86,9 +87,11 @@ struct CompiledFunction::State {
   CompileStats stats;
   struct Entry {
     std::vector<ArgSig> sig;
-    std::shared_ptr<compiler::Executable> exe;  // null: runs eagerly (graph breaks)
+    std::shared_ptr<compiler::Executable> exe;  // null: the function has graph breaks
+    std::string defer_blocker;  // with graph breaks: why calls cannot run split into segments (then eager)
   };
   std::vector<Entry> entries;
+  compiler::SegmentCache segments;  // the compiled segments of functions with graph breaks
   std::vector<std::map<int64_t, DynRange>> dynamic;  // per arg position
   bool warned_limit = false, warmed = false;
 
@@ -178,6 +181,18 @@ struct CompiledFunction::State {
     return fn(args);
   }
 
+  std::vector<Tensor> run_with_breaks(const Entry& e, const std::vector<Tensor>& args) {
+    if (!e.defer_blocker.empty()) {
+      if (segments.warned.insert("blocker").second)
+        compiler::log(compiler::LogKind::GraphBreaks, "warning: '" + opts.name + "' has graph breaks and cannot run " +
+                                                          "split into compiled segments (" + e.defer_blocker +
+                                                          "); it runs eagerly");
+      return run_eager(args);
+    }
+    ++stats.compiled_calls;
+    return compiler::run_segmented(fn, args, segments, opts, stats);
+  }
+
   std::vector<Tensor> compile_and_run(const std::vector<Tensor>& args, const std::vector<ArgSig>& sig) {
     const auto t0 = std::chrono::steady_clock::now();
     if (log_on(compiler::LogKind::Progress)) compiler::log(compiler::LogKind::Progress, "compiling '" + opts.name + "': tracing");
@@ -187,10 +202,16 @@ struct CompiledFunction::State {
     Entry e;
     e.sig = sig;
     if (!tr.breaks.empty()) {
+      // Later calls run split at the breaks (compile/segments.h); this call already ran eagerly.
       for (const compiler::GraphBreak& b : tr.breaks) {
+        bool seen = false;
+        for (const std::string& s : stats.graph_breaks) seen = seen || s == b.str();
+        if (seen) continue;
         stats.graph_breaks.push_back(b.str());
         if (compiler::log_on(compiler::LogKind::GraphBreaks)) compiler::log(compiler::LogKind::GraphBreaks, b.str());
       }
+      stats.graphs = static_cast<int64_t>(tr.breaks.size()) + 1;
+      e.defer_blocker = tr.defer_blocker;
       entries.push_back(std::move(e));
       stats.time.total_ms += ms_since(t0);
       return tr.outputs;
@@ -201,6 +222,7 @@ struct CompiledFunction::State {
       compiler::log(compiler::LogKind::Progress, "compiling '" + opts.name + "': passes over " +
                                                    std::to_string(tr.graph.nodes.size()) + " ops");
     e.exe = compiler::build_executable(std::move(tr.graph), opts, stats);
+    stats.graphs = 1;
     stats.last_graph = e.exe->graph.str();
     entries.push_back(std::move(e));
     stats.time.total_ms += ms_since(t0);
@@ -225,7 +247,7 @@ struct CompiledFunction::State {
       bool only_dyn = false;
       if (!diff(e, sig, false, &only_dyn).empty()) continue;
       if (compiler::log_on(compiler::LogKind::Guards)) compiler::log(compiler::LogKind::Guards, "'" + opts.name + "': guards pass");
-      if (!e.exe) return run_eager(args);
+      if (!e.exe) return run_with_breaks(e, args);
       ++stats.compiled_calls;
       return compiler::execute(*e.exe, args);
     }

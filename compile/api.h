@@ -26,8 +26,10 @@
 // by structure, so repeated sizes cost nothing after the first time.
 //
 // Graph breaks (item() on a traced value, data-dependent branches, ops with no lowering): with fullgraph
-// they throw naming the user's source line and reason; otherwise the function keeps running eagerly and the
-// breaks are reported (explain(), INGOT_LOGS=graph_breaks).
+// they throw naming the user's source line and reason; otherwise the graph is split there and the function
+// continues: later calls run it with its ops deferred, each piece between two breaks compiled once and run
+// as one graph (compile/segments.h), the op with no lowering eagerly. Breaks and segments are reported
+// (explain(), INGOT_LOGS=graph_breaks).
 #pragma once
 
 #include <cstdint>
@@ -81,6 +83,10 @@ struct CompileStats {
   int64_t specializations = 0;  // new sizes of dynamic dims (Note [Dynamic dims re-specialize])
   std::vector<std::string> recompile_reasons;
   std::vector<std::string> graph_breaks;  // "file:line: reason"
+  int64_t graphs = 0;             // graphs one call runs: 1 for a whole step, the segments of the last call
+                                  // of a function with graph breaks
+  int64_t segments_compiled = 0;  // distinct segment graphs compiled (functions with graph breaks)
+  std::vector<std::string> segments;  // one line per segment of the last call (functions with graph breaks)
   int64_t ops_before = 0, ops_after = 0, fused_groups = 0;
   int64_t kernels = 0;            // fused groups running as one generated kernel in the last graph
   int64_t launches = 0;           // executor steps of the last graph that run code: kernels plus ops run one by

@@ -22,12 +22,14 @@ std::string explain_report(const CompiledFunction& f) {
   const CompileOptions& o = f.options();
   std::ostringstream os;
   os << "compiled function '" << o.name << "'\n";
-  const int64_t graphs = s.compiles - static_cast<int64_t>(s.graph_breaks.empty() ? 0 : 1);
-  os << "  graphs: " << graphs << (s.graph_breaks.empty() ? " (the whole step is one graph)" : "") << "\n";
+  os << "  graphs: " << s.graphs << (s.graph_breaks.empty() ? " (the whole step is one graph)" : "") << "\n";
   os << "  graph breaks: " << s.graph_breaks.size() << "\n";
   for (const std::string& b : s.graph_breaks) os << "    " << b << "\n";
-  if (!s.graph_breaks.empty())
-    os << "    -> the function runs eagerly" << (o.fullgraph ? "" : " (fullgraph=false)") << "\n";
+  if (!s.graph_breaks.empty()) {
+    os << "    -> split there (fullgraph=false): after the first call (traced, eager) each piece runs as one "
+       << "compiled graph, " << s.segments_compiled << " segment graphs compiled so far\n";
+    for (const std::string& seg : s.segments) os << "    " << seg << "\n";
+  }
   os << "  ops: " << s.ops_before << " traced, " << s.ops_after << " after passes\n";
   os << "  fusion: " << s.fused_groups << " groups, " << s.kernels << " run as generated kernels; " << s.launches
      << " launches per call (eager: " << s.compute_ops << " non-view ops)\n";

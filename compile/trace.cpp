@@ -1,18 +1,14 @@
 #include "compile/trace.h"
 
-#include <map>
-#include <memory>
-#include <set>
-#include <tuple>
+#include <mutex>
 
 #include "autograd/ops.h"
 #include "compile/lowering.h"
+#include "compile/tracer.h"
 
 namespace ingot::compiler {
 
 std::string GraphBreak::str() const { return file + detail::str_cat(":", line) + ": " + reason; }
-
-namespace {
 
 std::string base_name(const char* path) {
   std::string p(path);
@@ -20,167 +16,212 @@ std::string base_name(const char* path) {
   return s == std::string::npos ? p : p.substr(s + 1);
 }
 
-// See Note [Tensor identity while tracing].
-using Key = std::tuple<const Storage*, int64_t, Shape, Strides, DType>;
-Key key_of(const Tensor& t) { return {t.storage().get(), t.offset(), t.shape(), t.strides(), t.dtype()}; }
+TensorKey key_of(const Tensor& t) { return {t.storage().get(), t.offset(), t.shape(), t.strides(), t.dtype()}; }
 
-struct Entry {
-  std::weak_ptr<Storage> storage;
-  int32_t value = -1;
-  bool stale = false;  // a view of a tensor that was overwritten in place after the view was taken
-};
+namespace {
+std::mutex g_disallowed_mu;
+std::map<std::string, std::string, std::less<>> g_disallowed;  // op name -> reason
+}  // namespace
 
-class Tracer final : public TraceObserver {
- public:
-  Tracer(const std::vector<Tensor>& args, bool fullgraph) : fullgraph_(fullgraph) {
-    for (size_t i = 0; i < args.size(); ++i) {
-      INGOT_CHECK(args[i].defined(), "[compile] argument ", i, " is an undefined tensor");
-      const int32_t v = g_.add_input(InputRole::Arg, args[i].dtype(), args[i].device(),
-                                     concrete_shape(args[i].shape()), detail::str_cat("arg", i));
-      g_.inputs.back().arg = static_cast<int32_t>(i);
-      bind(args[i], v);
+void disallow_in_graph(std::string op_name, std::string reason) {
+  std::lock_guard<std::mutex> lock(g_disallowed_mu);
+  g_disallowed[std::move(op_name)] = std::move(reason);
+}
+
+std::optional<std::string> break_reason(const Primitive& p) {
+  if (auto why = no_lowering_reason(p)) return why;
+  std::lock_guard<std::mutex> lock(g_disallowed_mu);
+  auto it = g_disallowed.find(p.name());
+  if (it == g_disallowed.end()) return std::nullopt;
+  return std::string(p.name()) + ": " + it->second;
+}
+
+Tracer::Tracer(const std::vector<Tensor>& args, bool fullgraph, TraceMode mode) : fullgraph_(fullgraph), mode_(mode) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    INGOT_CHECK(args[i].defined(), "[compile] argument ", i, " is an undefined tensor");
+    const int32_t v = g_.add_input(InputRole::Arg, args[i].dtype(), args[i].device(),
+                                   concrete_shape(args[i].shape()), detail::str_cat("arg", i));
+    g_.inputs.back().arg = static_cast<int32_t>(i);
+    bind(args[i], v);
+  }
+}
+
+void Tracer::on_apply(const std::shared_ptr<Primitive>& p, const std::vector<Tensor>& inputs,
+                      const std::vector<Tensor>& outputs, const std::source_location& loc) {
+  if (mode_ == TraceMode::Trace) {
+    if (auto why = break_reason(*p)) add_break(*why, loc);
+    if (defer_blocker_.empty()) check_shape_rule(*p, inputs, outputs);
+  }
+  std::vector<int32_t> ins;
+  ins.reserve(inputs.size());
+  for (const Tensor& t : inputs) ins.push_back(t.defined() ? value_of(t, p->name(), loc) : -1);
+  const int32_t n = g_.add_node(p, std::move(ins), metas_of(outputs), loc);
+  Node& node = g_.nodes[static_cast<size_t>(n)];
+  node.forward = grad_enabled();
+  for (size_t k = 0; k < outputs.size(); ++k) bind(outputs[k], node.outputs[k]);
+}
+
+// A deferred call (compile/segments.h) makes an op's outputs from its shape rule instead of its kernel, so
+// the two must agree; the first disagreement seen while tracing keeps later calls eager.
+void Tracer::check_shape_rule(const Primitive& p, const std::vector<Tensor>& inputs,
+                              const std::vector<Tensor>& outputs) {
+  if (p.fusion_kind() == FusionKind::View || break_reason(p)) return;  // evaluated, not inferred, when deferred
+  std::vector<TensorMeta> want;
+  try {
+    want = p.infer(metas_of(inputs));
+  } catch (const std::exception& e) {
+    defer_blocker_ = std::string(p.name()) + ": its shape rule throws (" + e.what() + ")";
+    return;
+  }
+  bool same = want.size() == outputs.size();
+  for (size_t k = 0; same && k < outputs.size(); ++k)
+    same = outputs[k].defined() && outputs[k].shape() == want[k].shape && outputs[k].dtype() == want[k].dtype &&
+           outputs[k].device() == want[k].device;
+  if (!same) defer_blocker_ = std::string(p.name()) + ": its shape rule disagrees with the outputs its kernel returns";
+}
+
+void Tracer::on_accumulate_grad(const std::shared_ptr<TensorImpl>& leaf, const Tensor& grad) {
+  Tensor g = grad;
+  if (g.dtype() != leaf->dtype) g = cast(g, leaf->dtype);
+  if (g.shape() != leaf->shape) g = sum_to_shape(g, leaf->shape);
+  Tensor next;
+  if (leaf->grad) {
+    Tensor old(leaf->grad);
+    if (!lookup(old)) {
+      value_of(old, "grad accumulation", std::source_location::current());
+      // Deferred: the segment reads the tensor it saw (leaf->grad is the pending sum by the time it runs).
+      if (mode_ == TraceMode::Trace) g_.inputs.back().grad_of = leaf;
     }
+    next = add(old, g);
+  } else {
+    // The eager engine copies so .grad owns its buffer; the graph is pure, so this clone is removable
+    // (compile/passes/simplify.cpp) and the executor gives grad outputs their own buffers.
+    next = clone(g);
   }
+  leaf->grad = next.impl_ptr();
+  if (mode_ == TraceMode::Trace) grad_params_.insert(leaf);
+}
 
-  void on_apply(const std::shared_ptr<Primitive>& p, const std::vector<Tensor>& inputs,
-                const std::vector<Tensor>& outputs, const std::source_location& loc) override {
-    if (auto why = no_lowering_reason(*p)) add_break(*why, loc);
-    std::vector<int32_t> ins;
-    ins.reserve(inputs.size());
-    for (const Tensor& t : inputs) ins.push_back(t.defined() ? value_of(t, p->name(), loc) : -1);
-    const int32_t n = g_.add_node(p, std::move(ins), metas_of(outputs), loc);
-    Node& node = g_.nodes[static_cast<size_t>(n)];
-    node.forward = grad_enabled();
-    for (size_t k = 0; k < outputs.size(); ++k) bind(outputs[k], node.outputs[k]);
+void Tracer::on_assign(const Tensor& dst, const Tensor& src) {
+  const int32_t sv = value_of(src, "in-place update", std::source_location::current());
+  const int32_t dv = value_of(dst, "in-place update", std::source_location::current());
+  const TensorKey k = key_of(dst);
+  for (auto& [key, e] : map_)
+    if (std::get<0>(key) == dst.storage().get() && key != k) e.stale = true;
+  map_[k].value = sv;
+  const Value& d = g_.values[static_cast<size_t>(dv)];
+  if (d.producer < 0 && !assigned_.count(d.input_index)) assigned_[d.input_index] = k;
+}
+
+void Tracer::on_host_input(const Tensor& t, std::function<Tensor()> produce) {
+  const int32_t v = g_.add_input(InputRole::Host, t.dtype(), t.device(), concrete_shape(t.shape()),
+                                 detail::str_cat("host ", g_.inputs.size()));
+  // Deferred: the host code that made `t` already ran in this call; running `produce` again would advance
+  // its counters twice.
+  if (mode_ == TraceMode::Defer) produce = [t] { return t; };
+  g_.inputs.back().produce = std::move(produce);
+  g_.inputs.back().tensor = t;
+  bind(t, v);
+}
+
+void Tracer::on_host_read(const Tensor& t, const std::source_location& loc) {
+  if (!t.defined() || !t.storage() || !lookup(t)) return;
+  const int32_t v = *lookup(t);
+  const Value& val = g_.values[static_cast<size_t>(v)];
+  if (val.producer < 0 && g_.inputs[static_cast<size_t>(val.input_index)].role == InputRole::Host) return;
+  add_break(kHostReadBreak, loc);
+}
+
+TraceResult Tracer::finish(const std::vector<Tensor>& outs) {
+  TraceResult r;
+  for (const Tensor& o : outs) {
+    INGOT_CHECK(o.defined(), "[compile] the compiled function returned an undefined tensor");
+    g_.outputs.push_back(value_of(o, "function output", std::source_location::current()));
   }
-
-  void on_accumulate_grad(const std::shared_ptr<TensorImpl>& leaf, const Tensor& grad) override {
-    Tensor g = grad;
-    if (g.dtype() != leaf->dtype) g = cast(g, leaf->dtype);
-    if (g.shape() != leaf->shape) g = sum_to_shape(g, leaf->shape);
-    Tensor next;
-    if (leaf->grad) {
-      Tensor old(leaf->grad);
-      if (!lookup(old)) {
-        value_of(old, "grad accumulation", std::source_location::current());
-        g_.inputs.back().grad_of = leaf;
-      }
-      next = add(old, g);
-    } else {
-      // The eager engine copies so .grad owns its buffer; the graph is pure, so this clone is removable
-      // (compile/passes/simplify.cpp) and the executor gives grad outputs their own buffers.
-      next = clone(g);
+  // Classify externals (see Note [Tensor identity while tracing]): only the trace holds a Constant.
+  for (GraphInput& in : g_.inputs)
+    if (in.role == InputRole::Captured && !in.grad_of && in.tensor.impl_ptr().use_count() == 1)
+      in.role = InputRole::Constant;
+  for (const auto& [input, key] : assigned_) {
+    if (g_.inputs[static_cast<size_t>(input)].role != InputRole::Captured) continue;
+    const int32_t v = map_.at(key).value;
+    if (v != g_.inputs[static_cast<size_t>(input)].value) g_.writebacks.push_back(WriteBack{input, v});
+  }
+  for (const std::shared_ptr<TensorImpl>& p : grad_params_) {
+    GradOut go;
+    go.param = p;
+    if (p->grad) {
+      Tensor gt(p->grad);
+      go.value = value_of(gt, "grad output", std::source_location::current());
     }
-    leaf->grad = next.impl_ptr();
-    grad_params_.insert(leaf);
+    g_.grad_outs.push_back(go);
   }
+  r.graph = std::move(g_);
+  r.outputs = outs;
+  r.breaks = std::move(breaks_);
+  r.defer_blocker = defer_blocker_;
+  return r;
+}
 
-  void on_assign(const Tensor& dst, const Tensor& src) override {
-    const int32_t sv = value_of(src, "in-place update", std::source_location::current());
-    const int32_t dv = value_of(dst, "in-place update", std::source_location::current());
-    const Key k = key_of(dst);
-    for (auto& [key, e] : map_)
-      if (std::get<0>(key) == dst.storage().get() && key != k) e.stale = true;
-    map_[k].value = sv;
-    const Value& d = g_.values[static_cast<size_t>(dv)];
-    if (d.producer < 0 && !assigned_.count(d.input_index)) assigned_[d.input_index] = k;
+Graph Tracer::finish_segment(std::vector<int32_t> outputs) {
+  g_.outputs = std::move(outputs);
+  for (const auto& [input, key] : assigned_) {
+    const int32_t v = map_.at(key).value;
+    if (v != g_.inputs[static_cast<size_t>(input)].value) g_.writebacks.push_back(WriteBack{input, v});
   }
+  return std::move(g_);
+}
 
-  void on_host_input(const Tensor& t, std::function<Tensor()> produce) override {
-    const int32_t v = g_.add_input(InputRole::Host, t.dtype(), t.device(), concrete_shape(t.shape()),
-                                   detail::str_cat("host ", g_.inputs.size()));
-    g_.inputs.back().produce = std::move(produce);
-    g_.inputs.back().tensor = t;
-    bind(t, v);
+std::optional<int32_t> Tracer::value_at(const TensorKey& key, std::string_view user) {
+  auto it = map_.find(key);
+  if (it == map_.end() || it->second.storage.expired()) return std::nullopt;
+  INGOT_CHECK(!it->second.stale, "[compile] ", user, ": a view of this tensor was updated in place after it was ",
+              "taken; take the view again after the update");
+  return it->second.value;
+}
+
+std::optional<int32_t> Tracer::lookup(const Tensor& t) {
+  auto it = map_.find(key_of(t));
+  if (it == map_.end()) return std::nullopt;
+  if (it->second.storage.expired()) {  // the storage died and its address was reused
+    map_.erase(it);
+    return std::nullopt;
   }
+  return it->second.value;
+}
 
-  void on_host_read(const Tensor& t, const std::source_location& loc) {
-    if (!t.defined() || !t.storage() || !lookup(t)) return;
-    const int32_t v = *lookup(t);
-    const Value& val = g_.values[static_cast<size_t>(v)];
-    if (val.producer < 0 && g_.inputs[static_cast<size_t>(val.input_index)].role == InputRole::Host) return;
-    add_break("a traced value is read on the host (item()/to_vector(): data-dependent control flow)", loc);
-  }
-
-  TraceResult finish(const std::vector<Tensor>& outs) {
-    TraceResult r;
-    for (const Tensor& o : outs) {
-      INGOT_CHECK(o.defined(), "[compile] the compiled function returned an undefined tensor");
-      g_.outputs.push_back(value_of(o, "function output", std::source_location::current()));
-    }
-    // Classify externals (see Note [Tensor identity while tracing]): only the trace holds a Constant.
-    for (GraphInput& in : g_.inputs)
-      if (in.role == InputRole::Captured && !in.grad_of && in.tensor.impl_ptr().use_count() == 1)
-        in.role = InputRole::Constant;
-    for (const auto& [input, key] : assigned_) {
-      if (g_.inputs[static_cast<size_t>(input)].role != InputRole::Captured) continue;
-      const int32_t v = map_.at(key).value;
-      if (v != g_.inputs[static_cast<size_t>(input)].value) g_.writebacks.push_back(WriteBack{input, v});
-    }
-    for (const std::shared_ptr<TensorImpl>& p : grad_params_) {
-      GradOut go;
-      go.param = p;
-      if (p->grad) {
-        Tensor gt(p->grad);
-        go.value = value_of(gt, "grad output", std::source_location::current());
-      }
-      g_.grad_outs.push_back(go);
-    }
-    r.graph = std::move(g_);
-    r.outputs = outs;
-    r.breaks = std::move(breaks_);
-    return r;
-  }
-
- private:
-  std::optional<int32_t> lookup(const Tensor& t) {
-    auto it = map_.find(key_of(t));
-    if (it == map_.end()) return std::nullopt;
-    if (it->second.storage.expired()) {  // the storage died and its address was reused
-      map_.erase(it);
-      return std::nullopt;
-    }
+int32_t Tracer::value_of(const Tensor& t, std::string_view user, const std::source_location& loc) {
+  INGOT_CHECK(t.storage() != nullptr, "[compile] ", user, ": a tensor without storage cannot be traced");
+  auto it = map_.find(key_of(t));
+  if (it != map_.end() && !it->second.storage.expired()) {
+    INGOT_CHECK(!it->second.stale, "[compile] ", user, " at ", base_name(loc.file_name()), ":", loc.line(),
+                " reads a view of a tensor that was updated in place after the view was taken; take the view ",
+                "again after the update");
     return it->second.value;
   }
+  // Not produced by a traced op: an external tensor, held by handle (classified in finish()).
+  std::string name = t.name().empty() ? detail::str_cat("tensor ", g_.inputs.size()) : t.name();
+  const int32_t v = g_.add_input(InputRole::Captured, t.dtype(), t.device(), concrete_shape(t.shape()), name);
+  g_.inputs.back().tensor = t;
+  bind(t, v);
+  return v;
+}
 
-  int32_t value_of(const Tensor& t, std::string_view user, const std::source_location& loc) {
-    INGOT_CHECK(t.storage() != nullptr, "[compile] ", user, ": a tensor without storage cannot be traced");
-    auto it = map_.find(key_of(t));
-    if (it != map_.end() && !it->second.storage.expired()) {
-      INGOT_CHECK(!it->second.stale, "[compile] ", user, " at ", base_name(loc.file_name()), ":", loc.line(),
-                  " reads a view of a tensor that was updated in place after the view was taken; take the view ",
-                  "again after the update");
-      return it->second.value;
-    }
-    // Not produced by a traced op: an external tensor, held by handle (classified in finish()).
-    std::string name = t.name().empty() ? detail::str_cat("tensor ", g_.inputs.size()) : t.name();
-    const int32_t v = g_.add_input(InputRole::Captured, t.dtype(), t.device(), concrete_shape(t.shape()), name);
-    g_.inputs.back().tensor = t;
-    bind(t, v);
-    return v;
-  }
+void Tracer::bind(const Tensor& t, int32_t v) {
+  if (!t.defined() || !t.storage()) return;
+  Entry& e = map_[key_of(t)];
+  e.storage = t.storage();
+  e.value = v;
+  e.stale = false;
+}
 
-  void bind(const Tensor& t, int32_t v) {
-    if (!t.defined() || !t.storage()) return;
-    Entry& e = map_[key_of(t)];
-    e.storage = t.storage();
-    e.value = v;
-    e.stale = false;
-  }
+void Tracer::add_break(std::string reason, const std::source_location& loc) {
+  INGOT_CHECK(!fullgraph_, "[compile] fullgraph: graph break at ", base_name(loc.file_name()), ":", loc.line(), ": ",
+              reason);
+  breaks_.push_back(GraphBreak{std::move(reason), base_name(loc.file_name()), static_cast<int>(loc.line())});
+}
 
-  void add_break(std::string reason, const std::source_location& loc) {
-    INGOT_CHECK(!fullgraph_, "[compile] fullgraph: graph break at ", base_name(loc.file_name()), ":", loc.line(), ": ",
-                reason);
-    breaks_.push_back(GraphBreak{std::move(reason), base_name(loc.file_name()), static_cast<int>(loc.line())});
-  }
-
-  bool fullgraph_ = false;
-  Graph g_;
-  std::map<Key, Entry> map_;
-  std::map<int32_t, Key> assigned_;  // captured input -> the key whose current value is written back
-  std::set<std::shared_ptr<TensorImpl>> grad_params_;
-  std::vector<GraphBreak> breaks_;
-};
+namespace {
 
 thread_local Tracer* t_tracer = nullptr;
 

@@ -12,7 +12,9 @@
 // of one is an error (the eager result would differ from the functional graph's).
 //
 // Graph breaks: a host read of a traced value (item(), to_vector(): data-dependent control flow) and ops
-// with no lowering (compile/lowering.h) are recorded with the user's source line and the reason.
+// with no lowering (compile/lowering.h, or excluded with disallow_in_graph) are recorded with the user's
+// source line and the reason. The first call's trace only finds them; later calls of a function with breaks
+// split it there and run the pieces compiled (compile/segments.h).
 #pragma once
 
 #include <functional>
@@ -37,7 +39,12 @@ struct TraceResult {
   Graph graph;
   std::vector<Tensor> outputs;  // the eager results of the traced call
   std::vector<GraphBreak> breaks;
+  std::string defer_blocker;    // why later calls could not run split into segments (empty: they can)
 };
+
+// Keeps primitive `op_name` out of compiled graphs (torch's disallow_in_graph): a call of it is a graph break
+// and runs eagerly, `reason` is what reports say. For custom ops whose kernels must see real data.
+void disallow_in_graph(std::string op_name, std::string reason);
 
 // Runs fn(args) eagerly and records it. Throws what fn throws (the trace is discarded). With fullgraph, the
 // first graph break throws at once ("[compile] fullgraph: graph break at file:line: reason"), before the

@@ -54,9 +54,11 @@ double Tensor::item_at(int64_t i) const {
 
 namespace {
 thread_local HostReadHook t_host_read_hook = nullptr;
+thread_local RawAccessHook t_raw_access_hook = nullptr;
 }  // namespace
 
 void set_host_read_hook(HostReadHook hook) { t_host_read_hook = hook; }
+void set_raw_access_hook(RawAccessHook hook) { t_raw_access_hook = hook; }
 
 double Tensor::item(std::source_location loc) const {
   if (t_host_read_hook) t_host_read_hook(*this, loc);
@@ -115,6 +117,7 @@ Tensor Tensor::as_strided(Shape shape, Strides strides, int64_t offset) const {
 Tensor Tensor::contiguous_raw() const { return is_contiguous() ? *this : clone_raw(); }
 
 Tensor Tensor::clone_raw() const {
+  if (t_raw_access_hook) t_raw_access_hook(nullptr, this);
   Tensor out = empty(shape(), dtype(), device());
   if (numel() > 0) INGOT_KERNEL_CALL(device(), copy, out, *this);
   return out;
@@ -122,6 +125,7 @@ Tensor Tensor::clone_raw() const {
 
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return *this;
+  if (t_raw_access_hook) t_raw_access_hook(nullptr, this);
   Tensor out = empty(shape(), t, device());
   if (numel() > 0) INGOT_KERNEL_CALL(device(), copy, out, *this);
   return out;
@@ -129,6 +133,7 @@ Tensor Tensor::to(DType t) const {
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
+  if (t_raw_access_hook) t_raw_access_hook(nullptr, this);
   Tensor src = contiguous_raw();
   Tensor out = empty(shape(), dtype(), d);
   if (numel() == 0) return out;
@@ -157,6 +162,10 @@ Tensor Tensor::expand_raw(const Shape& target) const {
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
+  if (t_raw_access_hook && t_raw_access_hook(this, &src)) {
+    bump_version();
+    return *this;
+  }
   Tensor s = src.device() == device() ? src : src.to(device());
   Tensor view = s.expand_raw(shape());
   if (numel() > 0) INGOT_KERNEL_CALL(device(), copy, *this, view);
@@ -165,6 +174,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor& Tensor::fill_(double v) {
+  if (t_raw_access_hook) t_raw_access_hook(this, nullptr);
   if (numel() > 0) INGOT_KERNEL_CALL(device(), fill, *this, v);
   bump_version();
   return *this;
