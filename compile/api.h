@@ -64,6 +64,10 @@ struct CompileOptions {
   bool disable = false;        // run eagerly, never trace
   Stance stance = Stance::Default;
   std::string name = "step";   // for logs and explain
+  // max-autotune on CUDA: wall-clock seconds one compile may spend timing candidates (kernel launch configs,
+  // then cuBLASLt algorithms on the first runs); once spent, what is left keeps the heuristic choice.
+  // Winners are stored in the autotune database (compile/autotune/autotune_db.h) under cache_dir.
+  double autotune_budget_s = 60;
   uint64_t hash() const;       // the options part of a cache key
 };
 
@@ -74,6 +78,16 @@ void mark_dynamic(const Tensor& t, int64_t dim, std::optional<int64_t> min = std
 // Compile time by phase, in milliseconds.
 struct PhaseTimes {
   double trace_ms = 0, passes_ms = 0, lower_ms = 0, codegen_ms = 0, total_ms = 0;
+};
+
+// What max-autotune did (CUDA only; all zero in other modes and on the CPU). A choice "from the db" was
+// read from the autotune database (or this process's copy of it): nothing was timed for it.
+struct AutotuneStats {
+  int64_t kernels_timed = 0, kernels_from_db = 0;
+  int64_t kernels_untuned = 0;  // heuristic launch config: budget spent, or nothing to choose (multi-tensor)
+  int64_t matmuls_timed = 0, matmuls_from_db = 0;  // distinct cuBLASLt signatures, counted on the first runs
+  int64_t matmuls_untuned = 0;                     // first heuristic: budget spent, or nothing to time
+  double seconds = 0;                              // spent timing candidates
 };
 
 struct CompileStats {
@@ -97,6 +111,7 @@ struct CompileStats {
   int64_t kernels_disk_hits = 0;
   int64_t planned_peak_bytes = 0, unplanned_peak_bytes = 0;  // memory plan of the last compiled graph
   PhaseTimes time;
+  AutotuneStats autotune;  // all compiles of this function
   std::string last_graph;  // printed graph after passes
 };
 

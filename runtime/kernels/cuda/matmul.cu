@@ -10,19 +10,29 @@
 //
 // Numerics: accumulation in f32 for f32/bf16/f16 (CUBLAS_COMPUTE_32F: no TF32, so f32 matches the CPU's sgemm
 // to f32 rounding), f64 for f64. One cuBLASLt handle per device and one 32 MiB workspace per (device, stream);
-// the first heuristic result is used. Where cuBLASLt offers no algorithm (odd pointer alignment of a view, say)
-// the product falls back to cublasGemmStridedBatchedEx with the same compute type.
+// the first heuristic result is used, except under a MatmulTuner (max-autotune, matmul_tuning.h), which times
+// the top heuristics per signature once and keeps the fastest. Where cuBLASLt offers no algorithm (odd pointer
+// alignment of a view, say) the product falls back to cublasGemmStridedBatchedEx with the same compute type.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "runtime/kernels/cuda/common.cuh"
+#include "runtime/kernels/cuda/matmul_tuning.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot::kernels::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr int kTimedRuns = 5;  // per candidate algorithm, after one warm-up; the median counts
+
+thread_local MatmulTuner* t_tuner = nullptr;
 
 struct DeviceBlas {
   cublasLtHandle_t lt = nullptr;
@@ -97,6 +107,117 @@ void set_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t step) {
   CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &step, sizeof(step)));
 }
 
+std::string algo_hex(const cublasLtMatmulAlgo_t& algo) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (uint64_t word : algo.data)
+    for (int shift = 60; shift >= 0; shift -= 4) out += digits[(word >> shift) & 0xf];
+  return out;
+}
+
+bool algo_from_hex(const std::string& hex, cublasLtMatmulAlgo_t& algo) {
+  constexpr size_t kWords = sizeof(algo.data) / sizeof(algo.data[0]);
+  if (hex.size() != kWords * 16) return false;
+  for (size_t w = 0; w < kWords; ++w) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < 16; ++i) {
+      const char ch = hex[w * 16 + i];
+      const int digit = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+      if (digit < 0) return false;
+      v = v << 4 | static_cast<uint64_t>(digit);
+    }
+    algo.data[w] = v;
+  }
+  return true;
+}
+
+// RAII for a pair of timing events.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~EventPair() {
+    cudaEventDestroy(stop);
+    cudaEventDestroy(start);
+  }
+};
+
+// Max-autotune's choice for one call (see matmul_tuning.h), or nullopt for the first heuristic. The
+// candidates run on a scratch copy of c, so the caller's product is computed once, by the winner.
+std::optional<cublasLtMatmulAlgo_t> tuned_algo(MatmulTuner& tuner, const std::string& sig, DeviceBlas& d, LtDescs& x,
+                                               cudaStream_t stream, void* w, const Gemm& g, DType dt, float alpha,
+                                               float beta, const void* a, const void* b, const void* c) {
+  if (std::optional<std::string> known = tuner.find(sig)) {
+    cublasLtMatmulAlgo_t algo{};
+    cublasLtMatmulHeuristicResult_t check{};
+    if (known->empty() || !algo_from_hex(*known, algo) ||
+        cublasLtMatmulAlgoCheck(d.lt, x.op, x.a, x.b, x.c, x.c, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > kWorkspaceBytes)
+      return std::nullopt;
+    return algo;
+  }
+  // Never time inside a CUDA graph capture (reduce-overhead): synchronizing would invalidate it.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+    return std::nullopt;
+  if (!tuner.may_time()) {
+    tuner.chose(sig, "", 0, 0, 0);
+    return std::nullopt;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  cublasLtMatmulHeuristicResult_t results[kTopAlgos] = {};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(d.lt, x.op, x.a, x.b, x.c, x.c, x.pref, kTopAlgos, results, &found);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    tuner.chose(sig, "", 0, 0, 0);
+    return std::nullopt;
+  }
+  const size_t c_bytes = static_cast<size_t>(g.batch * g.m * g.n) * itemsize(dt);
+  void* scratch = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&scratch, c_bytes, stream));
+  if (beta != 0.0f) CUDA_CHECK(cudaMemcpyAsync(scratch, c, c_bytes, cudaMemcpyDeviceToDevice, stream));
+  EventPair ev;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(d.lt, x.op, &alpha, b, x.a, a, x.b, &beta, scratch, x.c, scratch, x.c, &algo, w,
+                          kWorkspaceBytes, stream);
+  };
+  int best = -1, timed = 0;
+  float best_ms = 0;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > kWorkspaceBytes) continue;
+    if (run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm that fails is skipped
+    std::vector<float> ms;
+    for (int r = 0; r < kTimedRuns; ++r) {
+      CUDA_CHECK(cudaEventRecord(ev.start, stream));
+      const cublasStatus_t rs = run(results[i].algo);
+      CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+      CUDA_CHECK(cudaEventSynchronize(ev.stop));
+      float t = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&t, ev.start, ev.stop));
+      if (rs == CUBLAS_STATUS_SUCCESS) ms.push_back(t);
+    }
+    if (ms.empty()) continue;
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    const float median = ms[ms.size() / 2];
+    ++timed;
+    if (best < 0 || median < best_ms) {
+      best = i;
+      best_ms = median;
+    }
+  }
+  CUDA_CHECK(cudaFreeAsync(scratch, stream));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (best < 0) {
+    tuner.chose(sig, "", 0, seconds, timed);
+    return std::nullopt;
+  }
+  tuner.chose(sig, algo_hex(results[best].algo), best_ms, seconds, timed);
+  return results[best].algo;
+}
+
 // Returns false when cuBLASLt has no algorithm for this problem.
 bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, float alpha, float beta, const void* a,
                const void* b, void* c) {
@@ -123,18 +244,27 @@ bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, floa
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(d.lt, x.op, x.a, x.b, x.c, x.c, x.pref, 1, &result, &found);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
-  CUBLAS_CHECK(st);
   void* w = nullptr;
   {
     std::lock_guard<std::mutex> lk(d.mu);
     w = workspace(d, stream);
   }
-  CUBLAS_CHECK(cublasLtMatmul(d.lt, x.op, &alpha, b, x.a, a, x.b, &beta, c, x.c, c, x.c, &result.algo, w,
-                              kWorkspaceBytes, stream));
+  std::optional<cublasLtMatmulAlgo_t> tuned;
+  if (t_tuner) {
+    const std::string sig = detail::str_cat(dtype_name(dt), " m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch,
+                                            " bcast=", g.step_a == 0, g.step_b == 0, " t=", g.trans_a, g.trans_b,
+                                            " beta0=", beta == 0.0f, " align=", al_a, ",", al_b, ",", al_c);
+    tuned = tuned_algo(*t_tuner, sig, d, x, stream, w, g, dt, alpha, beta, a, b, c);
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  if (!tuned) {
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(d.lt, x.op, x.a, x.b, x.c, x.c, x.pref, 1, &result, &found);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
+    CUBLAS_CHECK(st);
+  }
+  CUBLAS_CHECK(cublasLtMatmul(d.lt, x.op, &alpha, b, x.a, a, x.b, &beta, c, x.c, c, x.c,
+                              tuned ? &*tuned : &result.algo, w, kWorkspaceBytes, stream));
   return true;
 }
 
@@ -193,5 +323,10 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
     return;
   blas_matmul(d, ctx.stream, g, out.dtype(), alpha, beta, a.data_ptr(), b.data_ptr(), out.data_ptr());
 }
+
+MatmulTuningScope::MatmulTuningScope(MatmulTuner* tuner) : previous_(t_tuner) { t_tuner = tuner; }
+MatmulTuningScope::~MatmulTuningScope() { t_tuner = previous_; }
+
+std::string blas_version() { return "cublasLt " + std::to_string(cublasLtGetVersion()); }
 
 }  // namespace ingot::kernels::cuda
