@@ -9,6 +9,7 @@
 #include "compile/codegen/cpu/cpu_codegen.h"
 #include "compile/codegen/cpu/render_cpp.h"
 #ifdef INGOT_WITH_CUDA_CODEGEN
+#include "compile/autotune/cuda/tuner.h"
 #include "compile/codegen/cuda/cuda_codegen.h"
 #include "compile/codegen/cuda/render_cuda.h"
 #include "runtime/cuda_runtime.h"
@@ -17,6 +18,10 @@
 #include "compile/logs.h"
 #include "compile/lower_kernel.h"
 #include "compile/passes/passes.h"
+
+namespace ingot::autotune {
+class CudaSession;  // max-autotune on CUDA (compile/autotune/cuda/tuner.h)
+}
 
 namespace ingot::compiler {
 namespace {
@@ -86,7 +91,7 @@ bool buffers_on(const Graph& g, const LoweredGroup& lg, Device dev) {
 // Lowers every fusion group it can and compiles the kernels in one batch for `dev` (the CPU's C++ codegen or
 // the CUDA codegen); returns the executor steps' kernels.
 std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, Device dev, const CompileOptions& opts,
-                                                 CompileStats& stats) {
+                                                 CompileStats& stats, [[maybe_unused]] autotune::CudaSession* tuning) {
   std::map<int32_t, KernelStepFn> fns;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<LoweredGroup> lowered;
@@ -133,6 +138,7 @@ std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, Device dev, con
     std::vector<codegen::cuda::CudaKernel> compiled;
     try {
       compiled = cg.compile(specs, &cs, progress);
+      if (tuning) tuning->tune_kernels(specs, compiled);
     } catch (...) {
       ingot::cuda::set_device(previous);
       throw;
@@ -193,11 +199,21 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   stats.time.passes_ms += ms_since(t0);
   auto exe = std::make_shared<Executable>();
   std::map<int32_t, KernelStepFn> kernels;
+  std::shared_ptr<autotune::CudaSession> tuning;
   if (opts.backend != CompileBackend::Eager)
-    if (std::optional<Device> dev = codegen_device(g)) kernels = generate_kernels(g, *dev, opts, stats);
+    if (std::optional<Device> dev = codegen_device(g)) {
+#ifdef INGOT_WITH_CUDA_CODEGEN
+      if (opts.mode == CompileMode::MaxAutotune && dev->is_cuda())
+        tuning = autotune::CudaSession::start(opts, dev->index, stats);
+#endif
+      kernels = generate_kernels(g, *dev, opts, stats, tuning.get());
+    }
   exe->kernels = kernels.size();
   stats.kernels = static_cast<int64_t>(kernels.size());
   exe->steps = plan_steps(g, kernels);
+#ifdef INGOT_WITH_CUDA_CODEGEN
+  if (tuning) tuning->tune_matmuls(g, exe->steps);
+#endif
   stats.launches = 0;
   for (const ExecStep& st : exe->steps)
     stats.launches += st.kernel || g.nodes[static_cast<size_t>(st.node)].prim->fusion_kind() != FusionKind::View;
