@@ -289,5 +289,32 @@ TEST(GraphBreakSegments, RawCopiesOfDeferredValuesKeepEagerSemantics) {
   EXPECT_GE(c.stats().graphs, 3);
 }
 
+// An op whose shape rule disagrees with its kernel cannot be deferred (its stand-ins would be wrong): the
+// trace notices, and the calls after it run eagerly, with a warning instead of wrong results.
+class WrongShapeRulePrim final : public Primitive {
+ public:
+  std::string_view name() const override { return "test_wrong_shape_rule"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    return {{Shape{1}, in[0].dtype, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return {in[0].clone_raw()}; }
+};
+
+TEST(GraphBreakSegments, AnOpThatCannotBeDeferredKeepsTheCallsEager) {
+  auto fn = [](const std::vector<Tensor>& a) {
+    Tensor y = apply1(std::make_shared<WrongShapeRulePrim>(), {a[0] * 2.0});
+    if (sum(y).item() > 0) y = y + 1.0;
+    return std::vector<Tensor>{y};
+  };
+  CompiledFunction c = compile(fn, node_by_node());
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = randn({4});
+    EXPECT_EQ(c({x})[0].to_vector(), fn({x})[0].to_vector()) << "call " << i;
+  }
+  EXPECT_EQ(c.stats().graph_breaks.size(), 1u);
+  EXPECT_EQ(c.stats().eager_calls, 2);
+  EXPECT_EQ(c.stats().segments_compiled, 0);
+}
+
 }  // namespace
 }  // namespace ingot::testing
