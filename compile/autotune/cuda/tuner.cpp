@@ -269,7 +269,13 @@ void CudaSession::tune_kernels(const std::vector<KernelSpec>& specs, std::vector
     }
     const auto t0 = std::chrono::steady_clock::now();
     double best_ms = 0;
-    const int best = time_candidates(specs[i], kernels[i], candidates, &best_ms);
+    int best = -1;
+    try {
+      best = time_candidates(specs[i], kernels[i], candidates, &best_ms);
+    } catch (const Error& e) {  // no memory for the scratch buffers, say: the heuristic config, not a failed compile
+      std::fprintf(stderr, "ingot: warning: max-autotune: kernel '%s' keeps its heuristic launch config: %s\n",
+                   kernels[i].symbol.c_str(), e.what());
+    }
     const double spent = seconds_since(t0);
     {
       std::lock_guard<std::mutex> lock(mu_);

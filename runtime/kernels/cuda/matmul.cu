@@ -177,7 +177,11 @@ std::optional<cublasLtMatmulAlgo_t> tuned_algo(MatmulTuner& tuner, const std::st
   }
   const size_t c_bytes = static_cast<size_t>(g.batch * g.m * g.n) * itemsize(dt);
   void* scratch = nullptr;
-  CUDA_CHECK(cudaMallocAsync(&scratch, c_bytes, stream));
+  if (cudaMallocAsync(&scratch, c_bytes, stream) != cudaSuccess) {  // out of memory: not worth failing the step
+    cudaGetLastError();
+    tuner.chose(sig, "", 0, 0, 0);
+    return std::nullopt;
+  }
   if (beta != 0.0f) CUDA_CHECK(cudaMemcpyAsync(scratch, c, c_bytes, cudaMemcpyDeviceToDevice, stream));
   EventPair ev;
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
