@@ -18,11 +18,20 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 // Note [Segment cache key]: a segment is reused when its graph has the same structure (ops, attrs, wiring,
 // metadata, input roles, outputs, write-backs: Graph::structural_hash) and its inputs have the same layout
 // (strides, offset), which is what the compiled kernels were generated for. Tensor values and identities are
-// not part of it: the inputs are rebound at every run.
+// not part of it: the inputs are rebound at every run. Attributes are hashed again at full precision: the
+// structural hash prints them at the stream's default 6 digits, and a host value fed into an op (x * m with
+// m from item()) must not find a graph made for a nearby m.
 uint64_t segment_key(const Graph& g) {
   uint64_t h = g.structural_hash();
   auto mix = [&](uint64_t x) { h = (h ^ x) * 1099511628211ull; };
   mix(g.values.size());
+  for (const Node& n : g.nodes) {
+    std::ostringstream attrs;
+    attrs.precision(17);
+    n.prim->print_attrs(attrs);
+    for (char ch : attrs.str()) mix(static_cast<unsigned char>(ch));
+    mix(0xff);
+  }
   for (const GraphInput& in : g.inputs) {
     mix(static_cast<uint64_t>(in.tensor.offset()));
     for (int64_t s : in.tensor.strides()) mix(static_cast<uint64_t>(s));
@@ -202,8 +211,24 @@ class Segmenter final : public TraceObserver {
     Graph g = tracer_->finish_segment(std::move(outs));
     std::vector<GraphInput> bound = g.inputs;
     const int64_t nodes = static_cast<int64_t>(g.nodes.size());
-    SegmentCache::Entry& e = cache_.entries[segment_key(g)];
-    if (!e.exe) compile(std::move(g), e);
+    const uint64_t key = segment_key(g);
+    const int64_t position = static_cast<int64_t>(lines_.size());
+    SegmentCache::Entry uncached;
+    auto found = cache_.entries.find(key);
+    if (found == cache_.entries.end() && cache_.keys_at[position] > opts_.recompile_limit) {
+      // Note [Segments that keep changing]: a host value fed back into ops as an attribute (x * loss.item())
+      // makes a new graph at every call; past recompile_limit such a segment runs node by node, uncached.
+      warn_once("limit " + std::to_string(position),
+                detail::str_cat("warning: segment ", position + 1, " of '", opts_.name, "' changed structure more than ",
+                                "recompile_limit (", opts_.recompile_limit, ") times (a value read on the host and ",
+                                "used as an op attribute?); new versions of it run op by op with the eager kernels"));
+      uncached.exe = node_by_node(std::move(g), &uncached.info);
+    } else if (found == cache_.entries.end()) {
+      ++cache_.keys_at[position];
+      found = cache_.entries.emplace(key, SegmentCache::Entry{}).first;
+      compile(std::move(g), found->second);
+    }
+    SegmentCache::Entry& e = uncached.exe ? uncached : found->second;
     Executable& exe = *e.exe;
     INGOT_INTERNAL_CHECK(exe.graph.inputs.size() >= bound.size(), "segments: passes removed graph inputs");
     std::set<const Storage*> forbidden;  // buffers a stand-in must not take over
@@ -229,7 +254,7 @@ class Segmenter final : public TraceObserver {
     for (size_t k = 0; k < fills.size(); ++k) fill(fills[k].storage, fills[k].key, results[k], forbidden, used);
     std::ostringstream os;
     os << "segment " << lines_.size() + 1 << ": " << nodes << " ops -> " << e.info.kernels << " generated kernels, "
-       << e.info.launches << " launches" << (e.info.node_by_node ? " (node by node: its compile failed)" : "")
+       << e.info.launches << " launches" << (e.info.node_by_node ? " (node by node)" : "")
        << "; ends at " << where;
     lines_.push_back(os.str());
     totals_.ops_before += e.info.ops_before;
@@ -260,15 +285,7 @@ class Segmenter final : public TraceObserver {
     } catch (const Error& err) {
       warn_once("compile", "warning: a segment of '" + opts_.name + "' did not compile (" + err.what() +
                                "); its ops run one by one with the eager kernels");
-      auto exe = std::make_shared<Executable>();
-      exe->steps = plan_steps(g);
-      exe->graph = std::move(g);
-      e.exe = std::move(exe);
-      e.info = SegmentInfo{};
-      e.info.ops_before = e.info.ops_after = static_cast<int64_t>(e.exe->graph.nodes.size());
-      for (const Node& n : e.exe->graph.nodes) e.info.compute_ops += n.prim->fusion_kind() != FusionKind::View;
-      e.info.launches = e.info.compute_ops;
-      e.info.node_by_node = true;
+      e.exe = node_by_node(std::move(g), &e.info);
     }
     ++stats_.segments_compiled;
     stats_.kernels_generated += s.kernels_generated;
@@ -281,6 +298,19 @@ class Segmenter final : public TraceObserver {
     stats_.time.codegen_ms += s.time.codegen_ms;
     stats_.time.total_ms += ms_since(t0);
     stats_.last_graph = e.exe->graph.str();
+  }
+
+  // The segment as recorded, each op running its eager kernel in recording order.
+  static std::shared_ptr<Executable> node_by_node(Graph g, SegmentInfo* info) {
+    auto exe = std::make_shared<Executable>();
+    exe->steps = plan_steps(g);
+    exe->graph = std::move(g);
+    *info = SegmentInfo{};
+    info->ops_before = info->ops_after = static_cast<int64_t>(exe->graph.nodes.size());
+    for (const Node& n : exe->graph.nodes) info->compute_ops += n.prim->fusion_kind() != FusionKind::View;
+    info->launches = info->compute_ops;
+    info->node_by_node = true;
+    return exe;
   }
 
   // See Note [Deferred outputs].

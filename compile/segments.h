@@ -36,7 +36,8 @@ namespace ingot::compiler {
 // What one compiled segment holds (explain, stats).
 struct SegmentInfo {
   int64_t ops_before = 0, ops_after = 0, fused_groups = 0, kernels = 0, launches = 0, compute_ops = 0;
-  bool node_by_node = false;  // its compile failed: its ops run one by one (eager kernels, eager order)
+  bool node_by_node = false;  // its ops run one by one (eager kernels, eager order): its compile failed, or it
+                              // changed structure past recompile_limit
 };
 
 // The compiled segments of one compiled function, keyed by Note [Segment cache key].
@@ -46,6 +47,7 @@ struct SegmentCache {
     SegmentInfo info;
   };
   std::map<uint64_t, Entry> entries;
+  std::map<int64_t, int64_t> keys_at;  // segment position in a call -> structures compiled there
   std::set<std::string> warned;  // one-time warnings already printed
 };
 

@@ -185,6 +185,7 @@ std::string Tensor::str(int64_t max_elems) const {
   std::ostringstream os;
   os << "Tensor(" << dtype_name(dtype()) << ", " << device().str() << ", " << shape_str(shape()) << ")";
   if (numel() > 0) {
+    if (t_raw_access_hook) t_raw_access_hook(nullptr, this);
     Tensor h = to(Device::cpu());
     os << " [";
     int64_t n = std::min<int64_t>(numel(), max_elems);

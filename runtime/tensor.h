@@ -131,8 +131,8 @@ class Tensor {
 using HostReadHook = void (*)(const Tensor& t, const std::source_location& loc);
 void set_host_read_hook(HostReadHook hook);
 // Raw-access seam for deferred execution (compile/segments.h): when set (thread-local), the raw copies that
-// read or write data outside of ops call it first: copy_ (dst and src), fill_ (dst), clone_raw and to()
-// (src only). It may run pending work first; for copy_ it may return true to take the write over (copy_
+// read or write data outside of ops call it first: copy_ (dst and src), fill_ (dst), clone_raw, to() and
+// str() (src only). It may run pending work first; for copy_ it may return true to take the write over (copy_
 // then only bumps dst's version). Null by default.
 using RawAccessHook = bool (*)(const Tensor* dst, const Tensor* src);
 void set_raw_access_hook(RawAccessHook hook);

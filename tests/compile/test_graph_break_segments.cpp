@@ -316,5 +316,75 @@ TEST(GraphBreakSegments, AnOpThatCannotBeDeferredKeepsTheCallsEager) {
   EXPECT_EQ(c.stats().segments_compiled, 0);
 }
 
+// A host value used as an op attribute makes a new segment graph at every call: past recompile_limit that
+// segment runs op by op instead of compiling again, with the same results.
+TEST(GraphBreakSegments, ASegmentThatKeepsChangingStopsCompilingAtTheRecompileLimit) {
+  auto fn = [](const std::vector<Tensor>& a) {
+    const double m = sum(a[0]).item();
+    return std::vector<Tensor>{exp(a[0] * m)};
+  };
+  CompileOptions o = node_by_node();
+  o.recompile_limit = 2;
+  CompiledFunction c = compile(fn, o);
+  for (int i = 0; i < 8; ++i) {
+    Tensor x = rand({6}, DType::f32, Device::cpu(), 0.0, 0.1);
+    EXPECT_EQ(c({x})[0].to_vector(), fn({x})[0].to_vector()) << "call " << i;
+  }
+  EXPECT_EQ(c.stats().segments_compiled, 4) << "the first segment once, the second up to the limit";
+  EXPECT_EQ(c.stats().compiled_calls, 7);
+  EXPECT_NE(explain_report(c).find("(node by node)"), std::string::npos) << explain_report(c);
+}
+
+// An exception thrown by the function after deferred work: that work has run, as it had eagerly.
+TEST(GraphBreakSegments, AnExceptionInTheFunctionStillRunsTheOpsBeforeIt) {
+  Tensor state = zeros({3});
+  bool fail = false;
+  auto fn = [&](const std::vector<Tensor>& a) {
+    state.copy_(state + a[0]);
+    if (sum(state).item() > 1e30) state.zero_();
+    Tensor t = state * 2.0;
+    state.copy_(t);
+    if (fail) INGOT_FAIL("test: failing after the update");
+    return std::vector<Tensor>{t};
+  };
+  auto run = [&](auto&& f) {
+    std::vector<std::vector<double>> seen;
+    state.zero_();
+    for (int i = 0; i < 4; ++i) {
+      fail = i == 2;
+      Tensor x = from_vector({1.0 + i, 2.0, 3.0}, {3});
+      try {
+        seen.push_back(f({x})[0].to_vector());
+      } catch (const Error&) {
+        seen.push_back({-1.0});
+      }
+      seen.push_back(state.to_vector());
+    }
+    return seen;
+  };
+  const auto eager = run(fn);
+  CompiledFunction c = compile(fn, node_by_node());
+  const auto compiled = run(c);
+  EXPECT_EQ(compiled, eager);
+  EXPECT_EQ(eager[4], std::vector<double>{-1.0}) << "call 2 threw";
+}
+
+// Scalars that print alike at 6 digits (0.5000001, 0.5000002) are different graphs: a segment is never reused
+// with another call's scalar.
+TEST(GraphBreakSegments, ScalarAttributesThatDifferPastSixDigitsAreDifferentSegments) {
+  double scale = 0.5;
+  auto fn = [&](const std::vector<Tensor>& a) {
+    if (sum(a[0]).item() > 1e30) return std::vector<Tensor>{a[0]};
+    return std::vector<Tensor>{a[0] * scale};
+  };
+  CompiledFunction c = compile(fn, node_by_node());
+  Tensor x = from_vector({1000.0, 2000.0, 3000.0}, {3}, DType::f64);
+  for (int i = 0; i < 4; ++i) {
+    scale = 0.5000001 + 1e-7 * i;
+    EXPECT_EQ(c({x})[0].to_vector(), fn({x})[0].to_vector()) << "call " << i;
+  }
+  EXPECT_EQ(c.stats().segments_compiled, 4) << "one first segment, three scales";
+}
+
 }  // namespace
 }  // namespace ingot::testing
