@@ -17,7 +17,9 @@
 //
 // Raw copies (runtime/tensor.h raw-access hook): copy_ from a pending value into a same-shaped persistent
 // tensor becomes a write-back (the segment's assignment), any other raw read of pending data, or a raw
-// write into a tensor the pending segment reads, flushes first.
+// write into a tensor the pending segment reads, flushes first. Host code that reads data through
+// data_ptr()/data<T>()/item_at() directly bypasses both seams and would see a stand-in's uninitialized buffer:
+// inside a compiled function, read values with item()/to_vector() or a copy.
 #pragma once
 
 #include <cstdint>
