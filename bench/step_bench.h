@@ -69,6 +69,11 @@ inline void print_compile_stats(const CompileStats& cs) {
               static_cast<long long>(cs.kernels_reused), static_cast<long long>(cs.kernels_disk_hits),
               cs.time.trace_ms, cs.time.passes_ms, cs.time.codegen_ms);
   for (const std::string& b : cs.graph_breaks) std::printf("compile: graph break: %s\n", b.c_str());
+  if (cs.cuda_graphs > 0)
+    std::printf("compile: reduce-overhead: %lld CUDA graph(s) per call, %lld step(s) run between them\n",
+                static_cast<long long>(cs.cuda_graphs), static_cast<long long>(cs.cuda_graph_host_steps));
+  if (!cs.cuda_graph_fallback.empty())
+    std::printf("compile: reduce-overhead without CUDA graphs: %s\n", cs.cuda_graph_fallback.c_str());
 }
 
 }  // namespace ingot::bench

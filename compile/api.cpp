@@ -5,6 +5,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "compile/graph_replay.h"
 #include "compile/logs.h"
 #include "compile/pipeline.h"
 #include "compile/segments.h"
@@ -88,6 +89,7 @@ struct CompiledFunction::State {
   struct Entry {
     std::vector<ArgSig> sig;
     std::shared_ptr<compiler::Executable> exe;  // null: the function has graph breaks
+    std::shared_ptr<compiler::GraphReplay> replay;  // reduce-overhead on a GPU: the step as CUDA graphs
     std::string defer_blocker;  // with graph breaks: why calls cannot run split into segments (then eager)
   };
   std::vector<Entry> entries;
@@ -176,6 +178,20 @@ struct CompiledFunction::State {
     }
   }
 
+  static bool on_gpu(const compiler::Graph& g) {
+    for (const compiler::GraphInput& in : g.inputs)
+      if (g.values[static_cast<size_t>(in.value)].device.is_cuda()) return true;
+    return false;
+  }
+
+  std::vector<Tensor> run_replay(compiler::GraphReplay& r, const std::vector<Tensor>& args) {
+    std::vector<Tensor> outs = r.run(args);
+    stats.cuda_graphs = static_cast<int64_t>(r.graphs());
+    stats.cuda_graph_host_steps = static_cast<int64_t>(r.host_steps());
+    stats.cuda_graph_fallback = r.disabled_reason();
+    return outs;
+  }
+
   std::vector<Tensor> run_eager(const std::vector<Tensor>& args) {
     ++stats.eager_calls;
     return fn(args);
@@ -222,6 +238,17 @@ struct CompiledFunction::State {
       compiler::log(compiler::LogKind::Progress, "compiling '" + opts.name + "': passes over " +
                                                    std::to_string(tr.graph.nodes.size()) + " ops");
     e.exe = compiler::build_executable(std::move(tr.graph), opts, stats);
+    if (opts.mode == CompileMode::ReduceOverhead) {
+      // On CPUs reduce-overhead is default; on a GPU a step that cannot be captured says why, once.
+      const std::string why = compiler::GraphReplay::unsupported_reason(*e.exe);
+      if (why.empty()) {
+        e.replay = std::make_shared<compiler::GraphReplay>(e.exe);
+      } else if (on_gpu(e.exe->graph)) {
+        stats.cuda_graph_fallback = why;
+        compiler::log(compiler::LogKind::Recompiles, "warning: reduce-overhead: '" + opts.name +
+                                                         "' runs without CUDA graphs: " + why);
+      }
+    }
     stats.graphs = 1;
     stats.last_graph = e.exe->graph.str();
     entries.push_back(std::move(e));
@@ -249,6 +276,7 @@ struct CompiledFunction::State {
       if (compiler::log_on(compiler::LogKind::Guards)) compiler::log(compiler::LogKind::Guards, "'" + opts.name + "': guards pass");
       if (!e.exe) return run_with_breaks(e, args);
       ++stats.compiled_calls;
+      if (e.replay) return run_replay(*e.replay, args);
       return compiler::execute(*e.exe, args);
     }
     if (entries.empty()) {

@@ -44,7 +44,9 @@
 
 namespace ingot {
 
-enum class CompileMode { Default, ReduceOverhead, MaxAutotune };  // CPU: all three behave as Default
+// On GPUs: ReduceOverhead replays the step as CUDA graphs (compile/graph_replay.h); MaxAutotune times kernel
+// launch configs and cuBLASLt algorithms (compile/autotune/). On CPUs all three behave as Default.
+enum class CompileMode { Default, ReduceOverhead, MaxAutotune };
 // torch.compile's spelling: "default", "reduce-overhead", "max-autotune"; nullopt for anything else.
 std::optional<CompileMode> parse_compile_mode(std::string_view name);
 enum class DynamicMode { Auto, True, False };
@@ -112,6 +114,10 @@ struct CompileStats {
   int64_t planned_peak_bytes = 0, unplanned_peak_bytes = 0;  // memory plan of the last compiled graph
   PhaseTimes time;
   AutotuneStats autotune;  // all compiles of this function
+  // reduce-overhead on a GPU (compile/graph_replay.h): CUDA graphs replayed per call and the steps run normally
+  // between them (they read host values); the reason when the step cannot be captured and runs without graphs.
+  int64_t cuda_graphs = 0, cuda_graph_host_steps = 0;
+  std::string cuda_graph_fallback;
   std::string last_graph;  // printed graph after passes
 };
 

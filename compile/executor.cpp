@@ -47,10 +47,8 @@ namespace {
 bool shares_storage(const Tensor& a, const std::set<const Storage*>& s) { return s.count(a.storage().get()) != 0; }
 }  // namespace
 
-std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args) {
-  const Graph& g = exe.graph;
+std::vector<Tensor> bind_inputs(const Graph& g, const std::vector<Tensor>& args, std::set<const Storage*>* captured) {
   std::vector<Tensor> env(g.values.size());
-  std::set<const Storage*> captured;
   for (const GraphInput& in : g.inputs) {
     Tensor t;
     switch (in.role) {
@@ -59,26 +57,30 @@ std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& ar
         t = in.grad_of ? Tensor(in.grad_of->grad) : in.tensor;
         INGOT_CHECK(t.defined(), "[compile] captured tensor '", in.name, "' is undefined at run time (a .grad that ",
                     "existed when the function was traced is gone; call zero_grad() consistently)");
-        captured.insert(t.storage().get());
+        captured->insert(t.storage().get());
         break;
       case InputRole::Constant: t = in.tensor; break;
       case InputRole::Host: t = in.produce(); break;
     }
     env[static_cast<size_t>(in.value)] = t.detach();
   }
-  for (const ExecStep& s : exe.steps) {
-    if (s.kernel) {
-      s.kernel(env);
-    } else {
-      const Node& n = g.nodes[static_cast<size_t>(s.node)];
-      std::vector<Tensor> ins;
-      ins.reserve(n.inputs.size());
-      for (int32_t v : n.inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
-      std::vector<Tensor> outs = n.prim->eval(ins);
-      for (size_t k = 0; k < outs.size(); ++k) env[static_cast<size_t>(n.outputs[k])] = std::move(outs[k]);
-    }
-    for (int32_t v : s.release) env[static_cast<size_t>(v)] = Tensor();
+  return env;
+}
+
+void run_step(const Graph& g, const ExecStep& s, std::vector<Tensor>& env) {
+  if (s.kernel) {
+    s.kernel(env);
+    return;
   }
+  const Node& n = g.nodes[static_cast<size_t>(s.node)];
+  std::vector<Tensor> ins;
+  ins.reserve(n.inputs.size());
+  for (int32_t v : n.inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
+  std::vector<Tensor> outs = n.prim->eval(ins);
+  for (size_t k = 0; k < outs.size(); ++k) env[static_cast<size_t>(n.outputs[k])] = std::move(outs[k]);
+}
+
+std::vector<Tensor> finish(const Graph& g, const std::vector<Tensor>& env, const std::set<const Storage*>& captured) {
   // Results must not alias what the write-backs overwrite or each other's .grad buffers.
   auto owned = [&](int32_t v) {
     Tensor t = env[static_cast<size_t>(v)];
@@ -113,6 +115,46 @@ std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& ar
     dst.copy_(wb[i]);
   }
   return outs;
+}
+
+namespace {
+
+// run_step reported to the profiler: ops run one by one as ops, generated kernels by the ops they fuse.
+void run_step_profiled(const Executable& exe, size_t i, std::vector<Tensor>& env, OpProfilerHook& prof) {
+  const Graph& g = exe.graph;
+  const ExecStep& s = exe.steps[i];
+  const size_t end = i + 1 < exe.steps.size() ? static_cast<size_t>(exe.steps[i + 1].node) : g.nodes.size();
+  std::vector<Tensor> ins, outs;
+  std::string name;
+  for (size_t n = static_cast<size_t>(s.node); n < end; ++n) {
+    if (s.kernel) name += std::string(name.empty() ? "fused:" : "+") + std::string(g.nodes[n].prim->name());
+    for (int32_t v : g.nodes[n].inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
+  }
+  if (name.size() > 120) name = name.substr(0, 117) + "...";
+  const Primitive& first = *g.nodes[static_cast<size_t>(s.node)].prim;
+  if (s.kernel) prof.begin_kernel(name);
+  else prof.begin_op(first);
+  run_step(g, s, env);
+  for (size_t n = static_cast<size_t>(s.node); n < end; ++n)
+    for (int32_t v : g.nodes[n].outputs) outs.push_back(env[static_cast<size_t>(v)]);
+  if (s.kernel) prof.end_kernel(name, outs);
+  else prof.end_op(first, ins, outs);
+}
+
+}  // namespace
+
+std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args) {
+  const Graph& g = exe.graph;
+  std::set<const Storage*> captured;
+  std::vector<Tensor> env = bind_inputs(g, args, &captured);
+  OpProfilerHook* prof = op_profiler_hook();
+  for (size_t i = 0; i < exe.steps.size(); ++i) {
+    const ExecStep& s = exe.steps[i];
+    if (prof) run_step_profiled(exe, i, env, *prof);
+    else run_step(g, s, env);
+    for (int32_t v : s.release) env[static_cast<size_t>(v)] = Tensor();
+  }
+  return finish(g, env, captured);
 }
 
 }  // namespace ingot::compiler

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "compile/ir/graph.h"
@@ -33,5 +34,12 @@ std::vector<ExecStep> plan_steps(
     const Graph& g, const std::map<int32_t, std::function<void(std::vector<Tensor>&)>>& group_kernels = {});
 // Runs the executable on the caller's args (already checked against the graph's signature).
 std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args);
+
+// execute() in its three parts, for runners that order the steps differently (compile/graph_replay.h):
+// the value environment with every graph input bound (host inputs produced now; `captured` collects the
+// storages of captured tensors), one step (without its releases), and the results, write-backs and .grads.
+std::vector<Tensor> bind_inputs(const Graph& g, const std::vector<Tensor>& args, std::set<const Storage*>* captured);
+void run_step(const Graph& g, const ExecStep& s, std::vector<Tensor>& env);
+std::vector<Tensor> finish(const Graph& g, const std::vector<Tensor>& env, const std::set<const Storage*>& captured);
 
 }  // namespace ingot::compiler

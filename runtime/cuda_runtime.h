@@ -38,6 +38,16 @@ void set_current_stream(Stream s);
 void synchronize_stream(Stream s);
 void synchronize_device(int device);
 
+// CUDA graphs (compile's reduce-overhead mode). Capture is relaxed: the caching allocator may cudaMalloc a new
+// segment while a stream captures. A capture that fails (an op that cannot be captured) is ended with
+// abort_capture, which also clears the non-sticky error so the caller can run the same work without a graph.
+void begin_capture(Stream s);
+bool is_capturing(Stream s);
+void* end_capture(Stream s);  // returns an instantiated graph (cudaGraphExec_t)
+void abort_capture(Stream s);
+void launch_graph(void* exec, Stream s);
+void destroy_graph(void* exec);
+
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
 // Copies on the current stream of the device involved, then waits for it when host memory is involved.
 void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device);

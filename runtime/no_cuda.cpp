@@ -26,6 +26,12 @@ void destroy_stream(Stream) { no_cuda("cuda::destroy_stream"); }
 Stream current_stream(int) { no_cuda("cuda::current_stream"); }
 void set_current_stream(Stream) { no_cuda("cuda::set_current_stream"); }
 void synchronize_stream(Stream) { no_cuda("cuda::synchronize_stream"); }
+void begin_capture(Stream) { no_cuda("cuda::begin_capture"); }
+bool is_capturing(Stream) { return false; }
+void* end_capture(Stream) { no_cuda("cuda::end_capture"); }
+void abort_capture(Stream) {}
+void launch_graph(void*, Stream) { no_cuda("cuda::launch_graph"); }
+void destroy_graph(void*) {}
 void synchronize_device(int) { no_cuda("cuda::synchronize_device"); }
 void memcpy(void*, const void*, size_t, CopyKind, int) { no_cuda("cuda::memcpy"); }
 }  // namespace cuda

@@ -119,6 +119,49 @@ void set_current_stream(Stream s) {
   thread_streams()[static_cast<size_t>(s.device)] = s;
 }
 
+void begin_capture(Stream s) {
+  DeviceGuard g(s.device);
+  CUDA_CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(s.handle), cudaStreamCaptureModeRelaxed));
+}
+
+bool is_capturing(Stream s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(s.handle), &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
+void* end_capture(Stream s) {
+  DeviceGuard g(s.device);
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(static_cast<cudaStream_t>(s.handle), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);  // the executable graph keeps what it needs
+  CUDA_CHECK(err);
+  return exec;
+}
+
+void abort_capture(Stream s) {
+  DeviceGuard g(s.device);
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(s.handle), &st) == cudaSuccess &&
+      st != cudaStreamCaptureStatusNone) {
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(static_cast<cudaStream_t>(s.handle), &graph) == cudaSuccess && graph)
+      cudaGraphDestroy(graph);
+  }
+  cudaGetLastError();
+}
+
+void launch_graph(void* exec, Stream s) {
+  DeviceGuard g(s.device);
+  CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(s.handle)));
+}
+
+void destroy_graph(void* exec) {
+  if (exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
+}
+
 void synchronize_stream(Stream s) {
   DeviceGuard g(s.device);
   CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)));

@@ -83,5 +83,63 @@ TEST(CompileCudaStep, WarmCacheCompilesNothing) {
   EXPECT_EQ(warm.stats.kernels, cold.stats.kernels);
 }
 
+// reduce-overhead: after one warm-up call the step is captured into CUDA graphs and replayed; the optimizer
+// update runs between the graphs because its learning rate (a cosine schedule here) changes every call.
+TEST(CompileCudaStep, ReduceOverheadReplaysCudaGraphsAndMatchesEager) {
+  INGOT_REQUIRE_CUDA();
+  TempDir dir("ingot-compile-cuda-");
+  CompileOptions o = fresh_cache(dir);
+  o.mode = CompileMode::ReduceOverhead;
+  StepRun eager = train_steps(tiny_gpt2, false, 20, {}, 2, 8, kGpu);
+  StepRun comp = train_steps(tiny_gpt2, true, 20, o, 2, 8, kGpu);
+  expect_same_training(eager, comp);
+  EXPECT_EQ(comp.stats.cuda_graph_fallback, "");
+  EXPECT_GE(comp.stats.cuda_graphs, 1);
+  EXPECT_GE(comp.stats.cuda_graph_host_steps, 1) << "the AdamW update reads the learning rate on the host";
+  std::printf("[ graphs   ] %lld CUDA graph(s), %lld step(s) between them, %lld launches without graphs\n",
+              static_cast<long long>(comp.stats.cuda_graphs), static_cast<long long>(comp.stats.cuda_graph_host_steps),
+              static_cast<long long>(comp.stats.launches));
+  StepRun plain = train_steps(tiny_gpt2, true, 3, fresh_cache(dir), 2, 8, kGpu);
+  EXPECT_EQ(plain.stats.cuda_graphs, 0) << "default mode launches kernels one by one";
+}
+
+TEST(CompileCudaStep, ReduceOverheadBf16LlamaMatchesEager) {
+  INGOT_REQUIRE_CUDA();
+  TempDir dir("ingot-compile-cuda-");
+  CompileOptions o = fresh_cache(dir);
+  o.mode = CompileMode::ReduceOverhead;
+  auto bf16 = [](auto& m) { m->set_compute_dtype(DType::bf16); };
+  StepRun eager = train_steps(tiny_llama, false, 10, {}, 4, 16, kGpu, bf16);
+  StepRun comp = train_steps(tiny_llama, true, 10, o, 4, 16, kGpu, bf16);
+  for (size_t i = 0; i < eager.losses.size(); ++i)
+    EXPECT_NEAR(comp.losses[i], eager.losses[i], 1e-2 * std::abs(eager.losses[i])) << "step " << i;
+  EXPECT_EQ(comp.stats.cuda_graph_fallback, "");
+  EXPECT_GE(comp.stats.cuda_graphs, 1);
+}
+
+// Results of a replay are the caller's own: keeping one across later calls (as a loss history does) must not
+// see it overwritten by the next replay, and new args are copied into the captured input buffers.
+TEST(CompileCudaStep, ReduceOverheadResultsSurviveLaterReplays) {
+  INGOT_REQUIRE_CUDA();
+  TempDir dir("ingot-compile-cuda-");
+  CompileOptions o = fresh_cache(dir);
+  o.mode = CompileMode::ReduceOverhead;
+  manual_seed(3);
+  Tensor w = randn({64, 32}).to(kGpu);
+  auto fn = [&](const std::vector<Tensor>& a) { return std::vector<Tensor>{sum(relu(matmul(a[0], w)) * 0.5)}; };
+  CompiledFunction f = compile(fn, o);
+  std::vector<Tensor> kept;
+  std::vector<double> want;
+  for (int i = 0; i < 6; ++i) {
+    Tensor x = randn({16, 64}).to(kGpu);
+    want.push_back(fn({x})[0].item());
+    kept.push_back(f({x})[0]);
+  }
+  for (size_t i = 0; i < kept.size(); ++i) EXPECT_NEAR(kept[i].item(), want[i], 1e-4 * std::abs(want[i])) << "call " << i;
+  EXPECT_EQ(f.stats().cuda_graph_fallback, "");
+  EXPECT_EQ(f.stats().cuda_graphs, 1);
+  EXPECT_EQ(f.stats().cuda_graph_host_steps, 0);
+}
+
 }  // namespace
 }  // namespace ingot::testing

@@ -1,0 +1,76 @@
+// reduce-overhead on GPUs: the compiled step captured into CUDA graphs once per signature and replayed, so a
+// step costs a few graph launches instead of hundreds of kernel launches.
+//
+// Note [What is captured]
+//   Steps run in the executable's order on a private stream. Maximal runs of steps that read no host value
+//   become one CUDA graph each; a step that reads a host input (the optimizer's hyper-parameter rows: learning
+//   rate and step count change every call, and kernel arguments are frozen into a graph) runs normally between
+//   the graphs, every call. The first call after the warm-up captures (and computes: each graph is launched as
+//   soon as it is captured); later calls copy the args into the static input buffers, re-produce the host
+//   inputs and launch. Values the normally-run steps read or write, the graph's results and its inputs stay
+//   allocated for the life of the capture, at the addresses the graphs were captured with; a normal step that
+//   returns a value in a new buffer has it copied back into the captured one.
+//
+// Note [Why a private stream is a private pool]
+//   The caching allocator hands a block only to allocations on the stream it was made on
+//   (runtime/cuda/allocator.cpp). Intermediates freed during capture go back to the private stream's pool, so
+//   nothing outside the graphs (eager work runs on the device's current stream) can be given memory a later
+//   replay writes. Results are cloned on the caller's stream after the replay, so what the caller keeps never
+//   lives in the private pool either.
+//
+// A capture that fails (an op that cannot be captured) ends the capture, finishes the call step by step and
+// leaves this runner disabled with the reason: later calls run the executable normally.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "compile/executor.h"
+#include "runtime/cuda_runtime.h"
+
+namespace ingot::compiler {
+
+class GraphReplay {
+ public:
+  explicit GraphReplay(std::shared_ptr<const Executable> exe);
+  ~GraphReplay();
+  GraphReplay(const GraphReplay&) = delete;
+  GraphReplay& operator=(const GraphReplay&) = delete;
+
+  // "" when the executable can be captured; else why not (then callers run it normally).
+  static std::string unsupported_reason(const Executable& exe);
+
+  std::vector<Tensor> run(const std::vector<Tensor>& args);
+  const std::string& disabled_reason() const { return disabled_; }
+  size_t graphs() const;     // CUDA graphs in the current capture
+  size_t host_steps() const;  // steps run normally between them
+
+ private:
+  struct Segment {
+    void* exec = nullptr;  // a CUDA graph of steps [begin, end), or null: step `begin` runs normally
+    size_t begin = 0, end = 0;
+  };
+  std::vector<Tensor> capture(const std::vector<Tensor>& args);
+  std::vector<Tensor> replay(const std::vector<Tensor>& args);
+  std::vector<Tensor> results(const std::vector<Tensor>& env);
+  bool still_valid(const std::vector<Tensor>& args) const;
+  void drop_capture();
+
+  std::shared_ptr<const Executable> exe_;
+  Device device_;
+  std::vector<bool> host_step_;     // per exec step: reads a host value, runs normally
+  std::vector<bool> keep_;          // per value: stays in env_ after the capture
+  std::vector<std::vector<int32_t>> step_outputs_;
+  int calls_ = 0;
+  std::string disabled_;
+  cuda::Stream stream_;
+  std::vector<Segment> segments_;
+  std::vector<Tensor> statics_;     // the args' static buffers
+  std::vector<Tensor> env_;         // kept values at their captured addresses
+  std::set<const Storage*> captured_;
+  std::vector<const void*> captured_ptrs_;  // captured inputs' data pointers at capture time
+};
+
+}  // namespace ingot::compiler
