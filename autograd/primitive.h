@@ -106,6 +106,12 @@ class OpProfilerHook {
   virtual ~OpProfilerHook() = default;
   virtual void begin_op(const Primitive& p) = 0;
   virtual void end_op(const Primitive& p, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) = 0;
+  // Compiled steps (compile/executor.cpp) report each generated kernel too, named after the ops it fuses.
+  virtual void begin_kernel(const std::string& name) { (void)name; }
+  virtual void end_kernel(const std::string& name, const std::vector<Tensor>& outputs) {
+    (void)name;
+    (void)outputs;
+  }
 };
 OpProfilerHook* op_profiler_hook();
 void set_op_profiler_hook(OpProfilerHook* hook);  // pass nullptr to stop

@@ -1,7 +1,9 @@
 // GPT-2 training-step benchmark, eager or compiled (the whole step traced into one graph by ingot::compile).
 //   bench_gpt2_step [--device cuda|cpu] [--batch 16] [--seq 1024] [--layers 12] [--heads 12] [--embd 768]
 //                   [--vocab 50304] [--steps 20] [--warmup 5] [--dtype bf16|f32]
-//                   [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR]
+//                   [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR] [--profile K]
+// --profile K: after the timed steps, one more step under the op profiler (recipes/profile.h: the device is
+// synchronized around every op or generated kernel) and the K most expensive ops / kernels.
 // Compiled, the first call traces and compiles (its wall time is printed as the compile time; with a warm
 // --cache-dir it measures the warm-cache compile) and counts as a warm-up step.
 // One step = forward, mean cross entropy, backward, fused AdamW, zero_grad, on random tokens. bf16 means
@@ -26,6 +28,7 @@
 #include "distributed/ddp.h"
 #include "models/gpt2.h"
 #include "optim/optimizer.h"
+#include "recipes/profile.h"
 #include "runtime/cuda_runtime.h"
 #include "runtime/rng.h"
 
@@ -36,6 +39,7 @@ namespace {
 struct Args {
   std::string device = "auto", dtype = "bf16", compile = "none", cache_dir;
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
+  int64_t profile = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -45,7 +49,7 @@ Args parse(int argc, char** argv) {
     if (k == "--help" || k == "-h") {
       std::printf("usage: bench_gpt2_step [--device auto|cpu|cuda] [--dtype bf16|f32] [--batch N] [--seq N]\n"
                   "       [--layers N] [--heads N] [--embd N] [--vocab N] [--steps N] [--warmup N]\n"
-                  "       [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR]\n");
+                  "       [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR] [--profile K]\n");
       std::exit(0);
     }
     INGOT_CHECK(i + 1 < argc, "bench_gpt2_step: flag ", k, " needs a value");
@@ -62,6 +66,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--warmup") a.warmup = std::stoll(v);
     else if (k == "--compile") a.compile = v;
     else if (k == "--cache-dir") a.cache_dir = v;
+    else if (k == "--profile") a.profile = std::stoll(v);
     else INGOT_FAIL("bench_gpt2_step: unknown flag ", k, " (see --help)");
   }
   return a;
@@ -141,6 +146,13 @@ int main(int argc, char** argv) try {
               n_params / 1e6, med, tokens / (med / 1e3), flops / (med / 1e3) / 1e12,
               static_cast<double>(st.peak_allocated_bytes) / 1e9, compile_s, t.first_loss, t.last_loss);
   if (compiled) bench::print_compile_stats(compiled->stats());
+  if (a.profile > 0) {
+    recipes::OpProfiler prof;
+    prof.start(0);
+    (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0].item();
+    prof.stop();
+    std::printf("%s", prof.top_ops_table(static_cast<int>(a.profile)).c_str());
+  }
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_gpt2_step: error: %s\n", e.what());

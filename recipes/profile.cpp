@@ -85,6 +85,17 @@ void OpProfiler::end_op(const Primitive& p, const std::vector<Tensor>& inputs, c
   events_.push_back({std::string(p.name()), shapes_of(inputs, outputs), step_, start, end - start});
 }
 
+void OpProfiler::begin_kernel(const std::string&) { open_.push_back(now_us()); }
+
+void OpProfiler::end_kernel(const std::string& name, const std::vector<Tensor>& outputs) {
+  sync_device(outputs);
+  const double end = now_us();
+  if (open_.empty()) return;
+  const double start = open_.back();
+  open_.pop_back();
+  events_.push_back({name, shapes_of({}, outputs), step_, start, end - start});
+}
+
 std::string OpProfiler::chrome_trace_json() const {
   nlohmann::ordered_json events = nlohmann::ordered_json::array();
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", "ingot eager ops"}}}});

@@ -28,6 +28,8 @@ class OpProfiler : public OpProfilerHook {
 
   void begin_op(const Primitive& p) override;
   void end_op(const Primitive& p, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override;
+  void begin_kernel(const std::string& name) override;
+  void end_kernel(const std::string& name, const std::vector<Tensor>& outputs) override;
 
   struct Event {
     std::string name, shapes;  // op name, "[4,8] x [8,16] -> [4,16]"
