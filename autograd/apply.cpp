@@ -10,12 +10,14 @@ thread_local TraceObserver* t_trace_observer = nullptr;
 std::atomic<uint64_t> g_seq{0};
 std::atomic<OpProfilerHook*> g_profiler_hook{nullptr};
 
-std::string attrs_text(const Primitive& p) {
+}  // namespace
+
+std::string exact_attrs(const Primitive& p) {
   std::ostringstream os;
+  os.precision(17);
   p.print_attrs(os);
   return os.str();
 }
-}  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
 TraceObserver* trace_observer() { return t_trace_observer; }
@@ -29,7 +31,7 @@ std::vector<Tensor> Primitive::vjp(const VjpContext&, const std::vector<Tensor>&
 }
 
 bool Primitive::equivalent(const Primitive& other) const {
-  return name() == other.name() && attrs_text(*this) == attrs_text(other);
+  return name() == other.name() && exact_attrs(*this) == exact_attrs(other);
 }
 
 std::vector<TensorMeta> metas_of(const std::vector<Tensor>& ts) {

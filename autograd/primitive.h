@@ -11,6 +11,7 @@
 #include <optional>
 #include <ostream>
 #include <source_location>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -56,11 +57,19 @@ class Primitive {
   // Input i is read on the host whatever device the other inputs live on (the optimizers' [G, 3] f64 rows of
   // learning rate, step and grad scale): exempt from the same-device check of apply().
   virtual bool host_input(size_t) const { return false; }
-  // Attributes, printed after the name in graphs and errors ("dim=1, keepdim=true").
+  // Attributes, printed after the name in graphs and errors ("dim=1, keepdim=true"). Doubles go through the
+  // stream as they are, so a plain stream shows them at its 6 digits (logs); see exact_attrs.
   virtual void print_attrs(std::ostream&) const {}
-  // Same op with the same attributes (what CSE and kernel dedup need). Default compares name and attrs text.
+  // Same op with the same attributes (what CSE and kernel dedup need). Default compares name and
+  // exact_attrs text.
   virtual bool equivalent(const Primitive& other) const;
 };
+
+// Note [Exact attributes]: print_attrs on a stream at 17 significant digits, so every floating-point
+// attribute round-trips exactly. What compares, hashes or parses attributes uses this, never the 6-digit
+// default of a plain stream (x * 1.0000001 printed "alpha=1" and was taken for the identity; x * 0.5000001
+// and x * 0.5000002 had one text: CSE merged them and the graph hash could not tell them apart).
+std::string exact_attrs(const Primitive& p);
 
 // Runs `p` on `inputs`: evaluates eagerly and, when grad mode is on and an input requires grad, records a
 // tape node so backward() can reach the inputs. `loc` is the user's call site (for error messages).

@@ -33,18 +33,8 @@ const std::map<std::string_view, Op>& binary_table() {
   return t;
 }
 
-// The attributes as printed, at full double precision (alpha=... must round-trip exactly).
-std::string attrs_of(const Primitive& p) {
-  std::ostringstream os;
-  os.precision(17);
-  p.print_attrs(os);
-  return os.str();
-}
-std::optional<double> alpha_of(const Primitive& p) {
-  const std::string a = attrs_of(p);
-  if (a.rfind("alpha=", 0) != 0) return std::nullopt;
-  return std::stod(a.substr(6));
-}
+// The attributes as printed, at full double precision (Note [Exact attributes], autograd/primitive.h).
+std::string attrs_of(const Primitive& p) { return exact_attrs(p); }
 
 // Parses "key=<number>" out of printed attributes.
 std::optional<double> attr_number(const Primitive& p, const std::string& key) {
@@ -150,7 +140,7 @@ class Lowerer {
     } else if (name == "pow_scalar" || name == "add_scalar" || name == "mul_scalar" || name == "rsub_scalar" ||
                name == "rdiv_scalar") {
       const int x = floating(in(0));
-      const double a = alpha_of(*n.prim).value_or(0.0);
+      const double a = scalar_alpha(*n.prim).value_or(0.0);
       if (name == "pow_scalar") r = k.binary(Op::Pow, x, c(a, x));
       else if (name == "add_scalar") r = k.binary(Op::Add, x, c(a, x));
       else if (name == "mul_scalar") r = k.binary(Op::Mul, x, c(a, x));

@@ -1,6 +1,6 @@
 #include "compile/lowering.h"
 
-#include <sstream>
+#include <cstdlib>
 
 namespace ingot::compiler {
 
@@ -25,16 +25,22 @@ int schedule_class(const Primitive& p) {
 
 namespace ingot::compiler {
 
+std::optional<double> scalar_alpha(const Primitive& p) {
+  const std::string a = exact_attrs(p);
+  if (a.rfind("alpha=", 0) != 0) return std::nullopt;
+  // strtod, not stod: stod throws on a subnormal alpha (ERANGE). 17 digits parse back to the same double.
+  return std::strtod(a.c_str() + 6, nullptr);
+}
+
 std::optional<size_t> identity_input(const Primitive& p, const std::vector<TensorMeta>& in,
                                      const std::vector<TensorMeta>& out) {
   if (in.empty() || out.size() != 1 || in[0].dtype != out[0].dtype || in[0].shape != out[0].shape) return std::nullopt;
-  std::ostringstream attrs;
-  p.print_attrs(attrs);
-  const std::string a = attrs.str();
   const std::string_view n = p.name();
   if (n == "clone" || n == "contiguous") return 0;
-  if ((n == "mul_scalar" || n == "pow_scalar") && a == "alpha=1") return 0;
-  if (n == "add_scalar" && (a == "alpha=0" || a == "alpha=-0")) return 0;
+  // The exact alpha (x * 1.0000001 is no identity; its 6-digit text "alpha=1" made it one).
+  const std::optional<double> alpha = scalar_alpha(p);
+  if ((n == "mul_scalar" || n == "pow_scalar") && alpha == 1.0) return 0;
+  if (n == "add_scalar" && alpha == 0.0) return 0;  // +0 and -0
   if (n == "reshape" || n == "expand") return 0;  // same shape in and out: no-op
   return std::nullopt;
 }

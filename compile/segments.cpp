@@ -18,20 +18,13 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 // Note [Segment cache key]: a segment is reused when its graph has the same structure (ops, attrs, wiring,
 // metadata, input roles, outputs, write-backs: Graph::structural_hash) and its inputs have the same layout
 // (strides, offset), which is what the compiled kernels were generated for. Tensor values and identities are
-// not part of it: the inputs are rebound at every run. Attributes are hashed again at full precision: the
-// structural hash prints them at the stream's default 6 digits, and a host value fed into an op (x * m with
-// m from item()) must not find a graph made for a nearby m.
+// not part of it: the inputs are rebound at every run. The structural hash has the attributes at full
+// precision (Note [Exact attributes], autograd/primitive.h): a host value fed into an op (x * m with m from
+// item()) must not find a graph made for a nearby m.
 uint64_t segment_key(const Graph& g) {
   uint64_t h = g.structural_hash();
   auto mix = [&](uint64_t x) { h = (h ^ x) * 1099511628211ull; };
   mix(g.values.size());
-  for (const Node& n : g.nodes) {
-    std::ostringstream attrs;
-    attrs.precision(17);
-    n.prim->print_attrs(attrs);
-    for (char ch : attrs.str()) mix(static_cast<unsigned char>(ch));
-    mix(0xff);
-  }
   for (const GraphInput& in : g.inputs) {
     mix(static_cast<uint64_t>(in.tensor.offset()));
     for (int64_t s : in.tensor.strides()) mix(static_cast<uint64_t>(s));

@@ -150,10 +150,8 @@ uint64_t Graph::structural_hash() const {
     meta(values[static_cast<size_t>(in.value)]);
   }
   for (const Node& n : nodes) {
-    std::ostringstream attrs;
-    n.prim->print_attrs(attrs);
     h = mix_str(h, n.prim->name());
-    h = mix_str(h, attrs.str());
+    h = mix_str(h, exact_attrs(*n.prim));  // Note [Exact attributes]
     for (int32_t i : n.inputs) h = mix(h, static_cast<uint64_t>(i + 1));
     for (int32_t o : n.outputs) meta(values[static_cast<size_t>(o)]);
   }

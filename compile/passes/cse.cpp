@@ -16,8 +16,7 @@ bool cse(Graph& g) {
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     Node& node = g.nodes[n];
     std::ostringstream key;
-    key << node.prim->name() << "|";
-    node.prim->print_attrs(key);
+    key << node.prim->name() << "|" << exact_attrs(*node.prim);
     for (int32_t i : node.inputs) key << "|" << i;
     auto& cands = seen[key.str()];
     bool merged = false;

@@ -46,13 +46,15 @@ std::string literal(double v, DType t) {
   if (t == DType::b8) return v != 0 ? "true" : "false";
   if (!is_floating(t)) return "INT64_C(" + std::to_string(static_cast<int64_t>(v)) + ")";
   const bool f = ct == "float";
-  if (std::isnan(v)) return f ? "__builtin_nanf(\"\")" : "__builtin_nan(\"\")";
-  if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + (f ? "__builtin_inff()" : "__builtin_inf()");
+  // The value in the compute type, rounded once (to nearest even) as the eager kernels' static_cast<float>
+  // of a scalar, then written exactly as a hex float. A 17-digit decimal with an f suffix is rounded a
+  // second time by the compiler, decimal to float: 1 + 2^-24 became 1 + 2^-23, not 1.
+  const double w = f ? static_cast<double>(static_cast<float>(v)) : v;
+  if (std::isnan(w)) return f ? "__builtin_nanf(\"\")" : "__builtin_nan(\"\")";
+  if (std::isinf(w)) return std::string(w < 0 ? "-" : "") + (f ? "__builtin_inff()" : "__builtin_inf()");
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  std::string s = buf;
-  if (s.find_first_of(".en") == std::string::npos) s += ".0";
-  return f ? s + "f" : s;
+  std::snprintf(buf, sizeof buf, "%a", w);
+  return f ? std::string(buf) + "f" : std::string(buf);
 }
 
 // "i * 768", "i", or "" (stride 0).
@@ -682,6 +684,7 @@ const std::string& renderer_fingerprint() {
     const int z = pw.load(pw.input(DType::f64, {SymInt::constant(0), SymInt::constant(1)}));
     const int i = pw.load(pw.input(DType::i32, {SymInt::constant(3), SymInt::constant(1)}));
     int acc = pw.binary(Op::Add, pw.scalar(0, DType::f32), pw.constant(-INFINITY, DType::f32));
+    acc = pw.binary(Op::Add, acc, pw.constant(0.1, DType::f32));  // how finite constants are written
     for (int op = static_cast<int>(Op::Neg); op < static_cast<int>(Op::Cast); ++op)
       acc = pw.binary(Op::Add, acc, pw.unary(static_cast<Op>(op), x));
     for (int op = static_cast<int>(Op::Add); op <= static_cast<int>(Op::Or); ++op)
