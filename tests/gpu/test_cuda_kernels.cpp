@@ -153,6 +153,29 @@ TEST(CudaElementwise, CopyConvertsEveryDTypePairLikeCpu) {
   }
 }
 
+// Same-dtype copies whose last dim is contiguous take the 16-byte row kernel (Note [Row copies]) when every row
+// is 16-byte aligned, and the generic kernel otherwise (a narrowed row start, an odd row length): both equal
+// the CPU on random data.
+TEST(CudaElementwise, RowCopiesOfPermutedLeadingDimsMatchCpu) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(16);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (int64_t d : {16, 64, 12, 5}) {
+      for (int64_t start : {0, 1}) {
+        // [B, T, H, D] -> [B, H, T, D]; start 1 narrows a wider last dim, so rows start unaligned.
+        Tensor cpu = randn({3, 7, 4, d + start}).to(dt);
+        Tensor gpu = cpu.to(kGpu);
+        Tensor vc = permute(narrow(cpu, 3, start, d), {0, 2, 1, 3});
+        Tensor vg = permute(narrow(gpu, 3, start, d), {0, 2, 1, 3});
+        Tensor ref = empty(vc.shape(), dt), out = poisoned(vg.shape(), dt, kGpu);
+        kc::copy(ref, vc);
+        kg::copy(out, vg);
+        EXPECT_EQ(count_unequal(out, ref), 0) << dtype_name(dt) << " D=" << d << " start=" << start;
+      }
+    }
+  }
+}
+
 TEST(CudaElementwise, FillWritesEveryElementOfStridedViews) {
   INGOT_REQUIRE_CUDA();
   for (DType dt : kAllDTypes) {

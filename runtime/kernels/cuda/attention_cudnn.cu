@@ -27,10 +27,19 @@
 //
 // Plans are built once per (device, dtype, shape, causal, direction) and cached (building one compiles kernels
 // and takes milliseconds to seconds); a shape cuDNN rejects is remembered too, so auto mode does not retry it.
+//
+// Note [Choosing the engine]
+//   The heuristic's first engine config is not always the fastest for a shape, so a plan keeps every config
+//   that finalizes (up to kMaxCandidates) and the first run outside a CUDA-graph capture times each of them
+//   (one warm-up, then kTimedRuns runs between CUDA events) on the real arguments and keeps the fastest.
+//   Repeating a run is harmless: the outputs are overwritten, and the backward's dQ accumulator is zeroed
+//   before every run. INGOT_CUDNN_VERBOSE=1 prints the timings.
 #include <cudnn.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -187,11 +196,20 @@ class GraphBuilder {
 };
 
 // A finalized execution plan and everything it was built from.
-struct Plan {
-  std::unique_ptr<GraphBuilder> graph;
+struct Candidate {
   std::unique_ptr<Desc> engine_config;
   std::unique_ptr<Desc> plan;
   int64_t workspace = 0;
+};
+constexpr size_t kMaxCandidates = 8;
+constexpr int kTimedRuns = 3;
+
+struct Plan {
+  std::unique_ptr<GraphBuilder> graph;
+  std::vector<Candidate> candidates;
+  int64_t workspace = 0;  // the largest candidate's
+  mutable size_t chosen = 0;
+  mutable bool timed = false;
 };
 
 struct Key {
@@ -389,12 +407,16 @@ std::unique_ptr<Plan> build_plan(const Key& key, cudnnHandle_t handle) {
       continue;
     }
     int64_t n = 0;
+    Candidate c;
     INGOT_CUDNN_CHECK(cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                               CUDNN_TYPE_INT64, 1, &n, &plan->workspace));
-    plan->engine_config = std::move(configs[static_cast<size_t>(i)]);
-    plan->plan = std::move(candidate);
-    return plan;
+                                               CUDNN_TYPE_INT64, 1, &n, &c.workspace));
+    c.engine_config = std::move(configs[static_cast<size_t>(i)]);
+    c.plan = std::move(candidate);
+    plan->workspace = std::max(plan->workspace, c.workspace);
+    plan->candidates.push_back(std::move(c));
+    if (plan->candidates.size() == kMaxCandidates) break;
   }
+  if (!plan->candidates.empty()) return plan;
   INGOT_FAIL("cuDNN attention: none of ", count, " engine configs finalized:", errors);
 }
 
@@ -439,8 +461,10 @@ Key key_of(const Tensor& q, const Tensor& k, bool causal, bool backward) {
 
 // Runs `plan` with the given (uid, pointer) bindings; the workspace comes from the caching allocator, so it is
 // reused stream-ordered.
+// Runs the chosen candidate (Note [Choosing the engine]); `prepare` runs before every execution on the stream.
+template <typename Prepare>
 void execute(cudnnHandle_t handle, const Plan& plan, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
-             const Device& device) {
+             const Device& device, const char* what, Prepare prepare) {
   Tensor workspace = empty({std::max<int64_t>(plan.workspace, 1)}, DType::b8, device);
   void* ws = workspace.data_ptr();
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
@@ -448,7 +472,40 @@ void execute(cudnnHandle_t handle, const Plan& plan, const std::vector<int64_t>&
       .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()), ptrs.data())
       .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws)
       .finalize();
-  INGOT_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan->get(), pack.get()));
+  cudaStream_t stream = nullptr;
+  INGOT_CUDNN_CHECK(cudnnGetStream(handle, &stream));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (!plan.timed && plan.candidates.size() > 1 && capture == cudaStreamCaptureStatusNone) {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    float best = 0;
+    const bool verbose = std::getenv("INGOT_CUDNN_VERBOSE") != nullptr;
+    for (size_t c = 0; c < plan.candidates.size(); ++c) {
+      prepare(stream);
+      if (cudnnBackendExecute(handle, plan.candidates[c].plan->get(), pack.get()) != CUDNN_STATUS_SUCCESS) continue;
+      CUDA_CHECK(cudaEventRecord(start, stream));
+      for (int r = 0; r < kTimedRuns; ++r) {
+        prepare(stream);
+        INGOT_CUDNN_CHECK(cudnnBackendExecute(handle, plan.candidates[c].plan->get(), pack.get()));
+      }
+      CUDA_CHECK(cudaEventRecord(stop, stream));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (verbose) std::fprintf(stderr, "[cudnn] attention %s: engine config %zu: %.1f us\n", what, c, ms * 1e3f / kTimedRuns);
+      if (c == 0 || ms < best) {
+        best = ms;
+        plan.chosen = c;
+      }
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    plan.timed = true;
+  }
+  prepare(stream);
+  INGOT_CUDNN_CHECK(cudnnBackendExecute(handle, plan.candidates[plan.chosen].plan->get(), pack.get()));
 }
 
 }  // namespace
@@ -466,7 +523,7 @@ void forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor
     uids.push_back(kNegInf);
     ptrs.push_back(&neg_inf);
   }
-  execute(handle, plan, uids, ptrs, q.device());
+  execute(handle, plan, uids, ptrs, q.device(), "forward", [](cudaStream_t) {});
 }
 
 void backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
@@ -487,7 +544,10 @@ void backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor
     uids.push_back(kNegInf);
     ptrs.push_back(&neg_inf);
   }
-  execute(handle, plan, uids, ptrs, q.device());
+  float* accum = scratch.data<float>() + rows_padded;
+  const size_t accum_bytes = static_cast<size_t>(rows * q.size(3)) * sizeof(float);
+  execute(handle, plan, uids, ptrs, q.device(), "backward",
+          [&](cudaStream_t st) { CUDA_CHECK(cudaMemsetAsync(accum, 0, accum_bytes, st)); });
 }
 
 }  // namespace ingot::kernels::cuda::cudnn_attention
