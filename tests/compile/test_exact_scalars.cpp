@@ -10,6 +10,7 @@
 #include "compile/api.h"
 #include "compile/trace.h"
 #include "runtime/file_util.h"
+#include "tests/testing.h"
 
 namespace ingot {
 namespace {
@@ -103,6 +104,37 @@ TEST(CodegenCpuConstants, ConstantsMatchEagerBitForBit) {
   const double tie = 1.0 + std::ldexp(1.0, -24);
   auto f32_fn = [tie](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] + tie, a[0] * 3.0000001}; };
   const std::vector<Tensor> e32 = f32_fn({z}), c32 = run_compiled(f32_fn, {z});
+  for (size_t i = 0; i < e32.size(); ++i) EXPECT_TRUE(same_bits(c32[i], e32[i])) << "output " << i;
+}
+
+// The CUDA renderer writes constants the same way (hex floats rounded once to the compute type).
+TEST(CodegenCudaConstants, ConstantsMatchEagerBitForBitOnTheGpu) {
+  INGOT_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  auto run_gpu = [](CompiledFunction::Fn fn, const std::vector<Tensor>& args) {
+    CompileOptions o;
+    o.backend = CompileBackend::Cuda;
+    CompiledFunction f = compile(std::move(fn), o);
+    f(args);
+    std::vector<Tensor> out = f(args);
+    EXPECT_EQ(f.stats().compiled_calls, 1);
+    EXPECT_GT(f.stats().kernels, 0);
+    return out;
+  };
+  Tensor x = randn({7, 9}, DType::f64).to(gpu);
+  const double c = 0.1 + 1e-9;
+  auto f64_fn = [c](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{-(a[0] * c), -(a[0] + c), -(a[0] - c)};
+  };
+  const std::vector<Tensor> e64 = f64_fn({x}), c64 = run_gpu(f64_fn, {x});
+  for (size_t i = 0; i < e64.size(); ++i) EXPECT_TRUE(same_bits(c64[i], e64[i])) << "output " << i;
+
+  Tensor z = from_vector({0.0, 1.0, -2.0, 0.5, 3.0, -0.25}, {2, 3}, DType::f32).to(gpu);
+  const double tie = 1.0 + std::ldexp(1.0, -24);
+  auto f32_fn = [tie](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{-(a[0] + tie), -(a[0] * 3.0000001)};
+  };
+  const std::vector<Tensor> e32 = f32_fn({z}), c32 = run_gpu(f32_fn, {z});
   for (size_t i = 0; i < e32.size(); ++i) EXPECT_TRUE(same_bits(c32[i], e32[i])) << "output " << i;
 }
 

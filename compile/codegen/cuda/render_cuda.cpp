@@ -52,11 +52,13 @@ std::string literal(double v, DType t) {
   if (std::isnan(v)) return f ? "__int_as_float(0x7fc00000)" : "__longlong_as_double(0x7ff8000000000000LL)";
   if (std::isinf(v))
     return std::string(v < 0 ? "-" : "") + (f ? "__int_as_float(0x7f800000)" : "__longlong_as_double(0x7ff0000000000000LL)");
+  // The value in the compute type, rounded once (to nearest even) as the eager kernels' static_cast<float> of a
+  // scalar, then written exactly as a hex float: a 17-digit decimal with an f suffix is rounded a second time
+  // by the compiler (1 + 2^-24 became 1 + 2^-23, not 1), like the CPU renderer's literal().
+  const double w = f ? static_cast<double>(static_cast<float>(v)) : v;
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  std::string s = buf;
-  if (s.find_first_of(".en") == std::string::npos) s += ".0";
-  return f ? "(" + s + "f)" : "(" + s + ")";
+  std::snprintf(buf, sizeof buf, "%a", w);
+  return f ? "(" + std::string(buf) + "f)" : "(" + std::string(buf) + ")";
 }
 
 bool is_const(const SymInt& s, int64_t v) { return s.is_constant() && s.value == v; }

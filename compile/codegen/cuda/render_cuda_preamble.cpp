@@ -122,6 +122,7 @@ const std::string& renderer_fingerprint() {
     const int z = pw.load(pw.input(DType::f64, {SymInt::constant(0), SymInt::constant(1)}));
     const int i = pw.load(pw.input(DType::i32, {SymInt::constant(8), SymInt::constant(1)}));
     int acc = pw.binary(Op::Add, pw.scalar(0, DType::f32), pw.constant(-INFINITY, DType::f32));
+    acc = pw.binary(Op::Mul, acc, pw.constant(0.1, DType::f32));  // how finite constants are written
     for (int op = static_cast<int>(Op::Neg); op < static_cast<int>(Op::Cast); ++op)
       acc = pw.binary(Op::Add, acc, pw.unary(static_cast<Op>(op), x));
     for (int op = static_cast<int>(Op::Add); op <= static_cast<int>(Op::Or); ++op)
