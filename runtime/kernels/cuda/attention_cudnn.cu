@@ -494,7 +494,8 @@ void execute(cudnnHandle_t handle, const Plan& plan, const std::vector<int64_t>&
       CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;
       CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      if (verbose) std::fprintf(stderr, "[cudnn] attention %s: engine config %zu: %.1f us\n", what, c, ms * 1e3f / kTimedRuns);
+      if (verbose)
+        std::fprintf(stderr, "[cudnn] attention %s: engine config %zu: %.1f us\n", what, c, ms * 1e3f / kTimedRuns);
       if (c == 0 || ms < best) {
         best = ms;
         plan.chosen = c;
