@@ -21,6 +21,21 @@ void write_bytes(std::FILE* f, const void* data, size_t n);
 // The whole file as bytes.
 std::string read_file(const std::string& path);
 
+// An exclusive advisory lock (flock) on `path` (created, with its directory, if missing), held for the object's
+// lifetime and released by the kernel if the process dies. Where locking fails the lock is simply not taken:
+// callers use it to avoid duplicate work or lost merges between processes, never for correctness alone.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  bool locked() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
 // A fresh, private directory "<TMPDIR or /tmp>/<prefix>XXXXXX", removed with its contents on destruction
 // (scratch space for tests and for compiler builds).
 class TempDir {

@@ -24,30 +24,6 @@ constexpr const char* kMagic = "ingot-autotune 1";
 
 bool single_line(const std::string& s) { return s.find_first_of("\t\r\n") == std::string::npos; }
 
-// An exclusive flock on `path` for the object's lifetime (released by the kernel if the process dies).
-// Where locking is impossible the merge still runs, only without protection against a simultaneous writer.
-class FileLock {
- public:
-  explicit FileLock(const std::string& path) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) return;
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      ::close(fd_);
-      fd_ = -1;
-      return;
-    }
-  }
-  ~FileLock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
 }  // namespace
 
 AutotuneDb::AutotuneDb(std::string dir, std::string device_id)

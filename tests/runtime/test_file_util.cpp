@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <stdexcept>
 
@@ -20,6 +24,26 @@ std::string message_of(const std::function<void()>& fn) {
     return e.what();
   }
   return "did not throw";
+}
+
+// The lock the compile caches and the autotune database take: it makes its directory, and while it is held
+// another open file description cannot take it (flock conflicts between descriptions, even in one process).
+TEST(FileUtil, FileLockCreatesItsDirectoryAndExcludesOtherHoldersUntilDestroyed) {
+  TempDir d("ingot-lock-");
+  const std::string p = d.path() + "/a/b/x.lock";
+  auto try_lock = [&] {
+    const int fd = ::open(p.c_str(), O_RDWR);
+    EXPECT_GE(fd, 0);
+    const bool got = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    ::close(fd);
+    return got;
+  };
+  {
+    FileLock lock(p);
+    EXPECT_TRUE(lock.locked());
+    EXPECT_FALSE(try_lock()) << "held by `lock`";
+  }
+  EXPECT_TRUE(try_lock()) << "released by the destructor";
 }
 
 TEST(FileUtil, WriteFileAtomicCreatesTheFileAndLeavesNoTempFile) {

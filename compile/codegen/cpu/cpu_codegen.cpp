@@ -79,32 +79,6 @@ class WorkDir {
   bool keep_ = false;
 };
 
-// An exclusive advisory lock (flock) on <dir>/<name>, held for the object's lifetime; released by the kernel
-// if the process dies. Where locking is unsupported the lock is simply not taken (duplicate work, no harm).
-class FileLock {
- public:
-  FileLock(const std::string& dir, const std::string& name) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    fd_ = ::open((dir + "/" + name).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) return;
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      ::close(fd_);
-      fd_ = -1;
-      return;
-    }
-  }
-  ~FileLock() {
-    if (fd_ >= 0) ::close(fd_);  // closing drops the lock
-  }
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
 struct Pending {
   std::string key;     // structural key
   std::string symbol;  // exported function name
@@ -188,7 +162,7 @@ std::vector<CpuKernel> CpuCodegen::compile(const std::vector<KernelSpec>& specs,
   if (disk && !pending.empty()) {
     std::string batch_id = tc.identity;
     for (const Pending& p : pending) batch_id += "\n" + p.key;
-    batch_lock.emplace(options_.cache_dir + "/locks", cache::hex64(cache::hash_bytes(batch_id)) + ".lock");
+    batch_lock.emplace(options_.cache_dir + "/locks/" + cache::hex64(cache::hash_bytes(batch_id)) + ".lock");
     std::vector<Pending> still;
     for (Pending& p : pending)
       if (!from_disk(p.key)) still.push_back(std::move(p));

@@ -121,32 +121,6 @@ bool decode_abi(const std::string& payload, std::string& symbol, KernelAbi& a) {
   return nf > 0;
 }
 
-// An exclusive advisory lock (flock) on <dir>/<name> for the object's lifetime, released by the kernel if
-// the process dies. Where locking fails the lock is not taken (duplicate work, no harm).
-class FileLock {
- public:
-  FileLock(const std::string& dir, const std::string& name) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    fd_ = ::open((dir + "/" + name).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) return;
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      ::close(fd_);
-      fd_ = -1;
-      return;
-    }
-  }
-  ~FileLock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
 int64_t eval(const SymInt& s, const int64_t* syms) { return s.is_constant() ? s.value : syms[s.sym]; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -386,7 +360,7 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
   if (disk && !pending.empty()) {
     std::string batch_id = target;
     for (const Pending& p : pending) batch_id += "\n" + p.key;
-    batch_lock.emplace(options_.cache_dir + "/locks", "cuda-" + cache::hex64(cache::hash_bytes(batch_id)) + ".lock");
+    batch_lock.emplace(options_.cache_dir + "/locks/cuda-" + cache::hex64(cache::hash_bytes(batch_id)) + ".lock");
     std::vector<Pending> still;
     for (Pending& p : pending)
       if (!from_disk(p.key)) still.push_back(std::move(p));
