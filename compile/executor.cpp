@@ -80,6 +80,12 @@ void run_step(const Graph& g, const ExecStep& s, std::vector<Tensor>& env) {
   for (size_t k = 0; k < outs.size(); ++k) env[static_cast<size_t>(n.outputs[k])] = std::move(outs[k]);
 }
 
+std::pair<size_t, size_t> step_node_range(const Executable& exe, size_t i) {
+  const size_t b = static_cast<size_t>(exe.steps[i].node);
+  const size_t e = i + 1 < exe.steps.size() ? static_cast<size_t>(exe.steps[i + 1].node) : exe.graph.nodes.size();
+  return {b, e};
+}
+
 std::vector<Tensor> finish(const Graph& g, const std::vector<Tensor>& env, const std::set<const Storage*>& captured) {
   // Results must not alias what the write-backs overwrite or each other's .grad buffers.
   auto owned = [&](int32_t v) {
@@ -123,19 +129,19 @@ namespace {
 void run_step_profiled(const Executable& exe, size_t i, std::vector<Tensor>& env, OpProfilerHook& prof) {
   const Graph& g = exe.graph;
   const ExecStep& s = exe.steps[i];
-  const size_t end = i + 1 < exe.steps.size() ? static_cast<size_t>(exe.steps[i + 1].node) : g.nodes.size();
+  const auto [begin, end] = step_node_range(exe, i);
   std::vector<Tensor> ins, outs;
   std::string name;
-  for (size_t n = static_cast<size_t>(s.node); n < end; ++n) {
+  for (size_t n = begin; n < end; ++n) {
     if (s.kernel) name += std::string(name.empty() ? "fused:" : "+") + std::string(g.nodes[n].prim->name());
     for (int32_t v : g.nodes[n].inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
   }
   if (name.size() > 120) name = name.substr(0, 117) + "...";
-  const Primitive& first = *g.nodes[static_cast<size_t>(s.node)].prim;
+  const Primitive& first = *g.nodes[begin].prim;
   if (s.kernel) prof.begin_kernel(name);
   else prof.begin_op(first);
   run_step(g, s, env);
-  for (size_t n = static_cast<size_t>(s.node); n < end; ++n)
+  for (size_t n = begin; n < end; ++n)
     for (int32_t v : g.nodes[n].outputs) outs.push_back(env[static_cast<size_t>(v)]);
   if (s.kernel) prof.end_kernel(name, outs);
   else prof.end_op(first, ins, outs);

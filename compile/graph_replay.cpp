@@ -24,13 +24,6 @@ void join(cuda::Stream from, cuda::Stream to) {
   e.wait(to);
 }
 
-// The nodes of step i: from its first node up to the next step's (group members are contiguous).
-std::pair<size_t, size_t> node_range(const Executable& exe, size_t i) {
-  const size_t b = static_cast<size_t>(exe.steps[i].node);
-  const size_t e = i + 1 < exe.steps.size() ? static_cast<size_t>(exe.steps[i + 1].node) : exe.graph.nodes.size();
-  return {b, e};
-}
-
 }  // namespace
 
 std::string GraphReplay::unsupported_reason(const Executable& exe) {
@@ -47,7 +40,8 @@ std::string GraphReplay::unsupported_reason(const Executable& exe) {
   if (!dev) return "no GPU input";
   for (const GradOut& go : g.grad_outs)
     if (go.value >= 0) return "the step leaves .grad values behind (call zero_grad() in the step)";
-  for (const Symbol& s : g.symbols) return "dynamic dim " + s.name + " (CUDA graphs are captured per static shape)";
+  if (!g.symbols.empty())
+    return "dynamic dim " + g.symbols.front().name + " (CUDA graphs are captured per static shape)";
   return {};
 }
 
@@ -65,7 +59,7 @@ GraphReplay::GraphReplay(std::shared_ptr<const Executable> exe) : exe_(std::move
   host_step_.assign(exe_->steps.size(), false);
   step_outputs_.resize(exe_->steps.size());
   for (size_t i = 0; i < exe_->steps.size(); ++i) {
-    const auto [b, e] = node_range(*exe_, i);
+    const auto [b, e] = step_node_range(*exe_, i);
     bool host = false;
     for (size_t n = b; n < e; ++n) {
       for (int32_t v : g.nodes[n].inputs)
