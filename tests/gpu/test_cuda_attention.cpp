@@ -149,6 +149,54 @@ TEST(CudaAttention, CudnnFusedForwardAndBackwardMatchCpuWhereSupported) {
     if (!f.c.causal || f.c.T == f.c.S) check_attention(f.c, f.dt);
 }
 
+// Note [Attention layouts]: q, k, v as views of one [B, T, 3, H, W] projection output (W = D + pad) and out,
+// dout, dq, dk, dv in [B, T, H, D] memory order, the layouts a GPT block hands attention. pad 0: cuDNN reads and
+// writes them in place; pad 1: strides that are not multiples of 8, so the kernels run on contiguous copies and
+// the results are copied into the strided outputs. Every output must equal the CPU result on dense copies.
+void check_strided(int64_t B, int64_t H, int64_t T, int64_t D, int64_t pad, DType dt) {
+  const int64_t W = D + pad;
+  const Shape qs{B, H, T, D}, ls{B, H, T};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Operand packed = rand_operand({B, T, 3, H, W}, dt), dout_btd = rand_operand({B, T, H, D}, dt);
+  auto qkv = [&](const Tensor& t, int which) {
+    return t.as_strided(qs, {T * 3 * H * W, W, 3 * H * W, 1}, t.offset() + which * H * W);
+  };
+  auto bthd = [&](const Tensor& t) { return t.as_strided(qs, {T * H * D, D, H * D, 1}, t.offset()); };
+  const Tensor q = qkv(packed.gpu, 0), k = qkv(packed.gpu, 1), v = qkv(packed.gpu, 2), dout = bthd(dout_btd.gpu);
+  const Tensor qc = qkv(packed.cpu, 0).contiguous_raw(), kc = qkv(packed.cpu, 1).contiguous_raw(),
+               vc = qkv(packed.cpu, 2).contiguous_raw(), doutc = bthd(dout_btd.cpu).contiguous_raw();
+  Tensor out_ref = empty(qs, dt), lse_ref = empty(ls, DType::f32);
+  kc::attention_fwd(out_ref, lse_ref, qc, kc, vc, true, scale);
+  Tensor out = bthd(poisoned({B, T, H, D}, dt, kGpu)), lse = poisoned(ls, DType::f32, kGpu);
+  kg::attention_fwd(out, lse, q, k, v, true, scale);
+  const std::string at = detail::str_cat(dtype_name(dt), " B", B, " H", H, " T", T, " D", D, " pad ", pad);
+  const double tol = attn_tol(dt);
+  EXPECT_TRUE(close(out.contiguous_raw(), out_ref, tol)) << "out " << at;
+  EXPECT_TRUE(close(lse, lse_ref, attn_tol(DType::f32))) << "lse " << at;
+
+  Tensor dq_ref = empty(qs, dt), dk_ref = empty(qs, dt), dv_ref = empty(qs, dt);
+  kc::attention_bwd(dq_ref, dk_ref, dv_ref, doutc, qc, kc, vc, out_ref, lse_ref, true, scale);
+  Tensor dq = bthd(poisoned({B, T, H, D}, dt, kGpu)), dk = bthd(poisoned({B, T, H, D}, dt, kGpu)),
+         dv = bthd(poisoned({B, T, H, D}, dt, kGpu));
+  kg::attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, true, scale);
+  EXPECT_TRUE(close(dq.contiguous_raw(), dq_ref, tol)) << "dq " << at;
+  EXPECT_TRUE(close(dk.contiguous_raw(), dk_ref, tol)) << "dk " << at;
+  EXPECT_TRUE(close(dv.contiguous_raw(), dv_ref, tol)) << "dv " << at;
+}
+
+TEST(CudaAttention, StridedProjectionLayoutsMatchCpuInPlaceAndThroughCopies) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(205);
+  for (const char* impl_name : {"auto", "fallback"}) {
+    AttentionImpl impl(impl_name);
+    for (int64_t pad : {0, 1}) {
+      check_strided(2, 3, 40, 64, pad, DType::bf16);
+      check_strided(1, 2, 17, 32, pad, DType::f16);
+    }
+    check_strided(1, 2, 9, 16, 0, DType::f32);
+  }
+}
+
 TEST(CudaAttention, CudnnSelectionRejectsUnsupportedDTypesWithAClearError) {
   INGOT_REQUIRE_CUDA();
   AttentionImpl impl("cudnn");

@@ -1,6 +1,10 @@
 // CUDA transformer pieces: rotary embeddings and scaled dot-product attention, forward and backward.
 //
-// Shapes (contiguous): q, out, dq, dout [B, Hq, T, D]; k, v, dk, dv [B, Hkv, S, D] with Hq % Hkv == 0 (grouped
+// Note [Attention layouts]: q, k, v, out, dout, dq, dk, dv may have any strides (lse is contiguous). cuDNN
+// reads and writes them in place when its layout rules allow (attention_cudnn.cu, Note [Layouts]); otherwise
+// the kernels run on contiguous copies and the results are copied into the callers' layouts.
+//
+// Shapes: q, out, dq, dout [B, Hq, T, D]; k, v, dk, dv [B, Hkv, S, D] with Hq % Hkv == 0 (grouped
 // query attention: q head h reads kv head h / (Hq / Hkv)); lse [B, Hq, T] (f32, or f64); rope's cos, sin [T, D/2].
 // Causal attention masks key j for query i when j > i + (S - T). A query that sees no key (causal with T > S)
 // gets out = 0 and lse = -inf, and contributes nothing to the gradients.
@@ -417,7 +421,9 @@ std::pair<int, size_t> fit_warps(Kernel kernel, Bytes bytes, const char* op) {
 
 AttnDims check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                          bool causal, double scale) {
-  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&lse, "lse"}}) check_cuda_contig(*t, op, name);
+  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}})
+    INGOT_CHECK(t->device().is_cuda(), op, ": expected ", name, " on a CUDA device, got ", t->device().str());
+  check_cuda_contig(lse, op, "lse");
   INGOT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": expected q, k, v of rank 4 [B, H, T, D], got ",
               shape_str(q.shape()), ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
   INGOT_CHECK(k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(3) == q.size(3), op,
@@ -435,7 +441,8 @@ AttnDims check_attention(const char* op, const Tensor& q, const Tensor& k, const
 }
 
 void check_like(const char* op, const Tensor& a, const Tensor& like, const char* name) {
-  check_cuda_contig(a, op, name);
+  INGOT_CHECK(a.device() == like.device(), op, ": expected ", name, " on ", like.device().str(), ", got ",
+              a.device().str());
   INGOT_CHECK(a.shape() == like.shape() && a.dtype() == like.dtype(), op, ": expected ", name, " ",
               shape_str(like.shape()), " ", dtype_name(like.dtype()), ", got ", shape_str(a.shape()), " ",
               dtype_name(a.dtype()));
@@ -572,10 +579,18 @@ void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& q, const 
     CUDA_CHECK(cudaStreamSynchronize(L.stream));  // ninf is pageable host memory freed on return
     return;
   }
-  if (try_cudnn(op, q, k, lse, causal,
-                [&] { cudnn_attention::forward(out, lse, q, k, v, causal, scale, L.stream); }))
+  const bool in_place = cudnn_attention::layout_reason({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}).empty();
+  if (in_place && try_cudnn(op, q, k, lse, causal,
+                            [&] { cudnn_attention::forward(out, lse, q, k, v, causal, scale, L.stream); }))
     return;
-  fallback_fwd(out, lse, q, k, v, p, L.stream);
+  // Note [Attention layouts]: the fallback kernels (and cuDNN, for layouts it cannot take) run on contiguous
+  // copies; the result is copied into out's layout.
+  const Tensor qc = q.contiguous_raw(), kc = k.contiguous_raw(), vc = v.contiguous_raw();
+  const Tensor oc = out.is_contiguous() ? out : empty(out.shape(), out.dtype(), out.device());
+  if (!try_cudnn(op, qc, kc, lse, causal,
+                 [&] { cudnn_attention::forward(oc, lse, qc, kc, vc, causal, scale, L.stream); }))
+    fallback_fwd(oc, lse, qc, kc, vc, p, L.stream);
+  if (!out.is_contiguous()) Tensor(out).copy_(oc);
 }
 
 void attention_bwd(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
@@ -594,11 +609,23 @@ void attention_bwd(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
       if (g->numel() > 0) CUDA_CHECK(cudaMemsetAsync(g->data_ptr(), 0, g->nbytes(), L.stream));
     return;
   }
-  if (try_cudnn(op, q, k, lse, causal, [&] {
+  const bool in_place = cudnn_attention::layout_reason({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out},
+                                                        {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
+                            .empty();
+  if (in_place && try_cudnn(op, q, k, lse, causal, [&] {
         cudnn_attention::backward(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, L.stream);
       }))
     return;
-  fallback_bwd(dq, dk, dv, dout, q, k, v, out, lse, p, L.stream);
+  const Tensor qc = q.contiguous_raw(), kc = k.contiguous_raw(), vc = v.contiguous_raw();
+  const Tensor oc = out.contiguous_raw(), doc = dout.contiguous_raw();
+  auto dense = [](const Tensor& t) { return t.is_contiguous() ? t : empty(t.shape(), t.dtype(), t.device()); };
+  const Tensor dqc = dense(dq), dkc = dense(dk), dvc = dense(dv);
+  if (!try_cudnn(op, qc, kc, lse, causal, [&] {
+        cudnn_attention::backward(dqc, dkc, dvc, doc, qc, kc, vc, oc, lse, causal, scale, L.stream);
+      }))
+    fallback_bwd(dqc, dkc, dvc, doc, qc, kc, vc, oc, lse, p, L.stream);
+  for (auto [dst, src] : {std::pair{dq, dqc}, {dk, dkc}, {dv, dvc}})
+    if (!dst.is_contiguous()) dst.copy_(src);
 }
 
 }  // namespace ingot::kernels::cuda

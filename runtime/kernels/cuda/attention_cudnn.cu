@@ -25,7 +25,13 @@
 //     dQ = identity(matmul(dS, K))               through a real f32 accumulator [b, h, s_q, d] the caller provides
 //   With h_k < h_q, dK and dV are computed per q head (io type) and summed over each group by a reduction.
 //
-// Plans are built once per (device, dtype, shape, causal, direction) and cached (building one compiles kernels
+// Note [Layouts]
+//   Every io tensor is described with its own strides (any layout whose last dim is dense, strides a multiple
+//   of 8 elements, 16-byte aligned: layout_reason). GPT-style models hand attention q, k, v as permuted views
+//   of the projection's [B, T, 3, H, D] output and want out / dq / dk / dv in [B, T, H, D] memory order, so
+//   nothing is copied on either side of the kernels.
+//
+// Plans are built once per (device, dtype, shape, strides, causal, direction) and cached (building one compiles kernels
 // and takes milliseconds to seconds); a shape cuDNN rejects is remembered too, so auto mode does not retry it.
 //
 // Note [Choosing the engine]
@@ -37,6 +43,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -212,13 +219,18 @@ struct Plan {
   mutable bool timed = false;
 };
 
+// The element strides of one [B, H, T, D] operand (Note [Layouts]).
+using Strides4 = std::array<int64_t, 4>;
+enum Operand { kOpQ, kOpK, kOpV, kOpO, kOpdO, kOpdQ, kOpdK, kOpdV, kNumOperands };
+
 struct Key {
   int device;
   DType dtype;
   int64_t B, Hq, Hkv, T, S, D;
   bool causal;
   bool backward;
-  auto tie() const { return std::tie(device, dtype, B, Hq, Hkv, T, S, D, causal, backward); }
+  std::array<Strides4, kNumOperands> strides;  // the backward's dO, dQ, dK, dV; the forward leaves them 0
+  auto tie() const { return std::tie(device, dtype, B, Hq, Hkv, T, S, D, causal, backward, strides); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -243,11 +255,18 @@ Dims contiguous(const Dims& d) {
 // The tensors both graphs share. K (and, in the backward, V) enter transposed: [B, Hk, D, S] over K's memory.
 struct Shapes {
   explicit Shapes(const Key& k)
-      : B(k.B), Hq(k.Hq), Hk(k.Hkv), T(k.T), S(k.S), D(k.D),
-        q{B, Hq, T, D}, kv{B, Hk, S, D}, kt{B, Hk, D, S}, kt_strides{Hk * S * D, S * D, 1, D},
+      : B(k.B), Hq(k.Hq), Hk(k.Hkv), T(k.T), S(k.S), D(k.D), key(k),
+        q{B, Hq, T, D}, kv{B, Hk, S, D}, kt{B, Hk, D, S},
         s{B, Hq, T, S}, st{B, Hq, S, T}, st_strides{Hq * T * S, T * S, 1, S}, r{B, Hq, T, 1}, one{1, 1, 1, 1} {}
+  Dims strides(Operand o) const { return Dims(key.strides[o].begin(), key.strides[o].end()); }
+  // [B, Hk, D, S] over the memory of K or V: the last two strides swapped.
+  Dims transposed(Operand o) const {
+    const Strides4& st4 = key.strides[o];
+    return {st4[0], st4[1], st4[3], st4[2]};
+  }
   int64_t B, Hq, Hk, T, S, D;
-  Dims q, kv, kt, kt_strides, s, st, st_strides, r, one;
+  const Key& key;
+  Dims q, kv, kt, s, st, st_strides, r, one;
 };
 
 // S = scale * Q KT, optionally shifted by `stats` (the backward rebuilds P from lse), then causally masked.
@@ -294,10 +313,10 @@ void forward_graph(GraphBuilder& g, const Key& key) {
   const cudnnDataType_t io = key.dtype == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   const Dims r_strides = contiguous(sh.r);
-  const Desc& q = g.tensor(kQ, io, sh.q, contiguous(sh.q), false);
-  const Desc& kt = g.tensor(kK, io, sh.kt, sh.kt_strides, false);
-  const Desc& v = g.tensor(kV, io, sh.kv, contiguous(sh.kv), false);
-  const Desc& o = g.tensor(kO, io, sh.q, contiguous(sh.q), false);
+  const Desc& q = g.tensor(kQ, io, sh.q, sh.strides(kOpQ), false);
+  const Desc& kt = g.tensor(kK, io, sh.kt, sh.transposed(kOpK), false);
+  const Desc& v = g.tensor(kV, io, sh.kv, sh.strides(kOpV), false);
+  const Desc& o = g.tensor(kO, io, sh.q, sh.strides(kOpO), false);
   const Desc& stats = g.tensor(kStats, f32, sh.r, r_strides, false);
   const Desc& scale = g.tensor(kScale, f32, sh.one, sh.one, false, true);
   const Desc& s = scores(g, sh, q, kt, scale, nullptr, key.causal);
@@ -323,17 +342,17 @@ void backward_graph(GraphBuilder& g, const Key& key) {
   const Shapes sh(key);
   const cudnnDataType_t io = key.dtype == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-  const Dims q_strides = contiguous(sh.q), kv_strides = contiguous(sh.kv), r_strides = contiguous(sh.r);
+  const Dims q_strides = contiguous(sh.q), r_strides = contiguous(sh.r);
   const Dims s_strides = contiguous(sh.s);
-  const Desc& q = g.tensor(kQ, io, sh.q, q_strides, false);
-  const Desc& kt = g.tensor(kK, io, sh.kt, sh.kt_strides, false);
-  const Desc& vt = g.tensor(kV, io, sh.kt, sh.kt_strides, false);
-  const Desc& o = g.tensor(kO, io, sh.q, q_strides, false);
-  const Desc& d_o = g.tensor(kdO, io, sh.q, q_strides, false);
+  const Desc& q = g.tensor(kQ, io, sh.q, sh.strides(kOpQ), false);
+  const Desc& kt = g.tensor(kK, io, sh.kt, sh.transposed(kOpK), false);
+  const Desc& vt = g.tensor(kV, io, sh.kt, sh.transposed(kOpV), false);
+  const Desc& o = g.tensor(kO, io, sh.q, sh.strides(kOpO), false);
+  const Desc& d_o = g.tensor(kdO, io, sh.q, sh.strides(kOpdO), false);
   const Desc& stats = g.tensor(kStats, f32, sh.r, r_strides, false);
-  const Desc& dq = g.tensor(kdQ, io, sh.q, q_strides, false);
-  const Desc& dk = g.tensor(kdK, io, sh.kv, kv_strides, false);
-  const Desc& dv = g.tensor(kdV, io, sh.kv, kv_strides, false);
+  const Desc& dq = g.tensor(kdQ, io, sh.q, sh.strides(kOpdQ), false);
+  const Desc& dk = g.tensor(kdK, io, sh.kv, sh.strides(kOpdK), false);
+  const Desc& dv = g.tensor(kdV, io, sh.kv, sh.strides(kOpdV), false);
   const Desc& scale = g.tensor(kScale, f32, sh.one, sh.one, false, true);
   const Desc& one = g.tensor(kOne, f32, sh.one, sh.one, false, true);
   const Desc& delta = g.tensor(kDelta, f32, sh.r, r_strides, false);
@@ -365,7 +384,7 @@ void backward_graph(GraphBuilder& g, const Key& key) {
   g.reshape(ds, dst);
   matmul_into_kv_heads(g, sh, io, dst, q, dk);
   // dQ = dS K, accumulated in f32 and converted
-  const Desc& k = g.virt(f32, sh.kv, kv_strides);
+  const Desc& k = g.virt(f32, sh.kv, sh.strides(kOpK));
   g.reshape(kt, k);
   g.matmul(ds, k, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, f32, dq_accum, nullptr, nullptr, dq);
@@ -452,11 +471,28 @@ std::string unsupported_reason(const Tensor& q, const Tensor& k, const Tensor& l
   return "";
 }
 
+std::string layout_reason(std::initializer_list<std::pair<const char*, const Tensor*>> tensors) {
+  for (auto [name, t] : tensors) {
+    if (t->stride(3) != 1 && t->size(3) != 1)
+      return ::ingot::detail::str_cat(name, " has a strided last dim (stride ", t->stride(3), ")");
+    for (int d = 0; d < 3; ++d)
+      if (t->stride(d) % 8 != 0 && t->size(d) != 1)
+        return ::ingot::detail::str_cat(name, " stride ", t->stride(d), " of dim ", d, " is not a multiple of 8");
+    if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0)
+      return ::ingot::detail::str_cat(name, " is not 16-byte aligned");
+  }
+  return "";
+}
+
 namespace {
 
-Key key_of(const Tensor& q, const Tensor& k, bool causal, bool backward) {
-  return Key{q.device().index, q.dtype(), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3),
-             causal, backward};
+Key key_of(const Tensor& q, const Tensor& k, bool causal, bool backward,
+           std::initializer_list<std::pair<Operand, const Tensor*>> operands) {
+  Key key{q.device().index, q.dtype(), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3),
+          causal, backward, {}};
+  for (auto [o, t] : operands)
+    for (int d = 0; d < 4; ++d) key.strides[o][d] = t->stride(d);
+  return key;
 }
 
 // Runs `plan` with the given (uid, pointer) bindings; the workspace comes from the caching allocator, so it is
@@ -515,7 +551,7 @@ void forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor
              double scale, cudaStream_t stream) {
   cudnnHandle_t handle = handle_for(q.device().index);
   INGOT_CUDNN_CHECK(cudnnSetStream(handle, stream));
-  const Plan& plan = plan_for(key_of(q, k, causal, false), handle);
+  const Plan& plan = plan_for(key_of(q, k, causal, false, {{kOpQ, &q}, {kOpK, &k}, {kOpV, &v}, {kOpO, &out}}), handle);
   // By-value scalars are read from host memory when the graph is launched.
   float scale_f = static_cast<float>(scale), neg_inf = -INFINITY;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
@@ -532,7 +568,10 @@ void backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor
               cudaStream_t stream) {
   cudnnHandle_t handle = handle_for(q.device().index);
   INGOT_CUDNN_CHECK(cudnnSetStream(handle, stream));
-  const Plan& plan = plan_for(key_of(q, k, causal, true), handle);
+  const Plan& plan = plan_for(key_of(q, k, causal, true,
+                                     {{kOpQ, &q}, {kOpK, &k}, {kOpV, &v}, {kOpO, &out}, {kOpdO, &dout},
+                                      {kOpdQ, &dq}, {kOpdK, &dk}, {kOpdV, &dv}}),
+                              handle);
   // The graph's two f32 buffers (see Note [The SDPA backward graph]), 16-byte aligned.
   const int64_t rows = q.size(0) * q.size(1) * q.size(2), rows_padded = (rows + 3) / 4 * 4;
   Tensor scratch = empty({rows_padded + rows * q.size(3)}, DType::f32, q.device());
