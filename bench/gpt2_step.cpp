@@ -2,6 +2,9 @@
 //   bench_gpt2_step [--device cuda|cpu] [--batch 16] [--seq 1024] [--layers 12] [--heads 12] [--embd 768]
 //                   [--vocab 50304] [--steps 20] [--warmup 5] [--dtype bf16|f32]
 //                   [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR] [--profile K]
+//                   [--profiler-range]
+// --profiler-range: after the timed steps, one more step between cudaProfilerStart/Stop, for an external
+// profiler started with profiling off (ncu --profile-from-start off; bench/reference/ncu_summary.py sums it).
 // --profile K: after the timed steps, one more step under the op profiler (recipes/profile.h: the device is
 // synchronized around every op or generated kernel) and the K most expensive ops / kernels.
 // Compiled, the first call traces and compiles (its wall time is printed as the compile time; with a warm
@@ -40,6 +43,7 @@ struct Args {
   std::string device = "auto", dtype = "bf16", compile = "none", cache_dir;
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
+  bool profiler_range = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -49,8 +53,13 @@ Args parse(int argc, char** argv) {
     if (k == "--help" || k == "-h") {
       std::printf("usage: bench_gpt2_step [--device auto|cpu|cuda] [--dtype bf16|f32] [--batch N] [--seq N]\n"
                   "       [--layers N] [--heads N] [--embd N] [--vocab N] [--steps N] [--warmup N]\n"
-                  "       [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR] [--profile K]\n");
+                  "       [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR] [--profile K]\n"
+                  "       [--profiler-range]\n");
       std::exit(0);
+    }
+    if (k == "--profiler-range") {
+      a.profiler_range = true;
+      continue;
     }
     INGOT_CHECK(i + 1 < argc, "bench_gpt2_step: flag ", k, " needs a value");
     std::string v = argv[++i];
@@ -146,6 +155,12 @@ int main(int argc, char** argv) try {
               n_params / 1e6, med, tokens / (med / 1e3), flops / (med / 1e3) / 1e12,
               static_cast<double>(st.peak_allocated_bytes) / 1e9, compile_s, t.first_loss, t.last_loss);
   if (compiled) bench::print_compile_stats(compiled->stats());
+  if (a.profiler_range && dev.is_cuda()) {
+    cuda::synchronize_device(dev.index);
+    cuda::profiler_start();
+    (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0].item();
+    cuda::profiler_stop();
+  }
   if (a.profile > 0) {
     recipes::OpProfiler prof;
     prof.start(0);

@@ -48,6 +48,10 @@ void abort_capture(Stream s);
 void launch_graph(void* exec, Stream s);
 void destroy_graph(void* exec);
 
+// The range an external profiler records when started with profiling off (ncu --profile-from-start off).
+void profiler_start();
+void profiler_stop();
+
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
 // Copies on the current stream of the device involved, then waits for it when host memory is involved.
 void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device);

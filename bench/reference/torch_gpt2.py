@@ -4,6 +4,7 @@ zero_grad) on random tokens, eager and torch.compile, bf16 autocast with f32 par
 after warm-up and prints the median in the same table format.
 
 usage: python3 bench/reference/torch_gpt2.py [--batch 16] [--seq 1024] [--layers 12] [--steps 20] [--modes eager,compile]
+       [--kernels K]   after timing, one more step under torch.profiler: the K kernels with the most GPU time
 Under torchrun (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel over NCCL, --batch is per GPU,
 and rank 0 prints tokens/s per GPU (the median step time of rank 0; DDP steps are synchronous).
 """
@@ -46,6 +47,24 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
+def print_kernels(step, k, name):
+    """One step under torch.profiler; GPU time per kernel name (the same table as ncu_summary.py)."""
+    from torch.profiler import profile, ProfilerActivity
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    tot, cnt = {}, {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            tot[e.name] = tot.get(e.name, 0.0) + e.device_time
+            cnt[e.name] = cnt.get(e.name, 0) + 1
+    total = sum(tot.values())
+    print(f"## {name}: {sum(cnt.values())} kernels, {total / 1e3:.2f} ms GPU time in one step")
+    for n, t in sorted(tot.items(), key=lambda x: -x[1])[:k]:
+        print(f"{t / 1e3:9.3f} ms {cnt[n]:5d}x  {n[:110]}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=16)
@@ -57,6 +76,7 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--modes", default="eager,compile")
+    p.add_argument("--kernels", type=int, default=0)
     a = p.parse_args()
     torch.manual_seed(1234)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -111,6 +131,8 @@ def main():
             print(f"| {name} | {torch.cuda.get_device_name()} | bf16 | {a.batch} x {a.seq} | {n/1e6:.1f}M | {med:.2f} | "
                   f"{tokens/(med/1e3):.0f} | {flops/(med/1e3)/1e12:.1f} | {torch.cuda.max_memory_allocated()/1e9:.2f} | "
                   f"first call {first_s:.1f}s, loss {loss.item():.3f} |", flush=True)
+        if a.kernels > 0 and rank == 0:
+            print_kernels(step, a.kernels, name)
     if world > 1:
         dist.destroy_process_group()
 

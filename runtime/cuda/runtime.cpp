@@ -2,6 +2,8 @@
 // error reporting behind CUDA_CHECK / CUBLAS_CHECK.
 #include <vector>
 
+#include <cuda_profiler_api.h>
+
 #include "runtime/cuda/check.h"
 #include "runtime/device.h"
 
@@ -161,6 +163,9 @@ void launch_graph(void* exec, Stream s) {
 void destroy_graph(void* exec) {
   if (exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
 }
+
+void profiler_start() { CUDA_CHECK(cudaProfilerStart()); }
+void profiler_stop() { CUDA_CHECK(cudaProfilerStop()); }
 
 void synchronize_stream(Stream s) {
   DeviceGuard g(s.device);
