@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 
+#include "autograd/ops/norm.h"
 #include "compile/lowering.h"
 #include "optim/fused_update.h"
 
@@ -122,7 +124,23 @@ class Lowerer {
     const Value& val = g_.values[static_cast<size_t>(v)];
     const int buf = out_.spec.input(val.dtype, strides_for(trace_shape(val.shape)), detail::str_cat("v", v));
     out_.inputs.push_back(v);
+    loaded_.insert(v);
     return ids_[v] = out_.spec.load(buf);
+  }
+
+  // A per-row value from outside (a norm's mean or rstd: the natural shape without its last axis), read as if
+  // it had a trailing size-1 axis; right-aligned broadcasting would line it up with the wrong axes.
+  int row_value(int32_t v) {
+    if (auto it = ids_.find(v); it != ids_.end() && !loaded_.count(v)) return it->second;
+    if (auto it = row_ids_.find(v); it != row_ids_.end()) return it->second;
+    const Value& val = g_.values[static_cast<size_t>(v)];
+    Shape s = trace_shape(val.shape);
+    if (natural_.empty() || s != Shape(natural_.begin(), natural_.end() - 1))
+      throw Unsupported("a per-row input whose shape is not the kernel's rows");
+    s.push_back(1);
+    const int buf = out_.spec.input(val.dtype, strides_for(s), detail::str_cat("v", v));
+    out_.inputs.push_back(v);
+    return row_ids_[v] = out_.spec.load(buf);
   }
 
   void node(const Node& n) {
@@ -215,21 +233,47 @@ class Lowerer {
       if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
       const bool centered = name == "layer_norm";
       const double eps = attr_number(*n.prim, "eps").value_or(1e-5);
-      const int x = k.cast(in(0), DType::f32);
-      const int cols = k.constant(static_cast<double>(dims_.back()), DType::f32);
+      const int x0 = in(0);
+      const DType st = k.nodes[static_cast<size_t>(x0)].dtype == DType::f64 ? DType::f64 : DType::f32;
+      const int x = k.cast(x0, st);
+      const int cols = k.constant(static_cast<double>(dims_.back()), st);
       int d = x, mu = -1;
       if (centered) {
         mu = k.binary(Op::Div, k.reduce(Op::ReduceSum, x), cols);
         d = k.binary(Op::Sub, x, mu);
       }
       const int var = k.binary(Op::Div, k.reduce(Op::ReduceSum, k.binary(Op::Mul, d, d)), cols);
-      const int rstd = k.unary(Op::Rsqrt, k.binary(Op::Add, var, k.constant(eps, DType::f32)));
+      const int rstd = k.unary(Op::Rsqrt, k.binary(Op::Add, var, k.constant(eps, st)));
       int y = k.binary(Op::Mul, d, rstd);
-      if (n.inputs.size() > 1 && n.inputs[1] >= 0) y = k.binary(Op::Mul, y, k.cast(in(1), DType::f32));
-      if (centered && n.inputs.size() > 2 && n.inputs[2] >= 0) y = k.binary(Op::Add, y, k.cast(in(2), DType::f32));
+      if (n.inputs.size() > 1 && n.inputs[1] >= 0) y = k.binary(Op::Mul, y, k.cast(in(1), st));
+      if (centered && n.inputs.size() > 2 && n.inputs[2] >= 0) y = k.binary(Op::Add, y, k.cast(in(2), st));
       std::vector<int> rs{y};
       if (centered) rs.push_back(mu);
       rs.push_back(rstd);
+      set_outputs(n, rs);
+      return;
+    } else if (const std::optional<NormBwdFlags> f = norm_bwd_flags(*n.prim)) {
+      // inputs: dy, x, mean (none for rms_norm), rstd, w (or none); the math of norm_bwd_impl
+      // (runtime/kernels/cpu/norm.cpp) in its precision, f32 (f64 for f64 x).
+      if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
+      if (f->dx && (f->dw || f->db)) throw Unsupported("a norm backward computing dx together with dw or db");
+      const DType st = k.nodes[static_cast<size_t>(in(1))].dtype == DType::f64 ? DType::f64 : DType::f32;
+      auto as = [&](int x) { return k.nodes[static_cast<size_t>(x)].dtype == st ? x : k.cast(x, st); };
+      const int dy = as(in(0)), rstd = as(row_value(n.inputs.at(3)));
+      const int centered_x = f->centered ? k.binary(Op::Sub, as(in(1)), as(row_value(n.inputs.at(2)))) : as(in(1));
+      const int xhat = k.binary(Op::Mul, centered_x, rstd);
+      std::vector<int> rs;
+      if (f->dx) {
+        const int gw = n.inputs.at(4) >= 0 ? k.binary(Op::Mul, dy, as(in(4))) : dy;
+        const int inv_c = k.constant(1.0 / static_cast<double>(dims_.back()), st);
+        int d = gw;
+        if (f->centered) d = k.binary(Op::Sub, gw, k.binary(Op::Mul, k.reduce(Op::ReduceSum, gw), inv_c));
+        const int mean_gx = k.binary(Op::Mul, k.reduce(Op::ReduceSum, k.binary(Op::Mul, gw, xhat)), inv_c);
+        rs.push_back(k.binary(Op::Mul, rstd, k.binary(Op::Sub, d, k.binary(Op::Mul, xhat, mean_gx))));
+      } else {  // the reduced dim is every row (lower_group transposes the iteration space)
+        if (f->dw) rs.push_back(k.reduce(Op::ReduceSum, k.binary(Op::Mul, dy, xhat)));
+        if (f->db) rs.push_back(k.reduce(Op::ReduceSum, dy));
+      }
       set_outputs(n, rs);
       return;
     } else {
@@ -282,6 +326,8 @@ class Lowerer {
   std::vector<Run> runs_;
   Shape dims_;
   std::map<int32_t, int> ids_;
+  std::set<int32_t> loaded_;         // values read from outside through value()
+  std::map<int32_t, int> row_ids_;   // values read from outside through row_value()
 };
 
 std::optional<LoweredGroup> lower_adamw(const Graph& g, const FusionGroup& fg, std::string* why) {
@@ -352,10 +398,19 @@ std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, s
     if (node.prim->fusion_kind() == FusionKind::Reduction) {
       natural = trace_shape(g.values[static_cast<size_t>(node.inputs[0])].shape);
       const std::string_view nm = node.prim->name();
-      if (nm == "sum" || nm == "mean" || nm == "max" || nm == "min")
+      const std::optional<NormBwdFlags> norm = norm_bwd_flags(*node.prim);
+      if (nm == "sum" || nm == "mean" || nm == "max" || nm == "min") {
         reduced = reduce_dims(*node.prim, static_cast<int64_t>(natural.size()));
-      else if (!natural.empty())
+      } else if (norm && !norm->dx) {
+        // dw/db sum over every row: the leading axes (Note [Norm backward decomposition]).
+        for (int64_t a = 0; a + 1 < static_cast<int64_t>(natural.size()); ++a) reduced.push_back(a);
+        if (reduced.empty()) {
+          if (why) *why = "a norm weight gradient over a single row";
+          return std::nullopt;
+        }
+      } else if (!natural.empty()) {
         reduced = {static_cast<int64_t>(natural.size()) - 1};
+      }
       break;
     }
     if (natural.empty() && !node.outputs.empty()) natural = trace_shape(g.values[static_cast<size_t>(node.outputs[0])].shape);

@@ -4,7 +4,9 @@
 // What lowers (the lowering table lives in lower_kernel.cpp, keyed by primitive name):
 //   Pointwise groups     every pointwise primitive of autograd/ops/pointwise.cpp (unary math, scalar ops,
 //                        binary arithmetic and comparisons, the activation-gradient ops, where, cast, clone).
-//   RowReduction groups  softmax / log_softmax over the last dim with their pointwise prologue and epilogue.
+//   RowReduction groups  softmax / log_softmax, layer_norm / rms_norm, the sum-like reductions and the two
+//                        halves of a norm backward (dx over the last dim; dw/db over the leading dims, the
+//                        iteration space transposed to [C, rows]) with their pointwise prologue and epilogue.
 //   MultiTensor groups   AdamW's fused update (optim/fused_update.h) over every parameter in one kernel; its
 //                        learning rate, step-derived bias corrections and grad scale are run-time scalars.
 // A group that contains anything else is not lowered: its nodes run one by one through the eager kernels.

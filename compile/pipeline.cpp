@@ -176,6 +176,11 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("simplify", g, [](Graph& x) { return passes::simplify(x); });
   run_pass("cse", g, [](Graph& x) { return passes::cse(x); });
   run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
+  // The split pays off only when its halves become generated kernels; node by node it would run the norm
+  // backward's eager kernel twice.
+  run_pass("decompose_norm_bwd", g, [&](Graph& x) {
+    return opts.backend != CompileBackend::Eager && passes::decompose_norm_bwd(x);
+  });
   run_pass("remat", g, [&](Graph& x) { return passes::remat(x, opts.memory_budget); });
   run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
   run_pass("split_update", g, [&](Graph& x) { return passes::split_update(x, opts.memory_budget); });

@@ -5,6 +5,8 @@
 // their per-row statistics (mean, rstd) as extra outputs that backward reuses; those are f32 for f32 / bf16 /
 // f16 inputs (mixed precision depends on it) and f64 for f64 inputs. Outputs keep the input dtype; weight and
 // bias gradients are computed in the statistics dtype and cast to the parameter's dtype.
+#include "autograd/ops/norm.h"
+
 #include "autograd/ops.h"
 #include "runtime/kernels/kernels.h"
 
@@ -72,7 +74,9 @@ Tensor softmax_along(const Tensor& a, int64_t dim, bool log) {
 }
 
 // Backward of layer_norm (mean defined) and rms_norm (mean undefined): inputs {dy, x, mean, rstd, w}; the
-// outputs are the wanted ones among dx, dw, db, in that order.
+// outputs are the wanted ones among dx, dw, db, in that order. dx alone is a reduction over each row and
+// dw/db alone one over the rows, so either fuses as a row reduction; both at once is the eager fused kernel,
+// which the compiler splits (Note [Norm backward decomposition], compile/passes/decompose_norm_bwd.cpp).
 class NormBwdPrim final : public Primitive {
  public:
   NormBwdPrim(bool centered, bool want_dx, bool want_dw, bool want_db)
@@ -102,7 +106,9 @@ class NormBwdPrim final : public Primitive {
     else INGOT_KERNEL_CALL(x.device(), rms_norm_bwd, dx, dw, dy, x, in[3].contiguous_raw(), w);
     return out;
   }
+  FusionKind fusion_kind() const override { return dx_ && (dw_ || db_) ? FusionKind::Opaque : FusionKind::Reduction; }
   void print_attrs(std::ostream& os) const override { os << "dx=" << dx_ << ", dw=" << dw_ << ", db=" << db_; }
+  NormBwdFlags flags() const { return {centered_, dx_, dw_, db_}; }
 
  private:
   bool centered_, dx_, dw_, db_;
@@ -173,6 +179,16 @@ class NormPrim final : public Primitive {
 };
 
 }  // namespace
+
+std::shared_ptr<Primitive> make_norm_bwd(bool centered, bool dx, bool dw, bool db) {
+  return std::make_shared<NormBwdPrim>(centered, dx, dw, db);
+}
+
+std::optional<NormBwdFlags> norm_bwd_flags(const Primitive& p) {
+  const auto* n = dynamic_cast<const NormBwdPrim*>(&p);
+  if (!n) return std::nullopt;
+  return n->flags();
+}
 
 Tensor softmax(const Tensor& a, int64_t dim) { return softmax_along(a, dim, false); }
 Tensor log_softmax(const Tensor& a, int64_t dim) { return softmax_along(a, dim, true); }

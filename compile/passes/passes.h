@@ -20,6 +20,11 @@ bool simplify(Graph& g, int64_t fold_limit_elems = 1 << 16);
 // aliases another root's buffer through a view of a captured tensor (such values are materialized with a
 // copy node before the write-backs run).
 bool functionalize(Graph& g);
+// decompose_norm_bwd.cpp: no layer_norm_bwd / rms_norm_bwd node computes dx together with dw or db: each
+// is a dx-only node (a reduction over the last dim) then a dw/db-only node (a reduction over the leading
+// dims) on the same inputs and output values; a single-input pointwise producer of dy (the cast of a bf16
+// gradient) is duplicated for the dw/db node. Run after the last cse, which would merge the copy back.
+bool decompose_norm_bwd(Graph& g);
 // remat.cpp: with budget < 1, forward values saved for backward whose producer is cheap (pointwise/view)
 // are recomputed in backward instead of kept, until the bytes kept across the forward/backward boundary
 // are at most budget x the original. Returns the bytes no longer kept in `saved_bytes` if given.

@@ -1,0 +1,69 @@
+// Splitting the norm backward. Invariant afterwards: no layer_norm_bwd / rms_norm_bwd node computes dx
+// together with dw or db; each such node became a dx-only node followed by a dw/db-only node with the same
+// inputs and the original output values, and when dy came from a single-input pointwise node (the cast of
+// an autocast matmul's gradient) the dw/db node reads its own copy of that node.
+// Test: tests/compile/test_norm_bwd.cpp (DecomposeNormBwd.*).
+//
+// Note [Norm backward decomposition]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The eager norm backward is one fused kernel writing dx, dw and db. In a compiled training step it is
+// surrounded by pointwise work: dy arrives as a cast of the bf16 matmul gradient, and dx is added to the
+// residual stream's gradient and cast back to bf16. As an opaque op it pins all of that into separate
+// kernels, each a full pass over [B, T, C]. Split in two, each half is a plain reduction the fuser knows:
+//   - dx reduces over each row (the last dim): one RowReduction kernel that takes the cast of dy as its
+//     prologue and the residual add and cast as its epilogue;
+//   - dw/db reduce over every row (the leading dims): a RowReduction with the dims transposed to [C, rows],
+//     which the CUDA backend runs as a split column reduction.
+// The price is a second read of dy and x; what it saves is the f32 round trips of dy, dx and the residual
+// sum. The fuser never duplicates a node, so a cast of dy feeding both halves would be stored in f32 for
+// the second one; giving the dw/db half its own copy lets each kernel fold the cast in. The pass runs after
+// the last CSE, which would merge the copy back. A half whose group does not lower runs the eager kernel
+// with its flags, so the split never costs correctness.
+#include "autograd/ops/norm.h"
+#include "compile/passes/passes.h"
+
+namespace ingot::compiler::passes {
+
+bool decompose_norm_bwd(Graph& g) {
+  std::vector<Node> nodes;
+  nodes.reserve(g.nodes.size());
+  bool changed = false;
+  for (const Node& n : g.nodes) {
+    const std::optional<NormBwdFlags> f = norm_bwd_flags(*n.prim);
+    if (!f || !f->dx || !(f->dw || f->db)) {
+      nodes.push_back(n);
+      continue;
+    }
+    changed = true;
+    Node dx = n;
+    dx.prim = make_norm_bwd(f->centered, true, false, false);
+    dx.outputs = {n.outputs[0]};
+    Node params = n;
+    params.prim = make_norm_bwd(f->centered, false, f->dw, f->db);
+    params.outputs.assign(n.outputs.begin() + 1, n.outputs.end());
+    for (size_t k = 0; k < params.outputs.size(); ++k)
+      g.values[static_cast<size_t>(params.outputs[k])].output_index = static_cast<int32_t>(k);
+    nodes.push_back(std::move(dx));
+    const int32_t dy = n.inputs[0];
+    const int32_t p = g.values[static_cast<size_t>(dy)].producer;
+    if (p >= 0) {
+      const Node& prod = g.nodes[static_cast<size_t>(p)];
+      if (prod.prim->fusion_kind() == FusionKind::Pointwise && prod.inputs.size() == 1 && prod.outputs.size() == 1) {
+        const Value v = g.values[static_cast<size_t>(dy)];
+        Node copy = prod;
+        copy.forward = n.forward;
+        copy.group = -1;
+        copy.outputs = {g.add_value(v.dtype, v.device, v.shape)};
+        params.inputs[0] = copy.outputs[0];
+        nodes.push_back(std::move(copy));
+      }
+    }
+    nodes.push_back(std::move(params));
+  }
+  if (!changed) return false;
+  g.nodes = std::move(nodes);
+  g.renumber_nodes();
+  return true;
+}
+
+}  // namespace ingot::compiler::passes
