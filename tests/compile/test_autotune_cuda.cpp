@@ -95,16 +95,16 @@ TEST(AutotuneCandidates, ConfigTextRoundTripsAndRejectsWhatItDidNotWrite) {
     ASSERT_TRUE(decode_config(encode_config(c), back)) << encode_config(c);
     EXPECT_EQ(encode_config(back), encode_config(c));
   }
-  const std::string good = "block=256 rows=warp rbt=0 cr=32 cs=0 vec=1 waves=8";
+  const std::string good = "block=256 rows=warp rbt=0 cr=32 cs=0 gs=0 vec=1 waves=8";
   LaunchConfig cfg;
   EXPECT_TRUE(decode_config(good, cfg));
   EXPECT_EQ(cfg.rows, LaunchConfig::Rows::WarpPerRow);
-  for (const std::string bad : {"", "block=256", "block=100 rows=warp rbt=0 cr=32 cs=0 vec=1 waves=8",
-                                "block=256 rows=diag rbt=0 cr=32 cs=0 vec=1 waves=8",
-                                "block=256 rows=warp rbt=0 cr=32 cs=0 vec=2 waves=8",
-                                "block=256 block=256 rows=warp rbt=0 cr=32 cs=0 vec=1",
-                                "block=256 rows=warp rbt=0 cr=32 cs=0 vec=1 waves=8 extra=1",
-                                "block=2x6 rows=warp rbt=0 cr=32 cs=0 vec=1 waves=8"}) {
+  for (const std::string bad : {"", "block=256", "block=100 rows=warp rbt=0 cr=32 cs=0 gs=0 vec=1 waves=8",
+                                "block=256 rows=diag rbt=0 cr=32 cs=0 gs=0 vec=1 waves=8",
+                                "block=256 rows=warp rbt=0 cr=32 cs=0 gs=0 vec=2 waves=8",
+                                "block=256 block=256 rows=warp rbt=0 cr=32 cs=0 gs=0 vec=1",
+                                "block=256 rows=warp rbt=0 cr=32 cs=0 gs=0 vec=1 waves=8 extra=1",
+                                "block=2x6 rows=warp rbt=0 cr=32 cs=0 gs=0 vec=1 waves=8"}) {
     LaunchConfig x;
     EXPECT_FALSE(decode_config(bad, x)) << bad;
   }

@@ -186,6 +186,53 @@ TEST(CodegenCudaRows, LayerNormForwardAndBackwardMatchEagerAndAutograd) {
   }
 }
 
+// Note [Split column reductions]: a bias gradient (column sums of a [tokens, channels] bf16 matrix) and a
+// layer-norm-dw-like pair of sums, at sizes where the heuristic splits the columns across blocks. The result
+// must match the f64 reference, repeat bit for bit (the partials combine in a fixed order) and stay right
+// when the same kernel runs again with fewer splits (the tile counters are back at zero after every launch).
+TEST(CodegenCudaRows, ColumnSumsSplitAcrossBlocksMatchEagerAndRepeatBitForBit) {
+  INGOT_REQUIRE_CUDA();
+  const int64_t R = 4096, C = 768;
+  KernelSpec k = row_kernel("bias_grad", {C, R});
+  const int ig = k.input(DType::bf16, dims_of({1, C}), "g"), ix = k.input(DType::bf16, dims_of({1, C}), "x");
+  const int idb = k.output(DType::f32, dims_of({1, 0}), "db"), idw = k.output(DType::f32, dims_of({1, 0}), "dw");
+  const int g = k.cast(k.load(ig), DType::f32);
+  k.store(idb, k.reduce(Op::ReduceSum, g));
+  k.store(idw, k.reduce(Op::ReduceSum, k.binary(Op::Mul, g, k.cast(k.load(ix), DType::f32))));
+  const cuda::CudaKernel kern = cuda_codegen().compile(k);
+  ASSERT_EQ(kern.abi.functions.size(), 4u) << "a one-phase transposed reduction gets a _colsplit function";
+  EXPECT_EQ(kern.abi.split_reductions, 2);
+  Both gr = both(randn({R, C}, DType::f64).to(DType::bf16)), xr = both(randn({R, C}, DType::f64).to(DType::bf16));
+  const Tensor g64 = gr.cpu.to(DType::f64), gx64 = mul(g64, xr.cpu.to(DType::f64));
+  const Tensor db_ref = sum(g64, {0}), dw_ref = sum(gx64, {0});
+  // An f32 sum of R terms in any order is within a few ulps of the sum of |terms| (a split lost or counted
+  // twice is off by ~1e-2 of it).
+  auto close_to_sum = [&](const Tensor& got, const Tensor& ref, const Tensor& terms, const char* what) {
+    const std::vector<double> a = host(got).to_vector(), b = ref.to_vector(), l1 = sum(abs(terms), {0}).to_vector();
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_LE(std::abs(a[i] - b[i]), 2e-6 * l1[i] + 1e-6) << what << " column " << i << ": " << a[i] << " vs " << b[i];
+  };
+  std::vector<double> first_db, first_dw;
+  cuda::LaunchConfig fewer;
+  fewer.col_grid_splits = 3;
+  const std::vector<const cuda::LaunchConfig*> runs{nullptr, &fewer, nullptr};
+  for (const cuda::LaunchConfig* cfg : runs) {
+    Tensor db = full({C}, NAN, DType::f32, kGpu), dw = full({C}, NAN, DType::f32, kGpu);
+    run_cuda(kern, {gr.gpu, xr.gpu, db, dw}, {}, {}, cfg);
+    EXPECT_GT(kern.split_workspace_bytes(), 0u) << "the heuristic splits 24 tiles of 32 rows on any GPU";
+    close_to_sum(db, db_ref, g64, "db");
+    close_to_sum(dw, dw_ref, gx64, "dw");
+    if (cfg != nullptr) continue;
+    if (first_db.empty()) {
+      first_db = host(db).to_vector();
+      first_dw = host(dw).to_vector();
+    } else {
+      EXPECT_EQ(host(db).to_vector(), first_db) << "split partials must combine in a fixed order";
+      EXPECT_EQ(host(dw).to_vector(), first_dw);
+    }
+  }
+}
+
 TEST(CodegenCudaRows, RmsNormMatchesEager) {
   INGOT_REQUIRE_CUDA();
   const Shape shape = {2, 7, 200};

@@ -56,12 +56,17 @@ inline Both both(const Tensor& base_cpu, const std::function<Tensor(const Tensor
 
 // The launch configurations every row reduction is checked under: the heuristic, forced warp-per-row and
 // block-per-row (vector path allowed), the scalar path, and lanes over rows (a partial last tile of rows,
-// columns split three ways).
+// columns split three ways within a block).
+// The last one also splits the columns over 5 blocks per tile where the kernel has a _colsplit function.
 inline std::vector<cuda::LaunchConfig> row_configs() {
-  std::vector<cuda::LaunchConfig> out(5);
+  std::vector<cuda::LaunchConfig> out(6);
   out[4].rows = cuda::LaunchConfig::Rows::Columns;
   out[4].col_rows = 8;
   out[4].col_splits = 3;
+  out[4].col_grid_splits = 1;
+  out[5] = out[4];
+  out[5].col_splits = 2;
+  out[5].col_grid_splits = 5;
   out[1].rows = cuda::LaunchConfig::Rows::WarpPerRow;
   out[1].block_threads = 128;
   out[2].rows = cuda::LaunchConfig::Rows::BlockPerRow;

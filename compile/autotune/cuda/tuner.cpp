@@ -50,7 +50,7 @@ const char* rows_name(LaunchConfig::Rows r) {
 bool same(const LaunchConfig& a, const LaunchConfig& b) {
   return a.block_threads == b.block_threads && a.row_block_threads == b.row_block_threads && a.rows == b.rows &&
          a.warp_row_max_cols == b.warp_row_max_cols && a.col_rows == b.col_rows && a.col_splits == b.col_splits &&
-         a.vectorize == b.vectorize && a.waves == b.waves && a.chunk_elems == b.chunk_elems;
+         a.col_grid_splits == b.col_grid_splits && a.vectorize == b.vectorize && a.waves == b.waves && a.chunk_elems == b.chunk_elems;
 }
 
 // Timed on scratch buffers only when every size and stride is known now (see tuner.h).
@@ -124,15 +124,17 @@ std::vector<LaunchConfig> launch_candidates(const KernelAbi& abi, const LaunchCo
       }
       if (!abi.prefer_columns) continue;
       for (int rows : {8, 16, 32, 64})
-        for (int splits : {0, 4, 16}) {
-          if (rows * std::max(splits, 1) > 1024) continue;
-          LaunchConfig c = base;
-          c.rows = LaunchConfig::Rows::Columns;
-          c.col_rows = rows;
-          c.col_splits = splits;
-          c.vectorize = v;
-          add(c);
-        }
+        for (int splits : {0, 4, 16})
+          for (int grid_splits : {0, 1}) {  // split across blocks where it pays, or never
+            if (rows * std::max(splits, 1) > 1024 || (grid_splits == 0 && abi.split_reductions == 0)) continue;
+            LaunchConfig c = base;
+            c.rows = LaunchConfig::Rows::Columns;
+            c.col_rows = rows;
+            c.col_splits = splits;
+            c.col_grid_splits = grid_splits;
+            c.vectorize = v;
+            add(c);
+          }
     }
   }
   return out;
@@ -140,7 +142,7 @@ std::vector<LaunchConfig> launch_candidates(const KernelAbi& abi, const LaunchCo
 
 std::string encode_config(const LaunchConfig& c) {
   return detail::str_cat("block=", c.block_threads, " rows=", rows_name(c.rows), " rbt=", c.row_block_threads,
-                         " cr=", c.col_rows, " cs=", c.col_splits, " vec=", c.vectorize ? 1 : 0, " waves=", c.waves);
+                         " cr=", c.col_rows, " cs=", c.col_splits, " gs=", c.col_grid_splits, " vec=", c.vectorize ? 1 : 0, " waves=", c.waves);
 }
 
 bool decode_config(const std::string& text, LaunchConfig& cfg) {
@@ -160,9 +162,10 @@ bool decode_config(const std::string& text, LaunchConfig& cfg) {
     out = static_cast<int>(v);
     return true;
   };
-  int block = 0, rbt = 0, cr = 0, cs = 0, vec = 0, waves = 0;
-  if (kv.size() != 7 || !num("block", 32, 1024, block) || !num("rbt", 0, 1024, rbt) || !num("cr", 1, 1024, cr) ||
-      !num("cs", 0, 1024, cs) || !num("vec", 0, 1, vec) || !num("waves", 1, 1024, waves) || block % 32 != 0)
+  int block = 0, rbt = 0, cr = 0, cs = 0, gs = 0, vec = 0, waves = 0;
+  if (kv.size() != 8 || !num("block", 32, 1024, block) || !num("rbt", 0, 1024, rbt) || !num("cr", 1, 1024, cr) ||
+      !num("cs", 0, 1024, cs) || !num("gs", 0, 65535, gs) || !num("vec", 0, 1, vec) || !num("waves", 1, 1024, waves) ||
+      block % 32 != 0)
     return false;
   const std::string rows = kv.count("rows") ? kv["rows"] : "";
   LaunchConfig::Rows r = LaunchConfig::Rows::Auto;
@@ -175,6 +178,7 @@ bool decode_config(const std::string& text, LaunchConfig& cfg) {
   cfg.row_block_threads = rbt;
   cfg.col_rows = cr;
   cfg.col_splits = cs;
+  cfg.col_grid_splits = gs;
   cfg.vectorize = vec != 0;
   cfg.waves = waves;
   return true;

@@ -96,7 +96,7 @@ std::string encode_abi(const std::string& symbol, const KernelAbi& a) {
   o << symbol << '\n'
     << static_cast<int>(a.kind) << ' ' << a.num_buffers << ' ' << a.num_syms << ' ' << a.num_scalars << ' '
     << a.sym_slots << ' ' << a.scalar_slots << ' ' << a.vector_width << ' ' << a.index32 << ' ' << a.prefer_columns
-    << ' ' << a.dims.size()
+    << ' ' << a.split_reductions << ' ' << a.dims.size()
     << ' ' << a.functions.size() << '\n';
   for (const SymInt& d : a.dims) o << d.value << ' ' << d.sym << '\n';
   for (const std::string& f : a.functions) o << f << '\n';
@@ -109,7 +109,8 @@ bool decode_abi(const std::string& payload, std::string& symbol, KernelAbi& a) {
   size_t nd = 0, nf = 0;
   if (!std::getline(in, symbol)) return false;
   if (!(in >> kind >> a.num_buffers >> a.num_syms >> a.num_scalars >> a.sym_slots >> a.scalar_slots >>
-        a.vector_width >> a.index32 >> a.prefer_columns >> nd >> nf) || kind < 0 || kind > 2 || nd > 64 || nf > 4)
+        a.vector_width >> a.index32 >> a.prefer_columns >> a.split_reductions >> nd >> nf) || kind < 0 || kind > 2 ||
+      nd > 64 || nf > 4)
     return false;
   a.kind = static_cast<KernelKind>(kind);
   a.dims.resize(nd);
@@ -129,12 +130,24 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct LoadedKernel {
   std::shared_ptr<Module> module;
-  CUfunction fns[3] = {nullptr, nullptr, nullptr};
+  CUfunction fns[4] = {nullptr, nullptr, nullptr, nullptr};
+  // _colsplit's workspace (KernelAbi::split_reductions), grown on demand. Outgrown buffers are kept: a
+  // captured CUDA graph may still point at them. One launch of a kernel at a time per process (its counters
+  // are shared), which the executor's single stream per device gives.
+  CUdeviceptr ws = 0;
+  size_t ws_bytes = 0;
+  std::vector<CUdeviceptr> old_ws;
   // MultiTensor: uploaded tables by content hash. A table is immutable once uploaded (a launch still in
   // flight may read it), so the same parameter list costs one upload for the life of the process.
   std::mutex mu;
   std::map<uint64_t, CUdeviceptr> tables;
 };
+
+size_t CudaKernel::split_workspace_bytes() const {
+  if (!loaded) return 0;
+  std::lock_guard<std::mutex> lock(loaded->mu);
+  return loaded->ws_bytes;
+}
 
 void CudaKernel::operator()(void* const* bufs, const int64_t* syms, const double* scalars) const {
   launch(bufs, syms, scalars, config, nullptr);
@@ -222,6 +235,7 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
   for (int k = 0; k < abi.sym_slots; ++k) params.push_back(static_cast<uint64_t>(k < abi.num_syms ? syms[k] : 0));
   for (int k = 0; k < abi.scalar_slots; ++k) push_double(k < abi.num_scalars ? scalars[k] : 0.0);
   params.push_back(flags);
+  if (abi.kind == KernelKind::RowReduction) params.push_back(0);  // ws, set below when _colsplit runs
 
   if (abi.kind == KernelKind::Pointwise) {
     int64_t total = 1;
@@ -250,7 +264,33 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
       while (y * 2 * x <= 1024 && y * 8 < cols) y *= 2;
     }
     y = std::clamp(y, 1, 1024 / x);
-    launch_fn(loaded->fns[2], std::clamp<int64_t>(ceil_div(rows, x), 1, cap * 8), x, y);
+    const int64_t tiles = ceil_div(rows, x);
+    // Note [Split column reductions]: split when the tiles alone leave SMs idle, keeping >= 16 columns per
+    // thread in each split.
+    int64_t splits = cfg.col_grid_splits;
+    if (splits <= 0) splits = tiles >= 2 * sms ? 1 : std::min(ceil_div(2 * sms, tiles), cols / (16 * y));
+    splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(cols, 65535));
+    if (splits > 1 && loaded->fns[3] != nullptr && tiles <= kSplitCounterBytes / 4) {
+      const size_t need = static_cast<size_t>(kSplitCounterBytes + abi.split_reductions * splits * rows * 8);
+      std::lock_guard<std::mutex> lock(loaded->mu);
+      if (loaded->ws_bytes < need) {
+        if (loaded->ws) loaded->old_ws.push_back(loaded->ws);
+        check_cu(driver::api().mem_alloc(&loaded->ws, need), "cuMemAlloc (split-reduction workspace)", symbol);
+        loaded->ws_bytes = need;
+        // Counters start at zero; every launch leaves them at zero.
+        const cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(loaded->ws), 0,
+                                              static_cast<size_t>(kSplitCounterBytes), static_cast<cudaStream_t>(st));
+        INGOT_CHECK(e == cudaSuccess, "[codegen] cannot clear the workspace of '", symbol, "': ", cudaGetErrorString(e));
+      }
+      params.back() = static_cast<uint64_t>(loaded->ws);
+      void* args[] = {params.data()};
+      check_cu(driver::api().launch_kernel(loaded->fns[3], static_cast<unsigned>(tiles), static_cast<unsigned>(splits),
+                                           1, static_cast<unsigned>(x), static_cast<unsigned>(y), 1, 0, st, args,
+                                           nullptr),
+               "cuLaunchKernel", symbol);
+      return;
+    }
+    launch_fn(loaded->fns[2], std::clamp<int64_t>(tiles, 1, cap * 8), x, y);
   } else if (how == LaunchConfig::Rows::WarpPerRow) {
     launch_fn(loaded->fns[0], std::clamp<int64_t>(ceil_div(rows, block / 32), 1, cap), block);
   } else {
@@ -303,7 +343,7 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
     k.config = options_.launch;
     k.loaded = std::make_shared<LoadedKernel>();
     k.loaded->module = m;
-    for (size_t f = 0; f < abi.functions.size() && f < 3; ++f)
+    for (size_t f = 0; f < abi.functions.size() && f < 4; ++f)
       check_cu(driver::api().module_get_function(&k.loaded->fns[f], m->handle, abi.functions[f].c_str()), "cuModuleGetFunction",
                abi.functions[f] + "' in '" + m->name);
     return k;

@@ -47,6 +47,9 @@ class CudaKernel {
   void launch(void* const* bufs, const int64_t* syms, const double* scalars, const LaunchConfig& cfg,
               void* stream = nullptr) const;
 
+  // The workspace _colsplit launches have needed so far (0: the kernel never split its columns).
+  size_t split_workspace_bytes() const;
+
   std::string symbol;
   KernelAbi abi;
   int device = 0;

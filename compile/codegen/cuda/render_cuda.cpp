@@ -129,6 +129,11 @@ class Renderer {
         row_reduction(kColumns);
         out.abi.functions = {sym_ + "_warp", sym_ + "_block", sym_ + "_col"};
         out.abi.prefer_columns = prefer_columns();
+        if (out.abi.prefer_columns && splittable()) {
+          row_reduction(kColumnsSplit);
+          out.abi.functions.push_back(sym_ + "_colsplit");
+          for (const Node& n : k_.nodes) out.abi.split_reductions += is_reduction(n.op) ? 1 : 0;
+        }
         break;
       case KernelKind::MultiTensor:
         multi_tensor();
@@ -149,8 +154,9 @@ class Renderer {
     --indent_;
     line(s);
   }
-  std::string v(int id) const { return "v" + std::to_string(id); }
-  std::string b(int id) const { return "b" + std::to_string(id); }
+  // append(), not "v" + to_string(): GCC 12 warns (-Wrestrict) on the inlined operator+ here (its bug 105329).
+  std::string v(int id) const { return std::string("v").append(std::to_string(id)); }
+  std::string b(int id) const { return std::string("b").append(std::to_string(id)); }
   int last() const { return static_cast<int>(k_.dims.size()) - 1; }
 
   std::string as(int id, DType t) const {
@@ -272,7 +278,26 @@ class Renderer {
     line("  long long s[" + std::to_string(std::max(1, k_.num_syms)) + "];");
     line("  double c[" + std::to_string(std::max(1, k_.num_scalars)) + "];");
     line("  long long flags;");
+    if (k_.kind == KernelKind::RowReduction) line("  void* ws;  // _colsplit's partials and tile counters");
     line("};");
+  }
+
+  // Note [Split column reductions]: a transposed reduction over many columns and few rows (a bias gradient:
+  // 768 rows of 16384 tokens) gives the _col variant one block per 32 rows, 24 blocks on a 132-SM GPU. The
+  // _colsplit variant also splits the columns over gridDim.y blocks; each writes its partial per row to the
+  // workspace, and the last block of a tile to finish (a counter per tile) combines the partials in split
+  // order, so the result does not depend on which block finished last, runs the epilogue and resets the
+  // counter for the next launch. Only for one reduction phase with row outputs only, in float or double.
+  bool splittable() const {
+    if (last() < 1) return false;
+    for (size_t i = 0; i < k_.nodes.size(); ++i) {
+      if (level_[i] > 1) return false;
+      const std::string T = compute_type(k_.nodes[i].dtype);
+      if (is_reduction(k_.nodes[i].op) && T != "float" && T != "double") return false;
+    }
+    for (const Store& st : k_.stores)
+      if (element_buffer(static_cast<size_t>(st.buffer))) return false;
+    return true;
   }
 
   // Typed buffer pointers; `src(i)` is the void* of buffer i.
@@ -595,7 +620,8 @@ class Renderer {
       close("} else {");
       ++indent_;
     }
-    open("for (I c = tid; c < " + nl + "; c += nt) {");
+    if (col_begin_.empty()) open("for (I c = tid; c < " + nl + "; c += nt) {");
+    else open("for (I c = " + col_begin_ + " + tid; c < " + col_end_ + "; c += nt) {");
     point_scalar();
     body();
     close();
@@ -631,15 +657,15 @@ class Renderer {
 
   // kWarp: one warp per row; kBlock: one block per row; kColumns: threadIdx.x picks the row (consecutive
   // lanes, consecutive rows), threadIdx.y splits its columns, partials combined through shared memory.
-  enum Variant { kWarp, kBlock, kColumns };
+  enum Variant { kWarp, kBlock, kColumns, kColumnsSplit };
   void row_reduction(Variant variant) {
     const int L = last();
-    static const char* suffix[] = {"_warp", "_block", "_col"};
+    static const char* suffix[] = {"_warp", "_block", "_col", "_colsplit"};
     open("extern \"C\" __global__ void __launch_bounds__(1024) " + sym_ + suffix[variant] + "(const " + sym_ +
          "_p p) {");
     prologue();
-    const bool block = variant == kBlock;
-    columns_ = variant == kColumns;
+    const bool block = variant == kBlock, split = variant == kColumnsSplit;
+    columns_ = variant == kColumns || split;
     std::string rows;
     for (int d = 0; d < L; ++d) rows += (d ? " * " : "") + std::string("n") + std::to_string(d);
     line("const I rows = " + (rows.empty() ? std::string("1") : rows) + ";");
@@ -658,8 +684,14 @@ class Renderer {
     } else if (columns_) {
       for (int r : reds_all)
         line("__shared__ " + std::string(compute_type(k_.nodes[r].dtype)) + " sm" + std::to_string(r) + "[1024];");
+      if (split) line("__shared__ bool ig_last;");
       line("const I tid = threadIdx.y, nt = blockDim.y;");
-      open("for (I row0 = (I)blockIdx.x * blockDim.x; row0 < rows; row0 += (I)gridDim.x * blockDim.x) {");
+      if (split) {
+        open("{  // gridDim.x covers every tile of rows, gridDim.y splits the columns");
+        line("const I row0 = (I)blockIdx.x * blockDim.x;");
+      } else {
+        open("for (I row0 = (I)blockIdx.x * blockDim.x; row0 < rows; row0 += (I)gridDim.x * blockDim.x) {");
+      }
       line("const bool active = row0 + (I)threadIdx.x < rows;");
       line("// Idle lanes of the last tile reread the last row (loads stay in bounds) and store nothing.");
       line("const I row = active ? row0 + (I)threadIdx.x : rows - 1;");
@@ -697,6 +729,13 @@ class Renderer {
         line(T + " acc" + std::to_string(r) + " = " + init + ";  // " + op_name(nr.op));
       }
       const std::vector<int> closure = element_closure(operands);
+      if (split) {
+        const std::string nl = "n" + std::to_string(L);
+        line("const I cb = (I)((long long)" + nl + " * blockIdx.y / gridDim.y), ce = (I)((long long)" + nl +
+             " * (blockIdx.y + 1) / gridDim.y);");
+        col_begin_ = "cb";
+        col_end_ = "ce";
+      }
       column_loop(closure, {}, [&] {
         for (int id : closure) emit_node(id);
         for (int r : reds) {
@@ -706,6 +745,9 @@ class Renderer {
           else line(acc + " = " + (nr.op == Op::ReduceMax ? "ig_max(" : "ig_min(") + acc + ", " + x + ");");
         }
       });
+      col_begin_.clear();
+      col_end_.clear();
+      if (split) split_combine(reds);
       for (int r : reds) {
         const Node& nr = k_.nodes[r];
         const std::string f = nr.op == Op::ReduceSum ? "ig_op_sum()" : nr.op == Op::ReduceMax ? "ig_op_max()" : "ig_op_min()";
@@ -737,6 +779,48 @@ class Renderer {
     close();
     close();
     columns_ = false;
+  }
+
+  // Note [Split column reductions]: the block's partials acc<r> go to the workspace; the tile's last block
+  // leaves acc<r> holding this thread's share of every split's partial (threadIdx.y strides the splits) for
+  // the usual combine, and every other block returns.
+  void split_combine(const std::vector<int>& reds) {
+    line("char* ig_ws = (char*)p.ws;");
+    line("unsigned int* ig_count = (unsigned int*)ig_ws;");
+    for (size_t j = 0; j < reds.size(); ++j) {
+      const int r = reds[j];
+      const std::string T = compute_type(k_.nodes[r].dtype), R = std::to_string(r);
+      const std::string f = k_.nodes[r].op == Op::ReduceSum   ? "ig_op_sum()"
+                            : k_.nodes[r].op == Op::ReduceMax ? "ig_op_max()"
+                                                              : "ig_op_min()";
+      line(T + "* ig_part" + R + " = (" + T + "*)(ig_ws + " + std::to_string(kSplitCounterBytes) + " + " +
+           std::to_string(j) + "LL * gridDim.y * rows * 8);");
+      line("{ const " + T + " q = ig_col_reduce(acc" + R + ", " + f + ", sm" + R + ");");
+      line("  if (active && tid == 0) ig_part" + R + "[(long long)blockIdx.y * rows + row] = q; }");
+    }
+    line("__threadfence();");
+    line("__syncthreads();");
+    line("if (threadIdx.x == 0 && threadIdx.y == 0) ig_last = atomicAdd(&ig_count[blockIdx.x], 1u) == gridDim.y - 1;");
+    line("__syncthreads();");
+    line("if (!ig_last) return;");
+    line("__threadfence();");
+    for (int r : reds) {
+      const Node& nr = k_.nodes[r];
+      const std::string T = compute_type(nr.dtype), R = std::to_string(r);
+      const std::string init = nr.op == Op::ReduceSum   ? "(" + T + ")0"
+                               : nr.op == Op::ReduceMax ? "-" + literal(INFINITY, nr.dtype)
+                                                        : literal(INFINITY, nr.dtype);
+      line("acc" + R + " = " + init + ";");
+    }
+    open("for (unsigned int s = threadIdx.y; s < gridDim.y; s += blockDim.y) {");
+    for (int r : reds) {
+      const Node& nr = k_.nodes[r];
+      const std::string R = std::to_string(r);
+      const std::string f = nr.op == Op::ReduceSum ? "ig_op_sum()" : nr.op == Op::ReduceMax ? "ig_op_max()" : "ig_op_min()";
+      line("acc" + R + " = " + f + "(acc" + R + ", __ldcg(&ig_part" + R + "[(long long)s * rows + row]));");
+    }
+    close();
+    line("if (threadIdx.x == 0 && threadIdx.y == 0) ig_count[blockIdx.x] = 0;  // ready for the next launch");
   }
 
   void multi_tensor() {
@@ -809,6 +893,7 @@ class Renderer {
   std::string I_ = "long long";
   int vec_ = 1;
   bool columns_ = false;  // rendering the kColumns variant of a row reduction
+  std::string col_begin_, col_end_;  // kColumnsSplit: this block's column range (empty: every column)
 };
 
 }  // namespace

@@ -9,9 +9,10 @@
 //                 storing 16 bytes at a time; the kernel takes it only when, at run time, the innermost
 //                 size is a multiple of the width, every base pointer is aligned and the outer strides are
 //                 multiples of the width (misaligned views and odd sizes take the scalar path).
-//   RowReduction  three functions: <symbol>_warp (one warp per row, several rows per block: short rows),
+//   RowReduction  three (or four) functions: <symbol>_warp (one warp per row, several rows per block: short rows),
 //                 <symbol>_block (one block per row: long rows) and <symbol>_col (lanes map to consecutive
-//                 rows, threadIdx.y splits the columns: transposed reductions such as layer_norm's dw). Per row, one column loop per reduction
+//                 rows, threadIdx.y splits the columns: transposed reductions such as layer_norm's dw; and <symbol>_colsplit,
+//                 which also splits the columns across blocks, see Note [Split column reductions]). Per row, one column loop per reduction
 //                 phase (softmax: max, then sum), each thread accumulating in registers, combined with warp
 //                 shuffles (and, for blocks, shared memory across warps); every thread then holds the
 //                 reduced values and the epilogue loop writes the element outputs; row outputs are written
@@ -23,7 +24,7 @@
 // round to nearest even, exactly as the CPU backend does.
 //
 // Launch: every function takes one parameter, a struct of 8-byte slots (see KernelAbi): Pointwise and
-// RowReduction get {bufs[NB], syms[max(NS,1)], scalars[max(NC,1)], flags}; MultiTensor gets {table,
+// RowReduction get {bufs[NB], syms[max(NS,1)], scalars[max(NC,1)], flags} (RowReduction then ws); MultiTensor gets {table,
 // num_tensors, num_chunks, chunk, scalars[max(NC,1)], flags}. flags bit 0 allows the vector path.
 #pragma once
 
@@ -46,10 +47,15 @@ struct LaunchConfig {
   int64_t warp_row_max_cols = 1024;
   int col_rows = 32;             // Columns: rows per block (threadIdx.x)
   int col_splits = 0;            // Columns: threads per row (threadIdx.y); 0 = from the row length
+  int col_grid_splits = 0;       // Columns: blocks per tile of rows (gridDim.y, the _colsplit function);
+                                 // 0 = enough to fill the GPU when the tiles alone do not, 1 = never split
   bool vectorize = true;         // allow the 16-byte path (the kernel still checks alignment and sizes)
   int waves = 8;                 // grid cap = waves * multiprocessors; grid-stride loops do the rest
   int64_t chunk_elems = 65536;   // MultiTensor: elements per chunk of the table (rounded to the width)
 };
+
+// _colsplit's tile counters: at most kSplitCounterBytes / 4 tiles of rows.
+constexpr int64_t kSplitCounterBytes = 16384;
 
 // What the host needs to know about a rendered kernel to launch it.
 struct KernelAbi {
@@ -62,10 +68,14 @@ struct KernelAbi {
   int vector_width = 1;  // elements per vector access; 1 = the kernel has no vector path
   bool index32 = false;  // indices computed in 32 bits (all sizes constant and small)
   bool prefer_columns = false;  // RowReduction: a transposed reduction, best launched as Rows::Columns
+  // RowReduction with a _colsplit function (Note [Split column reductions] in render_cuda.cpp): its number of
+  // reductions. Its workspace (the parameter struct's last slot) holds kSplitCounterBytes of tile counters,
+  // zero between launches, then split_reductions * splits * rows slots of 8 bytes.
+  int split_reductions = 0;
   // Pointwise: the (coalesced) iteration space; RowReduction: rows..., cols. Sizes may be sym slots.
   std::vector<SymInt> dims;
   // The functions to look up in the module: Pointwise/MultiTensor: {symbol}; RowReduction: {symbol_warp,
-  // symbol_block, symbol_col}.
+  // symbol_block, symbol_col[, symbol_colsplit]}.
   std::vector<std::string> functions;
 };
 
