@@ -107,11 +107,12 @@ class LinearPrim final : public Primitive {
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     Tensor out = alloc_outputs(infer(metas_of(in)))[0];
     if (out.numel() == 0) return {out};
-    const bool has_bias = in[2].defined();
-    if (has_bias) INGOT_KERNEL_CALL(out.device(), copy, out, in[2].expand_raw(out.shape()));
     KernelOperand x = kernel_operand(in[0], false), w = kernel_operand(in[1], true);
-    INGOT_KERNEL_CALL(out.device(), matmul, kernel_operand(out, false).t, x.t, w.t, x.trans, w.trans, 1.0,
-                      has_bias ? 1.0 : 0.0);
+    if (in[2].defined())
+      INGOT_KERNEL_CALL(out.device(), matmul_bias, kernel_operand(out, false).t, x.t, w.t, x.trans, w.trans,
+                        in[2].contiguous_raw());
+    else
+      INGOT_KERNEL_CALL(out.device(), matmul, kernel_operand(out, false).t, x.t, w.t, x.trans, w.trans, 1.0, 0.0);
     return {out};
   }
   bool saves_input(size_t i) const override { return i < 2; }

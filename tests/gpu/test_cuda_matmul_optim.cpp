@@ -64,6 +64,34 @@ TEST(CudaMatmul, MatchesCpuForTransposesBroadcastBatchesAndBeta) {
   }
 }
 
+// A linear layer's product with its bias: cuBLASLt's bias epilogue where it applies (2-D, aligned bias), the
+// broadcast-then-accumulate path for a batch and for a bias one element into its buffer.
+TEST(CudaMatmul, BiasEpilogueMatchesCpuAndTheFallbackPaths) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(33);
+  for (DType dt : kFloatDTypes) {
+    for (const MatmulCase& c : {MatmulCase{1, 1, 1, 64, 48, 32}, MatmulCase{1, 1, 1, 130, 72, 200},
+                                MatmulCase{3, 3, 1, 17, 24, 13}}) {
+      for (int trans = 0; trans < 4; ++trans) {
+        for (bool misaligned : {false, true}) {
+          const bool ta = trans & 1, tb = trans & 2;
+          Operand a = make_operand(ta ? Shape{c.batch_a, c.k, c.m} : Shape{c.batch_a, c.m, c.k}, dt, Layout::Contiguous);
+          Operand b = make_operand(tb ? Shape{c.batch_b, c.n, c.k} : Shape{c.batch_b, c.k, c.n}, dt, Layout::Contiguous);
+          Operand bias_buf = make_operand({c.n + 1}, dt, Layout::Contiguous);
+          auto bias_of = [&](const Tensor& t) { return t.as_strided({c.n}, {1}, misaligned ? 1 : 0); };
+          const Shape os{c.batch, c.m, c.n};
+          Tensor ref = empty(os, dt), out = poisoned(os, dt, kGpu);
+          kc::matmul_bias(ref, a.cpu, b.cpu, ta, tb, bias_of(bias_buf.cpu).contiguous_raw());
+          kg::matmul_bias(out, a.gpu, b.gpu, ta, tb, bias_of(bias_buf.gpu));
+          EXPECT_LE(rel_norm_error(out, ref), matmul_tol(dt))
+              << dtype_name(dt) << " batch " << c.batch << " M" << c.m << " N" << c.n << " K" << c.k
+              << (ta ? " a^T" : "") << (tb ? " b^T" : "") << (misaligned ? " misaligned bias" : "");
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaMatmul, MisalignedViewsAndEmptyKStillWork) {
   INGOT_REQUIRE_CUDA();
   manual_seed(32);

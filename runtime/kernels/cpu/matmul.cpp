@@ -91,4 +91,12 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
   }
 }
 
+void matmul_bias(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& bias) {
+  INGOT_INTERNAL_CHECK(bias.dim() == 1 && bias.size(0) == out.size(2) && bias.dtype() == out.dtype(),
+                       "matmul_bias kernel: bias ", shape_str(bias.shape()), " ", dtype_name(bias.dtype()), " for out ",
+                       shape_str(out.shape()), " ", dtype_name(out.dtype()));
+  copy(out, bias.expand_raw(out.shape()));
+  matmul(out, a, b, trans_a, trans_b, 1.0, 1.0);
+}
+
 }  // namespace ingot::kernels::cpu

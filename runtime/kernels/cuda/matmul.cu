@@ -222,12 +222,18 @@ std::optional<cublasLtMatmulAlgo_t> tuned_algo(MatmulTuner& tuner, const std::st
   return results[best].algo;
 }
 
-// Returns false when cuBLASLt has no algorithm for this problem.
+// Returns false when cuBLASLt has no algorithm for this problem. `bias` (or null): a vector of out's n
+// columns added to every row by the bias epilogue (cuBLAS's column-major view: one value per row of C).
 bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, float alpha, float beta, const void* a,
-               const void* b, void* c) {
+               const void* b, void* c, const void* bias = nullptr) {
   const cudaDataType_t t = cuda_type(dt);
   LtDescs x;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&x.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  if (bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
   const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
@@ -257,7 +263,8 @@ bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, floa
   if (t_tuner) {
     const std::string sig = detail::str_cat(dtype_name(dt), " m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch,
                                             " bcast=", g.step_a == 0, g.step_b == 0, " t=", g.trans_a, g.trans_b,
-                                            " beta0=", beta == 0.0f, " align=", al_a, ",", al_b, ",", al_c);
+                                            " beta0=", beta == 0.0f, " align=", al_a, ",", al_b, ",", al_c,
+                                            bias ? " bias" : "");
     tuned = tuned_algo(*t_tuner, sig, d, x, stream, w, g, dt, alpha, beta, a, b, c);
   }
   cublasLtMatmulHeuristicResult_t result{};
@@ -326,6 +333,28 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
                 b.data_ptr(), out.data_ptr()))
     return;
   blas_matmul(d, ctx.stream, g, out.dtype(), alpha, beta, a.data_ptr(), b.data_ptr(), out.data_ptr());
+}
+
+void matmul_bias(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& bias) {
+  check_same_device("matmul_bias", {&out, &a, &b, &bias});
+  INGOT_INTERNAL_CHECK(out.dim() == 3 && bias.dim() == 1 && bias.size(0) == out.size(2) &&
+                           bias.dtype() == out.dtype() && bias.is_contiguous(),
+                       "matmul_bias kernel: bias ", shape_str(bias.shape()), " ", dtype_name(bias.dtype()), " for out ",
+                       shape_str(out.shape()), " ", dtype_name(out.dtype()));
+  const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = trans_a ? a.size(1) : a.size(2);
+  // The epilogue path: one batch of a 2-D product with a 16-byte-aligned bias (cuBLASLt's requirement for
+  // vector loads). Anything else adds the bias the general way (broadcast it into out, then beta = 1).
+  if (out.dtype() != DType::f64 && batch == 1 && k > 0 && m > 0 && n > 0 && alignment(bias.data_ptr()) >= 16 &&
+      out.is_contiguous() && a.is_contiguous() && b.is_contiguous() && a.size(0) == 1 && b.size(0) == 1 &&
+      m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX) {
+    const Gemm g{1, 0, 0, m, n, k, trans_a, trans_b};
+    LaunchContext ctx(out);
+    if (lt_matmul(device_blas(ctx.device), ctx.stream, g, out.dtype(), 1.0f, 0.0f, a.data_ptr(), b.data_ptr(),
+                  out.data_ptr(), bias.data_ptr()))
+      return;
+  }
+  copy(out, bias.expand_raw(out.shape()));
+  matmul(out, a, b, trans_a, trans_b, 1.0, 1.0);
 }
 
 MatmulTuningScope::MatmulTuningScope(MatmulTuner* tuner) : previous_(t_tuner) { t_tuner = tuner; }
