@@ -22,6 +22,7 @@
 #include "recipes/compiled_step.h"
 #include "recipes/data_parallel.h"
 #include "recipes/metrics.h"
+#include "recipes/prefetch.h"
 #include "recipes/run_outputs.h"
 #include "recipes/train_state.h"
 #include "runtime/allocator.h"
@@ -304,10 +305,13 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   int64_t window_steps = 0;
   Clock::time_point window_start = Clock::now();
 
+  // Where the data stands after the batches of the steps done so far: the live position runs one step
+  // ahead once the next batch is prefetched (Note [Prefetching the next batch], prefetch.h).
+  int64_t consumed_position = task.data_position();
   auto make_state = [&](int64_t step, double lr) {
     TrainState t;
     t.step = step;
-    t.sampler_position = task.data_position();
+    t.sampler_position = consumed_position;
     t.tokens_seen = static_cast<int64_t>(tokens_per_step) * step;
     t.lr_schedule = o.lr_schedule;
     t.base_lr = o.lr;
@@ -349,6 +353,28 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     return save_training_checkpoint(run.output_dir, model, stand_in, m.get(), make_state(step, lr));
   };
 
+  // One step's micro-batches on the host (inputs, targets per micro-batch) and, under data parallelism with
+  // a token-weighted loss, each micro-batch's weight (one collective, in the same order on every rank).
+  auto draw_batch = [&] {
+    std::vector<Tensor> host;
+    std::vector<double> local_tokens;
+    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+      auto [x, y] = task.next_batch();
+      if (dp && task.loss_tokens) local_tokens.push_back(task.loss_tokens(y));
+      host.push_back(x);
+      host.push_back(y);
+    }
+    if (!local_tokens.empty()) {
+      std::vector<double> global_tokens = dp->sum(local_tokens);  // one collective for every micro-batch
+      std::vector<double> weights(local_tokens.size(), 0.0);
+      for (size_t m = 0; m < local_tokens.size(); ++m)
+        if (global_tokens[m] > 0) weights[m] = inv_accum * dp->world_size() * local_tokens[m] / global_tokens[m];
+      host.push_back(from_vector(weights, {static_cast<int64_t>(weights.size())}, DType::f32));
+    }
+    return host;
+  };
+  BatchPrefetcher prefetch(run.device);
+
   bool stale_removed = false;
   std::error_code ec;
   for (int64_t step = start_step; step < run.max_steps; ++step) {
@@ -356,22 +382,12 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     if (outputs) outputs->begin_step(step + 1);
     double lr = sched.at(step);
     opt.set_lr(lr);
-    std::vector<Tensor> batch;
-    std::vector<double> local_tokens;
-    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      auto [x, y] = task.next_batch();
-      if (dp && task.loss_tokens) local_tokens.push_back(task.loss_tokens(y));
-      batch.push_back(x.to(run.device));
-      batch.push_back(y.to(run.device));
-    }
-    if (!local_tokens.empty()) {
-      std::vector<double> global_tokens = dp->sum(local_tokens);  // one collective for every micro-batch
-      std::vector<double> weights(local_tokens.size(), 0.0);
-      for (size_t m = 0; m < local_tokens.size(); ++m)
-        if (global_tokens[m] > 0) weights[m] = inv_accum * dp->world_size() * local_tokens[m] / global_tokens[m];
-      batch.push_back(from_vector(weights, {static_cast<int64_t>(weights.size())}, DType::f32).to(run.device));
-    }
-    double l = (compiled ? (*compiled)(batch) : step_body(batch, false))[0].item();
+    if (!prefetch.pending()) prefetch.put(draw_batch());
+    const std::vector<Tensor> batch = prefetch.take();
+    const Tensor loss = (compiled ? (*compiled)(batch) : step_body(batch, false))[0];
+    consumed_position = task.data_position();
+    if (step + 1 < run.max_steps) prefetch.put(draw_batch());  // overlaps this step (see prefetch.h)
+    double l = loss.item();
     if (dp) l = dp->mean(l);  // each rank's loss is the mean over its equal share of the global batch
     INGOT_CHECK(std::isfinite(l), "training diverged: the loss is ", l, " at step ", step + 1, " (lr ", lr,
                 "); lower train.lr or set train.grad_clip");

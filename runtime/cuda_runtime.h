@@ -52,6 +52,13 @@ void destroy_graph(void* exec);
 void profiler_start();
 void profiler_stop();
 
+// Page-locked host memory (what lets a host-to-device copy run asynchronously, overlapping kernels).
+void* host_alloc_pinned(size_t nbytes);
+void host_free_pinned(void* p);
+// Host-to-device copy on stream `s`, returning at once: `src` must be pinned and left untouched until the
+// copy is done (an event recorded on `s` after it says when).
+void copy_to_device_async(void* dst, const void* src, size_t nbytes, Stream s);
+
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
 // Copies on the current stream of the device involved, then waits for it when host memory is involved.
 void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device);

@@ -1,5 +1,6 @@
 // runtime/cuda_runtime.h on the CUDA runtime API: device selection, streams, events, copies, and the
 // error reporting behind CUDA_CHECK / CUBLAS_CHECK.
+#include <algorithm>
 #include <vector>
 
 #include <cuda_profiler_api.h>
@@ -176,6 +177,22 @@ void synchronize_device(int device) {
   check_device(device, "synchronize_device");
   DeviceGuard g(device);
   CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void* host_alloc_pinned(size_t nbytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(nbytes, 1), cudaHostAllocDefault));
+  return p;
+}
+
+void host_free_pinned(void* p) {
+  if (p) CUDA_CHECK(cudaFreeHost(p));
+}
+
+void copy_to_device_async(void* dst, const void* src, size_t nbytes, Stream s) {
+  if (nbytes == 0) return;
+  DeviceGuard g(s.device);
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s.handle)));
 }
 
 void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device) {
