@@ -2,7 +2,9 @@
 //   bench_gpt2_step [--device cuda|cpu] [--batch 16] [--seq 1024] [--layers 12] [--heads 12] [--embd 768]
 //                   [--vocab 50304] [--steps 20] [--warmup 5] [--dtype bf16|f32]
 //                   [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR] [--profile K]
-//                   [--profiler-range]
+//                   [--profiler-range] [--memory-budget B]
+// --memory-budget B: compile with CompileOptions::memory_budget = B (< 1 recomputes cheap saved activations in
+// the backward, compile/passes/remat.cpp).
 // --profiler-range: after the timed steps, one more step between cudaProfilerStart/Stop, for an external
 // profiler started with profiling off (ncu --profile-from-start off; bench/reference/ncu_summary.py sums it).
 // --profile K: after the timed steps, one more step under the op profiler (recipes/profile.h: the device is
@@ -44,6 +46,7 @@ struct Args {
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
   bool profiler_range = false;
+  double memory_budget = 1.0;
 };
 
 Args parse(int argc, char** argv) {
@@ -54,7 +57,7 @@ Args parse(int argc, char** argv) {
       std::printf("usage: bench_gpt2_step [--device auto|cpu|cuda] [--dtype bf16|f32] [--batch N] [--seq N]\n"
                   "       [--layers N] [--heads N] [--embd N] [--vocab N] [--steps N] [--warmup N]\n"
                   "       [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR] [--profile K]\n"
-                  "       [--profiler-range]\n");
+                  "       [--profiler-range] [--memory-budget B]\n");
       std::exit(0);
     }
     if (k == "--profiler-range") {
@@ -76,6 +79,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--compile") a.compile = v;
     else if (k == "--cache-dir") a.cache_dir = v;
     else if (k == "--profile") a.profile = std::stoll(v);
+    else if (k == "--memory-budget") a.memory_budget = std::stod(v);
     else INGOT_FAIL("bench_gpt2_step: unknown flag ", k, " (see --help)");
   }
   return a;
@@ -130,6 +134,7 @@ int main(int argc, char** argv) try {
                 a.compile);
     o.mode = *mode;
     o.cache_dir = a.cache_dir;
+    o.memory_budget = a.memory_budget;
     o.name = "gpt2_step";
     compiled = compile(step_fn, o);
   }

@@ -64,6 +64,7 @@ uint64_t CompileOptions::hash() const {
   mix(regional);
   mix(static_cast<uint64_t>(backend));
   mix(static_cast<uint64_t>(memory_budget * 1e6));
+  mix(split_update);
   return h;
 }
 

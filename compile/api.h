@@ -63,6 +63,9 @@ struct CompileOptions {
   CompileBackend backend = CompileBackend::Auto;
   std::string cache_dir;       // empty: $INGOT_CACHE_DIR or ~/.cache/ingot
   double memory_budget = 1.0;  // fraction of saved activations kept; the rest is recomputed in backward
+  // Each parameter's optimizer update right after its gradient is complete (compile/passes/split_update.cpp):
+  // gradients die early (lower peak), at the cost of one update launch per parameter instead of one in all.
+  bool split_update = false;
   bool disable = false;        // run eagerly, never trace
   Stance stance = Stance::Default;
   std::string name = "step";   // for logs and explain

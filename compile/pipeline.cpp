@@ -183,8 +183,8 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   });
   run_pass("remat", g, [&](Graph& x) { return passes::remat(x, opts.memory_budget); });
   run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
-  run_pass("split_update", g, [&](Graph& x) { return passes::split_update(x, opts.memory_budget); });
-  run_pass("fuse", g, [&](Graph& x) { return passes::fuse(x, opts.memory_budget >= 1.0); });
+  run_pass("split_update", g, [&](Graph& x) { return passes::split_update(x, opts.split_update ? 0.0 : 1.0); });
+  run_pass("fuse", g, [&](Graph& x) { return passes::fuse(x, !opts.split_update); });
   run_pass("schedule", g, [](Graph& x) { return passes::schedule(x); });
   g.verify();
   const passes::MemoryPlan plan = passes::memory_plan(g);
