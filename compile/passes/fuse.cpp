@@ -1,5 +1,6 @@
 // Fusion grouping. Invariant afterwards: every node is in at most one FusionGroup, and each group is one of
-//   Pointwise     a DAG of Pointwise nodes whose outputs all have one shape (inputs may broadcast);
+//   Pointwise     a DAG of Pointwise nodes whose outputs all have one shape (inputs may broadcast), or
+//                 siblings reading one input of that shape (Note [Sibling fusion]);
 //   RowReduction  one Reduction node (softmax, norms, cross-entropy, sums) with the pointwise nodes of its
 //                 input's shape that feed it (prologue) and the pointwise nodes that consume it (epilogue);
 //   MultiTensor   every multi-tensor optimizer update of the graph (horizontal fusion over all parameters),
@@ -93,16 +94,42 @@ std::string group_name(const Graph& g, const FusionGroup& fg) {
   return os.str();
 }
 
+// Note [Sibling fusion]: a pointwise node with no producer group to join may join a pointwise group that
+// reads one of its inputs at full size (shape = the group's), when both are in the same pass (forward or
+// backward) and no cycle results. The case it is for: a GELU output recomputed in the backward (remat.cpp)
+// and the GELU gradient both read the first MLP projection's output; as one kernel that output is read once
+// and the recomputation costs no launch.
+int32_t sibling_group(const Graph& g, const Grouping& gr, const std::vector<std::vector<int32_t>>& readers, int32_t n) {
+  const Node& node = g.nodes[static_cast<size_t>(n)];
+  for (int32_t v : node.inputs) {
+    if (v < 0) continue;
+    const Shape vs = trace_shape(g.values[static_cast<size_t>(v)].shape);
+    for (int32_t r : readers[static_cast<size_t>(v)]) {
+      const int32_t G = gr.group_of[static_cast<size_t>(r)];
+      if (G < 0 || gr.kind[static_cast<size_t>(G)] != GroupKind::Pointwise) continue;
+      const Shape& gs = gr.shape[static_cast<size_t>(G)];
+      if (vs != gs || !same_output_shapes(g, node, gs)) continue;
+      if (g.nodes[static_cast<size_t>(r)].forward != node.forward || !gr.can_join(n, G)) continue;
+      return G;
+    }
+  }
+  return -1;
+}
+
 }  // namespace
 
 bool fuse(Graph& g, bool horizontal) {
   g.groups.clear();
   for (Node& n : g.nodes) n.group = -1;
   Grouping gr(g);
+  std::vector<std::vector<int32_t>> readers_before(g.values.size());  // nodes seen so far reading each value
   int32_t multi = -1;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const int32_t n = static_cast<int32_t>(i);
     const Node& node = g.nodes[i];
+    if (i > 0)
+      for (int32_t v : g.nodes[i - 1].inputs)
+        if (v >= 0) readers_before[static_cast<size_t>(v)].push_back(n - 1);
     if (is_multi_tensor_update(*node.prim)) {
       if (multi < 0 || !horizontal) multi = gr.new_group(n, GroupKind::MultiTensor, {});
       else if (gr.can_join(n, multi)) gr.group_of[i] = multi;
@@ -138,7 +165,11 @@ bool fuse(Graph& g, bool horizontal) {
       joined = G;
       break;
     }
-    if (joined >= 0) continue;
+    if (joined < 0 && fk == FusionKind::Pointwise) joined = sibling_group(g, gr, readers_before, n);
+    if (joined >= 0) {
+      gr.group_of[i] = joined;
+      continue;
+    }
     if (fk == FusionKind::Reduction) {
       const Value& in0 = g.values[static_cast<size_t>(node.inputs[0])];
       gr.new_group(n, GroupKind::RowReduction, trace_shape(in0.shape));
