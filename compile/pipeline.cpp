@@ -181,6 +181,10 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("decompose_norm_bwd", g, [&](Graph& x) {
     return opts.backend != CompileBackend::Eager && passes::decompose_norm_bwd(x);
   });
+  run_pass("matmul_epilogues", g, [&](Graph& x) {
+    return opts.backend != CompileBackend::Eager && passes::fuse_matmul_epilogues(x);
+  });
+  run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
   run_pass("remat", g, [&](Graph& x) { return passes::remat(x, opts.memory_budget); });
   run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
   run_pass("split_update", g, [&](Graph& x) { return passes::split_update(x, opts.split_update ? 0.0 : 1.0); });

@@ -8,6 +8,7 @@
 // `[..., M, K] @ [K, N]` into a single [.. * M, K] @ [K, N] product. Backward is the two transposed products,
 // expressed with the trans flags so no transpose is ever materialized, and summed over broadcast batches.
 #include "autograd/ops.h"
+#include "autograd/ops/matmul_fused.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -71,12 +72,57 @@ class MatmulPrim final : public Primitive {
     return {out};
   }
   void print_attrs(std::ostream& os) const override { os << "trans_a=" << ta_ << ", trans_b=" << tb_; }
+  MatmulFlags flags() const { return {ta_, tb_}; }
   // With A = op(a), B = op(b): dA = dC @ B^T and dB = A^T @ dC; a stored transposed gets the transpose of
   // that, which the flags express without copies.
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override;
 
  private:
   bool ta_, tb_;
+};
+
+// See autograd/ops/matmul_fused.h. Inputs (a, b, pre); never differentiated (it only appears in backward
+// graphs the compiler rewrote).
+class MatmulDgeluPrim final : public Primitive {
+ public:
+  MatmulDgeluPrim(bool trans_a, bool trans_b, bool dbias) : ta_(trans_a), tb_(trans_b), dbias_(dbias) {}
+  std::string_view name() const override { return "matmul_dgelu"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const Shape &sa = in[0].shape, &sb = in[1].shape;
+    INGOT_CHECK(sa.size() == 2 && sb.size() == 2, "matmul_dgelu: expected 2-D operands, got ", shape_str(sa),
+                " and ", shape_str(sb));
+    check_float_pair("matmul_dgelu", in[0], in[1]);
+    auto [m, k] = logical_dims(sa, ta_);
+    auto [k2, n] = logical_dims(sb, tb_);
+    INGOT_CHECK(k == k2 && ingot::numel(in[2].shape) == m * n && in[2].dtype == in[0].dtype,
+                "matmul_dgelu: ", shape_str(sa), (ta_ ? "^T" : ""), " @ ", shape_str(sb), (tb_ ? "^T" : ""),
+                " does not match the GELU input ", shape_str(in[2].shape));
+    std::vector<TensorMeta> out{{in[2].shape, in[0].dtype, in[0].device}};
+    if (dbias_) out.push_back({{n}, in[0].dtype, in[0].device});
+    return out;
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    std::vector<Tensor> out = alloc_outputs(infer(metas_of(in)));
+    auto [m, k] = logical_dims(in[0].shape(), ta_);
+    const int64_t n = ingot::numel(in[2].shape()) / std::max<int64_t>(m, 1);
+    (void)k;
+    const Tensor out3 = out[0].as_strided({1, m, n}, {m * n, n, 1}, out[0].offset());
+    if (out[0].numel() == 0) {
+      if (dbias_) out[1].zero_();
+      return out;
+    }
+    KernelOperand a = kernel_operand(in[0], ta_), b = kernel_operand(in[1], tb_);
+    INGOT_KERNEL_CALL(out[0].device(), matmul_dgelu, out3, dbias_ ? out[1] : Tensor(), a.t, b.t, a.trans, b.trans,
+                      in[2].contiguous_raw());
+    return out;
+  }
+  bool differentiable() const override { return false; }
+  void print_attrs(std::ostream& os) const override {
+    os << "trans_a=" << ta_ << ", trans_b=" << tb_ << ", dbias=" << dbias_;
+  }
+
+ private:
+  bool ta_, tb_, dbias_;
 };
 
 Tensor mm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
@@ -140,6 +186,16 @@ Tensor flatten_batch(const Tensor& t, const Shape& batch) {
 }
 
 }  // namespace
+
+std::shared_ptr<Primitive> make_matmul_dgelu(bool trans_a, bool trans_b, bool with_dbias) {
+  return std::make_shared<MatmulDgeluPrim>(trans_a, trans_b, with_dbias);
+}
+
+std::optional<MatmulFlags> matmul_flags(const Primitive& p) {
+  const auto* m = dynamic_cast<const MatmulPrim*>(&p);
+  if (!m) return std::nullopt;
+  return m->flags();
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   INGOT_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: operands must have at least 1 dim, got ",

@@ -25,6 +25,10 @@ bool functionalize(Graph& g);
 // dims) on the same inputs and output values; a single-input pointwise producer of dy (the cast of a bf16
 // gradient) is duplicated for the dw/db node. Run after the last cse, which would merge the copy back.
 bool decompose_norm_bwd(Graph& g);
+// matmul_epilogue.cpp: on CUDA graphs (any graph with cpu_too), no gelu_tanh_grad reads (directly or through a
+// reshape) a 2-D matmul's output that nothing else reads: the pair is one matmul_dgelu node, which with
+// with_dbias also produces the row sum of the GELU gradient (a bias gradient) when the graph computed it.
+bool fuse_matmul_epilogues(Graph& g, bool cpu_too = false, bool with_dbias = false);
 // remat.cpp: with budget < 1, forward values saved for backward whose producer is cheap (pointwise/view)
 // are recomputed in backward instead of kept, until the bytes kept across the forward/backward boundary
 // are at most budget x the original. Returns the bytes no longer kept in `saved_bytes` if given.

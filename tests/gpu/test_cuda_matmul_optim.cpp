@@ -92,6 +92,36 @@ TEST(CudaMatmul, BiasEpilogueMatchesCpuAndTheFallbackPaths) {
   }
 }
 
+// The GELU backward folded into the product (cuBLASLt's DGELU / DGELU_BGRAD epilogue), with and without the
+// bias gradient, against the CPU kernel; N = 36 (not a multiple of 8) takes the unfused path.
+TEST(CudaMatmul, DgeluEpilogueMatchesCpuWithAndWithoutTheBiasGradient) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(34);
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    for (const MatmulCase& c : {MatmulCase{1, 1, 1, 256, 192, 64}, MatmulCase{1, 1, 1, 100, 36, 40}}) {
+      for (int trans = 0; trans < 4; ++trans) {
+        for (bool with_dbias : {false, true}) {
+          const bool ta = trans & 1, tb = trans & 2;
+          Operand a = make_operand(ta ? Shape{1, c.k, c.m} : Shape{1, c.m, c.k}, dt, Layout::Contiguous);
+          Operand b = make_operand(tb ? Shape{1, c.n, c.k} : Shape{1, c.k, c.n}, dt, Layout::Contiguous);
+          Operand pre = make_operand({c.m, c.n}, dt, Layout::Contiguous, [](double x) { return 3 * x; });
+          const Shape os{1, c.m, c.n};
+          Tensor ref = empty(os, dt), out = poisoned(os, dt, kGpu);
+          Tensor dref = with_dbias ? empty({c.n}, dt) : Tensor(), dgot = with_dbias ? poisoned({c.n}, dt, kGpu) : Tensor();
+          kc::matmul_dgelu(ref, dref, a.cpu, b.cpu, ta, tb, pre.cpu);
+          kg::matmul_dgelu(out, dgot, a.gpu, b.gpu, ta, tb, pre.gpu);
+          const std::string at = detail::str_cat(dtype_name(dt), " M", c.m, " N", c.n, " K", c.k, ta ? " a^T" : "",
+                                                 tb ? " b^T" : "", with_dbias ? " dbias" : "");
+          EXPECT_LE(rel_norm_error(out, ref), 2 * matmul_tol(dt)) << at;
+          if (with_dbias) {
+            EXPECT_LE(rel_norm_error(dgot, dref), 2 * matmul_tol(dt)) << at;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaMatmul, MisalignedViewsAndEmptyKStillWork) {
   INGOT_REQUIRE_CUDA();
   manual_seed(32);

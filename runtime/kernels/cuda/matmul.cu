@@ -224,15 +224,28 @@ std::optional<cublasLtMatmulAlgo_t> tuned_algo(MatmulTuner& tuner, const std::st
 
 // Returns false when cuBLASLt has no algorithm for this problem. `bias` (or null): a vector of out's n
 // columns added to every row by the bias epilogue (cuBLAS's column-major view: one value per row of C).
+// A fused epilogue: BIAS reads `bias` (n values); DGELU multiplies by GELU'(aux), aux being the forward's
+// pre-activation laid out like c (leading dimension aux_ld); DGELU_BGRAD also writes the column sums to `bias`.
+struct Epilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  const void* aux = nullptr;
+  int64_t aux_ld = 0;
+};
+
 bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, float alpha, float beta, const void* a,
-               const void* b, void* c, const void* bias = nullptr) {
+               const void* b, void* c, const Epilogue& e = {}) {
   const cudaDataType_t t = cuda_type(dt);
   LtDescs x;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&x.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  if (bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e.kind, sizeof(e.kind)));
+    if (e.bias)
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
+    if (e.aux) {
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof(e.aux)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &e.aux_ld, sizeof(e.aux_ld)));
+    }
   }
   const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
@@ -264,7 +277,7 @@ bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, floa
     const std::string sig = detail::str_cat(dtype_name(dt), " m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch,
                                             " bcast=", g.step_a == 0, g.step_b == 0, " t=", g.trans_a, g.trans_b,
                                             " beta0=", beta == 0.0f, " align=", al_a, ",", al_b, ",", al_c,
-                                            bias ? " bias" : "");
+                                            " epilogue=", static_cast<int>(e.kind));
     tuned = tuned_algo(*t_tuner, sig, d, x, stream, w, g, dt, alpha, beta, a, b, c);
   }
   cublasLtMatmulHeuristicResult_t result{};
@@ -349,12 +362,46 @@ void matmul_bias(const Tensor& out, const Tensor& a, const Tensor& b, bool trans
       m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX) {
     const Gemm g{1, 0, 0, m, n, k, trans_a, trans_b};
     LaunchContext ctx(out);
+    Epilogue e;
+    e.kind = CUBLASLT_EPILOGUE_BIAS;
+    e.bias = bias.data_ptr();
     if (lt_matmul(device_blas(ctx.device), ctx.stream, g, out.dtype(), 1.0f, 0.0f, a.data_ptr(), b.data_ptr(),
-                  out.data_ptr(), bias.data_ptr()))
+                  out.data_ptr(), e))
       return;
   }
   copy(out, bias.expand_raw(out.shape()));
   matmul(out, a, b, trans_a, trans_b, 1.0, 1.0);
+}
+
+void matmul_dgelu(const Tensor& out, const Tensor& dbias, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                  const Tensor& pre) {
+  check_same_device("matmul_dgelu", {&out, &a, &b, &pre});
+  const int64_t m = out.size(1), n = out.size(2), k = trans_a ? a.size(1) : a.size(2);
+  INGOT_INTERNAL_CHECK(out.dim() == 3 && out.size(0) == 1 && pre.numel() == m * n && pre.is_contiguous() &&
+                           pre.dtype() == out.dtype() && (!dbias.defined() || (dbias.numel() == n &&
+                                                                               dbias.dtype() == out.dtype())),
+                       "matmul_dgelu kernel: out ", shape_str(out.shape()), ", pre ", shape_str(pre.shape()));
+  if (out.numel() == 0) return;
+  // cuBLASLt wants the aux leading dimension (n, in its column-major view) a multiple of 8 and 16-byte pointers.
+  if (out.dtype() != DType::f64 && k > 0 && n % 8 == 0 && alignment(pre.data_ptr()) >= 16 &&
+      (!dbias.defined() || alignment(dbias.data_ptr()) >= 16) && out.is_contiguous() && a.is_contiguous() &&
+      b.is_contiguous() && a.size(0) == 1 && b.size(0) == 1 && m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX) {
+    const Gemm g{1, 0, 0, m, n, k, trans_a, trans_b};
+    LaunchContext ctx(out);
+    Epilogue e;
+    e.kind = dbias.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+    e.bias = dbias.defined() ? dbias.data_ptr() : nullptr;
+    e.aux = pre.data_ptr();
+    e.aux_ld = n;
+    if (lt_matmul(device_blas(ctx.device), ctx.stream, g, out.dtype(), 1.0f, 0.0f, a.data_ptr(), b.data_ptr(),
+                  out.data_ptr(), e))
+      return;
+  }
+  // The unfused path: the product, the GELU derivative in place, the column sums.
+  matmul(out, a, b, trans_a, trans_b, 1.0, 0.0);
+  const Tensor pre3 = pre.as_strided(out.shape(), out.strides(), pre.offset());
+  binary(BinaryOp::GeluTanhGrad, out, pre3, out);
+  if (dbias.defined()) reduce(ReduceOp::Sum, dbias, out, 1, m, n);
 }
 
 MatmulTuningScope::MatmulTuningScope(MatmulTuner* tuner) : previous_(t_tuner) { t_tuner = tuner; }

@@ -1,0 +1,80 @@
+// Note [cuBLASLt GELU backward epilogue] (compile/passes/matmul_epilogue.cpp): in a GPT-2 step every GELU
+// gradient becomes one matmul_dgelu node per block (with the first MLP linear's bias gradient when asked), and
+// the step still matches eager. On the CPU the pass runs only when asked (cpu_too); the kernel's CPU version runs here,
+// the CUDA one in tests/gpu/test_cuda_matmul_optim.cpp and every compiled GPT-2 step on the GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "compile/executor.h"
+#include "compile/passes/passes.h"
+#include "compile/pipeline.h"
+#include "compile/step_fixture.h"
+#include "compile/trace.h"
+
+namespace ingot::compiler {
+namespace {
+
+int count(const Graph& g, std::string_view name) {
+  int n = 0;
+  for (const Node& node : g.nodes) n += node.prim->name() == name;
+  return n;
+}
+
+TEST(MatmulEpilogue, GeluGradientAndBiasGradientFoldIntoTheProduct) {
+  auto [ids, tgt] = testing::repeating_batch(2, 8);
+  for (bool bf16 : {false, true}) {
+    manual_seed(13);
+    auto model = testing::tiny_gpt2();
+    if (bf16) model->set_compute_dtype(DType::bf16);
+    auto fn = [&](const std::vector<Tensor>& a) {
+      Tensor loss = model->loss(a[0], a[1]);
+      loss.backward();
+      std::vector<Tensor> r{loss};
+      for (Tensor p : model->parameters()) {
+        r.push_back(p.grad());
+        p.zero_grad();
+      }
+      return r;
+    };
+    Graph g = trace(fn, {ids, tgt}).graph;
+    const int layers = 2;
+    ASSERT_EQ(count(g, "gelu_tanh_grad"), layers);
+    EXPECT_FALSE(passes::fuse_matmul_epilogues(g)) << "CPU graphs keep their generated GELU kernels by default";
+    // The pipeline's choice (the product and the GELU gradient) on one copy, with the bias gradient on another.
+    Graph g2 = trace(fn, {ids, tgt}).graph;
+    const int sums_before = count(g2, "sum");
+    ASSERT_TRUE(passes::fuse_matmul_epilogues(g, true));
+    ASSERT_TRUE(passes::fuse_matmul_epilogues(g2, true, true));
+    for (Graph* x : {&g, &g2}) {
+      passes::dce(*x);
+      x->verify();
+      EXPECT_EQ(count(*x, "gelu_tanh_grad"), 0);
+      EXPECT_EQ(count(*x, "matmul_dgelu"), layers);
+    }
+    for (const Node& n : g.nodes) {
+      if (n.prim->name() != "matmul_dgelu") continue;
+      EXPECT_EQ(n.outputs.size(), 1u);
+    }
+    for (const Node& n : g2.nodes) {
+      if (n.prim->name() != "matmul_dgelu") continue;
+      EXPECT_EQ(n.outputs.size(), 2u) << "the bias gradient comes along";
+    }
+    EXPECT_EQ(count(g, "sum"), sums_before);
+    EXPECT_EQ(count(g2, "sum"), sums_before - layers);
+    for (Graph* x : {&g, &g2}) {
+      CompileStats stats;
+      std::shared_ptr<Executable> exe = build_executable(std::move(*x), {}, stats);
+      const std::vector<Tensor> got = execute(*exe, {ids, tgt}), want = fn({ids, tgt});
+      ASSERT_EQ(got.size(), want.size());
+      // bf16: the fused product rounds once where eager rounds the product and then the GELU gradient.
+      const double rtol = bf16 ? 2e-2 : 1e-4, atol = bf16 ? 2e-3 : 1e-5;
+      EXPECT_NEAR(got[0].item(), want[0].item(), 1e-5 * std::abs(want[0].item()));
+      for (size_t i = 1; i < want.size(); ++i)
+        EXPECT_LE(max_rel_error(got[i], want[i], rtol, atol), 1.0) << (bf16 ? "bf16" : "f32") << " parameter " << i - 1;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ingot::compiler
