@@ -67,6 +67,23 @@ std::vector<Tensor> bind_inputs(const Graph& g, const std::vector<Tensor>& args,
   return env;
 }
 
+namespace {
+// Note [Outputs over dead inputs] (autograd/primitive.h): input k's buffer is free for the output when it is
+// a whole dense buffer whose every holder is a value released by this step: a graph input (the caller holds
+// it), a value read later or a view of one still in env holds its own reference and keeps the count higher.
+bool dead_after(const ExecStep& s, const std::vector<Tensor>& env, const std::vector<Tensor>& ins, size_t k) {
+  if (k >= ins.size() || !ins[k].defined() || !ins[k].is_contiguous() || ins[k].offset() != 0) return false;
+  const std::shared_ptr<Storage>& st = ins[k].storage();
+  if (!st || static_cast<int64_t>(ins[k].nbytes()) != static_cast<int64_t>(st->nbytes)) return false;
+  long holders = 0;
+  for (int32_t r : s.release) {
+    const Tensor& t = env[static_cast<size_t>(r)];
+    if (t.defined() && t.storage() == st) ++holders;
+  }
+  return holders > 0 && st.use_count() == holders;
+}
+}  // namespace
+
 void run_step(const Graph& g, const ExecStep& s, std::vector<Tensor>& env) {
   if (s.kernel) {
     s.kernel(env);
@@ -76,7 +93,8 @@ void run_step(const Graph& g, const ExecStep& s, std::vector<Tensor>& env) {
   std::vector<Tensor> ins;
   ins.reserve(n.inputs.size());
   for (int32_t v : n.inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
-  std::vector<Tensor> outs = n.prim->eval(ins);
+  const std::optional<size_t> k = n.prim->reusable_input();
+  std::vector<Tensor> outs = k && dead_after(s, env, ins, *k) ? n.prim->eval_into(ins, ins[*k]) : n.prim->eval(ins);
   for (size_t k = 0; k < outs.size(); ++k) env[static_cast<size_t>(n.outputs[k])] = std::move(outs[k]);
 }
 

@@ -21,7 +21,12 @@ class CrossEntropyBwdPrim final : public Primitive {
   std::string_view name() const override { return "cross_entropy_bwd"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[1]}; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
-    Tensor dlogits = alloc_outputs(infer(metas_of(in)))[0];
+    return eval_into(in, alloc_outputs(infer(metas_of(in)))[0]);
+  }
+  // The kernel reads a row's logits and writes its gradient element by element (Note [Outputs over dead
+  // inputs], autograd/primitive.h).
+  std::optional<size_t> reusable_input() const override { return 1; }
+  std::vector<Tensor> eval_into(const std::vector<Tensor>& in, const Tensor& dlogits) const override {
     if (dlogits.numel() > 0)
       INGOT_KERNEL_CALL(dlogits.device(), cross_entropy_bwd, dlogits, in[0].contiguous_raw(), in[1].contiguous_raw(),
                         in[2].contiguous_raw(), in[3].contiguous_raw(), ignore_, ls_);
