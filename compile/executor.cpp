@@ -71,12 +71,13 @@ namespace {
 // Note [Outputs over dead inputs] (autograd/primitive.h): input k's buffer is free for the output when it is
 // a whole dense buffer whose every holder is a value released by this step: a graph input (the caller holds
 // it), a value read later or a view of one still in env holds its own reference and keeps the count higher.
-bool dead_after(const ExecStep& s, const std::vector<Tensor>& env, const std::vector<Tensor>& ins, size_t k) {
+bool dead_after(const std::vector<int32_t>& release, const std::vector<Tensor>& env, const std::vector<Tensor>& ins,
+                size_t k) {
   if (k >= ins.size() || !ins[k].defined() || !ins[k].is_contiguous() || ins[k].offset() != 0) return false;
   const std::shared_ptr<Storage>& st = ins[k].storage();
   if (!st || static_cast<int64_t>(ins[k].nbytes()) != static_cast<int64_t>(st->nbytes)) return false;
   long holders = 0;
-  for (int32_t r : s.release) {
+  for (int32_t r : release) {
     const Tensor& t = env[static_cast<size_t>(r)];
     if (t.defined() && t.storage() == st) ++holders;
   }
@@ -89,12 +90,16 @@ void run_step(const Graph& g, const ExecStep& s, std::vector<Tensor>& env) {
     s.kernel(env);
     return;
   }
-  const Node& n = g.nodes[static_cast<size_t>(s.node)];
+  run_node(g.nodes[static_cast<size_t>(s.node)], s.release, env);
+}
+
+void run_node(const Node& n, const std::vector<int32_t>& release, std::vector<Tensor>& env) {
   std::vector<Tensor> ins;
   ins.reserve(n.inputs.size());
   for (int32_t v : n.inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
   const std::optional<size_t> k = n.prim->reusable_input();
-  std::vector<Tensor> outs = k && dead_after(s, env, ins, *k) ? n.prim->eval_into(ins, ins[*k]) : n.prim->eval(ins);
+  std::vector<Tensor> outs =
+      k && dead_after(release, env, ins, *k) ? n.prim->eval_into(ins, ins[*k]) : n.prim->eval(ins);
   for (size_t k = 0; k < outs.size(); ++k) env[static_cast<size_t>(n.outputs[k])] = std::move(outs[k]);
 }
 

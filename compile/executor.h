@@ -41,6 +41,9 @@ std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& ar
 // storages of captured tensors), one step (without its releases), and the results, write-backs and .grads.
 std::vector<Tensor> bind_inputs(const Graph& g, const std::vector<Tensor>& args, std::set<const Storage*>* captured);
 void run_step(const Graph& g, const ExecStep& s, std::vector<Tensor>& env);
+// A node step's body: evaluates `n` on env, writing its outputs; `release` are the values dead after it (an
+// output may take over a dead input's buffer, Note [Outputs over dead inputs]).
+void run_node(const Node& n, const std::vector<int32_t>& release, std::vector<Tensor>& env);
 // The nodes step i runs, [first, last): up to the next step's node (a fusion group's members are contiguous).
 std::pair<size_t, size_t> step_node_range(const Executable& exe, size_t i);
 std::vector<Tensor> finish(const Graph& g, const std::vector<Tensor>& env, const std::set<const Storage*>& captured);

@@ -311,14 +311,9 @@ void CudaSession::tune_matmuls(const compiler::Graph& g, std::vector<compiler::E
     const compiler::Node& n = g.nodes[static_cast<size_t>(s.node)];
     if (n.prim->fusion_kind() != FusionKind::Opaque) continue;
     // What compiler::execute does for a node step, inside the session's scope.
-    s.kernel = [self = shared_from_this(), prim = n.prim, inputs = n.inputs,
-                outputs = n.outputs](std::vector<Tensor>& env) {
+    s.kernel = [self = shared_from_this(), node = n, release = s.release](std::vector<Tensor>& env) {
       kernels::cuda::MatmulTuningScope scope(self.get());
-      std::vector<Tensor> ins;
-      ins.reserve(inputs.size());
-      for (int32_t v : inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
-      std::vector<Tensor> outs = prim->eval(ins);
-      for (size_t k = 0; k < outs.size(); ++k) env[static_cast<size_t>(outputs[k])] = std::move(outs[k]);
+      compiler::run_node(node, release, env);
     };
   }
 }
