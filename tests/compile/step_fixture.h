@@ -88,6 +88,21 @@ inline void expect_same_training(const StepRun& eager, const StepRun& comp, doub
 }
 
 inline auto tiny_gpt2() { return std::make_shared<models::GPT2>(tiny_gpt2_config()); }
+
+// A step to trace: {ids, targets} -> {loss, then every parameter's gradient}, leaving the gradients cleared.
+template <typename Model>
+auto loss_and_grads(const std::shared_ptr<Model>& model) {
+  return [model](const std::vector<Tensor>& a) {
+    Tensor loss = model->loss(a[0], a[1]);
+    loss.backward();
+    std::vector<Tensor> r{loss};
+    for (Tensor p : model->parameters()) {
+      r.push_back(p.grad());
+      p.zero_grad();
+    }
+    return r;
+  };
+}
 inline auto tiny_llama() { return std::make_shared<models::Llama>(tiny_llama_config()); }
 
 }  // namespace ingot::testing

@@ -27,16 +27,7 @@ TEST(MatmulEpilogue, GeluGradientAndBiasGradientFoldIntoTheProduct) {
     manual_seed(13);
     auto model = testing::tiny_gpt2();
     if (bf16) model->set_compute_dtype(DType::bf16);
-    auto fn = [&](const std::vector<Tensor>& a) {
-      Tensor loss = model->loss(a[0], a[1]);
-      loss.backward();
-      std::vector<Tensor> r{loss};
-      for (Tensor p : model->parameters()) {
-        r.push_back(p.grad());
-        p.zero_grad();
-      }
-      return r;
-    };
+    auto fn = testing::loss_and_grads(model);
     Graph g = trace(fn, {ids, tgt}).graph;
     const int layers = 2;
     ASSERT_EQ(count(g, "gelu_tanh_grad"), layers);

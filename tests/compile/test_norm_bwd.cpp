@@ -226,16 +226,7 @@ TEST(NormBwdLowering, Gpt2StepFusesEachDxWithItsResidualAdd) {
   manual_seed(7);
   auto model = testing::tiny_gpt2();
   bf16_linears(model);
-  auto fn = [&](const std::vector<Tensor>& a) {
-    Tensor loss = model->loss(a[0], a[1]);
-    loss.backward();
-    std::vector<Tensor> r{loss};
-    for (Tensor p : model->parameters()) {
-      r.push_back(p.grad());
-      p.zero_grad();
-    }
-    return r;
-  };
+  auto fn = testing::loss_and_grads(model);
   CompileStats stats;
   std::shared_ptr<Executable> exe = build_executable(std::move(trace(fn, {ids, tgt}).graph), {}, stats);
   const Graph& g = exe->graph;

@@ -42,16 +42,7 @@ TEST(SiblingFusion, RecomputedGeluSharesTheGeluGradientKernel) {
   for (double budget : {1.0, 0.8}) {
     manual_seed(11);
     auto model = testing::tiny_gpt2();
-    auto fn = [&](const std::vector<Tensor>& a) {
-      Tensor loss = model->loss(a[0], a[1]);
-      loss.backward();
-      std::vector<Tensor> r{loss};
-      for (Tensor p : model->parameters()) {
-        r.push_back(p.grad());
-        p.zero_grad();
-      }
-      return r;
-    };
+    auto fn = testing::loss_and_grads(model);
     CompileOptions o;
     o.memory_budget = budget;
     CompileStats stats;
