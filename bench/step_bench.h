@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "compile/api.h"
+#include "runtime/allocator.h"
 #include "runtime/cuda_runtime.h"
 #include "runtime/tensor.h"
 
@@ -54,7 +55,12 @@ inline StepTimes time_steps(Device dev, int64_t warmup, int64_t steps, const std
       step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
     r.last_loss = loss.item();
-    if (s == 0) r.first_loss = r.last_loss;
+    // Peak memory is that of the steady-state steps: a compiled function's first call traces the step eagerly
+    // (and holds what eager holds), which no later step repeats.
+    if (s == 0) {
+      r.first_loss = r.last_loss;
+      allocator_for(dev).reset_peak();
+    }
     if (s >= warmup) r.ms.push_back(step_ms);
   }
   return r;

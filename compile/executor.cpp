@@ -1,6 +1,12 @@
 #include "compile/executor.h"
 
+#include <algorithm>
+#include <optional>
 #include <set>
+#include <sstream>
+
+#include "compile/logs.h"
+#include "runtime/allocator.h"
 
 namespace ingot::compiler {
 
@@ -172,17 +178,83 @@ void run_step_profiled(const Executable& exe, size_t i, std::vector<Tensor>& env
 
 }  // namespace
 
+namespace {
+
+// INGOT_LOGS=memory: where in the step the allocator of the graph's device held the most, and what was alive.
+class MemoryWatch {
+ public:
+  explicit MemoryWatch(const Graph& g) : g_(g) {
+    Device dev = Device::cpu();
+    for (const Value& v : g.values)
+      if (v.device.is_cuda()) {
+        dev = v.device;
+        break;
+      }
+    alloc_ = &allocator_for(dev);
+  }
+  void after(size_t step, const std::vector<Tensor>& env) {
+    const int64_t now = alloc_->stats().allocated_bytes;
+    if (now <= peak_) return;
+    peak_ = now;
+    step_ = step;
+    live_.clear();
+    std::set<const Storage*> seen;
+    for (size_t v = 0; v < env.size(); ++v)
+      if (env[v].defined() && env[v].storage() && seen.insert(env[v].storage().get()).second)
+        live_.push_back({static_cast<int64_t>(env[v].storage()->nbytes), static_cast<int32_t>(v)});
+  }
+  void report(const Executable& exe) const {
+    if (peak_ < 0) return;
+    std::vector<std::pair<int64_t, int32_t>> live = live_;
+    std::sort(live.begin(), live.end(), std::greater<>());
+    int64_t total = 0, saved = 0;
+    for (auto [bytes, v] : live) {
+      total += bytes;
+      const int32_t p = g_.values[static_cast<size_t>(v)].producer;
+      if (p >= 0 && g_.nodes[static_cast<size_t>(p)].forward) saved += bytes;
+    }
+    const ExecStep& s = exe.steps[step_];
+    std::ostringstream os;
+    os << "memory: peak " << peak_ / 1e6 << " MB allocated after step " << step_ << " ("
+       << (s.kernel && s.group >= 0 ? g_.groups[static_cast<size_t>(s.group)].name
+                                    : std::string(g_.nodes[static_cast<size_t>(s.node)].prim->name()))
+       << "); graph values alive there: " << total / 1e6 << " MB in " << live.size() << " buffers, " << saved / 1e6
+       << " MB made by the forward";
+    for (size_t i = 0; i < live.size() && i < 12; ++i) {
+      const int32_t v = live[i].second;
+      const int32_t p = g_.values[static_cast<size_t>(v)].producer;
+      os << "\n  " << live[i].first / 1e6 << " MB  %" << v << " " << value_meta_str(g_, v) << " = "
+         << (p >= 0 ? std::string(g_.nodes[static_cast<size_t>(p)].prim->name()) : std::string("input"))
+         << (p >= 0 && g_.nodes[static_cast<size_t>(p)].forward ? " (forward)" : "");
+    }
+    log(LogKind::Memory, os.str());
+  }
+
+ private:
+  const Graph& g_;
+  Allocator* alloc_ = nullptr;
+  int64_t peak_ = -1;
+  size_t step_ = 0;
+  std::vector<std::pair<int64_t, int32_t>> live_;
+};
+
+}  // namespace
+
 std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args) {
   const Graph& g = exe.graph;
   std::set<const Storage*> captured;
   std::vector<Tensor> env = bind_inputs(g, args, &captured);
   OpProfilerHook* prof = op_profiler_hook();
+  std::optional<MemoryWatch> watch;
+  if (log_on(LogKind::Memory)) watch.emplace(g);
   for (size_t i = 0; i < exe.steps.size(); ++i) {
     const ExecStep& s = exe.steps[i];
     if (prof) run_step_profiled(exe, i, env, *prof);
     else run_step(g, s, env);
+    if (watch) watch->after(i, env);
     for (int32_t v : s.release) env[static_cast<size_t>(v)] = Tensor();
   }
+  if (watch) watch->report(exe);
   return finish(g, env, captured);
 }
 

@@ -11,10 +11,11 @@
 namespace ingot::compiler {
 namespace {
 
-constexpr std::array<std::pair<std::string_view, LogKind>, 9> kKinds{{
+constexpr std::array<std::pair<std::string_view, LogKind>, 10> kKinds{{
     {"graph", LogKind::Graph}, {"passes", LogKind::Passes}, {"recompiles", LogKind::Recompiles},
     {"graph_breaks", LogKind::GraphBreaks}, {"guards", LogKind::Guards}, {"output_code", LogKind::OutputCode},
     {"schedule", LogKind::Schedule}, {"perf", LogKind::Perf}, {"progress", LogKind::Progress},
+    {"memory", LogKind::Memory},
 }};
 
 std::mutex g_mu;
@@ -41,7 +42,7 @@ unsigned parse(std::string_view spec) {
             found = true;
           }
         INGOT_CHECK(found, "INGOT_LOGS: unknown log kind '", item, "'; expected a comma list of graph, passes, ",
-                    "recompiles, graph_breaks, guards, output_code, schedule, perf, progress or all");
+                    "recompiles, graph_breaks, guards, output_code, schedule, perf, progress, memory or all");
       }
     }
     pos = end + 1;

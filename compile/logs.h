@@ -1,4 +1,4 @@
-// INGOT_LOGS=graph,passes,recompiles,graph_breaks,guards,output_code,schedule,perf (comma list, or "all"):
+// INGOT_LOGS=graph,passes,recompiles,graph_breaks,guards,output_code,schedule,perf,memory (comma list, or "all"):
 // what the compiler prints to stderr, each line prefixed "[ingot:<kind>]". Read once per process;
 // set_logs() overrides it (tests, `ingot explain`). Without INGOT_LOGS, "progress" (the compile progress line)
 // is on when stderr is a terminal.
@@ -9,7 +9,9 @@
 
 namespace ingot::compiler {
 
-enum class LogKind { Graph, Passes, Recompiles, GraphBreaks, Guards, OutputCode, Schedule, Perf, Progress };
+// memory: after each run of a compiled step, the step at which the device allocator held the most and the
+// largest values alive there (compile/executor.cpp).
+enum class LogKind { Graph, Passes, Recompiles, GraphBreaks, Guards, OutputCode, Schedule, Perf, Progress, Memory };
 
 bool log_on(LogKind k);
 void log(LogKind k, std::string_view text);  // multi-line text gets the prefix on every line

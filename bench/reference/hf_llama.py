@@ -35,6 +35,7 @@ def run(mode, args, cfg):
     t0 = time.perf_counter()
     first = step().item()
     first_s = time.perf_counter() - t0
+    torch.cuda.reset_peak_memory_stats()  # steady-state peak, as bench_llama_step reports it
     times, last = [], first
     for i in range(args.warmup - 1 + args.steps):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

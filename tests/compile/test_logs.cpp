@@ -39,5 +39,23 @@ TEST(Logs, EnabledKindsPrintPrefixedLinesToStderr) {
   EXPECT_FALSE(log_on(LogKind::Graph));
 }
 
+// INGOT_LOGS=memory: each run reports the step where the allocator held the most and the largest values alive
+// there; the [64, 4096] product is the biggest buffer of this step.
+TEST(Logs, MemoryNamesThePeakStepAndItsLargestValues) {
+  Tensor w = randn({256, 4096});
+  CompileOptions o;
+  o.backend = CompileBackend::Eager;
+  CompiledFunction f = compile(
+      [&](const std::vector<Tensor>& a) { return std::vector<Tensor>{sum(relu(matmul(a[0], w)))}; }, o);
+  f({randn({64, 256})});  // traces
+  set_logs("memory");
+  ::testing::internal::CaptureStderr();
+  f({randn({64, 256})});
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  set_logs("");
+  EXPECT_NE(err.find("[ingot:memory] memory: peak "), std::string::npos) << err;
+  EXPECT_NE(err.find("f32[64, 4096]"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace ingot::compiler
