@@ -73,6 +73,18 @@ Examples:
 
 `ingot COMMAND --help` describes each command; `ingot run CONFIG --help` lists the recipe's keys.
 Exit status: 0 done, 1 runtime error, 2 usage or config error.
+
+Environment:
+  INGOT_LOGS=KINDS       compiler logs on stderr, a comma list of graph, passes, recompiles, graph_breaks,
+                         guards, output_code, schedule, perf, progress, memory (the step of a compiled run
+                         where the device allocator held the most, and the largest values alive), or all
+  INGOT_CACHE_DIR=DIR    compile cache (kernels, autotune database); default ~/.cache/ingot
+  INGOT_ATTENTION=IMPL   cudnn | fallback | auto (default): the CUDA attention kernels
+  INGOT_CUDNN_VERBOSE=1  print cuDNN attention engine timings
+  INGOT_CONFIG_PATH=DIR  where built-in configs are looked up first
+  INGOT_CXX=COMPILER     the C++ compiler for CPU kernels (else $CXX, else c++)
+  INGOT_TRACE_DIR=DIR    where a timed-out collective dumps its rank's recent collectives (default /tmp)
+  INGOT_GLOO_HOSTNAME=H  the address Gloo binds on this host
 )";
 
 constexpr const char* kRunHelp = R"(Usage: ingot run CONFIG [key=value ...] [~key ...] [--summary PATH]
