@@ -2,12 +2,13 @@
 # The GPU check run on a lent GPU machine (see bench/RESULTS.md for results): CUDA tests, the GPT-2 eager step
 # benchmark next to PyTorch eager and torch.compile on the same GPU, and (optionally) the HF reference fixtures.
 # Expects a bundle made here with: shared/device/bundle.sh .device build-cuda/bin/{ingot_tests,bench_gpt2_step,...}
-#   scripts/device_check.sh [gpu] [tests] [bench] [fixtures] [hf] [llama]   (default: tests bench); logs to $OUT
+#   scripts/device_check.sh [gpu] [tests] [bench] [fixtures] [hf] [llama] [profile]   (default: tests bench); logs to $OUT
 #   gpu: only the GPU suites; tests: the whole ingot_tests
 #   hf: transformers/peft load ingot's exports; make them here first (CPU) and carry them packed:
 #       INGOT_HF_EXPORT_DIR=/tmp/hfx ingot_tests --gtest_filter='HFExport.*:Finetune.Exports*:LoRA.Peft*'
 #       tar czf .device/hfx.tgz -C /tmp hfx
 #   llama: ~1B Llama full fine-tune step (bench_llama_step) next to transformers eager and torch.compile
+#   profile: GPU time per kernel of one compiled GPT-2 step (ncu) next to torch.compile's (torch.profiler)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 # The bundle may travel packed (the carry limit is 64 MiB).
@@ -59,6 +60,15 @@ if want hf; then
   tar xzf .device/hfx.tgz -C /tmp
   python3 tests/fixtures/check_hf_export.py /tmp/hfx > "$out/hf_check.log" 2>&1; echo "check_hf_export exit $?"
   grep -E "OK|FAIL|checked" "$out/hf_check.log"
+fi
+if want profile; then
+  # One step between cudaProfilerStart/Stop under ncu (no per-op synchronization), summed by kernel name.
+  ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+    bench_gpt2_step --device cuda --dtype bf16 --batch 16 --seq 1024 --steps 1 --warmup 1 --compile default \
+    --profiler-range > "$out/ncu_gpt2.csv" 2> "$out/ncu_gpt2.err"
+  python3 bench/reference/ncu_summary.py "$out/ncu_gpt2.csv" 40
+  python3 bench/reference/torch_gpt2.py --batch 16 --seq 1024 --steps 10 --warmup 3 --modes compile --kernels 40 \
+    2>&1 | grep -v -i warn
 fi
 if want llama; then
   c=bench/configs/llama_1b/config.json
