@@ -167,10 +167,11 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
     std::memcpy(&u, &d, 8);
     params.push_back(u);
   };
-  auto launch_fn = [&](CUfunction fn, int64_t grid, int threads, int threads_y = 1) {
+  auto launch_fn = [&](CUfunction fn, int64_t grid, int threads, int threads_y = 1, int64_t grid_y = 1) {
     void* args[] = {params.data()};
-    check_cu(driver::api().launch_kernel(fn, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(threads),
-                            static_cast<unsigned>(threads_y), 1, 0, st, args, nullptr),
+    check_cu(driver::api().launch_kernel(fn, static_cast<unsigned>(grid), static_cast<unsigned>(grid_y), 1,
+                                         static_cast<unsigned>(threads), static_cast<unsigned>(threads_y), 1, 0, st,
+                                         args, nullptr),
              "cuLaunchKernel", symbol);
   };
   const uint64_t flags = cfg.vectorize ? 1 : 0;
@@ -283,11 +284,7 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
         INGOT_CHECK(e == cudaSuccess, "[codegen] cannot clear the workspace of '", symbol, "': ", cudaGetErrorString(e));
       }
       params.back() = static_cast<uint64_t>(loaded->ws);
-      void* args[] = {params.data()};
-      check_cu(driver::api().launch_kernel(loaded->fns[3], static_cast<unsigned>(tiles), static_cast<unsigned>(splits),
-                                           1, static_cast<unsigned>(x), static_cast<unsigned>(y), 1, 0, st, args,
-                                           nullptr),
-               "cuLaunchKernel", symbol);
+      launch_fn(loaded->fns[3], tiles, x, y, splits);
       return;
     }
     launch_fn(loaded->fns[2], std::clamp<int64_t>(tiles, 1, cap * 8), x, y);
@@ -343,7 +340,7 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
     k.config = options_.launch;
     k.loaded = std::make_shared<LoadedKernel>();
     k.loaded->module = m;
-    for (size_t f = 0; f < abi.functions.size() && f < 4; ++f)
+    for (size_t f = 0; f < abi.functions.size() && f < std::size(k.loaded->fns); ++f)
       check_cu(driver::api().module_get_function(&k.loaded->fns[f], m->handle, abi.functions[f].c_str()), "cuModuleGetFunction",
                abi.functions[f] + "' in '" + m->name);
     return k;

@@ -63,6 +63,18 @@ std::string literal(double v, DType t) {
 
 bool is_const(const SymInt& s, int64_t v) { return s.is_constant() && s.value == v; }
 
+// What a reduction node starts from, in its compute type, and the preamble functor that combines two partials.
+std::string reduce_identity(const Node& n) {
+  const std::string T = compute_type(n.dtype);
+  const bool fl = is_floating(n.dtype);
+  if (n.op == Op::ReduceSum) return "(" + T + ")0";
+  if (n.op == Op::ReduceMax) return fl ? "-" + literal(INFINITY, n.dtype) : "(-9223372036854775807LL - 1)";
+  return fl ? literal(INFINITY, n.dtype) : "9223372036854775807LL";
+}
+const char* reduce_functor(Op op) {
+  return op == Op::ReduceSum ? "ig_op_sum()" : op == Op::ReduceMax ? "ig_op_max()" : "ig_op_min()";
+}
+
 // Merges adjacent dims that are contiguous in every buffer and drops constant size-1 dims, so a dense n-d
 // pointwise kernel is one long loop (fewer divisions per point, longer vector runs). Only for constant
 // layouts and kernels that never read the Index of a dim (merging would renumber it).
@@ -720,13 +732,8 @@ class Renderer {
         }
       for (int r : reds) {
         const Node& nr = k_.nodes[r];
-        const std::string T = compute_type(nr.dtype);
-        std::string init;
-        const bool fl = is_floating(nr.dtype);
-        if (nr.op == Op::ReduceSum) init = "(" + T + ")0";
-        else if (nr.op == Op::ReduceMax) init = fl ? "-" + literal(INFINITY, nr.dtype) : "(-9223372036854775807LL - 1)";
-        else init = fl ? literal(INFINITY, nr.dtype) : "9223372036854775807LL";
-        line(T + " acc" + std::to_string(r) + " = " + init + ";  // " + op_name(nr.op));
+        line(std::string(compute_type(nr.dtype)) + " acc" + std::to_string(r) + " = " + reduce_identity(nr) + ";  // " +
+             op_name(nr.op));
       }
       const std::vector<int> closure = element_closure(operands);
       if (split) {
@@ -750,7 +757,7 @@ class Renderer {
       if (split) split_combine(reds);
       for (int r : reds) {
         const Node& nr = k_.nodes[r];
-        const std::string f = nr.op == Op::ReduceSum ? "ig_op_sum()" : nr.op == Op::ReduceMax ? "ig_op_max()" : "ig_op_min()";
+        const std::string f = reduce_functor(nr.op);
         const std::string acc = "acc" + std::to_string(r);
         const std::string combine = block      ? "ig_block_reduce(" + acc + ", " + f + ", sm" + std::to_string(r) + ")"
                                     : columns_ ? "ig_col_reduce(" + acc + ", " + f + ", sm" + std::to_string(r) + ")"
@@ -790,9 +797,7 @@ class Renderer {
     for (size_t j = 0; j < reds.size(); ++j) {
       const int r = reds[j];
       const std::string T = compute_type(k_.nodes[r].dtype), R = std::to_string(r);
-      const std::string f = k_.nodes[r].op == Op::ReduceSum   ? "ig_op_sum()"
-                            : k_.nodes[r].op == Op::ReduceMax ? "ig_op_max()"
-                                                              : "ig_op_min()";
+      const std::string f = reduce_functor(k_.nodes[r].op);
       line(T + "* ig_part" + R + " = (" + T + "*)(ig_ws + " + std::to_string(kSplitCounterBytes) + " + " +
            std::to_string(j) + "LL * gridDim.y * rows * 8);");
       line("{ const " + T + " q = ig_col_reduce(acc" + R + ", " + f + ", sm" + R + ");");
@@ -804,20 +809,12 @@ class Renderer {
     line("__syncthreads();");
     line("if (!ig_last) return;");
     line("__threadfence();");
-    for (int r : reds) {
-      const Node& nr = k_.nodes[r];
-      const std::string T = compute_type(nr.dtype), R = std::to_string(r);
-      const std::string init = nr.op == Op::ReduceSum   ? "(" + T + ")0"
-                               : nr.op == Op::ReduceMax ? "-" + literal(INFINITY, nr.dtype)
-                                                        : literal(INFINITY, nr.dtype);
-      line("acc" + R + " = " + init + ";");
-    }
+    for (int r : reds) line("acc" + std::to_string(r) + " = " + reduce_identity(k_.nodes[r]) + ";");
     open("for (unsigned int s = threadIdx.y; s < gridDim.y; s += blockDim.y) {");
     for (int r : reds) {
-      const Node& nr = k_.nodes[r];
       const std::string R = std::to_string(r);
-      const std::string f = nr.op == Op::ReduceSum ? "ig_op_sum()" : nr.op == Op::ReduceMax ? "ig_op_max()" : "ig_op_min()";
-      line("acc" + R + " = " + f + "(acc" + R + ", __ldcg(&ig_part" + R + "[(long long)s * rows + row]));");
+      line("acc" + R + " = " + reduce_functor(k_.nodes[r].op) + "(acc" + R + ", __ldcg(&ig_part" + R +
+           "[(long long)s * rows + row]));");
     }
     close();
     line("if (threadIdx.x == 0 && threadIdx.y == 0) ig_count[blockIdx.x] = 0;  // ready for the next launch");
