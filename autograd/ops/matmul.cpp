@@ -103,9 +103,8 @@ class MatmulDgeluPrim final : public Primitive {
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     std::vector<Tensor> out = alloc_outputs(infer(metas_of(in)));
-    auto [m, k] = logical_dims(in[0].shape(), ta_);
+    const int64_t m = logical_dims(in[0].shape(), ta_).first;
     const int64_t n = ingot::numel(in[2].shape()) / std::max<int64_t>(m, 1);
-    (void)k;
     const Tensor out3 = out[0].as_strided({1, m, n}, {m * n, n, 1}, out[0].offset());
     if (out[0].numel() == 0) {
       if (dbias_) out[1].zero_();

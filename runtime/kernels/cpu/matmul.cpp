@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
 #include <vector>
 
 #include "runtime/kernels/cpu/loops.h"
@@ -106,27 +105,18 @@ void matmul_dgelu(const Tensor& out, const Tensor& dbias, const Tensor& a, const
   INGOT_INTERNAL_CHECK(out.dim() == 3 && out.size(0) == 1 && pre.numel() == m * n && pre.is_contiguous() &&
                            pre.dtype() == out.dtype() && (!dbias.defined() || dbias.numel() == n),
                        "matmul_dgelu kernel: out ", shape_str(out.shape()), ", pre ", shape_str(pre.shape()));
-  // The product in f32 (exact widening of bf16 / f16 operands), then the GELU derivative, rounded once.
+  // The product in f32 (exact widening of bf16 / f16 operands), then the eager GELU-gradient kernel on it in
+  // place, rounded once into out; the bias gradient sums the f32 values.
   Tensor af = empty(a.shape(), DType::f32), bf = empty(b.shape(), DType::f32), prod = empty(out.shape(), DType::f32);
   copy(af, a);
   copy(bf, b);
   matmul(prod, af, bf, trans_a, trans_b, 1.0, 0.0);
-  const std::vector<float> x = load_all<float>(pre);
-  float* g = prod.data<float>();
-  std::vector<double> col(static_cast<size_t>(n), 0.0);
-  const float k = 0.7978845608028654f, c = 0.044715f;
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t j = 0; j < n; ++j) {
-      const float xv = x[static_cast<size_t>(r * n + j)];
-      const float t = std::tanh(k * (xv + c * xv * xv * xv));
-      const float d = 0.5f * (1.0f + t) + 0.5f * xv * (1.0f - t * t) * k * (1.0f + 3.0f * c * xv * xv);
-      g[r * n + j] *= d;
-      col[static_cast<size_t>(j)] += g[r * n + j];
-    }
-  store_strided<float>(out.dtype(), out.data_ptr(), 1, out.numel(), g);
+  binary(BinaryOp::GeluTanhGrad, prod, pre.as_strided(prod.shape(), prod.strides(), pre.offset()), prod);
+  copy(out, prod);
   if (dbias.defined()) {
-    std::vector<float> cf(col.begin(), col.end());
-    store_strided<float>(dbias.dtype(), dbias.data_ptr(), 1, n, cf.data());
+    Tensor col = empty({n}, DType::f32);
+    reduce(ReduceOp::Sum, col, prod, 1, m, n);
+    copy(dbias, col);
   }
 }
 

@@ -222,9 +222,7 @@ std::optional<cublasLtMatmulAlgo_t> tuned_algo(MatmulTuner& tuner, const std::st
   return results[best].algo;
 }
 
-// Returns false when cuBLASLt has no algorithm for this problem. `bias` (or null): a vector of out's n
-// columns added to every row by the bias epilogue (cuBLAS's column-major view: one value per row of C).
-// A fused epilogue: BIAS reads `bias` (n values); DGELU multiplies by GELU'(aux), aux being the forward's
+// A fused epilogue (cuBLAS's column-major view: one bias value per row of C, i.e. per column of out): BIAS reads `bias` (n values); DGELU multiplies by GELU'(aux), aux being the forward's
 // pre-activation laid out like c (leading dimension aux_ld); DGELU_BGRAD also writes the column sums to `bias`.
 struct Epilogue {
   cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
@@ -233,6 +231,7 @@ struct Epilogue {
   int64_t aux_ld = 0;
 };
 
+// Returns false when cuBLASLt has no algorithm for this problem.
 bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, float alpha, float beta, const void* a,
                const void* b, void* c, const Epilogue& e = {}) {
   const cudaDataType_t t = cuda_type(dt);
@@ -348,26 +347,38 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
   blas_matmul(d, ctx.stream, g, out.dtype(), alpha, beta, a.data_ptr(), b.data_ptr(), out.data_ptr());
 }
 
+namespace {
+
+// Runs out = op(a) @ op(b) with epilogue `e` when the product is one dense 2-D cuBLASLt problem with an
+// algorithm for it; false means the caller computes it the unfused way.
+bool epilogue_matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                     const Epilogue& e) {
+  const int64_t m = out.size(1), n = out.size(2), k = trans_a ? a.size(1) : a.size(2);
+  if (out.dtype() == DType::f64 || out.size(0) != 1 || a.size(0) != 1 || b.size(0) != 1 || m == 0 || n == 0 ||
+      k == 0 || !out.is_contiguous() || !a.is_contiguous() || !b.is_contiguous() || m > INT32_MAX || n > INT32_MAX ||
+      k > INT32_MAX)
+    return false;
+  const Gemm g{1, 0, 0, m, n, k, trans_a, trans_b};
+  LaunchContext ctx(out);
+  return lt_matmul(device_blas(ctx.device), ctx.stream, g, out.dtype(), 1.0f, 0.0f, a.data_ptr(), b.data_ptr(),
+                   out.data_ptr(), e);
+}
+
+}  // namespace
+
 void matmul_bias(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& bias) {
   check_same_device("matmul_bias", {&out, &a, &b, &bias});
   INGOT_INTERNAL_CHECK(out.dim() == 3 && bias.dim() == 1 && bias.size(0) == out.size(2) &&
                            bias.dtype() == out.dtype() && bias.is_contiguous(),
                        "matmul_bias kernel: bias ", shape_str(bias.shape()), " ", dtype_name(bias.dtype()), " for out ",
                        shape_str(out.shape()), " ", dtype_name(out.dtype()));
-  const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = trans_a ? a.size(1) : a.size(2);
-  // The epilogue path: one batch of a 2-D product with a 16-byte-aligned bias (cuBLASLt's requirement for
-  // vector loads). Anything else adds the bias the general way (broadcast it into out, then beta = 1).
-  if (out.dtype() != DType::f64 && batch == 1 && k > 0 && m > 0 && n > 0 && alignment(bias.data_ptr()) >= 16 &&
-      out.is_contiguous() && a.is_contiguous() && b.is_contiguous() && a.size(0) == 1 && b.size(0) == 1 &&
-      m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX) {
-    const Gemm g{1, 0, 0, m, n, k, trans_a, trans_b};
-    LaunchContext ctx(out);
+  // The epilogue path needs a 16-byte-aligned bias (cuBLASLt's vector loads). Anything else adds the bias the
+  // general way (broadcast it into out, then beta = 1).
+  if (alignment(bias.data_ptr()) >= 16) {
     Epilogue e;
     e.kind = CUBLASLT_EPILOGUE_BIAS;
     e.bias = bias.data_ptr();
-    if (lt_matmul(device_blas(ctx.device), ctx.stream, g, out.dtype(), 1.0f, 0.0f, a.data_ptr(), b.data_ptr(),
-                  out.data_ptr(), e))
-      return;
+    if (epilogue_matmul(out, a, b, trans_a, trans_b, e)) return;
   }
   copy(out, bias.expand_raw(out.shape()));
   matmul(out, a, b, trans_a, trans_b, 1.0, 1.0);
@@ -376,26 +387,20 @@ void matmul_bias(const Tensor& out, const Tensor& a, const Tensor& b, bool trans
 void matmul_dgelu(const Tensor& out, const Tensor& dbias, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                   const Tensor& pre) {
   check_same_device("matmul_dgelu", {&out, &a, &b, &pre});
-  const int64_t m = out.size(1), n = out.size(2), k = trans_a ? a.size(1) : a.size(2);
+  const int64_t m = out.size(1), n = out.size(2);
   INGOT_INTERNAL_CHECK(out.dim() == 3 && out.size(0) == 1 && pre.numel() == m * n && pre.is_contiguous() &&
                            pre.dtype() == out.dtype() && (!dbias.defined() || (dbias.numel() == n &&
                                                                                dbias.dtype() == out.dtype())),
                        "matmul_dgelu kernel: out ", shape_str(out.shape()), ", pre ", shape_str(pre.shape()));
   if (out.numel() == 0) return;
   // cuBLASLt wants the aux leading dimension (n, in its column-major view) a multiple of 8 and 16-byte pointers.
-  if (out.dtype() != DType::f64 && k > 0 && n % 8 == 0 && alignment(pre.data_ptr()) >= 16 &&
-      (!dbias.defined() || alignment(dbias.data_ptr()) >= 16) && out.is_contiguous() && a.is_contiguous() &&
-      b.is_contiguous() && a.size(0) == 1 && b.size(0) == 1 && m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX) {
-    const Gemm g{1, 0, 0, m, n, k, trans_a, trans_b};
-    LaunchContext ctx(out);
+  if (n % 8 == 0 && alignment(pre.data_ptr()) >= 16 && (!dbias.defined() || alignment(dbias.data_ptr()) >= 16)) {
     Epilogue e;
     e.kind = dbias.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
     e.bias = dbias.defined() ? dbias.data_ptr() : nullptr;
     e.aux = pre.data_ptr();
     e.aux_ld = n;
-    if (lt_matmul(device_blas(ctx.device), ctx.stream, g, out.dtype(), 1.0f, 0.0f, a.data_ptr(), b.data_ptr(),
-                  out.data_ptr(), e))
-      return;
+    if (epilogue_matmul(out, a, b, trans_a, trans_b, e)) return;
   }
   // The unfused path: the product, the GELU derivative in place, the column sums.
   matmul(out, a, b, trans_a, trans_b, 1.0, 0.0);
