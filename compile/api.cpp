@@ -180,9 +180,8 @@ struct CompiledFunction::State {
   }
 
   static bool on_gpu(const compiler::Graph& g) {
-    for (const compiler::GraphInput& in : g.inputs)
-      if (g.values[static_cast<size_t>(in.value)].device.is_cuda()) return true;
-    return false;
+    const std::optional<Device> d = compiler::compute_device(g);
+    return !d || d->is_cuda();  // nullopt: values on two GPUs
   }
 
   std::vector<Tensor> run_replay(compiler::GraphReplay& r, const std::vector<Tensor>& args) {

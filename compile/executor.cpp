@@ -106,7 +106,7 @@ void run_node(const Node& n, const std::vector<int32_t>& release, std::vector<Te
   const std::optional<size_t> k = n.prim->reusable_input();
   std::vector<Tensor> outs =
       k && dead_after(release, env, ins, *k) ? n.prim->eval_into(ins, ins[*k]) : n.prim->eval(ins);
-  for (size_t k = 0; k < outs.size(); ++k) env[static_cast<size_t>(n.outputs[k])] = std::move(outs[k]);
+  for (size_t i = 0; i < outs.size(); ++i) env[static_cast<size_t>(n.outputs[i])] = std::move(outs[i]);
 }
 
 std::pair<size_t, size_t> step_node_range(const Executable& exe, size_t i) {
@@ -176,22 +176,10 @@ void run_step_profiled(const Executable& exe, size_t i, std::vector<Tensor>& env
   else prof.end_op(first, ins, outs);
 }
 
-}  // namespace
-
-namespace {
-
 // INGOT_LOGS=memory: where in the step the allocator of the graph's device held the most, and what was alive.
 class MemoryWatch {
  public:
-  explicit MemoryWatch(const Graph& g) : g_(g) {
-    Device dev = Device::cpu();
-    for (const Value& v : g.values)
-      if (v.device.is_cuda()) {
-        dev = v.device;
-        break;
-      }
-    alloc_ = &allocator_for(dev);
-  }
+  explicit MemoryWatch(const Graph& g) : g_(g), alloc_(&allocator_for(compute_device(g).value_or(Device::cpu()))) {}
   void after(size_t step, const std::vector<Tensor>& env) {
     const int64_t now = alloc_->stats().allocated_bytes;
     if (now <= peak_) return;
@@ -232,7 +220,7 @@ class MemoryWatch {
 
  private:
   const Graph& g_;
-  Allocator* alloc_ = nullptr;
+  Allocator* alloc_;
   int64_t peak_ = -1;
   size_t step_ = 0;
   std::vector<std::pair<int64_t, int32_t>> live_;

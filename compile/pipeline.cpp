@@ -64,19 +64,6 @@ Codegen& codegen_for(const std::string& dir) {
   return *cg;
 }
 
-// Where generated kernels run: the CPU when every value is on the CPU; one CUDA device when every tensor the
-// step computes lives there (host inputs such as the optimizer's [G, 3] hyper-parameter rows stay on the CPU
-// and reach kernels as scalars). Anything else (values on two GPUs) runs op by op through the eager kernels.
-std::optional<Device> codegen_device(const Graph& g) {
-  std::optional<Device> cuda;
-  for (const Value& v : g.values) {
-    if (v.device.is_cpu()) continue;  // in a CUDA graph, groups touching them are not lowered (buffers_on)
-    if (cuda && *cuda != v.device) return std::nullopt;
-    cuda = v.device;
-  }
-  return cuda ? *cuda : Device::cpu();
-}
-
 // A group lowers for `dev` when every buffer it touches lives there; the MultiTensor update's hyper row is
 // read on the host by the step glue and is exempt.
 bool buffers_on(const Graph& g, const LoweredGroup& lg, Device dev) {
@@ -210,7 +197,8 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   std::map<int32_t, KernelStepFn> kernels;
   std::shared_ptr<autotune::CudaSession> tuning;
   if (opts.backend != CompileBackend::Eager)
-    if (std::optional<Device> dev = codegen_device(g)) {
+    // Values on two GPUs run op by op through the eager kernels.
+    if (std::optional<Device> dev = compute_device(g)) {
 #ifdef INGOT_WITH_CUDA_CODEGEN
       if (opts.mode == CompileMode::MaxAutotune && dev->is_cuda())
         tuning = autotune::CudaSession::start(opts, dev->index, stats);

@@ -109,6 +109,16 @@ bool Graph::is_root(int32_t value) const {
   return false;
 }
 
+std::optional<Device> compute_device(const Graph& g) {
+  std::optional<Device> cuda;
+  for (const Value& v : g.values) {
+    if (v.device.is_cpu()) continue;
+    if (cuda && *cuda != v.device) return std::nullopt;
+    cuda = v.device;
+  }
+  return cuda ? *cuda : Device::cpu();
+}
+
 void Graph::renumber_nodes() {
   for (size_t i = 0; i < nodes.size(); ++i) {
     nodes[i].id = static_cast<int32_t>(i);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -129,5 +130,10 @@ class Graph {
 };
 
 std::string value_meta_str(const Graph& g, int32_t v);  // "f32[4, s0, 32]"
+
+// Where the step computes: the CPU when every value is on the CPU; the one CUDA device every non-CPU value lives
+// on (host inputs such as the optimizer's [G, 3] hyper-parameter rows stay on the CPU: generated kernels get
+// them as scalars, and groups touching other CPU values are not lowered); nullopt for values on two GPUs.
+std::optional<Device> compute_device(const Graph& g);
 
 }  // namespace ingot::compiler
