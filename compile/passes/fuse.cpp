@@ -165,11 +165,11 @@ bool fuse(Graph& g, bool horizontal) {
       joined = G;
       break;
     }
-    if (joined < 0 && fk == FusionKind::Pointwise) joined = sibling_group(g, gr, readers_before, n);
-    if (joined >= 0) {
-      gr.group_of[i] = joined;
-      continue;
+    if (joined < 0 && fk == FusionKind::Pointwise) {
+      joined = sibling_group(g, gr, readers_before, n);
+      if (joined >= 0) gr.group_of[i] = joined;
     }
+    if (joined >= 0) continue;
     if (fk == FusionKind::Reduction) {
       const Value& in0 = g.values[static_cast<size_t>(node.inputs[0])];
       gr.new_group(n, GroupKind::RowReduction, trace_shape(in0.shape));

@@ -58,19 +58,21 @@ bool fuse_matmul_epilogues(Graph& g, bool cpu_too, bool with_dbias) {
     // The bias gradient: sum over the rows of the GELU gradient seen as [M, N].
     int32_t dbias = -1;
     size_t sum_node = 0;
-    for (size_t r : (with_dbias ? readers[static_cast<size_t>(out)] : std::vector<size_t>{})) {
-      const Node& rn = g.nodes[r];
-      if (rn.prim->name() != "reshape" || shape(rn.outputs[0]) != ms) continue;
-      for (size_t s : readers[static_cast<size_t>(rn.outputs[0])]) {
-        const Node& sn = g.nodes[s];
-        if (sn.prim->name() == "sum" && exact_attrs(*sn.prim) == "dims=[0], keepdim=false" &&
-            g.values[static_cast<size_t>(sn.outputs[0])].dtype == pv.dtype && !drop[s]) {
-          dbias = sn.outputs[0];
-          sum_node = s;
-          break;
+    if (with_dbias) {
+      for (size_t r : readers[static_cast<size_t>(out)]) {
+        const Node& rn = g.nodes[r];
+        if (rn.prim->name() != "reshape" || shape(rn.outputs[0]) != ms) continue;
+        for (size_t s : readers[static_cast<size_t>(rn.outputs[0])]) {
+          const Node& sn = g.nodes[s];
+          if (sn.prim->name() == "sum" && exact_attrs(*sn.prim) == "dims=[0], keepdim=false" &&
+              g.values[static_cast<size_t>(sn.outputs[0])].dtype == pv.dtype && !drop[s]) {
+            dbias = sn.outputs[0];
+            sum_node = s;
+            break;
+          }
         }
+        if (dbias >= 0) break;
       }
-      if (dbias >= 0) break;
     }
     Node fused = gelu;
     fused.prim = make_matmul_dgelu(mf->trans_a, mf->trans_b, dbias >= 0);
