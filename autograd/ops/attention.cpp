@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "autograd/ops.h"
+#include "autograd/ops/attention_packed.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -94,6 +95,57 @@ class AttentionBwdPrim final : public Primitive {
   void print_attrs(std::ostream& os) const override {
     os << "causal=" << (causal_ ? "true" : "false") << ", scale=" << scale_;
   }
+  bool causal() const { return causal_; }
+  double scale() const { return scale_; }
+
+ private:
+  bool causal_;
+  double scale_;
+};
+
+// Inputs (dout, q, k, v, out, lse); one output [B, T, (Hq + 2 Hkv) * D]: dq, dk, dv side by side in [B, T, H, D]
+// order (attention_packed.h). The backward of GPT-2's fused qkv projection concatenates exactly this; written in
+// place, the concatenation's copy of all three gradients (3 per layer) disappears.
+class AttentionBwdPackedPrim final : public Primitive {
+ public:
+  AttentionBwdPackedPrim(bool causal, double scale) : causal_(causal), scale_(scale) {}
+  std::string_view name() const override { return "attention_bwd_packed"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const Shape &q = in[1].shape, &k = in[2].shape;
+    return {{{q[0], q[2], (q[1] + 2 * k[1]) * q[3]}, in[1].dtype, in[1].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    Tensor packed = alloc_outputs(infer(metas_of(in)))[0];
+    const Shape &q = in[1].shape(), &k = in[2].shape();
+    const int64_t B = q[0], Hq = q[1], T = q[2], D = q[3], Hkv = k[1], W = packed.shape()[2];
+    auto part = [&](int64_t heads, int64_t at) {
+      return packed.as_strided({B, heads, T, D}, {T * W, D, W, 1}, packed.offset() + at);
+    };
+    const Tensor dq = part(Hq, 0), dk = part(Hkv, Hq * D), dv = part(Hkv, (Hq + Hkv) * D);
+    if (packed.numel() == 0) return {packed};
+    if (q[2] == 0 || k[2] == 0) {
+      packed.zero_();
+      return {packed};
+    }
+    if (strided_kernels(in[1])) {
+      INGOT_KERNEL_CALL(in[1].device(), attention_bwd, dq, dk, dv, in[0], in[1], in[2], in[3], in[4], in[5], causal_,
+                        scale_);
+      return {packed};
+    }
+    // The CPU kernels write contiguous [B, H, T, D]; the copies put them in the packed layout.
+    std::vector<Tensor> c;
+    for (const Tensor& t : in) c.push_back(t.contiguous_raw());
+    const std::vector<Tensor> d = alloc_outputs(metas_of({c[1], c[2], c[3]}));
+    INGOT_KERNEL_CALL(in[1].device(), attention_bwd, d[0], d[1], d[2], c[0], c[1], c[2], c[3], c[4], c[5], causal_,
+                      scale_);
+    INGOT_KERNEL_CALL(in[1].device(), copy, dq, d[0]);
+    INGOT_KERNEL_CALL(in[1].device(), copy, dk, d[1]);
+    INGOT_KERNEL_CALL(in[1].device(), copy, dv, d[2]);
+    return {packed};
+  }
+  void print_attrs(std::ostream& os) const override {
+    os << "causal=" << (causal_ ? "true" : "false") << ", scale=" << scale_;
+  }
 
  private:
   bool causal_;
@@ -150,6 +202,11 @@ class AttentionPrim final : public Primitive {
 };
 
 }  // namespace
+
+std::shared_ptr<Primitive> packed_attention_bwd(const Primitive& bwd) {
+  const auto* p = dynamic_cast<const AttentionBwdPrim*>(&bwd);
+  return p ? std::make_shared<AttentionBwdPackedPrim>(p->causal(), p->scale()) : nullptr;
+}
 
 Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   return apply1(std::make_shared<RopePrim>(false), {x, cos, sin});

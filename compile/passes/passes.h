@@ -29,6 +29,9 @@ bool decompose_norm_bwd(Graph& g);
 // reshape) a 2-D matmul's output that nothing else reads: the pair is one matmul_dgelu node, which with
 // with_dbias also produces the row sum of the GELU gradient (a bias gradient) when the graph computed it.
 bool fuse_matmul_epilogues(Graph& g, bool cpu_too = false, bool with_dbias = false);
+// pack_attention_grads.cpp: no cat concatenates the three gradients of one attention_bwd node (each permuted to
+// [B, T, H, D] and flattened, read nowhere else); each such group is one attention_bwd_packed node.
+bool pack_attention_grads(Graph& g);
 // remat.cpp: with budget < 1, forward values saved for backward whose producer is cheap (pointwise/view)
 // are recomputed in backward instead of kept, until the bytes kept across the forward/backward boundary
 // are at most budget x the original. Returns the bytes no longer kept in `saved_bytes` if given.
