@@ -171,6 +171,9 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("matmul_epilogues", g, [&](Graph& x) {
     return opts.backend != CompileBackend::Eager && passes::fuse_matmul_epilogues(x);
   });
+  run_pass("fuse_cross_entropy", g, [&](Graph& x) {
+    return opts.backend != CompileBackend::Eager && passes::fuse_cross_entropy(x);
+  });
   run_pass("pack_attention_grads", g, [&](Graph& x) {
     return opts.backend != CompileBackend::Eager && passes::pack_attention_grads(x);
   });

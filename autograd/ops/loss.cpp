@@ -5,14 +5,27 @@
 // are composed from ordinary ops afterwards, so a traced graph sees them: Mean divides by the number of
 // targets that are not ignore_index, counted with tensor ops rather than on the host. Losses are f32 (f64 for
 // f64 inputs) whatever the input dtype: bf16 logits still get an f32 loss, and logits get their gradient in
-// their own dtype.
+// their own dtype. cross_entropy_fused (loss_fused.h) is both primitives in one, for compiled training steps.
 #include "autograd/ops.h"
+#include "autograd/ops/loss_fused.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
 namespace {
 
 DType loss_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
+
+// The per-row loss's metadata for logits [N, C] and target [N], checking both; `op` names the primitive.
+TensorMeta loss_row_meta(std::string_view op, const TensorMeta& logits, const TensorMeta& target) {
+  INGOT_CHECK(is_floating(logits.dtype), op, ": expected floating logits, got ", dtype_name(logits.dtype));
+  INGOT_CHECK(target.dtype == DType::i64, op, ": expected target of dtype i64, got ", dtype_name(target.dtype));
+  INGOT_CHECK(logits.shape.size() == 2 && target.shape == Shape{logits.shape[0]}, op,
+              ": expected logits [N, C] and target [N], got ", shape_str(logits.shape), " and ",
+              shape_str(target.shape));
+  INGOT_CHECK(logits.shape[1] > 0 || logits.shape[0] == 0, op, ": logits have no classes: ",
+              shape_str(logits.shape));
+  return {{logits.shape[0]}, loss_dtype(logits.dtype), logits.device};
+}
 
 // dlogits from {dloss, logits, lse, target}.
 class CrossEntropyBwdPrim final : public Primitive {
@@ -35,6 +48,7 @@ class CrossEntropyBwdPrim final : public Primitive {
   void print_attrs(std::ostream& os) const override {
     os << "ignore_index=" << ignore_ << ", label_smoothing=" << ls_;
   }
+  CrossEntropyAttrs attrs() const { return {ignore_, ls_}; }
 
  private:
   int64_t ignore_;
@@ -47,17 +61,7 @@ class CrossEntropyPrim final : public Primitive {
   CrossEntropyPrim(int64_t ignore_index, double label_smoothing) : ignore_(ignore_index), ls_(label_smoothing) {}
   std::string_view name() const override { return "cross_entropy"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    const TensorMeta &logits = in[0], &target = in[1];
-    INGOT_CHECK(is_floating(logits.dtype), "cross_entropy: expected floating logits, got ",
-                dtype_name(logits.dtype));
-    INGOT_CHECK(target.dtype == DType::i64, "cross_entropy: expected target of dtype i64, got ",
-                dtype_name(target.dtype));
-    INGOT_CHECK(logits.shape.size() == 2 && target.shape == Shape{logits.shape[0]},
-                "cross_entropy: expected logits [N, C] and target [N], got ", shape_str(logits.shape), " and ",
-                shape_str(target.shape));
-    INGOT_CHECK(logits.shape[1] > 0 || logits.shape[0] == 0, "cross_entropy: logits have no classes: ",
-                shape_str(logits.shape));
-    const TensorMeta row{{logits.shape[0]}, loss_dtype(logits.dtype), logits.device};
+    const TensorMeta row = loss_row_meta(name(), in[0], in[1]);
     return {row, row};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
@@ -72,6 +76,7 @@ class CrossEntropyPrim final : public Primitive {
   void print_attrs(std::ostream& os) const override {
     os << "ignore_index=" << ignore_ << ", label_smoothing=" << ls_;
   }
+  CrossEntropyAttrs attrs() const { return {ignore_, ls_}; }
   // Only the logits get a gradient; the lse output is internal and its cotangent is ignored.
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     const Tensor& lse = c.outputs[1];
@@ -85,7 +90,57 @@ class CrossEntropyPrim final : public Primitive {
   double ls_;
 };
 
+// {logits [N, C], target [N] i64, dloss [N]} -> {loss [N], lse [N], dlogits [N, C]}: CrossEntropyPrim and
+// CrossEntropyBwdPrim in one read of the logits. Only valid where dloss does not depend on the loss, which the
+// compiler checks before it builds one (compile/passes/fuse_cross_entropy.cpp).
+class CrossEntropyFusedPrim final : public Primitive {
+ public:
+  CrossEntropyFusedPrim(int64_t ignore_index, double label_smoothing)
+      : ignore_(ignore_index), ls_(label_smoothing) {}
+  std::string_view name() const override { return "cross_entropy_fused"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const TensorMeta row = loss_row_meta(name(), in[0], in[1]);
+    INGOT_CHECK(in[2].shape == row.shape && in[2].dtype == row.dtype, name(), ": expected dloss ",
+                dtype_name(row.dtype), shape_str(row.shape), ", got ", dtype_name(in[2].dtype),
+                shape_str(in[2].shape));
+    return {row, row, in[0]};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    return eval_into(in, alloc_outputs({infer(metas_of(in))[2]})[0]);
+  }
+  // Note [Outputs over dead inputs]: the kernel reads each row whole before writing its gradient. The buffer
+  // serves output 2 (dlogits), not output 0: the executor only hands it to eval_into, which places it.
+  std::optional<size_t> reusable_input() const override { return 0; }
+  std::vector<Tensor> eval_into(const std::vector<Tensor>& in, const Tensor& dlogits) const override {
+    std::vector<TensorMeta> rows = infer(metas_of(in));
+    rows.pop_back();
+    std::vector<Tensor> out = alloc_outputs(rows);
+    if (dlogits.numel() > 0)
+      INGOT_KERNEL_CALL(dlogits.device(), cross_entropy_fused, out[0], out[1], dlogits, in[0].contiguous_raw(),
+                        in[1].contiguous_raw(), in[2].contiguous_raw(), ignore_, ls_);
+    out.push_back(dlogits);
+    return out;
+  }
+  void print_attrs(std::ostream& os) const override {
+    os << "ignore_index=" << ignore_ << ", label_smoothing=" << ls_;
+  }
+
+ private:
+  int64_t ignore_;
+  double ls_;
+};
+
 }  // namespace
+
+std::shared_ptr<Primitive> make_cross_entropy_fused(int64_t ignore_index, double label_smoothing) {
+  return std::make_shared<CrossEntropyFusedPrim>(ignore_index, label_smoothing);
+}
+
+std::optional<CrossEntropyAttrs> cross_entropy_attrs(const Primitive& p) {
+  if (const auto* f = dynamic_cast<const CrossEntropyPrim*>(&p)) return f->attrs();
+  if (const auto* b = dynamic_cast<const CrossEntropyBwdPrim*>(&p)) return b->attrs();
+  return std::nullopt;
+}
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                      Reduction reduction) {

@@ -58,4 +58,8 @@ struct MemoryPlan {
 };
 MemoryPlan memory_plan(const Graph& g);
 
+// fuse_cross_entropy.cpp: no cross_entropy node has a cross_entropy_bwd reader of its lse (same logits, target,
+// attributes) whose dloss it does not reach; each such pair is one cross_entropy_fused node (loss, lse, dlogits).
+bool fuse_cross_entropy(Graph& g);
+
 }  // namespace ingot::compiler::passes
