@@ -47,7 +47,8 @@ void check_float_pair(const char* op, const TensorMeta& a, const TensorMeta& b) 
 
 class MatmulPrim final : public Primitive {
  public:
-  MatmulPrim(bool trans_a, bool trans_b) : ta_(trans_a), tb_(trans_b) {}
+  // widened: an f32 product of bf16 / f16 operands (matmul_fused.h); only compiled graphs build it.
+  MatmulPrim(bool trans_a, bool trans_b, bool widened = false) : ta_(trans_a), tb_(trans_b), widened_(widened) {}
   std::string_view name() const override { return "matmul"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     const Shape &sa = in[0].shape, &sb = in[1].shape;
@@ -62,7 +63,7 @@ class MatmulPrim final : public Primitive {
     INGOT_CHECK(ba == bb || ba == 1 || bb == 1, "matmul: batch sizes ", ba, " and ", bb, " do not broadcast");
     Shape out = {m, n};
     if (sa.size() == 3 || sb.size() == 3) out.insert(out.begin(), std::max(ba, bb));
-    return {{out, in[0].dtype, in[0].device}};
+    return {{out, widened_ ? DType::f32 : in[0].dtype, in[0].device}};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     Tensor out = alloc_outputs(infer(metas_of(in)))[0];
@@ -71,14 +72,18 @@ class MatmulPrim final : public Primitive {
     INGOT_KERNEL_CALL(out.device(), matmul, kernel_operand(out, false).t, a.t, b.t, a.trans, b.trans, 1.0, 0.0);
     return {out};
   }
-  void print_attrs(std::ostream& os) const override { os << "trans_a=" << ta_ << ", trans_b=" << tb_; }
+  void print_attrs(std::ostream& os) const override {
+    os << "trans_a=" << ta_ << ", trans_b=" << tb_;
+    if (widened_) os << ", out=f32";
+  }
+  bool differentiable() const override { return !widened_; }
   MatmulFlags flags() const { return {ta_, tb_}; }
   // With A = op(a), B = op(b): dA = dC @ B^T and dB = A^T @ dC; a stored transposed gets the transpose of
   // that, which the flags express without copies.
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override;
 
  private:
-  bool ta_, tb_;
+  bool ta_, tb_, widened_;
 };
 
 // See autograd/ops/matmul_fused.h. Inputs (a, b, pre); never differentiated (it only appears in backward
@@ -122,6 +127,38 @@ class MatmulDgeluPrim final : public Primitive {
 
  private:
   bool ta_, tb_, dbias_;
+};
+
+// See autograd/ops/matmul_fused.h. Inputs (x [M, K], w [N, K], b [N]) as for linear; outputs (gelu_tanh of the
+// linear shaped `shape`, the linear itself [M, N]). Never differentiated, like matmul_dgelu.
+class LinearGeluPrim final : public Primitive {
+ public:
+  explicit LinearGeluPrim(Shape shape) : shape_(std::move(shape)) {}
+  std::string_view name() const override { return "linear_gelu"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const Shape &sx = in[0].shape, &sw = in[1].shape;
+    INGOT_CHECK(sx.size() == 2 && sw.size() == 2 && sx[1] == sw[1] && in[2].shape == Shape{sw[0]} &&
+                    ingot::numel(shape_) == sx[0] * sw[0],
+                "linear_gelu: x ", shape_str(sx), ", w ", shape_str(sw), ", b ", shape_str(in[2].shape),
+                " do not give ", shape_str(shape_));
+    check_float_pair("linear_gelu", in[0], in[1]);
+    return {{shape_, in[0].dtype, in[0].device}, {{sx[0], sw[0]}, in[0].dtype, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    std::vector<Tensor> out = alloc_outputs(infer(metas_of(in)));
+    if (out[1].numel() == 0) return out;
+    const int64_t m = out[1].size(0), n = out[1].size(1);
+    const Tensor y3 = out[0].as_strided({1, m, n}, {m * n, n, 1}, out[0].offset());
+    KernelOperand x = kernel_operand(in[0], false), w = kernel_operand(in[1], true);
+    INGOT_KERNEL_CALL(out[0].device(), matmul_bias_gelu, y3, kernel_operand(out[1], false).t, x.t, w.t, x.trans,
+                      w.trans, in[2].contiguous_raw());
+    return out;
+  }
+  bool differentiable() const override { return false; }
+  void print_attrs(std::ostream& os) const override { os << "shape=" << shape_str(shape_); }
+
+ private:
+  Shape shape_;
 };
 
 Tensor mm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
@@ -189,6 +226,12 @@ Tensor flatten_batch(const Tensor& t, const Shape& batch) {
 std::shared_ptr<Primitive> make_matmul_dgelu(bool trans_a, bool trans_b, bool with_dbias) {
   return std::make_shared<MatmulDgeluPrim>(trans_a, trans_b, with_dbias);
 }
+
+std::shared_ptr<Primitive> make_matmul_widened(bool trans_a, bool trans_b) {
+  return std::make_shared<MatmulPrim>(trans_a, trans_b, true);
+}
+
+std::shared_ptr<Primitive> make_linear_gelu(Shape shape) { return std::make_shared<LinearGeluPrim>(std::move(shape)); }
 
 std::optional<MatmulFlags> matmul_flags(const Primitive& p) {
   const auto* m = dynamic_cast<const MatmulPrim*>(&p);

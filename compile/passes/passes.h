@@ -27,8 +27,10 @@ bool functionalize(Graph& g);
 bool decompose_norm_bwd(Graph& g);
 // matmul_epilogue.cpp: on CUDA graphs (any graph with cpu_too), no gelu_tanh_grad reads (directly or through a
 // reshape) a 2-D matmul's output that nothing else reads: the pair is one matmul_dgelu node, which with
-// with_dbias also produces the row sum of the GELU gradient (a bias gradient) when the graph computed it.
-bool fuse_matmul_epilogues(Graph& g, bool cpu_too = false, bool with_dbias = false);
+// with_dbias also produces the row sum of the GELU gradient (a bias gradient) when the graph computed it; with
+// forward_gelu, no gelu_tanh reads (directly or through a reshape) a linear with a bias: the pair is one
+// linear_gelu node; no cast to f32 reads a bf16 / f16 matmul read nowhere else (one widened matmul writes f32).
+bool fuse_matmul_epilogues(Graph& g, bool cpu_too = false, bool with_dbias = false, bool forward_gelu = true);
 // pack_attention_grads.cpp: no cat concatenates the three gradients of one attention_bwd node (each permuted to
 // [B, T, H, D] and flattened, read nowhere else); each such group is one attention_bwd_packed node.
 bool pack_attention_grads(Graph& g);

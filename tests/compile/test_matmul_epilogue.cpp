@@ -1,5 +1,5 @@
 // Note [cuBLASLt GELU backward epilogue] (compile/passes/matmul_epilogue.cpp): in a GPT-2 step every GELU
-// gradient becomes one matmul_dgelu node per block (with the first MLP linear's bias gradient when asked), and
+// becomes one linear_gelu node and every GELU gradient one matmul_dgelu node per block (with the first MLP linear's bias gradient when asked), and
 // the step still matches eager. On the CPU the pass runs only when asked (cpu_too); the kernel's CPU version runs here,
 // the CUDA one in tests/gpu/test_cuda_matmul_optim.cpp and every compiled GPT-2 step on the GPU.
 #include <gtest/gtest.h>
@@ -42,6 +42,12 @@ TEST(MatmulEpilogue, GeluGradientAndBiasGradientFoldIntoTheProduct) {
       x->verify();
       EXPECT_EQ(count(*x, "gelu_tanh_grad"), 0);
       EXPECT_EQ(count(*x, "matmul_dgelu"), layers);
+      EXPECT_EQ(count(*x, "gelu_tanh"), 0) << "the forward GELU joins its linear";
+      EXPECT_EQ(count(*x, "linear_gelu"), layers);
+      int widened = 0;
+      for (const Node& n : x->nodes) widened += n.prim->name() == "matmul" && exact_attrs(*n.prim).find("out=f32") != std::string::npos;
+      // bf16: each block's four weight gradients and the tied head's are f32 products; f32 graphs have no casts.
+      EXPECT_EQ(widened, bf16 ? 4 * layers + 1 : 0);
     }
     for (const Node& n : g.nodes) {
       if (n.prim->name() != "matmul_dgelu") continue;

@@ -122,6 +122,37 @@ TEST(CudaMatmul, DgeluEpilogueMatchesCpuWithAndWithoutTheBiasGradient) {
   }
 }
 
+// The GELU folded into a linear's product (cuBLASLt's GELU_AUX_BIAS epilogue: the GELU and the pre-activation
+// the backward reads) against the CPU kernel; N = 36 and a misaligned bias take the unfused path.
+TEST(CudaMatmul, GeluAuxBiasEpilogueMatchesCpu) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(35);
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    for (const MatmulCase& c : {MatmulCase{1, 1, 1, 256, 192, 64}, MatmulCase{1, 1, 1, 100, 36, 40},
+                                MatmulCase{1, 1, 1, 1024, 3072, 768}}) {
+      for (int trans = 0; trans < 4; ++trans) {
+        for (bool misaligned : {false, true}) {
+          const bool ta = trans & 1, tb = trans & 2;
+          Operand a = make_operand(ta ? Shape{1, c.k, c.m} : Shape{1, c.m, c.k}, dt, Layout::Contiguous);
+          Operand b = make_operand(tb ? Shape{1, c.n, c.k} : Shape{1, c.k, c.n}, dt, Layout::Contiguous);
+          Operand bias_buf = make_operand({c.n + 1}, dt, Layout::Contiguous);
+          auto bias_of = [&](const Tensor& t) { return t.as_strided({c.n}, {1}, misaligned ? 1 : 0); };
+          const Shape os{1, c.m, c.n};
+          Tensor ref = empty(os, dt), pre_ref = empty(os, dt);
+          Tensor out = poisoned(os, dt, kGpu), pre = poisoned(os, dt, kGpu);
+          kc::matmul_bias_gelu(ref, pre_ref, a.cpu, b.cpu, ta, tb, bias_of(bias_buf.cpu).contiguous_raw());
+          kg::matmul_bias_gelu(out, pre, a.gpu, b.gpu, ta, tb, bias_of(bias_buf.gpu).contiguous_raw());
+          const std::string at = detail::str_cat(dtype_name(dt), " M", c.m, " N", c.n, " K", c.k, ta ? " a^T" : "",
+                                                 tb ? " b^T" : "", misaligned ? " misaligned bias" : "");
+          EXPECT_LE(rel_norm_error(pre, pre_ref), matmul_tol(dt)) << at;
+          // The CPU's GELU reads the rounded pre-activation, cuBLASLt's the f32 one.
+          EXPECT_LE(rel_norm_error(out, ref), 2 * matmul_tol(dt)) << at;
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaMatmul, MisalignedViewsAndEmptyKStillWork) {
   INGOT_REQUIRE_CUDA();
   manual_seed(32);

@@ -55,7 +55,9 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
             double beta) {
   INGOT_INTERNAL_CHECK(out.dim() == 3 && a.dim() == 3 && b.dim() == 3, "matmul kernel: expected 3-D operands, got ",
                        shape_str(a.shape()), " @ ", shape_str(b.shape()), " -> ", shape_str(out.shape()));
-  INGOT_INTERNAL_CHECK(a.dtype() == out.dtype() && b.dtype() == out.dtype() && is_floating(out.dtype()),
+  // Besides one dtype throughout: f32 out of bf16 / f16 operands (the product is not rounded to them first).
+  const bool widened = out.dtype() == DType::f32 && (a.dtype() == DType::bf16 || a.dtype() == DType::f16);
+  INGOT_INTERNAL_CHECK((a.dtype() == out.dtype() || widened) && b.dtype() == a.dtype() && is_floating(out.dtype()),
                        "matmul kernel: dtypes ", dtype_name(a.dtype()), ", ", dtype_name(b.dtype()), " -> ",
                        dtype_name(out.dtype()));
   GemmShape s{out.size(0), a.size(0), b.size(0), out.size(1), out.size(2), trans_a ? a.size(1) : a.size(2),
@@ -75,7 +77,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
   }
   INGOT_INTERNAL_CHECK(out.is_contiguous() && a.is_contiguous() && b.is_contiguous(),
                        "matmul kernel: operands must be contiguous");
-  switch (out.dtype()) {
+  switch (a.dtype()) {
     case DType::f32:
       gemm_batches(s, alpha, a.data<float>(), b.data<float>(), beta, out.data<float>());
       break;
@@ -97,6 +99,14 @@ void matmul_bias(const Tensor& out, const Tensor& a, const Tensor& b, bool trans
                        shape_str(out.shape()), " ", dtype_name(out.dtype()));
   copy(out, bias.expand_raw(out.shape()));
   matmul(out, a, b, trans_a, trans_b, 1.0, 1.0);
+}
+
+void matmul_bias_gelu(const Tensor& out, const Tensor& pre, const Tensor& a, const Tensor& b, bool trans_a,
+                      bool trans_b, const Tensor& bias) {
+  INGOT_INTERNAL_CHECK(out.dim() == 3 && pre.shape() == out.shape() && pre.dtype() == out.dtype(),
+                       "matmul_bias_gelu kernel: out ", shape_str(out.shape()), ", pre ", shape_str(pre.shape()));
+  matmul_bias(pre, a, b, trans_a, trans_b, bias);
+  unary(UnaryOp::GeluTanh, out, pre, 0.0);
 }
 
 void matmul_dgelu(const Tensor& out, const Tensor& dbias, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,

@@ -65,9 +65,11 @@ void* workspace(DeviceBlas& d, cudaStream_t s) {
 struct Gemm {
   int64_t batch, step_a, step_b, m, n, k;
   bool trans_a, trans_b;
+  bool widened = false;  // c is f32 for bf16 / f16 operands (a weight gradient kept in f32)
   // Column-major view (see the header comment): C(n x m) = op(b) @ op(a).
   int64_t lda() const { return trans_b ? k : n; }  // of b
   int64_t ldb() const { return trans_a ? m : k; }  // of a
+  DType out_dtype(DType operands) const { return widened ? DType::f32 : operands; }
 };
 
 uint32_t alignment(const void* p) {
@@ -175,7 +177,7 @@ std::optional<cublasLtMatmulAlgo_t> tuned_algo(MatmulTuner& tuner, const std::st
     tuner.chose(sig, "", 0, 0, 0);
     return std::nullopt;
   }
-  const size_t c_bytes = static_cast<size_t>(g.batch * g.m * g.n) * itemsize(dt);
+  const size_t c_bytes = static_cast<size_t>(g.batch * g.m * g.n) * itemsize(g.out_dtype(dt));
   void* scratch = nullptr;
   if (cudaMallocAsync(&scratch, c_bytes, stream) != cudaSuccess) {  // out of memory: not worth failing the step
     cudaGetLastError();
@@ -222,7 +224,7 @@ std::optional<cublasLtMatmulAlgo_t> tuned_algo(MatmulTuner& tuner, const std::st
   return results[best].algo;
 }
 
-// A fused epilogue (cuBLAS's column-major view: one bias value per row of C, i.e. per column of out): BIAS reads `bias` (n values); DGELU multiplies by GELU'(aux), aux being the forward's
+// A fused epilogue (cuBLAS's column-major view: one bias value per row of C, i.e. per column of out): BIAS reads `bias` (n values); GELU_AUX_BIAS adds it, writes the sum to aux and its GELU to c; DGELU multiplies by GELU'(aux), aux being the forward's
 // pre-activation laid out like c (leading dimension aux_ld); DGELU_BGRAD also writes the column sums to `bias`.
 struct Epilogue {
   cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
@@ -252,7 +254,7 @@ bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, floa
   // Stored shapes (rows x cols, column-major) before the transposes.
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.a, t, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.lda()));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.b, t, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.ldb()));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.c, t, g.n, g.m, g.n));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.c, cuda_type(g.out_dtype(dt)), g.n, g.m, g.n));
   if (g.batch > 1) {
     set_batch(x.a, g.batch, g.step_b);
     set_batch(x.b, g.batch, g.step_a);
@@ -276,7 +278,8 @@ bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, floa
     const std::string sig = detail::str_cat(dtype_name(dt), " m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch,
                                             " bcast=", g.step_a == 0, g.step_b == 0, " t=", g.trans_a, g.trans_b,
                                             " beta0=", beta == 0.0f, " align=", al_a, ",", al_b, ",", al_c,
-                                            " epilogue=", static_cast<int>(e.kind));
+                                            " epilogue=", static_cast<int>(e.kind),
+                                            g.widened ? " out=f32" : "");
     tuned = tuned_algo(*t_tuner, sig, d, x, stream, w, g, dt, alpha, beta, a, b, c);
   }
   cublasLtMatmulHeuristicResult_t result{};
@@ -307,7 +310,7 @@ void blas_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, do
   const float fa = static_cast<float>(alpha), fb = static_cast<float>(beta);
   const cudaDataType_t t = cuda_type(dt);
   CUBLAS_CHECK(cublasGemmStridedBatchedEx(d.blas, op_b, op_a, n, m, k, &fa, b, t, lda, g.step_b, a, t, ldb, g.step_a,
-                                          &fb, c, t, n, g.m * g.n, static_cast<int>(g.batch), CUBLAS_COMPUTE_32F,
+                                          &fb, c, cuda_type(g.out_dtype(dt)), n, g.m * g.n, static_cast<int>(g.batch), CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT));
 }
 
@@ -318,7 +321,8 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
   check_same_device("matmul", {&out, &a, &b});
   INGOT_INTERNAL_CHECK(out.dim() == 3 && a.dim() == 3 && b.dim() == 3, "matmul kernel: expected 3-D operands, got ",
                        shape_str(a.shape()), " @ ", shape_str(b.shape()), " -> ", shape_str(out.shape()));
-  INGOT_INTERNAL_CHECK(a.dtype() == out.dtype() && b.dtype() == out.dtype() && is_floating(out.dtype()),
+  const bool widened = out.dtype() == DType::f32 && (a.dtype() == DType::bf16 || a.dtype() == DType::f16);
+  INGOT_INTERNAL_CHECK((a.dtype() == out.dtype() || widened) && b.dtype() == a.dtype() && is_floating(out.dtype()),
                        "matmul kernel: dtypes ", dtype_name(a.dtype()), ", ", dtype_name(b.dtype()), " -> ",
                        dtype_name(out.dtype()));
   INGOT_INTERNAL_CHECK(out.is_contiguous() && a.is_contiguous() && b.is_contiguous(),
@@ -337,14 +341,15 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
     else unary(UnaryOp::MulScalar, out, out, beta);
     return;
   }
-  const Gemm g{batch, a.size(0) == 1 ? 0 : m * k, b.size(0) == 1 ? 0 : k * n, m, n, k, trans_a, trans_b};
+  Gemm g{batch, a.size(0) == 1 ? 0 : m * k, b.size(0) == 1 ? 0 : k * n, m, n, k, trans_a, trans_b};
+  g.widened = widened;
   LaunchContext ctx(out);
   DeviceBlas& d = device_blas(ctx.device);
-  if (out.dtype() != DType::f64 &&
-      lt_matmul(d, ctx.stream, g, out.dtype(), static_cast<float>(alpha), static_cast<float>(beta), a.data_ptr(),
+  if (a.dtype() != DType::f64 &&
+      lt_matmul(d, ctx.stream, g, a.dtype(), static_cast<float>(alpha), static_cast<float>(beta), a.data_ptr(),
                 b.data_ptr(), out.data_ptr()))
     return;
-  blas_matmul(d, ctx.stream, g, out.dtype(), alpha, beta, a.data_ptr(), b.data_ptr(), out.data_ptr());
+  blas_matmul(d, ctx.stream, g, a.dtype(), alpha, beta, a.data_ptr(), b.data_ptr(), out.data_ptr());
 }
 
 namespace {
@@ -382,6 +387,28 @@ void matmul_bias(const Tensor& out, const Tensor& a, const Tensor& b, bool trans
   }
   copy(out, bias.expand_raw(out.shape()));
   matmul(out, a, b, trans_a, trans_b, 1.0, 1.0);
+}
+
+void matmul_bias_gelu(const Tensor& out, const Tensor& pre, const Tensor& a, const Tensor& b, bool trans_a,
+                      bool trans_b, const Tensor& bias) {
+  check_same_device("matmul_bias_gelu", {&out, &pre, &a, &b, &bias});
+  INGOT_INTERNAL_CHECK(out.dim() == 3 && pre.shape() == out.shape() && pre.dtype() == out.dtype() &&
+                           pre.is_contiguous() && bias.dim() == 1 && bias.size(0) == out.size(2) &&
+                           bias.dtype() == out.dtype() && bias.is_contiguous(),
+                       "matmul_bias_gelu kernel: out ", shape_str(out.shape()), ", pre ", shape_str(pre.shape()),
+                       ", bias ", shape_str(bias.shape()));
+  if (out.numel() == 0) return;
+  // As for DGELU: the aux leading dimension a multiple of 8, 16-byte aux and bias pointers.
+  if (out.size(2) % 8 == 0 && alignment(pre.data_ptr()) >= 16 && alignment(bias.data_ptr()) >= 16) {
+    Epilogue e;
+    e.kind = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    e.bias = bias.data_ptr();
+    e.aux = pre.data_ptr();
+    e.aux_ld = out.size(2);
+    if (epilogue_matmul(out, a, b, trans_a, trans_b, e)) return;
+  }
+  matmul_bias(pre, a, b, trans_a, trans_b, bias);
+  unary(UnaryOp::GeluTanh, out, pre, 0.0);
 }
 
 void matmul_dgelu(const Tensor& out, const Tensor& dbias, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
