@@ -1,7 +1,7 @@
 // GPT-2 training-step benchmark, eager or compiled (the whole step traced into one graph by ingot::compile).
 //   bench_gpt2_step [--device cuda|cpu] [--batch 16] [--seq 1024] [--layers 12] [--heads 12] [--embd 768]
 //                   [--vocab 50304] [--steps 20] [--warmup 5] [--dtype bf16|f32]
-//                   [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR] [--profile K]
+//                   [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR] [--profile K]
 //                   [--profiler-range] [--memory-budget B]
 // --memory-budget B: compile with CompileOptions::memory_budget = B (< 1 recomputes cheap saved activations in
 // the backward, compile/passes/remat.cpp).
@@ -56,7 +56,7 @@ Args parse(int argc, char** argv) {
     if (k == "--help" || k == "-h") {
       std::printf("usage: bench_gpt2_step [--device auto|cpu|cuda] [--dtype bf16|f32] [--batch N] [--seq N]\n"
                   "       [--layers N] [--heads N] [--embd N] [--vocab N] [--steps N] [--warmup N]\n"
-                  "       [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR] [--profile K]\n"
+                  "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR] [--profile K]\n"
                   "       [--profiler-range] [--memory-budget B]\n");
       std::exit(0);
     }
@@ -130,7 +130,7 @@ int main(int argc, char** argv) try {
   if (a.compile != "none") {
     CompileOptions o;
     const std::optional<CompileMode> mode = parse_compile_mode(a.compile);
-    INGOT_CHECK(mode, "bench_gpt2_step: --compile must be none, default, reduce-overhead or max-autotune, got ",
+    INGOT_CHECK(mode, "bench_gpt2_step: --compile must be none, default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs, got ",
                 a.compile);
     o.mode = *mode;
     o.cache_dir = a.cache_dir;

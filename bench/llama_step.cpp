@@ -1,7 +1,7 @@
 // Full fine-tune step benchmark of a Llama-architecture model built from a Hugging Face config.json with random
 // weights (no checkpoint needed: the step's cost does not depend on the weights' values).
 //   bench_llama_step --config bench/configs/llama_1b/config.json [--device cuda|cpu] [--batch 2] [--seq 2048]
-//                    [--steps 20] [--warmup 5] [--dtype bf16|f32] [--compile none|default|reduce-overhead|max-autotune]
+//                    [--steps 20] [--warmup 5] [--dtype bf16|f32] [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs]
 //                    [--cache-dir DIR] [--layers N]
 // One step = forward, mean causal-LM cross entropy, backward, fused AdamW (f32 master weights and state),
 // zero_grad, on random tokens: what `ingot run full_finetune` does per optimizer step. bf16 is autocast-style
@@ -34,7 +34,7 @@ Args parse(int argc, char** argv) {
     if (k == "--help" || k == "-h") {
       std::printf("usage: bench_llama_step --config CONFIG_JSON [--device auto|cpu|cuda] [--dtype bf16|f32]\n"
                   "       [--batch N] [--seq N] [--steps N] [--warmup N] [--layers N (override num_hidden_layers)]\n"
-                  "       [--compile none|default|reduce-overhead|max-autotune] [--cache-dir DIR]\n");
+                  "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR]\n");
       std::exit(0);
     }
     INGOT_CHECK(i + 1 < argc, "bench_llama_step: flag ", k, " needs a value");
@@ -85,7 +85,7 @@ int main(int argc, char** argv) try {
   if (a.compile != "none") {
     CompileOptions o;
     const std::optional<CompileMode> mode = parse_compile_mode(a.compile);
-    INGOT_CHECK(mode, "bench_llama_step: --compile must be none, default, reduce-overhead or max-autotune, got ",
+    INGOT_CHECK(mode, "bench_llama_step: --compile must be none, default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs, got ",
                 a.compile);
     o.mode = *mode;
     o.cache_dir = a.cache_dir;

@@ -238,7 +238,7 @@ struct CompiledFunction::State {
       compiler::log(compiler::LogKind::Progress, "compiling '" + opts.name + "': passes over " +
                                                    std::to_string(tr.graph.nodes.size()) + " ops");
     e.exe = compiler::build_executable(std::move(tr.graph), opts, stats);
-    if (opts.mode == CompileMode::ReduceOverhead) {
+    if (replays_cuda_graphs(opts.mode)) {
       // On CPUs reduce-overhead is default; on a GPU a step that cannot be captured says why, once.
       const std::string why = compiler::GraphReplay::unsupported_reason(*e.exe);
       if (why.empty()) {
@@ -333,6 +333,7 @@ std::optional<CompileMode> parse_compile_mode(std::string_view name) {
   if (name == "default") return CompileMode::Default;
   if (name == "reduce-overhead") return CompileMode::ReduceOverhead;
   if (name == "max-autotune") return CompileMode::MaxAutotune;
+  if (name == "max-autotune-no-cudagraphs") return CompileMode::MaxAutotuneNoCudagraphs;
   return std::nullopt;
 }
 

@@ -45,10 +45,18 @@
 namespace ingot {
 
 // On GPUs: ReduceOverhead replays the step as CUDA graphs (compile/graph_replay.h); MaxAutotune times kernel
-// launch configs and cuBLASLt algorithms (compile/autotune/). On CPUs all three behave as Default.
-enum class CompileMode { Default, ReduceOverhead, MaxAutotune };
-// torch.compile's spelling: "default", "reduce-overhead", "max-autotune"; nullopt for anything else.
+// launch configs and cuBLASLt algorithms (compile/autotune/) and, as torch.compile's max-autotune does, also
+// replays CUDA graphs; MaxAutotuneNoCudagraphs only tunes. On CPUs all of them behave as Default.
+enum class CompileMode { Default, ReduceOverhead, MaxAutotune, MaxAutotuneNoCudagraphs };
+// torch.compile's spelling: "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"; nullopt
+// for anything else.
 std::optional<CompileMode> parse_compile_mode(std::string_view name);
+inline bool autotunes(CompileMode m) {
+  return m == CompileMode::MaxAutotune || m == CompileMode::MaxAutotuneNoCudagraphs;
+}
+inline bool replays_cuda_graphs(CompileMode m) {
+  return m == CompileMode::ReduceOverhead || m == CompileMode::MaxAutotune;
+}
 enum class DynamicMode { Auto, True, False };
 enum class CompileBackend { Eager, Cpu, Cuda, Auto };  // Eager: trace and run node by node, no codegen
 enum class Stance { Default, ForceEager, EagerOnRecompile, FailOnRecompile, EagerThenCompile };

@@ -206,7 +206,7 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
     // Values on two GPUs run op by op through the eager kernels.
     if (std::optional<Device> dev = compute_device(g)) {
 #ifdef INGOT_WITH_CUDA_CODEGEN
-      if (opts.mode == CompileMode::MaxAutotune && dev->is_cuda())
+      if (autotunes(opts.mode) && dev->is_cuda())
         tuning = autotune::CudaSession::start(opts, dev->index, stats);
 #endif
       kernels = generate_kernels(g, *dev, opts, stats, tuning.get());

@@ -7,7 +7,7 @@ namespace ingot::recipes {
 CompileOptions compile_options(const CompileSettings& c) {
   CompileOptions o;
   const std::optional<CompileMode> mode = parse_compile_mode(c.mode);
-  INGOT_CHECK(mode, "compile.mode: expected default, reduce-overhead or max-autotune, got '", c.mode, "'");
+  INGOT_CHECK(mode, "compile.mode: expected default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs, got '", c.mode, "'");
   o.mode = *mode;
   o.fullgraph = c.fullgraph;
   o.dynamic = c.dynamic ? DynamicMode::True : DynamicMode::False;

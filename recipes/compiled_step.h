@@ -6,7 +6,7 @@
 
 namespace ingot::recipes {
 
-// compile.mode default | reduce-overhead | max-autotune; compile.dynamic true makes sequence and batch dims
+// compile.mode default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs; compile.dynamic true makes sequence and batch dims
 // symbolic from the first call (false: recompile on a new shape, as torch.compile(dynamic=False)).
 CompileOptions compile_options(const CompileSettings& c);
 

@@ -74,8 +74,9 @@ void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string&
   s.add(K::of(T::Int, "profile.num_steps", "1", "number of profiled steps").at_least(1));
   s.add(K::of(T::Int, "profile.top_k", "15", "rows of the top-ops table printed at the end").at_least(1));
   s.add(K::of(T::Bool, "compile.enabled", "false", "trace forward, backward and the optimizer update into one compiled graph"));
-  s.add(K::of(T::String, "compile.mode", "default", "compiler mode")
-            .one_of({"default", "reduce-overhead", "max-autotune"}));
+  s.add(K::of(T::String, "compile.mode", "default",
+              "compiler mode (GPU: reduce-overhead replays CUDA graphs; max-autotune tunes kernels and replays them)")
+            .one_of({"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}));
   s.add(K::of(T::Bool, "compile.fullgraph", "false", "fail at a graph break instead of splitting the graph"));
   s.add(K::of(T::Bool, "compile.dynamic", "false", "treat batch and sequence sizes as symbolic"));
   s.add(K::of(T::Float, "compile.memory_budget", "1.0",

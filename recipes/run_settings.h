@@ -30,7 +30,7 @@ void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string&
 
 struct CompileSettings {
   bool enabled = false;
-  std::string mode = "default";  // default | reduce-overhead | max-autotune
+  std::string mode = "default";  // default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
   bool fullgraph = false, dynamic = false;
   double memory_budget = 1.0;  // fraction of activations kept (< 1 recomputes: activation checkpointing)
   std::string cache_dir;
