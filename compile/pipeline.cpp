@@ -177,6 +177,9 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("pack_attention_grads", g, [&](Graph& x) {
     return opts.backend != CompileBackend::Eager && passes::pack_attention_grads(x);
   });
+  run_pass("accumulate_index_add", g, [&](Graph& x) {
+    return opts.backend != CompileBackend::Eager && passes::accumulate_index_add(x);
+  });
   run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
   run_pass("remat", g, [&](Graph& x) { return passes::remat(x, opts.memory_budget); });
   run_pass("dce", g, [](Graph& x) { return passes::dce(x); });

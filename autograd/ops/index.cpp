@@ -11,6 +11,7 @@
 // Bounds: the CPU kernels check indices themselves and name the op. Elsewhere, and for embedding (whose
 // message speaks of ids), the op checks on the host, since a device-side failure cannot carry a message.
 #include "autograd/ops.h"
+#include "autograd/ops/index_fused.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -91,12 +92,40 @@ class IndexAddPrim final : public Primitive {
   }
   bool saves_input(size_t i) const override { return i == 0; }
   void print_attrs(std::ostream& os) const override { os << "shape=" << shape_str(shape_) << ", dim=" << dim_; }
+  int64_t dim() const { return dim_; }
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     return {Tensor(), index_select_any(g[0], dim_, c.inputs[0])};
   }
 
  private:
   Shape shape_;
+  int64_t dim_;
+};
+
+// See autograd/ops/index_fused.h. Inputs (base, index, src); never differentiated.
+class IndexAddAccumulatePrim final : public Primitive {
+ public:
+  explicit IndexAddAccumulatePrim(int64_t dim) : dim_(dim) {}
+  std::string_view name() const override { return "index_add_accumulate"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    INGOT_CHECK(in[0].dtype == in[2].dtype, "index_add_accumulate: base ", dtype_name(in[0].dtype), " and src ",
+                dtype_name(in[2].dtype), " differ");
+    return {in[0]};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    return eval_into(in, in[0].clone_raw());
+  }
+  // The kernel only adds into the rows the index names (Note [Outputs over dead inputs]).
+  std::optional<size_t> reusable_input() const override { return 0; }
+  std::vector<Tensor> eval_into(const std::vector<Tensor>& in, const Tensor& out) const override {
+    if (in[2].numel() > 0)
+      INGOT_KERNEL_CALL(out.device(), index_add, out, in[2].contiguous_raw(), in[1].contiguous_raw(), dim_);
+    return {out};
+  }
+  bool differentiable() const override { return false; }
+  void print_attrs(std::ostream& os) const override { os << "dim=" << dim_; }
+
+ private:
   int64_t dim_;
 };
 
@@ -204,6 +233,11 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
   check_index_dtype(meta_of(index), "scatter_add");
   if (!index.device().is_cpu()) check_index_range(index, a.shape()[d], "scatter_add", "index");
   return apply1(std::make_shared<ScatterAddPrim>(d), {a, index, src});
+}
+
+std::shared_ptr<Primitive> index_add_accumulate_from(const Primitive& index_add) {
+  const auto* p = dynamic_cast<const IndexAddPrim*>(&index_add);
+  return p ? std::make_shared<IndexAddAccumulatePrim>(p->dim()) : nullptr;
 }
 
 }  // namespace ingot

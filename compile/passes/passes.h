@@ -34,6 +34,9 @@ bool fuse_matmul_epilogues(Graph& g, bool cpu_too = false, bool with_dbias = fal
 // pack_attention_grads.cpp: no cat concatenates the three gradients of one attention_bwd node (each permuted to
 // [B, T, H, D] and flattened, read nowhere else); each such group is one attention_bwd_packed node.
 bool pack_attention_grads(Graph& g);
+// accumulate_index_add.cpp: no add reads an index_add read nowhere else and a value of its shape and dtype;
+// each such pair is one index_add_accumulate node scattering into that value.
+bool accumulate_index_add(Graph& g);
 // remat.cpp: with budget < 1, forward values saved for backward whose producer is cheap (pointwise/view)
 // are recomputed in backward instead of kept, until the bytes kept across the forward/backward boundary
 // are at most budget x the original. Returns the bytes no longer kept in `saved_bytes` if given.

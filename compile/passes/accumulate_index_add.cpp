@@ -1,0 +1,57 @@
+// An embedding's gradient added to another gradient of the same weight without a zero-filled buffer in between.
+// Invariant afterwards: no add reads an index_add that nothing else reads together with a value of that
+// index_add's shape and dtype; each such pair is one index_add_accumulate node (autograd/ops/index_fused.h)
+// taking the other value as its base.
+// Test: tests/compile/test_accumulate_index_add.cpp.
+//
+// Why: a tied embedding (GPT-2's wte, also the output head) gets the head's weight gradient plus the
+// embedding's, which index_add builds by filling a [vocab, C] buffer with zeros and scattering the token rows
+// into it; the add then reads both full buffers. Scattering straight into the head's gradient (over its buffer
+// when it dies there) saves the fill and the add: 2 x 154 MB and 0.2 ms per GPT-2 124M step on an H100.
+#include <map>
+
+#include "autograd/ops/index_fused.h"
+#include "compile/passes/passes.h"
+
+namespace ingot::compiler::passes {
+
+bool accumulate_index_add(Graph& g) {
+  const std::vector<int32_t> uses = g.use_counts();
+  std::map<size_t, Node> replace;
+  std::vector<bool> drop(g.nodes.size(), false);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& add = g.nodes[i];
+    if (add.prim->name() != "add" || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
+    const Value& out = g.values[static_cast<size_t>(add.outputs[0])];
+    for (int k = 0; k < 2; ++k) {
+      const int32_t scattered = add.inputs[static_cast<size_t>(k)], base = add.inputs[static_cast<size_t>(1 - k)];
+      const int32_t p = g.values[static_cast<size_t>(scattered)].producer;
+      if (p < 0 || uses[static_cast<size_t>(scattered)] != 1 || drop[static_cast<size_t>(p)]) continue;
+      const Node& ia = g.nodes[static_cast<size_t>(p)];
+      std::shared_ptr<Primitive> acc = index_add_accumulate_from(*ia.prim);
+      const Value& b = g.values[static_cast<size_t>(base)];
+      if (!acc || b.dtype != out.dtype || b.shape != out.shape || !(b.device == out.device) ||
+          g.values[static_cast<size_t>(scattered)].shape != out.shape)
+        continue;
+      Node fused = add;
+      fused.prim = std::move(acc);
+      fused.inputs = {base, ia.inputs[0], ia.inputs[1]};
+      replace[i] = std::move(fused);
+      drop[static_cast<size_t>(p)] = true;
+      break;
+    }
+  }
+  if (replace.empty()) return false;
+  std::vector<Node> nodes;
+  nodes.reserve(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (drop[i]) continue;
+    auto it = replace.find(i);
+    nodes.push_back(it != replace.end() ? std::move(it->second) : std::move(g.nodes[i]));
+  }
+  g.nodes = std::move(nodes);
+  g.renumber_nodes();
+  return true;
+}
+
+}  // namespace ingot::compiler::passes
