@@ -8,7 +8,9 @@
 // Contracting a group never creates a cycle between groups (a node joins a group only when none of its other
 // inputs depends on the group), so groups can be scheduled contiguously (schedule.cpp). Groups list their
 // inputs (values read from outside) and outputs (values read outside or roots). View and Opaque nodes stay
-// alone: views are free aliases, opaque ops (matmul, attention) call the eager kernels.
+// alone: views are free aliases, opaque ops (matmul, attention) call the eager kernels. So does a sum over the rows
+// of a tall bf16 / f16 CUDA matrix that nothing pointwise feeds (a bias gradient): the eager kernel's 16-byte
+// column path is faster than a generated column reduction (Note [Column sums], runtime/kernels/cuda/reduce.cu).
 // Test: tests/compile/test_passes.cpp (Fuse.*).
 #include <algorithm>
 #include <set>
@@ -19,6 +21,17 @@
 
 namespace ingot::compiler::passes {
 namespace {
+
+// Note [Column sums]: the shapes runtime/kernels/cuda/reduce.cu's column path takes, with no fusible prologue.
+bool eager_column_sum(const Graph& g, const Node& n) {
+  if (n.prim->name() != "sum" || exact_attrs(*n.prim) != "dims=[0], keepdim=false") return false;
+  const Value& in = g.values[static_cast<size_t>(n.inputs[0])];
+  if (!in.device.is_cuda() || (in.dtype != DType::bf16 && in.dtype != DType::f16)) return false;
+  const Shape s = trace_shape(in.shape);
+  if (s.size() != 2 || s[0] < 2048 || s[1] < 256 || s[1] % 8 != 0) return false;
+  return in.producer < 0 ||
+         g.nodes[static_cast<size_t>(in.producer)].prim->fusion_kind() != FusionKind::Pointwise;
+}
 
 struct Grouping {
   Graph& g;
@@ -137,6 +150,7 @@ bool fuse(Graph& g, bool horizontal) {
     }
     const FusionKind fk = node.prim->fusion_kind();
     if (fk != FusionKind::Pointwise && fk != FusionKind::Reduction) continue;
+    if (eager_column_sum(g, node)) continue;
     // Candidate groups: those of this node's producers, first producer first.
     int32_t joined = -1;
     for (int32_t v : node.inputs) {

@@ -202,6 +202,33 @@ TEST(Fuse, SoftmaxWithPrologueAndEpilogueIsOneRowReductionGroup) {
   EXPECT_EQ(g.groups[0].nodes.size(), 3u);
 }
 
+// Note [Column sums]: on CUDA, the row sum of a tall bf16 matrix that a matmul produced stays an eager node (the
+// reduce kernel's 16-byte column path); a small one, an f32 one, one with a pointwise producer, or any on the CPU
+// is generated as before.
+TEST(Fuse, TallHalfColumnSumsOfAMatmulStayEagerOnCuda) {
+  auto sum_grouped = [](int64_t n, int64_t c, DType dt, bool cuda, bool pointwise_producer) {
+    Tensor x = randn({n, 16}, dt), w = randn({16, c}, dt);
+    Graph g = graph_of([&](const std::vector<Tensor>& a) {
+      Tensor y = matmul(a[0], w);
+      return std::vector<Tensor>{sum(pointwise_producer ? y * 2.0 : y, {0})};
+    }, {x});
+    if (cuda)
+      for (Value& v : g.values) v.device = Device::cuda(0);  // the pass reads devices only as metadata
+    passes::fuse(g);
+    for (const Node& node : g.nodes)
+      if (node.prim->name() == "sum") return node.group >= 0;
+    ADD_FAILURE() << "no sum";
+    return false;
+  };
+  EXPECT_FALSE(sum_grouped(2048, 256, DType::bf16, true, false));
+  EXPECT_FALSE(sum_grouped(4096, 768, DType::f16, true, false));
+  EXPECT_TRUE(sum_grouped(2048, 256, DType::bf16, false, false));
+  EXPECT_TRUE(sum_grouped(1024, 256, DType::bf16, true, false));
+  EXPECT_TRUE(sum_grouped(2048, 260, DType::bf16, true, false));
+  EXPECT_TRUE(sum_grouped(2048, 256, DType::f32, true, false));
+  EXPECT_TRUE(sum_grouped(2048, 256, DType::bf16, true, true));
+}
+
 TEST(Fuse, NeverGroupsAcrossAnOpaqueOpThatDependsOnTheGroup) {
   Tensor x = randn({4, 4}), w = randn({4, 4});
   Graph g = graph_of([&](const std::vector<Tensor>& a) {

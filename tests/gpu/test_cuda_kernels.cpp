@@ -226,6 +226,35 @@ TEST(CudaReduce, EveryOpMatchesCpuOnEveryPathAndDType) {
   }
 }
 
+// Note [Column sums] (runtime/kernels/cuda/reduce.cu): bias-gradient shapes take the 16-byte column path (f32
+// partials, deterministic); a width that is not a multiple of 8 and a misaligned start take the generic path.
+TEST(CudaReduce, ColumnSumsOfTallHalfMatricesMatchCpu) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(24);
+  struct Case { int64_t n, inner, offset; };
+  for (DType dt : {DType::bf16, DType::f16}) {
+    for (const Case& c : {Case{16384, 3072, 0}, Case{4096, 768, 0}, Case{3000, 264, 0}, Case{2048, 256, 0},
+                          Case{2050, 260, 0}, Case{4096, 768, 1}}) {
+      Operand buf = make_operand({c.n * c.inner + c.offset}, dt, Layout::Contiguous);
+      auto view = [&](const Tensor& t) { return t.as_strided({c.n, c.inner}, {c.inner, 1}, c.offset); };
+      for (DType odt : {dt, DType::f32}) {
+        Tensor ref = empty({c.inner}, odt), out = poisoned({c.inner}, odt, kGpu);
+        kc::reduce(ReduceOp::Sum, ref, view(buf.cpu).contiguous_raw(), 1, c.n, c.inner);
+        kg::reduce(ReduceOp::Sum, out, view(buf.gpu), 1, c.n, c.inner);
+        // f32 accumulation over n terms of unit size against the CPU's f64.
+        const Tol t = tol_for(odt);
+        EXPECT_LE(max_rel_error(out, ref, t.rtol, 1e-6 * static_cast<double>(c.n) + t.atol), 1.0)
+            << dtype_name(dt) << " -> " << dtype_name(odt) << " [" << c.n << ", " << c.inner << "] offset " << c.offset;
+      }
+      // Deterministic: the same bits twice.
+      Tensor a = poisoned({c.inner}, dt, kGpu), b = poisoned({c.inner}, dt, kGpu);
+      kg::reduce(ReduceOp::Sum, a, view(buf.gpu), 1, c.n, c.inner);
+      kg::reduce(ReduceOp::Sum, b, view(buf.gpu), 1, c.n, c.inner);
+      EXPECT_EQ(count_unequal(a, b), 0);
+    }
+  }
+}
+
 TEST(CudaReduce, IntegersSumExactlyAndArgReductionsBreakTiesLikeCpu) {
   INGOT_REQUIRE_CUDA();
   manual_seed(22);
