@@ -687,11 +687,17 @@ class Renderer {
     const bool block = variant == kBlock, split = variant == kColumnsSplit;
     columns_ = variant == kColumns || split;
     // Note [Rows kept in registers]: one warp per row of constant length, and at most 48 loaded values per lane
-    // (two rows of 768: a layer norm's residual add, 1.55 -> 1.43 ms per GPT-2 step; with three or four rows, as
-    // in the norm backward, register pressure made it slower: 1.73 -> 1.82 ms).
+    // from buffers that differ between rows (two rows of 768: a layer norm's residual add, 1.55 -> 1.43 ms per
+    // GPT-2 step; with three, as in the norm backward, register pressure made it slower: 1.73 -> 1.82 ms). A
+    // norm's weight, the same for every row, is not counted.
     const SymInt& row_len = k_.dims[static_cast<size_t>(L)];
     int64_t row_loads = 0;
-    for (size_t i = 0; i < k_.buffers.size(); ++i) row_loads += used_[i] && !k_.buffers[i].is_output && element_buffer(i);
+    for (size_t i = 0; i < k_.buffers.size(); ++i) {
+      if (!used_[i] || k_.buffers[i].is_output || !element_buffer(i)) continue;
+      bool per_row = false;
+      for (int d = 0; d < L; ++d) per_row = per_row || !is_const(k_.buffers[i].strides[static_cast<size_t>(d)], 0);
+      row_loads += per_row;
+    }
     unroll_row_ = variant == kWarp && vec_ > 1 && row_len.is_constant() &&
                   row_loads * ((row_len.value + 32 * vec_ - 1) / (32 * vec_)) * vec_ <= 48;
     std::string rows;
