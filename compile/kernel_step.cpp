@@ -31,6 +31,32 @@ bool in_place_ok(const Graph& g, int32_t node_index, int32_t in_value, int32_t o
 }  // namespace
 
 KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall kernel) {
+  if (lg.spec.kind == codegen::KernelKind::MultiTensor && lg.hyper_value < 0) {
+    // Note [Parameter casts]: inputs and outputs are one slot each, per tensor; outputs are fresh buffers.
+    std::vector<OutMeta> outs;
+    for (int32_t v : lg.outputs) {
+      const Value& val = g.values[static_cast<size_t>(v)];
+      outs.push_back(OutMeta{v, trace_shape(val.shape), val.dtype, val.device});
+    }
+    const std::vector<int32_t> inputs = lg.inputs;
+    return [inputs, outs, kernel](std::vector<Tensor>& env) {
+      std::vector<int64_t> syms{static_cast<int64_t>(inputs.size())};
+      std::vector<void*> bufs;
+      std::vector<Tensor> keep;
+      for (size_t t = 0; t < inputs.size(); ++t) {
+        Tensor in = env[static_cast<size_t>(inputs[t])];
+        if (!in.is_contiguous()) in = in.contiguous_raw();
+        Tensor out = empty(outs[t].shape, outs[t].dtype, outs[t].device);
+        syms.push_back(in.numel());
+        bufs.push_back(in.data_ptr());
+        bufs.push_back(out.data_ptr());
+        keep.push_back(in);
+        env[static_cast<size_t>(outs[t].value)] = out;
+      }
+      const double no_scalars = 0;
+      kernel(bufs.data(), syms.data(), &no_scalars);
+    };
+  }
   if (lg.spec.kind == codegen::KernelKind::MultiTensor) {
     const size_t n = lg.tensors;
     int32_t node_index = g.values[static_cast<size_t>(lg.outputs[0])].producer;

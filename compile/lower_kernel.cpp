@@ -382,9 +382,35 @@ std::optional<LoweredGroup> lower_adamw(const Graph& g, const FusionGroup& fg, s
   return lg;
 }
 
+// Note [Parameter casts] (compile/passes/fuse.cpp): one cast over every tensor of the group; slot 0 reads the f32
+// parameter, slot 1 writes its bf16 / f16 copy.
+std::optional<LoweredGroup> lower_parameter_casts(const Graph& g, const FusionGroup& fg, std::string* why) {
+  LoweredGroup lg;
+  KernelSpec& k = lg.spec;
+  k.kind = KernelKind::MultiTensor;
+  k.name = "cast_params";
+  const DType to = g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(fg.nodes[0])].outputs[0])].dtype;
+  for (int32_t n : fg.nodes) {
+    const Node& node = g.nodes[static_cast<size_t>(n)];
+    if (node.prim->name() != "cast" || g.values[static_cast<size_t>(node.outputs[0])].dtype != to ||
+        g.values[static_cast<size_t>(node.inputs[0])].dtype != DType::f32) {
+      if (why) *why = "a multi-tensor group of casts with mixed dtypes";
+      return std::nullopt;
+    }
+    lg.inputs.push_back(node.inputs[0]);
+    lg.outputs.push_back(node.outputs[0]);
+  }
+  const int src = k.input(DType::f32, {}, "param"), dst = k.output(to, {}, "cast");
+  k.store(dst, k.cast(k.load(src), to));
+  lg.tensors = fg.nodes.size();
+  return lg;
+}
+
 }  // namespace
 
 std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, std::string* why) {
+  if (fg.kind == GroupKind::MultiTensor && g.nodes[static_cast<size_t>(fg.nodes[0])].prim->name() == "cast")
+    return lower_parameter_casts(g, fg, why);
   if (fg.kind == GroupKind::MultiTensor) return lower_adamw(g, fg, why);
   LoweredGroup lg;
   lg.spec.kind = fg.kind == GroupKind::RowReduction ? KernelKind::RowReduction : KernelKind::Pointwise;

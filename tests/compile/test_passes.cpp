@@ -229,6 +229,30 @@ TEST(Fuse, TallHalfColumnSumsOfAMatmulStayEagerOnCuda) {
   EXPECT_TRUE(sum_grouped(2048, 256, DType::bf16, true, true));
 }
 
+// Note [Parameter casts]: on CUDA, the bf16 casts of f32 weights that only matmuls read are one multi-tensor
+// group; a cast with a pointwise reader, or any on the CPU, is not in it.
+TEST(Fuse, ParameterCastsForMatmulsAreOneMultiTensorGroupOnCuda) {
+  Tensor x = randn({8, 16}), w1 = randn({16, 16}), w2 = randn({16, 16}), w3 = randn({8, 16});
+  auto fn = [&](const std::vector<Tensor>& a) {
+    Tensor h = matmul(cast(a[0], DType::bf16), cast(w1, DType::bf16));
+    h = matmul(h, cast(w2, DType::bf16));
+    return std::vector<Tensor>{h + cast(w3, DType::bf16)};  // w3's cast feeds an add: it joins that group instead
+  };
+  for (bool cuda : {true, false}) {
+    Graph g = graph_of(fn, {x});
+    if (cuda)
+      for (Value& v : g.values) v.device = Device::cuda(0);
+    passes::fuse(g);
+    g.verify();
+    int multi = 0;
+    size_t members = 0;
+    for (const FusionGroup& fg : g.groups)
+      if (fg.kind == GroupKind::MultiTensor) ++multi, members = fg.nodes.size();
+    EXPECT_EQ(multi, cuda ? 1 : 0) << g.str();
+    if (cuda) EXPECT_EQ(members, 3u) << "x, w1 and w2 (graph inputs all); w3's cast joined the add";
+  }
+}
+
 TEST(Fuse, NeverGroupsAcrossAnOpaqueOpThatDependsOnTheGroup) {
   Tensor x = randn({4, 4}), w = randn({4, 4});
   Graph g = graph_of([&](const std::vector<Tensor>& a) {

@@ -141,6 +141,9 @@ struct LoadedKernel {
   // flight may read it), so the same parameter list costs one upload for the life of the process.
   std::mutex mu;
   std::map<uint64_t, CUdeviceptr> tables;
+  // The host bytes of each table, kept as long as it: under a CUDA graph capture (reduce-overhead) the upload
+  // is captured as a memcpy node that reads them again at every replay.
+  std::map<uint64_t, std::vector<uint64_t>> table_bytes;
 };
 
 size_t CudaKernel::split_workspace_bytes() const {
@@ -211,13 +214,16 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
           check_cu(driver::api().ctx_synchronize(), "cuCtxSynchronize (multi-tensor tables)", symbol);
           for (auto& [key, ptr] : loaded->tables) driver::api().mem_free(ptr);
           loaded->tables.clear();
+          loaded->table_bytes.clear();
         }
         check_cu(driver::api().mem_alloc(&dev, bytes.size()), "cuMemAlloc (multi-tensor table)", symbol);
         // On the launch stream: a synchronous cuMemcpyHtoD from pageable memory runs on the legacy stream
         // and may return before the DMA lands, so a kernel on ingot's (non-blocking) stream could read a
-        // half-written table. From pageable memory the async copy is staged before it returns, so `table`
-        // may die with this call.
-        check_cu(driver::api().memcpy_htod_async(dev, bytes.data(), bytes.size(), st),
+        // half-written table. The source stays alive with the table: a graph capture records the copy and
+        // replays it from these bytes (a launch captured on the first call of a multi-tensor cast crashed
+        // at replay when they were a local vector).
+        const std::vector<uint64_t>& kept = loaded->table_bytes[h] = table;
+        check_cu(driver::api().memcpy_htod_async(dev, kept.data(), bytes.size(), st),
                  "cuMemcpyHtoDAsync (multi-tensor table)", symbol);
         loaded->tables[h] = dev;
       }
