@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "autograd/ops.h"
+#include "autograd/ops/reduce_fused.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -60,8 +61,10 @@ DType reduce_out_dtype(ReduceOp op, DType in) {
 
 class ReducePrim final : public Primitive {
  public:
-  ReducePrim(ReduceOp op, std::vector<int64_t> dims, bool keepdim)
-      : op_(op), dims_(std::move(dims)), keepdim_(keepdim) {}
+  // widened: an f32 sum of bf16 / f16 input never rounded to the input's dtype (reduce_fused.h); only compiled
+  // graphs build it.
+  ReducePrim(ReduceOp op, std::vector<int64_t> dims, bool keepdim, bool widened = false)
+      : op_(op), dims_(std::move(dims)), keepdim_(keepdim), widened_(widened) {}
   std::string_view name() const override { return kernels::reduce_name(op_); }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     const Shape& s = in[0].shape;
@@ -71,7 +74,8 @@ class ReducePrim final : public Primitive {
       for (int64_t d : dims_)
         INGOT_CHECK(s[static_cast<size_t>(d)] > 0, name(), ": cannot reduce over dim ", d, " of size 0 in shape ",
                     shape_str(s), " (no identity)");
-    return {{reduced_shape(s, dims_, keepdim_), reduce_out_dtype(op_, in[0].dtype), in[0].device}};
+    return {{reduced_shape(s, dims_, keepdim_), widened_ ? DType::f32 : reduce_out_dtype(op_, in[0].dtype),
+             in[0].device}};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     const Tensor& x = in[0];
@@ -129,7 +133,7 @@ class ReducePrim final : public Primitive {
     if (!tmp.same(dst)) INGOT_KERNEL_CALL(x.device(), copy, dst, tmp);
     return {out};
   }
-  bool differentiable() const override { return op_ != ReduceOp::ArgMax && op_ != ReduceOp::ArgMin; }
+  bool differentiable() const override { return op_ != ReduceOp::ArgMax && op_ != ReduceOp::ArgMin && !widened_; }
   bool saves_input(size_t) const override {
     return op_ == ReduceOp::Max || op_ == ReduceOp::Min || op_ == ReduceOp::LogSumExp;
   }
@@ -137,6 +141,10 @@ class ReducePrim final : public Primitive {
   FusionKind fusion_kind() const override { return FusionKind::Reduction; }
   void print_attrs(std::ostream& os) const override {
     os << "dims=" << shape_str(dims_) << ", keepdim=" << (keepdim_ ? "true" : "false");
+    if (widened_) os << ", out=f32";
+  }
+  std::shared_ptr<Primitive> widened() const {
+    return op_ == ReduceOp::Sum && !widened_ ? std::make_shared<ReducePrim>(op_, dims_, keepdim_, true) : nullptr;
   }
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     const TensorMeta& m = c.input_meta[0];
@@ -182,6 +190,7 @@ class ReducePrim final : public Primitive {
   ReduceOp op_;
   std::vector<int64_t> dims_;
   bool keepdim_;
+  bool widened_;
 };
 
 Tensor reduce(ReduceOp op, const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
@@ -190,6 +199,11 @@ Tensor reduce(ReduceOp op, const Tensor& a, std::vector<int64_t> dims, bool keep
 }
 
 }  // namespace
+
+std::shared_ptr<Primitive> widened_sum(const Primitive& sum) {
+  const auto* p = dynamic_cast<const ReducePrim*>(&sum);
+  return p ? p->widened() : nullptr;
+}
 
 Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
   return reduce(ReduceOp::Sum, a, std::move(dims), keepdim);

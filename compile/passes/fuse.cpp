@@ -22,11 +22,11 @@
 #include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
-namespace {
 
 // Note [Column sums]: the shapes runtime/kernels/cuda/reduce.cu's column path takes, with no fusible prologue.
 bool eager_column_sum(const Graph& g, const Node& n) {
-  if (n.prim->name() != "sum" || exact_attrs(*n.prim) != "dims=[0], keepdim=false") return false;
+  const std::string attrs = n.prim->name() == "sum" ? exact_attrs(*n.prim) : "";
+  if (attrs != "dims=[0], keepdim=false" && attrs != "dims=[0], keepdim=false, out=f32") return false;
   const Value& in = g.values[static_cast<size_t>(n.inputs[0])];
   if (!in.device.is_cuda() || (in.dtype != DType::bf16 && in.dtype != DType::f16)) return false;
   const Shape s = trace_shape(in.shape);
@@ -34,6 +34,8 @@ bool eager_column_sum(const Graph& g, const Node& n) {
   return in.producer < 0 ||
          g.nodes[static_cast<size_t>(in.producer)].prim->fusion_kind() != FusionKind::Pointwise;
 }
+
+namespace {
 
 // Note [Parameter casts]: a bf16 step casts every f32 master weight for its matmuls: 7 casts per GPT-2 block, 100
 // small kernels of 1-7 us (0.5 ms on an H100 for 124M parameters). As one multi-tensor kernel they are one pass over

@@ -21,6 +21,7 @@
 #include <map>
 
 #include "autograd/ops/matmul_fused.h"
+#include "autograd/ops/reduce_fused.h"
 #include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
@@ -121,6 +122,19 @@ bool fuse_matmul_epilogues(Graph& g, bool cpu_too, bool with_dbias, bool forward
     if (cast.prim->name() != "cast" || exact_attrs(*cast.prim) != "dtype=f32" || drop[i]) continue;
     const int32_t prod = cast.inputs[0];
     const Node* p = producer(prod);
+    if (p && uses[static_cast<size_t>(prod)] == 1 && eager_column_sum(g, *p) &&
+        !replace.count(static_cast<size_t>(p - g.nodes.data()))) {
+      // The same for the bias gradient next to it: the eager column sum writes f32 (Note [Column sums]).
+      if (std::shared_ptr<Primitive> wide = widened_sum(*p->prim)) {
+        Node sum = *p;
+        sum.prim = std::move(wide);
+        sum.outputs = {cast.outputs[0]};
+        g.values[static_cast<size_t>(cast.outputs[0])].output_index = 0;
+        replace[static_cast<size_t>(p - g.nodes.data())] = std::move(sum);
+        drop[i] = true;
+        continue;
+      }
+    }
     if (!p || p->prim->name() != "matmul" || uses[static_cast<size_t>(prod)] != 1) continue;
     const Value& pv = g.values[static_cast<size_t>(prod)];
     if (!cpu_too && !pv.device.is_cuda()) continue;

@@ -53,6 +53,10 @@ bool fuse(Graph& g, bool horizontal = true);
 // keeping the traced order (which frees activations as backward consumes them).
 bool schedule(Graph& g);
 
+// fuse.cpp, Note [Column sums]: whether `n` is a row sum of a tall bf16 / f16 CUDA matrix with no pointwise
+// producer, which fuse leaves to the eager reduce kernel (and matmul_epilogues may widen to f32).
+bool eager_column_sum(const Graph& g, const Node& n);
+
 // memory_plan.cpp: offsets in one arena for every intermediate value, reusing a block once its value is
 // dead; no two values live at the same time overlap.
 struct MemoryPlan {

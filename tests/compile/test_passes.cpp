@@ -253,6 +253,28 @@ TEST(Fuse, ParameterCastsForMatmulsAreOneMultiTensorGroupOnCuda) {
   }
 }
 
+// Note [Column sums]: the f32 cast of such a sum (a bf16 bias gradient on its way to AdamW) folds into it on CUDA.
+TEST(Fuse, TheF32CastOfAnEagerColumnSumFoldsIntoIt) {
+  Tensor x = randn({2048, 16}, DType::bf16), w = randn({16, 256}, DType::bf16);
+  Graph g = graph_of([&](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{cast(sum(matmul(a[0], w), {0}), DType::f32)};
+  }, {x});
+  for (Value& v : g.values) v.device = Device::cuda(0);
+  ASSERT_TRUE(passes::fuse_matmul_epilogues(g));
+  passes::dce(g);
+  g.verify();
+  int casts = 0, wide = 0;
+  for (const Node& n : g.nodes) {
+    casts += n.prim->name() == "cast";
+    wide += n.prim->name() == "sum" && exact_attrs(*n.prim) == "dims=[0], keepdim=false, out=f32";
+  }
+  EXPECT_EQ(casts, 0) << g.str();
+  EXPECT_EQ(wide, 1) << g.str();
+  passes::fuse(g);
+  for (const Node& n : g.nodes)
+    if (n.prim->name() == "sum") EXPECT_LT(n.group, 0) << "the widened sum stays on the eager column path";
+}
+
 TEST(Fuse, NeverGroupsAcrossAnOpaqueOpThatDependsOnTheGroup) {
   Tensor x = randn({4, 4}), w = randn({4, 4});
   Graph g = graph_of([&](const std::vector<Tensor>& a) {
