@@ -12,6 +12,15 @@ struct OutMeta {
   Device device;
 };
 
+std::vector<OutMeta> out_metas(const Graph& g, const std::vector<int32_t>& values) {
+  std::vector<OutMeta> outs;
+  for (int32_t v : values) {
+    const Value& val = g.values[static_cast<size_t>(v)];
+    outs.push_back(OutMeta{v, trace_shape(val.shape), val.dtype, val.device});
+  }
+  return outs;
+}
+
 // Note [In-place optimizer update]: the update may write into a parameter's (or state's) own buffer when
 // the graph reads that input nowhere after the update and writes the matching output back into it: the
 // write-back then finds the value already in place (compile/executor.cpp skips the copy).
@@ -33,11 +42,7 @@ bool in_place_ok(const Graph& g, int32_t node_index, int32_t in_value, int32_t o
 KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall kernel) {
   if (lg.spec.kind == codegen::KernelKind::MultiTensor && lg.hyper_value < 0) {
     // Note [Parameter casts]: inputs and outputs are one slot each, per tensor; outputs are fresh buffers.
-    std::vector<OutMeta> outs;
-    for (int32_t v : lg.outputs) {
-      const Value& val = g.values[static_cast<size_t>(v)];
-      outs.push_back(OutMeta{v, trace_shape(val.shape), val.dtype, val.device});
-    }
+    const std::vector<OutMeta> outs = out_metas(g, lg.outputs);
     const std::vector<int32_t> inputs = lg.inputs;
     return [inputs, outs, kernel](std::vector<Tensor>& env) {
       std::vector<int64_t> syms{static_cast<int64_t>(inputs.size())};
@@ -96,11 +101,7 @@ KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall
       for (size_t k = 0; k < 3 * n; ++k) env[static_cast<size_t>(meta.outputs[k])] = outs[k];
     };
   }
-  std::vector<OutMeta> outs;
-  for (int32_t v : lg.outputs) {
-    const Value& val = g.values[static_cast<size_t>(v)];
-    outs.push_back(OutMeta{v, trace_shape(val.shape), val.dtype, val.device});
-  }
+  const std::vector<OutMeta> outs = out_metas(g, lg.outputs);
   const std::vector<int32_t> inputs = lg.inputs;
   return [inputs, outs, kernel](std::vector<Tensor>& env) {
     std::vector<void*> bufs;

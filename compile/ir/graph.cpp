@@ -119,6 +119,18 @@ std::optional<Device> compute_device(const Graph& g) {
   return cuda ? *cuda : Device::cpu();
 }
 
+void Graph::rewrite_nodes(std::map<size_t, Node> replace, const std::vector<bool>& drop) {
+  std::vector<Node> kept;
+  kept.reserve(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (i < drop.size() && drop[i]) continue;
+    auto it = replace.find(i);
+    kept.push_back(it != replace.end() ? std::move(it->second) : std::move(nodes[i]));
+  }
+  nodes = std::move(kept);
+  renumber_nodes();
+}
+
 void Graph::renumber_nodes() {
   for (size_t i = 0; i < nodes.size(); ++i) {
     nodes[i].id = static_cast<int32_t>(i);

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <source_location>
@@ -120,6 +121,9 @@ class Graph {
   bool is_root(int32_t value) const;
   // Renumbers node ids after a pass removed or reordered nodes (values keep their ids).
   void renumber_nodes();
+  // A pattern pass's rewrite: node i becomes replace[i] where given, is removed where drop[i], and keeps its
+  // place otherwise; then renumber_nodes(). The caller keeps the order topological.
+  void rewrite_nodes(std::map<size_t, Node> replace, const std::vector<bool>& drop);
   const Node& producer(int32_t value) const { return nodes.at(static_cast<size_t>(values.at(value).producer)); }
 
   std::string str() const;  // the printer (compile/ir/printer.cpp)

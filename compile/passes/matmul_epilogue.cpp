@@ -150,15 +150,7 @@ bool fuse_matmul_epilogues(Graph& g, bool cpu_too, bool with_dbias, bool forward
     drop[i] = true;
   }
   if (replace.empty()) return false;
-  std::vector<Node> nodes;
-  nodes.reserve(g.nodes.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    if (drop[i]) continue;
-    auto it = replace.find(i);
-    nodes.push_back(it != replace.end() ? std::move(it->second) : std::move(g.nodes[i]));
-  }
-  g.nodes = std::move(nodes);
-  g.renumber_nodes();
+  g.rewrite_nodes(std::move(replace), drop);
   return true;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "compile/executor.h"
+#include "compile/graph_checks.h"
 #include "compile/passes/passes.h"
 #include "compile/pipeline.h"
 #include "compile/step_fixture.h"
@@ -17,16 +18,10 @@
 namespace ingot::compiler {
 namespace {
 
-int count(const Graph& g, std::string_view name) {
-  int n = 0;
-  for (const Node& node : g.nodes) n += node.prim->name() == name;
-  return n;
-}
-
 void expect_only_fused(const Graph& g) {
-  EXPECT_EQ(count(g, "cross_entropy_fused"), 1);
-  EXPECT_EQ(count(g, "cross_entropy"), 0);
-  EXPECT_EQ(count(g, "cross_entropy_bwd"), 0);
+  EXPECT_EQ(count_nodes(g, "cross_entropy_fused"), 1);
+  EXPECT_EQ(count_nodes(g, "cross_entropy"), 0);
+  EXPECT_EQ(count_nodes(g, "cross_entropy_bwd"), 0);
 }
 
 TEST(FuseCrossEntropy, GptStepHasOneFusedNodeAndMatchesEager) {
@@ -38,8 +33,8 @@ TEST(FuseCrossEntropy, GptStepHasOneFusedNodeAndMatchesEager) {
     if (bf16) model->set_compute_dtype(DType::bf16);
     auto fn = testing::loss_and_grads(model);
     Graph g = trace(fn, {ids, tgt}).graph;
-    ASSERT_EQ(count(g, "cross_entropy"), 1);
-    ASSERT_EQ(count(g, "cross_entropy_bwd"), 1);
+    ASSERT_EQ(count_nodes(g, "cross_entropy"), 1);
+    ASSERT_EQ(count_nodes(g, "cross_entropy_bwd"), 1);
     ASSERT_TRUE(passes::fuse_cross_entropy(g));
     g.verify();
     expect_only_fused(g);
@@ -99,14 +94,14 @@ TEST(FuseCrossEntropy, ALossThatFeedsItsOwnGradientIsNotFused) {
     return std::vector<Tensor>{squared, gw};
   };
   Graph g = trace(step, {x, t}).graph;
-  ASSERT_EQ(count(g, "cross_entropy"), 1);
+  ASSERT_EQ(count_nodes(g, "cross_entropy"), 1);
   EXPECT_FALSE(passes::fuse_cross_entropy(g));
-  EXPECT_EQ(count(g, "cross_entropy_fused"), 0);
+  EXPECT_EQ(count_nodes(g, "cross_entropy_fused"), 0);
   CompileStats stats;
   std::shared_ptr<Executable> exe = build_executable(trace(step, {x, t}).graph, {}, stats);
-  EXPECT_EQ(count(exe->graph, "cross_entropy"), 1);
-  EXPECT_EQ(count(exe->graph, "cross_entropy_bwd"), 1);
-  EXPECT_EQ(count(exe->graph, "cross_entropy_fused"), 0);
+  EXPECT_EQ(count_nodes(exe->graph, "cross_entropy"), 1);
+  EXPECT_EQ(count_nodes(exe->graph, "cross_entropy_bwd"), 1);
+  EXPECT_EQ(count_nodes(exe->graph, "cross_entropy_fused"), 0);
   const std::vector<Tensor> got = execute(*exe, {x, t}), want = step({x, t});
   EXPECT_NEAR(got[0].item(), want[0].item(), 1e-6 * std::abs(want[0].item()));
   EXPECT_LE(max_rel_error(got[1], want[1], 1e-5, 1e-6), 1.0);

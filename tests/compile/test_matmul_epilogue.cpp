@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "compile/executor.h"
+#include "compile/graph_checks.h"
 #include "compile/passes/passes.h"
 #include "compile/pipeline.h"
 #include "compile/step_fixture.h"
@@ -14,12 +15,6 @@
 
 namespace ingot::compiler {
 namespace {
-
-int count(const Graph& g, std::string_view name) {
-  int n = 0;
-  for (const Node& node : g.nodes) n += node.prim->name() == name;
-  return n;
-}
 
 TEST(MatmulEpilogue, GeluGradientAndBiasGradientFoldIntoTheProduct) {
   auto [ids, tgt] = testing::repeating_batch(2, 8);
@@ -30,20 +25,20 @@ TEST(MatmulEpilogue, GeluGradientAndBiasGradientFoldIntoTheProduct) {
     auto fn = testing::loss_and_grads(model);
     Graph g = trace(fn, {ids, tgt}).graph;
     const int layers = 2;
-    ASSERT_EQ(count(g, "gelu_tanh_grad"), layers);
+    ASSERT_EQ(count_nodes(g, "gelu_tanh_grad"), layers);
     EXPECT_FALSE(passes::fuse_matmul_epilogues(g)) << "CPU graphs keep their generated GELU kernels by default";
     // The pipeline's choice (the product and the GELU gradient) on one copy, with the bias gradient on another.
     Graph g2 = trace(fn, {ids, tgt}).graph;
-    const int sums_before = count(g2, "sum");
+    const int sums_before = count_nodes(g2, "sum");
     ASSERT_TRUE(passes::fuse_matmul_epilogues(g, true));
     ASSERT_TRUE(passes::fuse_matmul_epilogues(g2, true, true));
     for (Graph* x : {&g, &g2}) {
       passes::dce(*x);
       x->verify();
-      EXPECT_EQ(count(*x, "gelu_tanh_grad"), 0);
-      EXPECT_EQ(count(*x, "matmul_dgelu"), layers);
-      EXPECT_EQ(count(*x, "gelu_tanh"), 0) << "the forward GELU joins its linear";
-      EXPECT_EQ(count(*x, "linear_gelu"), layers);
+      EXPECT_EQ(count_nodes(*x, "gelu_tanh_grad"), 0);
+      EXPECT_EQ(count_nodes(*x, "matmul_dgelu"), layers);
+      EXPECT_EQ(count_nodes(*x, "gelu_tanh"), 0) << "the forward GELU joins its linear";
+      EXPECT_EQ(count_nodes(*x, "linear_gelu"), layers);
       int widened = 0;
       for (const Node& n : x->nodes) widened += n.prim->name() == "matmul" && exact_attrs(*n.prim).find("out=f32") != std::string::npos;
       // bf16: each block's four weight gradients and the tied head's are f32 products; f32 graphs have no casts.
@@ -57,8 +52,8 @@ TEST(MatmulEpilogue, GeluGradientAndBiasGradientFoldIntoTheProduct) {
       if (n.prim->name() != "matmul_dgelu") continue;
       EXPECT_EQ(n.outputs.size(), 2u) << "the bias gradient comes along";
     }
-    EXPECT_EQ(count(g, "sum"), sums_before);
-    EXPECT_EQ(count(g2, "sum"), sums_before - layers);
+    EXPECT_EQ(count_nodes(g, "sum"), sums_before);
+    EXPECT_EQ(count_nodes(g2, "sum"), sums_before - layers);
     for (Graph* x : {&g, &g2}) {
       CompileStats stats;
       std::shared_ptr<Executable> exe = build_executable(std::move(*x), {}, stats);

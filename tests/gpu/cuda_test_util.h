@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -123,6 +124,16 @@ inline int64_t count_unequal(const Tensor& a, const Tensor& b) {
   for (size_t i = 0; i < va.size(); ++i)
     if (!(va[i] == vb[i] || (std::isnan(va[i]) && std::isnan(vb[i])))) ++bad;
   return bad;
+}
+
+// Cross-entropy targets in [0, classes) with every third row ignored (ignore_index -100).
+inline Tensor targets_with_ignored_rows(int64_t rows, int64_t classes) {
+  std::vector<double> u = rand({rows}, DType::f64).to_vector();
+  std::vector<int64_t> t(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    t[r] = r % 3 == 1 ? -100
+                      : std::min<int64_t>(classes - 1, static_cast<int64_t>(u[r] * static_cast<double>(classes)));
+  return from_vector_i64(t, {rows});
 }
 
 }  // namespace ingot::testing

@@ -42,15 +42,6 @@ double cpu_tol(DType t) { return t == DType::f64 ? 1e-10 : t == DType::bf16 ? 1.
 // Against the separate CUDA kernels: the same f32 tree sums with another thread count.
 double gpu_tol(DType t) { return t == DType::f64 ? 1e-12 : t == DType::bf16 ? 8e-3 : 1e-5; }
 
-// Targets in [0, C) with every third row ignored (ignore_index -100).
-Tensor make_targets(int64_t rows, int64_t C) {
-  std::vector<double> u = rand({rows}, DType::f64).to_vector();
-  std::vector<int64_t> t(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r)
-    t[r] = r % 3 == 1 ? -100 : std::min<int64_t>(C - 1, static_cast<int64_t>(u[r] * static_cast<double>(C)));
-  return from_vector_i64(t, {rows});
-}
-
 TEST(CudaCrossEntropyFused, MatchesCpuAndTheSeparateKernelsWithIgnoredRowsAndLabelSmoothingInPlace) {
   INGOT_REQUIRE_CUDA();
   manual_seed(109);
@@ -63,7 +54,7 @@ TEST(CudaCrossEntropyFused, MatchesCpuAndTheSeparateKernelsWithIgnoredRowsAndLab
         const std::string at = detail::str_cat(dtype_name(dt), " ", shape_str(s), " ls=", ls);
         SCOPED_TRACE(at);
         const Tensor x = mul(randn(s, DType::f64), 4.0).to(dt), xg = x.to(kGpu);
-        const Tensor target = make_targets(rows, s[1]), tg = target.to(kGpu);
+        const Tensor target = targets_with_ignored_rows(rows, s[1]), tg = target.to(kGpu);
         const Tensor dloss = randn({rows}, st), dlg = dloss.to(kGpu);
 
         Tensor loss_ref = empty({rows}, st), lse_ref = empty({rows}, st), dx_ref = empty(s, dt);

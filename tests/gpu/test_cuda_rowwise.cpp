@@ -163,15 +163,6 @@ TEST(CudaRmsNorm, ForwardAndBackwardMatchCpu) {
   }
 }
 
-// Targets in [0, V) with every third row ignored (ignore_index -100).
-Tensor make_targets(int64_t rows, int64_t V) {
-  std::vector<double> u = rand({rows}, DType::f64).to_vector();
-  std::vector<int64_t> t(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r)
-    t[r] = r % 3 == 1 ? -100 : std::min<int64_t>(V - 1, static_cast<int64_t>(u[r] * static_cast<double>(V)));
-  return from_vector_i64(t, {rows});
-}
-
 TEST(CudaCrossEntropy, ForwardAndBackwardMatchCpuWithIgnoreIndexAndLabelSmoothing) {
   INGOT_REQUIRE_CUDA();
   manual_seed(105);
@@ -182,7 +173,7 @@ TEST(CudaCrossEntropy, ForwardAndBackwardMatchCpuWithIgnoreIndexAndLabelSmoothin
       const int64_t rows = s[0];
       for (double ls : {0.0, 0.1}) {
         Operand x = rand_operand(s, dt, 4.0);
-        Tensor target = make_targets(rows, s[1]);
+        Tensor target = targets_with_ignored_rows(rows, s[1]);
         Tensor loss_ref = empty({rows}, st), lse_ref = empty({rows}, st);
         Tensor loss = poisoned({rows}, st, kGpu), lse = poisoned({rows}, st, kGpu);
         kc::cross_entropy_fwd(loss_ref, lse_ref, x.cpu, target, -100, ls);

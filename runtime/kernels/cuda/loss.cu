@@ -248,6 +248,26 @@ std::pair<int64_t, int64_t> check_ce(const char* op, const Tensor& logits, const
   return {rows, C};
 }
 
+void check_dlogits(const char* op, const Tensor& dlogits, const Tensor& logits) {
+  check_cuda_contig(dlogits, op, "dlogits");
+  INGOT_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype(), op,
+              ": expected dlogits of logits' shape and dtype, got ", shape_str(dlogits.shape()), " ",
+              dtype_name(dlogits.dtype()));
+}
+
+// Runs fn(T{}, I{}, std::integral_constant<int, V>{}) for the logits' float type T, the target's index type I and
+// the widest vector width V the row length and `ptrs` allow.
+template <typename F>
+void dispatch_ce(const char* op, const Tensor& logits, const Tensor& target, int64_t C,
+                 std::initializer_list<const void*> ptrs, F fn) {
+  dispatch_float(logits.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(target, op, [&](auto itag) {
+      dispatch_vec<T>(vec_width<T>(C, ptrs), [&](auto vec) { fn(tag, itag, vec); });
+    });
+  });
+}
+
 }  // namespace
 
 void cross_entropy_fwd(const Tensor& loss, const Tensor& lse, const Tensor& logits, const Tensor& target,
@@ -256,18 +276,14 @@ void cross_entropy_fwd(const Tensor& loss, const Tensor& lse, const Tensor& logi
   auto [rows, C] = check_ce(op, logits, target, {{&loss, "loss"}, {&lse, "lse"}});
   if (rows == 0) return;
   LaunchContext L(logits);
-  dispatch_float(logits.dtype(), op, [&](auto tag) {
+  dispatch_ce(op, logits, target, C, {logits.data_ptr()}, [&](auto tag, auto itag, auto vec) {
     using T = decltype(tag);
-    dispatch_index(target, op, [&](auto itag) {
-      using I = decltype(itag);
-      dispatch_vec<T>(vec_width<T>(C, {logits.data_ptr()}), [&](auto vec) {
-        constexpr int V = decltype(vec)::value;
-        cross_entropy_fwd_kernel<T, I, V><<<rows, row_threads((C + V - 1) / V), 0, L.stream>>>(
-            loss.data_ptr(), lse.data_ptr(), loss.dtype(), lse.dtype(), logits.data<T>(), target.data<I>(), C,
-            ignore_index, label_smoothing);
-        CUDA_CHECK_LAUNCH();
-      });
-    });
+    using I = decltype(itag);
+    constexpr int V = decltype(vec)::value;
+    cross_entropy_fwd_kernel<T, I, V><<<rows, row_threads((C + V - 1) / V), 0, L.stream>>>(
+        loss.data_ptr(), lse.data_ptr(), loss.dtype(), lse.dtype(), logits.data<T>(), target.data<I>(), C,
+        ignore_index, label_smoothing);
+    CUDA_CHECK_LAUNCH();
   });
 }
 
@@ -275,24 +291,17 @@ void cross_entropy_bwd(const Tensor& dlogits, const Tensor& dloss, const Tensor&
                        const Tensor& target, int64_t ignore_index, double label_smoothing) {
   const char* op = "cross_entropy_bwd";
   auto [rows, C] = check_ce(op, logits, target, {{&dloss, "dloss"}, {&lse, "lse"}});
-  check_cuda_contig(dlogits, op, "dlogits");
-  INGOT_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype(), op,
-              ": expected dlogits of logits' shape and dtype, got ", shape_str(dlogits.shape()), " ",
-              dtype_name(dlogits.dtype()));
+  check_dlogits(op, dlogits, logits);
   if (rows == 0) return;
   LaunchContext L(logits);
-  dispatch_float(logits.dtype(), op, [&](auto tag) {
+  dispatch_ce(op, logits, target, C, {logits.data_ptr(), dlogits.data_ptr()}, [&](auto tag, auto itag, auto vec) {
     using T = decltype(tag);
-    dispatch_index(target, op, [&](auto itag) {
-      using I = decltype(itag);
-      dispatch_vec<T>(vec_width<T>(C, {logits.data_ptr(), dlogits.data_ptr()}), [&](auto vec) {
-        constexpr int V = decltype(vec)::value;
-        cross_entropy_bwd_kernel<T, I, V><<<rows, row_threads((C + V - 1) / V), 0, L.stream>>>(
-            dlogits.data<T>(), dloss.data_ptr(), dloss.dtype(), logits.data<T>(), lse.data_ptr(), lse.dtype(),
-            target.data<I>(), C, ignore_index, label_smoothing);
-        CUDA_CHECK_LAUNCH();
-      });
-    });
+    using I = decltype(itag);
+    constexpr int V = decltype(vec)::value;
+    cross_entropy_bwd_kernel<T, I, V><<<rows, row_threads((C + V - 1) / V), 0, L.stream>>>(
+        dlogits.data<T>(), dloss.data_ptr(), dloss.dtype(), logits.data<T>(), lse.data_ptr(), lse.dtype(),
+        target.data<I>(), C, ignore_index, label_smoothing);
+    CUDA_CHECK_LAUNCH();
   });
 }
 
@@ -300,26 +309,19 @@ void cross_entropy_fused(const Tensor& loss, const Tensor& lse, const Tensor& dl
                          const Tensor& target, const Tensor& dloss, int64_t ignore_index, double label_smoothing) {
   const char* op = "cross_entropy_fused";
   auto [rows, C] = check_ce(op, logits, target, {{&loss, "loss"}, {&lse, "lse"}, {&dloss, "dloss"}});
-  check_cuda_contig(dlogits, op, "dlogits");
-  INGOT_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype(), op,
-              ": expected dlogits of logits' shape and dtype, got ", shape_str(dlogits.shape()), " ",
-              dtype_name(dlogits.dtype()));
+  check_dlogits(op, dlogits, logits);
   if (rows == 0) return;
   LaunchContext L(logits);
-  dispatch_float(logits.dtype(), op, [&](auto tag) {
+  dispatch_ce(op, logits, target, C, {logits.data_ptr(), dlogits.data_ptr()}, [&](auto tag, auto itag, auto vec) {
     using T = decltype(tag);
-    dispatch_index(target, op, [&](auto itag) {
-      using I = decltype(itag);
-      dispatch_vec<T>(vec_width<T>(C, {logits.data_ptr(), dlogits.data_ptr()}), [&](auto vec) {
-        constexpr int V = decltype(vec)::value;
-        int threads = 32;
-        while (threads < kFusedMaxThreads && threads < (C + V - 1) / V) threads <<= 1;
-        cross_entropy_fused_kernel<T, I, V><<<rows, threads, 0, L.stream>>>(
-            loss.data_ptr(), lse.data_ptr(), loss.dtype(), lse.dtype(), dlogits.data<T>(), logits.data<T>(),
-            target.data<I>(), dloss.data_ptr(), dloss.dtype(), C, ignore_index, label_smoothing);
-        CUDA_CHECK_LAUNCH();
-      });
-    });
+    using I = decltype(itag);
+    constexpr int V = decltype(vec)::value;
+    int threads = 32;
+    while (threads < kFusedMaxThreads && threads < (C + V - 1) / V) threads <<= 1;
+    cross_entropy_fused_kernel<T, I, V><<<rows, threads, 0, L.stream>>>(
+        loss.data_ptr(), lse.data_ptr(), loss.dtype(), lse.dtype(), dlogits.data<T>(), logits.data<T>(),
+        target.data<I>(), dloss.data_ptr(), dloss.dtype(), C, ignore_index, label_smoothing);
+    CUDA_CHECK_LAUNCH();
   });
 }
 
