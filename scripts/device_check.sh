@@ -52,6 +52,9 @@ if want bench; then
     bench_gpt2_step --device cuda --dtype bf16 --batch $b --seq 1024 --steps 20 --warmup 5 --compile reduce-overhead \
       --cache-dir /tmp/ingot-bench-cache > "$out/bench_ingot_ro_b$b.log" 2>&1
     echo "(reduce-overhead)"; tail -3 "$out/bench_ingot_ro_b$b.log"
+    bench_gpt2_step --device cuda --dtype bf16 --batch $b --seq 1024 --steps 20 --warmup 5 --compile max-autotune \
+      --cache-dir /tmp/ingot-bench-cache > "$out/bench_ingot_ma_b$b.log" 2>&1
+    echo "(max-autotune: tuning + CUDA graphs)"; tail -3 "$out/bench_ingot_ma_b$b.log"
     python3 bench/reference/torch_gpt2.py --batch $b --seq 1024 --steps 20 --warmup 5 \
       > "$out/bench_torch_b$b.log" 2>&1; tail -4 "$out/bench_torch_b$b.log"
   done
