@@ -136,4 +136,23 @@ inline Tensor targets_with_ignored_rows(int64_t rows, int64_t classes) {
   return from_vector_i64(t, {rows});
 }
 
+// The dtype of a row kernel's statistics (mean, rstd, lse, loss): f64 for f64 inputs, else f32.
+inline DType stat_dtype(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
+
+// Every element of `out` (any device) is within tol * (|ref| + max(max|ref|, 1)) of `ref`; NaN fails. The inputs
+// are of unit scale, so a result that cancels to ~0 (a one-element softmax row's gradient, a cross-entropy
+// gradient where the probability meets the smoothing term) is judged against the unit scale of the terms that
+// cancelled, not against its own rounding noise.
+inline ::testing::AssertionResult close_at_unit_scale(const Tensor& out, const Tensor& ref, double tol) {
+  std::vector<double> a = out.to_vector(), b = ref.to_vector();
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes " << a.size() << " vs " << b.size();
+  double scale = 1.0;
+  for (double v : b) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(std::abs(a[i] - b[i]) <= tol * (std::abs(b[i]) + scale)))
+      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << b[i] << " (tol " << tol
+                                           << ", max |ref| " << scale << ")";
+  return ::testing::AssertionSuccess();
+}
+
 }  // namespace ingot::testing

@@ -20,21 +20,7 @@ namespace kg = kernels::cuda;
 
 const Device kGpu = Device::cuda(0);
 
-DType stat_dtype(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
 
-// Every element of `out` is within tol * (|ref| + max(max|ref|, 1)) of `ref`; NaN fails. As in
-// test_cuda_rowwise.cpp: a gradient element that cancels to ~0 is judged against the unit scale of its terms.
-::testing::AssertionResult close(const Tensor& out, const Tensor& ref, double tol) {
-  std::vector<double> a = out.to_vector(), b = ref.to_vector();
-  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes " << a.size() << " vs " << b.size();
-  double scale = 1.0;
-  for (double v : b) scale = std::max(scale, std::abs(v));
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!(std::abs(a[i] - b[i]) <= tol * (std::abs(b[i]) + scale)))
-      return ::testing::AssertionFailure()
-             << "element " << i << ": " << a[i] << " vs " << b[i] << " (tol " << tol << ", max |ref| " << scale << ")";
-  return ::testing::AssertionSuccess();
-}
 
 // Against the CPU: the two devices sum a row in different orders (50304 f32 terms one by one on the CPU), and
 // a 16-bit gradient can differ by one of its own ulps.
@@ -61,16 +47,16 @@ TEST(CudaCrossEntropyFused, MatchesCpuAndTheSeparateKernelsWithIgnoredRowsAndLab
         kc::cross_entropy_fused(loss_ref, lse_ref, dx_ref, x, target, dloss, -100, ls);
         Tensor loss = poisoned({rows}, st, kGpu), lse = poisoned({rows}, st, kGpu), dx = poisoned(s, dt, kGpu);
         kg::cross_entropy_fused(loss, lse, dx, xg, tg, dlg, -100, ls);
-        EXPECT_TRUE(close(loss, loss_ref, cpu_tol(st))) << "loss vs CPU";
-        EXPECT_TRUE(close(lse, lse_ref, cpu_tol(st))) << "lse vs CPU";
-        EXPECT_TRUE(close(dx, dx_ref, cpu_tol(dt))) << "dlogits vs CPU";
+        EXPECT_TRUE(close_at_unit_scale(loss, loss_ref, cpu_tol(st))) << "loss vs CPU";
+        EXPECT_TRUE(close_at_unit_scale(lse, lse_ref, cpu_tol(st))) << "lse vs CPU";
+        EXPECT_TRUE(close_at_unit_scale(dx, dx_ref, cpu_tol(dt))) << "dlogits vs CPU";
 
         Tensor loss_s = poisoned({rows}, st, kGpu), lse_s = poisoned({rows}, st, kGpu), dx_s = poisoned(s, dt, kGpu);
         kg::cross_entropy_fwd(loss_s, lse_s, xg, tg, -100, ls);
         kg::cross_entropy_bwd(dx_s, dlg, xg, lse_s, tg, -100, ls);
-        EXPECT_TRUE(close(loss, loss_s, gpu_tol(st))) << "loss vs cross_entropy_fwd";
-        EXPECT_TRUE(close(lse, lse_s, gpu_tol(st))) << "lse vs cross_entropy_fwd";
-        EXPECT_TRUE(close(dx, dx_s, gpu_tol(dt))) << "dlogits vs cross_entropy_bwd";
+        EXPECT_TRUE(close_at_unit_scale(loss, loss_s, gpu_tol(st))) << "loss vs cross_entropy_fwd";
+        EXPECT_TRUE(close_at_unit_scale(lse, lse_s, gpu_tol(st))) << "lse vs cross_entropy_fwd";
+        EXPECT_TRUE(close_at_unit_scale(dx, dx_s, gpu_tol(dt))) << "dlogits vs cross_entropy_bwd";
 
         // Over the logits' own buffer, and with i32 targets: the same bits as above.
         Tensor buf = xg.clone_raw(), loss2 = poisoned({rows}, st, kGpu), lse2 = poisoned({rows}, st, kGpu);

@@ -35,20 +35,6 @@ double row_tol(DType t) {
   }
 }
 
-// Every element of `out` (any device) is within tol * (|ref| + max(max|ref|, 1)) of `ref`; NaN fails. The inputs
-// are of unit scale, so a result that cancels to ~0 (a one-element softmax row's gradient, say) is judged
-// against the unit scale of the terms that cancelled, not against its own rounding noise.
-::testing::AssertionResult close(const Tensor& out, const Tensor& ref, double tol) {
-  std::vector<double> a = out.to_vector(), b = ref.to_vector();
-  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes " << a.size() << " vs " << b.size();
-  double scale = 1.0;
-  for (double v : b) scale = std::max(scale, std::abs(v));
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!(std::abs(a[i] - b[i]) <= tol * (std::abs(b[i]) + scale)))
-      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << b[i] << " (tol " << tol
-                                           << ", max |ref| " << scale << ")";
-  return ::testing::AssertionSuccess();
-}
 
 Operand rand_operand(const Shape& s, DType dt, double scale = 1.0) {
   return make_operand(s, dt, Layout::Contiguous, [scale](double x) { return scale * x; });
@@ -56,7 +42,6 @@ Operand rand_operand(const Shape& s, DType dt, double scale = 1.0) {
 
 std::string where(DType dt, const Shape& s) { return detail::str_cat(dtype_name(dt), " ", shape_str(s)); }
 
-DType stat_dtype(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
 
 TEST(CudaSoftmax, ForwardAndBackwardMatchCpuForSoftmaxAndLogSoftmax) {
   INGOT_REQUIRE_CUDA();
@@ -68,12 +53,12 @@ TEST(CudaSoftmax, ForwardAndBackwardMatchCpuForSoftmaxAndLogSoftmax) {
         Tensor y_ref = empty(s, dt), y = poisoned(s, dt, kGpu);
         kc::softmax_fwd(y_ref, x.cpu, log);
         kg::softmax_fwd(y, x.gpu, log);
-        EXPECT_TRUE(close(y, y_ref, row_tol(dt))) << "fwd log=" << log << " " << where(dt, s);
+        EXPECT_TRUE(close_at_unit_scale(y, y_ref, row_tol(dt))) << "fwd log=" << log << " " << where(dt, s);
         // Both backward passes read the CPU forward output, so only the backward is compared.
         Tensor dx_ref = empty(s, dt), dx = poisoned(s, dt, kGpu);
         kc::softmax_bwd(dx_ref, dy.cpu, y_ref, log);
         kg::softmax_bwd(dx, dy.gpu, y_ref.to(kGpu), log);
-        EXPECT_TRUE(close(dx, dx_ref, row_tol(dt))) << "bwd log=" << log << " " << where(dt, s);
+        EXPECT_TRUE(close_at_unit_scale(dx, dx_ref, row_tol(dt))) << "bwd log=" << log << " " << where(dt, s);
       }
     }
   }
@@ -86,7 +71,7 @@ TEST(CudaSoftmax, MaskedMinusInfinityLogitsGetZeroProbability) {
   Tensor ref = empty({1, 7}), y = poisoned({1, 7}, DType::f32, kGpu);
   kc::softmax_fwd(ref, x, false);
   kg::softmax_fwd(y, x.to(kGpu), false);
-  EXPECT_TRUE(close(y, ref, 1e-6));
+  EXPECT_TRUE(close_at_unit_scale(y, ref, 1e-6));
   EXPECT_EQ(y.to_vector()[1], 0.0);
 }
 
@@ -109,17 +94,17 @@ TEST(CudaLayerNorm, ForwardAndBackwardMatchCpuWithAndWithoutAffine) {
         kc::layer_norm_fwd(y_ref, mean_ref, rstd_ref, x.cpu, wc, bc, 1e-5);
         kg::layer_norm_fwd(y, mean, rstd, x.gpu, wg, bg, 1e-5);
         const std::string at = detail::str_cat("affine=", affine, " ", where(dt, s));
-        EXPECT_TRUE(close(y, y_ref, row_tol(dt))) << "y " << at;
-        EXPECT_TRUE(close(mean, mean_ref, row_tol(st))) << "mean " << at;
-        EXPECT_TRUE(close(rstd, rstd_ref, row_tol(st))) << "rstd " << at;
+        EXPECT_TRUE(close_at_unit_scale(y, y_ref, row_tol(dt))) << "y " << at;
+        EXPECT_TRUE(close_at_unit_scale(mean, mean_ref, row_tol(st))) << "mean " << at;
+        EXPECT_TRUE(close_at_unit_scale(rstd, rstd_ref, row_tol(st))) << "rstd " << at;
 
         Tensor dx_ref = empty(s, dt), dw_ref = empty({C}, st), db_ref = empty({C}, st);
         Tensor dx = poisoned(s, dt, kGpu), dw = poisoned({C}, st, kGpu), db = poisoned({C}, st, kGpu);
         kc::layer_norm_bwd(dx_ref, dw_ref, db_ref, dy.cpu, x.cpu, mean_ref, rstd_ref, wc);
         kg::layer_norm_bwd(dx, dw, db, dy.gpu, x.gpu, mean_ref.to(kGpu), rstd_ref.to(kGpu), wg);
-        EXPECT_TRUE(close(dx, dx_ref, row_tol(dt))) << "dx " << at;
-        EXPECT_TRUE(close(dw, dw_ref, row_tol(st))) << "dw " << at;
-        EXPECT_TRUE(close(db, db_ref, row_tol(st))) << "db " << at;
+        EXPECT_TRUE(close_at_unit_scale(dx, dx_ref, row_tol(dt))) << "dx " << at;
+        EXPECT_TRUE(close_at_unit_scale(dw, dw_ref, row_tol(st))) << "dw " << at;
+        EXPECT_TRUE(close_at_unit_scale(db, db_ref, row_tol(st))) << "db " << at;
       }
     }
   }
@@ -135,7 +120,7 @@ TEST(CudaLayerNorm, BackwardComputesOnlyTheRequestedGradients) {
   Tensor dw_ref = empty({48}), dw = poisoned({48}, DType::f32, kGpu), dx_ref = empty(s);
   kc::layer_norm_bwd(dx_ref, dw_ref, Tensor(), dy.cpu, x.cpu, mean, rstd, w.cpu);
   kg::layer_norm_bwd(Tensor(), dw, Tensor(), dy.gpu, x.gpu, mean.to(kGpu), rstd.to(kGpu), w.gpu);
-  EXPECT_TRUE(close(dw, dw_ref, 2e-5));
+  EXPECT_TRUE(close_at_unit_scale(dw, dw_ref, 2e-5));
 }
 
 TEST(CudaRmsNorm, ForwardAndBackwardMatchCpu) {
@@ -150,15 +135,15 @@ TEST(CudaRmsNorm, ForwardAndBackwardMatchCpu) {
       Tensor y = poisoned(s, dt, kGpu), rstd = poisoned({rows}, st, kGpu);
       kc::rms_norm_fwd(y_ref, rstd_ref, x.cpu, w.cpu, 1e-6);
       kg::rms_norm_fwd(y, rstd, x.gpu, w.gpu, 1e-6);
-      EXPECT_TRUE(close(y, y_ref, row_tol(dt))) << "y " << where(dt, s);
-      EXPECT_TRUE(close(rstd, rstd_ref, row_tol(st))) << "rstd " << where(dt, s);
+      EXPECT_TRUE(close_at_unit_scale(y, y_ref, row_tol(dt))) << "y " << where(dt, s);
+      EXPECT_TRUE(close_at_unit_scale(rstd, rstd_ref, row_tol(st))) << "rstd " << where(dt, s);
 
       Tensor dx_ref = empty(s, dt), dw_ref = empty({C}, st);
       Tensor dx = poisoned(s, dt, kGpu), dw = poisoned({C}, st, kGpu);
       kc::rms_norm_bwd(dx_ref, dw_ref, dy.cpu, x.cpu, rstd_ref, w.cpu);
       kg::rms_norm_bwd(dx, dw, dy.gpu, x.gpu, rstd_ref.to(kGpu), w.gpu);
-      EXPECT_TRUE(close(dx, dx_ref, row_tol(dt))) << "dx " << where(dt, s);
-      EXPECT_TRUE(close(dw, dw_ref, row_tol(st))) << "dw " << where(dt, s);
+      EXPECT_TRUE(close_at_unit_scale(dx, dx_ref, row_tol(dt))) << "dx " << where(dt, s);
+      EXPECT_TRUE(close_at_unit_scale(dw, dw_ref, row_tol(st))) << "dw " << where(dt, s);
     }
   }
 }
@@ -179,14 +164,14 @@ TEST(CudaCrossEntropy, ForwardAndBackwardMatchCpuWithIgnoreIndexAndLabelSmoothin
         kc::cross_entropy_fwd(loss_ref, lse_ref, x.cpu, target, -100, ls);
         kg::cross_entropy_fwd(loss, lse, x.gpu, target.to(kGpu), -100, ls);
         const std::string at = detail::str_cat("ls=", ls, " ", where(dt, s));
-        EXPECT_TRUE(close(loss, loss_ref, row_tol(st))) << "loss " << at;
-        EXPECT_TRUE(close(lse, lse_ref, row_tol(st))) << "lse " << at;
+        EXPECT_TRUE(close_at_unit_scale(loss, loss_ref, row_tol(st))) << "loss " << at;
+        EXPECT_TRUE(close_at_unit_scale(lse, lse_ref, row_tol(st))) << "lse " << at;
 
         Operand dloss = rand_operand({rows}, st);
         Tensor dx_ref = empty(s, dt), dx = poisoned(s, dt, kGpu);
         kc::cross_entropy_bwd(dx_ref, dloss.cpu, x.cpu, lse_ref, target, -100, ls);
         kg::cross_entropy_bwd(dx, dloss.gpu, x.gpu, lse_ref.to(kGpu), target.to(kGpu), -100, ls);
-        EXPECT_TRUE(close(dx, dx_ref, row_tol(dt))) << "dlogits " << at;
+        EXPECT_TRUE(close_at_unit_scale(dx, dx_ref, row_tol(dt))) << "dlogits " << at;
       }
     }
   }
@@ -230,7 +215,7 @@ TEST(CudaIndex, IndexSelectAndIndexAddMatchCpuAlongEveryDim) {
         Tensor acc_ref = base.cpu.clone_raw(), acc = base.gpu.clone_raw();
         kc::index_add(acc_ref, add.cpu, index, dim);
         kg::index_add(acc, add.gpu, index.to(kGpu), dim);
-        EXPECT_TRUE(close(acc, acc_ref, add_tol(dt))) << "index_add " << at;
+        EXPECT_TRUE(close_at_unit_scale(acc, acc_ref, add_tol(dt))) << "index_add " << at;
       }
     }
   }
@@ -251,7 +236,7 @@ TEST(CudaIndex, EmbeddingSizedIndexSelectAndIndexAddMatchCpu) {
     Tensor acc_ref = zeros({1000, 96}, dt), acc = zeros({1000, 96}, dt).to(kGpu);
     kc::index_add(acc_ref, grad.cpu, ids, 0);
     kg::index_add(acc, grad.gpu, ids.to(kGpu), 0);
-    EXPECT_TRUE(close(acc, acc_ref, add_tol(dt))) << dtype_name(dt);
+    EXPECT_TRUE(close_at_unit_scale(acc, acc_ref, add_tol(dt))) << dtype_name(dt);
   }
   EXPECT_THROW(kg::index_select(empty({8, 63, 96}, DType::f32, kGpu), empty({1000, 96}, DType::f32, kGpu),
                                 empty({8, 64}, DType::i64, kGpu), 0),
@@ -280,7 +265,7 @@ TEST(CudaIndex, GatherAndScatterAddMatchCpuAlongEveryDim) {
         Tensor acc_ref = base.cpu.clone_raw(), acc = base.gpu.clone_raw();
         kc::scatter_add(acc_ref, upd.cpu, index, dim);
         kg::scatter_add(acc, upd.gpu, index.to(kGpu), dim);
-        EXPECT_TRUE(close(acc, acc_ref, add_tol(dt))) << "scatter_add " << at;
+        EXPECT_TRUE(close_at_unit_scale(acc, acc_ref, add_tol(dt))) << "scatter_add " << at;
       }
     }
   }
