@@ -105,4 +105,25 @@ auto loss_and_grads(const std::shared_ptr<Model>& model) {
 }
 inline auto tiny_llama() { return std::make_shared<models::Llama>(tiny_llama_config()); }
 
+// A linear head over `vocab` classes and its cross-entropy, whose [n, vocab] f32 logits are the step's largest
+// value (the buffer-reuse tests): {x, targets} -> {loss, dw}, leaving the gradient cleared.
+struct LinearHeadStep {
+  Tensor w, x, t;  // w [vocab, d] with a gradient; x [n, d] and t [n] the arguments
+  std::vector<Tensor> operator()(const std::vector<Tensor>& a) {
+    Tensor loss = cross_entropy(linear(a[0], w, Tensor()), a[1]);
+    loss.backward();
+    Tensor g = w.grad();
+    w.zero_grad();
+    return {loss, g};
+  }
+};
+inline LinearHeadStep linear_head_step(uint64_t seed, int64_t n, int64_t vocab, int64_t d) {
+  manual_seed(seed);
+  LinearHeadStep s;
+  s.w = randn({vocab, d}).set_requires_grad(true);
+  s.x = randn({n, d});
+  s.t = randint(0, vocab, {n});
+  return s;
+}
+
 }  // namespace ingot::testing

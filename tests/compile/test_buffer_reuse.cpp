@@ -6,6 +6,7 @@
 
 #include "autograd/ops.h"
 #include "compile/api.h"
+#include "compile/step_fixture.h"
 #include "runtime/allocator.h"
 #include "tests/testing.h"
 
@@ -13,17 +14,9 @@ namespace ingot::testing {
 namespace {
 
 TEST(BufferReuse, CrossEntropyGradientTakesTheLogitsBuffer) {
-  manual_seed(17);
   const int64_t n = 64, vocab = 16384, d = 8;
-  Tensor w = randn({vocab, d}).set_requires_grad(true);
-  Tensor x = randn({n, d}), t = randint(0, vocab, {n});
-  auto step = [&](const std::vector<Tensor>& a) {
-    Tensor loss = cross_entropy(linear(a[0], w, Tensor()), a[1]);
-    loss.backward();
-    Tensor g = w.grad();
-    w.zero_grad();
-    return std::vector<Tensor>{loss, g};
-  };
+  LinearHeadStep step = linear_head_step(17, n, vocab, d);
+  const Tensor x = step.x, t = step.t;
   auto peak_of = [&](auto&& fn) {
     fn({x, t});  // warm-up (the compiled one traces here)
     cpu_allocator().reset_peak();

@@ -109,17 +109,9 @@ TEST(FuseCrossEntropy, ALossThatFeedsItsOwnGradientIsNotFused) {
 
 // Note [Outputs over dead inputs]: the fused node's gradient is written over the logits as the backward's was.
 TEST(FuseCrossEntropy, TheGradientStillTakesTheLogitsBuffer) {
-  manual_seed(26);
   const int64_t n = 64, vocab = 16384, d = 8;
-  Tensor w = randn({vocab, d}).set_requires_grad(true);
-  Tensor x = randn({n, d}), t = randint(0, vocab, {n});
-  auto step = [&](const std::vector<Tensor>& a) {
-    Tensor loss = cross_entropy(linear(a[0], w, Tensor()), a[1]);
-    loss.backward();
-    Tensor g = w.grad();
-    w.zero_grad();
-    return std::vector<Tensor>{loss, g};
-  };
+  testing::LinearHeadStep step = testing::linear_head_step(26, n, vocab, d);
+  const Tensor x = step.x, t = step.t;
   CompiledFunction compiled = compile(step);
   compiled({x, t});  // traces and compiles
   ASSERT_NE(compiled.stats().last_graph.find("cross_entropy_fused"), std::string::npos) << compiled.stats().last_graph;
