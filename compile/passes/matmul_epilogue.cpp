@@ -116,37 +116,31 @@ bool fuse_matmul_epilogues(Graph& g, bool cpu_too, bool with_dbias, bool forward
   }
   // cast(matmul(a, b), f32) of bf16 / f16 operands, the product read nowhere else (a weight gradient on its way
   // to the optimizer's f32 state): one widened product that writes f32, with no rounding to bf16 in between and
-  // no separate pass over the gradient (GPT-2 124M: 84 cast kernels, ~0.45 ms per step on an H100).
+  // no separate pass over the gradient (GPT-2 124M: 84 cast kernels, ~0.45 ms per step on an H100). The same for
+  // the bias gradient next to it: an eager column sum writes f32 (Note [Column sums]).
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& cast = g.nodes[i];
     if (cast.prim->name() != "cast" || exact_attrs(*cast.prim) != "dtype=f32" || drop[i]) continue;
     const int32_t prod = cast.inputs[0];
     const Node* p = producer(prod);
-    if (p && uses[static_cast<size_t>(prod)] == 1 && eager_column_sum(g, *p) &&
-        !replace.count(static_cast<size_t>(p - g.nodes.data()))) {
-      // The same for the bias gradient next to it: the eager column sum writes f32 (Note [Column sums]).
-      if (std::shared_ptr<Primitive> wide = widened_sum(*p->prim)) {
-        Node sum = *p;
-        sum.prim = std::move(wide);
-        sum.outputs = {cast.outputs[0]};
-        g.values[static_cast<size_t>(cast.outputs[0])].output_index = 0;
-        replace[static_cast<size_t>(p - g.nodes.data())] = std::move(sum);
-        drop[i] = true;
-        continue;
-      }
-    }
-    if (!p || p->prim->name() != "matmul" || uses[static_cast<size_t>(prod)] != 1) continue;
+    if (!p || uses[static_cast<size_t>(prod)] != 1) continue;
+    const size_t pi = static_cast<size_t>(p - g.nodes.data());
+    if (replace.count(pi)) continue;
     const Value& pv = g.values[static_cast<size_t>(prod)];
-    if (!cpu_too && !pv.device.is_cuda()) continue;
-    if (pv.dtype != DType::bf16 && pv.dtype != DType::f16) continue;
-    const std::optional<MatmulFlags> mf = matmul_flags(*p->prim);
-    const size_t mi = static_cast<size_t>(p - g.nodes.data());
-    if (!mf || !p->prim->differentiable() || replace.count(mi)) continue;
-    Node wide = *p;
-    wide.prim = make_matmul_widened(mf->trans_a, mf->trans_b);
-    wide.outputs = {cast.outputs[0]};
+    std::shared_ptr<Primitive> wide;
+    if (eager_column_sum(g, *p)) {
+      wide = widened_sum(*p->prim);
+    } else if (p->prim->name() == "matmul" && (cpu_too || pv.device.is_cuda()) &&
+               (pv.dtype == DType::bf16 || pv.dtype == DType::f16) && p->prim->differentiable()) {
+      if (const std::optional<MatmulFlags> mf = matmul_flags(*p->prim))
+        wide = make_matmul_widened(mf->trans_a, mf->trans_b);
+    }
+    if (!wide) continue;
+    Node widened = *p;
+    widened.prim = std::move(wide);
+    widened.outputs = {cast.outputs[0]};
     g.values[static_cast<size_t>(cast.outputs[0])].output_index = 0;
-    replace[mi] = std::move(wide);
+    replace[pi] = std::move(widened);
     drop[i] = true;
   }
   if (replace.empty()) return false;
