@@ -256,7 +256,6 @@ class Lowerer {
       // inputs: dy, x, mean (none for rms_norm), rstd, w (or none); the math of norm_bwd_impl
       // (runtime/kernels/cpu/norm.cpp) in its precision, f32 (f64 for f64 x).
       if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
-      if (f->dx && (f->dw || f->db)) throw Unsupported("a norm backward computing dx together with dw or db");
       const DType st = k.nodes[static_cast<size_t>(in(1))].dtype == DType::f64 ? DType::f64 : DType::f32;
       auto as = [&](int x) { return k.nodes[static_cast<size_t>(x)].dtype == st ? x : k.cast(x, st); };
       const int dy = as(in(0)), rstd = as(row_value(n.inputs.at(3)));
@@ -270,6 +269,9 @@ class Lowerer {
         if (f->centered) d = k.binary(Op::Sub, gw, k.binary(Op::Mul, k.reduce(Op::ReduceSum, gw), inv_c));
         const int mean_gx = k.binary(Op::Mul, k.reduce(Op::ReduceSum, k.binary(Op::Mul, gw, xhat)), inv_c);
         rs.push_back(k.binary(Op::Mul, rstd, k.binary(Op::Sub, d, k.binary(Op::Mul, xhat, mean_gx))));
+        // dw, db from the same values (Note [Column sums in row reductions], render_cuda.cpp).
+        if (f->dw) rs.push_back(k.column_sum(k.binary(Op::Mul, dy, xhat)));
+        if (f->db) rs.push_back(k.column_sum(dy));
       } else {  // the reduced dim is every row (lower_group transposes the iteration space)
         if (f->dw) rs.push_back(k.reduce(Op::ReduceSum, k.binary(Op::Mul, dy, xhat)));
         if (f->db) rs.push_back(k.reduce(Op::ReduceSum, dy));
@@ -288,7 +290,9 @@ class Lowerer {
     if (rs.size() != n.outputs.size()) throw Unsupported("an op with an unexpected number of outputs");
     for (size_t i = 0; i < rs.size(); ++i) {
       const DType want = g_.values[static_cast<size_t>(n.outputs[i])].dtype;
-      if (k.nodes[static_cast<size_t>(rs[i])].dtype != want) rs[i] = k.cast(rs[i], want);
+      // A column sum is only ever stored (the store rounds it to the buffer's dtype).
+      if (k.nodes[static_cast<size_t>(rs[i])].dtype != want && k.nodes[static_cast<size_t>(rs[i])].op != Op::ColumnSum)
+        rs[i] = k.cast(rs[i], want);
       ids_[n.outputs[i]] = rs[i];
     }
   }
@@ -298,6 +302,15 @@ class Lowerer {
   void store(int32_t v) {
     const Value& val = g_.values[static_cast<size_t>(v)];
     Shape s = trace_shape(val.shape);
+    if (out_.spec.nodes[static_cast<size_t>(ids_.at(v))].op == Op::ColumnSum) {
+      // A column output: the reduced (last) run of the natural shape, every row dim broadcast.
+      const Run& red = runs_.back();
+      if (s != Shape(natural_.begin() + red.lo, natural_.end())) throw Unsupported("a column sum of an unexpected shape");
+      const int buf = out_.spec.output(val.dtype, strides_for(s), detail::str_cat("v", v));
+      out_.spec.store(buf, ids_.at(v));
+      out_.outputs.push_back(v);
+      return;
+    }
     if (s != natural_ && out_.spec.kind == KernelKind::RowReduction) {
       const Run& red = runs_.back();
       Shape full = natural_;
@@ -421,7 +434,7 @@ std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, s
   std::vector<int64_t> reduced;
   for (int32_t n : fg.nodes) {
     const Node& node = g.nodes[static_cast<size_t>(n)];
-    if (node.prim->fusion_kind() == FusionKind::Reduction) {
+    if (node.prim->fusion_kind() == FusionKind::Reduction || norm_bwd_flags(*node.prim)) {
       natural = trace_shape(g.values[static_cast<size_t>(node.inputs[0])].shape);
       const std::string_view nm = node.prim->name();
       const std::optional<NormBwdFlags> norm = norm_bwd_flags(*node.prim);

@@ -47,6 +47,7 @@ const char* op_name(Op op) {
     case Op::Scalar: return "scalar";
     case Op::Index: return "index";
     case Op::Where: return "where";
+    case Op::ColumnSum: return "column_sum";
 #define INGOT_KERNEL_OP_NAME(name, arity, text) \
   case Op::name: return text;
       INGOT_KERNEL_UNARY_OPS(INGOT_KERNEL_OP_NAME)
@@ -68,7 +69,7 @@ bool is_comparison(Op op) {
 int op_arity(Op op) {
   if (op == Op::Where) return 3;
   if (is_binary(op)) return 2;
-  if (is_unary(op) || is_reduction(op)) return 1;
+  if (is_unary(op) || is_reduction(op) || op == Op::ColumnSum) return 1;
   return 0;
 }
 
@@ -143,6 +144,9 @@ int KernelSpec::reduce(Op op, int a) {
   INGOT_CHECK(is_reduction(op), "[codegen] kernel '", name, "': reduce() got op ", op_name(op));
   return push(*this, Node{op, node_dtype(*this, a, op_name(op)), a, -1, -1, -1, 0});
 }
+int KernelSpec::column_sum(int a) {
+  return push(*this, Node{Op::ColumnSum, node_dtype(*this, a, "column_sum"), a, -1, -1, -1, 0});
+}
 void KernelSpec::store(int buffer, int node) { stores.push_back(Store{buffer, node}); }
 
 // --- validation ------------------------------------------------------------------------------------------
@@ -153,7 +157,7 @@ std::vector<bool> element_level_nodes(const KernelSpec& k) {
   const int last = static_cast<int>(k.dims.size()) - 1;
   for (size_t i = 0; i < k.nodes.size(); ++i) {
     const Node& n = k.nodes[i];
-    if (is_reduction(n.op)) continue;  // one value per row
+    if (is_reduction(n.op) || n.op == Op::ColumnSum) continue;  // one value per row / per column
     if (n.op == Op::Load) {
       const SymInt& s = k.buffers[n.arg].strides[last];
       el[i] = !(s.is_constant() && s.value == 0);
@@ -184,6 +188,12 @@ void KernelSpec::validate() const {
     }
   };
   for (size_t d = 0; d < nd; ++d) check_sym(dims[d], "dim " + std::to_string(d));
+  // Note [Column sums in row reductions]: the buffers stored from ColumnSum nodes (column outputs).
+  std::vector<bool> column_out(buffers.size(), false);
+  for (const Store& s : stores)
+    if (s.buffer >= 0 && s.buffer < static_cast<int>(buffers.size()) && s.node >= 0 &&
+        s.node < static_cast<int>(nodes.size()) && nodes[s.node].op == Op::ColumnSum)
+      column_out[s.buffer] = true;
   for (size_t b = 0; b < buffers.size(); ++b) {
     const Buffer& buf = buffers[b];
     const std::string what = "buffer " + std::to_string(b) + " ('" + buf.name + "')";
@@ -202,7 +212,13 @@ void KernelSpec::validate() const {
       INGOT_CHECK(in.strides == buf.strides && in.dtype == buf.dtype, fail_prefix(), what,
                   " is in place on buffer ", buf.alias_of, " but their dtype or index map differ");
     }
-    if (buf.is_output && kind != KernelKind::MultiTensor) {
+    if (column_out[b]) {
+      for (size_t d = 0; d + 1 < nd; ++d)
+        INGOT_CHECK(buf.strides[d].is_constant() && buf.strides[d].value == 0, fail_prefix(), what,
+                    " holds column sums but its stride along row dim ", d, " is not 0");
+      INGOT_CHECK(!(buf.strides[nd - 1].is_constant() && buf.strides[nd - 1].value == 0) && buf.alias_of < 0,
+                  fail_prefix(), what, " holds column sums but is not a dense column output");
+    } else if (buf.is_output && kind != KernelKind::MultiTensor) {
       // A broadcast output would be written by several points (a race); only RowReduction's row outputs,
       // with a 0 stride on the last dim, are written once per row by construction.
       for (size_t d = 0; d < nd; ++d) {
@@ -220,9 +236,12 @@ void KernelSpec::validate() const {
     const int arity = op_arity(n.op);
     const int ops[3] = {n.a, n.b, n.c};
     for (int j = 0; j < 3; ++j) {
-      if (j < arity)
+      if (j < arity) {
         INGOT_CHECK(ops[j] >= 0 && ops[j] < static_cast<int>(i), fail_prefix(), what, " operand ", j, " is ", ops[j],
                     ": operands must be earlier nodes");
+        INGOT_CHECK(nodes[ops[j]].op != Op::ColumnSum, fail_prefix(), what, " reads column sum ", ops[j],
+                    "; column sums may only be stored");
+      }
       else
         INGOT_CHECK(ops[j] == -1, fail_prefix(), what, " has ", arity, " operands but operand ", j, " is set");
     }
@@ -247,6 +266,12 @@ void KernelSpec::validate() const {
         INGOT_CHECK(nodes[n.a].dtype == DType::b8, fail_prefix(), what, " condition must be b8, got ",
                     dtype_name(nodes[n.a].dtype));
         break;
+      case Op::ColumnSum:
+        INGOT_CHECK(kind == KernelKind::RowReduction, fail_prefix(), what, " is a column sum in a ", kind_name(kind),
+                    " kernel");
+        INGOT_CHECK(n.dtype == DType::f32 || n.dtype == DType::bf16 || n.dtype == DType::f16, fail_prefix(), what,
+                    " sums ", dtype_name(n.dtype), " values; column sums take bf16, f16 or f32");
+        break;
       default:
         if (is_reduction(n.op)) {
           INGOT_CHECK(kind == KernelKind::RowReduction, fail_prefix(), what, " is a reduction in a ", kind_name(kind),
@@ -266,7 +291,9 @@ void KernelSpec::validate() const {
                 " of node ", s.node, ", which does not exist");
     INGOT_CHECK(++stored[s.buffer] == 1, fail_prefix(), "buffer ", s.buffer, " ('", buffers[s.buffer].name,
                 "') is stored twice");
-    if (kind == KernelKind::RowReduction) {
+    INGOT_CHECK(column_out[s.buffer] == (nodes[s.node].op == Op::ColumnSum), fail_prefix(), "buffer ", s.buffer,
+                " ('", buffers[s.buffer].name, "') stores node ", s.node, ": a column output takes column sums only");
+    if (kind == KernelKind::RowReduction && !column_out[s.buffer]) {
       const SymInt& cs = buffers[s.buffer].strides[nd - 1];
       const bool row_output = cs.is_constant() && cs.value == 0;
       INGOT_CHECK(!row_output || !el[s.node], fail_prefix(), "buffer ", s.buffer, " ('", buffers[s.buffer].name,

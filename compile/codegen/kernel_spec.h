@@ -28,6 +28,10 @@
 //                per-row loss). An output with a non-zero col stride is written at every (row, col).
 //                A reduction over a non-last dim (layer_norm's dw = sum over rows) is expressed by choosing
 //                the dims so that the reduced one is last (strides make this a transpose, no copy).
+//                COLUMN SUMS (Note [Column sums in row reductions]): a ColumnSum node adds its element-level
+//                operand over every row, one value per column; it may only be stored, into a COLUMN OUTPUT
+//                (stride 0 on every row dim), and read by no other node. A layer norm's dx kernel computes
+//                dw and db with them from the values it already loads. The CUDA backend only.
 //                A full reduction to one value is rows = 1 (a single dim {N}: zero row dims).
 //
 // MultiTensor    "horizontal" fusion: the same expression over a LIST of tensors of different sizes, e.g.
@@ -141,6 +145,7 @@ enum class Op : uint8_t {
   INGOT_KERNEL_BINARY_OPS(INGOT_KERNEL_OP_ENUM)
   INGOT_KERNEL_REDUCE_OPS(INGOT_KERNEL_OP_ENUM)
 #undef INGOT_KERNEL_OP_ENUM
+  ColumnSum,  // RowReduction: the sum of its operand over every row, per column (see COLUMN SUMS above)
 };
 
 const char* op_name(Op op);
@@ -191,6 +196,7 @@ struct KernelSpec {
   int binary(Op op, int a, int b);        // promote(a, b); comparisons, And, Or: b8
   int where(int cond, int a, int b);      // promote(a, b)
   int reduce(Op op, int a);               // RowReduction only; dtype of a
+  int column_sum(int a);                  // RowReduction only; dtype of a (bf16 / f16 / f32)
   void store(int buffer, int node);
 
   // --- checking and identity ------------------------------------------------------------------------------
@@ -207,6 +213,7 @@ struct KernelSpec {
 KernelSpec canonicalize(const KernelSpec& spec);
 
 // Row level vs element level (see RowReduction above): true for each node that depends on the last dim.
+// ColumnSum nodes are neither (one value per column): false.
 std::vector<bool> element_level_nodes(const KernelSpec& spec);
 
 }  // namespace ingot::codegen

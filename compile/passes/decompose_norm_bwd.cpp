@@ -1,7 +1,8 @@
-// Splitting the norm backward. Invariant afterwards: no layer_norm_bwd / rms_norm_bwd node computes dx
-// together with dw or db; each such node became a dx-only node followed by a dw/db-only node with the same
-// inputs and the original output values, and when dy came from a single-input pointwise node (the cast of
-// an autocast matmul's gradient) the dw/db node reads its own copy of that node.
+// Splitting the norm backward. Invariant afterwards: no layer_norm_bwd / rms_norm_bwd node off CUDA (or too
+// wide for column sums) computes dx together with dw or db; each such node became a dx-only node followed by
+// a dw/db-only node with the same inputs and the original output values, and when dy came from a
+// single-input pointwise node (the cast of an autocast matmul's gradient) the dw/db node reads its own copy
+// of that node.
 // Test: tests/compile/test_norm_bwd.cpp (DecomposeNormBwd.*).
 //
 // Note [Norm backward decomposition]
@@ -19,10 +20,27 @@
 // the second one; giving the dw/db half its own copy lets each kernel fold the cast in. The pass runs after
 // the last CSE, which would merge the copy back. A half whose group does not lower runs the eager kernel
 // with its flags, so the split never costs correctness.
+// On CUDA the node is not split: its dx kernel sums dw and db as it goes (column sums, see column_sum_norm_bwd), so
+// dy and x are read once, with the same prologue and epilogue fusion.
 #include "autograd/ops/norm.h"
 #include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
+
+// Note [Column sums in row reductions] (compile/codegen/cuda/render_cuda.cpp): on CUDA the dx kernel also sums
+// dw and db, so the node stays whole; its shared rows (one float per column and sum per warp) must fit a block.
+bool column_sum_norm_bwd(const Graph& g, const Node& n) {
+  const std::optional<NormBwdFlags> flags = norm_bwd_flags(*n.prim);
+  if (!flags || !flags->dx || !(flags->dw || flags->db)) return false;
+  const NormBwdFlags& f = *flags;
+  const Value& dy = g.values[static_cast<size_t>(n.inputs[0])];
+  const Value& x = g.values[static_cast<size_t>(n.inputs[1])];
+  if (!x.device.is_cuda() || x.dtype == DType::f64 || dy.dtype == DType::f64) return false;
+  const Shape s = trace_shape(x.shape);
+  if (s.size() < 2 || s.back() <= 0) return false;
+  const int64_t sums = (f.dw ? 1 : 0) + (f.db ? 1 : 0);
+  return sums * s.back() * 4 <= 48 * 1024;
+}
 
 bool decompose_norm_bwd(Graph& g) {
   std::vector<Node> nodes;
@@ -30,7 +48,7 @@ bool decompose_norm_bwd(Graph& g) {
   bool changed = false;
   for (const Node& n : g.nodes) {
     const std::optional<NormBwdFlags> f = norm_bwd_flags(*n.prim);
-    if (!f || !f->dx || !(f->dw || f->db)) {
+    if (!f || !f->dx || !(f->dw || f->db) || column_sum_norm_bwd(g, n)) {
       nodes.push_back(n);
       continue;
     }

@@ -186,7 +186,8 @@ bool fuse(Graph& g, bool horizontal) {
       else gr.group_of[i] = casts;
       continue;
     }
-    const FusionKind fk = node.prim->fusion_kind();
+    // A whole norm backward is opaque except where one kernel computes it (Note [Column sums in row reductions]).
+    const FusionKind fk = column_sum_norm_bwd(g, node) ? FusionKind::Reduction : node.prim->fusion_kind();
     if (fk != FusionKind::Pointwise && fk != FusionKind::Reduction) continue;
     if (eager_column_sum(g, node)) continue;
     // Candidate groups: those of this node's producers, first producer first.

@@ -20,11 +20,15 @@ bool simplify(Graph& g, int64_t fold_limit_elems = 1 << 16);
 // aliases another root's buffer through a view of a captured tensor (such values are materialized with a
 // copy node before the write-backs run).
 bool functionalize(Graph& g);
-// decompose_norm_bwd.cpp: no layer_norm_bwd / rms_norm_bwd node computes dx together with dw or db: each
+// decompose_norm_bwd.cpp: no layer_norm_bwd / rms_norm_bwd node computes dx together with dw or db, except
+// on CUDA, where one kernel computes all three (Note [Column sums in row reductions]) when they fit: each
 // is a dx-only node (a reduction over the last dim) then a dw/db-only node (a reduction over the leading
 // dims) on the same inputs and output values; a single-input pointwise producer of dy (the cast of a bf16
 // gradient) is duplicated for the dw/db node. Run after the last cse, which would merge the copy back.
 bool decompose_norm_bwd(Graph& g);
+// decompose_norm_bwd.cpp: whether `n` is a norm backward computing dx with dw and/or db that one CUDA kernel
+// computes whole (Note [Column sums in row reductions]); fuse treats it as a reduction, the pass keeps it.
+bool column_sum_norm_bwd(const Graph& g, const Node& n);
 // matmul_epilogue.cpp: on CUDA graphs (any graph with cpu_too), no gelu_tanh_grad reads (directly or through a
 // reshape) a 2-D matmul's output that nothing else reads: the pair is one matmul_dgelu node, which with
 // with_dbias also produces the row sum of the GELU gradient (a bias gradient) when the graph computed it; with

@@ -233,6 +233,81 @@ TEST(CodegenCudaRows, ColumnSumsSplitAcrossBlocksMatchEagerAndRepeatBitForBit) {
   }
 }
 
+// Note [Column sums in row reductions]: dx as above, and dw, db summed over the rows in the same kernel.
+KernelSpec layer_norm_bwd_whole_spec(DType dt, int64_t R, int64_t C) {
+  KernelSpec k = layer_norm_bwd_spec(dt, R, C);
+  k.name = "layer_norm_bwd_whole";
+  const DType st = stat_type(dt);
+  const int idw = k.output(DType::f32, dims_of({0, 1}), "dw"), idb = k.output(DType::f32, dims_of({0, 1}), "db");
+  // Loads of x, dy, mean, rstd again: canonicalize merges them with dx's.
+  const int xhat = k.binary(Op::Mul, k.binary(Op::Sub, k.load(0), k.load(3)), k.load(4));
+  const int dy = k.cast(k.load(1), st);
+  k.store(idw, k.column_sum(k.binary(Op::Mul, dy, xhat)));
+  k.store(idb, k.column_sum(dy));
+  return k;
+}
+
+TEST(CodegenCudaRows, ColumnSumsRenderOnlyTheWarpVariantAndCompileWithoutAGpu) {
+  const int arch = cuda_available() ? cuda::device_arch(0) : 90;
+  const KernelSpec k = layer_norm_bwd_whole_spec(DType::bf16, 64, 768);
+  const cuda::RenderedKernel r = cuda::render_kernel(k, "lnw");
+  EXPECT_EQ(r.abi.column_sums, 2);
+  EXPECT_EQ(r.abi.functions, (std::vector<std::string>{"lnw_warp", "", "", "", "lnw_colfin"}));
+  EXPECT_NE(r.source.find("ig_cs1["), std::string::npos) << r.source;
+  const std::vector<std::string> cubins =
+      cuda::compile_cubins({{"column_sums.cu", cuda::render_preamble() + "\n" + r.source}}, arch, 1);
+  ASSERT_EQ(cubins.size(), 1u);
+  EXPECT_EQ(cubins[0].substr(1, 3), "ELF");
+}
+
+// More rows than the capped grid has warps (so warps loop and blocks combine), vector and scalar paths, fewer
+// warps per block; dw and db must be the sums over every row, and a second launch must repeat them bit for bit
+// (warps, then blocks, are added in a fixed order).
+TEST(CodegenCudaRows, LayerNormBackwardWithColumnSumsMatchesAutogradAndRepeatsBitForBit) {
+  INGOT_REQUIRE_CUDA();
+  const int64_t R = 9000;
+  for (int64_t C : {96, 768}) {
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      SCOPED_TRACE(detail::str_cat(dtype_name(dt), " C=", C));
+      const cuda::CudaKernel kern = cuda_codegen().compile(layer_norm_bwd_whole_spec(dt, R, C));
+      ASSERT_EQ(kern.abi.column_sums, 2);
+      Both x = both(add(mul(randn({R, C}, DType::f64), 2.0), 0.5).to(dt));
+      Both w = both(randn({C}, DType::f64).to(dt)), b = both(randn({C}, DType::f64).to(dt));
+      Both dy = both(randn({R, C}, DType::f64).to(dt));
+      Tensor xg = ::ingot::testing::leaf(x.cpu.to(DType::f64)), wg = ::ingot::testing::leaf(w.cpu.to(DType::f64)),
+             bg = ::ingot::testing::leaf(b.cpu.to(DType::f64));
+      layer_norm(xg, wg, bg, 1e-5).backward(dy.cpu.to(DType::f64));
+      const Tensor x64 = x.cpu.to(DType::f64), mean64 = ingot::mean(x64, {-1});
+      const Tensor xc = sub(x64, unsqueeze(mean64, -1));
+      const Tensor rstd64 = rsqrt(add(ingot::mean(mul(xc, xc), {-1}), 1e-5));
+      const Tensor mean = mean64.to(DType::f32).to(kGpu), rstd = rstd64.to(DType::f32).to(kGpu);
+      // |terms| per column: an f32 sum of R of them in any order is within a few ulps of their sum.
+      const Tensor dy64 = dy.cpu.to(DType::f64), gx = mul(dy64, mul(xc, unsqueeze(rstd64, -1)));
+      const std::vector<double> l1_dw = sum(abs(gx), {0}).to_vector(), l1_db = sum(abs(dy64), {0}).to_vector();
+      auto close_to_sum = [&](const Tensor& got, const Tensor& ref, const std::vector<double>& l1, const char* what) {
+        const std::vector<double> a = host(got).to_vector(), want = ref.to_vector();
+        for (size_t i = 0; i < a.size(); ++i)
+          ASSERT_LE(std::abs(a[i] - want[i]), 4e-6 * l1[i] + 1e-5) << what << " column " << i << ": " << a[i] << " vs " << want[i];
+      };
+      cuda::LaunchConfig two_warps, scalar;
+      two_warps.block_threads = 64;
+      scalar.vectorize = false;
+      std::vector<double> first_dw;
+      const std::vector<const cuda::LaunchConfig*> runs{nullptr, &two_warps, &scalar, nullptr};
+      for (const cuda::LaunchConfig* cfg : runs) {
+        Tensor dx = full({R, C}, NAN, dt, kGpu), dw = full({C}, NAN, DType::f32, kGpu), db = full({C}, NAN, DType::f32, kGpu);
+        run_cuda(kern, {x.gpu, dy.gpu, w.gpu.expand_raw({R, C}), mean, rstd, dx, dw, db}, {}, {}, cfg);
+        EXPECT_TENSOR_CLOSE(host(dx), xg.grad(), dt);
+        close_to_sum(dw, wg.grad(), l1_dw, "dw");
+        close_to_sum(db, bg.grad(), l1_db, "db");
+        if (cfg != nullptr) continue;
+        if (first_dw.empty()) first_dw = host(dw).to_vector();
+        else EXPECT_EQ(host(dw).to_vector(), first_dw) << "the partials must combine in a fixed order";
+      }
+    }
+  }
+}
+
 TEST(CodegenCudaRows, RmsNormMatchesEager) {
   INGOT_REQUIRE_CUDA();
   const Shape shape = {2, 7, 200};

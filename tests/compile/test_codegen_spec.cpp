@@ -132,6 +132,52 @@ TEST(KernelSpec, ValidateRejectsARowOutputOfAnElementValue) {
   EXPECT_EQ(error_of(k), "no error");
 }
 
+// Note [Column sums in row reductions]: a ColumnSum goes into a column output (stride 0 on every row dim),
+// nothing reads it, and only the CUDA backend renders it.
+TEST(KernelSpec, ColumnSumsAreOnlyStoredIntoColumnOutputs) {
+  auto spec = [] {
+    KernelSpec k;
+    k.name = "cols";
+    k.kind = KernelKind::RowReduction;
+    k.dims = {SymInt::constant(3), SymInt::constant(5)};
+    const int x = k.load(k.input(DType::f32, {SymInt::constant(5), SymInt::constant(1)}, "x"));
+    k.store(k.output(DType::f32, {SymInt::constant(5), SymInt::constant(1)}, "y"), k.unary(Op::Exp, x));
+    return k;
+  };
+  KernelSpec ok = spec();
+  const int cs = ok.column_sum(ok.load(0));
+  ok.store(ok.output(DType::f32, {SymInt::constant(0), SymInt::constant(1)}, "col"), cs);
+  EXPECT_EQ(error_of(ok), "no error");
+  EXPECT_EQ(element_level_nodes(ok)[static_cast<size_t>(cs)], false) << "one value per column, not per element";
+
+  KernelSpec read = ok;
+  read.store(read.output(DType::f32, {SymInt::constant(5), SymInt::constant(1)}, "z"),
+             read.unary(Op::Neg, cs));
+  EXPECT_NE(error_of(read).find("reads column sum " + std::to_string(cs) + "; column sums may only be stored"),
+            std::string::npos)
+      << error_of(read);
+
+  KernelSpec element = spec();
+  element.store(element.output(DType::f32, {SymInt::constant(5), SymInt::constant(1)}, "e"),
+                element.column_sum(element.load(0)));
+  EXPECT_NE(error_of(element).find("('e') holds column sums but its stride along row dim 0 is not 0"),
+            std::string::npos)
+      << error_of(element);
+
+  KernelSpec pointwise = scaled_exp("k", false);
+  pointwise.store(pointwise.output(DType::f32, {SymInt::constant(0), SymInt::constant(1)}, "col"),
+                  pointwise.column_sum(0));
+  EXPECT_NE(error_of(pointwise).find("is a column sum in a pointwise kernel"), std::string::npos) << error_of(pointwise);
+
+  std::string cpu_error = "no error";
+  try {
+    cpu::render_kernel(ok, "cols_0");
+  } catch (const Error& e) {
+    cpu_error = e.what();
+  }
+  EXPECT_NE(cpu_error.find("column sums are generated for CUDA only"), std::string::npos) << cpu_error;
+}
+
 TEST(KernelSpec, ValidateRejectsNonBoolConditionsAndMismatchedInPlace) {
   KernelSpec k = scaled_exp("k", false);
   const int w = k.where(0, 0, 0);

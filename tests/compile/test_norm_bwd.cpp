@@ -10,6 +10,7 @@
 #include "autograd/ops.h"
 #include "autograd/ops/norm.h"
 #include "compile/executor.h"
+#include "compile/lower_kernel.h"
 #include "compile/passes/passes.h"
 #include "compile/pipeline.h"
 #include "compile/step_fixture.h"
@@ -171,6 +172,52 @@ TEST(DecomposeNormBwd, NodeByNodeBackendKeepsTheFusedEagerKernel) {
   opts.backend = CompileBackend::Auto;
   exe = build_executable(std::move(trace(std::ref(blk), {r}).graph), opts, stats);
   EXPECT_EQ(norm_bwd_nodes(exe->graph).size(), 2u);
+}
+
+// Note [Column sums in row reductions]: on CUDA the backward stays one node, and fuse makes it one row
+// reduction with the cast of dy as prologue and the residual add as epilogue, lowered with dw and db as column
+// sums. Too wide a row for a warp's shared rows (2 x 8192 floats) is split as on the CPU. Only the values'
+// devices are changed: no GPU is needed to check the graph and the spec.
+TEST(DecomposeNormBwd, OnCudaTheBackwardStaysWholeAndLowersWithColumnSums) {
+  for (int64_t C : {48, 8192}) {
+    SCOPED_TRACE(detail::str_cat("C=", C));
+    Case c{true, true, true, true};
+    c.shape = {2, 3, C};
+    NormBlock blk(c);
+    Tensor r = randn(c.shape);
+    Graph g = std::move(trace(std::ref(blk), {r}).graph);
+    for (Value& v : g.values) v.device = Device::cuda(0);
+    const int32_t id = norm_bwd_nodes(g).at(0);
+    if (C == 8192) {
+      EXPECT_FALSE(passes::column_sum_norm_bwd(g, g.nodes[static_cast<size_t>(id)]));
+      EXPECT_TRUE(passes::decompose_norm_bwd(g));
+      EXPECT_EQ(norm_bwd_nodes(g).size(), 2u);
+      continue;
+    }
+    ASSERT_TRUE(passes::column_sum_norm_bwd(g, g.nodes[static_cast<size_t>(id)]));
+    EXPECT_FALSE(passes::decompose_norm_bwd(g));
+    ASSERT_EQ(norm_bwd_nodes(g).size(), 1u);
+    passes::fuse(g);
+    const Node& n = g.nodes[static_cast<size_t>(norm_bwd_nodes(g)[0])];
+    ASSERT_GE(n.group, 0) << "a whole norm backward joins a group on CUDA";
+    const FusionGroup& fg = g.groups[static_cast<size_t>(n.group)];
+    EXPECT_EQ(fg.kind, GroupKind::RowReduction);
+    bool cast_in = false, add = false;
+    for (int32_t m : fg.nodes) {
+      const std::string_view name = g.nodes[static_cast<size_t>(m)].prim->name();
+      cast_in = cast_in || (name == "cast" && m < n.id);
+      add = add || (name == "add" && m > n.id);
+    }
+    EXPECT_TRUE(cast_in && add) << fg.name;
+    std::string why;
+    const std::optional<LoweredGroup> lg = lower_group(g, fg, &why);
+    ASSERT_TRUE(lg) << why;
+    int sums = 0;
+    for (const codegen::Node& kn : lg->spec.nodes) sums += kn.op == codegen::Op::ColumnSum;
+    EXPECT_EQ(sums, 2) << "dw and db";
+    for (size_t o = 1; o < n.outputs.size(); ++o)
+      EXPECT_NE(std::find(lg->outputs.begin(), lg->outputs.end(), n.outputs[o]), lg->outputs.end());
+  }
 }
 
 // Every norm backward half runs in a generated kernel (not the eager fallback), with the cast of dy as its

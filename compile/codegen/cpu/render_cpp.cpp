@@ -728,6 +728,9 @@ const std::string& renderer_fingerprint() {
 
 std::string render_kernel(const KernelSpec& spec, const std::string& symbol) {
   spec.validate();
+  for (const Node& n : spec.nodes)
+    INGOT_CHECK(n.op != Op::ColumnSum, "[codegen] kernel '", spec.name,
+                "': column sums are generated for CUDA only (Note [Column sums in row reductions])");
   return Renderer(coalesce_pointwise(canonicalize(spec)), symbol).run();
 }
 

@@ -96,10 +96,10 @@ std::string encode_abi(const std::string& symbol, const KernelAbi& a) {
   o << symbol << '\n'
     << static_cast<int>(a.kind) << ' ' << a.num_buffers << ' ' << a.num_syms << ' ' << a.num_scalars << ' '
     << a.sym_slots << ' ' << a.scalar_slots << ' ' << a.vector_width << ' ' << a.index32 << ' ' << a.prefer_columns
-    << ' ' << a.split_reductions << ' ' << a.dims.size()
+    << ' ' << a.split_reductions << ' ' << a.column_sums << ' ' << a.dims.size()
     << ' ' << a.functions.size() << '\n';
   for (const SymInt& d : a.dims) o << d.value << ' ' << d.sym << '\n';
-  for (const std::string& f : a.functions) o << f << '\n';
+  for (const std::string& f : a.functions) o << (f.empty() ? "-" : f) << '\n';  // "-": not generated
   return o.str();
 }
 
@@ -109,16 +109,18 @@ bool decode_abi(const std::string& payload, std::string& symbol, KernelAbi& a) {
   size_t nd = 0, nf = 0;
   if (!std::getline(in, symbol)) return false;
   if (!(in >> kind >> a.num_buffers >> a.num_syms >> a.num_scalars >> a.sym_slots >> a.scalar_slots >>
-        a.vector_width >> a.index32 >> a.prefer_columns >> a.split_reductions >> nd >> nf) || kind < 0 || kind > 2 ||
-      nd > 64 || nf > 4)
+        a.vector_width >> a.index32 >> a.prefer_columns >> a.split_reductions >> a.column_sums >> nd >> nf) ||
+      kind < 0 || kind > 2 || nd > 64 || nf > 5)
     return false;
   a.kind = static_cast<KernelKind>(kind);
   a.dims.resize(nd);
   for (SymInt& d : a.dims)
     if (!(in >> d.value >> d.sym)) return false;
   a.functions.resize(nf);
-  for (std::string& f : a.functions)
+  for (std::string& f : a.functions) {
     if (!(in >> f)) return false;
+    if (f == "-") f.clear();
+  }
   return nf > 0;
 }
 
@@ -130,8 +132,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct LoadedKernel {
   std::shared_ptr<Module> module;
-  CUfunction fns[4] = {nullptr, nullptr, nullptr, nullptr};
-  // _colsplit's workspace (KernelAbi::split_reductions), grown on demand. Outgrown buffers are kept: a
+  CUfunction fns[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+  // _colsplit's workspace (KernelAbi::split_reductions) or the column sums' partials, grown on demand. Outgrown buffers are kept: a
   // captured CUDA graph may still point at them. One launch of a kernel at a time per process (its counters
   // are shared), which the executor's single stream per device gives.
   CUdeviceptr ws = 0;
@@ -170,11 +172,12 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
     std::memcpy(&u, &d, 8);
     params.push_back(u);
   };
-  auto launch_fn = [&](CUfunction fn, int64_t grid, int threads, int threads_y = 1, int64_t grid_y = 1) {
+  auto launch_fn = [&](CUfunction fn, int64_t grid, int threads, int threads_y = 1, int64_t grid_y = 1,
+                       unsigned shared_bytes = 0) {
     void* args[] = {params.data()};
     check_cu(driver::api().launch_kernel(fn, static_cast<unsigned>(grid), static_cast<unsigned>(grid_y), 1,
-                                         static_cast<unsigned>(threads), static_cast<unsigned>(threads_y), 1, 0, st,
-                                         args, nullptr),
+                                         static_cast<unsigned>(threads), static_cast<unsigned>(threads_y), 1,
+                                         shared_bytes, st, args, nullptr),
              "cuLaunchKernel", symbol);
   };
   const uint64_t flags = cfg.vectorize ? 1 : 0;
@@ -242,7 +245,10 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
   for (int k = 0; k < abi.sym_slots; ++k) params.push_back(static_cast<uint64_t>(k < abi.num_syms ? syms[k] : 0));
   for (int k = 0; k < abi.scalar_slots; ++k) push_double(k < abi.num_scalars ? scalars[k] : 0.0);
   params.push_back(flags);
-  if (abi.kind == KernelKind::RowReduction) params.push_back(0);  // ws, set below when _colsplit runs
+  if (abi.kind == KernelKind::RowReduction) {
+    params.push_back(0);  // ws, set below when _colsplit or column sums run
+    params.push_back(0);  // parts (column sums)
+  }
 
   if (abi.kind == KernelKind::Pointwise) {
     int64_t total = 1;
@@ -258,6 +264,10 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
   for (size_t d = 0; d + 1 < abi.dims.size(); ++d) rows *= eval(abi.dims[d], syms);
   const int64_t cols = eval(abi.dims.back(), syms);
   if (rows == 0) return;
+  if (abi.column_sums > 0) {
+    launch_column_sums(params, rows, cols, block, sms, st);
+    return;
+  }
   LaunchConfig::Rows how = cfg.rows;
   if (how == LaunchConfig::Rows::Auto)
     how = abi.prefer_columns && rows > 1 ? LaunchConfig::Rows::Columns
@@ -289,7 +299,7 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
                                               static_cast<size_t>(kSplitCounterBytes), static_cast<cudaStream_t>(st));
         INGOT_CHECK(e == cudaSuccess, "[codegen] cannot clear the workspace of '", symbol, "': ", cudaGetErrorString(e));
       }
-      params.back() = static_cast<uint64_t>(loaded->ws);
+      params[params.size() - 2] = static_cast<uint64_t>(loaded->ws);
       launch_fn(loaded->fns[3], tiles, x, y, splits);
       return;
     }
@@ -305,6 +315,39 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
     threads = std::clamp(threads / 32 * 32, 32, 1024);
     launch_fn(loaded->fns[1], std::clamp<int64_t>(rows, 1, cap * 8), threads);
   }
+}
+
+// Note [Column sums in row reductions] (render_cuda.cpp): the _warp function with each warp's shared rows, at
+// most kColumnSumBlocksPerSM blocks per SM so that the per-block partials stay small (GPT-2's 768 columns:
+// 528 blocks of 8 warps on an H100 is 3.2 MB for dw and db), then _colfin over the columns.
+void CudaKernel::launch_column_sums(std::vector<uint64_t>& params, int64_t rows, int64_t cols, int block, int sms,
+                                    void* stream) const {
+  const CUstream st = static_cast<CUstream>(stream);
+  constexpr int kColumnSumBlocksPerSM = 4;
+  constexpr int64_t kMaxShared = 48 * 1024;  // without opting in to more per block
+  const int64_t row_bytes = static_cast<int64_t>(abi.column_sums) * column_sum_row(cols, abi.vector_width) * 4;
+  INGOT_CHECK(row_bytes <= kMaxShared, "[codegen] kernel '", symbol, "': ", abi.column_sums, " column sums of ", cols,
+              " columns need ", row_bytes, " bytes of shared memory per warp (at most ", kMaxShared, ")");
+  const int warps = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(block / 32, kMaxShared / row_bytes), 1, 32));
+  const int64_t parts = std::clamp<int64_t>(ceil_div(rows, warps), 1, int64_t{kColumnSumBlocksPerSM} * sms);
+  const size_t need = static_cast<size_t>(row_bytes * parts);
+  {
+    std::lock_guard<std::mutex> lock(loaded->mu);
+    if (loaded->ws_bytes < need) {
+      if (loaded->ws) loaded->old_ws.push_back(loaded->ws);
+      check_cu(driver::api().mem_alloc(&loaded->ws, need), "cuMemAlloc (column-sum partials)", symbol);
+      loaded->ws_bytes = need;
+    }
+    params[params.size() - 2] = static_cast<uint64_t>(loaded->ws);
+  }
+  params.back() = static_cast<uint64_t>(parts);
+  void* args[] = {params.data()};
+  check_cu(driver::api().launch_kernel(loaded->fns[0], static_cast<unsigned>(parts), 1, 1, static_cast<unsigned>(warps * 32),
+                                       1, 1, static_cast<unsigned>(row_bytes * warps), st, args, nullptr),
+           "cuLaunchKernel", symbol);
+  check_cu(driver::api().launch_kernel(loaded->fns[4], static_cast<unsigned>(ceil_div(cols, 32)), 1, 1, 32, 32, 1, 0, st,
+                                       args, nullptr),
+           "cuLaunchKernel", symbol + "_colfin");
 }
 
 CudaCodegen::CudaCodegen(CudaCodegenOptions options) : options_(std::move(options)) {
@@ -347,7 +390,8 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
     k.loaded = std::make_shared<LoadedKernel>();
     k.loaded->module = m;
     for (size_t f = 0; f < abi.functions.size() && f < std::size(k.loaded->fns); ++f)
-      check_cu(driver::api().module_get_function(&k.loaded->fns[f], m->handle, abi.functions[f].c_str()), "cuModuleGetFunction",
+      if (!abi.functions[f].empty())
+        check_cu(driver::api().module_get_function(&k.loaded->fns[f], m->handle, abi.functions[f].c_str()), "cuModuleGetFunction",
                abi.functions[f] + "' in '" + m->name);
     return k;
   };

@@ -136,6 +136,13 @@ class Renderer {
         break;
       case KernelKind::RowReduction:
         params_struct();
+        if (!column_sums().empty()) {  // Note [Column sums in row reductions]: warp per row only
+          row_reduction(kWarp);
+          column_finish();
+          out.abi.functions = {sym_ + "_warp", "", "", "", sym_ + "_colfin"};
+          out.abi.column_sums = static_cast<int>(column_sums().size());
+          break;
+        }
         row_reduction(kWarp);
         row_reduction(kBlock);
         row_reduction(kColumns);
@@ -212,7 +219,7 @@ class Renderer {
         continue;
       }
       if (nd.op == Op::Load || nd.op == Op::Index) continue;
-      bool inv = !is_reduction(nd.op);
+      bool inv = !is_reduction(nd.op) && nd.op != Op::ColumnSum;
       int lvl = 0;
       for (int o : {nd.a, nd.b, nd.c}) {
         if (o < 0) continue;
@@ -290,7 +297,10 @@ class Renderer {
     line("  long long s[" + std::to_string(std::max(1, k_.num_syms)) + "];");
     line("  double c[" + std::to_string(std::max(1, k_.num_scalars)) + "];");
     line("  long long flags;");
-    if (k_.kind == KernelKind::RowReduction) line("  void* ws;  // _colsplit's partials and tile counters");
+    if (k_.kind == KernelKind::RowReduction) {
+      line("  void* ws;  // _colsplit's partials and tile counters, or the blocks' column sums");
+      line("  long long parts;  // column sums: blocks of the _warp launch (partials in ws)");
+    }
     line("};");
   }
 
@@ -486,7 +496,7 @@ class Renderer {
     std::vector<bool> need(k_.nodes.size(), false);
     for (int r : roots) need[r] = true;
     for (size_t i = k_.nodes.size(); i-- > 0;) {
-      if (!need[i] || !element_[i] || is_reduction(k_.nodes[i].op)) continue;
+      if (!need[i] || !element_[i] || is_reduction(k_.nodes[i].op) || k_.nodes[i].op == Op::ColumnSum) continue;
       for (int o : {k_.nodes[i].a, k_.nodes[i].b, k_.nodes[i].c})
         if (o >= 0) need[o] = true;
     }
@@ -704,6 +714,8 @@ class Renderer {
     for (int d = 0; d < L; ++d) rows += (d ? " * " : "") + std::string("n") + std::to_string(d);
     line("const I rows = " + (rows.empty() ? std::string("1") : rows) + ";");
     if (vec_ > 1 && !columns_) line("const bool vec = " + vector_condition("n" + std::to_string(L)) + ";");
+    const std::vector<Store> col_sums = column_sums();
+    if (!col_sums.empty()) column_sum_setup(col_sums.size());
     acc_.assign(k_.buffers.size(), "");
     idx_.assign(k_.dims.size(), "");
     for (int d = 0; d < L; ++d) idx_[d] = "i" + std::to_string(d);
@@ -741,7 +753,8 @@ class Renderer {
     auto emit_row_nodes = [&](int lvl) {
       point_row();
       for (size_t i = 0; i < k_.nodes.size(); ++i)
-        if (!invariant_[i] && !element_[i] && !is_reduction(k_.nodes[i].op) && level_[i] == lvl)
+        if (!invariant_[i] && !element_[i] && !is_reduction(k_.nodes[i].op) && k_.nodes[i].op != Op::ColumnSum &&
+            level_[i] == lvl)
           emit_node(static_cast<int>(i));
     };
     emit_row_nodes(0);
@@ -789,14 +802,21 @@ class Renderer {
       emit_row_nodes(p);
     }
     std::vector<Store> element_stores, row_stores;
-    for (const Store& s : k_.stores) (element_buffer(s.buffer) ? element_stores : row_stores).push_back(s);
-    if (!element_stores.empty()) {
+    for (const Store& s : k_.stores) {
+      if (k_.nodes[s.node].op == Op::ColumnSum) continue;
+      (element_buffer(s.buffer) ? element_stores : row_stores).push_back(s);
+    }
+    if (!element_stores.empty() || !col_sums.empty()) {
       std::vector<int> roots;
       for (const Store& s : element_stores) roots.push_back(s.node);
+      for (const Store& s : col_sums) roots.push_back(k_.nodes[s.node].a);
       const std::vector<int> closure = element_closure(roots);
       column_loop(closure, element_stores, [&] {
         for (int id : closure) emit_node(id);
         for (const Store& s : element_stores) line((columns_ ? "if (active) " : "") + store_stmt(s.buffer, s.node));
+        for (size_t j = 0; j < col_sums.size(); ++j)
+          line("ig_cs" + std::to_string(j) + "[" + padded(idx_[L]) + "] += " + as(k_.nodes[col_sums[j].node].a, DType::f32) +
+               ";");
       });
     }
     if (!row_stores.empty()) {
@@ -806,9 +826,88 @@ class Renderer {
       close();
     }
     close();
+    if (!col_sums.empty()) column_sum_partials(col_sums.size());
     close();
     columns_ = false;
     unroll_row_ = false;
+  }
+
+  // Note [Column sums in row reductions]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A layer norm's backward needs dx per row (a row reduction) and dw, db per column (sums over every row) of
+  // the same values. As two kernels the second reads dy and x again: 75 MB per GPT-2 norm at b16, 25 norms,
+  // 0.7 ms per H200 step. Here the dx kernel also adds each ColumnSum operand into a per-warp row of shared
+  // memory (each column has one owner lane per warp, so no atomics); at the end the block adds its warps' rows
+  // in warp order and writes one partial row per block to the workspace, and <symbol>_colfin adds the blocks'
+  // partials in block order. Every step has a fixed order, so the sums do not depend on scheduling. Only the
+  // warp-per-row variant is generated; the launcher caps its grid so that the partials stay small.
+  std::vector<Store> column_sums() const {
+    std::vector<Store> out;
+    for (const Store& s : k_.stores)
+      if (k_.nodes[s.node].op == Op::ColumnSum) out.push_back(s);
+    return out;
+  }
+  // Column c of a shared row (render_cuda.h, column_sum_row: a padding float after every vector of columns).
+  std::string padded(const std::string& c) const {
+    return vec_ > 1 ? "(" + c + ") + (" + c + ") / " + std::to_string(vec_) : c;
+  }
+  // Shared rows ig_cs<j> of this warp, zeroed.
+  void column_sum_setup(size_t count) {
+    const std::string nl = "n" + std::to_string(last());
+    line("extern __shared__ float ig_cs[];  // [column sums][warps][ig_row]");
+    line("const long long ig_row = " + (vec_ > 1 ? nl + " + " + nl + " / " + std::to_string(vec_) + " + 1" : nl) + ";");
+    line("const int ig_warps = blockDim.x >> 5, ig_warp = threadIdx.x >> 5;");
+    line("for (long long i = threadIdx.x; i < " + std::to_string(count) +
+         "LL * ig_warps * ig_row; i += blockDim.x) ig_cs[i] = 0.0f;");
+    line("__syncthreads();");
+    for (size_t j = 0; j < count; ++j)
+      line("float* ig_cs" + std::to_string(j) + " = ig_cs + (" + std::to_string(j) + "LL * ig_warps + ig_warp) * ig_row;");
+  }
+  // After the row loop: the block's partial of every column sum, its warps added in order.
+  void column_sum_partials(size_t count) {
+    const std::string nl = "n" + std::to_string(last());
+    line("__syncthreads();");
+    open("for (long long c = threadIdx.x; c < " + std::to_string(count) + "LL * " + nl + "; c += blockDim.x) {");
+    line("const long long j = c / " + nl + ", col = c % " + nl + ";");
+    line("float s = 0.0f;");
+    line("for (int w = 0; w < ig_warps; ++w) s += ig_cs[(j * ig_warps + w) * ig_row + " + padded("col") + "];");
+    line("((float*)p.ws)[(j * gridDim.x + blockIdx.x) * " + nl + " + col] = s;");
+    close();
+  }
+  // <symbol>_colfin: 32 columns x 32 lanes per block; lane y adds the partials y, y + 32, ... and the lanes are
+  // added in order; the total is stored like any output (rounded to the buffer's dtype).
+  void column_finish() {
+    const std::vector<Store> sums = column_sums();
+    const int L = last();
+    const std::string nl = "n" + std::to_string(L);
+    open("extern \"C\" __global__ void __launch_bounds__(1024) " + sym_ + "_colfin(const " + sym_ + "_p p) {");
+    prologue();
+    line("__shared__ float ig_lanes[32][33];");
+    line("const I c = (I)blockIdx.x * 32 + threadIdx.x;");
+    line("const float* ig_part = (const float*)p.ws;");
+    acc_.assign(k_.buffers.size(), "");
+    for (size_t j = 0; j < sums.size(); ++j) {
+      const Store& st = sums[j];
+      const std::string J = std::to_string(j);
+      open("{");
+      line("float s = 0.0f;");
+      open("if (c < " + nl + ") {");
+      line("const float* q = ig_part + " + J + "LL * p.parts * " + nl + " + c;");
+      line("for (long long b = threadIdx.y; b < p.parts; b += 32) s += q[b * " + nl + "];");
+      close();
+      line("ig_lanes[threadIdx.y][threadIdx.x] = s;");
+      line("__syncthreads();");
+      open("if (threadIdx.y == 0 && c < " + nl + ") {");
+      line("float t = 0.0f;");
+      line("for (int y = 0; y < 32; ++y) t += ig_lanes[y][threadIdx.x];");
+      line("const " + std::string(compute_type(k_.nodes[st.node].dtype)) + " " + v(st.node) + " = t;");
+      acc_[st.buffer] = b(st.buffer) + "[c" + col_stride(static_cast<size_t>(st.buffer)) + "]";
+      line(store_stmt(st.buffer, st.node));
+      close();
+      line("__syncthreads();");
+      close();
+    }
+    close();
   }
 
   // Note [Split column reductions]: the block's partials acc<r> go to the workspace; the tile's last block

@@ -24,7 +24,7 @@
 // round to nearest even, exactly as the CPU backend does.
 //
 // Launch: every function takes one parameter, a struct of 8-byte slots (see KernelAbi): Pointwise and
-// RowReduction get {bufs[NB], syms[max(NS,1)], scalars[max(NC,1)], flags} (RowReduction then ws); MultiTensor gets {table,
+// RowReduction get {bufs[NB], syms[max(NS,1)], scalars[max(NC,1)], flags} (RowReduction then ws, parts); MultiTensor gets {table,
 // num_tensors, num_chunks, chunk, scalars[max(NC,1)], flags}. flags bit 0 allows the vector path.
 #pragma once
 
@@ -73,12 +73,25 @@ struct KernelAbi {
   // reductions. Its workspace (the parameter struct's last slot) holds kSplitCounterBytes of tile counters,
   // zero between launches, then split_reductions * splits * rows slots of 8 bytes.
   int split_reductions = 0;
+  // RowReduction with column sums (Note [Column sums in row reductions] in render_cuda.cpp): how many. Only
+  // the _warp function exists (functions[0]) and <symbol>_colfin (functions[4]) adds the blocks' partials; the
+  // _warp launch takes column_sums * warps * column_sum_row(cols, vector_width) floats of dynamic shared
+  // memory and a workspace of
+  // column_sums * parts * cols floats (`parts`, the struct's slot after ws: its grid size).
+  int column_sums = 0;
   // Pointwise: the (coalesced) iteration space; RowReduction: rows..., cols. Sizes may be sym slots.
   std::vector<SymInt> dims;
   // The functions to look up in the module: Pointwise/MultiTensor: {symbol}; RowReduction: {symbol_warp,
-  // symbol_block, symbol_col[, symbol_colsplit]}.
+  // symbol_block, symbol_col[, symbol_colsplit]}, or with column sums {symbol_warp, "", "", "", symbol_colfin}
+  // (empty: not generated).
   std::vector<std::string> functions;
 };
+
+// Floats per warp and column sum in shared memory: one per column plus one after every `vector_width` columns,
+// so that the lanes of a vector step (lane l owns columns l * width ...) hit distinct banks.
+inline int64_t column_sum_row(int64_t cols, int vector_width) {
+  return vector_width > 1 ? cols + cols / vector_width + 1 : cols;
+}
 
 // The helpers every program starts with (dtype conversions, NaN-propagating max/min, warp/block reductions,
 // vector loads and stores).
