@@ -28,8 +28,13 @@
 namespace ingot::compiler::passes {
 
 // Note [Column sums in row reductions] (compile/codegen/cuda/render_cuda.cpp): on CUDA the dx kernel also sums
-// dw and db, so the node stays whole; its shared rows (one float per column and sum per warp) must fit a block.
+// dw and db, so the node stays whole when at least kMinWarps warps' shared rows fit the 48 KB of a block. Each
+// warp holds one padded row per sum (cols + cols / width + 1 floats, render_cuda.h's column_sum_row; 1.25 x cols
+// at worst, for f32 vectors). Measured faster than the split: GPT-2's 768 columns with dw and db (7 warps per
+// block) and a ~1B Llama's 2048 with dw (4 warps). Wider rows (4096 with dw: 2 warps) keep the split, whose
+// kernels run at full occupancy, until measured.
 bool column_sum_norm_bwd(const Graph& g, const Node& n) {
+  constexpr int64_t kMinWarps = 4;
   const std::optional<NormBwdFlags> flags = norm_bwd_flags(*n.prim);
   if (!flags || !flags->dx || !(flags->dw || flags->db)) return false;
   const NormBwdFlags& f = *flags;
@@ -39,7 +44,8 @@ bool column_sum_norm_bwd(const Graph& g, const Node& n) {
   const Shape s = trace_shape(x.shape);
   if (s.size() < 2 || s.back() <= 0) return false;
   const int64_t sums = (f.dw ? 1 : 0) + (f.db ? 1 : 0);
-  return sums * s.back() * 4 <= 48 * 1024;
+  const int64_t row_floats = s.back() + s.back() / 4 + 1;
+  return kMinWarps * sums * row_floats * 4 <= 48 * 1024;
 }
 
 bool decompose_norm_bwd(Graph& g) {

@@ -176,19 +176,27 @@ TEST(DecomposeNormBwd, NodeByNodeBackendKeepsTheFusedEagerKernel) {
 
 // Note [Column sums in row reductions]: on CUDA the backward stays one node, and fuse makes it one row
 // reduction with the cast of dy as prologue and the residual add as epilogue, lowered with dw and db as column
-// sums. Too wide a row for a warp's shared rows (2 x 8192 floats) is split as on the CPU. Only the values'
-// devices are changed: no GPU is needed to check the graph and the spec.
+// sums. Rows too wide for four warps' shared rows in a block (layer norm, dw and db: 1280 columns; rms_norm, dw
+// only: 4096) are split as on the CPU. Only the values' devices are changed: no GPU is needed to check the graph
+// and the spec.
 TEST(DecomposeNormBwd, OnCudaTheBackwardStaysWholeAndLowersWithColumnSums) {
-  for (int64_t C : {48, 8192}) {
-    SCOPED_TRACE(detail::str_cat("C=", C));
-    Case c{true, true, true, true};
+  struct Width {
+    bool layer_norm;
+    int64_t cols;
+    bool whole;
+  };
+  for (const Width& wd : {Width{true, 48, true}, Width{true, 768, true}, Width{true, 1280, false},
+                          Width{false, 2048, true}, Width{false, 4096, false}}) {
+    const int64_t C = wd.cols;
+    SCOPED_TRACE(detail::str_cat(wd.layer_norm ? "layer_norm" : "rms_norm", " C=", C));
+    Case c{wd.layer_norm, true, wd.layer_norm, true};
     c.shape = {2, 3, C};
     NormBlock blk(c);
     Tensor r = randn(c.shape);
     Graph g = std::move(trace(std::ref(blk), {r}).graph);
     for (Value& v : g.values) v.device = Device::cuda(0);
     const int32_t id = norm_bwd_nodes(g).at(0);
-    if (C == 8192) {
+    if (!wd.whole) {
       EXPECT_FALSE(passes::column_sum_norm_bwd(g, g.nodes[static_cast<size_t>(id)]));
       EXPECT_TRUE(passes::decompose_norm_bwd(g));
       EXPECT_EQ(norm_bwd_nodes(g).size(), 2u);
@@ -214,7 +222,7 @@ TEST(DecomposeNormBwd, OnCudaTheBackwardStaysWholeAndLowersWithColumnSums) {
     ASSERT_TRUE(lg) << why;
     int sums = 0;
     for (const codegen::Node& kn : lg->spec.nodes) sums += kn.op == codegen::Op::ColumnSum;
-    EXPECT_EQ(sums, 2) << "dw and db";
+    EXPECT_EQ(sums, wd.layer_norm ? 2 : 1) << "dw and db, or dw";
     for (size_t o = 1; o < n.outputs.size(); ++o)
       EXPECT_NE(std::find(lg->outputs.begin(), lg->outputs.end(), n.outputs[o]), lg->outputs.end());
   }
