@@ -258,6 +258,9 @@ TEST(CodegenCudaRows, ColumnSumsRenderOnlyTheWarpVariantAndCompileWithoutAGpu) {
       cuda::compile_cubins({{"column_sums.cu", cuda::render_preamble() + "\n" + r.source}}, arch, 1);
   ASSERT_EQ(cubins.size(), 1u);
   EXPECT_EQ(cubins[0].substr(1, 3), "ELF");
+  // The cubin cache's renderer fingerprint renders a column-sum probe too (a change to this code must not load
+  // cubins an older renderer built).
+  EXPECT_EQ(cuda::renderer_fingerprint().rfind("cuda-renderer-", 0), 0u);
 }
 
 // More rows than the capped grid has warps (so warps loop and blocks combine), vector and scalar paths, fewer

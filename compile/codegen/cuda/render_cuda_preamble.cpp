@@ -148,6 +148,11 @@ const std::string& renderer_fingerprint() {
     one.dims = {SymInt::constant(5)};
     for (Buffer& b : one.buffers) b.strides.erase(b.strides.begin());
     text += render_kernel(one, "p2").source;
+    // Column sums (Note [Column sums in row reductions]): the warp kernel's shared rows and the _colfin pass.
+    KernelSpec cs = rr;
+    cs.name = "probe_column_sums";
+    cs.store(cs.output(DType::f32, {SymInt::constant(0), SymInt::constant(1)}), cs.column_sum(rx));
+    text += render_kernel(cs, "p4").source;
     // Multi-tensor, in place.
     KernelSpec mt;
     mt.kind = KernelKind::MultiTensor;
