@@ -297,20 +297,26 @@ class Lowerer {
     }
   }
 
-  // An output: element level (the natural shape) or row level (the natural shape without the reduced axes,
-  // with or without kept size-1 dims), laid out densely.
+  // An output: element level (the natural shape), row level (the natural shape without the reduced axes, with
+  // or without kept size-1 dims) or a column sum's (the reduced axes alone), laid out densely.
   void store(int32_t v) {
     const Value& val = g_.values[static_cast<size_t>(v)];
     Shape s = trace_shape(val.shape);
     if (out_.spec.nodes[static_cast<size_t>(ids_.at(v))].op == Op::ColumnSum) {
       // A column output: the reduced (last) run of the natural shape, every row dim broadcast.
-      const Run& red = runs_.back();
-      if (s != Shape(natural_.begin() + red.lo, natural_.end())) throw Unsupported("a column sum of an unexpected shape");
-      const int buf = out_.spec.output(val.dtype, strides_for(s), detail::str_cat("v", v));
-      out_.spec.store(buf, ids_.at(v));
-      out_.outputs.push_back(v);
-      return;
+      if (s != Shape(natural_.begin() + runs_.back().lo, natural_.end()))
+        throw Unsupported("a column sum of an unexpected shape");
+    } else {
+      row_or_element_shape(s);
     }
+    const int buf = out_.spec.output(val.dtype, strides_for(s), detail::str_cat("v", v));
+    out_.spec.store(buf, ids_.at(v));
+    out_.outputs.push_back(v);
+  }
+
+  // An element output's shape is the natural one; a row output's (with or without kept size-1 dims) becomes
+  // the natural shape with size 1 on the reduced axes.
+  void row_or_element_shape(Shape& s) const {
     if (s != natural_ && out_.spec.kind == KernelKind::RowReduction) {
       const Run& red = runs_.back();
       Shape full = natural_;
@@ -323,9 +329,6 @@ class Lowerer {
     if (s.size() != natural_.size()) throw Unsupported("an output whose shape differs from the kernel's");
     for (size_t a = 0; a < s.size(); ++a)
       if (s[a] != natural_[a] && s[a] != 1) throw Unsupported("an output whose shape differs from the kernel's");
-    const int buf = out_.spec.output(val.dtype, strides_for(s), detail::str_cat("v", v));
-    out_.spec.store(buf, ids_.at(v));
-    out_.outputs.push_back(v);
   }
 
   struct Unsupported {

@@ -23,6 +23,7 @@
 // On CUDA the node is not split: its dx kernel sums dw and db as it goes (column sums, see column_sum_norm_bwd), so
 // dy and x are read once, with the same prologue and epilogue fusion.
 #include "autograd/ops/norm.h"
+#include "compile/codegen/cuda/render_cuda.h"
 #include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
@@ -44,8 +45,9 @@ bool column_sum_norm_bwd(const Graph& g, const Node& n) {
   const Shape s = trace_shape(x.shape);
   if (s.size() < 2 || s.back() <= 0) return false;
   const int64_t sums = (f.dw ? 1 : 0) + (f.db ? 1 : 0);
-  const int64_t row_floats = s.back() + s.back() / 4 + 1;
-  return kMinWarps * sums * row_floats * 4 <= 48 * 1024;
+  // The widest padding the launcher can use: f32 vectors of 4.
+  const int64_t row_floats = codegen::cuda::column_sum_row(s.back(), 4);
+  return kMinWarps * sums * row_floats * 4 <= codegen::cuda::kColumnSumSharedBytes;
 }
 
 bool decompose_norm_bwd(Graph& g) {

@@ -133,12 +133,20 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 struct LoadedKernel {
   std::shared_ptr<Module> module;
   CUfunction fns[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
-  // _colsplit's workspace (KernelAbi::split_reductions) or the column sums' partials, grown on demand. Outgrown buffers are kept: a
-  // captured CUDA graph may still point at them. One launch of a kernel at a time per process (its counters
+  // _colsplit's workspace (KernelAbi::split_reductions) or the column sums' partials, grown on demand.
+  // Outgrown buffers are kept: a captured CUDA graph may still point at them. One launch of a kernel at a time per process (its counters
   // are shared), which the executor's single stream per device gives.
   CUdeviceptr ws = 0;
   size_t ws_bytes = 0;
   std::vector<CUdeviceptr> old_ws;
+  // Grows ws to at least `need` bytes (call with mu held); true when it allocated a new buffer.
+  bool grow_ws(size_t need, const char* what, const std::string& symbol) {
+    if (ws_bytes >= need) return false;
+    if (ws) old_ws.push_back(ws);
+    check_cu(driver::api().mem_alloc(&ws, need), what, symbol);
+    ws_bytes = need;
+    return true;
+  }
   // MultiTensor: uploaded tables by content hash. A table is immutable once uploaded (a launch still in
   // flight may read it), so the same parameter list costs one upload for the life of the process.
   std::mutex mu;
@@ -265,7 +273,25 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
   const int64_t cols = eval(abi.dims.back(), syms);
   if (rows == 0) return;
   if (abi.column_sums > 0) {
-    launch_column_sums(params, rows, cols, block, sms, st);
+    // Note [Column sums in row reductions] (render_cuda.cpp): the _warp function with each warp's shared rows,
+    // at most kColumnSumBlocksPerSM blocks per SM so that the per-block partials stay small (GPT-2's 768
+    // columns: 528 blocks of 8 warps on an H100 is 3.2 MB for dw and db), then _colfin over the columns.
+    constexpr int kColumnSumBlocksPerSM = 4;
+    const int64_t row_bytes = static_cast<int64_t>(abi.column_sums) * column_sum_row(cols, abi.vector_width) * 4;
+    INGOT_CHECK(row_bytes <= kColumnSumSharedBytes, "[codegen] kernel '", symbol, "': ", abi.column_sums,
+                " column sums of ", cols, " columns need ", row_bytes, " bytes of shared memory per warp (at most ",
+                kColumnSumSharedBytes, ")");
+    const int warps =
+        static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(block / 32, kColumnSumSharedBytes / row_bytes), 1, 32));
+    const int64_t parts = std::clamp<int64_t>(ceil_div(rows, warps), 1, int64_t{kColumnSumBlocksPerSM} * sms);
+    {
+      std::lock_guard<std::mutex> lock(loaded->mu);
+      loaded->grow_ws(static_cast<size_t>(row_bytes * parts), "cuMemAlloc (column-sum partials)", symbol);
+      params[params.size() - 2] = static_cast<uint64_t>(loaded->ws);
+    }
+    params.back() = static_cast<uint64_t>(parts);
+    launch_fn(loaded->fns[0], parts, warps * 32, 1, 1, static_cast<unsigned>(row_bytes * warps));
+    launch_fn(loaded->fns[4], ceil_div(cols, 32), 32, 32);
     return;
   }
   LaunchConfig::Rows how = cfg.rows;
@@ -290,10 +316,7 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
     if (splits > 1 && loaded->fns[3] != nullptr && tiles <= kSplitCounterBytes / 4) {
       const size_t need = static_cast<size_t>(kSplitCounterBytes + abi.split_reductions * splits * rows * 8);
       std::lock_guard<std::mutex> lock(loaded->mu);
-      if (loaded->ws_bytes < need) {
-        if (loaded->ws) loaded->old_ws.push_back(loaded->ws);
-        check_cu(driver::api().mem_alloc(&loaded->ws, need), "cuMemAlloc (split-reduction workspace)", symbol);
-        loaded->ws_bytes = need;
+      if (loaded->grow_ws(need, "cuMemAlloc (split-reduction workspace)", symbol)) {
         // Counters start at zero; every launch leaves them at zero.
         const cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(loaded->ws), 0,
                                               static_cast<size_t>(kSplitCounterBytes), static_cast<cudaStream_t>(st));
@@ -315,39 +338,6 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
     threads = std::clamp(threads / 32 * 32, 32, 1024);
     launch_fn(loaded->fns[1], std::clamp<int64_t>(rows, 1, cap * 8), threads);
   }
-}
-
-// Note [Column sums in row reductions] (render_cuda.cpp): the _warp function with each warp's shared rows, at
-// most kColumnSumBlocksPerSM blocks per SM so that the per-block partials stay small (GPT-2's 768 columns:
-// 528 blocks of 8 warps on an H100 is 3.2 MB for dw and db), then _colfin over the columns.
-void CudaKernel::launch_column_sums(std::vector<uint64_t>& params, int64_t rows, int64_t cols, int block, int sms,
-                                    void* stream) const {
-  const CUstream st = static_cast<CUstream>(stream);
-  constexpr int kColumnSumBlocksPerSM = 4;
-  constexpr int64_t kMaxShared = 48 * 1024;  // without opting in to more per block
-  const int64_t row_bytes = static_cast<int64_t>(abi.column_sums) * column_sum_row(cols, abi.vector_width) * 4;
-  INGOT_CHECK(row_bytes <= kMaxShared, "[codegen] kernel '", symbol, "': ", abi.column_sums, " column sums of ", cols,
-              " columns need ", row_bytes, " bytes of shared memory per warp (at most ", kMaxShared, ")");
-  const int warps = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(block / 32, kMaxShared / row_bytes), 1, 32));
-  const int64_t parts = std::clamp<int64_t>(ceil_div(rows, warps), 1, int64_t{kColumnSumBlocksPerSM} * sms);
-  const size_t need = static_cast<size_t>(row_bytes * parts);
-  {
-    std::lock_guard<std::mutex> lock(loaded->mu);
-    if (loaded->ws_bytes < need) {
-      if (loaded->ws) loaded->old_ws.push_back(loaded->ws);
-      check_cu(driver::api().mem_alloc(&loaded->ws, need), "cuMemAlloc (column-sum partials)", symbol);
-      loaded->ws_bytes = need;
-    }
-    params[params.size() - 2] = static_cast<uint64_t>(loaded->ws);
-  }
-  params.back() = static_cast<uint64_t>(parts);
-  void* args[] = {params.data()};
-  check_cu(driver::api().launch_kernel(loaded->fns[0], static_cast<unsigned>(parts), 1, 1, static_cast<unsigned>(warps * 32),
-                                       1, 1, static_cast<unsigned>(row_bytes * warps), st, args, nullptr),
-           "cuLaunchKernel", symbol);
-  check_cu(driver::api().launch_kernel(loaded->fns[4], static_cast<unsigned>(ceil_div(cols, 32)), 1, 1, 32, 32, 1, 0, st,
-                                       args, nullptr),
-           "cuLaunchKernel", symbol + "_colfin");
 }
 
 CudaCodegen::CudaCodegen(CudaCodegenOptions options) : options_(std::move(options)) {

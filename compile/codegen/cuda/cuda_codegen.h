@@ -49,10 +49,6 @@ class CudaKernel {
 
   // The workspace _colsplit launches have needed so far (0: the kernel never split its columns).
   size_t split_workspace_bytes() const;
-  // Column-sum kernels (KernelAbi::column_sums): the _warp launch and its _colfin; `params` as launch() built
-  // them, `stream` a CUstream.
-  void launch_column_sums(std::vector<uint64_t>& params, int64_t rows, int64_t cols, int block, int sms,
-                          void* stream) const;
 
   std::string symbol;
   KernelAbi abi;

@@ -136,11 +136,11 @@ class Renderer {
         break;
       case KernelKind::RowReduction:
         params_struct();
-        if (!column_sums().empty()) {  // Note [Column sums in row reductions]: warp per row only
+        if (const size_t sums = column_sums().size(); sums > 0) {  // Note [Column sums in row reductions]
           row_reduction(kWarp);
           column_finish();
           out.abi.functions = {sym_ + "_warp", "", "", "", sym_ + "_colfin"};
-          out.abi.column_sums = static_cast<int>(column_sums().size());
+          out.abi.column_sums = static_cast<int>(sums);
           break;
         }
         row_reduction(kWarp);
@@ -496,7 +496,7 @@ class Renderer {
     std::vector<bool> need(k_.nodes.size(), false);
     for (int r : roots) need[r] = true;
     for (size_t i = k_.nodes.size(); i-- > 0;) {
-      if (!need[i] || !element_[i] || is_reduction(k_.nodes[i].op) || k_.nodes[i].op == Op::ColumnSum) continue;
+      if (!need[i] || !element_[i] || is_reduction(k_.nodes[i].op)) continue;  // (ColumnSum is not element level)
       for (int o : {k_.nodes[i].a, k_.nodes[i].b, k_.nodes[i].c})
         if (o >= 0) need[o] = true;
     }

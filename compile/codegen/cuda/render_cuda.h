@@ -92,6 +92,8 @@ struct KernelAbi {
 inline int64_t column_sum_row(int64_t cols, int vector_width) {
   return vector_width > 1 ? cols + cols / vector_width + 1 : cols;
 }
+// The shared memory a block's rows may take (without opting in to more per block).
+constexpr int64_t kColumnSumSharedBytes = 48 * 1024;
 
 // The helpers every program starts with (dtype conversions, NaN-propagating max/min, warp/block reductions,
 // vector loads and stores).
