@@ -316,9 +316,7 @@ void cross_entropy_fused(const Tensor& loss, const Tensor& lse, const Tensor& dl
     using T = decltype(tag);
     using I = decltype(itag);
     constexpr int V = decltype(vec)::value;
-    int threads = 32;
-    while (threads < kFusedMaxThreads && threads < (C + V - 1) / V) threads <<= 1;
-    cross_entropy_fused_kernel<T, I, V><<<rows, threads, 0, L.stream>>>(
+    cross_entropy_fused_kernel<T, I, V><<<rows, row_threads((C + V - 1) / V, kFusedMaxThreads), 0, L.stream>>>(
         loss.data_ptr(), lse.data_ptr(), loss.dtype(), lse.dtype(), dlogits.data<T>(), logits.data<T>(),
         target.data<I>(), dloss.data_ptr(), dloss.dtype(), C, ignore_index, label_smoothing);
     CUDA_CHECK_LAUNCH();

@@ -129,10 +129,10 @@ void dispatch_vec(int vec, F&& f) {
   else f(std::integral_constant<int, 1>{});
 }
 
-// Threads for a block that owns one row of `packs` vector packs: a power of two in [32, 512].
-inline int row_threads(int64_t packs) {
+// Threads for a block that owns one row of `packs` vector packs: a power of two in [32, max_threads].
+inline int row_threads(int64_t packs, int max_threads = 512) {
   int t = 32;
-  while (t < 512 && t < packs) t <<= 1;
+  while (t < max_threads && t < packs) t <<= 1;
   return t;
 }
 
