@@ -159,6 +159,7 @@ int main(int argc, char** argv) try {
               dev.str().c_str(), a.dtype.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.seq),
               n_params / 1e6, med, tokens / (med / 1e3), flops / (med / 1e3) / 1e12,
               static_cast<double>(st.peak_allocated_bytes) / 1e9, compile_s, t.first_loss, t.last_loss);
+  bench::print_step_timing(t);
   if (compiled) bench::print_compile_stats(compiled->stats());
   if (a.profiler_range && dev.is_cuda()) {
     cuda::synchronize_device(dev.index);

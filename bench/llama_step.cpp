@@ -114,6 +114,7 @@ int main(int argc, char** argv) try {
               static_cast<long long>(a.seq), n_params / 1e6, med, tokens / (med / 1e3), flops / (med / 1e3) / 1e12,
               static_cast<double>(st.peak_allocated_bytes) / 1e9, compiled ? t.first_call_s : 0.0, t.first_loss,
               t.last_loss);
+  bench::print_step_timing(t);
   if (compiled) bench::print_compile_stats(compiled->stats());
   return 0;
 } catch (const std::exception& e) {

@@ -23,7 +23,10 @@ inline double median(std::vector<double> v) {
 }
 
 struct StepTimes {
-  std::vector<double> ms;  // the measured steps (after warm-up)
+  std::vector<double> ms;       // the measured steps (after warm-up)
+  std::vector<double> host_ms;  // host time of each measured step's call (launching, not waiting)
+  double pipelined_ms = 0;      // GPU: per step over `steps` steps queued back to back, loss read only at the end
+  std::vector<double> queued_ms;  // GPU: each step queued whole behind a held stream before the GPU starts it
   double first_loss = 0, last_loss = 0;
   double first_call_s = 0;  // compiled: trace + compile + the first step (cold or warm cache)
   double median_ms() const { return median(ms); }
@@ -42,6 +45,7 @@ inline StepTimes time_steps(Device dev, int64_t warmup, int64_t steps, const std
       e0->record(cuda::current_stream(dev.index));
     }
     Tensor loss = step();
+    const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s == 0) {
       if (dev.is_cuda()) cuda::synchronize_device(dev.index);
       r.first_call_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -61,9 +65,44 @@ inline StepTimes time_steps(Device dev, int64_t warmup, int64_t steps, const std
       r.first_loss = r.last_loss;
       allocator_for(dev).reset_peak();
     }
-    if (s >= warmup) r.ms.push_back(step_ms);
+    if (s >= warmup) {
+      r.ms.push_back(step_ms);
+      r.host_ms.push_back(host_ms);
+    }
+  }
+  // Two more views of the same steps on a GPU: queued back to back (no host read between them, as in a loop
+  // that logs every N steps), and each queued whole behind a 5 ms hold of the stream, so the GPU never waits
+  // for the host and starts rested. A GPU at its power cap (an H200 running this step draws ~650-690 W of 700)
+  // lowers its clocks with sustained load, so the three differ even with no host gaps: rested is fastest, back
+  // to back slowest (bench/RESULTS.md, 2026-11-24, third session).
+  if (dev.is_cuda() && steps > 0) {
+    cuda::Event e0, e1;
+    e0.record(cuda::current_stream(dev.index));
+    Tensor loss;
+    for (int64_t s = 0; s < steps; ++s) loss = step();
+    e1.record(cuda::current_stream(dev.index));
+    e1.synchronize();
+    r.pipelined_ms = e0.elapsed_ms(e1) / static_cast<double>(steps);
+    loss.item();
+    for (int64_t s = 0; s < steps; ++s) {
+      cuda::hold_stream(cuda::current_stream(dev.index), 5.0);
+      e0.record(cuda::current_stream(dev.index));
+      loss = step();
+      e1.record(cuda::current_stream(dev.index));
+      e1.synchronize();
+      r.queued_ms.push_back(e0.elapsed_ms(e1));
+      loss.item();
+    }
   }
   return r;
+}
+
+// The host's time per call (guards, input copies, launches) and the step under the three ways of queueing.
+inline void print_step_timing(const StepTimes& t) {
+  if (t.pipelined_ms <= 0) return;
+  std::printf("timing: host call %.3f ms/step (median); %.2f ms/step with a loss read after each step, %.2f ms "
+              "back to back, %.2f ms (median) queued whole before the GPU starts it\n",
+              median(t.host_ms), t.median_ms(), t.pipelined_ms, median(t.queued_ms));
 }
 
 inline void print_compile_stats(const CompileStats& cs) {

@@ -48,6 +48,10 @@ void abort_capture(Stream s);
 void launch_graph(void* exec, Stream s);
 void destroy_graph(void* exec);
 
+// Stalls `s` for `ms` on a host callback: work queued behind it waits, so a benchmark can queue a whole step
+// before the GPU starts it and time the step without the host's launch time in it.
+void hold_stream(Stream s, double ms);
+
 // The range an external profiler records when started with profiling off (ncu --profile-from-start off).
 void profiler_start();
 void profiler_stop();

@@ -31,6 +31,7 @@ bool is_capturing(Stream) { return false; }
 void* end_capture(Stream) { no_cuda("cuda::end_capture"); }
 void abort_capture(Stream) {}
 void launch_graph(void*, Stream) { no_cuda("cuda::launch_graph"); }
+void hold_stream(Stream, double) { no_cuda("cuda::hold_stream"); }
 void destroy_graph(void*) {}
 void synchronize_device(int) { no_cuda("cuda::synchronize_device"); }
 void* host_alloc_pinned(size_t) { no_cuda("cuda::host_alloc_pinned"); }

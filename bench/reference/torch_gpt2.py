@@ -125,6 +125,25 @@ def main():
             e1.synchronize()
             ms.append(e0.elapsed_time(e1))
         med = statistics.median(ms)
+        last_loss = loss.item()  # the table's loss: that of the timed steps, as bench_gpt2_step reports it
+        # The same two extra timings as bench_gpt2_step: steps queued back to back (no sync between them), and
+        # each step queued whole behind a 5 ms GPU spin (torch.cuda._sleep) so the GPU starts it after a rest.
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(a.steps):
+            loss = step()
+        e1.record()
+        e1.synchronize()
+        back_to_back = e0.elapsed_time(e1) / a.steps
+        queued = []
+        for _ in range(a.steps):
+            torch.cuda._sleep(int(5e-3 * 1.98e9))
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            loss = step()
+            e1.record()
+            e1.synchronize()
+            queued.append(e0.elapsed_time(e1))
         n = sum(p.numel() for p in model.parameters())
         tokens = a.batch * a.seq
         flops = tokens * (6 * n + 6 * a.layers * a.seq * a.embd)
@@ -132,7 +151,10 @@ def main():
         if rank == 0:
             print(f"| {name} | {torch.cuda.get_device_name()} | bf16 | {a.batch} x {a.seq} | {n/1e6:.1f}M | {med:.2f} | "
                   f"{tokens/(med/1e3):.0f} | {flops/(med/1e3)/1e12:.1f} | {torch.cuda.max_memory_allocated()/1e9:.2f} | "
-                  f"first call {first_s:.1f}s, loss {loss.item():.3f} |", flush=True)
+                  f"first call {first_s:.1f}s, loss {last_loss:.3f} |", flush=True)
+        if rank == 0:
+            print(f"timing: {name}: {med:.2f} ms/step with a sync after each step, {back_to_back:.2f} ms back to back, "
+                  f"{statistics.median(queued):.2f} ms (median) queued whole before the GPU starts it", flush=True)
         if a.kernels > 0 and rank == 0:
             print_kernels(step, a.kernels, name)
     if world > 1:

@@ -1,11 +1,14 @@
 // runtime/cuda_runtime.h on the CUDA runtime API: device selection, streams, events, copies, and the
 // error reporting behind CUDA_CHECK / CUBLAS_CHECK.
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include <cuda_profiler_api.h>
 
 #include "runtime/cuda/check.h"
+#include "runtime/cuda/graph_nodes.h"
 #include "runtime/device.h"
 
 namespace ingot {
@@ -137,6 +140,12 @@ void* end_capture(Stream s) {
   DeviceGuard g(s.device);
   cudaGraph_t graph = nullptr;
   CUDA_CHECK(cudaStreamEndCapture(static_cast<cudaStream_t>(s.handle), &graph));
+  try {
+    detail::small_memsets_to_kernels(graph);
+  } catch (...) {
+    cudaGraphDestroy(graph);
+    throw;
+  }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);  // the executable graph keeps what it needs
@@ -159,6 +168,15 @@ void abort_capture(Stream s) {
 void launch_graph(void* exec, Stream s) {
   DeviceGuard g(s.device);
   CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(s.handle)));
+}
+
+void hold_stream(Stream s, double ms) {
+  DeviceGuard g(s.device);
+  static double hold_ms = 0;  // one value per process is enough for a benchmark's probe
+  hold_ms = ms;
+  CUDA_CHECK(cudaLaunchHostFunc(
+      static_cast<cudaStream_t>(s.handle),
+      [](void*) { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(hold_ms)); }, nullptr));
 }
 
 void destroy_graph(void* exec) {

@@ -10,7 +10,11 @@
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/testing.h"
 #ifdef INGOT_WITH_CUDA
+#include <cstring>
+#include <vector>
+
 #include "runtime/cuda/check.h"
+#include "runtime/cuda/graph_nodes.h"
 #endif
 
 namespace ingot::testing {
@@ -93,6 +97,96 @@ TEST(CudaRuntime, FailedCallsThrowWithTheCallSiteAndTheCudaError) {
   }
   // The failure was cleared: later work still runs.
   EXPECT_EQ(full({4}, 3.0, DType::f32, kGpu).to_vector()[3], 3.0);
+#endif
+}
+
+#ifdef INGOT_WITH_CUDA
+std::vector<cudaGraphNode_t> nodes_of(cudaGraph_t g, cudaGraphNodeType type) {
+  size_t n = 0;
+  CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> all(n), out;
+  CUDA_CHECK(cudaGraphGetNodes(g, all.data(), &n));
+  for (cudaGraphNode_t x : all) {
+    cudaGraphNodeType t;
+    CUDA_CHECK(cudaGraphNodeGetType(x, &t));
+    if (t == type) out.push_back(x);
+  }
+  return out;
+}
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+#endif
+
+// Note [Small memsets in CUDA graphs]: small memset nodes become kernel nodes with the same bytes and edges;
+// large ones stay. A chain big memset -> small memsets (4-byte words, a 2-D byte block, 2-byte halves) -> copy
+// out: the values must land and the copy must still come after every set.
+TEST(CudaGraphs, SmallMemsetsBecomeKernelNodesWithTheSameBytesAndEdges) {
+  INGOT_REQUIRE_CUDA();
+#ifdef INGOT_WITH_CUDA
+  Tensor a = empty({1024}, DType::f32, kGpu), out = empty({1024 + 64}, DType::f32, kGpu);
+  cudaGraph_t g = nullptr;
+  CUDA_CHECK(cudaGraphCreate(&g, 0));
+  auto memset_node = [&](const std::vector<cudaGraphNode_t>& deps, void* dst, size_t pitch, uint32_t value,
+                         uint32_t elem, size_t width, size_t height) {
+    cudaMemsetParams p{};
+    p.dst = dst;
+    p.pitch = pitch;
+    p.value = value;
+    p.elementSize = elem;
+    p.width = width;
+    p.height = height;
+    cudaGraphNode_t n = nullptr;
+    CUDA_CHECK(cudaGraphAddMemsetNode(&n, g, deps.data(), deps.size(), &p));
+    return n;
+  };
+  float* af = a.data<float>();
+  auto* bytes = reinterpret_cast<uint8_t*>(out.data<float>() + 1024);  // 256 bytes after the copy's target
+  cudaGraphNode_t fill = memset_node({}, af, 0, float_bits(1.5f), 4, 1024, 1);  // 4 KB: kept
+  cudaGraphNode_t word = memset_node({fill}, af + 5, 0, float_bits(-2.25f), 4, 1, 1);
+  cudaGraphNode_t block = memset_node({}, bytes, 64, 7, 1, 16, 3);  // 16 bytes in each of 3 rows 64 apart
+  cudaGraphNode_t half = memset_node({word}, af + 9, 0, 0x3f80, 2, 1, 1);  // the high half of 1.0f
+  cudaGraphNode_t copy = nullptr;
+  const std::vector<cudaGraphNode_t> before_copy{half, block};
+  CUDA_CHECK(cudaGraphAddMemcpyNode1D(&copy, g, before_copy.data(), before_copy.size(), out.data_ptr(), af,
+                                      1024 * sizeof(float), cudaMemcpyDeviceToDevice));
+  EXPECT_EQ(cuda::detail::small_memsets_to_kernels(g), 3);
+  EXPECT_EQ(nodes_of(g, cudaGraphNodeTypeMemset).size(), 1u);
+  const std::vector<cudaGraphNode_t> kernels = nodes_of(g, cudaGraphNodeTypeKernel);
+  EXPECT_EQ(kernels.size(), 3u);
+  size_t copy_deps = 0;
+  CUDA_CHECK(cudaGraphNodeGetDependencies(copy, nullptr, nullptr, &copy_deps));
+  EXPECT_EQ(copy_deps, 2u);  // the replacements of `half` and `block`
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  // Garbage first, so that every checked value was written by the graph.
+  kernels::cuda::fill(out, 99.0);
+  cuda::synchronize_device(0);
+  CUDA_CHECK(cudaGraphLaunch(exec, nullptr));
+  CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+  const std::vector<double> v = out.to_vector();
+  for (int i = 0; i < 1024; ++i)
+    if (i != 9) ASSERT_EQ(v[static_cast<size_t>(i)], i == 5 ? -2.25 : 1.5) << "element " << i;
+  // Element 9: 1.5f is 0x3fc00000; its low half (little endian, the first two bytes) set to 0x3f80.
+  uint32_t bits9 = 0x3fc03f80u;
+  float f9;
+  std::memcpy(&f9, &bits9, 4);
+  EXPECT_EQ(v[9], static_cast<double>(f9));
+  std::vector<uint8_t> host(256);
+  CUDA_CHECK(cudaMemcpy(host.data(), bytes, 256, cudaMemcpyDeviceToHost));
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 64; ++c) {
+      const bool set = r < 3 && c < 16;
+      uint8_t garbage[4];
+      const float ninety_nine = 99.0f;
+      std::memcpy(garbage, &ninety_nine, 4);
+      ASSERT_EQ(host[static_cast<size_t>(r * 64 + c)], set ? 7 : garbage[c % 4]) << "row " << r << " byte " << c;
+    }
 #endif
 }
 
