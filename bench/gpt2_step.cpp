@@ -2,7 +2,8 @@
 //   bench_gpt2_step [--device cuda|cpu] [--batch 16] [--seq 1024] [--layers 12] [--heads 12] [--embd 768]
 //                   [--vocab 50304] [--steps 20] [--warmup 5] [--dtype bf16|f32]
 //                   [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR] [--profile K]
-//                   [--profiler-range] [--memory-budget B]
+//                   [--profiler-range] [--memory-budget B] [--losses]
+// --losses: also print every step's loss (warm-up included), to compare the trajectories of two modes.
 // --memory-budget B: compile with CompileOptions::memory_budget = B (< 1 recomputes cheap saved activations in
 // the backward, compile/passes/remat.cpp).
 // --profiler-range: after the timed steps, one more step between cudaProfilerStart/Stop, for an external
@@ -45,7 +46,7 @@ struct Args {
   std::string device = "auto", dtype = "bf16", compile = "none", cache_dir;
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
-  bool profiler_range = false;
+  bool profiler_range = false, losses = false;
   double memory_budget = 1.0;
 };
 
@@ -57,11 +58,17 @@ Args parse(int argc, char** argv) {
       std::printf("usage: bench_gpt2_step [--device auto|cpu|cuda] [--dtype bf16|f32] [--batch N] [--seq N]\n"
                   "       [--layers N] [--heads N] [--embd N] [--vocab N] [--steps N] [--warmup N]\n"
                   "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR] [--profile K]\n"
-                  "       [--profiler-range] [--memory-budget B]\n");
+                  "       [--profiler-range] [--memory-budget B] [--losses]\n"
+                  "Prints a table row (median step time, tokens/s, TFLOP/s, peak memory, first-call time, loss) and, on\n"
+                  "GPUs, a 'timing:' line: host time per call, and the step queued back to back and after a 5 ms rest.\n");
       std::exit(0);
     }
     if (k == "--profiler-range") {
       a.profiler_range = true;
+      continue;
+    }
+    if (k == "--losses") {
+      a.losses = true;
       continue;
     }
     INGOT_CHECK(i + 1 < argc, "bench_gpt2_step: flag ", k, " needs a value");
@@ -160,6 +167,11 @@ int main(int argc, char** argv) try {
               n_params / 1e6, med, tokens / (med / 1e3), flops / (med / 1e3) / 1e12,
               static_cast<double>(st.peak_allocated_bytes) / 1e9, compile_s, t.first_loss, t.last_loss);
   bench::print_step_timing(t);
+  if (a.losses) {
+    std::printf("losses:");
+    for (double l : t.losses) std::printf(" %.4f", l);
+    std::printf("\n");
+  }
   if (compiled) bench::print_compile_stats(compiled->stats());
   if (a.profiler_range && dev.is_cuda()) {
     cuda::synchronize_device(dev.index);

@@ -28,6 +28,7 @@ struct StepTimes {
   double pipelined_ms = 0;      // GPU: per step over `steps` steps queued back to back, loss read only at the end
   std::vector<double> queued_ms;  // GPU: each step queued whole behind a held stream before the GPU starts it
   double first_loss = 0, last_loss = 0;
+  std::vector<double> losses;  // every step of the main loop, warm-up included
   double first_call_s = 0;  // compiled: trace + compile + the first step (cold or warm cache)
   double median_ms() const { return median(ms); }
 };
@@ -59,6 +60,7 @@ inline StepTimes time_steps(Device dev, int64_t warmup, int64_t steps, const std
       step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
     r.last_loss = loss.item();
+    r.losses.push_back(r.last_loss);
     // Peak memory is that of the steady-state steps: a compiled function's first call traces the step eagerly
     // (and holds what eager holds), which no later step repeats.
     if (s == 0) {
