@@ -116,15 +116,21 @@ def main():
         torch.cuda.reset_peak_memory_stats()
         for _ in range(a.warmup):
             step()
-        ms = []
-        for _ in range(a.steps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            loss = step()
-            e1.record()
-            e1.synchronize()
-            ms.append(e0.elapsed_time(e1))
-        med = statistics.median(ms)
+        def timed_steps(rest_ms=0.0):
+            # Each step between CUDA events, synchronized after it; with rest_ms, queued behind a GPU spin first.
+            ms = []
+            for _ in range(a.steps):
+                if rest_ms > 0:
+                    torch.cuda._sleep(int(rest_ms * 1e-3 * 1.98e9))
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                loss = step()
+                e1.record()
+                e1.synchronize()
+                ms.append(e0.elapsed_time(e1))
+            return statistics.median(ms), loss
+
+        med, loss = timed_steps()
         last_loss = loss.item()  # the table's loss: that of the timed steps, as bench_gpt2_step reports it
         # The same two extra timings as bench_gpt2_step: steps queued back to back (no sync between them), and
         # each step queued whole behind a 5 ms GPU spin (torch.cuda._sleep) so the GPU starts it after a rest.
@@ -135,15 +141,7 @@ def main():
         e1.record()
         e1.synchronize()
         back_to_back = e0.elapsed_time(e1) / a.steps
-        queued = []
-        for _ in range(a.steps):
-            torch.cuda._sleep(int(5e-3 * 1.98e9))
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            loss = step()
-            e1.record()
-            e1.synchronize()
-            queued.append(e0.elapsed_time(e1))
+        queued, _ = timed_steps(rest_ms=5.0)
         n = sum(p.numel() for p in model.parameters())
         tokens = a.batch * a.seq
         flops = tokens * (6 * n + 6 * a.layers * a.seq * a.embd)
@@ -154,7 +152,7 @@ def main():
                   f"first call {first_s:.1f}s, loss {last_loss:.3f} |", flush=True)
         if rank == 0:
             print(f"timing: {name}: {med:.2f} ms/step with a sync after each step, {back_to_back:.2f} ms back to back, "
-                  f"{statistics.median(queued):.2f} ms (median) queued whole before the GPU starts it", flush=True)
+                  f"{queued:.2f} ms (median) queued whole before the GPU starts it", flush=True)
         if a.kernels > 0 and rank == 0:
             print_kernels(step, a.kernels, name)
     if world > 1:
