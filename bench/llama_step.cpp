@@ -34,7 +34,9 @@ Args parse(int argc, char** argv) {
     if (k == "--help" || k == "-h") {
       std::printf("usage: bench_llama_step --config CONFIG_JSON [--device auto|cpu|cuda] [--dtype bf16|f32]\n"
                   "       [--batch N] [--seq N] [--steps N] [--warmup N] [--layers N (override num_hidden_layers)]\n"
-                  "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR]\n");
+                  "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR]\n"
+                  "Prints a table row (median step time, tokens/s, peak memory, first-call time, loss) and, on GPUs, a\n"
+                  "'timing:' line: host time per call, and the step queued back to back and after a 5 ms rest.\n");
       std::exit(0);
     }
     INGOT_CHECK(i + 1 < argc, "bench_llama_step: flag ", k, " needs a value");
