@@ -42,8 +42,16 @@ int small_memsets_to_kernels(cudaGraph_t graph) {
     CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &mp));
     const size_t bytes = static_cast<size_t>(mp.elementSize) * mp.width * std::max<size_t>(mp.height, 1);
     if (bytes > kSmallMemsetBytes || mp.dst == nullptr) continue;
-    // The kernel must run on the memset's device: a memset node's destination is device memory of the
-    // capturing device, the device current here.
+    // The kernel runs on the current (capturing) device, so only its own device memory is rewritten; a memset
+    // of managed, host or peer memory stays a memset.
+    int device = -1;
+    CUDA_CHECK(cudaGetDevice(&device));
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, mp.dst) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    if (attr.type != cudaMemoryTypeDevice || attr.device != device) continue;
     size_t nd = 0, nk = 0;
     CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &nd));
     CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &nk));
