@@ -33,6 +33,10 @@ int small_memsets_to_kernels(cudaGraph_t graph) {
   CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
   std::vector<cudaGraphNode_t> nodes(n);
   CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  // The kernel runs on the current (capturing) device, so only its own device memory is rewritten; a memset
+  // of managed, host or peer memory stays a memset.
+  int device = -1;
+  CUDA_CHECK(cudaGetDevice(&device));
   int replaced = 0;
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type;
@@ -42,10 +46,6 @@ int small_memsets_to_kernels(cudaGraph_t graph) {
     CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &mp));
     const size_t bytes = static_cast<size_t>(mp.elementSize) * mp.width * std::max<size_t>(mp.height, 1);
     if (bytes > kSmallMemsetBytes || mp.dst == nullptr) continue;
-    // The kernel runs on the current (capturing) device, so only its own device memory is rewritten; a memset
-    // of managed, host or peer memory stays a memset.
-    int device = -1;
-    CUDA_CHECK(cudaGetDevice(&device));
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, mp.dst) != cudaSuccess) {
       cudaGetLastError();

@@ -2,6 +2,7 @@
 // error reporting behind CUDA_CHECK / CUBLAS_CHECK.
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -172,11 +173,17 @@ void launch_graph(void* exec, Stream s) {
 
 void hold_stream(Stream s, double ms) {
   DeviceGuard g(s.device);
-  static double hold_ms = 0;  // one value per process is enough for a benchmark's probe
-  hold_ms = ms;
-  CUDA_CHECK(cudaLaunchHostFunc(
+  // Each hold carries its own length (a shared static would let a later call change an earlier hold's).
+  auto* hold_ms = new double(ms);
+  const cudaError_t e = cudaLaunchHostFunc(
       static_cast<cudaStream_t>(s.handle),
-      [](void*) { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(hold_ms)); }, nullptr));
+      [](void* p) {
+        std::unique_ptr<double> len(static_cast<double*>(p));
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(*len));
+      },
+      hold_ms);
+  if (e != cudaSuccess) delete hold_ms;
+  CUDA_CHECK(e);
 }
 
 void destroy_graph(void* exec) {

@@ -148,7 +148,8 @@ TEST(CudaGraphs, SmallMemsetsBecomeKernelNodesWithTheSameBytesAndEdges) {
   cudaGraphNode_t fill = memset_node({}, af, 0, float_bits(1.5f), 4, 1024, 1);  // 4 KB: kept
   cudaGraphNode_t word = memset_node({fill}, af + 5, 0, float_bits(-2.25f), 4, 1, 1);
   cudaGraphNode_t block = memset_node({}, bytes, 64, 7, 1, 16, 3);  // 16 bytes in each of 3 rows 64 apart
-  cudaGraphNode_t half = memset_node({word}, af + 9, 0, 0x3f80, 2, 1, 1);  // the high half of 1.0f
+  // 0x3f80 (the high half of 1.0f's bits) into element 9's low half.
+  cudaGraphNode_t half = memset_node({word}, af + 9, 0, 0x3f80, 2, 1, 1);
   cudaGraphNode_t copy = nullptr;
   const std::vector<cudaGraphNode_t> before_copy{half, block};
   CUDA_CHECK(cudaGraphAddMemcpyNode1D(&copy, g, before_copy.data(), before_copy.size(), out.data_ptr(), af,
@@ -179,12 +180,12 @@ TEST(CudaGraphs, SmallMemsetsBecomeKernelNodesWithTheSameBytesAndEdges) {
   EXPECT_EQ(v[9], static_cast<double>(f9));
   std::vector<uint8_t> host(256);
   CUDA_CHECK(cudaMemcpy(host.data(), bytes, 256, cudaMemcpyDeviceToHost));
+  uint8_t garbage[4];  // the bytes of the 99.0f fill
+  const float ninety_nine = 99.0f;
+  std::memcpy(garbage, &ninety_nine, 4);
   for (int r = 0; r < 4; ++r)
     for (int c = 0; c < 64; ++c) {
       const bool set = r < 3 && c < 16;
-      uint8_t garbage[4];
-      const float ninety_nine = 99.0f;
-      std::memcpy(garbage, &ninety_nine, 4);
       ASSERT_EQ(host[static_cast<size_t>(r * 64 + c)], set ? 7 : garbage[c % 4]) << "row " << r << " byte " << c;
     }
 #endif
