@@ -1,6 +1,9 @@
 // CUDA matmul (cuBLASLt / cuBLAS) and the multi-tensor optimizer kernels against their CPU versions.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
+#include "runtime/kernels/cuda/gemm_sm90.h"
 #include "runtime/kernels/kernels.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/testing.h"
@@ -151,6 +154,69 @@ TEST(CudaMatmul, GeluAuxBiasEpilogueMatchesCpu) {
       }
     }
   }
+}
+
+// The own Hopper GELU products (Note [Own GELU products on Hopper], runtime/kernels/cuda/gemm_sm90.cu) against the
+// CPU kernels, called directly (so a run that silently fell back to cuBLASLt fails) and through matmul_bias_gelu /
+// matmul_dgelu with the kernel on and off; B both K-major and MN-major; several tiles per CTA and a k of 12 steps.
+TEST(CudaMatmul, OwnHopperGeluProductsMatchCpu) {
+  INGOT_REQUIRE_CUDA();
+  if (!kg::sm90::available(0)) GTEST_SKIP() << "needs a compute capability 9.0 GPU and an sm_90a build";
+  manual_seed(36);
+  const DType dt = DType::bf16;
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (const Case& c : {Case{384, 256, 192}, Case{1024, 640, 768}, Case{128, 128, 64}}) {
+    for (bool tb : {true, false}) {
+      const std::string at = detail::str_cat("M", c.m, " N", c.n, " K", c.k, tb ? " b [n, k]" : " b [k, n]");
+      Operand a = make_operand({1, c.m, c.k}, dt, Layout::Contiguous);
+      Operand b = make_operand(tb ? Shape{1, c.n, c.k} : Shape{1, c.k, c.n}, dt, Layout::Contiguous);
+      Operand bias = make_operand({c.n}, dt, Layout::Contiguous);
+      Operand pre_in = make_operand({c.m, c.n}, dt, Layout::Contiguous, [](double x) { return 3 * x; });
+      const Shape os{1, c.m, c.n};
+      Tensor ref = empty(os, dt), pre_ref = empty(os, dt), dref = empty(os, dt);
+      kc::matmul_bias_gelu(ref, pre_ref, a.cpu, b.cpu, false, tb, bias.cpu);
+      kc::matmul_dgelu(dref, Tensor(), a.cpu, b.cpu, false, tb, pre_in.cpu);
+      for (bool direct : {true, false}) {
+        for (bool own : {true, false}) {
+          if (direct && !own) continue;
+          kg::sm90::set_enabled(own);
+          Tensor out = poisoned(os, dt, kGpu), pre = poisoned(os, dt, kGpu), dout = poisoned(os, dt, kGpu);
+          if (direct) {
+            using kg::sm90::GeluEpilogue;
+            const int m = static_cast<int>(c.m), n = static_cast<int>(c.n), k = static_cast<int>(c.k);
+            ASSERT_TRUE(kg::sm90::gelu_gemm({GeluEpilogue::kGeluAuxBias, m, n, k, a.gpu.data_ptr(), b.gpu.data_ptr(),
+                                             tb, out.data_ptr(), pre.data_ptr(), bias.gpu.data_ptr()},
+                                            nullptr))
+                << at;
+            ASSERT_TRUE(kg::sm90::gelu_gemm({GeluEpilogue::kDGelu, m, n, k, a.gpu.data_ptr(), b.gpu.data_ptr(), tb,
+                                             dout.data_ptr(), pre_in.gpu.data_ptr(), nullptr},
+                                            nullptr))
+                << at;
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          } else {
+            kg::matmul_bias_gelu(out, pre, a.gpu, b.gpu, false, tb, bias.gpu);
+            kg::matmul_dgelu(dout, Tensor(), a.gpu, b.gpu, false, tb, pre_in.gpu);
+          }
+          const std::string how = direct ? " (direct)" : own ? " (through matmul, own)" : " (through matmul, cuBLASLt)";
+          EXPECT_LE(rel_norm_error(pre, pre_ref), matmul_tol(dt)) << at << how;
+          EXPECT_LE(rel_norm_error(out, ref), 2 * matmul_tol(dt)) << at << how;
+          EXPECT_LE(rel_norm_error(dout, dref), 2 * matmul_tol(dt)) << at << how;
+        }
+      }
+      kg::sm90::set_enabled(true);
+    }
+  }
+  // Shapes and pointers it does not take: n not a multiple of 128, k not a multiple of 64, a 2-byte-aligned operand.
+  using kg::sm90::GeluEpilogue;
+  void* p = reinterpret_cast<void*>(uintptr_t{4096});
+  void* odd = reinterpret_cast<void*>(uintptr_t{4098});
+  EXPECT_TRUE(kg::sm90::applies({GeluEpilogue::kDGelu, 128, 128, 64, p, p, true, p, p, nullptr}));
+  EXPECT_FALSE(kg::sm90::applies({GeluEpilogue::kDGelu, 128, 192, 64, p, p, true, p, p, nullptr}));
+  EXPECT_FALSE(kg::sm90::applies({GeluEpilogue::kDGelu, 128, 128, 96, p, p, true, p, p, nullptr}));
+  EXPECT_FALSE(kg::sm90::applies({GeluEpilogue::kDGelu, 128, 128, 64, odd, p, true, p, p, nullptr}));
+  EXPECT_FALSE(kg::sm90::applies({GeluEpilogue::kGeluAuxBias, 128, 128, 64, p, p, true, p, p, nullptr}));
 }
 
 TEST(CudaMatmul, MisalignedViewsAndEmptyKStillWork) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "runtime/kernels/cuda/common.cuh"
+#include "runtime/kernels/cuda/gemm_sm90.h"
 #include "runtime/kernels/cuda/matmul_tuning.h"
 #include "runtime/kernels/kernels.h"
 
@@ -369,6 +370,22 @@ bool epilogue_matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool t
                    out.data_ptr(), e);
 }
 
+// The own Hopper kernel for a GELU product (Note [Own GELU products on Hopper], gemm_sm90.cu): bf16, one dense
+// 2-D product with a untransposed; false where it does not apply and cuBLASLt runs instead.
+bool sm90_gelu_matmul(sm90::GeluEpilogue epilogue, const Tensor& out, const Tensor& aux, const Tensor& a,
+                      const Tensor& b, bool trans_a, bool trans_b, const Tensor* bias) {
+  if (out.dtype() != DType::bf16 || a.dtype() != DType::bf16 || trans_a || out.size(0) != 1 || a.size(0) != 1 ||
+      b.size(0) != 1 || !out.is_contiguous() || !aux.is_contiguous() || !a.is_contiguous() || !b.is_contiguous())
+    return false;
+  const int64_t m = out.size(1), n = out.size(2), k = a.size(2);
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return false;
+  const sm90::GeluGemm g{epilogue,      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                         a.data_ptr(),  b.data_ptr(),        trans_b,             out.data_ptr(),
+                         aux.data_ptr(), bias ? bias->data_ptr() : nullptr};
+  LaunchContext ctx(out);
+  return sm90::gelu_gemm(g, ctx.stream);
+}
+
 }  // namespace
 
 void matmul_bias(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& bias) {
@@ -398,6 +415,7 @@ void matmul_bias_gelu(const Tensor& out, const Tensor& pre, const Tensor& a, con
                        "matmul_bias_gelu kernel: out ", shape_str(out.shape()), ", pre ", shape_str(pre.shape()),
                        ", bias ", shape_str(bias.shape()));
   if (out.numel() == 0) return;
+  if (sm90_gelu_matmul(sm90::GeluEpilogue::kGeluAuxBias, out, pre, a, b, trans_a, trans_b, &bias)) return;
   // As for DGELU: the aux leading dimension a multiple of 8, 16-byte aux and bias pointers.
   if (out.size(2) % 8 == 0 && alignment(pre.data_ptr()) >= 16 && alignment(bias.data_ptr()) >= 16) {
     Epilogue e;
@@ -420,6 +438,8 @@ void matmul_dgelu(const Tensor& out, const Tensor& dbias, const Tensor& a, const
                                                                                dbias.dtype() == out.dtype())),
                        "matmul_dgelu kernel: out ", shape_str(out.shape()), ", pre ", shape_str(pre.shape()));
   if (out.numel() == 0) return;
+  if (!dbias.defined() && sm90_gelu_matmul(sm90::GeluEpilogue::kDGelu, out, pre, a, b, trans_a, trans_b, nullptr))
+    return;
   // cuBLASLt wants the aux leading dimension (n, in its column-major view) a multiple of 8 and 16-byte pointers.
   if (n % 8 == 0 && alignment(pre.data_ptr()) >= 16 && (!dbias.defined() || alignment(dbias.data_ptr()) >= 16)) {
     Epilogue e;

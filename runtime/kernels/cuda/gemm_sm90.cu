@@ -1,0 +1,435 @@
+// Note [Own GELU products on Hopper]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A GPT MLP's first product carries the GELU: forward, pre = x @ W^T + b and g = gelu(pre) (cuBLASLt's
+// GELU_AUX_BIAS); backward, dpre = (dg @ W2) * gelu'(pre) (DGELU). On an H200 (GPT-2 b16, 16384 x 3072 x 768)
+// cuBLASLt's kernels for these take 154 and 157 us against 102-106 us for plain products of the same size
+// (ncu: 55% against 90% SM throughput): their epilogue, the tanh on 50M values and two 100 MB outputs, does not
+// overlap their main loop. 24 of them per step cost ~1.2 ms more than their arithmetic.
+//
+// This kernel is built for that. Persistent, one CTA per SM: a producer warp issues TMA copies of 128 x 64 A and
+// B tiles into a 4-stage ring of 128-byte-swizzled shared memory; two consumer warpgroups each own whole 128 x 128
+// output tiles (alternate tiles of the CTA's sequence) and take turns issuing their products (2 x
+// wgmma.m64n128k16 per 16-wide k step), handing the turn over as soon as a tile's products are issued. So one
+// consumer's epilogue (bias, GELU with tanh.approx, whose ~2^-11 relative error is below bf16's 2^-8) runs while
+// the other's products keep the tensor cores busy ("ping-pong"). The epilogue stages each 64-row half tile in
+// shared memory in TMA's swizzled box layout and TMA writes it out; DGelu's aux tile is read by TMA into the
+// staging while the products run and overwritten in place.
+//
+// What did not work (H200, harness numbers, 16384 x 3072 x 768): two non-persistent CTAs per SM (each with 2
+// warpgroups of 64 rows) ran in lock-step, both in their epilogues at once: 250-310 us with stores straight from
+// registers (4-byte stores, half-filled sectors), 175 us with TMA stores; the same main loop without any epilogue
+// ran 114 us. Ping-pong: 100 us without epilogue, 142-157 us (GeluAuxBias) and 166-173 us (DGelu) with it, against
+// cuBLASLt's 157-188 / 176-183 us in the same runs; copying the staged tile out with 16-byte thread stores
+// instead of TMA: 175-185 us.
+//
+// B comes either K-major ([n, k]: the forward's weight) or MN-major ([k, n]: the backward reads W2 as stored);
+// wgmma reads the latter transposed from shared memory (imm-trans-b), TMA filling it as two 64-column boxes.
+#include "runtime/kernels/cuda/gemm_sm90.h"
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <string_view>
+
+namespace ingot::kernels::cuda::sm90 {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using bf162 = __nv_bfloat162;
+
+constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 4;
+constexpr int kThreads = 3 * 128;  // a producer warpgroup (one thread issues copies) and two consumer warpgroups
+constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
+constexpr int kStagingBytes = 32768;  // per consumer: 4 boxes of 64 x 64 bf16
+constexpr int kBarriers = 2 * kStages + 4;
+constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStagingBytes + 1024 /* alignment slack */ + kBarriers * 8;
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define INGOT_SM90A 1
+#endif
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#ifdef INGOT_SM90A
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t a = smem_u32(bar);
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(a), "r"(parity)
+        : "memory");
+  }
+}
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+
+// Byte offset of (row, byte) in a TMA box of rows x 128 bytes written with CU_TENSOR_MAP_SWIZZLE_128B: the
+// 16-byte chunks of row r are permuted by r % 8, which also spreads a warp's 8 rows over all 32 banks.
+__device__ __forceinline__ uint32_t sw128_offset(int row, int byte) {
+  return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
+}
+
+// A barrier over one consumer warpgroup (ids 2 and 3; constant ids, as a register id makes ptxas reserve all 16).
+__device__ __forceinline__ void consumer_sync(int c) {
+  if (c == 0)
+    asm volatile("bar.sync 2, 128;" ::: "memory");
+  else
+    asm volatile("bar.sync 3, 128;" ::: "memory");
+}
+
+// A shared-memory matrix descriptor for a 128-byte-swizzled tile (1024-byte-aligned atoms of 8 rows x 128 bytes).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16 |
+         static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32 | uint64_t{1} << 62;
+}
+
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, %66;\n}"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "n"(kTransB)
+      : "memory");
+}
+
+__device__ __forceinline__ float tanh_fast(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float gelu(float x) {
+  const float t = tanh_fast(0.7978845608028654f * (x + 0.044715f * x * x * x));
+  return 0.5f * x * (1.0f + t);
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float t = tanh_fast(0.7978845608028654f * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+}
+#endif  // INGOT_SM90A
+
+// Persistent: CTA b takes tiles b, b + G, b + 2G, ... (G = gridDim.x, one CTA per SM), consumer warpgroup c
+// the even (c = 0) or odd (c = 1) ones of that sequence; tile t is row block t / nt, column block t % nt, so the
+// CTAs working at one time share a few A row blocks and all of B, which stay in L2.
+template <bool kBKMajor, GeluEpilogue kEpi>
+__global__ void __launch_bounds__(kThreads, 1)
+    gelu_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                     const __grid_constant__ CUtensorMap tout, const __grid_constant__ CUtensorMap taux,
+                     const bf16* bias, int tiles, int nt, int k) {
+#ifdef INGOT_SM90A
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* staging = smem + kStages * kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + 2 * kStagingBytes);
+  uint64_t* empty = full + kStages;
+  uint64_t* turn = empty + kStages;      // turn[c]: consumer c may issue its next tile's products
+  uint64_t* aux_full = turn + 2;         // aux_full[c]: DGelu's aux half tile has landed in c's staging
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int nk = k / kBK;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    for (int c = 0; c < 2; ++c) {
+      mbar_init(&turn[c], 1);
+      mbar_init(&aux_full[c], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == 0) {
+      int q = 0;  // stages filled so far, over all of this CTA's tiles
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int m0 = (t / nt) * kBM, n0 = (t % nt) * kBN;
+        for (int kb = 0; kb < nk; ++kb, ++q) {
+          const int s = q % kStages;
+          if (q >= kStages) mbar_wait(&empty[s], (q / kStages - 1) & 1);
+          uint8_t* sa = smem + s * kStageBytes;
+          uint8_t* sb = sa + kABytes;
+          mbar_expect_tx(&full[s], kStageBytes);
+          tma_load(sa, &ta, &full[s], kb * kBK, m0);
+          if constexpr (kBKMajor) {
+            tma_load(sb, &tb, &full[s], kb * kBK, n0);
+          } else {
+            tma_load(sb, &tb, &full[s], n0, kb * kBK);
+            tma_load(sb + kBBytes / 2, &tb, &full[s], n0 + 64, kb * kBK);
+          }
+        }
+      }
+    }
+  } else {  // consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int c = wg - 1, ctid = tid % 128, warp = ctid / 32, lane = tid % 32;
+  uint8_t* staging_c = staging + c * kStagingBytes;
+  int turns = 0, aux_loads = 0;
+  for (int j = c, t = blockIdx.x + c * gridDim.x; t < tiles; j += 2, t += 2 * gridDim.x) {
+    const int m0 = (t / nt) * kBM, n0 = (t % nt) * kBN;
+    float acc[2][64];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
+
+    // Ping-pong: products of consecutive tiles alternate between the consumers, so one's epilogue runs while
+    // the other's products do. Consumer 0 starts; each hands the turn over once its products are issued.
+    if (j > 0) mbar_wait(&turn[c], turns++ & 1);
+    if constexpr (kEpi == GeluEpilogue::kDGelu) {
+      // The whole aux tile (four 64 x 64 boxes, 32 KB) lands in the staging while the products run; the
+      // epilogue overwrites each value with its result in place and TMA writes that out.
+      if (ctid == 0) {
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the last tile's stores have read it
+        mbar_expect_tx(&aux_full[c], 32768);
+        for (int b = 0; b < 4; ++b)
+          tma_load(staging_c + b * 8192, &taux, &aux_full[c], n0 + (b % 2) * 64, m0 + (b / 2) * 64);
+      }
+    }
+    int q = j * nk;
+    for (int kb = 0; kb < nk; ++kb, ++q) {
+      const int s = q % kStages;
+      mbar_wait(&full[s], (q / kStages) & 1);
+      const uint32_t sa = smem_u32(smem + s * kStageBytes);
+      const uint32_t sb = smem_u32(smem + s * kStageBytes + kABytes);
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        // MN-major B: each 64-column half of the tile is its own 8 KB block of 64 k-rows x 128 bytes; a k16
+        // step is 16 rows (2048 bytes) down both.
+        const uint64_t db = kBKMajor ? sw128_desc(sb + kk * 32, 16, 1024)
+                                     : sw128_desc(sb + kk * 2048, kBBytes / 2, 1024);
+        wgmma_m64n128k16<kBKMajor ? 0 : 1>(acc[0], sw128_desc(sa + kk * 32, 16, 1024), db);
+        wgmma_m64n128k16<kBKMajor ? 0 : 1>(acc[1], sw128_desc(sa + 64 * 128 + kk * 32, 16, 1024), db);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+      if (kb > 0 && ctid == 0) mbar_arrive(&empty[(q - 1) % kStages]);  // the previous stage's products retired
+    }
+    if (ctid == 0) mbar_arrive(&turn[1 - c]);
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    if (ctid == 0) mbar_arrive(&empty[(q - 1) % kStages]);
+
+    // Epilogue, one 64-row half at a time, staged in shared memory as 64 x 64 boxes (128-byte swizzled, as TMA
+    // lays its boxes out) that TMA writes out. GeluAuxBias: out's and aux's half tiles, the staging reused per
+    // half. DGelu: in place over the aux tile loaded above.
+    if constexpr (kEpi == GeluEpilogue::kDGelu) mbar_wait(&aux_full[c], aux_loads++ & 1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row_base = m0 + h * 64;
+      uint8_t* tile_out = kEpi == GeluEpilogue::kDGelu ? staging_c + h * 16384 : staging_c;
+      uint8_t* tile_aux = kEpi == GeluEpilogue::kDGelu ? tile_out : staging_c + 16384;
+      if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
+        if (ctid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // staging free again
+        consumer_sync(c);
+      }
+      // Accumulator fragment of m64nNk16: in n8 block i, lane l of warp w holds columns 8i + 2(l % 4) + {0, 1}
+      // of rows 16w + l / 4 (acc[4i], acc[4i + 1]) and 16w + l / 4 + 8 (acc[4i + 2], acc[4i + 3]).
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int col = i * 8 + (lane % 4) * 2;  // within the tile
+        float2 bv = make_float2(0.0f, 0.0f);
+        if constexpr (kEpi == GeluEpilogue::kGeluAuxBias)
+          bv = __bfloat1622float2(*reinterpret_cast<const bf162*>(bias + n0 + col));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = warp * 16 + lane / 4 + r * 8;
+          const uint32_t off = (col / 64) * 8192 + sw128_offset(row, (col % 64) * 2);
+          float x0 = acc[h][4 * i + 2 * r], x1 = acc[h][4 * i + 2 * r + 1];
+          if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
+            x0 += bv.x;
+            x1 += bv.y;
+            *reinterpret_cast<bf162*>(tile_aux + off) = __floats2bfloat162_rn(x0, x1);
+            *reinterpret_cast<bf162*>(tile_out + off) = __floats2bfloat162_rn(gelu(x0), gelu(x1));
+          } else {
+            const float2 p = __bfloat1622float2(*reinterpret_cast<const bf162*>(tile_aux + off));
+            *reinterpret_cast<bf162*>(tile_out + off) =
+                __floats2bfloat162_rn(x0 * gelu_grad(p.x), x1 * gelu_grad(p.y));
+          }
+        }
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, visible to TMA
+      consumer_sync(c);
+      if (ctid == 0) {
+        tma_store(&tout, tile_out, n0, row_base);
+        tma_store(&tout, tile_out + 8192, n0 + 64, row_base);
+        if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
+          tma_store(&taux, tile_aux, n0, row_base);
+          tma_store(&taux, tile_aux + 8192, n0 + 64, row_base);
+        }
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+    }
+  }
+  if (ctid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // smem outlives TMA's reads
+  }
+#endif  // INGOT_SM90A
+}
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encoder() {
+  static EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult st = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &st) !=
+            cudaSuccess ||
+        st != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// A row-major [outer, inner] bf16 matrix read in boxes of [box_outer, box_inner] (box_inner * 2 = 128 bytes).
+bool tensor_map(CUtensorMap* map, const void* base, uint64_t outer, uint64_t inner, uint32_t box_outer,
+                uint32_t box_inner) {
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {inner * 2};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t elem[2] = {1, 1};
+  return encoder()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, elem,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <bool kBKMajor, GeluEpilogue kEpi>
+cudaError_t launch(const GeluGemm& g, cudaStream_t stream, int sms, const CUtensorMap& ta, const CUtensorMap& tb,
+                   const CUtensorMap& tout, const CUtensorMap& taux) {
+  auto* kernel = gelu_gemm_kernel<kBKMajor, kEpi>;
+  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       kSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  const int tiles = (g.m / kBM) * (g.n / kBN);
+  kernel<<<std::min(tiles, sms), kThreads, kSmemBytes, stream>>>(
+      ta, tb, tout, taux, static_cast<const bf16*>(g.bias), tiles, g.n / kBN, g.k);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+namespace {
+
+struct DeviceInfo {
+  int state = 0;  // 0 unknown, 1 runs the kernel, 2 does not
+  int sms = 0;
+};
+
+DeviceInfo& device_info(int device) {
+  static std::mutex mu;
+  static DeviceInfo known[64];
+  static DeviceInfo none{2, 0};
+  if (device < 0 || device >= 64) return none;
+  std::lock_guard<std::mutex> lk(mu);
+  DeviceInfo& d = known[device];
+  if (d.state == 0) {
+#ifdef INGOT_SM90A_BUILT
+    cudaDeviceProp p{};
+    cudaFuncAttributes fa{};
+    const bool ok = cudaGetDeviceProperties(&p, device) == cudaSuccess && p.major == 9 && p.minor == 0 &&
+                    encoder() != nullptr &&
+                    cudaFuncGetAttributes(&fa, gelu_gemm_kernel<true, GeluEpilogue::kGeluAuxBias>) == cudaSuccess &&
+                    fa.binaryVersion == 90;
+    d.sms = p.multiProcessorCount;
+#else
+    const bool ok = false;  // built without sm_90a code: the kernel body is empty
+#endif
+    d.state = ok ? 1 : 2;
+  }
+  return d;
+}
+
+std::atomic<int> g_enabled{-1};  // -1: not read from the environment yet
+
+}  // namespace
+
+bool available(int device) { return device_info(device).state == 1; }
+
+bool enabled() {
+  int e = g_enabled.load();
+  if (e < 0) {
+    const char* v = std::getenv("INGOT_SM90_GELU_GEMM");
+    e = (v && std::string_view(v) == "0") ? 0 : 1;
+    g_enabled.store(e);
+  }
+  return e == 1;
+}
+
+void set_enabled(bool on) { g_enabled.store(on ? 1 : 0); }
+
+bool applies(const GeluGemm& g) {
+  return g.m > 0 && g.n > 0 && g.k > 0 && g.m % kBM == 0 && g.n % kBN == 0 && g.k % kBK == 0 && aligned16(g.a) &&
+         aligned16(g.b) && aligned16(g.out) && aligned16(g.aux) &&
+         (g.epilogue != GeluEpilogue::kGeluAuxBias || (g.bias && aligned16(g.bias)));
+}
+
+bool gelu_gemm(const GeluGemm& g, cudaStream_t stream) {
+  int device = -1;
+  if (!enabled() || !applies(g) || cudaGetDevice(&device) != cudaSuccess || !available(device)) return false;
+  const int sms = device_info(device).sms;
+  CUtensorMap ta, tb, tout, taux;
+  if (!tensor_map(&ta, g.a, g.m, g.k, kBM, kBK) || !tensor_map(&tout, g.out, g.m, g.n, 64, 64) ||
+      !tensor_map(&taux, g.aux, g.m, g.n, 64, 64))
+    return false;
+  if (g.b_kmajor ? !tensor_map(&tb, g.b, g.n, g.k, kBN, kBK) : !tensor_map(&tb, g.b, g.k, g.n, kBK, 64))
+    return false;
+  cudaError_t e;
+  if (g.epilogue == GeluEpilogue::kGeluAuxBias)
+    e = g.b_kmajor ? launch<true, GeluEpilogue::kGeluAuxBias>(g, stream, sms, ta, tb, tout, taux)
+                   : launch<false, GeluEpilogue::kGeluAuxBias>(g, stream, sms, ta, tb, tout, taux);
+  else
+    e = g.b_kmajor ? launch<true, GeluEpilogue::kDGelu>(g, stream, sms, ta, tb, tout, taux)
+                   : launch<false, GeluEpilogue::kDGelu>(g, stream, sms, ta, tb, tout, taux);
+  return e == cudaSuccess;
+}
+
+}  // namespace ingot::kernels::cuda::sm90

@@ -1,0 +1,39 @@
+// An own bf16 product for Hopper (sm_90a: TMA loads, wgmma) with the two GELU epilogues of a GPT MLP, for the
+// shapes where cuBLASLt's fused-epilogue kernels are slow (Note [Own GELU products on Hopper], gemm_sm90.cu).
+//
+// out[m, n] = sum_k a[m, k] * B[n, k], f32 accumulation, every operand row-major and contiguous:
+//   a   [m, k] bf16
+//   b   [n, k] bf16 when b_kmajor, else [k, n] (a linear's weight as the forward stores it, read transposed)
+//   GeluAuxBias: pre = acc + bias[n] (bf16, written to aux), out = gelu_tanh(acc + bias[n])
+//   DGelu:       out = acc * gelu_tanh'(aux[m, n])
+// Returns false, launching nothing, where this kernel does not apply (not an sm_90 device, m or n not a multiple of
+// 128, k not a multiple of 64, pointers not 16-byte aligned); the caller then runs cuBLASLt.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace ingot::kernels::cuda::sm90 {
+
+enum class GeluEpilogue { kGeluAuxBias, kDGelu };
+
+struct GeluGemm {
+  GeluEpilogue epilogue;
+  int m, n, k;
+  const void* a;
+  const void* b;
+  bool b_kmajor;
+  void* out;
+  void* aux;
+  const void* bias;  // kGeluAuxBias only
+};
+
+// Whether `device` runs this kernel (compute capability 9.0, built with sm_90a code).
+bool available(int device);
+// On unless INGOT_SM90_GELU_GEMM=0 (then cuBLASLt's epilogues run, for comparison); tests switch it directly.
+bool enabled();
+void set_enabled(bool on);
+bool applies(const GeluGemm& g);
+// Launches on `stream` if enabled() and applies(g) on the current device; false otherwise.
+bool gelu_gemm(const GeluGemm& g, cudaStream_t stream);
+
+}  // namespace ingot::kernels::cuda::sm90
