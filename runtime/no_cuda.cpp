@@ -1,6 +1,7 @@
 // Built instead of the CUDA sources when INGOT_CUDA is off: every CUDA entry point throws a clear error, so
 // the rest of the code needs no #ifdefs.
 #include "runtime/cuda_runtime.h"
+#include "runtime/kernels/cuda/gemm_sm90.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -50,6 +51,13 @@ namespace kernels::cuda {
 #include "runtime/kernels/kernel_list.inc"
 #pragma GCC diagnostic pop
 #undef INGOT_KERNEL
+namespace sm90 {
+bool available(int) { return false; }
+bool enabled() { return false; }
+void set_enabled(bool) {}
+bool applies(const GeluGemm&) { return false; }
+bool gelu_gemm(const GeluGemm&, void*) { return false; }
+}  // namespace sm90
 }  // namespace kernels::cuda
 
 }  // namespace ingot

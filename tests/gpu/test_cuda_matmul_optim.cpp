@@ -1,8 +1,7 @@
 // CUDA matmul (cuBLASLt / cuBLAS) and the multi-tensor optimizer kernels against their CPU versions.
 #include <gtest/gtest.h>
 
-#include <cuda_runtime_api.h>
-
+#include "runtime/cuda_runtime.h"
 #include "runtime/kernels/cuda/gemm_sm90.h"
 #include "runtime/kernels/kernels.h"
 #include "tests/gpu/cuda_test_util.h"
@@ -194,7 +193,7 @@ TEST(CudaMatmul, OwnHopperGeluProductsMatchCpu) {
                                              dout.data_ptr(), pre_in.gpu.data_ptr(), nullptr},
                                             nullptr))
                 << at;
-            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            cuda::synchronize_device(0);  // the direct calls ran on the default stream
           } else {
             kg::matmul_bias_gelu(out, pre, a.gpu, b.gpu, false, tb, bias.gpu);
             kg::matmul_dgelu(dout, Tensor(), a.gpu, b.gpu, false, tb, pre_in.gpu);

@@ -412,7 +412,8 @@ bool applies(const GeluGemm& g) {
          (g.epilogue != GeluEpilogue::kGeluAuxBias || (g.bias && aligned16(g.bias)));
 }
 
-bool gelu_gemm(const GeluGemm& g, cudaStream_t stream) {
+bool gelu_gemm(const GeluGemm& g, void* stream_ptr) {
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
   int device = -1;
   if (!enabled() || !applies(g) || cudaGetDevice(&device) != cudaSuccess || !available(device)) return false;
   const int sms = device_info(device).sms;

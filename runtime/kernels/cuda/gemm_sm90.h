@@ -10,8 +10,6 @@
 // 128, k not a multiple of 64, pointers not 16-byte aligned); the caller then runs cuBLASLt.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 namespace ingot::kernels::cuda::sm90 {
 
 enum class GeluEpilogue { kGeluAuxBias, kDGelu };
@@ -33,7 +31,8 @@ bool available(int device);
 bool enabled();
 void set_enabled(bool on);
 bool applies(const GeluGemm& g);
-// Launches on `stream` if enabled() and applies(g) on the current device; false otherwise.
-bool gelu_gemm(const GeluGemm& g, cudaStream_t stream);
+// Launches on `stream` (a cudaStream_t; nullptr is the default stream) if enabled() and applies(g) on the current
+// device; false otherwise. Without CUDA (runtime/no_cuda.cpp) nothing is available and nothing launches.
+bool gelu_gemm(const GeluGemm& g, void* stream);
 
 }  // namespace ingot::kernels::cuda::sm90
