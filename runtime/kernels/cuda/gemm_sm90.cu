@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(staging + 2 * kStagingBytes);
   uint64_t* empty = full + kStages;
   uint64_t* turn = empty + kStages;      // turn[c]: consumer c may issue its next tile's products
-  uint64_t* aux_full = turn + 2;         // aux_full[c]: DGelu's aux half tile has landed in c's staging
+  uint64_t* aux_full = turn + 2;         // aux_full[c]: DGelu's aux tile has landed in c's staging
   const int tid = threadIdx.x, wg = tid / 128;
   const int nk = k / kBK;
 
@@ -206,107 +206,107 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {  // consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-  const int c = wg - 1, ctid = tid % 128, warp = ctid / 32, lane = tid % 32;
-  uint8_t* staging_c = staging + c * kStagingBytes;
-  int turns = 0, aux_loads = 0;
-  for (int j = c, t = blockIdx.x + c * gridDim.x; t < tiles; j += 2, t += 2 * gridDim.x) {
-    const int m0 = (t / nt) * kBM, n0 = (t % nt) * kBN;
-    float acc[2][64];
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int c = wg - 1, ctid = tid % 128, warp = ctid / 32, lane = tid % 32;
+    uint8_t* staging_c = staging + c * kStagingBytes;
+    int turns = 0, aux_loads = 0;
+    for (int j = c, t = blockIdx.x + c * gridDim.x; t < tiles; j += 2, t += 2 * gridDim.x) {
+      const int m0 = (t / nt) * kBM, n0 = (t % nt) * kBN;
+      float acc[2][64];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
+        for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
 
-    // Ping-pong: products of consecutive tiles alternate between the consumers, so one's epilogue runs while
-    // the other's products do. Consumer 0 starts; each hands the turn over once its products are issued.
-    if (j > 0) mbar_wait(&turn[c], turns++ & 1);
-    if constexpr (kEpi == GeluEpilogue::kDGelu) {
-      // The whole aux tile (four 64 x 64 boxes, 32 KB) lands in the staging while the products run; the
-      // epilogue overwrites each value with its result in place and TMA writes that out.
-      if (ctid == 0) {
-        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the last tile's stores have read it
-        mbar_expect_tx(&aux_full[c], 32768);
-        for (int b = 0; b < 4; ++b)
-          tma_load(staging_c + b * 8192, &taux, &aux_full[c], n0 + (b % 2) * 64, m0 + (b / 2) * 64);
+      // Ping-pong: products of consecutive tiles alternate between the consumers, so one's epilogue runs while
+      // the other's products do. Consumer 0 starts; each hands the turn over once its products are issued.
+      if (j > 0) mbar_wait(&turn[c], turns++ & 1);
+      if constexpr (kEpi == GeluEpilogue::kDGelu) {
+        // The whole aux tile (four 64 x 64 boxes, 32 KB) lands in the staging while the products run; the
+        // epilogue overwrites each value with its result in place and TMA writes that out.
+        if (ctid == 0) {
+          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the last tile's stores have read it
+          mbar_expect_tx(&aux_full[c], 32768);
+          for (int b = 0; b < 4; ++b)
+            tma_load(staging_c + b * 8192, &taux, &aux_full[c], n0 + (b % 2) * 64, m0 + (b / 2) * 64);
+        }
       }
-    }
-    int q = j * nk;
-    for (int kb = 0; kb < nk; ++kb, ++q) {
-      const int s = q % kStages;
-      mbar_wait(&full[s], (q / kStages) & 1);
-      const uint32_t sa = smem_u32(smem + s * kStageBytes);
-      const uint32_t sb = smem_u32(smem + s * kStageBytes + kABytes);
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+      int q = j * nk;
+      for (int kb = 0; kb < nk; ++kb, ++q) {
+        const int s = q % kStages;
+        mbar_wait(&full[s], (q / kStages) & 1);
+        const uint32_t sa = smem_u32(smem + s * kStageBytes);
+        const uint32_t sb = smem_u32(smem + s * kStageBytes + kABytes);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        // MN-major B: each 64-column half of the tile is its own 8 KB block of 64 k-rows x 128 bytes; a k16
-        // step is 16 rows (2048 bytes) down both.
-        const uint64_t db = kBKMajor ? sw128_desc(sb + kk * 32, 16, 1024)
-                                     : sw128_desc(sb + kk * 2048, kBBytes / 2, 1024);
-        wgmma_m64n128k16<kBKMajor ? 0 : 1>(acc[0], sw128_desc(sa + kk * 32, 16, 1024), db);
-        wgmma_m64n128k16<kBKMajor ? 0 : 1>(acc[1], sw128_desc(sa + 64 * 128 + kk * 32, 16, 1024), db);
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          // MN-major B: each 64-column half of the tile is its own 8 KB block of 64 k-rows x 128 bytes; a k16
+          // step is 16 rows (2048 bytes) down both.
+          const uint64_t db = kBKMajor ? sw128_desc(sb + kk * 32, 16, 1024)
+                                       : sw128_desc(sb + kk * 2048, kBBytes / 2, 1024);
+          wgmma_m64n128k16<kBKMajor ? 0 : 1>(acc[0], sw128_desc(sa + kk * 32, 16, 1024), db);
+          wgmma_m64n128k16<kBKMajor ? 0 : 1>(acc[1], sw128_desc(sa + 64 * 128 + kk * 32, 16, 1024), db);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        if (kb > 0 && ctid == 0) mbar_arrive(&empty[(q - 1) % kStages]);  // the previous stage's products retired
       }
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-      if (kb > 0 && ctid == 0) mbar_arrive(&empty[(q - 1) % kStages]);  // the previous stage's products retired
-    }
-    if (ctid == 0) mbar_arrive(&turn[1 - c]);
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    if (ctid == 0) mbar_arrive(&empty[(q - 1) % kStages]);
+      if (ctid == 0) mbar_arrive(&turn[1 - c]);
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      if (ctid == 0) mbar_arrive(&empty[(q - 1) % kStages]);
 
-    // Epilogue, one 64-row half at a time, staged in shared memory as 64 x 64 boxes (128-byte swizzled, as TMA
-    // lays its boxes out) that TMA writes out. GeluAuxBias: out's and aux's half tiles, the staging reused per
-    // half. DGelu: in place over the aux tile loaded above.
-    if constexpr (kEpi == GeluEpilogue::kDGelu) mbar_wait(&aux_full[c], aux_loads++ & 1);
+      // Epilogue, one 64-row half at a time, staged in shared memory as 64 x 64 boxes (128-byte swizzled, as TMA
+      // lays its boxes out) that TMA writes out. GeluAuxBias: out's and aux's half tiles, the staging reused per
+      // half. DGelu: in place over the aux tile loaded above.
+      if constexpr (kEpi == GeluEpilogue::kDGelu) mbar_wait(&aux_full[c], aux_loads++ & 1);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row_base = m0 + h * 64;
-      uint8_t* tile_out = kEpi == GeluEpilogue::kDGelu ? staging_c + h * 16384 : staging_c;
-      uint8_t* tile_aux = kEpi == GeluEpilogue::kDGelu ? tile_out : staging_c + 16384;
-      if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
-        if (ctid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // staging free again
-        consumer_sync(c);
-      }
-      // Accumulator fragment of m64nNk16: in n8 block i, lane l of warp w holds columns 8i + 2(l % 4) + {0, 1}
-      // of rows 16w + l / 4 (acc[4i], acc[4i + 1]) and 16w + l / 4 + 8 (acc[4i + 2], acc[4i + 3]).
+      for (int h = 0; h < 2; ++h) {
+        const int row_base = m0 + h * 64;
+        uint8_t* tile_out = kEpi == GeluEpilogue::kDGelu ? staging_c + h * 16384 : staging_c;
+        uint8_t* tile_aux = kEpi == GeluEpilogue::kDGelu ? tile_out : staging_c + 16384;
+        if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
+          if (ctid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // staging free again
+          consumer_sync(c);
+        }
+        // Accumulator fragment of m64nNk16: in n8 block i, lane l of warp w holds columns 8i + 2(l % 4) + {0, 1}
+        // of rows 16w + l / 4 (acc[4i], acc[4i + 1]) and 16w + l / 4 + 8 (acc[4i + 2], acc[4i + 3]).
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int col = i * 8 + (lane % 4) * 2;  // within the tile
-        float2 bv = make_float2(0.0f, 0.0f);
-        if constexpr (kEpi == GeluEpilogue::kGeluAuxBias)
-          bv = __bfloat1622float2(*reinterpret_cast<const bf162*>(bias + n0 + col));
+        for (int i = 0; i < 16; ++i) {
+          const int col = i * 8 + (lane % 4) * 2;  // within the tile
+          float2 bv = make_float2(0.0f, 0.0f);
+          if constexpr (kEpi == GeluEpilogue::kGeluAuxBias)
+            bv = __bfloat1622float2(*reinterpret_cast<const bf162*>(bias + n0 + col));
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = warp * 16 + lane / 4 + r * 8;
-          const uint32_t off = (col / 64) * 8192 + sw128_offset(row, (col % 64) * 2);
-          float x0 = acc[h][4 * i + 2 * r], x1 = acc[h][4 * i + 2 * r + 1];
-          if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
-            x0 += bv.x;
-            x1 += bv.y;
-            *reinterpret_cast<bf162*>(tile_aux + off) = __floats2bfloat162_rn(x0, x1);
-            *reinterpret_cast<bf162*>(tile_out + off) = __floats2bfloat162_rn(gelu(x0), gelu(x1));
-          } else {
-            const float2 p = __bfloat1622float2(*reinterpret_cast<const bf162*>(tile_aux + off));
-            *reinterpret_cast<bf162*>(tile_out + off) =
-                __floats2bfloat162_rn(x0 * gelu_grad(p.x), x1 * gelu_grad(p.y));
+          for (int r = 0; r < 2; ++r) {
+            const int row = warp * 16 + lane / 4 + r * 8;
+            const uint32_t off = (col / 64) * 8192 + sw128_offset(row, (col % 64) * 2);
+            float x0 = acc[h][4 * i + 2 * r], x1 = acc[h][4 * i + 2 * r + 1];
+            if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
+              x0 += bv.x;
+              x1 += bv.y;
+              *reinterpret_cast<bf162*>(tile_aux + off) = __floats2bfloat162_rn(x0, x1);
+              *reinterpret_cast<bf162*>(tile_out + off) = __floats2bfloat162_rn(gelu(x0), gelu(x1));
+            } else {
+              const float2 p = __bfloat1622float2(*reinterpret_cast<const bf162*>(tile_aux + off));
+              *reinterpret_cast<bf162*>(tile_out + off) =
+                  __floats2bfloat162_rn(x0 * gelu_grad(p.x), x1 * gelu_grad(p.y));
+            }
           }
         }
-      }
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, visible to TMA
-      consumer_sync(c);
-      if (ctid == 0) {
-        tma_store(&tout, tile_out, n0, row_base);
-        tma_store(&tout, tile_out + 8192, n0 + 64, row_base);
-        if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
-          tma_store(&taux, tile_aux, n0, row_base);
-          tma_store(&taux, tile_aux + 8192, n0 + 64, row_base);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, visible to TMA
+        consumer_sync(c);
+        if (ctid == 0) {
+          tma_store(&tout, tile_out, n0, row_base);
+          tma_store(&tout, tile_out + 8192, n0 + 64, row_base);
+          if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
+            tma_store(&taux, tile_aux, n0, row_base);
+            tma_store(&taux, tile_aux + 8192, n0 + 64, row_base);
+          }
+          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         }
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
       }
     }
-  }
-  if (ctid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // smem outlives TMA's reads
+    if (ctid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // smem outlives TMA's reads
   }
 #endif  // INGOT_SM90A
 }
@@ -346,24 +346,28 @@ template <bool kBKMajor, GeluEpilogue kEpi>
 cudaError_t launch(const GeluGemm& g, cudaStream_t stream, int sms, const CUtensorMap& ta, const CUtensorMap& tb,
                    const CUtensorMap& tout, const CUtensorMap& taux) {
   auto* kernel = gelu_gemm_kernel<kBKMajor, kEpi>;
-  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       kSmemBytes);
-  if (attr != cudaSuccess) return attr;
   const int tiles = (g.m / kBM) * (g.n / kBN);
   kernel<<<std::min(tiles, sms), kThreads, kSmemBytes, stream>>>(
       ta, tb, tout, taux, static_cast<const bf16*>(g.bias), tiles, g.n / kBN, g.k);
   return cudaGetLastError();
 }
 
-}  // namespace
-
-namespace {
-
 struct DeviceInfo {
   int state = 0;  // 0 unknown, 1 runs the kernel, 2 does not
   int sms = 0;
 };
 
+// The four instantiations' shared-memory limit is raised on each device before its first launch.
+bool allow_shared_memory() {
+  for (const void* k : {reinterpret_cast<const void*>(gelu_gemm_kernel<true, GeluEpilogue::kGeluAuxBias>),
+                        reinterpret_cast<const void*>(gelu_gemm_kernel<false, GeluEpilogue::kGeluAuxBias>),
+                        reinterpret_cast<const void*>(gelu_gemm_kernel<true, GeluEpilogue::kDGelu>),
+                        reinterpret_cast<const void*>(gelu_gemm_kernel<false, GeluEpilogue::kDGelu>)})
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) return false;
+  return true;
+}
+
+// Whether `device` runs the kernel, checked once per device; the device is made current for the check.
 DeviceInfo& device_info(int device) {
   static std::mutex mu;
   static DeviceInfo known[64];
@@ -375,10 +379,14 @@ DeviceInfo& device_info(int device) {
 #ifdef INGOT_SM90A_BUILT
     cudaDeviceProp p{};
     cudaFuncAttributes fa{};
+    int previous = -1;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device &&
+                          cudaSetDevice(device) == cudaSuccess;
     const bool ok = cudaGetDeviceProperties(&p, device) == cudaSuccess && p.major == 9 && p.minor == 0 &&
                     encoder() != nullptr &&
                     cudaFuncGetAttributes(&fa, gelu_gemm_kernel<true, GeluEpilogue::kGeluAuxBias>) == cudaSuccess &&
-                    fa.binaryVersion == 90;
+                    fa.binaryVersion == 90 && allow_shared_memory();
+    if (switched) cudaSetDevice(previous);
     d.sms = p.multiProcessorCount;
 #else
     const bool ok = false;  // built without sm_90a code: the kernel body is empty
