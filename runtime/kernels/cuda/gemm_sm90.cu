@@ -11,16 +11,26 @@
 // output tiles (alternate tiles of the CTA's sequence) and take turns issuing their products (2 x
 // wgmma.m64n128k16 per 16-wide k step), handing the turn over as soon as a tile's products are issued. So one
 // consumer's epilogue (bias, GELU with tanh.approx, whose ~2^-11 relative error is below bf16's 2^-8) runs while
-// the other's products keep the tensor cores busy ("ping-pong"). The epilogue stages each 64-row half tile in
-// shared memory in TMA's swizzled box layout and TMA writes it out; DGelu's aux tile is read by TMA into the
-// staging while the products run and overwritten in place.
+// the other's products keep the tensor cores busy ("ping-pong"). The epilogue writes each 64 x 64 quarter tile
+// into shared memory with stmatrix, in TMA's swizzled box layout, and TMA writes it out (GeluAuxBias: two slots, so
+// one quarter is written while the last one is read out); DGelu's aux tile is read by TMA into the staging while
+// the products run, read back with ldmatrix and overwritten in place. The bias is where the sums start.
+//
+// What the epilogue costs is instructions: one warpgroup runs it while the other issues products, and it must end
+// before they do. ncu's per-instruction samples of the first version (generic 4-byte stores of each value pair,
+// descriptors rebuilt in vector registers and moved to uniform ones before each wgmma, a bias add and a 9-FMA GELU
+// per value) showed the epilogue as long as the main loop and each product issue waiting on its descriptor chain.
+// stmatrix / ldmatrix (a quarter of the store instructions, 32-bit shared addresses), the shorter GELU forms,
+// and a warp-uniform consumer index (descriptors then live in uniform registers: ~50 instead of ~110
+// instructions per 64-wide k block) took the harness from 163-170 / 182-211 us to 129-139 / 131-145 us
+// (GeluAuxBias / DGelu; cuBLASLt 187-189 / 183-195 us in the same runs). What the samples show now is the main
+// loop waiting for its TMA loads.
 //
 // What did not work (H200, harness numbers, 16384 x 3072 x 768): two non-persistent CTAs per SM (each with 2
 // warpgroups of 64 rows) ran in lock-step, both in their epilogues at once: 250-310 us with stores straight from
 // registers (4-byte stores, half-filled sectors), 175 us with TMA stores; the same main loop without any epilogue
-// ran 114 us. Ping-pong: 100 us without epilogue, 142-157 us (GeluAuxBias) and 166-173 us (DGelu) with it, against
-// cuBLASLt's 157-188 / 176-183 us in the same runs; copying the staged tile out with 16-byte thread stores
-// instead of TMA: 175-185 us.
+// ran 114 us. Copying the staged tile out with 16-byte thread stores instead of TMA: 175-185 us. Five stages
+// instead of four (before the uniform index): 148-157 us against 131-151 us.
 //
 // B comes either K-major ([n, k]: the forward's weight) or MN-major ([k, n]: the backward reads W2 as stored);
 // wgmma reads the latter transposed from shared memory (imm-trans-b), TMA filling it as two 64-column boxes.
@@ -43,7 +53,8 @@ namespace {
 using bf16 = __nv_bfloat16;
 using bf162 = __nv_bfloat162;
 
-constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 4;
+constexpr int kBM = 128, kBN = 128, kBK = 64;
+constexpr uint32_t kStages = 4;
 constexpr int kThreads = 3 * 128;  // a producer warpgroup (one thread issues copies) and two consumer warpgroups
 constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
 constexpr int kStagingBytes = 32768;  // per consumer: 4 boxes of 64 x 64 bf16
@@ -80,24 +91,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "memory");
   }
 }
-__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
-          smem_u32(dst)),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
       "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
       : "memory");
 }
 
-__device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* src, int c0, int c1) {
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
-               "r"(smem_u32(src)), "r"(c0), "r"(c1)
+               "r"(src), "r"(c0), "r"(c1)
                : "memory");
-}
-
-// Byte offset of (row, byte) in a TMA box of rows x 128 bytes written with CU_TENSOR_MAP_SWIZZLE_128B: the
-// 16-byte chunks of row r are permuted by r % 8, which also spreads a warp's 8 rows over all 32 banks.
-__device__ __forceinline__ uint32_t sw128_offset(int row, int byte) {
-  return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
 }
 
 // A barrier over one consumer warpgroup (ids 2 and 3; constant ids, as a register id makes ptxas reserve all 16).
@@ -109,6 +113,8 @@ __device__ __forceinline__ void consumer_sync(int c) {
 }
 
 // A shared-memory matrix descriptor for a 128-byte-swizzled tile (1024-byte-aligned atoms of 8 rows x 128 bytes).
+// The start address sits in the low 14 bits (address / 16), so a descriptor moves through a buffer by adding
+// byte offsets / 16 to it: the main loop builds three once and adds constants.
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16 |
          static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32 | uint64_t{1} << 62;
@@ -136,18 +142,44 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, ui
       : "memory");
 }
 
+// Four 8 x 8 bf16 matrices to / from shared memory; lane t names row t % 8 of matrix t / 8, and lane l holds
+// row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of each: the layout of a wgmma accumulator's n8 blocks.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const bf162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
+
 __device__ __forceinline__ float tanh_fast(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+// gelu_tanh(x) = x/2 (1 + tanh(u)), u = k0 (x + 0.044715 x^3) = x (k0 + k1 x^2); its derivative
+// 1/2 + t/2 + x (1 - t^2) (k0 / 2 + 3 k1 / 2 x^2), t = tanh(u): written as the few FMAs the epilogue can afford.
+constexpr float kK0 = 0.7978845608028654f, kK1 = 0.7978845608028654f * 0.044715f;
 __device__ __forceinline__ float gelu(float x) {
-  const float t = tanh_fast(0.7978845608028654f * (x + 0.044715f * x * x * x));
-  return 0.5f * x * (1.0f + t);
+  const float t = tanh_fast(x * fmaf(kK1, x * x, kK0));
+  const float hx = 0.5f * x;
+  return fmaf(hx, t, hx);
 }
 __device__ __forceinline__ float gelu_grad(float x) {
-  const float t = tanh_fast(0.7978845608028654f * (x + 0.044715f * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+  const float x2 = x * x;
+  const float t = tanh_fast(x * fmaf(kK1, x2, kK0));
+  const float q = x * fmaf(1.5f * kK1, x2, 0.5f * kK0);
+  return fmaf(q, fmaf(-t, t, 1.0f), fmaf(0.5f, t, 0.5f));
 }
 #endif  // INGOT_SM90A
 
@@ -162,8 +194,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef INGOT_SM90A
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint8_t* staging = smem + kStages * kStageBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(staging + 2 * kStagingBytes);
+  const uint32_t sbase = smem_u32(smem);
+  const uint32_t staging = sbase + kStages * kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes + 2 * kStagingBytes);
   uint64_t* empty = full + kStages;
   uint64_t* turn = empty + kStages;      // turn[c]: consumer c may issue its next tile's products
   uint64_t* aux_full = turn + 2;         // aux_full[c]: DGelu's aux tile has landed in c's staging
@@ -171,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int nk = k / kBK;
 
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (uint32_t s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 1);
     }
@@ -186,14 +219,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
-      int q = 0;  // stages filled so far, over all of this CTA's tiles
+      uint32_t q = 0;  // stages filled so far, over all of this CTA's tiles
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         const int m0 = (t / nt) * kBM, n0 = (t % nt) * kBN;
         for (int kb = 0; kb < nk; ++kb, ++q) {
-          const int s = q % kStages;
+          const uint32_t s = q % kStages;
           if (q >= kStages) mbar_wait(&empty[s], (q / kStages - 1) & 1);
-          uint8_t* sa = smem + s * kStageBytes;
-          uint8_t* sb = sa + kABytes;
+          const uint32_t sa = sbase + s * kStageBytes, sb = sa + kABytes;
           mbar_expect_tx(&full[s], kStageBytes);
           tma_load(sa, &ta, &full[s], kb * kBK, m0);
           if constexpr (kBKMajor) {
@@ -207,16 +239,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {  // consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int c = wg - 1, ctid = tid % 128, warp = ctid / 32, lane = tid % 32;
-    uint8_t* staging_c = staging + c * kStagingBytes;
+    // c through a shuffle: the compiler then knows it is warp-uniform, and so are the stage indices and
+    // descriptors derived from it, which stay in uniform registers instead of being moved there before each wgmma.
+    const int c = __shfl_sync(0xFFFFFFFFu, wg - 1, 0), ctid = tid % 128, warp = ctid / 32, lane = tid % 32;
+    const uint32_t staging_c = staging + c * kStagingBytes;
+    // Descriptors of stage 0's A tile (its lower 64 rows are 64 x 128 bytes further) and B tile. MN-major B: each
+    // 64-column half of the tile is its own 8 KB block of 64 k-rows x 128 bytes, a k16 step 16 rows down both.
+    const uint64_t desc_a = sw128_desc(sbase, 16, 1024);
+    const uint64_t desc_b = sw128_desc(sbase + kABytes, kBKMajor ? 16 : kBBytes / 2, 1024);
+    // Where this lane's row of its stmatrix / ldmatrix matrix lies in a 64 x 64 staging box (128-byte swizzled, as
+    // TMA lays boxes out): matrix t / 8 of an x4 is n8 block 2p + t / 16, rows 8 ((t / 8) % 2) + t % 8 of the
+    // warp's 16; block 2p's offset is this one with 2p XORed into the 16-byte chunk bits.
+    const int mrow = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+    const uint32_t lane_off = mrow * 128 + ((((lane / 16) ^ lane) & 7) << 4);
     int turns = 0, aux_loads = 0;
     for (int j = c, t = blockIdx.x + c * gridDim.x; t < tiles; j += 2, t += 2 * gridDim.x) {
       const int m0 = (t / nt) * kBM, n0 = (t % nt) * kBN;
+      // Accumulator fragment of m64nNk16: in n8 block i, lane l of warp w holds columns 8i + 2(l % 4) + {0, 1}
+      // of rows 16w + l / 4 (acc[4i], acc[4i + 1]) and 16w + l / 4 + 8 (acc[4i + 2], acc[4i + 3]). GeluAuxBias
+      // starts the sums at the bias, which spares the epilogue an add per value.
       float acc[2][64];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 16; ++i) {
+        float2 bv = make_float2(0.0f, 0.0f);
+        if constexpr (kEpi == GeluEpilogue::kGeluAuxBias)
+          bv = __bfloat1622float2(*reinterpret_cast<const bf162*>(bias + n0 + i * 8 + (lane % 4) * 2));
 #pragma unroll
-        for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
+        for (int h = 0; h < 2; ++h) {
+          acc[h][4 * i] = acc[h][4 * i + 2] = bv.x;
+          acc[h][4 * i + 1] = acc[h][4 * i + 3] = bv.y;
+        }
+      }
 
       // Ping-pong: products of consecutive tiles alternate between the consumers, so one's epilogue runs while
       // the other's products do. Consumer 0 starts; each hands the turn over once its products are issued.
@@ -231,21 +284,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             tma_load(staging_c + b * 8192, &taux, &aux_full[c], n0 + (b % 2) * 64, m0 + (b / 2) * 64);
         }
       }
-      int q = j * nk;
+      uint32_t q = j * nk;  // unsigned: stage and phase are a mask and a shift
       for (int kb = 0; kb < nk; ++kb, ++q) {
-        const int s = q % kStages;
+        const uint32_t s = q % kStages;
         mbar_wait(&full[s], (q / kStages) & 1);
-        const uint32_t sa = smem_u32(smem + s * kStageBytes);
-        const uint32_t sb = smem_u32(smem + s * kStageBytes + kABytes);
+        const uint64_t stage = s * (kStageBytes >> 4);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
-          // MN-major B: each 64-column half of the tile is its own 8 KB block of 64 k-rows x 128 bytes; a k16
-          // step is 16 rows (2048 bytes) down both.
-          const uint64_t db = kBKMajor ? sw128_desc(sb + kk * 32, 16, 1024)
-                                       : sw128_desc(sb + kk * 2048, kBBytes / 2, 1024);
-          wgmma_m64n128k16<kBKMajor ? 0 : 1>(acc[0], sw128_desc(sa + kk * 32, 16, 1024), db);
-          wgmma_m64n128k16<kBKMajor ? 0 : 1>(acc[1], sw128_desc(sa + 64 * 128 + kk * 32, 16, 1024), db);
+          const uint64_t da = desc_a + stage + kk * 2;
+          const uint64_t db = desc_b + stage + (kBKMajor ? kk * 2 : kk * 128);
+          wgmma_m64n128k16<kBKMajor ? 0 : 1>(acc[0], da, db);
+          wgmma_m64n128k16<kBKMajor ? 0 : 1>(acc[1], da + (64 * 128 >> 4), db);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
@@ -255,54 +305,49 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       if (ctid == 0) mbar_arrive(&empty[(q - 1) % kStages]);
 
-      // Epilogue, one 64-row half at a time, staged in shared memory as 64 x 64 boxes (128-byte swizzled, as TMA
-      // lays its boxes out) that TMA writes out. GeluAuxBias: out's and aux's half tiles, the staging reused per
-      // half. DGelu: in place over the aux tile loaded above.
+      // Epilogue, one 64 x 64 quarter (h, x) at a time, through a 64 x 64 box of staging that TMA writes out.
+      // GeluAuxBias: out's and aux's boxes in one of two 16 KB slots, so one quarter is written while the last
+      // one's stores read. DGelu: in place over the aux tile loaded above (box 2h + x).
       if constexpr (kEpi == GeluEpilogue::kDGelu) mbar_wait(&aux_full[c], aux_loads++ & 1);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row_base = m0 + h * 64;
-        uint8_t* tile_out = kEpi == GeluEpilogue::kDGelu ? staging_c + h * 16384 : staging_c;
-        uint8_t* tile_aux = kEpi == GeluEpilogue::kDGelu ? tile_out : staging_c + 16384;
-        if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
-          if (ctid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // staging free again
-          consumer_sync(c);
-        }
-        // Accumulator fragment of m64nNk16: in n8 block i, lane l of warp w holds columns 8i + 2(l % 4) + {0, 1}
-        // of rows 16w + l / 4 (acc[4i], acc[4i + 1]) and 16w + l / 4 + 8 (acc[4i + 2], acc[4i + 3]).
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int col = i * 8 + (lane % 4) * 2;  // within the tile
-          float2 bv = make_float2(0.0f, 0.0f);
-          if constexpr (kEpi == GeluEpilogue::kGeluAuxBias)
-            bv = __bfloat1622float2(*reinterpret_cast<const bf162*>(bias + n0 + col));
+        for (int x = 0; x < 2; ++x) {
+          uint32_t box_out, box_aux;
+          if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
+            box_out = staging_c + x * 16384;
+            box_aux = box_out + 8192;
+            if (ctid == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // this slot read out
+            consumer_sync(c);
+          } else {
+            box_out = box_aux = staging_c + (2 * h + x) * 8192;
+          }
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int row = warp * 16 + lane / 4 + r * 8;
-            const uint32_t off = (col / 64) * 8192 + sw128_offset(row, (col % 64) * 2);
-            float x0 = acc[h][4 * i + 2 * r], x1 = acc[h][4 * i + 2 * r + 1];
+          for (int p = 0; p < 4; ++p) {
+            const float* v = &acc[h][32 * x + 8 * p];  // n8 blocks 8x + 2p and 8x + 2p + 1
+            const uint32_t off = lane_off ^ ((2 * p) << 4);
             if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
-              x0 += bv.x;
-              x1 += bv.y;
-              *reinterpret_cast<bf162*>(tile_aux + off) = __floats2bfloat162_rn(x0, x1);
-              *reinterpret_cast<bf162*>(tile_out + off) = __floats2bfloat162_rn(gelu(x0), gelu(x1));
+              stmatrix_x4(box_aux + off, pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]),
+                          pack_bf16(v[6], v[7]));
+              stmatrix_x4(box_out + off, pack_bf16(gelu(v[0]), gelu(v[1])), pack_bf16(gelu(v[2]), gelu(v[3])),
+                          pack_bf16(gelu(v[4]), gelu(v[5])), pack_bf16(gelu(v[6]), gelu(v[7])));
             } else {
-              const float2 p = __bfloat1622float2(*reinterpret_cast<const bf162*>(tile_aux + off));
-              *reinterpret_cast<bf162*>(tile_out + off) =
-                  __floats2bfloat162_rn(x0 * gelu_grad(p.x), x1 * gelu_grad(p.y));
+              uint32_t a[4];
+              ldmatrix_x4(box_aux + off, a);
+              uint32_t r[4];
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                r[e] = pack_bf16(v[2 * e] * gelu_grad(bf16_lo(a[e])), v[2 * e + 1] * gelu_grad(bf16_hi(a[e])));
+              stmatrix_x4(box_out + off, r[0], r[1], r[2], r[3]);
             }
           }
-        }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, visible to TMA
-        consumer_sync(c);
-        if (ctid == 0) {
-          tma_store(&tout, tile_out, n0, row_base);
-          tma_store(&tout, tile_out + 8192, n0 + 64, row_base);
-          if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
-            tma_store(&taux, tile_aux, n0, row_base);
-            tma_store(&taux, tile_aux + 8192, n0 + 64, row_base);
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, visible to TMA
+          consumer_sync(c);
+          if (ctid == 0) {
+            tma_store(&tout, box_out, n0 + x * 64, m0 + h * 64);
+            if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) tma_store(&taux, box_aux, n0 + x * 64, m0 + h * 64);
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
           }
-          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         }
       }
     }
