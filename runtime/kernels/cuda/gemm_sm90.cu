@@ -6,10 +6,11 @@
 // (ncu: 55% against 90% SM throughput): their epilogue, the tanh on 50M values and two 100 MB outputs, does not
 // overlap their main loop. 24 of them per step cost ~1.2 ms more than their arithmetic.
 //
-// This kernel is built for that. Persistent, one CTA per SM: a producer warp issues TMA copies of 128 x 64 A and
-// B tiles into a 4-stage ring of 128-byte-swizzled shared memory; two consumer warpgroups each own whole 128 x 128
-// output tiles (alternate tiles of the CTA's sequence) and take turns issuing their products (2 x
-// wgmma.m64n128k16 per 16-wide k step), handing the turn over as soon as a tile's products are issued. So one
+// This kernel is built for that. Persistent, one CTA per SM, CTAs in clusters of two: a producer warp issues TMA
+// copies of 128 x 64 A and B tiles (B's shared by the cluster, below) into a 4-stage ring of 128-byte-swizzled
+// shared memory; two consumer warpgroups each own whole 128 x 128 output tiles (alternate tiles of the CTA's
+// sequence) and take turns issuing their products (2 x wgmma.m64n128k16 per 16-wide k step), handing the turn
+// over as soon as a tile's products are issued. So one
 // consumer's epilogue (bias, GELU with tanh.approx, whose ~2^-11 relative error is below bf16's 2^-8) runs while
 // the other's products keep the tensor cores busy ("ping-pong"). The epilogue writes each 64 x 64 quarter tile
 // into shared memory with stmatrix, in TMA's swizzled box layout, and TMA writes it out (GeluAuxBias: two slots, so
@@ -23,8 +24,13 @@
 // stmatrix / ldmatrix (a quarter of the store instructions, 32-bit shared addresses), the shorter GELU forms,
 // and a warp-uniform consumer index (descriptors then live in uniform registers: ~50 instead of ~110
 // instructions per 64-wide k block) took the harness from 163-170 / 182-211 us to 129-139 / 131-145 us
-// (GeluAuxBias / DGelu; cuBLASLt 187-189 / 183-195 us in the same runs). What the samples show now is the main
-// loop waiting for its TMA loads.
+// (GeluAuxBias / DGelu; cuBLASLt 187-189 / 183-195 us in the same runs). What the samples showed next was the
+// main loop waiting for its TMA loads, with the producer waiting for free stages: the loads in flight are slow
+// to land (five stages instead of four did not help: 138-140 / 143-157 us). So CTAs work in pairs (a cluster of
+// two) on vertically adjacent tiles and each loads half of their common B tile, multicast into both: 132-143 /
+// 133-149 us against 148-151 / 145-158 us for the single-CTA version in the same run, and in the step (H200,
+// reduce-overhead, A/B against cuBLASLt's epilogues) -0.41 ms instead of -0.36 ms. The samples still show the
+// loads as the limit: each SM takes in 32 KB per 128 x 128 x 64 step either way.
 //
 // What did not work (H200, harness numbers, 16384 x 3072 x 768): two non-persistent CTAs per SM (each with 2
 // warpgroups of 64 rows) ran in lock-step, both in their epilogues at once: 250-310 us with stores straight from
@@ -96,6 +102,30 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
       "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
       : "memory");
+}
+
+// The same box into the same shared-memory offset of every CTA in `mask`, each CTA's barrier at `bar`'s offset
+// counting the bytes that land there.
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                                   uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4}], [%2], %5;" ::"r"(dst),
+      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+
+// Arrives on the barrier at `bar`'s offset in CTA `rank` of the cluster (this one included). CTA-scope release
+// (the default): what it orders, this warpgroup's wgmma reads of the stage, has completed by the time it runs;
+// .release.cluster adds a cluster-wide fence per call, which stalled each k block (ncu: ERRBAR, 2x the time).
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
 __device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, int c0, int c1) {
@@ -183,14 +213,17 @@ __device__ __forceinline__ float gelu_grad(float x) {
 }
 #endif  // INGOT_SM90A
 
-// Persistent: CTA b takes tiles b, b + G, b + 2G, ... (G = gridDim.x, one CTA per SM), consumer warpgroup c
-// the even (c = 0) or odd (c = 1) ones of that sequence; tile t is row block t / nt, column block t % nt, so the
-// CTAs working at one time share a few A row blocks and all of B, which stay in L2.
+// Persistent, in clusters of two CTAs (one per SM) that work on tile pairs in step: pair p is column block p % nt
+// of row blocks 2 (p / nt) and 2 (p / nt) + 1, CTA r of the cluster taking the latter's r. Both need the same B
+// tile, so each loads one half of it and TMA multicasts that into both CTAs' shared memory: a quarter less L2
+// traffic than each loading its own. Cluster k takes pairs k, k + K, k + 2K, ... (K clusters), consumer
+// warpgroup c the even (c = 0) or odd (c = 1) ones of that sequence; the clusters working at one time share a
+// few A row blocks and all of B, which stay in L2.
 template <bool kBKMajor, GeluEpilogue kEpi>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
     gelu_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                      const __grid_constant__ CUtensorMap tout, const __grid_constant__ CUtensorMap taux,
-                     const bf16* bias, int tiles, int nt, int k) {
+                     const bf16* bias, int pairs, int nt, int k) {
 #ifdef INGOT_SM90A
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -202,11 +235,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* aux_full = turn + 2;         // aux_full[c]: DGelu's aux tile has landed in c's staging
   const int tid = threadIdx.x, wg = tid / 128;
   const int nk = k / kBK;
+  const int cluster = blockIdx.x / 2, clusters = gridDim.x / 2;
+  uint32_t rank;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
 
   if (tid == 0) {
     for (uint32_t s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 1);
+      mbar_init(&empty[s], 2);  // freed when both CTAs' consumers are done with it: both CTAs' loads write it
     }
     for (int c = 0; c < 2; ++c) {
       mbar_init(&turn[c], 1);
@@ -214,26 +250,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  cluster_sync();  // the other CTA's barriers are set up before anything arrives on them
 
   if (wg == 0) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
       uint32_t q = 0;  // stages filled so far, over all of this CTA's tiles
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const int m0 = (t / nt) * kBM, n0 = (t % nt) * kBN;
+      for (int p = cluster; p < pairs; p += clusters) {
+        const int m0 = ((p / nt) * 2 + rank) * kBM, n0 = (p % nt) * kBN;
         for (int kb = 0; kb < nk; ++kb, ++q) {
           const uint32_t s = q % kStages;
           if (q >= kStages) mbar_wait(&empty[s], (q / kStages - 1) & 1);
           const uint32_t sa = sbase + s * kStageBytes, sb = sa + kABytes;
-          mbar_expect_tx(&full[s], kStageBytes);
+          mbar_expect_tx(&full[s], kStageBytes);  // A, and both halves of B (one from the other CTA)
           tma_load(sa, &ta, &full[s], kb * kBK, m0);
-          if constexpr (kBKMajor) {
-            tma_load(sb, &tb, &full[s], kb * kBK, n0);
-          } else {
-            tma_load(sb, &tb, &full[s], n0, kb * kBK);
-            tma_load(sb + kBBytes / 2, &tb, &full[s], n0 + 64, kb * kBK);
-          }
+          // B's half r: rows n0 + 64r of a K-major B, columns n0 + 64r of an MN-major one; 8 KB either way.
+          if constexpr (kBKMajor)
+            tma_load_multicast(sb + rank * (kBBytes / 2), &tb, &full[s], kb * kBK, n0 + rank * 64, 0x3);
+          else
+            tma_load_multicast(sb + rank * (kBBytes / 2), &tb, &full[s], n0 + rank * 64, kb * kBK, 0x3);
         }
       }
     }
@@ -253,8 +288,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int mrow = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
     const uint32_t lane_off = mrow * 128 + ((((lane / 16) ^ lane) & 7) << 4);
     int turns = 0, aux_loads = 0;
-    for (int j = c, t = blockIdx.x + c * gridDim.x; t < tiles; j += 2, t += 2 * gridDim.x) {
-      const int m0 = (t / nt) * kBM, n0 = (t % nt) * kBN;
+    auto release = [&](uint32_t stage) {  // both CTAs' producers wait for this stage of both CTAs
+      if (ctid == 0) {
+        mbar_arrive_cluster(&empty[stage], 0);
+        mbar_arrive_cluster(&empty[stage], 1);
+      }
+    };
+    for (int j = c, p = cluster + c * clusters; p < pairs; j += 2, p += 2 * clusters) {
+      const int m0 = ((p / nt) * 2 + rank) * kBM, n0 = (p % nt) * kBN;
       // Accumulator fragment of m64nNk16: in n8 block i, lane l of warp w holds columns 8i + 2(l % 4) + {0, 1}
       // of rows 16w + l / 4 (acc[4i], acc[4i + 1]) and 16w + l / 4 + 8 (acc[4i + 2], acc[4i + 3]). GeluAuxBias
       // starts the sums at the bias, which spares the epilogue an add per value.
@@ -299,11 +340,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-        if (kb > 0 && ctid == 0) mbar_arrive(&empty[(q - 1) % kStages]);  // the previous stage's products retired
+        if (kb > 0) release((q - 1) % kStages);  // the previous stage's products retired
       }
       if (ctid == 0) mbar_arrive(&turn[1 - c]);
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-      if (ctid == 0) mbar_arrive(&empty[(q - 1) % kStages]);
+      release((q - 1) % kStages);
 
       // Epilogue, one 64 x 64 quarter (h, x) at a time, through a 64 x 64 box of staging that TMA writes out.
       // GeluAuxBias: out's and aux's boxes in one of two 16 KB slots, so one quarter is written while the last
@@ -353,6 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (ctid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // smem outlives TMA's reads
   }
+  cluster_sync();  // neither CTA exits while the other may still write its shared memory or arrive on its barriers
 #endif  // INGOT_SM90A
 }
 
@@ -388,19 +430,32 @@ bool tensor_map(CUtensorMap* map, const void* base, uint64_t outer, uint64_t inn
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <bool kBKMajor, GeluEpilogue kEpi>
-cudaError_t launch(const GeluGemm& g, cudaStream_t stream, int sms, const CUtensorMap& ta, const CUtensorMap& tb,
-                   const CUtensorMap& tout, const CUtensorMap& taux) {
+cudaError_t launch(const GeluGemm& g, cudaStream_t stream, int clusters, const CUtensorMap& ta,
+                   const CUtensorMap& tb, const CUtensorMap& tout, const CUtensorMap& taux) {
   auto* kernel = gelu_gemm_kernel<kBKMajor, kEpi>;
-  const int tiles = (g.m / kBM) * (g.n / kBN);
-  kernel<<<std::min(tiles, sms), kThreads, kSmemBytes, stream>>>(
-      ta, tb, tout, taux, static_cast<const bf16*>(g.bias), tiles, g.n / kBN, g.k);
+  const int pairs = (g.m / (2 * kBM)) * (g.n / kBN);
+  kernel<<<2 * std::min(pairs, clusters), kThreads, kSmemBytes, stream>>>(
+      ta, tb, tout, taux, static_cast<const bf16*>(g.bias), pairs, g.n / kBN, g.k);
   return cudaGetLastError();
 }
 
 struct DeviceInfo {
-  int state = 0;  // 0 unknown, 1 runs the kernel, 2 does not
-  int sms = 0;
+  int state = 0;     // 0 unknown, 1 runs the kernel, 2 does not
+  int clusters = 0;  // CTA pairs resident at once (at most half the SMs: how the GPCs' SMs pair up decides)
 };
+
+// How many two-CTA clusters of the kernel fit on the current device at once.
+int max_clusters() {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(2, 1, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = kSmemBytes;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, gelu_gemm_kernel<true, GeluEpilogue::kGeluAuxBias>, &config) !=
+      cudaSuccess)
+    return 0;
+  return n;
+}
 
 // The four instantiations' shared-memory limit is raised on each device before its first launch.
 bool allow_shared_memory() {
@@ -430,9 +485,8 @@ DeviceInfo& device_info(int device) {
     const bool ok = cudaGetDeviceProperties(&p, device) == cudaSuccess && p.major == 9 && p.minor == 0 &&
                     encoder() != nullptr &&
                     cudaFuncGetAttributes(&fa, gelu_gemm_kernel<true, GeluEpilogue::kGeluAuxBias>) == cudaSuccess &&
-                    fa.binaryVersion == 90 && allow_shared_memory();
+                    fa.binaryVersion == 90 && allow_shared_memory() && (d.clusters = max_clusters()) > 0;
     if (switched) cudaSetDevice(previous);
-    d.sms = p.multiProcessorCount;
 #else
     const bool ok = false;  // built without sm_90a code: the kernel body is empty
 #endif
@@ -460,7 +514,7 @@ bool enabled() {
 void set_enabled(bool on) { g_enabled.store(on ? 1 : 0); }
 
 bool applies(const GeluGemm& g) {
-  return g.m > 0 && g.n > 0 && g.k > 0 && g.m % kBM == 0 && g.n % kBN == 0 && g.k % kBK == 0 && aligned16(g.a) &&
+  return g.m > 0 && g.n > 0 && g.k > 0 && g.m % (2 * kBM) == 0 && g.n % kBN == 0 && g.k % kBK == 0 && aligned16(g.a) &&
          aligned16(g.b) && aligned16(g.out) && aligned16(g.aux) &&
          (g.epilogue != GeluEpilogue::kGeluAuxBias || (g.bias && aligned16(g.bias)));
 }
@@ -469,20 +523,21 @@ bool gelu_gemm(const GeluGemm& g, void* stream_ptr) {
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   int device = -1;
   if (!enabled() || !applies(g) || cudaGetDevice(&device) != cudaSuccess || !available(device)) return false;
-  const int sms = device_info(device).sms;
+  const int clusters = device_info(device).clusters;
   CUtensorMap ta, tb, tout, taux;
   if (!tensor_map(&ta, g.a, g.m, g.k, kBM, kBK) || !tensor_map(&tout, g.out, g.m, g.n, 64, 64) ||
       !tensor_map(&taux, g.aux, g.m, g.n, 64, 64))
     return false;
-  if (g.b_kmajor ? !tensor_map(&tb, g.b, g.n, g.k, kBN, kBK) : !tensor_map(&tb, g.b, g.k, g.n, kBK, 64))
+  // B in 64-wide halves along n (one per CTA of a cluster).
+  if (g.b_kmajor ? !tensor_map(&tb, g.b, g.n, g.k, kBN / 2, kBK) : !tensor_map(&tb, g.b, g.k, g.n, kBK, kBN / 2))
     return false;
   cudaError_t e;
   if (g.epilogue == GeluEpilogue::kGeluAuxBias)
-    e = g.b_kmajor ? launch<true, GeluEpilogue::kGeluAuxBias>(g, stream, sms, ta, tb, tout, taux)
-                   : launch<false, GeluEpilogue::kGeluAuxBias>(g, stream, sms, ta, tb, tout, taux);
+    e = g.b_kmajor ? launch<true, GeluEpilogue::kGeluAuxBias>(g, stream, clusters, ta, tb, tout, taux)
+                   : launch<false, GeluEpilogue::kGeluAuxBias>(g, stream, clusters, ta, tb, tout, taux);
   else
-    e = g.b_kmajor ? launch<true, GeluEpilogue::kDGelu>(g, stream, sms, ta, tb, tout, taux)
-                   : launch<false, GeluEpilogue::kDGelu>(g, stream, sms, ta, tb, tout, taux);
+    e = g.b_kmajor ? launch<true, GeluEpilogue::kDGelu>(g, stream, clusters, ta, tb, tout, taux)
+                   : launch<false, GeluEpilogue::kDGelu>(g, stream, clusters, ta, tb, tout, taux);
   return e == cudaSuccess;
 }
 

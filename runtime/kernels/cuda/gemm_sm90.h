@@ -6,8 +6,8 @@
 //   b   [n, k] bf16 when b_kmajor, else [k, n] (a linear's weight as the forward stores it, read transposed)
 //   GeluAuxBias: pre = acc + bias[n] (bf16, written to aux), out = gelu_tanh(acc + bias[n])
 //   DGelu:       out = acc * gelu_tanh'(aux[m, n])
-// Returns false, launching nothing, where this kernel does not apply (not an sm_90 device, m or n not a multiple of
-// 128, k not a multiple of 64, pointers not 16-byte aligned); the caller then runs cuBLASLt.
+// Returns false, launching nothing, where this kernel does not apply (not an sm_90 device, m not a multiple of 256,
+// n of 128 or k of 64, pointers not 16-byte aligned); the caller then runs cuBLASLt.
 #pragma once
 
 namespace ingot::kernels::cuda::sm90 {
