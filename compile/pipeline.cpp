@@ -169,7 +169,7 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
     return opts.backend != CompileBackend::Eager && passes::decompose_norm_bwd(x);
   });
   run_pass("matmul_epilogues", g, [&](Graph& x) {
-    return opts.backend != CompileBackend::Eager && passes::fuse_matmul_epilogues(x);
+    return opts.backend != CompileBackend::Eager && passes::fuse_matmul_epilogues(x, false, /*with_dbias=*/true);
   });
   run_pass("fuse_cross_entropy", g, [&](Graph& x) {
     return opts.backend != CompileBackend::Eager && passes::fuse_cross_entropy(x);

@@ -17,7 +17,11 @@
 // Measured on an H100 (cuBLASLt of CUDA 13, bf16, GPT-2 b16, bench/RESULTS.md 2026-11-23): DGELU alone runs
 // fused (12 x 170 us, against 12 x 122 us product + 12 x 104 us GELU gradient before), but DGELU_BGRAD runs
 // the product and then a separate generic epilogue kernel (12 x 347 us): 36.1 vs 39.0 ms per step. So the
-// pipeline fuses the GELU gradient only and leaves the bias gradient to the split column reduction.
+// CUDA kernel never asks cuBLASLt for it: where its own Hopper kernel (runtime/kernels/cuda/gemm_sm90.cu) takes
+// the product, that sums the columns in its epilogue (partial sums per 128-row block, then one small kernel);
+// elsewhere DGELU runs and then a column sum. The pipeline fuses the bias gradient too (with_dbias): on an H200
+// (GPT-2 b16, reduce-overhead) that took the c_fc bias gradient's separate pass over the 100 MB GELU gradient
+// out of each layer's backward (bench/RESULTS.md, 2026-11-24 fifth session).
 #include <map>
 
 #include "autograd/ops/matmul_fused.h"
@@ -125,7 +129,8 @@ bool fuse_matmul_epilogues(Graph& g, bool cpu_too, bool with_dbias, bool forward
     const Node* p = producer(prod);
     if (!p || uses[static_cast<size_t>(prod)] != 1) continue;
     const size_t pi = static_cast<size_t>(p - g.nodes.data());
-    if (replace.count(pi)) continue;
+    // A bias-gradient sum taken over by a matmul_dgelu above is gone: its cast stays and reads the fused node.
+    if (replace.count(pi) || drop[pi]) continue;
     const Value& pv = g.values[static_cast<size_t>(prod)];
     std::shared_ptr<Primitive> wide;
     if (eager_column_sum(g, *p)) {

@@ -176,14 +176,15 @@ TEST(CudaMatmul, OwnHopperGeluProductsMatchCpu) {
       Operand bias = make_operand({c.n}, dt, Layout::Contiguous);
       Operand pre_in = make_operand({c.m, c.n}, dt, Layout::Contiguous, [](double x) { return 3 * x; });
       const Shape os{1, c.m, c.n};
-      Tensor ref = empty(os, dt), pre_ref = empty(os, dt), dref = empty(os, dt);
+      Tensor ref = empty(os, dt), pre_ref = empty(os, dt), dref = empty(os, dt), dbias_ref = empty({c.n}, dt);
       kc::matmul_bias_gelu(ref, pre_ref, a.cpu, b.cpu, false, tb, bias.cpu);
-      kc::matmul_dgelu(dref, Tensor(), a.cpu, b.cpu, false, tb, pre_in.cpu);
+      kc::matmul_dgelu(dref, dbias_ref, a.cpu, b.cpu, false, tb, pre_in.cpu);
       for (bool direct : {true, false}) {
         for (bool own : {true, false}) {
           if (direct && !own) continue;
           kg::sm90::set_enabled(own);
           Tensor out = poisoned(os, dt, kGpu), pre = poisoned(os, dt, kGpu), dout = poisoned(os, dt, kGpu);
+          Tensor dbias = poisoned({c.n}, dt, kGpu);
           if (direct) {
             using kg::sm90::GeluEpilogue;
             const int m = static_cast<int>(c.m), n = static_cast<int>(c.n), k = static_cast<int>(c.k);
@@ -191,19 +192,33 @@ TEST(CudaMatmul, OwnHopperGeluProductsMatchCpu) {
                                              tb, out.data_ptr(), pre.data_ptr(), bias.gpu.data_ptr()},
                                             nullptr))
                 << at;
-            ASSERT_TRUE(kg::sm90::gelu_gemm({GeluEpilogue::kDGelu, m, n, k, a.gpu.data_ptr(), b.gpu.data_ptr(), tb,
-                                             dout.data_ptr(), pre_in.gpu.data_ptr(), nullptr},
-                                            nullptr))
-                << at;
+            // DGelu without, then with the bias gradient (its partial sums in a workspace of m / 128 rows).
+            kg::sm90::GeluGemm dg{GeluEpilogue::kDGelu, m, n, k, a.gpu.data_ptr(), b.gpu.data_ptr(), tb,
+                                  dout.data_ptr(), pre_in.gpu.data_ptr(), nullptr};
+            ASSERT_TRUE(kg::sm90::gelu_gemm(dg, nullptr)) << at;
             cuda::synchronize_device(0);  // the direct calls ran on the default stream
+            EXPECT_LE(rel_norm_error(dout, dref), 2 * matmul_tol(dt)) << at << " (direct, no dbias)";
+            Tensor ws = empty({c.m / 128 * c.n}, DType::f32, kGpu);
+            dout = poisoned(os, dt, kGpu);
+            dg.out = dout.data_ptr();
+            dg.dbias = dbias.data_ptr();
+            dg.workspace = ws.data_ptr();
+            dg.workspace_bytes = static_cast<size_t>(ws.numel()) * 4;
+            ASSERT_TRUE(kg::sm90::applies(dg)) << at;
+            dg.workspace_bytes -= 4;
+            EXPECT_FALSE(kg::sm90::applies(dg)) << at << ": a workspace one float short";
+            dg.workspace_bytes += 4;
+            ASSERT_TRUE(kg::sm90::gelu_gemm(dg, nullptr)) << at;
+            cuda::synchronize_device(0);
           } else {
             kg::matmul_bias_gelu(out, pre, a.gpu, b.gpu, false, tb, bias.gpu);
-            kg::matmul_dgelu(dout, Tensor(), a.gpu, b.gpu, false, tb, pre_in.gpu);
+            kg::matmul_dgelu(dout, dbias, a.gpu, b.gpu, false, tb, pre_in.gpu);
           }
           const std::string how = direct ? " (direct)" : own ? " (through matmul, own)" : " (through matmul, cuBLASLt)";
           EXPECT_LE(rel_norm_error(pre, pre_ref), matmul_tol(dt)) << at << how;
           EXPECT_LE(rel_norm_error(out, ref), 2 * matmul_tol(dt)) << at << how;
           EXPECT_LE(rel_norm_error(dout, dref), 2 * matmul_tol(dt)) << at << how;
+          EXPECT_LE(rel_norm_error(dbias, dbias_ref), 2 * matmul_tol(dt)) << at << how << " (bias gradient)";
         }
       }
       kg::sm90::set_enabled(true);
@@ -220,6 +235,10 @@ TEST(CudaMatmul, OwnHopperGeluProductsMatchCpu) {
   EXPECT_FALSE(kg::sm90::applies({GeluEpilogue::kDGelu, 256, 128, 96, p, p, true, p, p, nullptr}));
   EXPECT_FALSE(kg::sm90::applies({GeluEpilogue::kDGelu, 256, 128, 64, odd, p, true, p, p, nullptr}));
   EXPECT_FALSE(kg::sm90::applies({GeluEpilogue::kGeluAuxBias, 256, 128, 64, p, p, true, p, p, nullptr}));
+  EXPECT_FALSE(kg::sm90::applies({GeluEpilogue::kGeluAuxBias, 256, 128, 64, p, p, true, p, p, p, p, p, 1 << 20}))
+      << "a bias gradient only with DGelu";
+  EXPECT_FALSE(kg::sm90::applies({GeluEpilogue::kDGelu, 256, 128, 64, p, p, true, p, p, nullptr, p, nullptr, 1 << 20}))
+      << "a bias gradient needs a workspace";
 }
 
 TEST(CudaMatmul, MisalignedViewsAndEmptyKStillWork) {

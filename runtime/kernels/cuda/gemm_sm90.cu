@@ -65,7 +65,9 @@ constexpr int kThreads = 3 * 128;  // a producer warpgroup (one thread issues co
 constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
 constexpr int kStagingBytes = 32768;  // per consumer: 4 boxes of 64 x 64 bf16
 constexpr int kBarriers = 2 * kStages + 4;
-constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStagingBytes + 1024 /* alignment slack */ + kBarriers * 8;
+constexpr int kColSumBytes = 4 * 64 * 4;  // per consumer: each warp's sums of one 64-column box
+constexpr int kSmemBytes =
+    kStages * kStageBytes + 2 * kStagingBytes + 2 * kColSumBytes + 1024 /* alignment slack */ + kBarriers * 8;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define INGOT_SM90A 1
@@ -219,17 +221,19 @@ __device__ __forceinline__ float gelu_grad(float x) {
 // traffic than each loading its own. Cluster k takes pairs k, k + K, k + 2K, ... (K clusters), consumer
 // warpgroup c the even (c = 0) or odd (c = 1) ones of that sequence; the clusters working at one time share a
 // few A row blocks and all of B, which stay in L2.
-template <bool kBKMajor, GeluEpilogue kEpi>
+// kColSums (DGelu): each tile's column sums of out go to row m0 / 128 of `partial` ([m / 128, n] f32).
+template <bool kBKMajor, GeluEpilogue kEpi, bool kColSums = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
     gelu_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                      const __grid_constant__ CUtensorMap tout, const __grid_constant__ CUtensorMap taux,
-                     const bf16* bias, int pairs, int nt, int k) {
+                     const bf16* bias, float* partial, int pairs, int nt, int k) {
 #ifdef INGOT_SM90A
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t sbase = smem_u32(smem);
   const uint32_t staging = sbase + kStages * kStageBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes + 2 * kStagingBytes);
+  float* colsum = reinterpret_cast<float*>(smem + kStages * kStageBytes + 2 * kStagingBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes + 2 * kStagingBytes + 2 * kColSumBytes);
   uint64_t* empty = full + kStages;
   uint64_t* turn = empty + kStages;      // turn[c]: consumer c may issue its next tile's products
   uint64_t* aux_full = turn + 2;         // aux_full[c]: DGelu's aux tile has landed in c's staging
@@ -346,17 +350,21 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       release((q - 1) % kStages);
 
-      // Epilogue, one 64 x 64 quarter (h, x) at a time, through a 64 x 64 box of staging that TMA writes out.
-      // GeluAuxBias: out's and aux's boxes in one of two 16 KB slots, so one quarter is written while the last
-      // one's stores read. DGelu: in place over the aux tile loaded above (box 2h + x).
+      // Epilogue, one 64 x 64 quarter (h, x) at a time (both halves h of a 64-column box x in turn), through a
+      // 64 x 64 box of staging that TMA writes out. GeluAuxBias: out's and aux's boxes in one of two 16 KB slots,
+      // so one quarter is written while the last one's stores read. DGelu: in place over the aux tile loaded
+      // above (box 2h + x).
       if constexpr (kEpi == GeluEpilogue::kDGelu) mbar_wait(&aux_full[c], aux_loads++ & 1);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int x = 0; x < 2; ++x) {
+        float cs[16];  // kColSums: this thread's sums of its 16 columns of box x (n8 block b, column e: 2b + e)
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
+        for (int i = 0; i < 16; ++i) cs[i] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
           uint32_t box_out, box_aux;
           if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) {
-            box_out = staging_c + x * 16384;
+            box_out = staging_c + h * 16384;
             box_aux = box_out + 8192;
             if (ctid == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // this slot read out
             consumer_sync(c);
@@ -375,11 +383,39 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
             } else {
               uint32_t a[4];
               ldmatrix_x4(box_aux + off, a);
-              uint32_t r[4];
+              float d[8];
 #pragma unroll
-              for (int e = 0; e < 4; ++e)
-                r[e] = pack_bf16(v[2 * e] * gelu_grad(bf16_lo(a[e])), v[2 * e + 1] * gelu_grad(bf16_hi(a[e])));
-              stmatrix_x4(box_out + off, r[0], r[1], r[2], r[3]);
+              for (int e = 0; e < 4; ++e) {
+                d[2 * e] = v[2 * e] * gelu_grad(bf16_lo(a[e]));
+                d[2 * e + 1] = v[2 * e + 1] * gelu_grad(bf16_hi(a[e]));
+              }
+              stmatrix_x4(box_out + off, pack_bf16(d[0], d[1]), pack_bf16(d[2], d[3]), pack_bf16(d[4], d[5]),
+                          pack_bf16(d[6], d[7]));
+              if constexpr (kColSums) {  // d[0..3]: block 2p rows r, r + 8; d[4..7]: block 2p + 1
+                cs[4 * p] += d[0] + d[2];
+                cs[4 * p + 1] += d[1] + d[3];
+                cs[4 * p + 2] += d[4] + d[6];
+                cs[4 * p + 3] += d[5] + d[7];
+              }
+            }
+          }
+          if constexpr (kColSums) {
+            if (h == 1) {
+              // The 8 lanes of one l % 4 hold the same 16 columns (other rows): three halving exchanges leave
+              // each with the whole warp's sums of 2 of them, columns 8b + 2(l % 4) + {0, 1}, b = l / 4.
+              float r8[8], r4[4], r2[2];
+              const bool b16 = lane & 16, b8 = lane & 8, b4 = lane & 4;
+#pragma unroll
+              for (int i = 0; i < 8; ++i)
+                r8[i] = (b16 ? cs[8 + i] : cs[i]) + __shfl_xor_sync(0xFFFFFFFFu, b16 ? cs[i] : cs[8 + i], 16);
+#pragma unroll
+              for (int i = 0; i < 4; ++i)
+                r4[i] = (b8 ? r8[4 + i] : r8[i]) + __shfl_xor_sync(0xFFFFFFFFu, b8 ? r8[i] : r8[4 + i], 8);
+#pragma unroll
+              for (int i = 0; i < 2; ++i)
+                r2[i] = (b4 ? r4[2 + i] : r4[i]) + __shfl_xor_sync(0xFFFFFFFFu, b4 ? r4[i] : r4[2 + i], 4);
+              const int col = 8 * (lane / 4) + 2 * (lane % 4);
+              *reinterpret_cast<float2*>(&colsum[(c * 4 + warp) * 64 + col]) = make_float2(r2[0], r2[1]);
             }
           }
           asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, visible to TMA
@@ -388,6 +424,14 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
             tma_store(&tout, box_out, n0 + x * 64, m0 + h * 64);
             if constexpr (kEpi == GeluEpilogue::kGeluAuxBias) tma_store(&taux, box_aux, n0 + x * 64, m0 + h * 64);
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+          }
+          // The four warps' sums of box x, in a fixed order; the colsum rows are next written two barriers on.
+          if constexpr (kColSums) {
+            if (h == 1 && ctid < 64) {
+              const float* w = &colsum[c * 4 * 64 + ctid];
+              partial[static_cast<size_t>(m0 / kBM) * (nt * kBN) + n0 + x * 64 + ctid] =
+                  (w[0] + w[64]) + (w[128] + w[192]);
+            }
           }
         }
       }
@@ -429,13 +473,31 @@ bool tensor_map(CUtensorMap* map, const void* base, uint64_t outer, uint64_t inn
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <bool kBKMajor, GeluEpilogue kEpi>
+// dbias[c] = the sum of partial's rows at column c, in a fixed order: 8 row groups per column, then their sums.
+__global__ void __launch_bounds__(256) column_sums(const float* partial, int rows, int n, bf16* dbias) {
+  __shared__ float part[8][32];
+  const int col = blockIdx.x * 32 + threadIdx.x % 32, group = threadIdx.x / 32;
+  float s = 0.0f;
+  for (int r = group; r < rows; r += 8) s += partial[static_cast<size_t>(r) * n + col];
+  part[group][threadIdx.x % 32] = s;
+  __syncthreads();
+  if (group == 0) {
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) t += part[i][threadIdx.x];
+    dbias[col] = __float2bfloat16(t);
+  }
+}
+
+template <bool kBKMajor, GeluEpilogue kEpi, bool kColSums = false>
 cudaError_t launch(const GeluGemm& g, cudaStream_t stream, int clusters, const CUtensorMap& ta,
                    const CUtensorMap& tb, const CUtensorMap& tout, const CUtensorMap& taux) {
-  auto* kernel = gelu_gemm_kernel<kBKMajor, kEpi>;
+  auto* kernel = gelu_gemm_kernel<kBKMajor, kEpi, kColSums>;
   const int pairs = (g.m / (2 * kBM)) * (g.n / kBN);
+  float* partial = kColSums ? static_cast<float*>(g.workspace) : nullptr;
   kernel<<<2 * std::min(pairs, clusters), kThreads, kSmemBytes, stream>>>(
-      ta, tb, tout, taux, static_cast<const bf16*>(g.bias), pairs, g.n / kBN, g.k);
+      ta, tb, tout, taux, static_cast<const bf16*>(g.bias), partial, pairs, g.n / kBN, g.k);
+  if (kColSums) column_sums<<<g.n / 32, 256, 0, stream>>>(partial, g.m / kBM, g.n, static_cast<bf16*>(g.dbias));
   return cudaGetLastError();
 }
 
@@ -457,12 +519,14 @@ int max_clusters() {
   return n;
 }
 
-// The four instantiations' shared-memory limit is raised on each device before its first launch.
+// The six instantiations' shared-memory limit is raised on each device before its first launch.
 bool allow_shared_memory() {
   for (const void* k : {reinterpret_cast<const void*>(gelu_gemm_kernel<true, GeluEpilogue::kGeluAuxBias>),
                         reinterpret_cast<const void*>(gelu_gemm_kernel<false, GeluEpilogue::kGeluAuxBias>),
                         reinterpret_cast<const void*>(gelu_gemm_kernel<true, GeluEpilogue::kDGelu>),
-                        reinterpret_cast<const void*>(gelu_gemm_kernel<false, GeluEpilogue::kDGelu>)})
+                        reinterpret_cast<const void*>(gelu_gemm_kernel<false, GeluEpilogue::kDGelu>),
+                        reinterpret_cast<const void*>(gelu_gemm_kernel<true, GeluEpilogue::kDGelu, true>),
+                        reinterpret_cast<const void*>(gelu_gemm_kernel<false, GeluEpilogue::kDGelu, true>)})
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) return false;
   return true;
 }
@@ -516,7 +580,9 @@ void set_enabled(bool on) { g_enabled.store(on ? 1 : 0); }
 bool applies(const GeluGemm& g) {
   return g.m > 0 && g.n > 0 && g.k > 0 && g.m % (2 * kBM) == 0 && g.n % kBN == 0 && g.k % kBK == 0 && aligned16(g.a) &&
          aligned16(g.b) && aligned16(g.out) && aligned16(g.aux) &&
-         (g.epilogue != GeluEpilogue::kGeluAuxBias || (g.bias && aligned16(g.bias)));
+         (g.epilogue != GeluEpilogue::kGeluAuxBias || (g.bias && aligned16(g.bias))) &&
+         (!g.dbias || (g.epilogue == GeluEpilogue::kDGelu && g.workspace && aligned16(g.workspace) &&
+                       g.workspace_bytes >= static_cast<size_t>(g.m / kBM) * g.n * sizeof(float)));
 }
 
 bool gelu_gemm(const GeluGemm& g, void* stream_ptr) {
@@ -535,6 +601,9 @@ bool gelu_gemm(const GeluGemm& g, void* stream_ptr) {
   if (g.epilogue == GeluEpilogue::kGeluAuxBias)
     e = g.b_kmajor ? launch<true, GeluEpilogue::kGeluAuxBias>(g, stream, clusters, ta, tb, tout, taux)
                    : launch<false, GeluEpilogue::kGeluAuxBias>(g, stream, clusters, ta, tb, tout, taux);
+  else if (g.dbias)
+    e = g.b_kmajor ? launch<true, GeluEpilogue::kDGelu, true>(g, stream, clusters, ta, tb, tout, taux)
+                   : launch<false, GeluEpilogue::kDGelu, true>(g, stream, clusters, ta, tb, tout, taux);
   else
     e = g.b_kmajor ? launch<true, GeluEpilogue::kDGelu>(g, stream, clusters, ta, tb, tout, taux)
                    : launch<false, GeluEpilogue::kDGelu>(g, stream, clusters, ta, tb, tout, taux);

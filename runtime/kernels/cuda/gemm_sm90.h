@@ -5,9 +5,12 @@
 //   a   [m, k] bf16
 //   b   [n, k] bf16 when b_kmajor, else [k, n] (a linear's weight as the forward stores it, read transposed)
 //   GeluAuxBias: pre = acc + bias[n] (bf16, written to aux), out = gelu_tanh(acc + bias[n])
-//   DGelu:       out = acc * gelu_tanh'(aux[m, n])
+//   DGelu:       out = acc * gelu_tanh'(aux[m, n]); with dbias also dbias[n] = sum over m of out (bf16, summed in
+//                f32 from the unrounded values; the bias gradient), through `workspace`: (m / 128) x n f32 partial
+//                sums, one row per 128-row block, summed in a fixed order by a second kernel
 // Returns false, launching nothing, where this kernel does not apply (not an sm_90 device, m not a multiple of 256,
-// n of 128 or k of 64, pointers not 16-byte aligned); the caller then runs cuBLASLt.
+// n of 128 or k of 64, pointers not 16-byte aligned, dbias without kDGelu or without room for its partial sums);
+// the caller then runs cuBLASLt.
 #pragma once
 
 namespace ingot::kernels::cuda::sm90 {
@@ -23,6 +26,9 @@ struct GeluGemm {
   void* out;
   void* aux;
   const void* bias;  // kGeluAuxBias only
+  void* dbias = nullptr;  // kDGelu only, optional
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 // Whether `device` runs this kernel (compute capability 9.0, built with sm_90a code).

@@ -372,17 +372,27 @@ bool epilogue_matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool t
 
 // The own Hopper kernel for a GELU product (Note [Own GELU products on Hopper], gemm_sm90.cu): bf16, one dense
 // 2-D product with a untransposed; false where it does not apply and cuBLASLt runs instead.
+// `dbias` (DGelu): the column sums of out too, their partial sums in the stream's cuBLASLt workspace (the
+// launches on one stream run in order, so no product is using it meanwhile).
 bool sm90_gelu_matmul(sm90::GeluEpilogue epilogue, const Tensor& out, const Tensor& aux, const Tensor& a,
-                      const Tensor& b, bool trans_a, bool trans_b, const Tensor* bias) {
+                      const Tensor& b, bool trans_a, bool trans_b, const Tensor* bias, const Tensor* dbias = nullptr) {
   if (out.dtype() != DType::bf16 || a.dtype() != DType::bf16 || trans_a || out.size(0) != 1 || a.size(0) != 1 ||
-      b.size(0) != 1 || !out.is_contiguous() || !aux.is_contiguous() || !a.is_contiguous() || !b.is_contiguous())
+      b.size(0) != 1 || !out.is_contiguous() || !aux.is_contiguous() || !a.is_contiguous() || !b.is_contiguous() ||
+      (dbias && (dbias->dtype() != DType::bf16 || !dbias->is_contiguous())))
     return false;
   const int64_t m = out.size(1), n = out.size(2), k = a.size(2);
   if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return false;
-  const sm90::GeluGemm g{epilogue,      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                         a.data_ptr(),  b.data_ptr(),        trans_b,             out.data_ptr(),
-                         aux.data_ptr(), bias ? bias->data_ptr() : nullptr};
+  sm90::GeluGemm g{epilogue,      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                   a.data_ptr(),  b.data_ptr(),        trans_b,             out.data_ptr(),
+                   aux.data_ptr(), bias ? bias->data_ptr() : nullptr};
   LaunchContext ctx(out);
+  if (dbias) {
+    DeviceBlas& d = device_blas(ctx.device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    g.dbias = dbias->data_ptr();
+    g.workspace = workspace(d, ctx.stream);
+    g.workspace_bytes = kWorkspaceBytes;
+  }
   return sm90::gelu_gemm(g, ctx.stream);
 }
 
@@ -438,16 +448,21 @@ void matmul_dgelu(const Tensor& out, const Tensor& dbias, const Tensor& a, const
                                                                                dbias.dtype() == out.dtype())),
                        "matmul_dgelu kernel: out ", shape_str(out.shape()), ", pre ", shape_str(pre.shape()));
   if (out.numel() == 0) return;
-  if (!dbias.defined() && sm90_gelu_matmul(sm90::GeluEpilogue::kDGelu, out, pre, a, b, trans_a, trans_b, nullptr))
+  if (sm90_gelu_matmul(sm90::GeluEpilogue::kDGelu, out, pre, a, b, trans_a, trans_b, nullptr,
+                       dbias.defined() ? &dbias : nullptr))
     return;
   // cuBLASLt wants the aux leading dimension (n, in its column-major view) a multiple of 8 and 16-byte pointers.
-  if (n % 8 == 0 && alignment(pre.data_ptr()) >= 16 && (!dbias.defined() || alignment(dbias.data_ptr()) >= 16)) {
+  // Not its DGELU_BGRAD: that runs the product and then a separate generic epilogue kernel, slower than DGELU and
+  // a column sum (Note [cuBLASLt GELU backward epilogue], compile/passes/matmul_epilogue.cpp).
+  if (n % 8 == 0 && alignment(pre.data_ptr()) >= 16) {
     Epilogue e;
-    e.kind = dbias.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
-    e.bias = dbias.defined() ? dbias.data_ptr() : nullptr;
+    e.kind = CUBLASLT_EPILOGUE_DGELU;
     e.aux = pre.data_ptr();
     e.aux_ld = n;
-    if (epilogue_matmul(out, a, b, trans_a, trans_b, e)) return;
+    if (epilogue_matmul(out, a, b, trans_a, trans_b, e)) {
+      if (dbias.defined()) reduce(ReduceOp::Sum, dbias, out, 1, m, n);
+      return;
+    }
   }
   // The unfused path: the product, the GELU derivative in place, the column sums.
   matmul(out, a, b, trans_a, trans_b, 1.0, 0.0);
