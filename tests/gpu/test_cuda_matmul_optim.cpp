@@ -94,8 +94,8 @@ TEST(CudaMatmul, BiasEpilogueMatchesCpuAndTheFallbackPaths) {
   }
 }
 
-// The GELU backward folded into the product (cuBLASLt's DGELU / DGELU_BGRAD epilogue), with and without the
-// bias gradient, against the CPU kernel; N = 36 (not a multiple of 8) takes the unfused path.
+// The GELU backward folded into the product (cuBLASLt's DGELU epilogue, then a column sum for the bias gradient),
+// with and without the bias gradient, against the CPU kernel; N = 36 (not a multiple of 8) takes the unfused path.
 TEST(CudaMatmul, DgeluEpilogueMatchesCpuWithAndWithoutTheBiasGradient) {
   INGOT_REQUIRE_CUDA();
   manual_seed(34);

@@ -225,8 +225,9 @@ std::optional<cublasLtMatmulAlgo_t> tuned_algo(MatmulTuner& tuner, const std::st
   return results[best].algo;
 }
 
-// A fused epilogue (cuBLAS's column-major view: one bias value per row of C, i.e. per column of out): BIAS reads `bias` (n values); GELU_AUX_BIAS adds it, writes the sum to aux and its GELU to c; DGELU multiplies by GELU'(aux), aux being the forward's
-// pre-activation laid out like c (leading dimension aux_ld); DGELU_BGRAD also writes the column sums to `bias`.
+// A fused epilogue (cuBLAS's column-major view: one bias value per row of C, i.e. per column of out): BIAS reads
+// `bias` (n values); GELU_AUX_BIAS adds it, writes the sum to aux and its GELU to c; DGELU multiplies by
+// GELU'(aux), aux being the forward's pre-activation laid out like c (leading dimension aux_ld).
 struct Epilogue {
   cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
