@@ -86,6 +86,17 @@ int main() {
     const double bytes = 100.0 * (1 << 20) * (4 * 3 * 2 + 2);
     report("adamw_multi 100 x 1Mi (bf16 grads)", median_ms([&] { kg::adamw_multi(p, gr, m1, m2, args); }), bytes);
   }
+  {
+    // GPT-2's loss at batch 16 x 1024: forward and backward in one pass, the gradient written over the logits
+    // (as compiled steps do). Bytes: the logits read once and the gradient written once.
+    const int64_t rows = 16384, classes = 50304;
+    Tensor logits = randn({rows, classes}, DType::bf16, g), target = randint(0, classes, {rows}, g);
+    Tensor loss = empty({rows}, DType::f32, g), lse = empty({rows}, DType::f32, g), dloss = full({rows}, 1.0 / rows, DType::f32, g);
+    report("cross_entropy_fused bf16 16384 x 50304", median_ms([&] {
+             kg::cross_entropy_fused(loss, lse, logits, logits, target, dloss, -100, 0.0);
+           }),
+           4.0 * rows * classes);
+  }
   std::printf("device allocator: %.1f MiB reserved, peak %.1f MiB allocated\n",
               static_cast<double>(cuda_allocator(0).stats().reserved_bytes) / (1 << 20),
               static_cast<double>(cuda_allocator(0).stats().peak_allocated_bytes) / (1 << 20));
