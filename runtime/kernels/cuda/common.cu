@@ -1,4 +1,5 @@
 // Host-side helpers of common.cuh.
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -15,6 +16,24 @@ int sm_count(int device) {
   int& c = counts[static_cast<size_t>(device)];
   if (c == 0) CUDA_CHECK(cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, device));
   return c;
+}
+
+double dram_gbps_per_sm(int device) {
+  static std::mutex mu;
+  static std::vector<double> known;
+  std::lock_guard<std::mutex> g(mu);
+  if (known.empty()) known.assign(static_cast<size_t>(cuda_device_count()), 0.0);
+  INGOT_INTERNAL_CHECK(device >= 0 && device < static_cast<int>(known.size()), "dram_gbps_per_sm: bad device ", device);
+  double& v = known[static_cast<size_t>(device)];
+  if (v == 0.0) {
+    int khz = 0, bits = 0, sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    // Double data rate: two transfers per memory clock.
+    v = 2.0 * khz * 1e3 * (bits / 8.0) / 1e9 / std::max(sms, 1);
+  }
+  return v;
 }
 
 unsigned grid_for(int64_t n, int block, int device) {
