@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "runtime/cuda_runtime.h"
@@ -64,6 +65,13 @@ int main() {
     Tensor cs = empty({4096}, DType::f32, g);
     report("sum f32 [16384, 4096] first dim", median_ms([&] { kg::reduce(kernels::ReduceOp::Sum, cs, a, 1, 16384, 4096); }),
            4.0 * n);
+    // GPT-2's bias gradients at batch 16 x 1024 (Note [Column sums]): bf16 in, f32 out.
+    for (int64_t cols : {768, 2304}) {
+      Tensor in = randn({16384, cols}, DType::bf16, g), out = empty({cols}, DType::f32, g);
+      const std::string name = "column sum bf16 [16384, " + std::to_string(cols) + "]";
+      report(name.c_str(), median_ms([&] { kg::reduce(kernels::ReduceOp::Sum, out, in, 1, 16384, cols); }),
+             2.0 * 16384 * cols);
+    }
     Tensor one = empty({1}, DType::f32, g);
     report("sum f32 64Mi to a scalar", median_ms([&] { kg::reduce(kernels::ReduceOp::Sum, one, a, 1, n, 1); }), 4.0 * n);
   }
