@@ -7,33 +7,40 @@
 
 namespace ingot::kernels::cuda {
 
-int sm_count(int device) {
+namespace {
+
+// A device attribute worked out once per device: `compute(device)` runs on the first call for that device.
+template <typename T, typename F>
+T per_device(const char* what, int device, F compute) {
   static std::mutex mu;
-  static std::vector<int> counts;
+  static std::vector<T> known;
   std::lock_guard<std::mutex> g(mu);
-  if (counts.empty()) counts.assign(static_cast<size_t>(cuda_device_count()), 0);
-  INGOT_INTERNAL_CHECK(device >= 0 && device < static_cast<int>(counts.size()), "sm_count: bad device ", device);
-  int& c = counts[static_cast<size_t>(device)];
-  if (c == 0) CUDA_CHECK(cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, device));
-  return c;
+  if (known.empty()) known.assign(static_cast<size_t>(cuda_device_count()), T{});
+  INGOT_INTERNAL_CHECK(device >= 0 && device < static_cast<int>(known.size()), what, ": bad device ", device);
+  T& v = known[static_cast<size_t>(device)];
+  if (v == T{}) v = compute(device);
+  return v;
+}
+
+int attribute(cudaDeviceAttr a, int device) {
+  int v = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&v, a, device));
+  return v;
+}
+
+}  // namespace
+
+int sm_count(int device) {
+  return per_device<int>("sm_count", device, [](int d) { return attribute(cudaDevAttrMultiProcessorCount, d); });
 }
 
 double dram_gbps_per_sm(int device) {
-  static std::mutex mu;
-  static std::vector<double> known;
-  std::lock_guard<std::mutex> g(mu);
-  if (known.empty()) known.assign(static_cast<size_t>(cuda_device_count()), 0.0);
-  INGOT_INTERNAL_CHECK(device >= 0 && device < static_cast<int>(known.size()), "dram_gbps_per_sm: bad device ", device);
-  double& v = known[static_cast<size_t>(device)];
-  if (v == 0.0) {
-    int khz = 0, bits = 0, sms = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return per_device<double>("dram_gbps_per_sm", device, [](int d) {
+    const double hz = attribute(cudaDevAttrMemoryClockRate, d) * 1e3;
+    const double bytes = attribute(cudaDevAttrGlobalMemoryBusWidth, d) / 8.0;
     // Double data rate: two transfers per memory clock.
-    v = 2.0 * khz * 1e3 * (bits / 8.0) / 1e9 / std::max(sms, 1);
-  }
-  return v;
+    return 2.0 * hz * bytes / 1e9 / std::max(sm_count(d), 1);
+  });
 }
 
 unsigned grid_for(int64_t n, int block, int device) {
