@@ -455,21 +455,20 @@ void matmul_dgelu(const Tensor& out, const Tensor& dbias, const Tensor& a, const
   // cuBLASLt wants the aux leading dimension (n, in its column-major view) a multiple of 8 and 16-byte pointers.
   // Not its DGELU_BGRAD: that runs the product and then a separate generic epilogue kernel, slower than DGELU and
   // a column sum (Note [cuBLASLt GELU backward epilogue], compile/passes/matmul_epilogue.cpp).
+  bool fused = false;
   if (n % 8 == 0 && alignment(pre.data_ptr()) >= 16) {
     Epilogue e;
     e.kind = CUBLASLT_EPILOGUE_DGELU;
     e.aux = pre.data_ptr();
     e.aux_ld = n;
-    if (epilogue_matmul(out, a, b, trans_a, trans_b, e)) {
-      if (dbias.defined()) reduce(ReduceOp::Sum, dbias, out, 1, m, n);
-      return;
-    }
+    fused = epilogue_matmul(out, a, b, trans_a, trans_b, e);
   }
-  // The unfused path: the product, the GELU derivative in place, the column sums.
-  matmul(out, a, b, trans_a, trans_b, 1.0, 0.0);
-  const Tensor pre3 = pre.as_strided(out.shape(), out.strides(), pre.offset());
-  binary(BinaryOp::GeluTanhGrad, out, pre3, out);
-  if (dbias.defined()) reduce(ReduceOp::Sum, dbias, out, 1, m, n);
+  if (!fused) {  // the unfused path: the product, then the GELU derivative in place
+    matmul(out, a, b, trans_a, trans_b, 1.0, 0.0);
+    const Tensor pre3 = pre.as_strided(out.shape(), out.strides(), pre.offset());
+    binary(BinaryOp::GeluTanhGrad, out, pre3, out);
+  }
+  if (dbias.defined()) reduce(ReduceOp::Sum, dbias, out, 1, m, n);  // either way, the bias gradient's column sums
 }
 
 MatmulTuningScope::MatmulTuningScope(MatmulTuner* tuner) : previous_(t_tuner) { t_tuner = tuner; }
