@@ -1,10 +1,13 @@
 // Memory planning. Invariant of the result: every intermediate buffer (a node output that is not a view and
 // does not escape as an output, write-back or grad) gets an offset in one arena; two buffers overlap only if
 // their live ranges are disjoint. A buffer is live from the step that makes it to the last step that reads
-// it or any view of it (views alias their base and cost nothing). Blocks are reused best-fit once dead; the
-// arena size is the planned peak, reported next to the sum-of-live-bytes peak it approximates.
-// Test: tests/compile/test_passes.cpp (MemoryPlan.*).
+// it or any view of it (views alias their base and cost nothing); an output that the executor computes into a
+// buffer dying at its node (Note [Outputs over dead inputs], autograd/primitive.h: the cross-entropy gradient over
+// the logits, which reach the loss through a reshape) continues that buffer. Blocks are reused best-fit once dead;
+// the arena size is the planned peak, reported next to the sum-of-live-bytes peak it approximates.
+// Test: tests/compile/test_passes.cpp (MemoryPlan.*), tests/compile/test_buffer_reuse.cpp.
 #include <map>
+#include <optional>
 
 #include "compile/passes/passes.h"
 
@@ -22,15 +25,43 @@ MemoryPlan memory_plan(const Graph& g) {
   std::vector<int32_t> base(nv), def(nv, -1), end(nv, -1);
   for (size_t v = 0; v < nv; ++v) base[v] = static_cast<int32_t>(v);
   std::vector<bool> escapes(nv, false);
+  // Where each buffer is last read (through views, before any reuse), and which buffers are roots.
+  std::vector<int32_t> plain(nv), read_last(nv, -1);
+  for (size_t v = 0; v < nv; ++v) plain[v] = static_cast<int32_t>(v);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    for (int32_t in : n.inputs)
+      if (in >= 0) read_last[static_cast<size_t>(plain[static_cast<size_t>(in)])] = static_cast<int32_t>(i);
+    if (n.prim->fusion_kind() == FusionKind::View && !n.inputs.empty() && n.inputs[0] >= 0)
+      for (int32_t o : n.outputs) plain[static_cast<size_t>(o)] = plain[static_cast<size_t>(n.inputs[0])];
+  }
+  std::vector<bool> root(nv, false);
+  for (int32_t o : g.outputs) root[static_cast<size_t>(plain[static_cast<size_t>(o)])] = true;
+  for (const WriteBack& w : g.writebacks) root[static_cast<size_t>(plain[static_cast<size_t>(w.value)])] = true;
+  for (const GradOut& go : g.grad_outs)
+    if (go.value >= 0) root[static_cast<size_t>(plain[static_cast<size_t>(go.value)])] = true;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const bool view = n.prim->fusion_kind() == FusionKind::View && !n.inputs.empty() && n.inputs[0] >= 0;
+    int32_t reuse = -1;  // a buffer dying here that an output of the same dtype and size takes over
+    if (const std::optional<size_t> k = n.prim->reusable_input(); k && *k < n.inputs.size() && n.inputs[*k] >= 0) {
+      const int32_t in = n.inputs[*k], b = base[static_cast<size_t>(in)];
+      if (b == plain[static_cast<size_t>(in)] && g.values[static_cast<size_t>(b)].producer >= 0 &&
+          !root[static_cast<size_t>(b)] && read_last[static_cast<size_t>(b)] == static_cast<int32_t>(i))
+        reuse = b;
+    }
     for (int32_t o : n.outputs) {
       if (view) {
         base[static_cast<size_t>(o)] = base[static_cast<size_t>(n.inputs[0])];
         continue;
       }
       const Value& v = g.values[static_cast<size_t>(o)];
+      if (reuse >= 0 && v.dtype == g.values[static_cast<size_t>(reuse)].dtype &&
+          numel(trace_shape(v.shape)) == numel(trace_shape(g.values[static_cast<size_t>(reuse)].shape))) {
+        base[static_cast<size_t>(o)] = reuse;
+        reuse = -1;
+        continue;
+      }
       def[static_cast<size_t>(o)] = end[static_cast<size_t>(o)] = static_cast<int32_t>(i);
       plan.bytes[static_cast<size_t>(o)] = numel(trace_shape(v.shape)) * static_cast<int64_t>(itemsize(v.dtype));
     }

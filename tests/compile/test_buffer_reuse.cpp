@@ -6,6 +6,8 @@
 
 #include "autograd/ops.h"
 #include "compile/api.h"
+#include "compile/passes/passes.h"
+#include "compile/trace.h"
 #include "compile/step_fixture.h"
 #include "runtime/allocator.h"
 #include "tests/testing.h"
@@ -39,6 +41,33 @@ TEST(BufferReuse, CrossEntropyGradientTakesTheLogitsBuffer) {
   EXPECT_GE(eager_peak, 2 * logits_bytes);
   EXPECT_NEAR(got[0].item(), eager[0].item(), 1e-6 * std::abs(eager[0].item()));
   EXPECT_LE(max_rel_error(got[1], eager[1], 1e-5, 1e-6), 1.0);
+}
+
+// The memory plan (compile/passes/memory_plan.cpp) counts the gradient over the logits as the logits' buffer, as
+// the executor does: its peak stays below two logits buffers.
+TEST(BufferReuse, TheMemoryPlanCountsTheGradientInTheLogitsBuffer) {
+  const int64_t n = 64, vocab = 16384, d = 8;
+  LinearHeadStep step = linear_head_step(17, n, vocab, d);
+  // As in a language model, the loss may read the logits through a reshape ([B, T, V] -> [B * T, V]).
+  auto reshaped = [&](const std::vector<Tensor>& a) {
+    Tensor logits = linear(reshape(a[0], {2, n / 2, d}), step.w, Tensor());
+    Tensor loss = cross_entropy(reshape(logits, {n, vocab}), a[1]);
+    loss.backward();
+    Tensor g = step.w.grad();
+    step.w.zero_grad();
+    return std::vector<Tensor>{loss, g};
+  };
+  for (bool view : {false, true}) {
+    compiler::Graph g = view ? compiler::trace(reshaped, {step.x, step.t}).graph
+                             : compiler::trace(step, {step.x, step.t}).graph;
+    ASSERT_TRUE(compiler::passes::fuse_cross_entropy(g));
+    compiler::passes::dce(g);
+    const compiler::passes::MemoryPlan plan = compiler::passes::memory_plan(g);
+    const int64_t logits_bytes = n * vocab * 4;
+    EXPECT_GE(plan.unplanned_peak, logits_bytes) << "through a view: " << view;
+    EXPECT_LT(plan.unplanned_peak, 2 * logits_bytes) << "through a view: " << view;
+    EXPECT_LT(plan.arena_bytes, 2 * logits_bytes) << "through a view: " << view;
+  }
 }
 
 TEST(BufferReuse, LogitsThatAreReturnedAreNotOverwritten) {

@@ -193,7 +193,12 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
   if (abi.kind == KernelKind::MultiTensor) {
     const int64_t T = syms[0];
     const int V = std::max(1, abi.vector_width);
-    const int64_t chunk = ceil_div(std::max<int64_t>(cfg.chunk_elems, 1), V) * V;
+    // Chunks small enough for four blocks per SM: a short list (an update of 0.9M elements, as for adapters or
+    // the norms alone) in 64K-element chunks ran 62 blocks, each looping alone: 95 us on an H200, 10 us in 434.
+    int64_t total = 0;
+    for (int64_t t = 0; t < T; ++t) total += syms[1 + t];
+    const int64_t fill = std::max<int64_t>(ceil_div(total, 4 * static_cast<int64_t>(sms)), 8 * block);
+    const int64_t chunk = ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1), fill), V) * V;
     // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
     std::vector<uint64_t> table;
     std::vector<uint64_t> chunks;
