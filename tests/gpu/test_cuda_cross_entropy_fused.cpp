@@ -24,15 +24,17 @@ const Device kGpu = Device::cuda(0);
 
 // Against the CPU: the two devices sum a row in different orders (50304 f32 terms one by one on the CPU), and
 // a 16-bit gradient can differ by one of its own ulps.
-double cpu_tol(DType t) { return t == DType::f64 ? 1e-10 : t == DType::bf16 ? 1.6e-2 : 2e-4; }
+double cpu_tol(DType t) { return t == DType::f64 ? 1e-10 : t == DType::bf16 ? 1.6e-2 : t == DType::f16 ? 2e-3 : 2e-4; }
 // Against the separate CUDA kernels: the same f32 tree sums with another thread count.
-double gpu_tol(DType t) { return t == DType::f64 ? 1e-12 : t == DType::bf16 ? 8e-3 : 1e-5; }
+double gpu_tol(DType t) { return t == DType::f64 ? 1e-12 : t == DType::bf16 ? 8e-3 : t == DType::f16 ? 1e-3 : 1e-5; }
 
 TEST(CudaCrossEntropyFused, MatchesCpuAndTheSeparateKernelsWithIgnoredRowsAndLabelSmoothingInPlace) {
   INGOT_REQUIRE_CUDA();
   manual_seed(109);
-  const Shape shapes[] = {{40, 50304}, {7, 37}, {5, 1}, {3, 4099}, {70, 64}};
-  for (DType dt : {DType::bf16, DType::f32, DType::f64}) {
+  // 16-bit rows of a multiple of 8 take the staged kernel on sm_90 (Note [Cross-entropy rows staged in shared
+  // memory]); 300 rows give each of its blocks two or three rows, through both buffers.
+  const Shape shapes[] = {{40, 50304}, {7, 37}, {5, 1}, {3, 4099}, {70, 64}, {300, 4096}};
+  for (DType dt : {DType::bf16, DType::f16, DType::f32, DType::f64}) {
     const DType st = stat_dtype(dt);
     for (const Shape& s : shapes) {
       const int64_t rows = s[0];
