@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
       }
       store_vec_once<V>(dr + static_cast<int64_t>(p) * V, v);
     }
-    __syncthreads();  // every thread is done with buf[b] (and smem) before it is refilled
+    __syncthreads();  // every thread is done with buffer b (and smem) before it is refilled
   }
 #endif
 }
