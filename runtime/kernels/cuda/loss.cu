@@ -186,7 +186,7 @@ constexpr A kLog2e = static_cast<A>(1.4426950408889634);
 // The fused kernels' row math, shared by cross_entropy_fused_kernel and its staged version.
 // Folds one pack into a thread's online (max m, sum of exp s) pair and plain sum: s is rescaled only when the pack
 // raises the max. While m is -inf every element is -inf (adds 0) or NaN (propagates).
-template <int V, typename A>
+template <int V, bool Smooth = true, typename A>
 __device__ __forceinline__ void lse_push_pack(const A (&v)[V], A& m, A& s, A& sum) {
   A pm = v[0];
 #pragma unroll
@@ -199,7 +199,7 @@ __device__ __forceinline__ void lse_push_pack(const A (&v)[V], A& m, A& s, A& su
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     s += exp2_fast(fma(v[k], kLog2e<A>, -ml));
-    sum += v[k];
+    if constexpr (Smooth) sum += v[k];  // the plain sum only label smoothing reads
   }
 }
 // The row's loss from its lse, target logit xt and plain sum (0 for an ignored row, NaN for a target out of range).
@@ -228,10 +228,13 @@ __device__ __forceinline__ A finish_row(A m, A s, A (&sum)[1], Xt xt, A* smem, v
   return row_lse;
 }
 // The gradient of pack v (elements from column `first`): g * (softmax - smoothing - hit at the target), in place.
-template <int V, typename A>
+template <int V, bool Smooth = true, typename A>
 __device__ __forceinline__ void grad_pack(A (&v)[V], int64_t first, int64_t t, A lse_l, A g, A hit, A smooth) {
 #pragma unroll
-  for (int k = 0; k < V; ++k) v[k] = exp2_fast(fma(v[k], kLog2e<A>, -lse_l)) - smooth;
+  for (int k = 0; k < V; ++k) {
+    v[k] = exp2_fast(fma(v[k], kLog2e<A>, -lse_l));
+    if constexpr (Smooth) v[k] -= smooth;
+  }
   // One pack holds the target: a per-pack test instead of a 64-bit compare per element.
   if (const int64_t at = t - first; at >= 0 && at < V)
 #pragma unroll
@@ -296,7 +299,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-template <typename T, typename I>
+// Smooth: label smoothing is on. Without it the plain sums and the smoothing offsets are compiled out: the loops
+// issue an instruction most cycles, and the two fewer per element took the kernel from 0.955 to 0.933 ms (H200).
+template <typename T, typename I, bool Smooth>
 __global__ void __launch_bounds__(kStagedThreads, 1)
     cross_entropy_fused_staged_kernel(void* loss, void* lse, DType loss_dt, DType lse_dt, T* dlogits, const T* logits,
                                       const I* target, const void* dloss, DType dloss_dt, int64_t rows, int C,
@@ -351,7 +356,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
     for (int p = threadIdx.x; p < packs; p += blockDim.x) {
       A v[V];
       load_vec<V>(xr + p * V, v);
-      lse_push_pack<V>(v, m, s, sum[0]);
+      lse_push_pack<V, Smooth>(v, m, s, sum[0]);
     }
     auto xt = [&] { return counted && in_range ? to_acc<A>(xr[t]) : A(0); };
     const A row_lse = finish_row(m, s, sum, xt, smem, loss, lse, loss_dt, lse_dt, row, counted, in_range, ls, C);
@@ -361,7 +366,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
       A v[V];
       load_vec<V>(xr + p * V, v);
       if (counted) {
-        grad_pack<V>(v, static_cast<int64_t>(p) * V, t, lse_l, g, hit, smooth);
+        grad_pack<V, Smooth>(v, static_cast<int64_t>(p) * V, t, lse_l, g, hit, smooth);
       } else {
 #pragma unroll
         for (int j = 0; j < V; ++j) v[j] = 0;
@@ -469,7 +474,8 @@ void cross_entropy_fused(const Tensor& loss, const Tensor& lse, const Tensor& dl
     constexpr int V = decltype(vec)::value;
     if constexpr (sizeof(T) == 2 && V == 8) {
       if (const size_t smem = staged_smem_bytes(L.device, C * static_cast<int64_t>(sizeof(T)))) {
-        auto kernel = cross_entropy_fused_staged_kernel<T, I>;
+        auto kernel = label_smoothing != 0.0 ? cross_entropy_fused_staged_kernel<T, I, true>
+                                             : cross_entropy_fused_staged_kernel<T, I, false>;
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         const int64_t grid = std::min<int64_t>(rows, sm_count(L.device));
         kernel<<<static_cast<unsigned>(grid), kStagedThreads, smem, L.stream>>>(
