@@ -406,9 +406,9 @@ void dispatch_head_dim(int D, F&& f) {
 // dynamic shared-memory limit to match.
 template <typename Kernel, typename Bytes>
 std::pair<int, size_t> fit_warps(Kernel kernel, Bytes bytes, const char* op) {
-  int dev = 0, optin = 0;
+  int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int optin = shared_bytes_optin(dev);
   for (int w = 8; w >= 1; w /= 2) {
     const size_t need = bytes(w);
     if (need <= static_cast<size_t>(optin)) {

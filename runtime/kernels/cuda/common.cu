@@ -34,6 +34,16 @@ int sm_count(int device) {
   return per_device<int>("sm_count", device, [](int d) { return attribute(cudaDevAttrMultiProcessorCount, d); });
 }
 
+int compute_major(int device) {
+  return per_device<int>("compute_major", device,
+                         [](int d) { return attribute(cudaDevAttrComputeCapabilityMajor, d); });
+}
+
+int shared_bytes_optin(int device) {
+  return per_device<int>("shared_bytes_optin", device,
+                         [](int d) { return attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, d); });
+}
+
 double dram_gbps_per_sm(int device) {
   return per_device<double>("dram_gbps_per_sm", device, [](int d) {
     const double hz = attribute(cudaDevAttrMemoryClockRate, d) * 1e3;

@@ -26,8 +26,6 @@
 // persistent version that brings each row into shared memory with one bulk copy while the previous row computes
 // is faster (Note [Cross-entropy rows staged in shared memory]).
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "runtime/kernels/cuda/row_common.cuh"
@@ -152,21 +150,7 @@ size_t staged_smem_bytes(int device, int64_t row_bytes) {
     return v != nullptr && std::string(v) == "0";
   }();
   if (off || row_bytes % 16 != 0) return 0;
-  // Per device: the opt-in shared memory per block on sm_90+, else 0 (read once; the launch path stays cheap).
-  static std::mutex mu;
-  static std::map<int, int> optin_of;
-  int optin = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = optin_of.find(device);
-    if (it == optin_of.end()) {
-      int major = 0, bytes = 0;
-      CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-      CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-      it = optin_of.emplace(device, major >= 9 ? bytes : 0).first;
-    }
-    optin = it->second;
-  }
+  const int optin = compute_major(device) >= 9 ? shared_bytes_optin(device) : 0;
   const int64_t need = 2 * ((row_bytes + 127) / 128 * 128);
   // The kernel's static shared memory (barriers, reduction scratch) takes the last 1 KB.
   return need + 1024 <= optin ? static_cast<size_t>(need) : 0;
