@@ -141,6 +141,10 @@ constexpr int kFusedMaxThreads = 1024;
 // H200 ~37 GB/s).
 int fused_threads(int device) { return dram_gbps_per_sm(device) > 30.0 ? 512 : kFusedMaxThreads; }
 
+// Note [Cross-entropy rows staged in shared memory]: a row buffer's size, rounded up to 128 bytes (the bulk
+// copies' destinations stay aligned); the launcher sizes the shared memory and the kernel places buffer 1 with it.
+__host__ __device__ constexpr int64_t staged_row_stride(int64_t row_bytes) { return (row_bytes + 127) / 128 * 128; }
+
 // Note [Cross-entropy rows staged in shared memory]: the dynamic shared memory for two rows of `row_bytes` on
 // `device` (sm_90 or newer), or 0 when that kernel does not apply (older GPUs, rows too long for two buffers,
 // INGOT_CE_STAGED=0 for comparisons). Rows must also be 16-byte multiples: the caller's 16-byte packs ensure it.
@@ -151,7 +155,7 @@ size_t staged_smem_bytes(int device, int64_t row_bytes) {
   }();
   if (off || row_bytes % 16 != 0) return 0;
   const int optin = compute_major(device) >= 9 ? shared_bytes_optin(device) : 0;
-  const int64_t need = 2 * ((row_bytes + 127) / 128 * 128);
+  const int64_t need = 2 * staged_row_stride(row_bytes);
   // The kernel's static shared memory (barriers, reduction scratch) takes the last 1 KB.
   return need + 1024 <= optin ? static_cast<size_t>(need) : 0;
 }
@@ -296,7 +300,8 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   extern __shared__ __align__(128) unsigned char staged[];
   __shared__ __align__(8) uint64_t full[2];
   __shared__ A smem[64];
-  const uint32_t row_bytes = static_cast<uint32_t>(C) * sizeof(T), stride = (row_bytes + 127) / 128 * 128;
+  const uint32_t row_bytes = static_cast<uint32_t>(C) * sizeof(T),
+                 stride = static_cast<uint32_t>(staged_row_stride(row_bytes));
   // Thread 0 asks for row r in buffer b: the copy counts its bytes on full[b].
   auto fetch = [&](int64_t r, int b) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&full[b])), "r"(row_bytes)
