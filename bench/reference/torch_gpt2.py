@@ -5,6 +5,10 @@ after warm-up and prints the median in the same table format.
 
 usage: python3 bench/reference/torch_gpt2.py [--batch 16] [--seq 1024] [--layers 12] [--steps 20] [--modes eager,compile]
        [--kernels K]   after timing, one more step under torch.profiler: the K kernels with the most GPU time
+       [--init gpt2|torch]  gpt2 (default): GPT-2's initialization, as bench_gpt2_step's model has it (normal(0, 0.02)
+                       weights and embeddings, zero biases, residual projections 0.02 / sqrt(2 * layers)); torch:
+                       PyTorch's module defaults (embeddings normal(0, 1), so the tied head's logits start ~30x
+                       larger), which the tables in bench/RESULTS.md before 2026-11-24 (ninth session) used
 Under torchrun (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel over NCCL, --batch is per GPU,
 and rank 0 prints tokens/s per GPU (the median step time of rank 0; DDP steps are synchronous).
 """
@@ -32,11 +36,18 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, seq, layers, heads, embd):
+    def __init__(self, vocab, seq, layers, heads, embd, init="gpt2"):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, embd), nn.Embedding(seq, embd)
         self.h = nn.ModuleList([Block(embd, heads) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(embd)
+        if init == "gpt2":  # models/gpt2.cpp's initialization
+            for name, m in self.named_modules():
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    proj = name.endswith("c_proj") or name.endswith("mlp_proj")
+                    nn.init.normal_(m.weight, 0.0, 0.02 / math.sqrt(2 * layers) if proj else 0.02)
+                    if isinstance(m, nn.Linear) and m.bias is not None:
+                        nn.init.zeros_(m.bias)
 
     def forward(self, idx, targets):
         T = idx.shape[1]
@@ -77,6 +88,7 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--modes", default="eager,compile")
     p.add_argument("--kernels", type=int, default=0)
+    p.add_argument("--init", choices=["gpt2", "torch"], default="gpt2")
     a = p.parse_args()
     torch.manual_seed(1234)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -91,7 +103,7 @@ def main():
     for mode in a.modes.split(","):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        model = GPT(a.vocab, a.seq, a.layers, a.heads, a.embd).to(dev)
+        model = GPT(a.vocab, a.seq, a.layers, a.heads, a.embd, a.init).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
         if world > 1:
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
@@ -146,6 +158,7 @@ def main():
         tokens = a.batch * a.seq
         flops = tokens * (6 * n + 6 * a.layers * a.seq * a.embd)
         name = f"torch {mode}" + (f" DDP x{world}" if world > 1 else "")
+        name += " (torch init)" if a.init == "torch" else ""
         if rank == 0:
             print(f"| {name} | {torch.cuda.get_device_name()} | bf16 | {a.batch} x {a.seq} | {n/1e6:.1f}M | {med:.2f} | "
                   f"{tokens/(med/1e3):.0f} | {flops/(med/1e3)/1e12:.1f} | {torch.cuda.max_memory_allocated()/1e9:.2f} | "
