@@ -7,7 +7,7 @@ usage: python3 bench/reference/torch_gpt2.py [--batch 16] [--seq 1024] [--layers
        [--kernels K]   after timing, one more step under torch.profiler: the K kernels with the most GPU time
        [--init gpt2|torch]  gpt2 (default): GPT-2's initialization, as bench_gpt2_step's model has it (normal(0, 0.02)
                        weights and embeddings, zero biases, residual projections 0.02 / sqrt(2 * layers)); torch:
-                       PyTorch's module defaults (embeddings normal(0, 1), so the tied head's logits start ~30x
+                       PyTorch's module defaults (embeddings normal(0, 1), so the tied head's logits start 50x
                        larger), which the tables in bench/RESULTS.md before 2026-11-24 (ninth session) used
 Under torchrun (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel over NCCL, --batch is per GPU,
 and rank 0 prints tokens/s per GPU (the median step time of rank 0; DDP steps are synchronous).
