@@ -2,7 +2,11 @@
 //   bench_gpt2_step [--device cuda|cpu] [--batch 16] [--seq 1024] [--layers 12] [--heads 12] [--embd 768]
 //                   [--vocab 50304] [--steps 20] [--warmup 5] [--dtype bf16|f32]
 //                   [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR] [--profile K]
-//                   [--profiler-range] [--memory-budget B] [--losses]
+//                   [--profiler-range] [--memory-budget B] [--losses] [--regional] [--peak-tflops P]
+// --regional: compile with regional compilation (repeated blocks share their kernels), to compare its compile time
+// and step time with the whole-step compile's.
+// --peak-tflops P: the device's dense bf16 rate for the MFU column (default 989.4, an H100 / H200 SXM's datasheet
+// rate); the column reads "-" on CPUs.
 // --losses: also print every step's loss (warm-up included), to compare the trajectories of two modes.
 // --memory-budget B: compile with CompileOptions::memory_budget = B (< 1 recomputes cheap saved activations in
 // the backward, compile/passes/remat.cpp).
@@ -21,6 +25,7 @@
 // With --compile the bucket all-reduces are nodes of the compiled step's graph (distributed/collective_ops.h).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -46,8 +51,8 @@ struct Args {
   std::string device = "auto", dtype = "bf16", compile = "none", cache_dir;
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
-  bool profiler_range = false, losses = false;
-  double memory_budget = 1.0;
+  bool profiler_range = false, losses = false, regional = false;
+  double memory_budget = 1.0, peak_tflops = 989.4;
 };
 
 Args parse(int argc, char** argv) {
@@ -58,13 +63,18 @@ Args parse(int argc, char** argv) {
       std::printf("usage: bench_gpt2_step [--device auto|cpu|cuda] [--dtype bf16|f32] [--batch N] [--seq N]\n"
                   "       [--layers N] [--heads N] [--embd N] [--vocab N] [--steps N] [--warmup N]\n"
                   "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR] [--profile K]\n"
-                  "       [--profiler-range] [--memory-budget B] [--losses]\n"
-                  "Prints a table row (median step time, tokens/s, TFLOP/s, peak memory, first-call time, loss) and, on\n"
-                  "GPUs, a 'timing:' line: host time per call, and the step queued back to back and after a 5 ms rest.\n");
+                  "       [--profiler-range] [--memory-budget B] [--losses] [--regional] [--peak-tflops P]\n"
+                  "Prints a table row (median step time, tokens/s, TFLOP/s, MFU, peak memory, first call, loss)\n"
+                  "and, on GPUs, a 'timing:' line: host time per call, and the step queued back to back and after a\n"
+                  "5 ms rest.\n");
       std::exit(0);
     }
     if (k == "--profiler-range") {
       a.profiler_range = true;
+      continue;
+    }
+    if (k == "--regional") {
+      a.regional = true;
       continue;
     }
     if (k == "--losses") {
@@ -87,6 +97,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--cache-dir") a.cache_dir = v;
     else if (k == "--profile") a.profile = std::stoll(v);
     else if (k == "--memory-budget") a.memory_budget = std::stod(v);
+    else if (k == "--peak-tflops") a.peak_tflops = std::stod(v);
     else INGOT_FAIL("bench_gpt2_step: unknown flag ", k, " (see --help)");
   }
   return a;
@@ -142,6 +153,7 @@ int main(int argc, char** argv) try {
     o.mode = *mode;
     o.cache_dir = a.cache_dir;
     o.memory_budget = a.memory_budget;
+    o.regional = a.regional;
     o.name = "gpt2_step";
     compiled = compile(step_fn, o);
   }
@@ -157,14 +169,17 @@ int main(int argc, char** argv) try {
   AllocatorStats st = allocator_for(dev).stats();
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
+  if (compiled && a.regional) mode += " regional";
   if (world > 1) mode += " DDP x" + std::to_string(world);
-  std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | peak mem GB | "
+  std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | MFU | peak mem GB | "
               "first call s | loss first->last |\n",
               static_cast<long long>(a.steps));
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::printf("| %s | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.2f | %.2f | %.3f -> %.3f |\n", mode.c_str(),
-              dev.str().c_str(), a.dtype.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.seq),
-              n_params / 1e6, med, tokens / (med / 1e3), flops / (med / 1e3) / 1e12,
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  const double tflops = flops / (med / 1e3) / 1e12;
+  const std::string mfu = dev.is_cuda() ? detail::str_cat(std::lround(100.0 * tflops / a.peak_tflops), "%") : "-";
+  std::printf("| %s | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %s | %.2f | %.2f | %.3f -> %.3f |\n",
+              mode.c_str(), dev.str().c_str(), a.dtype.c_str(), static_cast<long long>(a.batch),
+              static_cast<long long>(a.seq), n_params / 1e6, med, tokens / (med / 1e3), tflops, mfu.c_str(),
               static_cast<double>(st.peak_allocated_bytes) / 1e9, compile_s, t.first_loss, t.last_loss);
   bench::print_step_timing(t);
   if (a.losses) {

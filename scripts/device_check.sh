@@ -55,6 +55,13 @@ if want bench; then
     bench_gpt2_step --device cuda --dtype bf16 --batch $b --seq 1024 --steps 20 --warmup 5 --compile max-autotune \
       --cache-dir /tmp/ingot-bench-cache > "$out/bench_ingot_ma_b$b.log" 2>&1
     echo "(max-autotune: tuning + CUDA graphs)"; tail -3 "$out/bench_ingot_ma_b$b.log"
+    # Regional compilation: repeated blocks compiled once (compare first call and step with the default rows).
+    rm -rf /tmp/ingot-bench-regional
+    for pass in cold warm; do
+      bench_gpt2_step --device cuda --dtype bf16 --batch $b --seq 1024 --steps 20 --warmup 5 --compile default \
+        --regional --cache-dir /tmp/ingot-bench-regional > "$out/bench_ingot_regional_${pass}_b$b.log" 2>&1
+      echo "(regional, $pass cache)"; tail -2 "$out/bench_ingot_regional_${pass}_b$b.log"
+    done
     python3 bench/reference/torch_gpt2.py --batch $b --seq 1024 --steps 20 --warmup 5 \
       > "$out/bench_torch_b$b.log" 2>&1; tail -4 "$out/bench_torch_b$b.log"
   done

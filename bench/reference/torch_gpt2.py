@@ -5,6 +5,7 @@ after warm-up and prints the median in the same table format.
 
 usage: python3 bench/reference/torch_gpt2.py [--batch 16] [--seq 1024] [--layers 12] [--steps 20] [--modes eager,compile]
        [--kernels K]   after timing, one more step under torch.profiler: the K kernels with the most GPU time
+       [--peak-tflops P]  the MFU column's dense bf16 rate (default 989.4: an H100 / H200 SXM's datasheet rate)
        [--init gpt2|torch]  gpt2 (default): GPT-2's initialization, as bench_gpt2_step's model has it (normal(0, 0.02)
                        weights and embeddings, zero biases, residual projections 0.02 / sqrt(2 * layers)); torch:
                        PyTorch's module defaults (embeddings normal(0, 1), so the tied head's logits start 50x
@@ -89,6 +90,7 @@ def main():
     p.add_argument("--modes", default="eager,compile")
     p.add_argument("--kernels", type=int, default=0)
     p.add_argument("--init", choices=["gpt2", "torch"], default="gpt2")
+    p.add_argument("--peak-tflops", type=float, default=989.4)  # the MFU column's rate: H100 / H200 SXM dense bf16
     a = p.parse_args()
     torch.manual_seed(1234)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -160,8 +162,10 @@ def main():
         name = f"torch {mode}" + (f" DDP x{world}" if world > 1 else "")
         name += " (torch init)" if a.init == "torch" else ""
         if rank == 0:
+            tflops = flops / (med / 1e3) / 1e12
             print(f"| {name} | {torch.cuda.get_device_name()} | bf16 | {a.batch} x {a.seq} | {n/1e6:.1f}M | {med:.2f} | "
-                  f"{tokens/(med/1e3):.0f} | {flops/(med/1e3)/1e12:.1f} | {torch.cuda.max_memory_allocated()/1e9:.2f} | "
+                  f"{tokens/(med/1e3):.0f} | {tflops:.1f} | {100 * tflops / a.peak_tflops:.0f}% | "
+                  f"{torch.cuda.max_memory_allocated()/1e9:.2f} | "
                   f"first call {first_s:.1f}s, loss {last_loss:.3f} |", flush=True)
         if rank == 0:
             print(f"timing: {name}: {med:.2f} ms/step with a sync after each step, {back_to_back:.2f} ms back to back, "
