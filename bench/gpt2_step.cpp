@@ -100,6 +100,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--peak-tflops") a.peak_tflops = std::stod(v);
     else INGOT_FAIL("bench_gpt2_step: unknown flag ", k, " (see --help)");
   }
+  INGOT_CHECK(a.peak_tflops > 0, "bench_gpt2_step: --peak-tflops must be positive, got ", a.peak_tflops);
   return a;
 }
 
