@@ -67,11 +67,17 @@ TEST(AutotuneCandidates, StartWithTheHeuristicAndHaveNoDuplicates) {
   rows.kind = KernelKind::RowReduction;
   rows.vector_width = 4;
   c = launch_candidates(rows, base);
-  EXPECT_EQ(c.size(), 1u + 2 * (4 + 5)) << "the heuristic, then warp per row x 4, block per row x 5, each x 2 paths";
+  EXPECT_EQ(c.size(), 1u + 2 * (2 + 5)) << "the heuristic, then warp per row x 2 (128, 256 threads: "
+                                          "kWarpRowMaxThreads), block per row x 5, each x 2 paths";
   EXPECT_EQ(encodings(c).size(), c.size());
   rows.prefer_columns = true;
   c = launch_candidates(rows, base);
-  EXPECT_EQ(c.size(), 1u + 2 * (4 + 5 + 4 * 3));
+  EXPECT_EQ(c.size(), 1u + 2 * (2 + 5 + 4 * 3));
+  for (const LaunchConfig& x : c) {
+    if (x.rows == LaunchConfig::Rows::WarpPerRow) {
+      EXPECT_LE(x.block_threads, codegen::cuda::kWarpRowMaxThreads);
+    }
+  }
   for (const LaunchConfig& x : c) {
     if (x.rows == LaunchConfig::Rows::Columns) {
       EXPECT_LE(x.col_rows * std::max(x.col_splits, 1), 1024);

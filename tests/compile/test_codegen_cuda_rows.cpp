@@ -263,6 +263,43 @@ TEST(CodegenCudaRows, ColumnSumsRenderOnlyTheWarpVariantAndCompileWithoutAGpu) {
   EXPECT_EQ(cuda::renderer_fingerprint().rfind("cuda-renderer-", 0), 0u);
 }
 
+// Note [Rows kept in registers] / [Warp-per-row launch bounds]: a bf16 layer norm of 768 columns keeps each lane's
+// three 8-wide chunks of x in rb0 (loaded once per row, read by the mean, variance and output phases) and its
+// _warp function is built for 256-thread blocks; rows too long for that keep the 1024-thread build and load per
+// phase. Both compile with NVRTC.
+TEST(CodegenCudaRows, RowsKeptInRegistersLoadOncePerRowAndBoundTheWarpFunction) {
+  const int arch = cuda_available() ? cuda::device_arch(0) : 90;
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  auto function = [](const std::string& source, const std::string& name) {
+    const size_t begin = source.find(name + "(const");
+    const size_t end = source.find("extern \"C\"", begin);
+    return begin == std::string::npos ? std::string() : source.substr(begin, end - begin);
+  };
+  const cuda::RenderedKernel r = cuda::render_kernel(layer_norm_fwd_spec(DType::bf16, 64, 768, 1e-5), "lnf");
+  const std::string warp = function(r.source, "lnf_warp"), block = function(r.source, "lnf_block");
+  ASSERT_FALSE(warp.empty()) << r.source;
+  EXPECT_NE(r.source.find("__launch_bounds__(" + std::to_string(cuda::kWarpRowMaxThreads) + ", 2) lnf_warp("),
+            std::string::npos);
+  EXPECT_NE(r.source.find("__launch_bounds__(1024) lnf_block("), std::string::npos);
+  EXPECT_NE(warp.find("rb0[3][8];"), std::string::npos) << warp;
+  EXPECT_EQ(count(warp, "ig_ldv<8>(rb0[k]"), 1u) << "x loaded once per row";
+  EXPECT_EQ(count(warp, "ig_ldv<8>(vb0"), 0u) << "no phase loads x again";
+  EXPECT_EQ(count(block, "rb0["), 0u) << "only the warp-per-row function caches rows";
+
+  const cuda::RenderedKernel wide = cuda::render_kernel(layer_norm_fwd_spec(DType::bf16, 64, 4096, 1e-5), "lnw");
+  EXPECT_NE(wide.source.find("__launch_bounds__(1024) lnw_warp("), std::string::npos);
+  EXPECT_EQ(count(wide.source, "rb0["), 0u) << "16 chunks per lane: too many registers";
+
+  const std::vector<std::string> cubins = cuda::compile_cubins(
+      {{"rows.cu", cuda::render_preamble() + "\n" + r.source + "\n" + wide.source}}, arch, 1);
+  ASSERT_EQ(cubins.size(), 1u);
+  EXPECT_EQ(cubins[0].substr(1, 3), "ELF");
+}
+
 // More rows than the capped grid has warps (so warps loop and blocks combine), vector and scalar paths, fewer
 // warps per block; dw and db must be the sums over every row, and a second launch must repeat them bit for bit
 // (warps, then blocks, are added in a fixed order).

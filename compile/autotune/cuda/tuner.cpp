@@ -109,6 +109,7 @@ std::vector<LaunchConfig> launch_candidates(const KernelAbi& abi, const LaunchCo
   } else if (abi.kind == KernelKind::RowReduction) {
     for (bool v : vector_paths) {
       for (int t : threads) {
+        if (t > codegen::cuda::kWarpRowMaxThreads) continue;  // the launcher would clamp it: the same launch
         LaunchConfig c = base;
         c.rows = LaunchConfig::Rows::WarpPerRow;
         c.block_threads = t;

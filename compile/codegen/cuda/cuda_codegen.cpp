@@ -286,8 +286,8 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
     INGOT_CHECK(row_bytes <= kColumnSumSharedBytes, "[codegen] kernel '", symbol, "': ", abi.column_sums,
                 " column sums of ", cols, " columns need ", row_bytes, " bytes of shared memory per warp (at most ",
                 kColumnSumSharedBytes, ")");
-    const int warps =
-        static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(block / 32, kColumnSumSharedBytes / row_bytes), 1, 32));
+    const int warps = static_cast<int>(std::clamp<int64_t>(
+        std::min<int64_t>(block / 32, kColumnSumSharedBytes / row_bytes), 1, kWarpRowMaxThreads / 32));
     const int64_t parts = std::clamp<int64_t>(ceil_div(rows, warps), 1, int64_t{kColumnSumBlocksPerSM} * sms);
     {
       std::lock_guard<std::mutex> lock(loaded->mu);
@@ -333,7 +333,8 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
     }
     launch_fn(loaded->fns[2], std::clamp<int64_t>(tiles, 1, cap * 8), x, y);
   } else if (how == LaunchConfig::Rows::WarpPerRow) {
-    launch_fn(loaded->fns[0], std::clamp<int64_t>(ceil_div(rows, block / 32), 1, cap), block);
+    const int threads = std::min(block, kWarpRowMaxThreads);  // Note [Warp-per-row launch bounds]
+    launch_fn(loaded->fns[0], std::clamp<int64_t>(ceil_div(rows, threads / 32), 1, cap), threads);
   } else {
     int threads = cfg.row_block_threads;
     if (threads <= 0) {  // about 4 vector groups per thread, 64..1024 threads

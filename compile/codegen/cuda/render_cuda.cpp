@@ -543,6 +543,10 @@ class Renderer {
     const std::string V = std::to_string(vec_);
     for (int i : bufs) {
       const std::string at = b(i) + " + " + base + std::to_string(i) + (off.empty() ? "" : " + " + off);
+      if (unroll_row_ && row_cached_[static_cast<size_t>(i)]) {  // Note [Rows kept in registers]
+        acc_[i] = "rb" + std::to_string(i) + "[k][j]";
+        continue;
+      }
       if (unit_[i] && !k_.buffers[i].is_output) {
         line("alignas(16) " + std::string(storage_type(k_.buffers[i].dtype)) + " vb" + std::to_string(i) + "[" + V + "];");
         line("ig_ldv<" + V + ">(vb" + std::to_string(i) + ", " + at + ");");
@@ -633,8 +637,14 @@ class Renderer {
       // (mean, variance, output of a layer norm). Unrolled completely, the loads of later phases repeat earlier
       // ones through __restrict__ pointers with no store in between, so the compiler can keep the row in
       // registers instead of going back to L1/L2 (64 warps x 4.6 KB rows overflow an H100 SM's L1).
-      if (unroll_row_) line("#pragma unroll");
-      open("for (I c = tid * " + V + "; c < " + nl + "; c += nt * " + V + ") {");
+      if (unroll_row_) {  // the lane's row_chunks_ chunks, the cached buffers read from rb<i>[k]
+        line("#pragma unroll");
+        open("for (int k = 0; k < " + std::to_string(row_chunks_) + "; ++k) {");
+        line("const I c = tid * " + V + " + k * nt * " + V + ";");
+        open("if (c < " + nl + ") {");
+      } else {
+        open("for (I c = tid * " + V + "; c < " + nl + "; c += nt * " + V + ") {");
+      }
       point_scalar();
       vector_accesses(loaded_by(closure), outs, "r", "c");
       idx_[L] = "(c + j)";
@@ -644,6 +654,7 @@ class Renderer {
       close();
       vector_stores(outs, "r", "c");
       close();
+      if (unroll_row_) close();
       close("} else {");
       ++indent_;
     }
@@ -691,25 +702,34 @@ class Renderer {
   void row_reduction(Variant variant) {
     const int L = last();
     static const char* suffix[] = {"_warp", "_block", "_col", "_colsplit"};
-    open("extern \"C\" __global__ void __launch_bounds__(1024) " + sym_ + suffix[variant] + "(const " + sym_ +
-         "_p p) {");
-    prologue();
-    const bool block = variant == kBlock, split = variant == kColumnsSplit;
-    columns_ = variant == kColumns || split;
     // Note [Rows kept in registers]: one warp per row of constant length, and at most 48 loaded values per lane
-    // from buffers that differ between rows (two rows of 768: a layer norm's residual add, 1.55 -> 1.43 ms per
-    // GPT-2 step; with three, as in the norm backward, register pressure made it slower: 1.73 -> 1.82 ms). A
-    // norm's weight, the same for every row, is not counted.
+    // from buffers that differ between rows (two rows of 768: a layer norm's residual add; with three, as in the
+    // norm backward, register pressure made it slower: 1.73 -> 1.82 ms per GPT-2 step). A norm's weight, the
+    // same for every row, is not counted. Each such buffer's share of the row is loaded once, into rb<i>[k][j]
+    // (chunk k of the lane's row_chunks_), which every phase reads: left to the compiler, the phases' repeated
+    // loads were not merged (the forward norm's PTX held 3x its loads). The function is then built for blocks of
+    // at most kWarpRowMaxThreads (Note [Warp-per-row launch bounds], render_cuda.h), so the row has registers.
     const SymInt& row_len = k_.dims[static_cast<size_t>(L)];
     int64_t row_loads = 0;
+    row_cached_.assign(k_.buffers.size(), false);
     for (size_t i = 0; i < k_.buffers.size(); ++i) {
       if (!used_[i] || k_.buffers[i].is_output || !element_buffer(i)) continue;
       bool per_row = false;
       for (int d = 0; d < L; ++d) per_row = per_row || !is_const(k_.buffers[i].strides[static_cast<size_t>(d)], 0);
       row_loads += per_row;
+      row_cached_[i] = per_row && unit_[i];
     }
     unroll_row_ = variant == kWarp && vec_ > 1 && row_len.is_constant() &&
                   row_loads * ((row_len.value + 32 * vec_ - 1) / (32 * vec_)) * vec_ <= 48;
+    row_chunks_ = unroll_row_ ? static_cast<int>((row_len.value + 32 * vec_ - 1) / (32 * vec_)) : 0;
+    if (!unroll_row_) row_cached_.assign(k_.buffers.size(), false);
+    const std::string bounds = unroll_row_
+                                   ? "__launch_bounds__(" + std::to_string(kWarpRowMaxThreads) + ", 2)"
+                                   : std::string("__launch_bounds__(1024)");
+    open("extern \"C\" __global__ void " + bounds + " " + sym_ + suffix[variant] + "(const " + sym_ + "_p p) {");
+    prologue();
+    const bool block = variant == kBlock, split = variant == kColumnsSplit;
+    columns_ = variant == kColumns || split;
     std::string rows;
     for (int d = 0; d < L; ++d) rows += (d ? " * " : "") + std::string("n") + std::to_string(d);
     line("const I rows = " + (rows.empty() ? std::string("1") : rows) + ";");
@@ -748,6 +768,7 @@ class Renderer {
     decompose("row", L, "", "");
     offsets("r", L);
     point_row();
+    if (unroll_row_) load_row();
     int max_level = 0;
     for (size_t i = 0; i < k_.nodes.size(); ++i) max_level = std::max(max_level, level_[i]);
     auto emit_row_nodes = [&](int lvl) {
@@ -830,6 +851,28 @@ class Renderer {
     close();
     columns_ = false;
     unroll_row_ = false;
+    row_cached_.assign(k_.buffers.size(), false);
+  }
+
+  // Note [Rows kept in registers]: this lane's chunks of the row of every cached buffer, loaded once per row.
+  void load_row() {
+    const std::string V = std::to_string(vec_), K = std::to_string(row_chunks_), nl = "n" + std::to_string(last());
+    for (size_t i = 0; i < k_.buffers.size(); ++i)
+      if (row_cached_[i])
+        line("alignas(16) " + std::string(storage_type(k_.buffers[i].dtype)) + " rb" + std::to_string(i) + "[" + K +
+             "][" + V + "];");
+    open("if (vec) {");
+    line("#pragma unroll");
+    open("for (int k = 0; k < " + K + "; ++k) {");
+    line("const I c = tid * " + V + " + k * nt * " + V + ";");
+    open("if (c < " + nl + ") {");
+    for (size_t i = 0; i < k_.buffers.size(); ++i)
+      if (row_cached_[i])
+        line("ig_ldv<" + V + ">(rb" + std::to_string(i) + "[k], " + b(static_cast<int>(i)) + " + r" +
+             std::to_string(i) + " + c);");
+    close();
+    close();
+    close();
   }
 
   // Note [Column sums in row reductions]
@@ -1013,6 +1056,8 @@ class Renderer {
   int vec_ = 1;
   bool columns_ = false;  // rendering the kColumns variant of a row reduction
   bool unroll_row_ = false;  // Note [Rows kept in registers]
+  std::vector<bool> row_cached_;  // per buffer: its row is in rb<i> (Note [Rows kept in registers])
+  int row_chunks_ = 0;            // vectors of the row per lane when unroll_row_
   std::string col_begin_, col_end_;  // kColumnsSplit: this block's column range (empty: every column)
 };
 
