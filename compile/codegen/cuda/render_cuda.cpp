@@ -633,18 +633,10 @@ class Renderer {
     if (vector) {
       const std::string V = std::to_string(vec_);
       open("if (vec) {");
-      // Note [Rows kept in registers]: a warp's row of a few vectors per lane is loaded again by each phase
-      // (mean, variance, output of a layer norm). Unrolled completely, the loads of later phases repeat earlier
-      // ones through __restrict__ pointers with no store in between, so the compiler can keep the row in
-      // registers instead of going back to L1/L2 (64 warps x 4.6 KB rows overflow an H100 SM's L1).
-      if (unroll_row_) {  // the lane's row_chunks_ chunks, the cached buffers read from rb<i>[k]
-        line("#pragma unroll");
-        open("for (int k = 0; k < " + std::to_string(row_chunks_) + "; ++k) {");
-        line("const I c = tid * " + V + " + k * nt * " + V + ";");
-        open("if (c < " + nl + ") {");
-      } else {
-        open("for (I c = tid * " + V + "; c < " + nl + "; c += nt * " + V + ") {");
-      }
+      // Note [Rows kept in registers]: each phase walks the lane's chunks of the row and reads the cached
+      // buffers from rb<i>[k] (load_row) instead of loading them again.
+      if (unroll_row_) open_row_chunks();
+      else open("for (I c = tid * " + V + "; c < " + nl + "; c += nt * " + V + ") {");
       point_scalar();
       vector_accesses(loaded_by(closure), outs, "r", "c");
       idx_[L] = "(c + j)";
@@ -711,7 +703,7 @@ class Renderer {
     // at most kWarpRowMaxThreads (Note [Warp-per-row launch bounds], render_cuda.h), so the row has registers.
     const SymInt& row_len = k_.dims[static_cast<size_t>(L)];
     int64_t row_loads = 0;
-    row_cached_.assign(k_.buffers.size(), false);
+    row_cached_.assign(k_.buffers.size(), false);  // read only while unroll_row_
     for (size_t i = 0; i < k_.buffers.size(); ++i) {
       if (!used_[i] || k_.buffers[i].is_output || !element_buffer(i)) continue;
       bool per_row = false;
@@ -719,10 +711,9 @@ class Renderer {
       row_loads += per_row;
       row_cached_[i] = per_row && unit_[i];
     }
-    unroll_row_ = variant == kWarp && vec_ > 1 && row_len.is_constant() &&
-                  row_loads * ((row_len.value + 32 * vec_ - 1) / (32 * vec_)) * vec_ <= 48;
-    row_chunks_ = unroll_row_ ? static_cast<int>((row_len.value + 32 * vec_ - 1) / (32 * vec_)) : 0;
-    if (!unroll_row_) row_cached_.assign(k_.buffers.size(), false);
+    const int64_t chunks = row_len.is_constant() ? (row_len.value + 32 * vec_ - 1) / (32 * vec_) : 0;
+    unroll_row_ = variant == kWarp && vec_ > 1 && row_len.is_constant() && row_loads * chunks * vec_ <= 48;
+    row_chunks_ = unroll_row_ ? static_cast<int>(chunks) : 0;
     const std::string bounds = unroll_row_
                                    ? "__launch_bounds__(" + std::to_string(kWarpRowMaxThreads) + ", 2)"
                                    : std::string("__launch_bounds__(1024)");
@@ -851,21 +842,27 @@ class Renderer {
     close();
     columns_ = false;
     unroll_row_ = false;
-    row_cached_.assign(k_.buffers.size(), false);
+  }
+
+  // Opens the loop over this lane's row_chunks_ chunks of the row (chunk k starts at column c) and its bound
+  // check; the caller closes both.
+  void open_row_chunks() {
+    const std::string V = std::to_string(vec_);
+    line("#pragma unroll");
+    open("for (int k = 0; k < " + std::to_string(row_chunks_) + "; ++k) {");
+    line("const I c = tid * " + V + " + k * nt * " + V + ";");
+    open("if (c < n" + std::to_string(last()) + ") {");
   }
 
   // Note [Rows kept in registers]: this lane's chunks of the row of every cached buffer, loaded once per row.
   void load_row() {
-    const std::string V = std::to_string(vec_), K = std::to_string(row_chunks_), nl = "n" + std::to_string(last());
+    const std::string V = std::to_string(vec_), K = std::to_string(row_chunks_);
     for (size_t i = 0; i < k_.buffers.size(); ++i)
       if (row_cached_[i])
         line("alignas(16) " + std::string(storage_type(k_.buffers[i].dtype)) + " rb" + std::to_string(i) + "[" + K +
              "][" + V + "];");
     open("if (vec) {");
-    line("#pragma unroll");
-    open("for (int k = 0; k < " + K + "; ++k) {");
-    line("const I c = tid * " + V + " + k * nt * " + V + ";");
-    open("if (c < " + nl + ") {");
+    open_row_chunks();
     for (size_t i = 0; i < k_.buffers.size(); ++i)
       if (row_cached_[i])
         line("ig_ldv<" + V + ">(rb" + std::to_string(i) + "[k], " + b(static_cast<int>(i)) + " + r" +
