@@ -23,6 +23,9 @@
 // Started by `ingot launch --nproc-per-node N -- bench_gpt2_step ...` (WORLD_SIZE > 1) the model is wrapped in
 // DistributedDataParallel (NCCL on GPUs, Gloo on CPUs), --batch is per rank, and rank 0 prints tokens/s per rank.
 // With --compile the bucket all-reduces are nodes of the compiled step's graph (distributed/collective_ops.h).
+// DDP flags: --bucket-cap-mb MB, --reduce-dtype f32|bf16, --zero1, --no-bucket-updates (one optimizer update
+// after every reduction instead of one per bucket), --timeline (rank 0's communication per step from CUDA
+// events: busy, exposed, compute; a 'timeline:' line).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -52,6 +55,9 @@ struct Args {
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
   bool profiler_range = false, losses = false, regional = false;
+  bool timeline = false, zero1 = false, bucket_updates = true;
+  double bucket_cap_mb = 25.0;
+  std::string reduce_dtype = "f32";
   double memory_budget = 1.0, peak_tflops = 989.4;
 };
 
@@ -64,6 +70,8 @@ Args parse(int argc, char** argv) {
                   "       [--layers N] [--heads N] [--embd N] [--vocab N] [--steps N] [--warmup N]\n"
                   "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR] [--profile K]\n"
                   "       [--profiler-range] [--memory-budget B] [--losses] [--regional] [--peak-tflops P]\n"
+                  "       under ingot launch (DDP): [--bucket-cap-mb MB] [--reduce-dtype f32|bf16] [--zero1]\n"
+                  "       [--no-bucket-updates] [--timeline]\n"
                   "Prints a table row (median step time, tokens/s, TFLOP/s, MFU, peak memory, first call, loss)\n"
                   "and, on GPUs, a 'timing:' line: host time per call, and the step queued back to back and after a\n"
                   "5 ms rest.\n");
@@ -79,6 +87,18 @@ Args parse(int argc, char** argv) {
     }
     if (k == "--losses") {
       a.losses = true;
+      continue;
+    }
+    if (k == "--timeline") {
+      a.timeline = true;
+      continue;
+    }
+    if (k == "--zero1") {
+      a.zero1 = true;
+      continue;
+    }
+    if (k == "--no-bucket-updates") {
+      a.bucket_updates = false;
       continue;
     }
     INGOT_CHECK(i + 1 < argc, "bench_gpt2_step: flag ", k, " needs a value");
@@ -98,9 +118,14 @@ Args parse(int argc, char** argv) {
     else if (k == "--profile") a.profile = std::stoll(v);
     else if (k == "--memory-budget") a.memory_budget = std::stod(v);
     else if (k == "--peak-tflops") a.peak_tflops = std::stod(v);
+    else if (k == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
+    else if (k == "--reduce-dtype") a.reduce_dtype = v;
     else INGOT_FAIL("bench_gpt2_step: unknown flag ", k, " (see --help)");
   }
   INGOT_CHECK(a.peak_tflops > 0, "bench_gpt2_step: --peak-tflops must be positive, got ", a.peak_tflops);
+  INGOT_CHECK(a.bucket_cap_mb > 0, "bench_gpt2_step: --bucket-cap-mb must be positive, got ", a.bucket_cap_mb);
+  INGOT_CHECK(a.reduce_dtype == "f32" || a.reduce_dtype == "bf16",
+              "bench_gpt2_step: --reduce-dtype must be f32 or bf16, got ", a.reduce_dtype);
   return a;
 }
 
@@ -126,7 +151,13 @@ int main(int argc, char** argv) try {
   if (a.dtype == "bf16") model.set_compute_dtype(DType::bf16);
   else INGOT_CHECK(a.dtype == "f32", "bench_gpt2_step: --dtype must be bf16 or f32, got ", a.dtype);
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
-  if (dist) ddp = std::make_unique<distributed::DistributedDataParallel>(model, dist->group);
+  if (dist) {
+    distributed::DdpOptions o;
+    o.bucket_cap_mb = a.bucket_cap_mb;
+    o.zero1 = a.zero1;
+    if (a.reduce_dtype == "bf16") o.reduce_dtype = DType::bf16;
+    ddp = std::make_unique<distributed::DistributedDataParallel>(model, dist->group, o);
+  }
   optim::AdamW opt(ddp ? ddp->optimizer_params() : model.parameters(),
                    optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1});
 
@@ -155,13 +186,24 @@ int main(int argc, char** argv) try {
     o.cache_dir = a.cache_dir;
     o.memory_budget = a.memory_budget;
     o.regional = a.regional;
+    o.bucket_updates = a.bucket_updates;
     o.name = "gpt2_step";
     compiled = compile(step_fn, o);
   }
   if (dev.is_cuda()) allocator_for(dev).reset_peak();
-  const bench::StepTimes t = bench::time_steps(dev, a.warmup, a.steps, [&] {
-    return (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0];
-  });
+  // --timeline: rank 0's communication per timed step (Note [Step timeline], distributed/nccl_process_group.cpp).
+  const bool timeline = a.timeline && dist && dev.is_cuda();
+  std::vector<distributed::ProcessGroup::StepTimeline> marks;
+  const bench::StepTimes t = bench::time_steps(
+      dev, a.warmup, a.steps, [&] { return (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0]; },
+      [&] {
+        if (timeline) dist->group->timeline_begin_step(cuda::current_stream(dev.index));
+      },
+      [&](int64_t s) {
+        if (!timeline) return;
+        auto m = dist->group->timeline_end_step(cuda::current_stream(dev.index));
+        if (m && s >= a.warmup) marks.push_back(*m);
+      });
   const double med = t.median_ms(), compile_s = compiled ? t.first_call_s : 0.0;
   double tokens = static_cast<double>(a.batch * a.seq);
   // 6 * params * tokens for the matmuls plus the attention term 12 * L * T * C * tokens... per token: 6N + 6*L*T*C.
@@ -171,7 +213,9 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
-  if (world > 1) mode += " DDP x" + std::to_string(world);
+  if (world > 1) mode += std::string(a.zero1 ? " ZeRO-1" : " DDP") + " x" + std::to_string(world);
+  if (world > 1 && a.reduce_dtype != "f32") mode += " reduce " + a.reduce_dtype;
+  if (world > 1 && !a.bucket_updates) mode += " one-update";
   std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | MFU | peak mem GB | "
               "first call s | loss first->last |\n",
               static_cast<long long>(a.steps));
@@ -183,6 +227,7 @@ int main(int argc, char** argv) try {
               static_cast<long long>(a.seq), n_params / 1e6, med, tokens / (med / 1e3), tflops, mfu.c_str(),
               static_cast<double>(st.peak_allocated_bytes) / 1e9, compile_s, t.first_loss, t.last_loss);
   bench::print_step_timing(t);
+  bench::print_timeline(marks);
   if (a.losses) {
     std::printf("losses:");
     for (double l : t.losses) std::printf(" %.4f", l);

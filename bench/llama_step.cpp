@@ -7,6 +7,9 @@
 // zero_grad, on random tokens: what `ingot run full_finetune` does per optimizer step. bf16 is autocast-style
 // mixed precision (matmuls and attention in bf16; norms, softmax statistics and the loss in f32).
 // bench/reference/hf_llama.py runs transformers' LlamaForCausalLM the same way for comparison.
+// Under `ingot launch --nproc-per-node N` (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel (NCCL),
+// --batch is per rank, and rank 0 prints the row (tokens/s per rank); --timeline adds rank 0's communication
+// per step (busy, exposed), as bench_gpt2_step does.
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -14,6 +17,8 @@
 
 #include "bench/step_bench.h"
 #include "compile/api.h"
+#include "distributed/bootstrap.h"
+#include "distributed/ddp.h"
 #include "models/hf_config.h"
 #include "optim/optimizer.h"
 #include "runtime/rng.h"
@@ -25,6 +30,7 @@ namespace {
 struct Args {
   std::string config, device = "auto", dtype = "bf16", compile = "none", cache_dir;
   int64_t batch = 2, seq = 2048, steps = 20, warmup = 5, layers = 0;
+  bool timeline = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -35,9 +41,14 @@ Args parse(int argc, char** argv) {
       std::printf("usage: bench_llama_step --config CONFIG_JSON [--device auto|cpu|cuda] [--dtype bf16|f32]\n"
                   "       [--batch N] [--seq N] [--steps N] [--warmup N] [--layers N (override num_hidden_layers)]\n"
                   "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR]\n"
+                  "       [--timeline] (under ingot launch)\n"
                   "Prints a table row (median step time, tokens/s, peak memory, first-call time, loss) and, on GPUs, a\n"
                   "'timing:' line: host time per call, and the step queued back to back and after a 5 ms rest.\n");
       std::exit(0);
+    }
+    if (k == "--timeline") {
+      a.timeline = true;
+      continue;
     }
     INGOT_CHECK(i + 1 < argc, "bench_llama_step: flag ", k, " needs a value");
     std::string v = argv[++i];
@@ -61,8 +72,13 @@ Args parse(int argc, char** argv) {
 
 int main(int argc, char** argv) try {
   Args a = parse(argc, argv);
-  const Device dev = parse_device(a.device);
-  manual_seed(1234);
+  const bool ddp_mode = distributed::world_from_env().value_or(distributed::WorldInfo{}).world_size > 1;
+  std::optional<distributed::DistributedContext> dist;
+  if (ddp_mode) dist = distributed::init_distributed();
+  const int world = dist ? dist->info.world_size : 1, rank = dist ? dist->info.rank : 0;
+  Device dev = parse_device(a.device);
+  if (dist && dev.is_cuda() && cuda_device_count() > 1) dev = Device::cuda(dist->info.local_rank);
+  manual_seed(1234 + static_cast<uint64_t>(rank));
   models::HFConfig hf = models::load_hf_config(a.config);
   INGOT_CHECK(hf.arch == models::HFConfig::Arch::Llama, "bench_llama_step: ", a.config,
               ": model_type must be llama, mistral or qwen2, got ", hf.model_type);
@@ -71,7 +87,9 @@ int main(int argc, char** argv) try {
   model->to(dev);
   if (a.dtype == "bf16") model->set_compute_dtype(DType::bf16);
   else INGOT_CHECK(a.dtype == "f32", "bench_llama_step: --dtype must be bf16 or f32, got ", a.dtype);
-  optim::AdamW opt(model->parameters(), optim::AdamWOptions{2e-5, 0.9, 0.95, 1e-8, 0.0});
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;
+  if (dist) ddp = std::make_unique<distributed::DistributedDataParallel>(*model, dist->group);
+  optim::AdamW opt(ddp ? ddp->optimizer_params() : model->parameters(), optim::AdamWOptions{2e-5, 0.9, 0.95, 1e-8, 0.0});
 
   const int64_t vocab = hf.vocab_size();
   Tensor data = randint(0, vocab, {a.batch, a.seq + 1}, dev);
@@ -79,8 +97,13 @@ int main(int argc, char** argv) try {
   auto step_fn = [&](const std::vector<Tensor>& b) {
     Tensor loss = model->loss(b[0], b[1]);
     loss.backward();
-    opt.step();
-    opt.zero_grad();
+    if (ddp) {
+      ddp->step(opt);
+      ddp->zero_grad();
+    } else {
+      opt.step();
+      opt.zero_grad();
+    }
     return std::vector<Tensor>{loss};
   };
   std::optional<CompiledFunction> compiled;
@@ -95,9 +118,18 @@ int main(int argc, char** argv) try {
     compiled = compile(step_fn, o);
   }
   if (dev.is_cuda()) allocator_for(dev).reset_peak();
-  const bench::StepTimes t = bench::time_steps(dev, a.warmup, a.steps, [&] {
-    return (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0];
-  });
+  const bool timeline = a.timeline && dist && dev.is_cuda();
+  std::vector<distributed::ProcessGroup::StepTimeline> marks;
+  const bench::StepTimes t = bench::time_steps(
+      dev, a.warmup, a.steps, [&] { return (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0]; },
+      [&] {
+        if (timeline) dist->group->timeline_begin_step(cuda::current_stream(dev.index));
+      },
+      [&](int64_t s) {
+        if (!timeline) return;
+        auto m = dist->group->timeline_end_step(cuda::current_stream(dev.index));
+        if (m && s >= a.warmup) marks.push_back(*m);
+      });
   const double med = t.median_ms();
   const double tokens = static_cast<double>(a.batch * a.seq);
   const models::LlamaConfig& c = hf.llama;
@@ -106,7 +138,9 @@ int main(int argc, char** argv) try {
   // 6N per token for the weights plus 6 * L * T * (heads * head_dim) for attention's two matmuls.
   const double flops = tokens * (6.0 * n_params + 6.0 * c.num_hidden_layers * a.seq * c.num_attention_heads * head_dim);
   const AllocatorStats st = allocator_for(dev).stats();
-  const std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
+  if (rank != 0) return 0;
+  std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
+  if (world > 1) mode += " DDP x" + std::to_string(world);
   std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | "
               "peak mem GB | first call s | loss first->last |\n",
               static_cast<long long>(a.steps));
@@ -117,6 +151,7 @@ int main(int argc, char** argv) try {
               static_cast<double>(st.peak_allocated_bytes) / 1e9, compiled ? t.first_call_s : 0.0, t.first_loss,
               t.last_loss);
   bench::print_step_timing(t);
+  bench::print_timeline(marks);
   if (compiled) bench::print_compile_stats(compiled->stats());
   return 0;
 } catch (const std::exception& e) {

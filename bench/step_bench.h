@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "compile/api.h"
+#include "distributed/process_group.h"
 #include "runtime/allocator.h"
 #include "runtime/cuda_runtime.h"
 #include "runtime/tensor.h"
@@ -34,8 +35,11 @@ struct StepTimes {
 };
 
 // Runs `step` warmup + steps times; `step` returns the loss. Every step's loss is read on the host (as a
-// training loop's logging would), after the stop event, so the read is not timed.
-inline StepTimes time_steps(Device dev, int64_t warmup, int64_t steps, const std::function<Tensor()>& step) {
+// training loop's logging would), after the stop event, so the read is not timed. `before` runs right after
+// each step's start event is recorded, `after(s)` once its stop event completed (a step timeline's marks).
+inline StepTimes time_steps(Device dev, int64_t warmup, int64_t steps, const std::function<Tensor()>& step,
+                            const std::function<void()>& before = {},
+                            const std::function<void(int64_t)>& after = {}) {
   StepTimes r;
   for (int64_t s = 0; s < warmup + steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -45,6 +49,7 @@ inline StepTimes time_steps(Device dev, int64_t warmup, int64_t steps, const std
       e1 = std::make_unique<cuda::Event>();
       e0->record(cuda::current_stream(dev.index));
     }
+    if (before) before();
     Tensor loss = step();
     const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s == 0) {
@@ -59,6 +64,7 @@ inline StepTimes time_steps(Device dev, int64_t warmup, int64_t steps, const std
     } else {
       step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
+    if (after) after(s);
     r.last_loss = loss.item();
     r.losses.push_back(r.last_loss);
     // Peak memory is that of the steady-state steps: a compiled function's first call traces the step eagerly
@@ -105,6 +111,23 @@ inline void print_step_timing(const StepTimes& t) {
   std::printf("timing: host call %.3f ms/step (median); %.2f ms/step with a loss read after each step, %.2f ms "
               "back to back, %.2f ms (median) queued whole before the GPU starts it\n",
               median(t.host_ms), t.median_ms(), t.pipelined_ms, median(t.queued_ms));
+}
+
+// The 'timeline:' line of a data-parallel step (rank 0, medians over the timed steps; Note [Step timeline] in
+// distributed/nccl_process_group.cpp). Nothing when there are no marks (one process, or a CPU group).
+inline void print_timeline(const std::vector<distributed::ProcessGroup::StepTimeline>& marks) {
+  if (marks.empty()) return;
+  auto med = [&](double distributed::ProcessGroup::StepTimeline::*field) {
+    std::vector<double> v;
+    for (const auto& m : marks) v.push_back(m.*field);
+    return median(v);
+  };
+  using T = distributed::ProcessGroup::StepTimeline;
+  const double step_ms = med(&T::step_ms), exposed = med(&T::exposed_ms);
+  std::printf("timeline: rank 0, median of %zu steps: step %.2f ms, communication busy %.2f ms in %d collectives "
+              "(%.0f MB), exposed %.2f ms, compute %.2f ms\n",
+              marks.size(), step_ms, med(&T::comm_ms), marks.back().collectives, marks.back().bytes / 1e6, exposed,
+              step_ms - exposed);
 }
 
 inline void print_compile_stats(const CompileStats& cs) {

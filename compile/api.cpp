@@ -65,6 +65,7 @@ uint64_t CompileOptions::hash() const {
   mix(static_cast<uint64_t>(backend));
   mix(static_cast<uint64_t>(memory_budget * 1e6));
   mix(split_update);
+  mix(bucket_updates);
   return h;
 }
 

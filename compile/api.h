@@ -74,6 +74,9 @@ struct CompileOptions {
   // Each parameter's optimizer update right after its gradient is complete (compile/passes/split_update.cpp):
   // gradients die early (lower peak), at the cost of one update launch per parameter instead of one in all.
   bool split_update = false;
+  // Data parallel: one optimizer update per gradient bucket, each waiting only for its bucket's reduction
+  // (compile/passes/bucket_updates.cpp), instead of one update after all of them. Modes without CUDA graphs.
+  bool bucket_updates = true;
   bool disable = false;        // run eagerly, never trace
   Stance stance = Stance::Default;
   std::string name = "step";   // for logs and explain

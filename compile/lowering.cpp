@@ -13,11 +13,14 @@ std::optional<std::string> no_lowering_reason(const Primitive&) {
 
 bool is_multi_tensor_update(const Primitive& p) { return p.name() == "adamw_update" || p.name() == "sgd_update"; }
 
-bool is_layout_glue(const Primitive& p) { return p.fusion_kind() == FusionKind::View || p.name() == "cat"; }
+bool is_layout_glue(const Primitive& p) {
+  return p.fusion_kind() == FusionKind::View || p.name() == "cat" || p.name() == "cast";
+}
 
 int schedule_class(const Primitive& p) {
-  if (p.name() == "all_reduce_start") return -1;  // distributed/collective_ops.h
-  if (p.name() == "collective_wait") return 1;
+  const std::string_view n = p.name();  // distributed/collective_ops.h
+  if (n == "all_reduce_start" || n == "reduce_scatter_start" || n == "all_gather_start") return -1;
+  if (n == "collective_wait") return 1;
   return 0;
 }
 

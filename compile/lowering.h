@@ -18,7 +18,8 @@ bool is_multi_tensor_update(const Primitive& p);
 // so communication overlaps the compute after it), +1 as late as possible (the wait for a collective), 0 in
 // trace order (everything else).
 int schedule_class(const Primitive& p);
-// Ops that only move or re-describe data (views, cat): what may be hoisted with a collective's start.
+// Ops that only move, re-describe or convert data (views, cat, cast: a bucket's flatten, concatenation and
+// reduce_dtype conversion): what may be hoisted with a collective's start.
 bool is_layout_glue(const Primitive& p);
 
 }  // namespace ingot::compiler

@@ -184,7 +184,14 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("remat", g, [&](Graph& x) { return passes::remat(x, opts.memory_budget); });
   run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
   run_pass("split_update", g, [&](Graph& x) { return passes::split_update(x, opts.split_update ? 0.0 : 1.0); });
-  run_pass("fuse", g, [&](Graph& x) { return passes::fuse(x, !opts.split_update); });
+  // Per-bucket updates need the update between graphs to wait only for its bucket; under CUDA graphs the
+  // update (a host step: its learning rate is a host value) ends a graph, and a graph cannot end with a
+  // collective of the next one in flight, so those modes keep one update after every wait.
+  bool bucket_updates = false;
+  run_pass("split_update_by_bucket", g, [&](Graph& x) {
+    return bucket_updates = opts.bucket_updates && !replays_cuda_graphs(opts.mode) && passes::split_update_by_bucket(x);
+  });
+  run_pass("fuse", g, [&](Graph& x) { return passes::fuse(x, !opts.split_update && !bucket_updates); });
   run_pass("schedule", g, [](Graph& x) { return passes::schedule(x); });
   g.verify();
   const passes::MemoryPlan plan = passes::memory_plan(g);

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "autograd/primitive.h"
 #include "distributed/buckets.h"
@@ -42,20 +43,33 @@ class CollectivePrim : public Primitive {
 std::mutex g_pending_mu;
 std::map<const Storage*, std::shared_ptr<Work>> g_pending;
 
+// Registers the work that writes `out` for its collective_wait.
+void register_pending(const Tensor& out, std::shared_ptr<Work> work) {
+  std::lock_guard<std::mutex> lock(g_pending_mu);
+  g_pending[out.storage().get()] = std::move(work);
+}
+
+// Note [In-place bucket reductions]: the all-reduce runs in the buffer of its input when the executor knows
+// nothing else holds it (the bucket's concatenation, read by the start alone: Note [Outputs over dead inputs]),
+// so a compiled DDP step does not copy the bucket again before reducing it. Eagerly (or when the input is
+// still read afterwards) it reduces a copy.
 class AllReduceStartPrim final : public CollectivePrim {
  public:
   using CollectivePrim::CollectivePrim;
   std::string_view name() const override { return "all_reduce_start"; }
-  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
-    Tensor out = in[0].clone_raw();
-    std::shared_ptr<Work> work = reduce_bucket_async(*group_, out);
-    std::lock_guard<std::mutex> lock(g_pending_mu);
-    g_pending[out.storage().get()] = std::move(work);
+  std::optional<size_t> reusable_input() const override { return 0; }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return start(in[0].clone_raw()); }
+  std::vector<Tensor> eval_into(const std::vector<Tensor>&, const Tensor& into) const override { return start(into); }
+  void print_attrs(std::ostream& os) const override { os << "op=avg"; }
+
+ private:
+  std::vector<Tensor> start(Tensor out) const {
+    register_pending(out, reduce_bucket_async(*group_, out));
     return {out};
   }
-  void print_attrs(std::ostream& os) const override { os << "op=avg"; }
 };
 
+// Waits for the collective that writes its input (any of the starts above and below).
 class CollectiveWaitPrim final : public CollectivePrim {
  public:
   CollectiveWaitPrim() : CollectivePrim(nullptr) {}
@@ -77,26 +91,30 @@ class CollectiveWaitPrim final : public CollectivePrim {
   }
 };
 
-class ReduceScatterAvgPrim final : public CollectivePrim {
+// ZeRO-1's collectives, split like the all-reduce so that they overlap the compute around them: the
+// reduce-scatter of a bucket starts when its gradients exist, the all-gather of a shard when its update ran.
+// Neither backend writes the input of a reduce-scatter, so it is not copied first.
+class ReduceScatterStartPrim final : public CollectivePrim {
  public:
-  explicit ReduceScatterAvgPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, 1, g->size()) {}
-  std::string_view name() const override { return "reduce_scatter_avg"; }
+  explicit ReduceScatterStartPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, 1, g->size()) {}
+  std::string_view name() const override { return "reduce_scatter_start"; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
-    Tensor flat = in[0].clone_raw();  // reduce_scatter may use its input as scratch
+    Tensor flat = in[0].contiguous_raw();
     Tensor out = empty({flat.numel() / group_->size()}, flat.dtype(), flat.device());
-    reduce_bucket_async(*group_, flat, &out)->wait();
+    register_pending(out, reduce_bucket_async(*group_, flat, &out));
     return {out};
   }
+  void print_attrs(std::ostream& os) const override { os << "op=avg"; }
 };
 
-class AllGatherPrim final : public CollectivePrim {
+class AllGatherStartPrim final : public CollectivePrim {
  public:
-  explicit AllGatherPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, g->size(), 1) {}
-  std::string_view name() const override { return "all_gather"; }
+  explicit AllGatherStartPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, g->size(), 1) {}
+  std::string_view name() const override { return "all_gather_start"; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     Tensor chunk = in[0].contiguous_raw();
     Tensor out = empty({chunk.numel() * group_->size()}, chunk.dtype(), chunk.device());
-    group_->all_gather(out, chunk)->wait();
+    register_pending(out, group_->all_gather(out, chunk));
     return {out};
   }
 };
@@ -109,12 +127,20 @@ Tensor apply_collective(const char* op, const Tensor& in, std::shared_ptr<Proces
 
 }  // namespace
 
+Tensor reduce_scatter_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {
+  return apply_collective<ReduceScatterStartPrim>("reduce_scatter_start", flat, std::move(group));
+}
+
+Tensor all_gather_start(const Tensor& chunk, std::shared_ptr<ProcessGroup> group) {
+  return apply_collective<AllGatherStartPrim>("all_gather_start", chunk, std::move(group));
+}
+
 Tensor reduce_scatter_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {
-  return apply_collective<ReduceScatterAvgPrim>("reduce_scatter_avg", flat, std::move(group));
+  return collective_wait(reduce_scatter_start(flat, std::move(group)));
 }
 
 Tensor all_gather(const Tensor& chunk, std::shared_ptr<ProcessGroup> group) {
-  return apply_collective<AllGatherPrim>("all_gather", chunk, std::move(group));
+  return collective_wait(all_gather_start(chunk, std::move(group)));
 }
 
 Tensor all_reduce_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {

@@ -21,9 +21,12 @@ Tensor all_reduce_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
 // allow (compile/lowering.h: schedule_class).
 Tensor all_reduce_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
 Tensor collective_wait(const Tensor& pending);
-// ZeRO-1's pair. reduce_scatter_avg: this rank's chunk (numel / world elements, chunk `rank`) of the average
-// of `flat` over the ranks; flat.numel() must divide by the world size. all_gather: the concatenation of
-// every rank's `chunk`, rank order.
+// ZeRO-1's pair, each a start and a wait like the all-reduce. reduce_scatter_start: this rank's chunk
+// (numel / world elements, chunk `rank`) of the average of `flat` over the ranks (pending until its
+// collective_wait); flat.numel() must divide by the world size. all_gather_start: the concatenation of every
+// rank's `chunk`, rank order (pending likewise). reduce_scatter_avg and all_gather are each start + wait.
+Tensor reduce_scatter_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
+Tensor all_gather_start(const Tensor& chunk, std::shared_ptr<ProcessGroup> group);
 Tensor reduce_scatter_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
 Tensor all_gather(const Tensor& chunk, std::shared_ptr<ProcessGroup> group);
 

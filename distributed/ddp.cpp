@@ -109,6 +109,8 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
               options_.bucket_cap_mb);
   INGOT_CHECK(options_.root >= 0 && options_.root < group_->size(), "DistributedDataParallel: root must be in [0, ",
               group_->size(), "), got ", options_.root);
+  INGOT_CHECK(!options_.reduce_dtype || is_floating(*options_.reduce_dtype),
+              "DistributedDataParallel: reduce_dtype must be a floating dtype, got ", dtype_name(*options_.reduce_dtype));
   auto st = std::make_shared<State>();
   st->zero1 = options_.zero1;
   st->group = group_.get();
@@ -148,7 +150,8 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
       st->slot_of[b.params[s]] = s;
     }
     const Tensor& p0 = st->params[b.params[0]];
-    b.flat = zeros({plan.padded_numel}, p0.dtype(), p0.device());
+    const DType reduce = options_.reduce_dtype.value_or(p0.dtype());
+    b.flat = zeros({plan.padded_numel}, reduce, p0.device());
     if (options_.zero1) {
       int64_t chunk = plan.padded_numel / world;
       b.gathered = zeros({plan.padded_numel}, p0.dtype(), p0.device());
@@ -158,7 +161,7 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
       }
       b.shard = slice(b.gathered, rank * chunk, {chunk}).clone_raw();
       b.shard.set_requires_grad(true);  // the optimizer takes leaves; the shard's .grad is set by synchronize()
-      b.shard_grad = zeros({chunk}, p0.dtype(), p0.device());
+      b.shard_grad = zeros({chunk}, reduce, p0.device());
     }
   }
   st->ready.assign(params.size(), false);
@@ -208,19 +211,22 @@ void DistributedDataParallel::synchronize_traced() {
     for (size_t k = 0; k < b.params.size(); ++k) {
       const Tensor& p = s.params[b.params[k]];
       Tensor g = p.grad();
-      parts.push_back(reshape(g.defined() ? g : zeros(p.shape(), p.dtype(), p.device()), {p.numel()}));
+      Tensor part = reshape(g.defined() ? g : zeros(p.shape(), p.dtype(), p.device()), {p.numel()});
+      // Rounded before the concatenation: the bucket is built in the reduction dtype (fewer bytes moved).
+      parts.push_back(part.dtype() == b.flat.dtype() ? part : cast(part, b.flat.dtype()));
       used += p.numel();
     }
     if (b.flat.numel() > used) parts.push_back(zeros({b.flat.numel() - used}, b.flat.dtype(), b.flat.device()));
     const Tensor flat = parts.size() == 1 ? parts[0] : cat(parts, 0);
+    auto widened = [](const Tensor& t, DType d) { return t.dtype() == d ? t : cast(t, d); };
     if (s.zero1) {
-      publish_grad(b.shard, reduce_scatter_avg(flat, group_));
+      publish_grad(b.shard, widened(reduce_scatter_avg(flat, group_), b.shard.dtype()));
       continue;
     }
     Tensor avg = collective_wait(all_reduce_start(flat, group_));
     for (size_t k = 0; k < b.params.size(); ++k) {
       Tensor& p = s.params[b.params[k]];
-      publish_grad(p, reshape(narrow(avg, 0, b.offsets[k], p.numel()), p.shape()));
+      publish_grad(p, widened(reshape(narrow(avg, 0, b.offsets[k], p.numel()), p.shape()), p.dtype()));
     }
   }
   s.reset_round();
@@ -268,7 +274,7 @@ void DistributedDataParallel::synchronize() {
   }
   for (Bucket& b : s.buckets) {
     if (s.zero1) {
-      b.shard.set_grad(b.shard_grad);
+      b.shard.set_grad(b.shard_grad.dtype() == b.shard.dtype() ? b.shard_grad : b.shard_grad.to(b.shard.dtype()));
       continue;
     }
     for (size_t k = 0; k < b.params.size(); ++k) {
@@ -278,7 +284,7 @@ void DistributedDataParallel::synchronize() {
       if (g.defined())
         g.copy_(avg);
       else
-        p.set_grad(avg.clone_raw());
+        p.set_grad(avg.dtype() == p.dtype() ? avg.clone_raw() : avg.to(p.dtype()));
     }
   }
   s.reset_round();

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,10 @@ struct DdpOptions {
   bool broadcast_parameters = true;  // copy rank `root`'s parameters to every rank at construction
   int root = 0;
   bool zero1 = false;
+  // The dtype gradients are averaged in (nullopt: the gradients' own). bf16 halves the bytes on the wire, as
+  // PyTorch's bf16_compress_hook: each gradient is rounded to bf16 before the reduction and the average is
+  // widened back to the parameter's dtype before the optimizer reads it.
+  std::optional<DType> reduce_dtype;
 };
 
 class DistributedDataParallel {

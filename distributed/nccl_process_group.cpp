@@ -16,14 +16,39 @@
 //
 // Tensors stay referenced by their Work until the watchdog sees the collective finish on the device, so the
 // caching allocator cannot hand their memory to someone else while NCCL still uses it.
+//
+// Note [Collectives in CUDA graphs]
+// NCCL calls can be captured (reduce-overhead and max-autotune capture the compiled step, collectives
+// included). A collective issued while the producer stream captures joins the capture: the comm stream waits
+// on an event recorded in the capture, the NCCL kernel and the end event become graph nodes, and the
+// collective_wait's stream wait joins the comm stream back. Such a Work is complete on the host at once (its
+// kernels run at every replay, not now) and never reaches the watchdog, whose event queries would touch a
+// capture; block_stream always adds the stream wait, so the capture's dependency edge exists. Buffers are
+// the graph's, kept by the replay runner, not by the Work.
+//
+// Note [Comm stream priority]
+// Collectives run on a stream of the highest priority the device offers: when a bucket's reduction is ready,
+// its kernels are scheduled before the compute kernels queued behind it, so the communication starts as soon
+// as its gradients exist instead of after whichever backward kernels fill the GPU then.
+//
+// Note [Step timeline]
+// timeline_begin_step / timeline_end_step (benchmarks) record timing events around every collective on the
+// comm stream, and on the waiting stream where a collective_wait is reached, each step. Exposed
+// communication is the time the compute stream stood at a wait whose collective had not finished: the sum
+// over waits of max(0, collective end - wait reached). In a captured step the events are external event nodes
+// (cudaEventRecordExternal), re-recorded at every replay, so a replayed step reports the same way.
 #include <nccl.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <algorithm>
 #include <deque>
+#include <functional>
+#include <optional>
 #include <thread>
+#include <utility>
 
 #include "distributed/process_group.h"
 #include "runtime/cuda/check.h"
@@ -79,6 +104,11 @@ class NcclWork final : public Work {
 
   // Device-side wait: `stream` waits for the collective, the host does not.
   void block_stream(cuda::Stream stream) override {
+    if (on_wait) on_wait(static_cast<cudaStream_t>(stream.handle));
+    if (captured) {  // Note [Collectives in CUDA graphs]
+      CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.handle), end_, 0));
+      return;
+    }
     if (is_completed()) {
       wait();  // rethrows a failure
       return;
@@ -89,6 +119,61 @@ class NcclWork final : public Work {
   cudaEvent_t end_ = nullptr;
   Clock::time_point issued_ = Clock::now();
   std::vector<Tensor> keep_;  // the tensors NCCL reads/writes, alive until the device is done
+  bool captured = false;      // issued into a CUDA graph capture
+  std::function<void(cudaStream_t)> on_wait;  // the step timeline's mark where a stream waits for this
+};
+
+// Records `e` on `s`; inside a capture as an external event node, so that the event is re-recorded at every
+// replay and can be timed (Note [Step timeline]).
+void record_timing(cudaEvent_t e, cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+  if (st == cudaStreamCaptureStatusActive)
+    CUDA_CHECK(cudaEventRecordWithFlags(e, s, cudaEventRecordExternal));
+  else
+    CUDA_CHECK(cudaEventRecord(e, s));
+}
+
+// Timing events of one step's collectives, reused slot by slot every step (Note [Step timeline]).
+struct Timeline {
+  bool on = false;
+  cudaEvent_t begin = nullptr, end = nullptr;
+  std::vector<cudaEvent_t> starts, ends, reached;
+  std::vector<int> wait_slot;   // per wait of the step: the collective slot it waits for
+  std::vector<double> bytes;    // per collective slot
+  int collectives = 0, waits = 0;          // this step so far
+  int max_collectives = 0, max_waits = 0;  // the most any step issued (a replayed step issues none on the host)
+  static cudaEvent_t make() {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
+  int next_collective(double nbytes) {
+    if (collectives == static_cast<int>(starts.size())) {
+      starts.push_back(make());
+      ends.push_back(make());
+      bytes.push_back(0);
+    }
+    bytes[static_cast<size_t>(collectives)] = nbytes;
+    max_collectives = std::max(max_collectives, collectives + 1);
+    return collectives++;
+  }
+  void mark_wait(int slot, cudaStream_t s) {
+    if (waits == static_cast<int>(reached.size())) {
+      reached.push_back(make());
+      wait_slot.push_back(0);
+    }
+    wait_slot[static_cast<size_t>(waits)] = slot;
+    record_timing(reached[static_cast<size_t>(waits)], s);
+    max_waits = std::max(max_waits, waits + 1);
+    ++waits;
+  }
+  ~Timeline() {
+    for (auto* v : {&starts, &ends, &reached})
+      for (cudaEvent_t e : *v) cudaEventDestroy(e);
+    if (begin) cudaEventDestroy(begin);
+    if (end) cudaEventDestroy(end);
+  }
 };
 
 class NcclProcessGroup final : public ProcessGroup {
@@ -134,7 +219,9 @@ class NcclProcessGroup final : public ProcessGroup {
       comm_ = nullptr;
       INGOT_FAIL(failure_message(-1, "communicator init", err));
     }
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    int least = 0, greatest = 0;  // Note [Comm stream priority]
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     watchdog_ = std::thread([this] { run_watchdog(); });
   }
@@ -170,6 +257,53 @@ class NcclProcessGroup final : public ProcessGroup {
     std::lock_guard<std::mutex> lock(issue_mu_);
     input_stream_ = s;
     has_input_stream_ = true;
+  }
+
+  void timeline_begin_step(cuda::Stream s) override {
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    cuda::DeviceGuard guard(device_);
+    if (!timeline_.on) {
+      timeline_.on = true;
+      timeline_.begin = Timeline::make();
+      timeline_.end = Timeline::make();
+    }
+    timeline_.collectives = timeline_.waits = 0;
+    CUDA_CHECK(cudaEventRecord(timeline_.begin, static_cast<cudaStream_t>(s.handle)));
+  }
+
+  std::optional<StepTimeline> timeline_end_step(cuda::Stream s) override {
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    if (!timeline_.on) return std::nullopt;
+    cuda::DeviceGuard guard(device_);
+    CUDA_CHECK(cudaEventRecord(timeline_.end, static_cast<cudaStream_t>(s.handle)));
+    CUDA_CHECK(cudaEventSynchronize(timeline_.end));
+    auto at = [&](cudaEvent_t e) {
+      float ms = 0;
+      return cudaEventElapsedTime(&ms, timeline_.begin, e) == cudaSuccess ? static_cast<double>(ms) : -1.0;
+    };
+    StepTimeline r;
+    r.step_ms = at(timeline_.end);
+    std::vector<std::pair<double, double>> spans;
+    for (int k = 0; k < timeline_.max_collectives; ++k) {
+      const double a = at(timeline_.starts[static_cast<size_t>(k)]), b = at(timeline_.ends[static_cast<size_t>(k)]);
+      if (a < 0 || b < a) continue;  // not recorded in this step
+      spans.emplace_back(a, b);
+      ++r.collectives;
+      r.bytes += timeline_.bytes[static_cast<size_t>(k)];
+    }
+    std::sort(spans.begin(), spans.end());
+    double reach = -1;
+    for (auto [a, b] : spans) {  // the union of the spans: time the comm stream was busy
+      if (a > reach) r.comm_ms += b - a;
+      else if (b > reach) r.comm_ms += b - reach;
+      reach = std::max(reach, b);
+    }
+    for (int j = 0; j < timeline_.max_waits; ++j) {
+      const double w = at(timeline_.reached[static_cast<size_t>(j)]);
+      const double e = at(timeline_.ends[static_cast<size_t>(timeline_.wait_slot[static_cast<size_t>(j)])]);
+      if (w >= 0 && e > w) r.exposed_ms += e - w;
+    }
+    return r;
   }
 
   std::shared_ptr<Work> all_reduce(Tensor& t, ReduceOp op) override {
@@ -263,8 +397,20 @@ class NcclProcessGroup final : public ProcessGroup {
     // The comm stream starts after the work already queued on the producer stream.
     cudaStream_t producer = has_input_stream_ ? static_cast<cudaStream_t>(input_stream_.handle)
                                               : cuda::raw_stream(device_);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(producer, &capture));
+    work->captured = capture == cudaStreamCaptureStatusActive;
     CUDA_CHECK(cudaEventRecord(ready_, producer));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    int slot = -1;
+    if (timeline_.on) {
+      slot = timeline_.next_collective(static_cast<double>(t.nbytes()));
+      record_timing(timeline_.starts[static_cast<size_t>(slot)], stream_);
+      work->on_wait = [this, slot](cudaStream_t s) {
+        std::lock_guard<std::mutex> lock(issue_mu_);
+        if (timeline_.on) timeline_.mark_wait(slot, s);
+      };
+    }
     recorder_.update(seq, FlightRecorder::State::Started);
     ncclResult_t r = call(stream_);
     std::string err;
@@ -281,7 +427,14 @@ class NcclProcessGroup final : public ProcessGroup {
       fail_in_flight(msg);
       return work;
     }
+    if (slot >= 0) record_timing(timeline_.ends[static_cast<size_t>(slot)], stream_);
     CUDA_CHECK(cudaEventRecord(work->end_, stream_));
+    if (work->captured) {  // Note [Collectives in CUDA graphs]
+      work->keep_.clear();
+      recorder_.update(seq, FlightRecorder::State::Completed);
+      work->finish();
+      return work;
+    }
     {
       std::lock_guard<std::mutex> l(mu_);
       in_flight_.push_back(work);
@@ -362,6 +515,7 @@ class NcclProcessGroup final : public ProcessGroup {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<NcclWork>> in_flight_;
   bool stop_ = false;
+  Timeline timeline_;  // guarded by issue_mu_
   std::thread watchdog_;
 };
 

@@ -19,6 +19,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -131,6 +132,18 @@ class ProcessGroup {
   // CUDA backends: collectives issued after this call first wait for the work queued so far on `s` (default:
   // the device's current stream at issue time).
   virtual void set_input_stream(cuda::Stream) {}
+
+  // One step of this rank's communication, from CUDA events (Note [Step timeline], nccl_process_group.cpp):
+  // the step's time on the compute stream, the time the comm stream was busy, and the exposed part: the time
+  // the compute stream stood at a collective_wait whose collective had not finished.
+  struct StepTimeline {
+    double step_ms = 0, comm_ms = 0, exposed_ms = 0, bytes = 0;
+    int collectives = 0;
+  };
+  // Benchmarks: begin_step (on the stream the step is queued on) turns the timeline on and marks the step's
+  // start; end_step marks its end, waits for it and returns the step's timeline. CPU backends: nullopt.
+  virtual void timeline_begin_step(cuda::Stream) {}
+  virtual std::optional<StepTimeline> timeline_end_step(cuda::Stream) { return std::nullopt; }
 
   FlightRecorder& recorder() { return recorder_; }
   Store& store() { return *store_; }

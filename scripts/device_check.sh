@@ -14,6 +14,7 @@ out="${OUT:-out}"; mkdir -p "$out"
 # The bundle may travel packed (the carry limit is 64 MiB).
 if [[ -f .device/bundle.tgz ]]; then tar xzf .device/bundle.tgz -C .device; fi
 source .device/env.sh
+export INGOT_TEST_ROOT=$PWD  # tests find configs and fixtures in this checkout (tests/test_root.h)
 nvidia-smi -L | tee "$out/gpu.txt"
 want() { [[ $# -eq 0 ]] && return 0; local w; for w in "${steps[@]}"; do [[ "$w" == "$1" ]] && return 0; done; return 1; }
 steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests bench)

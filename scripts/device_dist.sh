@@ -1,27 +1,84 @@
 #!/usr/bin/env bash
-# Data-parallel scaling on a lent multi-GPU machine (nvidia-h200-x2 / -x4): GPT-2 124M, batch 16 x 1024 per GPU,
-# bf16, ingot eager and compiled DDP (all-reduces as graph nodes) under `ingot launch`, NCCL all-reduce
-# bandwidth, and PyTorch DDP (eager, torch.compile) under torchrun, all in one call. Logs go to $OUT (or ./out).
-# Expects the bundle of scripts/device_check.sh with bin/{ingot,bench_gpt2_step,bench_allreduce}.
-#   scripts/device_dist.sh [N ...]        (default: 1 2 4, capped at the GPUs present)
+# Data parallel on a lent multi-GPU machine (nvidia-h100-x4 / h200-x4; 2-GPU kinds run the 2-GPU parts), all in
+# one call: build (from .device/src.tgz when present, else this checkout) with scripts/device_build.sh, the
+# multi-GPU tests, then GPT-2 124M (bf16, batch 16 x 1024 per GPU) on 1, 2 and 4 GPUs: ingot compiled DDP in
+# default and reduce-overhead with the step timeline (exposed communication), the variants that explain it, NCCL
+# all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
+# Logs go to $OUT (or ./out); a summary table is printed last.
+#   scripts/device_dist.sh [tests] [bench] [variants] [torch] [llama]     (default: tests bench torch)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
-if [[ -f .device/bundle.tgz ]]; then tar xzf .device/bundle.tgz -C .device; fi
-source .device/env.sh
-gpus=$(nvidia-smi -L | wc -l); nvidia-smi -L | head -1
-counts=("$@"); [[ ${#counts[@]} -eq 0 ]] && counts=(1 2 4)
-bench="--device cuda --dtype bf16 --batch 16 --seq 1024 --steps 20 --warmup 5"
-for n in "${counts[@]}"; do
-  (( n <= gpus )) || continue
-  vis=$(seq -s, 0 $((n - 1)))
-  run() { if (( n == 1 )); then CUDA_VISIBLE_DEVICES=$vis "$@"; else CUDA_VISIBLE_DEVICES=$vis ingot launch --nproc-per-node gpu --standalone -- "$@"; fi; }
-  if (( n > 1 )); then
-    run bench_allreduce --min-mb 32 --max-mb 1024 > "$out/allreduce_$n.log" 2>&1; tail -3 "$out/allreduce_$n.log"
-  fi
-  run bench_gpt2_step $bench > "$out/eager_$n.log" 2>&1; grep "^| ingot" "$out/eager_$n.log"
-  run bench_gpt2_step $bench --compile default --cache-dir /tmp/ingot-dist-cache > "$out/compile_$n.log" 2>&1
-  grep "^| ingot\|^compile:" "$out/compile_$n.log"
-  CUDA_VISIBLE_DEVICES=$vis python3 -m torch.distributed.run --standalone --nproc-per-node "$n" \
-    bench/reference/torch_gpt2.py --batch 16 --modes eager,compile > "$out/torch_$n.log" 2>&1
-  grep "^|" "$out/torch_$n.log" | tail -2
-done
+want() { local w; for w in "${steps[@]}"; do [[ "$w" == "$1" ]] && return 0; done; return 1; }
+steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests bench torch)
+export NCCL_NVLS_ENABLE=0
+gpus=$(nvidia-smi -L | wc -l); nvidia-smi -L | tee "$out/gpu.txt"
+src=$PWD
+if [[ -f .device/src.tgz ]]; then src=/tmp/ingot-src; mkdir -p $src; tar xzf .device/src.tgz -C $src; fi
+t0=$(date +%s)
+scripts/device_build.sh "$src" /tmp/ingot-build ingot ingot_tests bench_gpt2_step bench_allreduce bench_llama_step \
+  > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+multi=/opt/deps/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH="$multi:$multi/openblas-pthread:${LD_LIBRARY_PATH:-}" PATH="/tmp/ingot-build/bin:$PATH"
+export INGOT_TEST_ROOT=$src OMP_WAIT_POLICY=passive
+
+if want tests; then
+  for f in 'DdpOnGpus.*' 'LaunchOnGpus.*' 'NcclProcessGroup.*' 'CompiledDdp.*'; do
+    log="$out/test_${f%%.*}.log"
+    (cd $src && INGOT_CRASH_BACKTRACE=1 timeout 400 ingot_tests --gtest_filter="$f" > "$log" 2>&1); echo "== $f: exit $?"
+    grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|^\[ ddp|Failure|Expected|Which is" "$log" | head -24
+  done
+fi
+
+bench="--device cuda --dtype bf16 --batch 16 --seq 1024 --steps 20 --warmup 5 --cache-dir /tmp/ingot-dist-cache"
+row() { grep -h "^| ingot" "$1" | tail -1; grep -h "^timeline:" "$1" | tail -1; }
+gpt2() {  # gpt2 N NAME FLAGS...
+  local n=$1 name=$2; shift 2
+  local vis; vis=$(seq -s, 0 $((n - 1)))
+  if (( n == 1 )); then CUDA_VISIBLE_DEVICES=$vis timeout 200 bench_gpt2_step $bench "$@" > "$out/$name.log" 2>&1
+  else CUDA_VISIBLE_DEVICES=$vis timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_gpt2_step $bench "$@" \
+      > "$out/$name.log" 2>&1; fi
+  row "$out/$name.log"
+}
+if want bench; then
+  for n in 1 2 4; do
+    (( n <= gpus )) || continue
+    if (( n > 1 )); then
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) ingot launch --nproc-per-node gpu --standalone -- \
+        bench_allreduce --min-mb 64 --max-mb 512 > "$out/allreduce_$n.log" 2>&1; grep "^| [0-9]" "$out/allreduce_$n.log" | tail -2
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) python3 -m torch.distributed.run --standalone --nproc-per-node $n \
+        bench/reference/torch_allreduce.py --min-mb 64 --max-mb 512 > "$out/torch_allreduce_$n.log" 2>&1
+      grep "^| [0-9]" "$out/torch_allreduce_$n.log" | tail -2
+    fi
+    gpt2 $n default_$n --compile default --timeline
+    gpt2 $n ro_$n --compile reduce-overhead --timeline
+  done
+fi
+if want variants; then
+  n=$(( gpus >= 4 ? 4 : 2 ))
+  gpt2 $n one_update_$n --compile default --timeline --no-bucket-updates
+  gpt2 $n bf16_$n --compile default --timeline --reduce-dtype bf16
+  gpt2 $n cap100_$n --compile default --timeline --bucket-cap-mb 100
+  NCCL_MAX_CTAS=8 gpt2 $n ctas8_$n --compile default --timeline
+  gpt2 $n zero1_$n --compile default --timeline --zero1
+  gpt2 $n eager_$n --timeline
+fi
+if want torch; then
+  for n in 1 4; do
+    (( n <= gpus )) || continue
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) timeout 300 python3 -m torch.distributed.run --standalone \
+      --nproc-per-node $n bench/reference/torch_gpt2.py --batch 16 --modes compile > "$out/torch_$n.log" 2>&1
+    grep "^| torch" "$out/torch_$n.log" | tail -1
+  done
+fi
+if want llama; then
+  for n in 1 4; do
+    (( n <= gpus )) || continue
+    vis=$(seq -s, 0 $((n - 1)))
+    if (( n == 1 )); then CUDA_VISIBLE_DEVICES=0 timeout 300 bench_llama_step --compile default > "$out/llama_$n.log" 2>&1
+    else CUDA_VISIBLE_DEVICES=$vis timeout 300 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step \
+        --compile default > "$out/llama_$n.log" 2>&1; fi
+    grep -h "^| ingot\|^timeline" "$out/llama_$n.log" | tail -2
+  done
+fi
+echo "total: $(( $(date +%s) - t0 )) s"

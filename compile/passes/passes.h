@@ -48,6 +48,9 @@ bool remat(Graph& g, double budget, int64_t* saved_bytes = nullptr);
 // split_update.cpp: with budget < 1, every AdamW update updates one parameter and runs right after the last
 // reader of its parameter and state, so gradients die early instead of all living until the step's end.
 bool split_update(Graph& g, double budget);
+// bucket_updates.cpp: no AdamW update reads gradients coming from two different collective waits (data
+// parallel: one update per gradient bucket, run as soon as its bucket is reduced).
+bool split_update_by_bucket(Graph& g);
 // fuse.cpp: every node is in at most one FusionGroup; a group is (a) a chain/DAG of pointwise nodes with one
 // output shape, (b) a row reduction with its pointwise prologue and epilogue, or (c) all multi-tensor
 // optimizer updates (horizontal fusion; with horizontal=false each update is its own group); groups never

@@ -1,0 +1,89 @@
+// Optimizer updates per gradient bucket. In a data-parallel step every gradient is a view of a reduced bucket
+// (distributed/ddp.cpp, Note [DDP in a traced step]). One multi-tensor update over all parameters waits for the
+// last bucket's reduction, so the whole update runs after all the communication, and the reduction of the last
+// bucket (made when the backward ends: the embeddings) is exposed in full. Split per bucket, the update of
+// bucket k runs while the buckets after it are still being reduced: schedule.cpp runs a ready update before
+// the next (late) collective_wait.
+// Invariant afterwards: no adamw_update node reads gradients that come from two different collective waits;
+// a graph without collectives is unchanged. Horizontal fusion must then keep the updates apart (the pipeline
+// fuses with horizontal=false when this pass split anything).
+// Test: tests/compile/test_passes.cpp (BucketUpdates.*).
+#include <map>
+
+#include "compile/passes/passes.h"
+#include "optim/fused_update.h"
+
+namespace ingot::compiler::passes {
+
+namespace {
+
+// The collective_wait node whose result `v` is a view or cast of, or -1.
+int32_t source_wait(const Graph& g, int32_t v) {
+  while (v >= 0) {
+    const int32_t p = g.values[static_cast<size_t>(v)].producer;
+    if (p < 0) return -1;
+    const Node& n = g.nodes[static_cast<size_t>(p)];
+    if (n.prim->name() == "collective_wait") return p;
+    const bool passes_through = n.prim->fusion_kind() == FusionKind::View || n.prim->name() == "cast" ||
+                                n.prim->name() == "clone" || n.prim->name() == "contiguous";
+    if (!passes_through || n.inputs.empty()) return -1;
+    v = n.inputs[0];
+  }
+  return -1;
+}
+
+}  // namespace
+
+bool split_update_by_bucket(Graph& g) {
+  // Per node: the parameters of each bucket (in the bucket order), for the updates that split.
+  std::vector<std::vector<std::vector<size_t>>> split(g.nodes.size());
+  bool any = false;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    kernels::AdamWArgs fixed;
+    size_t count = 0;
+    int64_t row = 0;
+    if (!optim::adamw_update_args(*n.prim, &fixed, &count, &row) || count < 2) continue;
+    std::map<int32_t, size_t> bucket_of_wait;
+    std::vector<std::vector<size_t>> buckets;
+    for (size_t t = 0; t < count; ++t) {
+      const int32_t w = source_wait(g, n.inputs[1 + count + t]);
+      auto [it, fresh] = bucket_of_wait.emplace(w, buckets.size());
+      if (fresh) buckets.emplace_back();
+      buckets[it->second].push_back(t);
+    }
+    if (buckets.size() < 2) continue;
+    split[i] = std::move(buckets);
+    any = true;
+  }
+  if (!any) return false;
+  std::vector<Node> nodes;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& n = g.nodes[i];
+    if (split[i].empty()) {
+      nodes.push_back(std::move(n));
+      continue;
+    }
+    kernels::AdamWArgs fixed;
+    size_t count = 0;
+    int64_t row = 0;
+    optim::adamw_update_args(*n.prim, &fixed, &count, &row);
+    for (const std::vector<size_t>& members : split[i]) {
+      Node u;
+      u.prim = optim::make_adamw_update(members.size(), row, fixed);
+      u.loc = n.loc;
+      u.forward = n.forward;
+      u.inputs = {n.inputs[0]};
+      for (size_t s = 0; s < 4; ++s)
+        for (size_t t : members) u.inputs.push_back(n.inputs[1 + s * count + t]);
+      for (size_t s = 0; s < 3; ++s)
+        for (size_t t : members) u.outputs.push_back(n.outputs[s * count + t]);
+      nodes.push_back(std::move(u));
+    }
+  }
+  g.nodes = std::move(nodes);
+  g.renumber_nodes();
+  return true;
+}
+
+}  // namespace ingot::compiler::passes
