@@ -8,7 +8,12 @@
 #   scripts/device_dist.sh [tests] [bench] [variants] [torch] [llama]     (default: tests bench torch)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
-want() { local w; for w in "${steps[@]}"; do [[ "$w" == "$1" ]] && return 0; done; return 1; }
+# A step runs only while the call's time lasts (DEADLINE seconds after start, default 540 of the 600 a call gets).
+start=$(date +%s)
+want() {
+  (( $(date +%s) - start < ${DEADLINE:-540} )) || { echo "skipped $1: out of time"; return 1; }
+  local w; for w in "${steps[@]}"; do [[ "$w" == "$1" ]] && return 0; done; return 1
+}
 steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests bench torch)
 export NCCL_NVLS_ENABLE=0
 gpus=$(nvidia-smi -L | wc -l); nvidia-smi -L | tee "$out/gpu.txt"
@@ -20,12 +25,12 @@ scripts/device_build.sh "$src" /tmp/ingot-build ingot ingot_tests bench_gpt2_ste
 echo "build: $(( $(date +%s) - t0 )) s"
 multi=/opt/deps/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$multi:$multi/openblas-pthread:${LD_LIBRARY_PATH:-}" PATH="/tmp/ingot-build/bin:$PATH"
-export INGOT_TEST_ROOT=$src OMP_WAIT_POLICY=passive
+export INGOT_TEST_ROOT=$src INGOT_CONFIG_PATH=$src/configs OMP_WAIT_POLICY=passive
 
 if want tests; then
   for f in 'DdpOnGpus.*' 'LaunchOnGpus.*' 'NcclProcessGroup.*' 'CompiledDdp.*'; do
     log="$out/test_${f%%.*}.log"
-    (cd $src && INGOT_CRASH_BACKTRACE=1 timeout 400 ingot_tests --gtest_filter="$f" > "$log" 2>&1); echo "== $f: exit $?"
+    (cd $src && INGOT_CRASH_BACKTRACE=1 timeout 300 ingot_tests --gtest_filter="$f" > "$log" 2>&1); echo "== $f: exit $?"
     grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|^\[ ddp|Failure|Expected|Which is" "$log" | head -24
   done
 fi
@@ -34,6 +39,7 @@ bench="--device cuda --dtype bf16 --batch 16 --seq 1024 --steps 20 --warmup 5 --
 row() { grep -h "^| ingot" "$1" | tail -1; grep -h "^timeline:" "$1" | tail -1; }
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
+  want bench || want variants || return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   if (( n == 1 )); then CUDA_VISIBLE_DEVICES=$vis timeout 200 bench_gpt2_step $bench "$@" > "$out/$name.log" 2>&1
   else CUDA_VISIBLE_DEVICES=$vis timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_gpt2_step $bench "$@" \
@@ -54,6 +60,14 @@ if want bench; then
     gpt2 $n ro_$n --compile reduce-overhead --timeline
   done
 fi
+if want torch; then
+  for n in 1 4; do
+    (( n <= gpus )) || continue
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) timeout 300 python3 -m torch.distributed.run --standalone \
+      --nproc-per-node $n bench/reference/torch_gpt2.py --batch 16 --modes compile > "$out/torch_$n.log" 2>&1
+    grep "^| torch" "$out/torch_$n.log" | tail -1
+  done
+fi
 if want variants; then
   n=$(( gpus >= 4 ? 4 : 2 ))
   gpt2 $n one_update_$n --compile default --timeline --no-bucket-updates
@@ -62,14 +76,6 @@ if want variants; then
   NCCL_MAX_CTAS=8 gpt2 $n ctas8_$n --compile default --timeline
   gpt2 $n zero1_$n --compile default --timeline --zero1
   gpt2 $n eager_$n --timeline
-fi
-if want torch; then
-  for n in 1 4; do
-    (( n <= gpus )) || continue
-    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) timeout 300 python3 -m torch.distributed.run --standalone \
-      --nproc-per-node $n bench/reference/torch_gpt2.py --batch 16 --modes compile > "$out/torch_$n.log" 2>&1
-    grep "^| torch" "$out/torch_$n.log" | tail -1
-  done
 fi
 if want llama; then
   for n in 1 4; do
