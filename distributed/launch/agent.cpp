@@ -28,6 +28,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr size_t kReportLines = 15;  // output lines of the failed worker shown in its report
+// `ingot run`'s exit status for a usage or config error: the same command fails the same way on a restart.
+constexpr int kWorkerUsageExit = 2;
 
 enum class Outcome { kSucceeded, kFailed, kInterrupted };
 
@@ -36,6 +38,7 @@ struct AttemptResult {
   std::string report;   // what to print about the failure
   std::string summary;  // one line: "rank 1 on host h exited with code 3"
   int signal = 0;       // kInterrupted: the signal the launcher received
+  bool permanent = false;  // the root cause exited with kWorkerUsageExit: restarting cannot help
 };
 
 double seconds_now() {
@@ -47,6 +50,12 @@ std::string make_run_id() {
   std::ostringstream os;
   os << std::hex << rd() << rd();
   return os.str().substr(0, 12);
+}
+
+std::string seconds_text(double s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -101,6 +110,7 @@ AttemptResult describe_failure(const WorkerGroup& g, size_t root, const NodeAssi
   sum << "rank " << w.rank << " (local rank " << w.local_rank << " on node " << a.node_rank << ", host " << host
       << ", pid " << s.pid << ") " << s.describe();
   r.summary = sum.str();
+  r.permanent = s.signal == 0 && s.exit_code == kWorkerUsageExit;
   std::ostringstream os;
   os << "root cause (first worker to fail): " << r.summary << " after " << static_cast<int>(s.end_time * 10) / 10.0
      << " s\n";
@@ -180,6 +190,8 @@ struct Attempt {
           {"INGOT_RUN_ID", run_id},
           {"INGOT_ERROR_FILE", w.error_file},
       };
+      if (opts.collective_timeout_s > 0) vars["INGOT_COLLECTIVE_TIMEOUT_S"] = seconds_text(opts.collective_timeout_s);
+      if (opts.init_timeout_s > 0) vars["INGOT_INIT_TIMEOUT_S"] = seconds_text(opts.init_timeout_s);
       // N CPU workers on one node would each start one OpenMP thread per core; share the cores instead.
       if (!omp) vars["OMP_NUM_THREADS"] = std::to_string(std::max(1, cpus / world.nproc));
       if (world.gpus) vars["CUDA_VISIBLE_DEVICES"] = gpu_ids.at(lr);
@@ -277,15 +289,15 @@ int run_launcher(const LaunchOptions& opts, std::ostream& log) {
   }
   std::string run_id = !opts.rdzv_id.empty() ? opts.rdzv_id : opts.max_nodes > 1 ? "none" : make_run_id();
 
-  // Logs and error files live in --log-dir, else in a scratch directory that is removed unless it holds
-  // redirected output.
+  // Logs and error files live in --log-dir, else in a scratch directory that is removed after a successful
+  // job unless it holds redirected output; a failure report points into it, so a failed job keeps it.
   bool keep_dir = !opts.log_dir.empty() || opts.redirects.all || opts.tee.all || !opts.redirects.per_rank.empty() ||
                   !opts.tee.per_rank.empty();
   std::string run_dir = opts.log_dir;
   if (run_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/ingot_launch_" + run_id + "_XXXXXX";
-    INGOT_CHECK(mkdtemp(templ.data()) != nullptr, "ingot launch: cannot create a directory ", templ, ": ",
+    INGOT_CHECK(mkdtemp(templ.data()) != nullptr, "cannot create a directory ", templ, ": ",
                 strerror(errno));
     run_dir = templ;
   }
@@ -307,7 +319,8 @@ int run_launcher(const LaunchOptions& opts, std::ostream& log) {
     rdzv.emplace(opts, run_id, world.nproc, signals);
     log << "ingot launch: run " << run_id << ", " << world.nproc << (world.gpus ? " GPU" : "")
         << " worker(s) on this node, store " << rdzv->store_host() << ":" << rdzv->store_port()
-        << (rdzv->hosting() ? " (hosted here)" : "") << ", logs " << run_dir << std::endl;
+        << (rdzv->hosting() ? " (hosted here)" : "") << ", logs " << run_dir
+        << (keep_dir ? "" : " (removed if the job succeeds)") << std::endl;
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     std::vector<std::string> gpu_ids =
         world.gpus ? gpu_assignment(world.nproc, visible ? visible : "") : std::vector<std::string>{};
@@ -317,6 +330,7 @@ int run_launcher(const LaunchOptions& opts, std::ostream& log) {
       NodeAssignment a = rdzv->join(round);
       num_nodes = a.num_nodes;
       AttemptResult r = attempt.run(a);
+      if (r.outcome == Outcome::kFailed) cleanup.keep = true;
       if (r.outcome == Outcome::kSucceeded) {
         log << "ingot launch: all " << a.world_size << " worker(s) succeeded (attempt " << round << ")" << std::endl;
         exit_code = kLaunchOk;
@@ -329,6 +343,14 @@ int run_launcher(const LaunchOptions& opts, std::ostream& log) {
       }
       if (std::optional<std::string> f = rdzv->final_failure()) {
         log << "ingot launch: the job was ended by another node: " << *f << std::endl;
+        break;
+      }
+      if (r.permanent) {
+        std::string why = "the root cause exited with code " + std::to_string(kWorkerUsageExit) +
+                          " (a usage or config error, which fails the same way on every restart), so the group is "
+                          "not restarted; root cause: " + r.summary;
+        if (num_nodes > 1) rdzv->report_final(why);
+        log << "ingot launch: giving up: " << why << std::endl;
         break;
       }
       if (round >= opts.max_restarts) {
@@ -350,6 +372,7 @@ int run_launcher(const LaunchOptions& opts, std::ostream& log) {
     // other nodes still learn about it below.
     log << "ingot launch: error: " << e.what() << std::endl;
     exit_code = kLaunchFailed;
+    cleanup.keep = true;
     try {
       if (rdzv && opts.max_nodes > 1) rdzv->report_final(local_hostname() + ": " + e.what());
     } catch (const Error&) {
@@ -360,7 +383,9 @@ int run_launcher(const LaunchOptions& opts, std::ostream& log) {
   } catch (const Error&) {
     // The job's outcome is already decided; a store that went away at the very end changes nothing.
   }
-  if (keep_dir && opts.log_dir.empty()) log << "ingot launch: worker logs are in " << run_dir << std::endl;
+  if (cleanup.keep && opts.log_dir.empty())
+    log << "ingot launch: worker logs" << (exit_code == kLaunchOk ? "" : " and error files") << " are kept in "
+        << run_dir << std::endl;
   return exit_code;
 }
 

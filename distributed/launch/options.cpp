@@ -36,6 +36,10 @@ Failures:
   --max-restarts N                 restart the whole group up to N times after a worker fails (default 0)
   --monitor-interval SECONDS       how often workers are checked (default 0.1)
   --stop-timeout SECONDS           grace between SIGTERM and SIGKILL when stopping workers (default 30)
+  --collective-timeout SECONDS     a collective of `ingot run` workers that takes longer fails, naming the
+                                   ranks that never joined (default 600; config distributed.timeout_s wins)
+  --init-timeout SECONDS           how long workers wait for each other to check in at start and at barriers
+                                   (default 300; config distributed.init_timeout_s wins)
 Logs:
   --log-dir DIR                    per attempt and rank: DIR/attempt_N/rank_R/{stdout,stderr}.log, error.json
   --redirects 0|1|2|3|R:S,...      send worker stdout (1), stderr (2) or both (3) to the log files only; a map
@@ -48,12 +52,15 @@ Each worker's environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP
 GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (the launcher's store; workers
 connect to it, INGOT_USE_AGENT_STORE=1, one key prefix per attempt), INGOT_RESTART_COUNT (0 on the first
 attempt), INGOT_MAX_RESTARTS, INGOT_RUN_ID, INGOT_ERROR_FILE (where `ingot run` writes a JSON description of
-an uncaught error).
+an uncaught error), and with the flags above INGOT_COLLECTIVE_TIMEOUT_S and INGOT_INIT_TIMEOUT_S.
 
 When a worker exits non-zero or is killed, every worker is stopped (SIGTERM, SIGKILL after --stop-timeout),
 the first failure is reported as the root cause (rank, exit code or signal, host, its last output lines and
 its error file) and the group restarts while restarts remain; a recipe resumes from its last checkpoint by
-reading INGOT_RESTART_COUNT. Ctrl-C or SIGTERM to the launcher stops the workers the same way.
+reading INGOT_RESTART_COUNT. A root cause that exited with code 2 (`ingot run`'s usage or config error)
+is not restarted: it would fail the same way. Without --log-dir the logs and error files go to a directory
+in $TMPDIR (default /tmp), which a failed job keeps (the report points into it) and a successful one removes.
+Ctrl-C or SIGTERM to the launcher stops the workers the same way.
 Exit status: 0 all workers succeeded, 1 a worker failed and no restarts remain (or rendezvous failed),
 2 bad command line, 130 interrupted (SIGINT), 143 terminated (SIGTERM).
 )";
@@ -170,7 +177,7 @@ std::vector<std::string> gpu_assignment(int nproc, const std::string& launcher_v
   }
   if (ids.empty())
     for (int i = 0; i < nproc; ++i) ids.push_back(std::to_string(i));
-  INGOT_CHECK(static_cast<int>(ids.size()) >= nproc, "ingot launch: ", nproc,
+  INGOT_CHECK(static_cast<int>(ids.size()) >= nproc, nproc,
               " GPU workers but CUDA_VISIBLE_DEVICES='", launcher_visible_devices, "' lists only ", ids.size());
   ids.resize(static_cast<size_t>(nproc));
   return ids;
@@ -239,6 +246,9 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
       {"--monitor-interval",
        [&](const std::string& f, const std::string& v) { o.monitor_interval_s = seconds_flag(f, v, false); }},
       {"--stop-timeout", [&](const std::string& f, const std::string& v) { o.stop_timeout_s = seconds_flag(f, v, true); }},
+      {"--collective-timeout",
+       [&](const std::string& f, const std::string& v) { o.collective_timeout_s = seconds_flag(f, v, false); }},
+      {"--init-timeout", [&](const std::string& f, const std::string& v) { o.init_timeout_s = seconds_flag(f, v, false); }},
       {"--log-dir",
        [&](const std::string& f, const std::string& v) {
          if (v.empty()) usage(f + ": expected a directory, got ''");

@@ -37,6 +37,8 @@ struct LaunchOptions {
   int max_restarts = 0;
   double monitor_interval_s = 0.1;
   double stop_timeout_s = 30;  // grace between SIGTERM and SIGKILL when stopping workers
+  // Exported to workers as INGOT_COLLECTIVE_TIMEOUT_S / INGOT_INIT_TIMEOUT_S when set (0: not set).
+  double collective_timeout_s = 0, init_timeout_s = 0;
   bool standalone = false;
   std::string log_dir;
   StreamSpec redirects, tee;

@@ -77,7 +77,7 @@ Rendezvous::Rendezvous(const LaunchOptions& opts, std::string run_id, int local_
       try {
         server_ = std::make_unique<TcpStoreServer>(store_port_, "0.0.0.0");
       } catch (const Error& e) {
-        INGOT_FAIL("ingot launch: node rank 0 hosts the rendezvous store on --master-port ", store_port_,
+        INGOT_FAIL("node rank 0 hosts the rendezvous store on --master-port ", store_port_,
                    " but cannot (is another launcher with --node-rank 0, or another program, using the port?): ",
                    e.what());
       }
@@ -98,7 +98,7 @@ bool Rendezvous::wait_keys(const std::vector<std::string>& keys, double deadline
     if (store_->check(keys)) return true;
     signals_.consume();
     if (signals_.stop_requests() > 0) throw Interrupted{signals_.first_stop_signal()};
-    if (auto f = final_failure()) INGOT_FAIL("ingot launch: the job ended on another node: ", *f);
+    if (auto f = final_failure()) INGOT_FAIL("the job ended on another node: ", *f);
     if (now_s() > deadline_s) return false;
     pollfd p{signals_.fd(), POLLIN, 0};
     ::poll(&p, 1, 20);
@@ -120,13 +120,13 @@ NodeAssignment Rendezvous::join(int round) {
     a.num_nodes = opts_.max_nodes;
     std::string mine = round_key(round, "node/" + std::to_string(a.node_rank));
     std::string got = store_->compare_set(mine, "", info);
-    INGOT_CHECK(got == info, "ingot launch: ", where, ": --node-rank ", a.node_rank,
+    INGOT_CHECK(got == info, where, ": --node-rank ", a.node_rank,
                 " was already taken by another launcher (nproc, host, pid: ", got,
                 "); give each node its own --node-rank");
   } else {
     std::string joined_key = round_key(round, "joined"), closed_key = round_key(round, "closed");
     int64_t idx = store_->add(joined_key, 1) - 1;
-    INGOT_CHECK(idx < opts_.max_nodes, "ingot launch: ", where, " is full: ", opts_.max_nodes,
+    INGOT_CHECK(idx < opts_.max_nodes, where, " is full: ", opts_.max_nodes,
                 " nodes (--nnodes) have already joined");
     store_->set(round_key(round, "node/" + std::to_string(idx)), info);
     double min_reached_at = -1;
@@ -145,12 +145,12 @@ NodeAssignment Rendezvous::join(int round) {
         break;
       }
       if (!wait_keys({closed_key}, std::min(deadline, now_s() + 0.05)) && now_s() > deadline)
-        INGOT_FAIL("ingot launch: ", where, ": only ", joined, " of ", opts_.min_nodes,
+        INGOT_FAIL(where, ": only ", joined, " of ", opts_.min_nodes,
                    " nodes (--nnodes) joined within ", opts_.join_timeout_s(),
                    " s (rdzv_conf join_timeout); are the other launchers started with the same --rdzv-endpoint and "
                    "--rdzv-id?");
     }
-    INGOT_CHECK(idx < closed, "ingot launch: ", where, " closed with ", closed,
+    INGOT_CHECK(idx < closed, where, " closed with ", closed,
                 " nodes before this node joined; start it again to join the next run");
     a.node_rank = static_cast<int>(idx);
     a.num_nodes = static_cast<int>(closed);
@@ -162,7 +162,7 @@ NodeAssignment Rendezvous::join(int round) {
     std::string missing;
     for (int n = 0; n < a.num_nodes; ++n)
       if (!store_->check({node_keys[n]})) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
-    INGOT_FAIL("ingot launch: ", where, ": node(s) ", missing, " of ", a.num_nodes, " did not join within ",
+    INGOT_FAIL(where, ": node(s) ", missing, " of ", a.num_nodes, " did not join within ",
                opts_.join_timeout_s(), " s (rdzv_conf join_timeout)");
   }
   a.world_size = 0;

@@ -62,8 +62,8 @@ double wall_now() {
 // --- signals ---
 
 SignalWatch::SignalWatch() {
-  INGOT_CHECK(g_signal_pipe < 0, "ingot launch: only one SignalWatch may be active at a time");
-  INGOT_CHECK(pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) == 0, "ingot launch: pipe2 failed: ", strerror(errno));
+  INGOT_CHECK(g_signal_pipe < 0, "only one SignalWatch may be active at a time");
+  INGOT_CHECK(pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) == 0, "pipe2 failed: ", strerror(errno));
   g_signal_pipe = pipe_[1];
   struct sigaction sa = {};
   sa.sa_handler = on_signal;
@@ -127,10 +127,10 @@ std::string WorkerStatus::describe() const {
 
 std::string find_program(const std::string& name) {
   namespace fs = std::filesystem;
-  INGOT_CHECK(!name.empty(), "ingot launch: the worker command is empty");
+  INGOT_CHECK(!name.empty(), "the worker command is empty");
   if (name.find('/') != std::string::npos) {
     INGOT_CHECK(access(name.c_str(), X_OK) == 0 && !fs::is_directory(name),
-                "ingot launch: worker command '", name, "' is not an executable file");
+                "worker command '", name, "' is not an executable file");
     return name;
   }
   if (name == "ingot") return fs::read_symlink("/proc/self/exe").string();
@@ -145,7 +145,7 @@ std::string find_program(const std::string& name) {
     if (colon == std::string::npos) break;
     start = colon + 1;
   }
-  INGOT_FAIL("ingot launch: worker command '", name, "' was not found in PATH");
+  INGOT_FAIL("worker command '", name, "' was not found in PATH");
 }
 
 // --- workers ---
@@ -197,7 +197,7 @@ void WorkerGroup::start() {
     int child_fd[2] = {-1, -1};  // what the child dup2s onto 1 and 2; -1 = inherit
     auto open_log = [&](const std::string& path) {
       int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      INGOT_CHECK(fd >= 0, "ingot launch: cannot open log file '", path, "': ", strerror(errno));
+      INGOT_CHECK(fd >= 0, "cannot open log file '", path, "': ", strerror(errno));
       return fd;
     };
     int to_close[4] = {-1, -1, -1, -1};
@@ -213,7 +213,7 @@ void WorkerGroup::start() {
       // its last lines can be shown when the worker fails.
       if (!tee && k == 0) continue;
       int p[2];
-      INGOT_CHECK(pipe2(p, O_CLOEXEC) == 0, "ingot launch: pipe2 failed: ", strerror(errno));
+      INGOT_CHECK(pipe2(p, O_CLOEXEC) == 0, "pipe2 failed: ", strerror(errno));
       fcntl(p[0], F_SETFL, O_NONBLOCK);
       auto* s = new Stream;
       s->fd = p[0];
@@ -227,10 +227,10 @@ void WorkerGroup::start() {
       child_fd[k] = to_close[k] = p[1];
     }
     int status_pipe[2];
-    INGOT_CHECK(pipe2(status_pipe, O_CLOEXEC) == 0, "ingot launch: pipe2 failed: ", strerror(errno));
+    INGOT_CHECK(pipe2(status_pipe, O_CLOEXEC) == 0, "pipe2 failed: ", strerror(errno));
 
     pid_t pid = fork();
-    INGOT_CHECK(pid >= 0, "ingot launch: fork failed: ", strerror(errno));
+    INGOT_CHECK(pid >= 0, "fork failed: ", strerror(errno));
     if (pid == 0) {
       // Child: only async-signal-safe calls from here to exec (the launcher may run other threads).
       setpgid(0, 0);
@@ -271,7 +271,7 @@ void WorkerGroup::start() {
         waitpid(status_[j].pid, &st, 0);
         status_[j].running = false;
       }
-      INGOT_FAIL("ingot launch: cannot execute '", program, "': ", strerror(err));
+      INGOT_FAIL("cannot execute '", program, "': ", strerror(err));
     }
   }
 }

@@ -358,6 +358,52 @@ TEST_F(Launch, NodeZeroThatCannotHostTheStoreSaysWhy) {
                           " but cannot"),
             std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find("ingot launch: error: node rank 0 hosts"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("error: ingot launch:"), std::string::npos) << "the prefix is printed twice:\n" << r.output;
+}
+
+TEST_F(Launch, AConfigErrorExitCodeTwoIsNotRestarted) {
+  script("w.sh", "echo attempt $INGOT_RESTART_COUNT >> attempts_$RANK\nif [ \"$RANK\" = 1 ]; then exit 2; fi\n"
+                 "exec sleep 30\n");
+  Result r = launch("--nproc-per-node 2 --max-restarts 3 -- sh w.sh");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(slurp(path("attempts_1")), "attempt 0\n") << r.output;
+  EXPECT_NE(r.output.find("giving up: the root cause exited with code 2 (a usage or config error, which fails the "
+                          "same way on every restart), so the group is not restarted; root cause: rank 1"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("restarting the worker group"), std::string::npos) << r.output;
+}
+
+TEST_F(Launch, AFailedJobKeepsTheErrorFileItsReportPointsAtAndASuccessfulOneCleansUp) {
+  script("w.sh", "printf '{\"message\": \"boom\", \"type\": \"error\"}' > \"$INGOT_ERROR_FILE\"; exit 3\n");
+  Result r = run_sh(dir_.path(), "TMPDIR='" + dir_.path() + "' \"$INGOT\" launch -- sh w.sh");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const std::string marker = "error file ";
+  size_t at = r.output.find(marker);
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string file = r.output.substr(at + marker.size(), r.output.find(' ', at + marker.size()) - at - marker.size());
+  EXPECT_TRUE(fs::is_regular_file(file)) << file << " is named in the report but does not exist\n" << r.output;
+  EXPECT_NE(slurp(file).find("boom"), std::string::npos);
+  EXPECT_NE(r.output.find("worker logs and error files are kept in " + path("ingot_launch_")), std::string::npos)
+      << r.output;
+
+  fs::create_directory(path("ok"));
+  r = run_sh(dir_.path(), "TMPDIR='" + path("ok") + "' \"$INGOT\" launch -- true");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(removed if the job succeeds)"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::is_empty(path("ok"))) << r.output;
+}
+
+TEST_F(Launch, TimeoutFlagsReachTheWorkersAndBadValuesAreRefused) {
+  script("env.sh", "echo \"$INGOT_COLLECTIVE_TIMEOUT_S $INGOT_INIT_TIMEOUT_S\" > t_$RANK.txt\n");
+  Result r = launch("--collective-timeout 42 --init-timeout 7.5 -- sh env.sh");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(slurp(path("t_0.txt")), "42 7.5\n");
+  r = launch("--collective-timeout 0 -- true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--collective-timeout: expected a number of seconds > 0, got '0'"), std::string::npos)
+      << r.output;
 }
 
 TEST_F(Launch, ANodeRangeStartsWithTheNodesPresentAfterTheLastCall) {
@@ -391,6 +437,7 @@ TEST_F(Launch, HelpListsEveryFlag) {
   for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
                            "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--max-restarts", "--monitor-interval",
                            "--standalone", "--log-dir", "--redirects", "--tee", "--local-addr", "--stop-timeout",
+                           "--collective-timeout", "--init-timeout",
                            "INGOT_RESTART_COUNT", "INGOT_ERROR_FILE", "Exit status"})
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   EXPECT_NE(run_sh(dir_.path(), "\"$INGOT\" --help").output.find("ingot launch"), std::string::npos);
