@@ -1,5 +1,5 @@
-// Checksums used by checkpoints and event files, written from their specifications:
-//   SHA-256 (FIPS 180-4) for checkpoint manifests and config hashes,
+// Checksums used by checkpoints and event files:
+//   SHA-256 (FIPS 180-4, computed by OpenSSL's EVP interface) for checkpoint manifests and config hashes,
 //   CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) with TensorFlow's mask for tfevents records.
 #pragma once
 
@@ -9,23 +9,24 @@
 #include <string>
 #include <string_view>
 
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+
 namespace ingot::recipes {
 
 // Incremental SHA-256: update() any number of times, then hex() (or digest()) once.
 class Sha256 {
  public:
   Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
   void update(const void* data, size_t n);
   void update(std::string_view s) { update(s.data(), s.size()); }
   std::array<uint8_t, 32> digest();  // finishes the hash; the object must not be updated afterwards
   std::string hex();                 // digest() as 64 lowercase hex digits
 
  private:
-  void block(const uint8_t* p);
-  uint32_t h_[8];
-  uint8_t buf_[64];
-  size_t buf_len_ = 0;
-  uint64_t total_ = 0;  // bytes
+  evp_md_ctx_st* ctx_;
 };
 
 std::string sha256_hex(std::string_view data);

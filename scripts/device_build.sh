@@ -6,6 +6,7 @@
 # protobuf-compiler libprotoc32 libgtest-dev libgmock-dev googletest nlohmann-json3-dev libopenblas-dev
 # libopenblas0-pthread libopenblas-pthread-dev libopenblas0 libgloo-dev libgloo0 libpcre2-dev libpcre2-8-0
 # libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libgfortran5 zlib1g-dev libpng-dev libpng16-16 libicu-dev libicu72 libhiredis0.14
+# libssl-dev libssl3
 set -euo pipefail
 src=$1; build=$2; shift 2
 deps=/opt/deps
