@@ -155,6 +155,57 @@ bool valid_key_path(std::string_view k) {
   });
 }
 
+// Names other frameworks use for our keys (the last component of a path) and for our choices: a typo's
+// edit distance does not find them ("learning_rate" is far from "lr").
+const std::map<std::string, std::string, std::less<>>& key_aliases() {
+  static const std::map<std::string, std::string, std::less<>> m = {
+      {"learning_rate", "lr"},          {"max_lr", "lr"},
+      {"min_learning_rate", "min_lr"},  {"lr_min", "min_lr"},
+      {"warmup", "warmup_steps"},       {"num_warmup_steps", "warmup_steps"},
+      {"scheduler", "lr_schedule"},     {"lr_scheduler_type", "lr_schedule"},
+      {"wd", "weight_decay"},           {"max_grad_norm", "grad_clip"},
+      {"clip_grad_norm", "grad_clip"},  {"gradient_clipping", "grad_clip"},
+      {"batch", "batch_size"},          {"per_device_train_batch_size", "batch_size"},
+      {"micro_batch_size", "batch_size"}, {"grad_accum", "gradient_accumulation_steps"},
+      {"gradient_accumulation", "gradient_accumulation_steps"}, {"num_train_epochs", "epochs"},
+      {"steps", "max_steps"},           {"num_steps", "max_steps"},
+      {"total_steps", "max_steps"},     {"max_iters", "max_steps"},
+      {"precision", "dtype"},           {"torch_dtype", "dtype"},
+      {"out_dir", "output_dir"},        {"output_path", "output_dir"},
+      {"max_seq_len", "seq_len"},       {"max_length", "seq_len"},
+      {"seq_length", "seq_len"},        {"n_layers", "n_layer"},
+      {"num_layers", "n_layer"},        {"num_heads", "n_head"},
+      {"n_heads", "n_head"},            {"hidden_size", "n_embd"},
+      {"context_length", "block_size"}, {"r", "rank"},
+      {"lora_r", "rank"},               {"lora_alpha", "alpha"},
+      {"lora_dropout", "dropout"},      {"save_steps", "save_every"},
+      {"logging_steps", "log_every"},   {"eval_steps", "eval_every"},
+      {"torch_compile", "enabled"},
+  };
+  return m;
+}
+
+const std::map<std::string, std::string, std::less<>>& value_aliases() {
+  static const std::map<std::string, std::string, std::less<>> m = {
+      {"bfloat16", "bf16"}, {"float32", "f32"}, {"fp32", "f32"}, {"float", "f32"}, {"torch.bfloat16", "bf16"},
+      {"torch.float32", "f32"}, {"cos", "cosine"}, {"const", "constant"}, {"cudagraphs", "reduce-overhead"},
+  };
+  return m;
+}
+
+// The choice a value most likely meant ("" when none is close): an alias, or a choice within 2 edits.
+std::string suggest_choice(const std::string& value, const std::vector<std::string>& choices) {
+  std::string v = lower(value);
+  if (auto it = value_aliases().find(v); it != value_aliases().end() &&
+                                         std::find(choices.begin(), choices.end(), it->second) != choices.end())
+    return it->second;
+  std::string best;
+  size_t best_d = 3;
+  for (const std::string& c : choices)
+    if (size_t d = edit_distance(v, c); d < best_d) best_d = d, best = c;
+  return best;
+}
+
 }  // namespace
 
 std::string ConfigOrigin::str() const {
@@ -227,10 +278,15 @@ const ConfigKey* ConfigSchema::find(std::string_view path) const {
 std::string ConfigSchema::suggest(std::string_view path) const {
   std::string best;
   size_t best_d = std::max<size_t>(2, path.size() / 3) + 1;
+  const auto alias = key_aliases().find(lower(last_component(path)));
+  const std::string section(path.substr(0, path.size() - last_component(path).size()));
   for (const ConfigKey& k : keys_) {
     size_t d = edit_distance(lower(path), lower(k.path));
-    // The right name in the wrong section ("lr" for "train.lr") is as good as a one-letter typo.
+    // The right name in the wrong section ("lr" for "train.lr") is as good as a one-letter typo; another
+    // framework's name for it ("learning_rate") too, and better in the same section.
     if (last_component(path) == last_component(k.path)) d = std::min<size_t>(d, 1);
+    if (alias != key_aliases().end() && alias->second == last_component(k.path))
+      d = std::min<size_t>(d, k.path.rfind(section, 0) == 0 ? 0 : 1);
     if (d < best_d) {
       best_d = d;
       best = k.path;
@@ -348,7 +404,10 @@ void Config::validate(const ConfigSchema& schema, ConfigErrors& errors) {
         }
       }
     }
-    add_error(v.key_origin, msg + " (`ingot run --help` lists every key)", path);
+    // The recipe's own key list: `ingot run --help` alone lists pretrain's.
+    const ConfigKey* recipe = schema.find("recipe");
+    const std::string help = recipe ? "ingot run " + recipe->default_value + " --help" : "ingot run --help";
+    add_error(v.key_origin, msg + " (`" + help + "` lists every key)", path);
   }
   for (const ConfigKey& k : schema.keys()) {
     auto it = values_.find(k.path);
@@ -401,7 +460,9 @@ void Config::validate(const ConfigSchema& schema, ConfigErrors& errors) {
           if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
             std::string list;
             for (const std::string& c : k.choices) list += (list.empty() ? "" : ", ") + c;
-            fail(k.path, "expected one of " + list + ", got " + describe(it->second));
+            std::string hint = suggest_choice(s, k.choices);
+            fail(k.path, "expected one of " + list + ", got " + describe(it->second) +
+                             (hint.empty() ? "" : "; did you mean '" + hint + "'?"));
           }
           break;
         }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -33,30 +34,48 @@ size_t find_invalid_utf8(const std::string& s) {
   return std::string::npos;
 }
 
-// Keeps the train and validation streams of one seed apart.
-constexpr uint64_t kValSeedSalt = 0x9e3779b97f4a7c15ull;
+// The problem with `text` as UTF-8 ("" when there is none).
+std::string utf8_problem(const std::string& text) {
+  if (text.empty()) return "is empty";
+  size_t bad = find_invalid_utf8(text);
+  if (bad == std::string::npos) return "";
+  int64_t line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad), '\n');
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned>(static_cast<unsigned char>(text[bad])));
+  return "is not UTF-8 text (invalid byte 0x" + std::string(hex) + " at byte offset " + std::to_string(bad) +
+         ", line " + std::to_string(line) + ")";
+}
 
-}  // namespace
-
-TextDataset TextDataset::from_file(const std::string& path, double val_fraction) {
+std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   INGOT_CHECK(in.good(), path, ": cannot open text file: ", std::strerror(errno));
   std::ostringstream ss;
   ss << in.rdbuf();
   INGOT_CHECK(!in.bad(), path, ": cannot read text file");
-  return from_text(ss.str(), val_fraction, path);
+  return ss.str();
+}
+
+// Keeps the train and validation streams of one seed apart.
+constexpr uint64_t kValSeedSalt = 0x9e3779b97f4a7c15ull;
+
+}  // namespace
+
+std::string text_file_problem(const std::string& path) {
+  try {
+    return utf8_problem(read_text_file(path));
+  } catch (const Error& e) {
+    return std::string("cannot be read: ") + e.what();
+  }
+}
+
+TextDataset TextDataset::from_file(const std::string& path, double val_fraction) {
+  return from_text(read_text_file(path), val_fraction, path);
 }
 
 TextDataset TextDataset::from_text(const std::string& text, double val_fraction, const std::string& name) {
   INGOT_CHECK(val_fraction >= 0 && val_fraction < 1, name, ": val_fraction must be in [0, 1), got ", val_fraction);
-  INGOT_CHECK(!text.empty(), name, ": the text is empty");
-  size_t bad = find_invalid_utf8(text);
-  if (bad != std::string::npos) {
-    int64_t line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad), '\n');
-    INGOT_FAIL(name, ": not UTF-8 text (invalid byte 0x", std::hex,
-               static_cast<int>(static_cast<unsigned char>(text[bad])), std::dec, " at byte offset ", bad, ", line ",
-               line, ")");
-  }
+  const std::string problem = utf8_problem(text);
+  INGOT_CHECK(problem.empty(), name, ": ", problem);
   TextDataset d;
   d.name_ = name;
   size_t n_val = static_cast<size_t>(std::llround(static_cast<double>(text.size()) * val_fraction));

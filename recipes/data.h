@@ -16,6 +16,11 @@ namespace ingot::recipes {
 
 enum class Split { Train, Val };
 
+// What keeps `path` from being read as text: "" when it is a non-empty UTF-8 file, else the problem
+// ("is empty", "is not UTF-8 text (invalid byte 0xe9 at byte offset 3, line 1)", "cannot be read: ...").
+// Config checks call it so that `ingot validate` finds what TextDataset and the dataset readers would.
+std::string text_file_problem(const std::string& path);
+
 class TextDataset {
  public:
   // Reads `path` (must be valid UTF-8, non-empty). The last `val_fraction` of the bytes is the validation

@@ -61,6 +61,8 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
   if (run.device.is_cuda()) cuda::set_device(run.device.index);
   dist::InitOptions io;
   io.backend = backend;
+  io.timeout = dist::Millis(static_cast<int64_t>(run.distributed.timeout_s * 1000));
+  io.store_timeout = dist::Millis(static_cast<int64_t>(run.distributed.init_timeout_s * 1000));
   impl->ctx = dist::init_distributed(io);
   impl->backend = backend;
   const dist::WorldInfo& w = impl->ctx.info;

@@ -36,6 +36,7 @@ EvalSettings resolve_eval(const Config& cfg, ConfigErrors& errors) {
   s.device = resolve_device(cfg, errors);
   s.model = resolve_model_source(cfg, errors);
   s.data = resolve_data(cfg, s.model.config, errors);
+  check_tokenizer_and_data(cfg, s.model, s.data, errors);
   try {
     s.dtype = cfg.get_string("dtype") == "bf16" ? DType::bf16 : DType::f32;
     s.batch_size = cfg.get_int("eval.batch_size");

@@ -7,6 +7,8 @@
 #include <sstream>
 #include <system_error>
 
+#include <nlohmann/json.hpp>
+
 #include "models/hf_checkpoint.h"
 #include "models/peft.h"
 #include "recipes/data_parallel.h"
@@ -75,6 +77,19 @@ std::vector<std::string> files_to_export(const ModelSource& src) {
   return out;
 }
 
+// Sets "chat_template" in <dir>/tokenizer_config.json (the copy of the source's, or a new file), so that
+// the export renders prompts with the template the model was fine-tuned on (`generate` with
+// chat_template auto, transformers' apply_chat_template).
+void export_chat_template(const fs::path& dir, const std::string& jinja) {
+  const fs::path path = dir / "tokenizer_config.json";
+  std::error_code ec;
+  nlohmann::ordered_json cfg = nlohmann::ordered_json::object();
+  if (fs::is_regular_file(path, ec)) cfg = nlohmann::ordered_json::parse(read_file(path.string()));
+  cfg["chat_template"] = jinja;
+  const std::string text = cfg.dump(2) + "\n";
+  write_file_atomic(path.string(), [&](std::FILE* f) { write_bytes(f, text.data(), text.size()); });
+}
+
 int64_t count_loss_tokens(const std::vector<datasets::Example>& ex) {
   int64_t n = 0;
   for (const auto& e : ex)
@@ -109,6 +124,7 @@ FinetuneSettings resolve_finetune(const Config& cfg, ConfigErrors& errors) {
   s.model = resolve_model_source(cfg, errors);
   const bool model_ok = !errors.has_error_for("model.path");
   s.data = resolve_data(cfg, s.model.config, errors);
+  check_tokenizer_and_data(cfg, s.model, s.data, errors);
   s.train = resolve_train_options(cfg, errors);
   check_global_batch(cfg, s.run, s.train.batch_size, errors);
   try {
@@ -153,6 +169,7 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   // Everything that can fail on the inputs happens before the loop creates any file in output_dir.
   const Tokenizer tok = load_tokenizer(s.model);
   std::vector<datasets::Example> examples = load_data(s.data, tok);
+  const bool uses_chat_template = s.data.format == "instruction" || s.data.format == "chat";
   const int64_t n_val = held_out_count(examples.size(), s.data.val_fraction);
   INGOT_CHECK(n_val < static_cast<int64_t>(examples.size()), s.data.path, ": ", examples.size(),
               " examples leave none for training after data.val_fraction = ", s.data.val_fraction);
@@ -178,7 +195,7 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   const int64_t per_epoch = loader->batches_per_epoch();
 
   RunSettings run = base_run;
-  if (s.epochs > 0) run.max_steps = std::max<int64_t>(1, s.epochs * per_epoch / o.grad_accum);
+  if (s.epochs > 0) run.lr_schedule_steps = run.max_steps = std::max<int64_t>(1, s.epochs * per_epoch / o.grad_accum);
 
   manual_seed(run.seed);
   models::HFModel hf = models::load_hf_model(s.model.path, DType::f32);
@@ -261,6 +278,10 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
       so.extra_files = files_to_export(s.model);
       std::string export_dir = (dir / "hf").string();
       models::save_hf_model(model, hf.config, export_dir, so);  // LoRA adapters merged into the weights
+      // A named template is not the source tokenizer's own (auto keeps that one, copied above).
+      if (uses_chat_template && s.data.chat_template != "auto")
+        if (std::string jinja = chat_template_jinja(chat_template_for(s.data.chat_template, tok).format); !jinja.empty())
+          export_chat_template(export_dir, jinja);
       out.push_back(export_dir);
     }
     out.push_back(config);

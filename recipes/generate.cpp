@@ -61,6 +61,7 @@ GenerateSettings resolve_generate(const Config& cfg, ConfigErrors& errors) {
   }
   if (cfg.has("generate.prompt") && !errors.has_error_for("generate.prompt") && s.prompt.empty())
     errors.fail(cfg, "generate.prompt", "is empty; give the text to continue");
+  check_chat_template(cfg, s.model, "generate.chat_template", s.chat_template, errors);
   return s;
 }
 

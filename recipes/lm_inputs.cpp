@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include "autograd/ops.h"
+#include "recipes/data.h"
 
 namespace ingot::recipes {
 
@@ -126,6 +128,45 @@ Tokenizer load_tokenizer(const ModelSource& src) {
               tok.vocab_size(), " tokens but the model (", src.config.source, ") embeds only ",
               src.config.vocab_size(), "; set tokenizer.path to the model's own tokenizer");
   return tok;
+}
+
+namespace {
+
+// The tokenizer as load_tokenizer gives it, or nothing when a check before failed or it does not load (then
+// recorded at the key that names its directory).
+std::optional<Tokenizer> checked_tokenizer(const Config& cfg, const ModelSource& src, ConfigErrors& errors) {
+  const char* key = cfg.has("tokenizer.path") && !cfg.value("tokenizer.path").text.empty() ? "tokenizer.path"
+                                                                                          : "model.path";
+  if (errors.has_error_for("model.path") || errors.has_error_for("tokenizer.path")) return std::nullopt;
+  try {
+    return load_tokenizer(src);
+  } catch (const Error& e) {
+    errors.fail(cfg, key, e.what());
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+void check_chat_template(const Config& cfg, const ModelSource& src, const std::string& key, const std::string& name,
+                         ConfigErrors& errors) {
+  if (name == "none" || errors.has_error_for(key)) return;
+  std::optional<Tokenizer> tok = checked_tokenizer(cfg, src, errors);
+  if (!tok) return;
+  try {
+    chat_template_for(name, *tok);
+  } catch (const Error& e) {
+    errors.fail(cfg, key, e.what());
+  }
+}
+
+void check_tokenizer_and_data(const Config& cfg, const ModelSource& src, const DataSettings& d,
+                              ConfigErrors& errors) {
+  if (!errors.has_error_for("data.path"))
+    if (std::string problem = text_file_problem(d.path); !problem.empty())
+      errors.fail(cfg, "data.path", "'" + d.path + "' " + problem);
+  if (d.format == "instruction" || d.format == "chat") check_chat_template(cfg, src, "data.chat_template", d.chat_template, errors);
+  else checked_tokenizer(cfg, src, errors);
 }
 
 ChatTemplate chat_template_for(const std::string& name, const Tokenizer& tok) {

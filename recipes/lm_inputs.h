@@ -7,9 +7,10 @@
 //   data.format     text | jsonl | instruction (alpaca fields) | chat (messages lists)
 //   data.path, data.seq_len, data.packing, data.chat_template, data.text_field, data.val_fraction
 //
-// Checks that need only small files (config.json, the data file's existence) happen when the config is
-// validated, so `ingot validate` reports them with the key's file:line:col. Tokenizing the data happens when
-// the recipe runs; a bad JSONL line is then an ingot::Error naming the file and line, before anything is written.
+// Checks of files happen when the config is validated, so `ingot validate` reports them with the key's
+// file:line:col: config.json, the data file (present, non-empty, UTF-8), the tokenizer (it loads and fits the
+// model) and the chat template data.chat_template names or detects. Tokenizing the data happens when the recipe
+// runs; a bad JSONL line is then an ingot::Error naming the file and line, before anything is written.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,15 @@ DataSettings resolve_data(const Config& cfg, const models::HFConfig& model, Conf
 
 // The tokenizer of tokenizer.path. Its vocabulary must fit the model's embedding (an error naming both).
 Tokenizer load_tokenizer(const ModelSource& src);
+
+// What a run would find when it loads the tokenizer and renders the data: the data file's text problems
+// (data.path), a tokenizer that does not load or fit (tokenizer.path, or model.path when it holds the
+// tokenizer), and, for instruction and chat data, a chat template that cannot be used (data.chat_template).
+void check_tokenizer_and_data(const Config& cfg, const ModelSource& src, const DataSettings& d,
+                              ConfigErrors& errors);
+// The same for a chat template read from `key` ("none" skips it): the tokenizer loads and the template fits it.
+void check_chat_template(const Config& cfg, const ModelSource& src, const std::string& key, const std::string& name,
+                         ConfigErrors& errors);
 
 // Every example of data.path, tokenized, with prompt tokens labelled kIgnoreIndex. Errors name the file
 // (and line); an empty data set is an error too.

@@ -49,6 +49,25 @@ void MetricsLog::append(const std::string& json_line) {
               "cannot append to metrics log '", path_, "': ", std::strerror(errno));
 }
 
+int64_t MetricsLog::set_aside_after(int64_t step, const std::string& moved_to) {
+  if (f_) std::fclose(f_);
+  f_ = nullptr;
+  std::istringstream in(read_file(path_));
+  std::string kept, moved, line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool later = j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+                       j["step"].get<int64_t>() > step;
+    (later ? moved : kept) += line + "\n";
+    n += later;
+  }
+  if (n == 0) return 0;
+  write_file_atomic(moved_to, [&](std::FILE* f) { write_bytes(f, moved.data(), moved.size()); });
+  write_file_atomic(path_, [&](std::FILE* f) { write_bytes(f, kept.data(), kept.size()); });
+  return n;
+}
+
 std::vector<MetricPoint> read_metrics(const std::string& path, int64_t* bad_lines) {
   std::istringstream in(read_file(path));
   std::vector<MetricPoint> out;
@@ -118,18 +137,23 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
-std::string progress_line(int64_t step, int64_t total, double loss, double lr, double tokens_per_s, double mfu,
-                          double memory_bytes, double eta_s) {
+std::string progress_line(int64_t step, int64_t total, double loss, double lr, double grad_norm, double tokens_per_s,
+                          double mfu, double memory_bytes, double eta_s) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.3f | lr %.1e | %s tok/s", static_cast<long long>(step),
-                static_cast<long long>(total), loss, lr, format_count(tokens_per_s).c_str());
+  std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.3f | lr %.1e", static_cast<long long>(step),
+                static_cast<long long>(total), loss, lr);
   std::string s = buf;
+  if (grad_norm >= 0) {
+    std::snprintf(buf, sizeof buf, " | gnorm %.3g", grad_norm);
+    s += buf;
+  }
+  s += " | " + format_count(tokens_per_s) + " tok/s";
   if (mfu >= 0) {
     std::snprintf(buf, sizeof buf, " | MFU %.1f%%", 100.0 * mfu);
     s += buf;
   }
-  if (memory_bytes >= 0) s += " | mem " + format_bytes(memory_bytes);
-  s += " | ETA " + format_duration(eta_s);
+  if (memory_bytes >= 0) s += " | mem peak " + format_bytes(memory_bytes);
+  s += " | ETA " + (eta_s >= 0 ? format_duration(eta_s) : std::string("-"));
   return s;
 }
 

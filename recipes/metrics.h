@@ -1,10 +1,13 @@
 // Run metrics: the live progress line, the JSONL metrics log in the run directory, and the model-FLOPs
 // utilization (MFU) estimate.
 //
-// metrics.jsonl holds one JSON object per line, appended as the run goes (a crash keeps what was written):
-//   {"kind":"train","step":12,"loss":2.31,"lr":0.003,"tokens":12288,"tokens_per_s":10500,"mfu":0.0,
-//    "memory_bytes":1048576,"time_s":1.2}
+// metrics.jsonl holds one JSON object per line, appended as the run goes:
+//   {"kind":"train","step":12,"loss":2.31,"lr":0.003,"grad_norm":0.84,"tokens":12288,"tokens_per_s":10500,
+//    "mfu":null,"peak_memory_bytes":1048576,"time_s":1.2}
 //   {"kind":"eval","step":100,"val_loss":2.1}
+// null marks what was not measured (mfu without a known device peak, grad_norm of a compiled step without
+// clipping); peak_memory_bytes is the device allocator's high-water mark during the step. When a run fails,
+// the steps after its last checkpoint move to metrics.failed.jsonl (no saved model holds them).
 // Losses are written with round-trip precision, so two runs can be compared bitwise from their logs.
 #pragma once
 
@@ -33,6 +36,9 @@ class MetricsLog {
   // Appends one line (a JSON object serialized by the caller's nlohmann::json dump) and flushes it.
   void append(const std::string& json_line);
   const std::string& path() const { return path_; }
+  // Closes the log and moves the records with step > `step` to `moved_to` (replacing it); returns how many
+  // moved. The log takes no more records afterwards.
+  int64_t set_aside_after(int64_t step, const std::string& moved_to);
 
  private:
   std::string path_;
@@ -58,9 +64,10 @@ std::string format_duration(double seconds);
 std::string format_bytes(double bytes);
 
 // One progress line:
-//   step 20/300 | loss 2.345 | lr 3.0e-04 | 12.3k tok/s | MFU 31.2% | mem 1.25 GiB | ETA 0:41
-// MFU is left out when mfu < 0, memory when memory_bytes < 0.
-std::string progress_line(int64_t step, int64_t total, double loss, double lr, double tokens_per_s, double mfu,
-                          double memory_bytes, double eta_s);
+//   step 20/300 | loss 2.345 | lr 3.0e-04 | gnorm 0.84 | 12.3k tok/s | MFU 31.2% | mem peak 1.25 GiB | ETA 0:41
+// The gradient norm is left out when grad_norm < 0, MFU when mfu < 0, memory when memory_bytes < 0; an
+// eta_s < 0 (not known yet) prints as "ETA -".
+std::string progress_line(int64_t step, int64_t total, double loss, double lr, double grad_norm, double tokens_per_s,
+                          double mfu, double memory_bytes, double eta_s);
 
 }  // namespace ingot::recipes

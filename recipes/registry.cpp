@@ -60,6 +60,14 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 }  // namespace
 
+std::string closest_name(std::string_view name, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, name.size() / 3) + 1;
+  for (const std::string& c : candidates)
+    if (size_t d = edit_distance(name, c); d < best_d) best_d = d, best = c;
+  return best;
+}
+
 const std::vector<Recipe>& all_recipes() {
   static const std::vector<Recipe> recipes = make_recipe_list();
   return recipes;
@@ -154,26 +162,50 @@ std::vector<BuiltinConfig> list_builtin_configs() {
   return out;
 }
 
-std::string resolve_config_argument(std::string_view arg_view) {
+std::string resolve_config_argument(std::string_view arg_view, std::string* how) {
   std::string arg(arg_view);
   std::error_code ec;
+  if (how) how->clear();
   if (fs::is_regular_file(arg, ec)) return arg;
   const bool plain_name = arg.find('/') == std::string::npos;
   if (plain_name) {
     std::string stem = arg.size() > 5 && arg.ends_with(".yaml") ? arg.substr(0, arg.size() - 5) : arg;
     std::vector<BuiltinConfig> configs = list_builtin_configs();
     for (const BuiltinConfig& c : configs)
-      if (c.name == stem) return c.path;
-    if (find_recipe(stem))
-      for (const BuiltinConfig& c : configs)
-        if (c.recipe == stem) return c.path;
+      if (c.name == stem) {
+        if (how) *how = "built-in config '" + c.name + "'";
+        return c.path;
+      }
+    if (find_recipe(stem)) {
+      const BuiltinConfig* first = nullptr;
+      std::string others;
+      for (const BuiltinConfig& c : configs) {
+        if (c.recipe != stem) continue;
+        if (!first) first = &c;
+        else others += (others.empty() ? "" : ", ") + c.name;
+      }
+      if (first) {
+        if (how)
+          *how = "recipe '" + stem + "': its built-in config '" + first->name + "'" +
+                 (others.empty() ? "" : " (also: " + others + ")");
+        return first->path;
+      }
+    }
   }
   std::string dirs;
   for (const std::string& d : builtin_config_dirs()) dirs += (dirs.empty() ? "" : ", ") + d;
   if (fs::exists(arg, ec)) throw ConfigError(arg + ": is not a regular file");
+  std::string hint;
+  if (plain_name) {
+    std::vector<std::string> names;
+    for (const BuiltinConfig& c : list_builtin_configs()) names.push_back(c.name);
+    for (const Recipe& r : all_recipes()) names.push_back(r.name);
+    const std::string stem = arg.size() > 5 && arg.ends_with(".yaml") ? arg.substr(0, arg.size() - 5) : arg;
+    if (std::string best = closest_name(stem, names); !best.empty()) hint = "; did you mean '" + best + "'?";
+  }
   throw ConfigError(arg + ": cannot open config file: no such file" +
-                    (plain_name ? ", built-in config or recipe (searched " + (dirs.empty() ? "no directory" : dirs) +
-                                      "; `ingot ls` lists them)"
+                    (plain_name ? ", built-in config or recipe" + hint + " (searched " +
+                                      (dirs.empty() ? "no directory" : dirs) + "; `ingot ls` lists them)"
                                 : std::string()));
 }
 

@@ -49,11 +49,16 @@ struct BuiltinConfig {
   std::string description;  // the first comment line of the file
 };
 
+// The candidate closest to a misspelled `name` (within a third of its length in edits, at least 2), or "".
+std::string closest_name(std::string_view name, const std::vector<std::string>& candidates);
+
 std::vector<std::string> builtin_config_dirs();
 std::vector<BuiltinConfig> list_builtin_configs();
 // A CONFIG argument as a file path: an existing file as is; otherwise a built-in config name ("quickstart"
 // or "quickstart.yaml"), or a recipe name (its first built-in config). Throws ConfigError listing the
-// directories searched when nothing matches.
-std::string resolve_config_argument(std::string_view arg);
+// directories searched when nothing matches. `how`, when given, receives what a name resolved to ("" for a
+// file path), for the run's banner: "built-in config 'quickstart'" or "recipe 'lora_finetune': its built-in
+// config 'llama_lora_finetune' (also: qwen2_lora_finetune)".
+std::string resolve_config_argument(std::string_view arg, std::string* how = nullptr);
 
 }  // namespace ingot::recipes

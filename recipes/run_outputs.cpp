@@ -4,6 +4,8 @@
 
 #include <filesystem>
 #include <ostream>
+#include <utility>
+#include <vector>
 
 #include "recipes/metrics.h"
 #include "recipes/plot.h"
@@ -39,9 +41,22 @@ void RunOutputs::end_step(int64_t step) {
        << profiler_->top_ops_table(static_cast<int>(run_.profile.top_k)) << std::flush;
 }
 
-void RunOutputs::log_train(const std::string& json, int64_t step, double loss, double lr, double tokens_per_s) {
+void RunOutputs::log_train(const std::string& json, int64_t step, double loss, double lr, double grad_norm,
+                           double tokens_per_s) {
   metrics_->append(json);
-  if (events_) events_->scalars(step, {{"train/loss", loss}, {"train/lr", lr}, {"train/tokens_per_s", tokens_per_s}});
+  if (!events_) return;
+  std::vector<std::pair<std::string, double>> scalars = {
+      {"train/loss", loss}, {"train/lr", lr}, {"train/tokens_per_s", tokens_per_s}};
+  if (grad_norm >= 0) scalars.emplace_back("train/grad_norm", grad_norm);
+  events_->scalars(step, scalars);
+}
+
+void RunOutputs::abandon(int64_t saved_step) {
+  const std::string failed = (fs::path(run_.output_dir) / "metrics.failed.jsonl").string();
+  if (int64_t n = metrics_->set_aside_after(saved_step, failed); n > 0)
+    log_ << "metrics | the run failed: " << n << " record(s) after step " << saved_step
+         << " (its last checkpoint) moved from metrics.jsonl to " << failed << "\n"
+         << std::flush;
 }
 
 void RunOutputs::log_eval(int64_t step, double val_loss) {

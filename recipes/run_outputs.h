@@ -30,7 +30,11 @@ class RunOutputs {
   void begin_step(int64_t step);
   void end_step(int64_t step);
   // `json` is the full metrics.jsonl record of the step; the scalars also go to TensorBoard.
-  void log_train(const std::string& json, int64_t step, double loss, double lr, double tokens_per_s);
+  // grad_norm < 0: not measured (not sent to TensorBoard).
+  void log_train(const std::string& json, int64_t step, double loss, double lr, double grad_norm, double tokens_per_s);
+  // The run failed: the metrics of steps after `saved_step` (its last checkpoint, 0 for none) move to
+  // metrics.failed.jsonl, since no saved model holds them; says so in the log.
+  void abandon(int64_t saved_step);
   void log_eval(int64_t step, double val_loss);
   // Draws the loss plot, closes the event file, and fills in the summary's output paths.
   void finish(TrainSummary& r);

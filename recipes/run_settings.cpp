@@ -1,11 +1,17 @@
 #include "recipes/run_settings.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <initializer_list>
 #include <optional>
 
 #include "distributed/bootstrap.h"
+#include "optim/lr_schedule.h"
 #include "recipes/checkpoint.h"
 #include "recipes/train_state.h"
 #include "runtime/file_util.h"
@@ -60,8 +66,15 @@ void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string&
   s.add(K::of(T::Int, "max_steps", "1000", "optimizer steps to run").at_least(1));
   s.add(K::of(T::Int, "seed", "0", "seeds weight init, dropout and batch sampling").at_least(0));
   s.add(K::of(T::String, "output_dir", output_dir, "the run directory: weights, checkpoints, metrics, plots"));
-  s.add(K::of(T::Bool, "resume", "false", "continue from the latest checkpoint in output_dir/checkpoints"));
+  s.add(K::of(T::Bool, "resume", "false",
+              "continue from the latest checkpoint in output_dir/checkpoints (none there: start fresh)"));
   s.add(K::of(T::String, "resume_from", "", "continue from this checkpoint directory (overrides resume)"));
+  s.add(K::of(T::String, "resume_schedule", "refuse",
+              "a resume whose max_steps differs from the checkpoint's: refuse, keep (the checkpoint's LR schedule; "
+              "min_lr past its end) or stretch (refit the schedule to the new max_steps; the LR jumps)")
+            .one_of({"refuse", "keep", "stretch"}));
+  s.add(K::of(T::Bool, "overwrite_output_dir", "false",
+              "a fresh run may replace the checkpoints an earlier run left in output_dir (false: refuse)"));
   s.add(K::of(T::Int, "checkpoint.save_every", "0", "save a training checkpoint every N steps and at the end (0: never)")
             .at_least(0));
   s.add(K::of(T::Int, "checkpoint.keep_last", "3", "training checkpoints to keep (0: all)").at_least(0));
@@ -95,9 +108,78 @@ void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string&
             .at_most(1));
   s.add(K::of(T::Bool, "distributed.overlap", "true",
               "reduce each bucket during backward as soon as it fills (false: after the whole backward)"));
+  s.add(K::of(T::Float, "distributed.timeout_s", "0",
+              "seconds a collective may take before it fails naming the missing ranks (0: ingot launch "
+              "--collective-timeout, else 600)")
+            .at_least(0));
+  s.add(K::of(T::Float, "distributed.init_timeout_s", "0",
+              "seconds ranks wait for each other to check in at start and at barriers (0: ingot launch "
+              "--init-timeout, else 300)")
+            .at_least(0));
 }
 
 namespace {
+
+// The learning rate of step `step` (0-based) under a schedule of `total_steps`, as train_loop builds it.
+double scheduled_lr(const TrainState& st, int64_t total_steps, int64_t step) {
+  optim::LrSchedule sched;
+  sched.kind = optim::LrSchedule::parse_kind(st.lr_schedule);
+  sched.base_lr = st.base_lr;
+  sched.min_lr = st.min_lr;
+  sched.warmup_steps = st.warmup_steps;
+  sched.total_steps = total_steps;
+  return sched.at(step);
+}
+
+std::string lr_text(double lr) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2e", lr);
+  return buf;
+}
+
+// Note [Resuming with a different max_steps]: cosine and linear schedules are fitted to max_steps, so a
+// resume that changes it would make the LR jump. That is refused unless the config says how to go on:
+// `keep` runs the checkpoint's schedule to its end (min_lr afterwards), `stretch` refits it to max_steps.
+void check_resume_schedule(const TrainState& st, const Config& cfg, ConfigErrors& errors, RunSettings& s) {
+  if (st.total_steps == s.max_steps || st.lr_schedule == "constant") return;
+  const std::string policy = ConfigReader(cfg, errors).str("resume_schedule", "refuse");
+  const std::string then = std::to_string(st.total_steps), now = std::to_string(s.max_steps);
+  const std::string next = std::to_string(st.step + 1);
+  if (policy == "keep") {
+    s.lr_schedule_steps = st.total_steps;
+    s.resume_note = "max_steps " + then + " -> " + now + ": the " + st.lr_schedule + " LR schedule keeps its " + then +
+                    " steps (resume_schedule: keep)" +
+                    (s.max_steps > st.total_steps ? "; after step " + then + " the LR stays at train.min_lr" : "");
+    return;
+  }
+  const std::string jump = "at step " + next + " the LR goes from " + lr_text(scheduled_lr(st, st.total_steps, st.step)) +
+                           " to " + lr_text(scheduled_lr(st, s.max_steps, st.step));
+  if (policy == "stretch") {
+    s.resume_note = "max_steps " + then + " -> " + now + ": the " + st.lr_schedule + " LR schedule is refitted to " + now +
+                    " steps (resume_schedule: stretch); " + jump;
+    return;
+  }
+  errors.fail(cfg, "max_steps",
+              now + " differs from the " + then + " steps the checkpoint's " + st.lr_schedule +
+                  " LR schedule was fitted to, so " + jump +
+                  "; set resume_schedule=keep to continue the checkpoint's schedule (min_lr after step " + then +
+                  "), resume_schedule=stretch to refit it to " + now + " steps, or max_steps=" + then);
+}
+
+// A timeout in seconds: the config's when set (> 0), else the launcher's environment variable, else `fallback`.
+double timeout_setting(const Config& cfg, ConfigErrors& errors, const char* key, const char* env, double fallback) {
+  const double configured = ConfigReader(cfg, errors).f64(key, 0);
+  if (configured > 0) return configured;
+  const char* v = std::getenv(env);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  if (*end != '\0' || !(x > 0)) {
+    errors.add(ConfigOrigin{}, std::string("environment ") + env + "='" + v + "': expected seconds > 0");
+    return fallback;
+  }
+  return x;
+}
 
 // The first of `names` that is set, as an integer; `fallback` when none is.
 int env_int_of(std::initializer_list<const char*> names, int fallback) {
@@ -124,6 +206,27 @@ void resolve_placement(RunSettings& s) {
     s.world_size = env_int_of({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, 1);
     s.local_rank = env_int_of({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}, 0);
   }
+}
+
+std::string output_location_problem(const std::string& path, bool directory) {
+  std::error_code ec;
+  const fs::path p = fs::absolute(path, ec);
+  if (ec) return "'" + path + "' is not a usable path: " + ec.message();
+  fs::path dir = p;
+  if (fs::exists(p, ec)) {
+    if (directory && !fs::is_directory(p, ec)) return "'" + path + "' exists and is not a directory";
+    if (!directory && fs::is_directory(p, ec)) return "'" + path + "' is a directory; give a file path";
+    if (!directory) dir = p.parent_path();
+  } else {
+    // The first existing ancestor is where the missing directories would be created.
+    dir = p.parent_path();
+    while (!dir.empty() && dir != dir.root_path() && !fs::exists(dir, ec)) dir = dir.parent_path();
+    if (!fs::is_directory(dir, ec))
+      return "'" + path + "' cannot be created: '" + dir.string() + "' is not a directory";
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return "'" + path + "' cannot be written: '" + dir.string() + "': " + std::strerror(errno);
+  return "";
 }
 
 int64_t restart_count_from_env() {
@@ -162,12 +265,21 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
   std::string dt = rd.str("dtype", "f32");
   s.dtype = dt == "bf16" ? DType::bf16 : DType::f32;
   s.max_steps = rd.i64("max_steps", 1);
+  s.lr_schedule_steps = s.max_steps;
   s.seed = static_cast<uint64_t>(rd.i64("seed"));
   s.output_dir = rd.str("output_dir", "runs/run");
   if (s.output_dir.empty()) errors.fail(cfg, "output_dir", "must not be empty");
   s.save_every = rd.i64("checkpoint.save_every");
   s.keep_last = rd.i64("checkpoint.keep_last");
   s.tensorboard = rd.flag("logging.tensorboard");
+  if (!s.output_dir.empty()) {
+    // Every place the run will write, checked before step 1 (the first save may come hours later).
+    std::string problem = output_location_problem(s.output_dir, true);
+    if (problem.empty() && s.save_every > 0) problem = output_location_problem(checkpoints_dir(s.output_dir), true);
+    if (problem.empty() && s.tensorboard)
+      problem = output_location_problem((fs::path(s.output_dir) / "tensorboard").string(), true);
+    if (!problem.empty()) errors.fail(cfg, "output_dir", problem);
+  }
   s.plot = rd.flag("logging.plot", true);
   s.peak_tflops = rd.f64("logging.peak_tflops");
   s.profile.enabled = rd.flag("profile.enabled");
@@ -183,11 +295,21 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
   s.compile.fullgraph = rd.flag("compile.fullgraph");
   s.compile.dynamic = rd.flag("compile.dynamic");
   s.compile.memory_budget = rd.f64("compile.memory_budget", 1.0);
+  // Activation checkpointing is a pass of the compiler (remat); an eager step keeps every activation.
+  if (s.compile.memory_budget < 1 && !s.compile.enabled && !errors.has_error_for("compile.memory_budget"))
+    errors.fail(cfg, "compile.memory_budget",
+                cfg.value("compile.memory_budget").text +
+                    " recomputes activations in a compiled step only, and compile.enabled is false; set "
+                    "compile.enabled=true (eager runs keep every activation: there is no eager checkpointing)");
   s.compile.cache_dir = rd.str("compile.cache_dir");
   s.distributed.backend = rd.str("distributed.backend", "auto");
   s.distributed.bucket_cap_mb = rd.f64("distributed.bucket_cap_mb", 25);
   s.distributed.zero_stage = rd.i64("distributed.zero_stage");
   s.distributed.overlap = rd.flag("distributed.overlap", true);
+  s.distributed.timeout_s =
+      timeout_setting(cfg, errors, "distributed.timeout_s", "INGOT_COLLECTIVE_TIMEOUT_S", s.distributed.timeout_s);
+  s.distributed.init_timeout_s =
+      timeout_setting(cfg, errors, "distributed.init_timeout_s", "INGOT_INIT_TIMEOUT_S", s.distributed.init_timeout_s);
   s.config_entries = training_config_entries(cfg);
   s.config_hash = config_hash(s.config_entries);
 
@@ -216,17 +338,45 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
       s.resume_checkpoint = *latest;
       s.resume_reason = resume ? "resume: true" : "INGOT_RESTART_COUNT=" + std::to_string(restarts);
     } else if (resume) {
-      errors.fail(cfg, "resume",
-                  "true, but there is no checkpoint to resume from (" + checkpoints_dir(s.output_dir) +
-                      " holds none; set checkpoint.save_every to write some)");
+      // One command for the first start and every restart: nothing to resume yet is not a mistake.
+      s.resume_note = "resume: true, but " + checkpoints_dir(s.output_dir) + " holds no checkpoint yet: starting fresh";
+      if (s.save_every == 0) s.resume_note += " (checkpoint.save_every is 0, so this run will not write any)";
     }
     // A restarted job that never reached its first checkpoint simply starts over.
+  }
+  s.overwrite_output_dir = rd.flag("overwrite_output_dir");
+  if (s.resume_checkpoint.empty() && !errors.has_error_for("output_dir")) {
+    // Note [A fresh run never deletes another run's checkpoints silently]: they are replaced only when the
+    // user says so (overwrite_output_dir); otherwise the run stops before anything is written.
+    std::vector<std::pair<int64_t, std::string>> earlier = list_checkpoints(s.output_dir);
+    if (!earlier.empty() && !s.overwrite_output_dir) {
+      std::string names;
+      for (const auto& [step, path] : earlier) names += (names.empty() ? "" : ", ") + fs::path(path).filename().string();
+      errors.fail(cfg, "output_dir",
+                  "'" + s.output_dir + "' holds checkpoints of an earlier run (" + names + " in " +
+                      checkpoints_dir(s.output_dir) + "), which a fresh run would replace; continue that run with "
+                      "resume=true, start over with overwrite_output_dir=true (they are deleted once this run "
+                      "has a checkpoint of its own, or at its end), or choose a new output_dir");
+    }
   }
   if (!s.resume_checkpoint.empty()) {
     const std::string state_path = (fs::path(s.resume_checkpoint) / "state.json").string();
     try {
       TrainState st = parse_train_state(read_file(state_path), state_path);
       check_resume_config(st, cfg, s.resume_checkpoint);
+      // train.epochs (fine-tuning) replaces max_steps once the data is loaded; these checks follow max_steps.
+      const bool by_epochs = cfg.has("train.epochs") && cfg.value("train.epochs").text != "0";
+      if (!by_epochs && st.step > s.max_steps) {
+        errors.fail(cfg, "max_steps",
+                    std::to_string(s.max_steps) + " is before the checkpoint's step " + std::to_string(st.step) +
+                        " (" + s.resume_checkpoint + "); raise max_steps, or start over in a new output_dir");
+      } else if (!by_epochs && st.step == s.max_steps) {
+        s.resume_note = "the run already finished its " + std::to_string(s.max_steps) +
+                        " steps, so there is nothing to train (raise max_steps to train longer; start over with "
+                        "overwrite_output_dir=true or a new output_dir); evaluating and writing the final outputs again";
+      } else if (!by_epochs) {
+        check_resume_schedule(st, cfg, errors, s);
+      }
     } catch (const ConfigError& e) {
       errors.add(cfg.has("resume_from") && !from.empty() ? cfg.origin("resume_from") : ConfigOrigin{}, e.what());
     } catch (const Error& e) {

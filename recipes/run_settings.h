@@ -1,10 +1,11 @@
 // Config sections every training recipe shares, with their schema keys and resolved form:
-//   top level    recipe, device, dtype, max_steps, seed, output_dir, resume, resume_from
+//   top level    recipe, device, dtype, max_steps, seed, output_dir, resume, resume_from,
+//                resume_schedule, overwrite_output_dir
 //   checkpoint:  save_every, keep_last
 //   logging:     tensorboard, plot, peak_tflops
 //   profile:     enabled, start_step, num_steps, top_k
 //   compile:     enabled, mode, fullgraph, dynamic, memory_budget, cache_dir (the compiler's options)
-//   distributed: backend, bucket_cap_mb, zero_stage, overlap (DDP's options)
+//   distributed: backend, bucket_cap_mb, zero_stage, overlap, timeout_s, init_timeout_s (DDP's options)
 // A recipe's schema is add_run_keys() plus its own model/data/train keys.
 #pragma once
 
@@ -41,6 +42,10 @@ struct DistributedSettings {
   double bucket_cap_mb = 25;
   int64_t zero_stage = 0;  // 0 or 1
   bool overlap = true;
+  // Seconds: a collective that takes longer fails naming the op and the ranks that never joined; ranks wait
+  // this long for each other at start-up and in store barriers (checkpoint saves). Resolved from the config,
+  // else `ingot launch --collective-timeout / --init-timeout` (INGOT_COLLECTIVE_TIMEOUT_S, INGOT_INIT_TIMEOUT_S).
+  double timeout_s = 600, init_timeout_s = 300;
 };
 
 struct ProfileSettings {
@@ -61,6 +66,11 @@ struct RunSettings {
   // output_dir), or from INGOT_RESTART_COUNT > 0 (the launcher restarted the job) when a checkpoint exists.
   std::string resume_checkpoint;
   std::string resume_reason;  // for the log: "resume_from", "resume: true", "INGOT_RESTART_COUNT=2"
+  // The LR schedule's length: max_steps, or the checkpoint's with resume_schedule: keep.
+  int64_t lr_schedule_steps = 0;
+  std::string resume_note;    // said before training: resume: true found nothing to resume, so it starts fresh
+  // A fresh run may replace checkpoints an earlier run left in output_dir (without it, resolve_run refuses).
+  bool overwrite_output_dir = false;
   int64_t save_every = 0, keep_last = 0;
   bool tensorboard = false, plot = true;
   double peak_tflops = 0;
@@ -84,6 +94,11 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors);
 
 // Fills rank, world_size, local_rank and mpi from the environment; malformed variables throw ingot::Error.
 void resolve_placement(RunSettings& s);
+
+// Why `path` cannot be written as a directory (`directory`) or a file: "" when it can (it exists as that kind
+// and is writable, or the nearest existing parent is a writable directory). Checked before step 1, so an
+// unreachable checkpoints/ or --summary path is not found only at the first save or after training.
+std::string output_location_problem(const std::string& path, bool directory);
 
 // INGOT_RESTART_COUNT as an integer (0 when unset); a malformed value is a ConfigError.
 int64_t restart_count_from_env();

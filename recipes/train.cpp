@@ -58,6 +58,8 @@ PretrainSettings resolve_pretrain(const Config& cfg, ConfigErrors& errors) {
     errors.fail(cfg, "data.path",
                 "no such file '" + s.data_path + "'" +
                     (s.data_path.rfind("data/", 0) == 0 ? " (run ./scripts/get_data.sh to fetch it)" : ""));
+  else if (std::string problem = text_file_problem(s.data_path); !errors.has_error_for("data.path") && !problem.empty())
+    errors.fail(cfg, "data.path", "'" + s.data_path + "' " + problem);
   s.val_fraction = rd.f64("data.val_fraction", 0.1);
 
   s.train = resolve_train_options(cfg, errors);

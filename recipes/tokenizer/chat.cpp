@@ -66,8 +66,33 @@ ChatTemplate ChatTemplate::detect(const Tokenizer& tok) {
   }
   if (j.find("<|im_start|>") != std::string::npos)
     return from_name(j.find("</think>") != std::string::npos ? "qwen3" : "chatml", tok);
+  if (j.find("### Instruction:") != std::string::npos && j.find("### Response:") != std::string::npos)
+    return from_name("alpaca", tok);
   INGOT_FAIL("chat template: ", tok.name(), ": the tokenizer's chat_template is not one of the natively rendered "
              "families (llama3, chatml, qwen3); name one explicitly");
+}
+
+std::string chat_template_jinja(ChatFormat format) {
+  switch (format) {
+    case ChatFormat::Llama3:
+      return "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+             "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+             "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+    case ChatFormat::ChatML:
+      return "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+             "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+             "{% endif %}";
+    case ChatFormat::Alpaca:
+      return "{% set ns = namespace(system='') %}{% for message in messages %}{% if message['role'] == 'system' %}"
+             "{% set ns.system = message['content'] %}{% elif message['role'] == 'user' %}{% if ns.system %}"
+             "{{ ns.system + '\\n\\n' }}{% else %}{{ 'Below is an instruction that describes a task. Write a "
+             "response that appropriately completes the request.\\n\\n' }}{% endif %}{{ '### Instruction:\\n' + "
+             "message['content'] + '\\n\\n### Response:\\n' }}{% else %}{{ message['content'] + eos_token }}"
+             "{% if not loop.last %}{{ '\\n\\n' }}{% endif %}{% endif %}{% endfor %}";
+    case ChatFormat::Qwen3:
+      return "";
+  }
+  return "";
 }
 
 std::vector<ChatSegment> render_chat(const ChatTemplate& t, std::span<const ChatMessage> messages,

@@ -46,6 +46,11 @@ struct ChatTemplate {
   static ChatTemplate detect(const Tokenizer& tok);
 };
 
+// The Jinja chat template (tokenizer_config.json's "chat_template") that renders as render_chat does and
+// that ChatTemplate::detect recognizes, for exports; "" for Qwen3, whose template (reasoning blocks, tools)
+// an export keeps from its source tokenizer.
+std::string chat_template_jinja(ChatFormat format);
+
 struct ChatSegment {
   std::string text;
   bool train = false;  // part of an assistant response

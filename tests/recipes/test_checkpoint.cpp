@@ -219,15 +219,42 @@ TEST_F(Resume, KeepLastKeepsTheNewestCheckpointsAndTheSummaryListsThem) {
   EXPECT_NE(log.str().find("checkpoint | step 8 | "), std::string::npos) << log.str();
 }
 
-TEST_F(Resume, AFreshRunInTheSameDirectoryReplacesTheEarlierRunsCheckpoints) {
+TEST_F(Resume, AFreshRunReplacesTheEarlierRunsCheckpointsOnlyWithOverwriteOutputDir) {
   std::ostringstream log;
   run_pretrain(resolve_pretrain(config("f", {"max_steps=8", "checkpoint.save_every=4", "checkpoint.keep_last=0"})), log);
   ASSERT_EQ(list_checkpoints(dir_.file("f")).size(), 2u);
-  run_pretrain(resolve_pretrain(config("f", {"max_steps=6", "checkpoint.save_every=3", "checkpoint.keep_last=0"})), log);
+  EXPECT_THROW(resolve_pretrain(config("f", {"max_steps=6", "checkpoint.save_every=3"})), ConfigError);
+  run_pretrain(resolve_pretrain(config("f", {"max_steps=6", "checkpoint.save_every=3", "checkpoint.keep_last=0",
+                                             "overwrite_output_dir=true"})),
+               log);
   auto left = list_checkpoints(dir_.file("f"));
   ASSERT_EQ(left.size(), 2u) << "steps 4 and 8 of the earlier run must be gone";
   EXPECT_EQ(left[0].first, 3);
   EXPECT_EQ(left[1].first, 6);
+  EXPECT_NE(log.str().find("checkpoint | removed " + checkpoint_path(dir_.file("f"), 8)), std::string::npos)
+      << log.str();
+}
+
+TEST_F(Resume, CollectiveAndCheckInTimeoutsComeFromTheConfigElseTheLauncher) {
+  ::setenv("INGOT_COLLECTIVE_TIMEOUT_S", "42", 1);
+  PretrainSettings from_env = resolve_pretrain(config("t"));
+  PretrainSettings from_config =
+      resolve_pretrain(config("t", {"distributed.timeout_s=5", "distributed.init_timeout_s=9"}));
+  ::setenv("INGOT_COLLECTIVE_TIMEOUT_S", "soon", 1);
+  std::string bad;
+  try {
+    resolve_pretrain(config("t"));
+  } catch (const ConfigError& e) {
+    bad = e.what();
+  }
+  ::unsetenv("INGOT_COLLECTIVE_TIMEOUT_S");
+  PretrainSettings plain = resolve_pretrain(config("t"));
+  EXPECT_EQ(from_env.run.distributed.timeout_s, 42);
+  EXPECT_EQ(from_env.run.distributed.init_timeout_s, 300);
+  EXPECT_EQ(from_config.run.distributed.timeout_s, 5);
+  EXPECT_EQ(from_config.run.distributed.init_timeout_s, 9);
+  EXPECT_EQ(plain.run.distributed.timeout_s, 600);
+  EXPECT_NE(bad.find("environment INGOT_COLLECTIVE_TIMEOUT_S='soon': expected seconds > 0"), std::string::npos) << bad;
 }
 
 TEST_F(Resume, ACorruptCheckpointIsRefusedNamingTheFileAndNothingIsWritten) {

@@ -31,6 +31,41 @@ std::string config_error(F&& fn) {
   return "";
 }
 
+TEST(Config, AnotherFrameworksKeyNameSuggestsOursInTheSameSection) {
+  ConfigSchema s = test_schema();
+  EXPECT_EQ(s.suggest("train.learning_rate"), "train.lr");
+  EXPECT_EQ(s.suggest("learning_rate"), "train.lr");
+  EXPECT_EQ(s.suggest("train.per_device_train_batch_size"), "train.batch_size");
+  EXPECT_EQ(s.suggest("train.momentum"), "");
+}
+
+TEST(Config, AChoiceWrittenAsAnAliasOrWithATypoIsSuggested) {
+  ConfigSchema s = test_schema();
+  s.add(ConfigKey::of(ConfigType::String, "dtype", "f32", "precision").one_of({"f32", "bf16"}));
+  std::string msg = config_error([&] {
+    Config c = Config::parse("dtype: bfloat16\ndata: {path: x}\n", "q.yaml");
+    c.validate(s);
+  });
+  EXPECT_NE(msg.find("q.yaml:1:8: dtype: expected one of f32, bf16, got 'bfloat16'; did you mean 'bf16'?"),
+            std::string::npos)
+      << msg;
+  msg = config_error([&] {
+    Config c = Config::parse("device: cudaa\ndata: {path: x}\n", "q.yaml");
+    c.validate(s);
+  });
+  EXPECT_NE(msg.find("got 'cudaa'; did you mean 'cuda'?"), std::string::npos) << msg;
+}
+
+TEST(Config, AnUnknownKeyPointsAtTheHelpOfItsOwnRecipe) {
+  ConfigSchema s = test_schema();
+  s.add(ConfigKey::of(ConfigType::String, "recipe", "lora_finetune", "the recipe"));
+  std::string msg = config_error([&] {
+    Config c = Config::parse("lora_rnk: 4\ndata: {path: x}\n", "q.yaml");
+    c.validate(s);
+  });
+  EXPECT_NE(msg.find("(`ingot run lora_finetune --help` lists every key)"), std::string::npos) << msg;
+}
+
 TEST(Config, NestedMappingsBecomeDottedKeysWithTypedValues) {
   Config c = Config::parse(
       "seed: 7\ntrain:\n  lr: 1.5e-3\n  batch_size: 4\ncompile:\n  enabled: yes\n"
@@ -132,9 +167,9 @@ TEST(Config, ValuesOutsideBoundsOrChoicesNameTheAllowedRange) {
   Config c = Config::parse("data:\n  path: a.txt\ntrain:\n  batch_size: 0\n", "q.yaml");
   EXPECT_EQ(config_error([&] { c.validate(test_schema()); }),
             "q.yaml:4:15: train.batch_size: expected an integer >= 1, got '0'");
-  Config d = Config::parse("data:\n  path: a.txt\ndevice: tpu\n", "q.yaml");
+  Config d = Config::parse("data:\n  path: a.txt\ndevice: gpu-cluster\n", "q.yaml");
   EXPECT_EQ(config_error([&] { d.validate(test_schema()); }),
-            "q.yaml:3:9: device: expected one of auto, cpu, cuda, got 'tpu'");
+            "q.yaml:3:9: device: expected one of auto, cpu, cuda, got 'gpu-cluster'");
 }
 
 TEST(Config, MissingRequiredKeyIsNamed) {

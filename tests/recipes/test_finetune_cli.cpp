@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "runtime/file_util.h"
@@ -64,6 +65,17 @@ TEST(FinetuneCli, RunFineTunesThenEvalAndGenerateUseTheExport) {
   EXPECT_TRUE(fs::is_regular_file(out + "/adapter/adapter_config.json"));
   EXPECT_TRUE(fs::is_regular_file(out + "/hf/model.safetensors"));
   EXPECT_TRUE(fs::is_regular_file(dir.file("s.json")));
+  // The export carries the chat template it was trained with (data.chat_template: llama3), so its own
+  // tokenizer renders prompts the same way.
+  std::ifstream tc(out + "/hf/tokenizer_config.json");
+  const std::string tokenizer_config((std::istreambuf_iterator<char>(tc)), std::istreambuf_iterator<char>());
+  EXPECT_NE(tokenizer_config.find("\"chat_template\": \"{{ bos_token }}{% for message in messages %}{{ "
+                                  "'<|start_header_id|>'"),
+            std::string::npos)
+      << tokenizer_config;
+  r = ingot("validate generate_text device=cpu generate.chat_template=auto model.path=" + out + "/hf tokenizer.path=" +
+            out + "/hf");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 
   r = ingot("run eval_perplexity device=cpu model.path=" + out + "/hf tokenizer.path=" + out + "/hf");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -80,6 +92,40 @@ TEST(FinetuneCli, RunFineTunesThenEvalAndGenerateUseTheExport) {
   EXPECT_EQ(gen.exit_code, 0);
   EXPECT_FALSE(stdout_text.empty());
   EXPECT_EQ(stdout_text.find("generate |"), std::string::npos) << stdout_text;
+}
+
+TEST(FinetuneCli, ARecipeNameRunSaysWhichBuiltInConfigItTookAndAKeyTypoPointsAtItsHelp) {
+  TempDir dir("ingot_ft_cli_banner");
+  Result r = ingot("run lora_finetune device=cpu max_steps=1 logging.plot=false output_dir=" + dir.file("run"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r, "configs/llama_lora_finetune.yaml (recipe 'lora_finetune': its built-in config "
+                     "'llama_lora_finetune' (also: qwen2_lora_finetune)) | output_dir " + dir.file("run")))
+      << r.output;
+  r = ingot("validate lora_finetune device=cpu lora.rnk=4");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r, "unknown key 'lora.rnk'; did you mean 'lora.rank'? (`ingot run lora_finetune --help` lists every "
+                     "key)"))
+      << r.output;
+}
+
+TEST(FinetuneCli, ValidateFindsAChatTemplateTheTokenizerDoesNotHave) {
+  Result r = ingot("validate llama_lora_finetune device=cpu data.chat_template=auto");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r, "data.chat_template: chat template: ")) << r.output;
+  EXPECT_TRUE(has(r, "has no chat_template in tokenizer_config.json; name one (llama3, chatml, qwen3, alpaca)"))
+      << r.output;
+  r = ingot("validate generate_text device=cpu generate.chat_template=auto model.path=tests/fixtures/hf/llama_tiny "
+            "tokenizer.path=tests/fixtures/data/tokenizer");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r, "generate.chat_template: chat template: ")) << r.output;
+}
+
+TEST(FinetuneCli, AnEmptyDataFileIsFoundByValidate) {
+  TempDir dir("ingot_ft_cli_empty");
+  std::ofstream(dir.file("empty.jsonl")) << "";
+  Result r = ingot("validate llama_lora_finetune device=cpu data.path=" + dir.file("empty.jsonl"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r, "data.path: '" + dir.file("empty.jsonl") + "' is empty")) << r.output;
 }
 
 TEST(FinetuneCli, BadInputsExitNonZeroNamingTheProblemAndWriteNothing) {

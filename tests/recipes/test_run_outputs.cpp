@@ -39,10 +39,29 @@ Image read_png(const std::string& path) {
 }
 
 TEST(Metrics, ProgressLineHasEveryFieldAndFormatsUnits) {
-  std::string l = progress_line(20, 300, 2.3456, 3e-4, 12345, 0.312, 1.25 * 1024 * 1024 * 1024, 41);
-  EXPECT_EQ(l, "step 20/300 | loss 2.346 | lr 3.0e-04 | 12.3k tok/s | MFU 31.2% | mem 1.25 GiB | ETA 0:41");
-  EXPECT_EQ(progress_line(1, 2, 1, 1e-3, 950, -1, -1, 3725), "step 1/2 | loss 1.000 | lr 1.0e-03 | 950 tok/s | ETA 1:02:05");
+  std::string l = progress_line(20, 300, 2.3456, 3e-4, 0.8412, 12345, 0.312, 1.25 * 1024 * 1024 * 1024, 41);
+  EXPECT_EQ(l, "step 20/300 | loss 2.346 | lr 3.0e-04 | gnorm 0.841 | 12.3k tok/s | MFU 31.2% | mem peak 1.25 GiB | "
+               "ETA 0:41");
+  EXPECT_EQ(progress_line(1, 2, 1, 1e-3, -1, 950, -1, -1, 3725),
+            "step 1/2 | loss 1.000 | lr 1.0e-03 | 950 tok/s | ETA 1:02:05");
+  EXPECT_EQ(progress_line(1, 2, 1, 1e-3, -1, 950, -1, -1, -1), "step 1/2 | loss 1.000 | lr 1.0e-03 | 950 tok/s | ETA -");
   EXPECT_EQ(format_bytes(512 * 1024), "512 KiB");
+}
+
+TEST(Metrics, AFailedRunsRecordsAfterItsLastCheckpointMoveAside) {
+  TempDir dir("ingot_metrics_aside");
+  {
+    MetricsLog log(dir.file("metrics.jsonl"));
+    for (int step = 1; step <= 5; ++step)
+      log.append("{\"kind\":\"train\",\"step\":" + std::to_string(step) + ",\"loss\":1}");
+    EXPECT_EQ(log.set_aside_after(3, dir.file("metrics.failed.jsonl")), 2);
+  }
+  std::vector<MetricPoint> kept = read_metrics(dir.file("metrics.jsonl"));
+  std::vector<MetricPoint> moved = read_metrics(dir.file("metrics.failed.jsonl"));
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept.back().step, 3);
+  ASSERT_EQ(moved.size(), 2u);
+  EXPECT_EQ(moved.front().step, 4);
 }
 
 TEST(Metrics, FlopsPerTokenAndPeakFollowTheStatedFormulas) {
@@ -209,14 +228,15 @@ TEST(RunOutputs, APretrainRunWritesMetricsPlotEventsAndProfile) {
   EXPECT_NE(log.str().find("| mem "), std::string::npos) << log.str();
   EXPECT_NE(log.str().find("eval | step 3 | val_loss"), std::string::npos) << log.str();
   EXPECT_NE(log.str().find("profile | steps 2..3"), std::string::npos) << log.str();
-  EXPECT_GT(r.mfu, 0.0);
+  EXPECT_GT(r.mfu.value_or(0), 0.0);
   std::vector<MetricPoint> pts = read_metrics(r.metrics_log);
   int train = 0, eval = 0;
   for (const MetricPoint& p : pts) (p.kind == "train" ? train : eval) += 1;
   EXPECT_EQ(train, 6);
   EXPECT_EQ(eval, 2);  // step 3 and the final eval
   EXPECT_TRUE(fs::exists(r.loss_plot));
-  EXPECT_EQ(read_event_file(fs::directory_iterator(r.tensorboard_dir)->path().string()).size(), 6u * 3 + 2);
+  // loss, lr, tokens/s and the gradient norm per step, and two evals.
+  EXPECT_EQ(read_event_file(fs::directory_iterator(r.tensorboard_dir)->path().string()).size(), 6u * 4 + 2);
   nlohmann::json trace = nlohmann::json::parse(read_file(r.profile_trace));
   std::set<int64_t> steps;
   for (const auto& e : trace["traceEvents"])

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -160,10 +161,52 @@ TEST_F(IngotCli, ExplainReportsTheCompiledStepWithoutWritingTheRunsOutputDir) {
   EXPECT_NE(r.output.find("recipe 'eval' has no training step to compile"), std::string::npos) << r.output;
 }
 
-TEST_F(IngotCli, ResumeWithoutACheckpointIsAnErrorNamingTheKey) {
-  Result r = run_ingot(dir_.path(), "run tiny.yaml resume=true");
+TEST_F(IngotCli, ResumeTrueWithoutACheckpointStartsFreshWithANote) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml resume=true max_steps=2 --summary s.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resume | resume: true, but out/checkpoints holds no checkpoint yet: starting fresh"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir_.file("s.json")))["resumed_from_step"], 0);
+}
+
+TEST_F(IngotCli, AFreshRunIntoAnOutputDirWithCheckpointsRefusesNamingThemAndKeepsThem) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=4 checkpoint.save_every=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string weights = slurp(dir_.file("out/model.safetensors"));
+  r = run_ingot(dir_.path(), "run tiny.yaml max_steps=1 checkpoint.save_every=1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("resume: true, but there is no checkpoint"), std::string::npos) << r.output;
+  for (const char* part : {"tiny.yaml:4:13: output_dir: 'out' holds checkpoints of an earlier run (step_00000002, "
+                           "step_00000004 in out/checkpoints)",
+                           "resume=true", "overwrite_output_dir=true", "new output_dir"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_TRUE(fs::exists(dir_.file("out/checkpoints/step_00000002/manifest.json")));
+  EXPECT_TRUE(fs::exists(dir_.file("out/checkpoints/step_00000004/manifest.json")));
+  EXPECT_EQ(slurp(dir_.file("out/model.safetensors")), weights);
+  // validate says the same before anything runs.
+  r = run_ingot(dir_.path(), "validate tiny.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds checkpoints of an earlier run"), std::string::npos) << r.output;
+}
+
+TEST_F(IngotCli, OverwriteOutputDirReplacesAnEarlierRunsCheckpointsAndNamesEachOne) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=4 checkpoint.save_every=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_ingot(dir_.path(), "run tiny.yaml max_steps=1 checkpoint.save_every=1 overwrite_output_dir=true");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoint | removed out/checkpoints/step_00000004 (an earlier run's"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(dir_.file("out/checkpoints/step_00000001/manifest.json")));
+  EXPECT_FALSE(fs::exists(dir_.file("out/checkpoints/step_00000002")));
+  EXPECT_FALSE(fs::exists(dir_.file("out/checkpoints/step_00000004")));
+}
+
+TEST_F(IngotCli, OverwriteOutputDirWithoutCheckpointingRemovesTheEarlierOnesAtTheEnd) {
+  ASSERT_EQ(run_ingot(dir_.path(), "run tiny.yaml max_steps=2 checkpoint.save_every=2").exit_code, 0);
+  Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=1 overwrite_output_dir=true");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoint | removed out/checkpoints/step_00000002"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_.file("out/checkpoints/step_00000002")));
 }
 
 TEST_F(IngotCli, CompileEnabledCompilesTheStepIntoOneGraphAndReportsIt) {
@@ -178,12 +221,46 @@ TEST_F(IngotCli, CompileEnabledCompilesTheStepIntoOneGraphAndReportsIt) {
       << r.output;
 }
 
-TEST_F(IngotCli, UnreadableTextIsARuntimeErrorWithExitOne) {
+TEST_F(IngotCli, TextThatIsNotUtf8IsAConfigErrorThatValidateFindsToo) {
   write(dir_.file("text.txt"), std::string("caf\xe9 latin-1, not UTF-8\n", 24));
+  const std::string expected =
+      "tiny.yaml:11:9: data.path: 'text.txt' is not UTF-8 text (invalid byte 0xe9 at byte offset 3, line 1)";
   Result r = run_ingot(dir_.path(), "run tiny.yaml --summary s.json");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("text.txt: not UTF-8 text"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir_.file("s.json")));
+  EXPECT_FALSE(fs::exists(dir_.file("out")));
+  r = run_ingot(dir_.path(), "validate tiny.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+}
+
+TEST_F(IngotCli, ValidateReportsAnEmptyDataFileAndUnwritableOutputsAtOnceAsRunWould) {
+  write(dir_.file("text.txt"), "");
+  write(dir_.file("blocker"), "a file where a directory would go\n");
+  const std::string args = "tiny.yaml output_dir=blocker/out --summary blocker/s.json";
+  for (const char* cmd : {"validate ", "run "}) {
+    Result r = run_ingot(dir_.path(), cmd + args);
+    EXPECT_EQ(r.exit_code, 2) << cmd << r.output;
+    if (std::string(cmd) == "validate ") {  // run stops at the --summary path before reading the config
+      EXPECT_NE(r.output.find("data.path: 'text.txt' is empty"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("output_dir: 'blocker/out' cannot be created: '" + dir_.file("blocker") +
+                              "' is not a directory"),
+                std::string::npos)
+          << r.output;
+    }
+    EXPECT_NE(r.output.find("--summary: 'blocker/s.json' cannot be created"), std::string::npos) << r.output;
+  }
+  // A checkpoints/ that cannot be a directory is found before step 1, not at the first save.
+  write(dir_.file("text.txt"), "In the beginning God created the heaven and the earth.\n");
+  fs::create_directory(dir_.file("out"));
+  write(dir_.file("out/checkpoints"), "not a directory\n");
+  Result r = run_ingot(dir_.path(), "run tiny.yaml checkpoint.save_every=2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("output_dir: 'out/checkpoints' exists and is not a directory"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
+  EXPECT_EQ(run_ingot(dir_.path(), "validate tiny.yaml").exit_code, 0) << "no checkpoints are saved by default";
 }
 
 TEST_F(IngotCli, UsageErrorsExitWithTwo) {
@@ -322,6 +399,159 @@ TEST_F(IngotCli, ResumeTrueContinuesAfterTheNewestCheckpoint) {
   nlohmann::json j = nlohmann::json::parse(slurp(dir_.file("s.json")));
   EXPECT_EQ(j["resumed_from_step"], 4);
   EXPECT_EQ(j["steps"], 4);
+}
+
+TEST(SetupScript, BuildsTheProgramFirstAndTheTestsOnlyWhenAsked) {
+  const std::string script = std::string(INGOT_SOURCE_DIR) + "/scripts/setup.sh";
+  Result r = ingot::testing::run_shell("bash '" + script + "' --bogus 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("setup: unknown argument '--bogus' (expected --tests)"), std::string::npos) << r.output;
+  r = ingot::testing::run_shell("bash '" + script + "' --help 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("scripts/setup.sh [--tests]"), std::string::npos) << r.output;
+  // The program's target is built before (and without) the rest.
+  const std::string text = slurp(script);
+  const size_t program = text.find("timed_build --target ingot\n");
+  const size_t rest = text.find("if ((all_targets)); then\n  echo \"setup: building the tests");
+  ASSERT_NE(program, std::string::npos);
+  ASSERT_NE(rest, std::string::npos);
+  EXPECT_LT(program, rest);
+  // README's test command asks for the rest.
+  EXPECT_NE(slurp(std::string(INGOT_SOURCE_DIR) + "/README.md").find("./scripts/setup.sh --tests && ctest"),
+            std::string::npos);
+}
+
+// The learning rates metrics.jsonl recorded, by step.
+std::map<int64_t, double> logged_lrs(const std::string& metrics) {
+  std::map<int64_t, double> out;
+  std::istringstream in(slurp(metrics));
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") out[j["step"].get<int64_t>()] = j["lr"].get<double>();
+  }
+  return out;
+}
+
+TEST_F(IngotCli, NumbersAreMeasuredOrNullAndSayWhatTheyCount) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=1 train.eval_batches=0 checkpoint.save_every=1 "
+                                    "--summary s.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("done | 1 step in "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" | gnorm "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" | mem peak "), std::string::npos) << r.output;
+  nlohmann::json s = nlohmann::json::parse(slurp(dir_.file("s.json")));
+  EXPECT_TRUE(s["val_loss"].is_null()) << s;  // no eval
+  EXPECT_TRUE(s["mfu"].is_null()) << s;       // no known peak on a CPU
+  EXPECT_GT(s["tokens_per_s"].get<double>(), 0);
+  nlohmann::json rec = nlohmann::json::parse(slurp(dir_.file("out/metrics.jsonl")));
+  EXPECT_TRUE(rec["mfu"].is_null()) << rec;
+  EXPECT_GT(rec["grad_norm"].get<double>(), 0) << rec;
+  EXPECT_GT(rec["peak_memory_bytes"].get<int64_t>(), 0) << rec;
+  EXPECT_LE(rec["peak_memory_bytes"].get<int64_t>(), s["peak_memory_bytes"].get<int64_t>());
+
+  r = run_ingot(dir_.path(), "run tiny.yaml max_steps=3 checkpoint.save_every=1 resume=true resume_schedule=stretch");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("done | steps 2-3 in "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(3 steps in "), std::string::npos) << r.output;
+  r = run_ingot(dir_.path(), "run tiny.yaml max_steps=3 checkpoint.save_every=1 resume=true --summary s.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("done | no step left to train (3 steps in "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" | - tok/s | "), std::string::npos) << r.output;
+  EXPECT_TRUE(nlohmann::json::parse(slurp(dir_.file("s.json")))["tokens_per_s"].is_null());
+}
+
+TEST_F(IngotCli, TheFirstEtaOfACompiledRunDoesNotCountTheCompile) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml compile.enabled=true max_steps=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 1/3 | loss "), std::string::npos) << r.output;
+  const std::string first = r.output.substr(r.output.find("step 1/3 | loss "));
+  EXPECT_EQ(first.substr(0, first.find('\n')).substr(first.find(" | ETA ")), " | ETA -") << r.output;
+  EXPECT_NE(r.output.find(" | gnorm "), std::string::npos) << "tiny.yaml clips, so the compiled step reports it";
+}
+
+TEST_F(IngotCli, TheBannerNamesTheConfigFileAndWhereTheRunWrites) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("config | tiny.yaml | output_dir " + dir_.file("out") + "\n"), std::string::npos)
+      << r.output;
+  r = run_ingot(dir_.path(), "run quickstart max_steps=1 data.path=text.txt model.block_size=8 output_dir=q");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("configs/quickstart.yaml (built-in config 'quickstart') | output_dir " + dir_.file("q")),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(IngotCli, AMemoryBudgetWithoutCompileIsAConfigErrorNotASilentNoOp) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml compile.memory_budget=0.5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("compile.memory_budget: 0.5 recomputes activations in a compiled step only, and "
+                          "compile.enabled is false"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(run_ingot(dir_.path(), "validate tiny.yaml compile.memory_budget=0.5 compile.enabled=true").exit_code, 0);
+}
+
+TEST_F(IngotCli, MessagesShowTheValueAndSuggestWhatWasMeant) {
+  Result r = run_ingot(dir_.path(), "validate tiny.yaml train.lr=1e-4 train.min_lr=3e-4 train.learning_rate=1e-3 "
+                                    "dtype=bfloat16");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  for (const char* part : {"train.min_lr: 3e-4 must not exceed train.lr (1e-4)",
+                           "unknown key 'train.learning_rate'; did you mean 'train.lr'? (`ingot run pretrain --help` "
+                           "lists every key)",
+                           "dtype: expected one of f32, bf16, got 'bfloat16'; did you mean 'bf16'?"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  r = run_ingot(dir_.path(), "rn tiny.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("ingot: unknown command 'rn'; did you mean 'run'?"), std::string::npos) << r.output;
+  r = run_ingot(dir_.path(), "cat quickstrt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("quickstrt: cannot open config file: no such file, built-in config or recipe; did you mean "
+                          "'quickstart'?"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(IngotCli, ResumingWithAnotherMaxStepsRefusesNamingTheLearningRateJump) {
+  ASSERT_EQ(run_ingot(dir_.path(), "run tiny.yaml max_steps=4 checkpoint.save_every=2").exit_code, 0);
+  Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=8 checkpoint.save_every=2 resume=true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  for (const char* part : {"max_steps: 8 differs from the 4 steps the checkpoint's cosine LR schedule was fitted to, "
+                           "so at step 5 the LR goes from 1.00e-04 to ",
+                           "resume_schedule=keep", "resume_schedule=stretch", "max_steps=4"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+}
+
+TEST_F(IngotCli, ResumeScheduleKeepContinuesTheCheckpointsScheduleAndStretchRefitsIt) {
+  ASSERT_EQ(run_ingot(dir_.path(), "run tiny.yaml max_steps=4 checkpoint.save_every=2").exit_code, 0);
+  Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=6 checkpoint.save_every=2 resume=true resume_schedule=keep");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resume | max_steps 4 -> 6: the cosine LR schedule keeps its 4 steps (resume_schedule: "
+                          "keep); after step 4 the LR stays at train.min_lr"),
+            std::string::npos)
+      << r.output;
+  std::map<int64_t, double> lr = logged_lrs(dir_.file("out/metrics.jsonl"));
+  EXPECT_DOUBLE_EQ(lr.at(5), 1e-4);  // train.min_lr: the schedule ended at step 4
+  EXPECT_DOUBLE_EQ(lr.at(6), 1e-4);
+
+  r = run_ingot(dir_.path(), "run tiny.yaml max_steps=12 checkpoint.save_every=2 resume=true resume_schedule=stretch");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the cosine LR schedule is refitted to 12 steps (resume_schedule: stretch); at step 7 the "
+                          "LR goes from 1.00e-04 to "),
+            std::string::npos)
+      << r.output;
+  EXPECT_GT(logged_lrs(dir_.file("out/metrics.jsonl")).at(7), 1e-3);
+}
+
+TEST_F(IngotCli, ResumingAFinishedRunSaysThereIsNothingToTrain) {
+  ASSERT_EQ(run_ingot(dir_.path(), "run tiny.yaml max_steps=2 checkpoint.save_every=2").exit_code, 0);
+  Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=2 resume=true --summary s.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resume | the run already finished its 2 steps, so there is nothing to train"),
+            std::string::npos)
+      << r.output;
+  r = run_ingot(dir_.path(), "run tiny.yaml max_steps=1 resume=true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("max_steps: 1 is before the checkpoint's step 2"), std::string::npos) << r.output;
 }
 
 }  // namespace
