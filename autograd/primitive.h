@@ -13,6 +13,7 @@
 #include <source_location>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "runtime/tensor.h"
@@ -79,6 +80,26 @@ class Primitive {
 // default of a plain stream (x * 1.0000001 printed "alpha=1" and was taken for the identity; x * 0.5000001
 // and x * 0.5000002 had one text: CSE merged them and the graph hash could not tell them apart).
 std::string exact_attrs(const Primitive& p);
+
+// Note [Typed attributes]: what a compiler pass or the lowering reads of an op's attributes it reads as a
+// struct, never as printed text (a printed "dims=[0, 2, 1, 3]" compared against a literal breaks silently when
+// the printer changes). An op whose attributes the compiler needs derives from WithAttrs<A>, its attributes
+// struct (declared next to the op's family, autograd/ops/attrs.h); match<A>(p) is p's attributes or null.
+// Printing, equality and hashing still go through print_attrs / exact_attrs (Note [Exact attributes]).
+template <class A>
+class WithAttrs {
+ public:
+  explicit WithAttrs(A a) : attrs_(std::move(a)) {}
+  const A& attrs() const { return attrs_; }
+
+ protected:
+  A attrs_;
+};
+template <class A>
+const A* match(const Primitive& p) {
+  const auto* w = dynamic_cast<const WithAttrs<A>*>(&p);
+  return w ? &w->attrs() : nullptr;
+}
 
 // Runs `p` on `inputs`: evaluates eagerly and, when grad mode is on and an input requires grad, records a
 // tape node so backward() can reach the inputs. `loc` is the user's call site (for error messages).

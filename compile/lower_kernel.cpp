@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "autograd/ops/attrs.h"
 #include "autograd/ops/norm.h"
 #include "compile/lowering.h"
 #include "optim/fused_update.h"
@@ -33,38 +34,6 @@ const std::map<std::string_view, Op>& binary_table() {
       {"maximum", Op::Max}, {"minimum", Op::Min}, {"eq", Op::Eq}, {"ne", Op::Ne}, {"lt", Op::Lt},
       {"le", Op::Le}, {"gt", Op::Gt}, {"ge", Op::Ge}, {"logical_and", Op::And}, {"logical_or", Op::Or}};
   return t;
-}
-
-// The attributes as printed, at full double precision (Note [Exact attributes], autograd/primitive.h).
-std::string attrs_of(const Primitive& p) { return exact_attrs(p); }
-
-// Parses "key=<number>" out of printed attributes.
-std::optional<double> attr_number(const Primitive& p, const std::string& key) {
-  const std::string a = attrs_of(p);
-  const size_t at = a.find(key + "=");
-  if (at == std::string::npos) return std::nullopt;
-  return std::stod(a.substr(at + key.size() + 1));
-}
-// The reduced dims of a reduce primitive ("dims=[0, 1], keepdim=false"; empty = all), wrapped to `rank`.
-std::vector<int64_t> reduce_dims(const Primitive& p, int64_t rank) {
-  const std::string a = attrs_of(p);
-  const size_t l = a.find('['), r = a.find(']');
-  std::vector<int64_t> dims;
-  if (l != std::string::npos && r != std::string::npos) {
-    std::string inner = a.substr(l + 1, r - l - 1);
-    size_t pos = 0;
-    while (pos < inner.size()) {
-      size_t end = inner.find(',', pos);
-      if (end == std::string::npos) end = inner.size();
-      const std::string item = inner.substr(pos, end - pos);
-      if (item.find_first_not_of(' ') != std::string::npos) dims.push_back(wrap_dim(std::stoll(item), rank, "reduce"));
-      pos = end + 1;
-    }
-  }
-  if (dims.empty())
-    for (int64_t d = 0; d < rank; ++d) dims.push_back(d);
-  std::sort(dims.begin(), dims.end());
-  return dims;
 }
 
 // An iteration dim is a run [lo, hi] of adjacent axes of the group's natural (row-major) shape, merged; a
@@ -229,10 +198,10 @@ class Lowerer {
       const Op op = name == "max" ? Op::ReduceMax : name == "min" ? Op::ReduceMin : Op::ReduceSum;
       r = k.reduce(op, x);
       if (name == "mean") r = k.binary(Op::Div, r, c(static_cast<double>(dims_.back()), r));
-    } else if (name == "layer_norm" || name == "rms_norm") {
+    } else if (const NormAttrs* norm = match<NormAttrs>(*n.prim)) {  // layer_norm, rms_norm
       if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
-      const bool centered = name == "layer_norm";
-      const double eps = attr_number(*n.prim, "eps").value_or(1e-5);
+      const bool centered = norm->centered;
+      const double eps = norm->eps;
       const int x0 = in(0);
       const DType st = k.nodes[static_cast<size_t>(x0)].dtype == DType::f64 ? DType::f64 : DType::f32;
       const int x = k.cast(x0, st);
@@ -442,7 +411,7 @@ std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, s
       const std::string_view nm = node.prim->name();
       const std::optional<NormBwdFlags> norm = norm_bwd_flags(*node.prim);
       if (nm == "sum" || nm == "mean" || nm == "max" || nm == "min") {
-        reduced = reduce_dims(*node.prim, static_cast<int64_t>(natural.size()));
+        reduced = match<ReduceAttrs>(*node.prim)->dims;  // wrapped and sorted by the op (autograd/ops/attrs.h)
       } else if (norm && !norm->dx) {
         // dw/db sum over every row: the leading axes (Note [Norm backward decomposition]).
         for (int64_t a = 0; a + 1 < static_cast<int64_t>(natural.size()); ++a) reduced.push_back(a);

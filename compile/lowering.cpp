@@ -1,6 +1,6 @@
 #include "compile/lowering.h"
 
-#include <cstdlib>
+#include "autograd/ops/attrs.h"
 
 namespace ingot::compiler {
 
@@ -29,10 +29,9 @@ int schedule_class(const Primitive& p) {
 namespace ingot::compiler {
 
 std::optional<double> scalar_alpha(const Primitive& p) {
-  const std::string a = exact_attrs(p);
-  if (a.rfind("alpha=", 0) != 0) return std::nullopt;
-  // strtod, not stod: stod throws on a subnormal alpha (ERANGE). 17 digits parse back to the same double.
-  return std::strtod(a.c_str() + 6, nullptr);
+  const UnaryAttrs* u = match<UnaryAttrs>(p);
+  if (!u || !takes_scalar(u->op)) return std::nullopt;
+  return u->alpha;
 }
 
 std::optional<size_t> identity_input(const Primitive& p, const std::vector<TensorMeta>& in,

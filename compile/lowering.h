@@ -29,7 +29,7 @@ namespace ingot::compiler {
 // input's own shape): k, else nullopt. `in`/`out` are the node's metadata (same dtype and shape required).
 std::optional<size_t> identity_input(const Primitive& p, const std::vector<TensorMeta>& in,
                                      const std::vector<TensorMeta>& out);
-// The exact scalar of a unary op with one ("alpha=..." in its attributes: mul_scalar, add_scalar, pow_scalar,
-// rsub_scalar, rdiv_scalar), parsed from exact_attrs; nullopt for other ops.
+// The scalar of a unary op with one (mul_scalar, add_scalar, pow_scalar, rsub_scalar, rdiv_scalar), read from
+// its typed attributes (autograd/ops/attrs.h); nullopt for other ops.
 std::optional<double> scalar_alpha(const Primitive& p);
 }  // namespace ingot::compiler

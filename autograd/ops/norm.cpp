@@ -8,6 +8,7 @@
 #include "autograd/ops/norm.h"
 
 #include "autograd/ops.h"
+#include "autograd/ops/attrs.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -116,54 +117,53 @@ class NormBwdPrim final : public Primitive {
 
 // Shared forward of layer_norm (centered) and rms_norm: inputs {x, w, b} (w, b possibly undefined, b always
 // undefined for rms_norm); outputs {y, mean, rstd} for layer_norm and {y, rstd} for rms_norm.
-class NormPrim final : public Primitive {
+class NormPrim final : public Primitive, public WithAttrs<NormAttrs> {
  public:
-  NormPrim(bool centered, double eps, bool has_w, bool has_b)
-      : centered_(centered), eps_(eps), has_w_(has_w), has_b_(has_b) {}
-  std::string_view name() const override { return centered_ ? "layer_norm" : "rms_norm"; }
+  NormPrim(bool centered, double eps, bool has_w, bool has_b) : WithAttrs({centered, eps, has_w, has_b}) {}
+  std::string_view name() const override { return attrs_.centered ? "layer_norm" : "rms_norm"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    const char* op = centered_ ? "layer_norm" : "rms_norm";
+    const char* op = attrs_.centered ? "layer_norm" : "rms_norm";
     const TensorMeta& x = in[0];
     check_floating(op, x);
     INGOT_CHECK(!x.shape.empty() && x.shape.back() > 0, op, ": expected a non-empty last dim to normalize over, got ",
                 shape_str(x.shape));
     const Shape param{x.shape.back()};
     for (size_t i : {size_t{1}, size_t{2}}) {
-      if (!(i == 1 ? has_w_ : has_b_)) continue;
+      if (!(i == 1 ? attrs_.weight : attrs_.bias)) continue;
       check_floating(op, in[i]);
       INGOT_CHECK(in[i].shape == param, op, ": ", (i == 1 ? "weight" : "bias"), " has shape ",
                   shape_str(in[i].shape), ", expected ", shape_str(param), " (the last dim of input ",
                   shape_str(x.shape), ")");
     }
     const TensorMeta stat{row_shape(x.shape), stats_dtype(x.dtype), x.device};
-    if (centered_) return {x, stat, stat};
+    if (attrs_.centered) return {x, stat, stat};
     return {x, stat};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     std::vector<Tensor> out = alloc_outputs(infer(metas_of(in)));
     if (out[0].numel() == 0) return out;
     const Tensor x = in[0].contiguous_raw(), w = contiguous_or_undefined(in[1]);
-    if (centered_)
+    if (attrs_.centered)
       INGOT_KERNEL_CALL(x.device(), layer_norm_fwd, out[0], out[1], out[2], x, w, contiguous_or_undefined(in[2]),
-                        eps_);
-    else INGOT_KERNEL_CALL(x.device(), rms_norm_fwd, out[0], out[1], x, w, eps_);
+                        attrs_.eps);
+    else INGOT_KERNEL_CALL(x.device(), rms_norm_fwd, out[0], out[1], x, w, attrs_.eps);
     return out;
   }
   bool saves_input(size_t i) const override { return i < 2; }
   bool saves_output(size_t k) const override { return k > 0; }
   FusionKind fusion_kind() const override { return FusionKind::Reduction; }
   void print_attrs(std::ostream& os) const override {
-    os << "eps=" << eps_ << ", weight=" << has_w_ << ", bias=" << has_b_;
+    os << "eps=" << attrs_.eps << ", weight=" << attrs_.weight << ", bias=" << attrs_.bias;
   }
   // Cotangents of the statistics are ignored: they are implementation outputs the public ops never return.
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
-    const bool want_dx = c.needs_grad[0], want_dw = has_w_ && c.needs_grad[1];
-    const bool want_db = has_b_ && c.needs_grad[2];
+    const bool want_dx = c.needs_grad[0], want_dw = attrs_.weight && c.needs_grad[1];
+    const bool want_db = attrs_.bias && c.needs_grad[2];
     const Tensor& x = c.inputs[0];
-    Tensor mean = centered_ ? c.outputs[1] : Tensor(), rstd = c.outputs[centered_ ? 2 : 1];
+    Tensor mean = attrs_.centered ? c.outputs[1] : Tensor(), rstd = c.outputs[attrs_.centered ? 2 : 1];
     std::vector<Tensor> grads =
-        apply(std::make_shared<NormBwdPrim>(centered_, want_dx, want_dw, want_db),
-              {cast(g[0], x.dtype()), x, mean, rstd, has_w_ ? c.inputs[1] : Tensor()});
+        apply(std::make_shared<NormBwdPrim>(attrs_.centered, want_dx, want_dw, want_db),
+              {cast(g[0], x.dtype()), x, mean, rstd, attrs_.weight ? c.inputs[1] : Tensor()});
     std::vector<Tensor> r(3);
     size_t k = 0;
     if (want_dx) r[0] = grads[k++];
@@ -171,11 +171,6 @@ class NormPrim final : public Primitive {
     if (want_db) r[2] = cast(grads[k++], c.input_meta[2].dtype);
     return r;
   }
-
- private:
-  bool centered_;
-  double eps_;
-  bool has_w_, has_b_;
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "autograd/ops.h"
+#include "autograd/ops/attrs.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -20,30 +21,32 @@ DType unary_out_dtype(UnaryOp op, DType in) {
 Tensor unary_raw(UnaryOp op, const Tensor& x, double alpha = 0.0);
 Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b);
 
-class UnaryPrim final : public Primitive {
+class UnaryPrim final : public Primitive, public WithAttrs<UnaryAttrs> {
  public:
-  UnaryPrim(UnaryOp op, double alpha) : op_(op), alpha_(alpha) {}
-  std::string_view name() const override { return kernels::unary_name(op_); }
+  UnaryPrim(UnaryOp op, double alpha) : WithAttrs({op, alpha}) {}
+  std::string_view name() const override { return kernels::unary_name(attrs_.op); }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    return {{in[0].shape, unary_out_dtype(op_, in[0].dtype), in[0].device}};
+    return {{in[0].shape, unary_out_dtype(attrs_.op, in[0].dtype), in[0].device}};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     auto out = alloc_outputs(infer(metas_of(in)));
-    if (out[0].numel() > 0) INGOT_KERNEL_CALL(in[0].device(), unary, op_, out[0], in[0], alpha_);
+    if (out[0].numel() > 0) INGOT_KERNEL_CALL(in[0].device(), unary, attrs_.op, out[0], in[0], attrs_.alpha);
     return out;
   }
-  bool differentiable() const override { return op_ != UnaryOp::LogicalNot && op_ != UnaryOp::Floor && op_ != UnaryOp::Sign; }
+  bool differentiable() const override {
+    return attrs_.op != UnaryOp::LogicalNot && attrs_.op != UnaryOp::Floor && attrs_.op != UnaryOp::Sign;
+  }
   bool saves_input(size_t) const override { return !uses_output(); }
   bool saves_output(size_t) const override { return uses_output(); }
   FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
   void print_attrs(std::ostream& os) const override {
-    if (has_alpha()) os << "alpha=" << alpha_;
+    if (takes_scalar(attrs_.op)) os << "alpha=" << attrs_.alpha;
   }
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     const Tensor& x = c.inputs[0];
     const Tensor& y = c.outputs[0];
     const Tensor& d = g[0];
-    switch (op_) {
+    switch (attrs_.op) {
       case UnaryOp::Neg: return {neg(d)};
       case UnaryOp::Exp: return {mul(d, y)};
       case UnaryOp::Log: return {div(d, x)};
@@ -60,11 +63,11 @@ class UnaryPrim final : public Primitive {
       case UnaryOp::Cos: return {neg(mul(d, sin(x)))};
       case UnaryOp::Reciprocal: return {neg(mul(d, square(y)))};
       case UnaryOp::Square: return {mul(mul(d, x), 2.0)};
-      case UnaryOp::PowScalar: return {mul(mul(d, pow(x, alpha_ - 1.0)), alpha_)};
+      case UnaryOp::PowScalar: return {mul(mul(d, pow(x, attrs_.alpha - 1.0)), attrs_.alpha)};
       case UnaryOp::AddScalar: return {d};
-      case UnaryOp::MulScalar: return {mul(d, alpha_)};
+      case UnaryOp::MulScalar: return {mul(d, attrs_.alpha)};
       case UnaryOp::RSubScalar: return {neg(d)};
-      case UnaryOp::RDivScalar: return {neg(div(mul(d, alpha_), square(x)))};
+      case UnaryOp::RDivScalar: return {neg(div(mul(d, attrs_.alpha), square(x)))};
       case UnaryOp::Log1p: return {div(d, add(x, 1.0))};
       case UnaryOp::Expm1: return {mul(d, add(y, 1.0))};
       default: INGOT_FAIL(name(), ": not differentiable");
@@ -73,45 +76,41 @@ class UnaryPrim final : public Primitive {
 
  private:
   bool uses_output() const {
-    return op_ == UnaryOp::Exp || op_ == UnaryOp::Sqrt || op_ == UnaryOp::Rsqrt || op_ == UnaryOp::Tanh ||
-           op_ == UnaryOp::Sigmoid || op_ == UnaryOp::Reciprocal || op_ == UnaryOp::Expm1;
+    const UnaryOp op = attrs_.op;
+    return op == UnaryOp::Exp || op == UnaryOp::Sqrt || op == UnaryOp::Rsqrt || op == UnaryOp::Tanh ||
+           op == UnaryOp::Sigmoid || op == UnaryOp::Reciprocal || op == UnaryOp::Expm1;
   }
-  bool has_alpha() const {
-    return op_ == UnaryOp::PowScalar || op_ == UnaryOp::AddScalar || op_ == UnaryOp::MulScalar ||
-           op_ == UnaryOp::RSubScalar || op_ == UnaryOp::RDivScalar;
-  }
-  UnaryOp op_;
-  double alpha_;
 };
 
-class BinaryPrim final : public Primitive {
+class BinaryPrim final : public Primitive, public WithAttrs<BinaryAttrs> {
  public:
-  explicit BinaryPrim(BinaryOp op) : op_(op) {}
-  std::string_view name() const override { return kernels::binary_name(op_); }
+  explicit BinaryPrim(BinaryOp op) : WithAttrs({op}) {}
+  std::string_view name() const override { return kernels::binary_name(attrs_.op); }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    Shape s = broadcast_shapes(in[0].shape, in[1].shape, kernels::binary_name(op_));
-    DType t = kernels::is_comparison(op_) ? DType::b8 : promote(in[0].dtype, in[1].dtype);
+    Shape s = broadcast_shapes(in[0].shape, in[1].shape, kernels::binary_name(attrs_.op));
+    DType t = kernels::is_comparison(attrs_.op) ? DType::b8 : promote(in[0].dtype, in[1].dtype);
     return {{s, t, in[0].device}};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     auto out = alloc_outputs(infer(metas_of(in)));
     if (out[0].numel() > 0)
-      INGOT_KERNEL_CALL(in[0].device(), binary, op_, out[0], in[0].expand_raw(out[0].shape()),
+      INGOT_KERNEL_CALL(in[0].device(), binary, attrs_.op, out[0], in[0].expand_raw(out[0].shape()),
                         in[1].expand_raw(out[0].shape()));
     return out;
   }
   bool differentiable() const override {
-    return op_ == BinaryOp::Add || op_ == BinaryOp::Sub || op_ == BinaryOp::Mul || op_ == BinaryOp::Div ||
-           op_ == BinaryOp::Pow || op_ == BinaryOp::Maximum || op_ == BinaryOp::Minimum;
+    const BinaryOp op = attrs_.op;
+    return op == BinaryOp::Add || op == BinaryOp::Sub || op == BinaryOp::Mul || op == BinaryOp::Div ||
+           op == BinaryOp::Pow || op == BinaryOp::Maximum || op == BinaryOp::Minimum;
   }
-  bool saves_input(size_t) const override { return op_ != BinaryOp::Add && op_ != BinaryOp::Sub; }
-  bool saves_output(size_t) const override { return op_ == BinaryOp::Pow; }
+  bool saves_input(size_t) const override { return attrs_.op != BinaryOp::Add && attrs_.op != BinaryOp::Sub; }
+  bool saves_output(size_t) const override { return attrs_.op == BinaryOp::Pow; }
   FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     const Tensor &a = c.inputs[0], &b = c.inputs[1], &d = g[0];
     const Shape &sa = c.input_meta[0].shape, &sb = c.input_meta[1].shape;
     Tensor ga, gb;
-    switch (op_) {
+    switch (attrs_.op) {
       case BinaryOp::Add: ga = d; gb = d; break;
       case BinaryOp::Sub: ga = d; gb = neg(d); break;
       case BinaryOp::Mul:
@@ -129,7 +128,7 @@ class BinaryPrim final : public Primitive {
       case BinaryOp::Maximum:
       case BinaryOp::Minimum: {
         // Ties split the gradient evenly, as PyTorch does.
-        Tensor pick_a = cast(op_ == BinaryOp::Maximum ? gt(a, b) : lt(a, b), d.dtype());
+        Tensor pick_a = cast(attrs_.op == BinaryOp::Maximum ? gt(a, b) : lt(a, b), d.dtype());
         Tensor tie = mul(cast(eq(a, b), d.dtype()), 0.5);
         ga = mul(d, add(pick_a, tie));
         gb = mul(d, rsub(add(pick_a, tie), 1.0));
@@ -142,9 +141,6 @@ class BinaryPrim final : public Primitive {
     if (c.needs_grad[1] && gb.defined()) r[1] = cast(sum_to_shape(gb, sb), c.input_meta[1].dtype);
     return r;
   }
-
- private:
-  BinaryOp op_;
 };
 
 class WherePrim final : public Primitive {
@@ -173,24 +169,23 @@ class WherePrim final : public Primitive {
   }
 };
 
-class CastPrim final : public Primitive {
+class CastPrim final : public Primitive, public WithAttrs<CastAttrs> {
  public:
-  explicit CastPrim(DType t) : to_(t) {}
+  explicit CastPrim(DType t) : WithAttrs({t}) {}
   std::string_view name() const override { return "cast"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    return {{in[0].shape, to_, in[0].device}};
+    return {{in[0].shape, attrs_.to, in[0].device}};
   }
-  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return {in[0].to(to_).contiguous_raw()}; }
-  bool differentiable() const override { return is_floating(to_); }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    return {in[0].to(attrs_.to).contiguous_raw()};
+  }
+  bool differentiable() const override { return is_floating(attrs_.to); }
   bool saves_input(size_t) const override { return false; }
   FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
-  void print_attrs(std::ostream& os) const override { os << "dtype=" << dtype_name(to_); }
+  void print_attrs(std::ostream& os) const override { os << "dtype=" << dtype_name(attrs_.to); }
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     return {cast(g[0], c.input_meta[0].dtype)};
   }
-
- private:
-  DType to_;
 };
 
 class ToDevicePrim final : public Primitive {

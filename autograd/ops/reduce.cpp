@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "autograd/ops.h"
+#include "autograd/ops/attrs.h"
 #include "autograd/ops/reduce_fused.h"
 #include "runtime/kernels/kernels.h"
 
@@ -59,23 +60,24 @@ DType reduce_out_dtype(ReduceOp op, DType in) {
   }
 }
 
-class ReducePrim final : public Primitive {
+class ReducePrim final : public Primitive, public WithAttrs<ReduceAttrs> {
  public:
   // widened: an f32 sum of bf16 / f16 input never rounded to the input's dtype (reduce_fused.h); only compiled
   // graphs build it.
   ReducePrim(ReduceOp op, std::vector<int64_t> dims, bool keepdim, bool widened = false)
-      : op_(op), dims_(std::move(dims)), keepdim_(keepdim), widened_(widened) {}
-  std::string_view name() const override { return kernels::reduce_name(op_); }
+      : WithAttrs({op, std::move(dims), keepdim, widened}) {}
+  std::string_view name() const override { return kernels::reduce_name(attrs_.op); }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     const Shape& s = in[0].shape;
-    INGOT_CHECK(op_ != ReduceOp::Mean || is_floating(in[0].dtype), "mean: expected a floating tensor, got ",
+    INGOT_CHECK(attrs_.op != ReduceOp::Mean || is_floating(in[0].dtype), "mean: expected a floating tensor, got ",
                 dtype_name(in[0].dtype), " (cast it first)");
-    if (op_ == ReduceOp::Max || op_ == ReduceOp::Min || op_ == ReduceOp::ArgMax || op_ == ReduceOp::ArgMin)
-      for (int64_t d : dims_)
+    const ReduceOp op = attrs_.op;
+    if (op == ReduceOp::Max || op == ReduceOp::Min || op == ReduceOp::ArgMax || op == ReduceOp::ArgMin)
+      for (int64_t d : attrs_.dims)
         INGOT_CHECK(s[static_cast<size_t>(d)] > 0, name(), ": cannot reduce over dim ", d, " of size 0 in shape ",
                     shape_str(s), " (no identity)");
-    return {{reduced_shape(s, dims_, keepdim_), widened_ ? DType::f32 : reduce_out_dtype(op_, in[0].dtype),
-             in[0].device}};
+    return {{reduced_shape(s, attrs_.dims, attrs_.keepdim),
+             attrs_.widened ? DType::f32 : reduce_out_dtype(op, in[0].dtype), in[0].device}};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     const Tensor& x = in[0];
@@ -102,7 +104,7 @@ class ReducePrim final : public Primitive {
                      [&](int64_t a, int64_t b) { return st[static_cast<size_t>(a)] > st[static_cast<size_t>(b)]; });
     if (!view_in(mem).is_contiguous() || !reduced_adjacent(mem)) {
       // Otherwise: kept dims in order, reduced dims last, copied into that layout.
-      std::stable_partition(order.begin(), order.end(), [&](int64_t d) { return !contains(dims_, d); });
+      std::stable_partition(order.begin(), order.end(), [&](int64_t d) { return !contains(attrs_.dims, d); });
       mem = order;
     }
     int64_t outer = 1, n = 1, inner = 1;
@@ -110,7 +112,7 @@ class ReducePrim final : public Primitive {
     std::vector<int64_t> kept;
     for (int64_t d : mem) {
       const int64_t sz = s[static_cast<size_t>(d)];
-      if (contains(dims_, d)) {
+      if (contains(attrs_.dims, d)) {
         n *= sz;
         seen_reduced = true;
       } else {
@@ -123,36 +125,39 @@ class ReducePrim final : public Primitive {
     Strides kst;
     for (int64_t d : kept) {
       int64_t od = d;
-      if (!keepdim_) od -= std::lower_bound(dims_.begin(), dims_.end(), d) - dims_.begin();
+      if (!attrs_.keepdim) od -= std::lower_bound(attrs_.dims.begin(), attrs_.dims.end(), d) - attrs_.dims.begin();
       ks.push_back(s[static_cast<size_t>(d)]);
       kst.push_back(out.strides()[static_cast<size_t>(od)]);
     }
     Tensor dst = out.as_strided(ks, kst, out.offset());
     Tensor tmp = dst.is_contiguous() ? dst : empty(ks, out.dtype(), out.device());
-    INGOT_KERNEL_CALL(x.device(), reduce, op_, tmp, view_in(mem).contiguous_raw(), outer, n, inner);
+    INGOT_KERNEL_CALL(x.device(), reduce, attrs_.op, tmp, view_in(mem).contiguous_raw(), outer, n, inner);
     if (!tmp.same(dst)) INGOT_KERNEL_CALL(x.device(), copy, dst, tmp);
     return {out};
   }
-  bool differentiable() const override { return op_ != ReduceOp::ArgMax && op_ != ReduceOp::ArgMin && !widened_; }
+  bool differentiable() const override {
+    return attrs_.op != ReduceOp::ArgMax && attrs_.op != ReduceOp::ArgMin && !attrs_.widened;
+  }
   bool saves_input(size_t) const override {
-    return op_ == ReduceOp::Max || op_ == ReduceOp::Min || op_ == ReduceOp::LogSumExp;
+    return attrs_.op == ReduceOp::Max || attrs_.op == ReduceOp::Min || attrs_.op == ReduceOp::LogSumExp;
   }
   bool saves_output(size_t) const override { return saves_input(0); }
   FusionKind fusion_kind() const override { return FusionKind::Reduction; }
   void print_attrs(std::ostream& os) const override {
-    os << "dims=" << shape_str(dims_) << ", keepdim=" << (keepdim_ ? "true" : "false");
-    if (widened_) os << ", out=f32";
+    os << "dims=" << shape_str(attrs_.dims) << ", keepdim=" << (attrs_.keepdim ? "true" : "false");
+    if (attrs_.widened) os << ", out=f32";
   }
   std::shared_ptr<Primitive> widened() const {
-    return op_ == ReduceOp::Sum && !widened_ ? std::make_shared<ReducePrim>(op_, dims_, keepdim_, true) : nullptr;
+    if (attrs_.op != ReduceOp::Sum || attrs_.widened) return nullptr;
+    return std::make_shared<ReducePrim>(attrs_.op, attrs_.dims, attrs_.keepdim, true);
   }
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     const TensorMeta& m = c.input_meta[0];
     // The cotangent with reduced dims restored as size 1, so it broadcasts against the input.
-    const Shape ks = keepdim_shape(m.shape, dims_);
+    const Shape ks = keepdim_shape(m.shape, attrs_.dims);
     Tensor gk = reshape(g[0], ks);
     Tensor r;
-    switch (op_) {
+    switch (attrs_.op) {
       case ReduceOp::Sum: r = expand(gk, m.shape); break;
       case ReduceOp::Mean: {
         const double count = static_cast<double>(numel(m.shape) / std::max<int64_t>(numel(ks), 1));
@@ -163,7 +168,7 @@ class ReducePrim final : public Primitive {
       case ReduceOp::Min: {
         // Ties share the gradient evenly, as PyTorch's amax/amin do.
         Tensor hit = cast(eq(c.inputs[0], reshape(c.outputs[0], ks)), gk.dtype());
-        r = mul(hit, div(gk, sum(hit, dims_, /*keepdim=*/true)));
+        r = mul(hit, div(gk, sum(hit, attrs_.dims, /*keepdim=*/true)));
         break;
       }
       case ReduceOp::LogSumExp:
@@ -179,7 +184,7 @@ class ReducePrim final : public Primitive {
   bool reduced_adjacent(const std::vector<int64_t>& order) const {
     int64_t first = -1, last = -1, count = 0;
     for (size_t i = 0; i < order.size(); ++i)
-      if (contains(dims_, order[i])) {
+      if (contains(attrs_.dims, order[i])) {
         if (first < 0) first = static_cast<int64_t>(i);
         last = static_cast<int64_t>(i);
         ++count;
@@ -187,10 +192,6 @@ class ReducePrim final : public Primitive {
     return count == 0 || last - first + 1 == count;
   }
 
-  ReduceOp op_;
-  std::vector<int64_t> dims_;
-  bool keepdim_;
-  bool widened_;
 };
 
 Tensor reduce(ReduceOp op, const Tensor& a, std::vector<int64_t> dims, bool keepdim) {

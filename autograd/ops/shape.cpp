@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "autograd/ops.h"
+#include "autograd/ops/attrs.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -91,20 +92,20 @@ class ReshapePrim final : public Primitive {
   Shape shape_;
 };
 
-class PermutePrim final : public Primitive {
+class PermutePrim final : public Primitive, public WithAttrs<PermuteAttrs> {
  public:
-  explicit PermutePrim(std::vector<int64_t> perm) : perm_(std::move(perm)) {}
+  explicit PermutePrim(std::vector<int64_t> perm) : WithAttrs({std::move(perm)}) {}
   std::string_view name() const override { return "permute"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     Shape s;
-    for (int64_t p : perm_) s.push_back(in[0].shape[static_cast<size_t>(p)]);
+    for (int64_t p : attrs_.dims) s.push_back(in[0].shape[static_cast<size_t>(p)]);
     return {{s, in[0].dtype, in[0].device}};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     const Tensor& x = in[0];
     Shape s;
     Strides st;
-    for (int64_t p : perm_) {
+    for (int64_t p : attrs_.dims) {
       s.push_back(x.shape()[static_cast<size_t>(p)]);
       st.push_back(x.strides()[static_cast<size_t>(p)]);
     }
@@ -112,15 +113,13 @@ class PermutePrim final : public Primitive {
   }
   bool saves_input(size_t) const override { return false; }
   FusionKind fusion_kind() const override { return FusionKind::View; }
-  void print_attrs(std::ostream& os) const override { os << "dims=" << shape_str(perm_); }
+  void print_attrs(std::ostream& os) const override { os << "dims=" << shape_str(attrs_.dims); }
   std::vector<Tensor> vjp(const VjpContext&, const std::vector<Tensor>& g) const override {
-    std::vector<int64_t> inv(perm_.size());
-    for (size_t i = 0; i < perm_.size(); ++i) inv[static_cast<size_t>(perm_[i])] = static_cast<int64_t>(i);
+    const std::vector<int64_t>& perm = attrs_.dims;
+    std::vector<int64_t> inv(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i) inv[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
     return {permute(g[0], inv)};
   }
-
- private:
-  std::vector<int64_t> perm_;
 };
 
 // Elements start, start + step, ... (< end) of `dim`; start/end already clamped to [0, size].
@@ -222,20 +221,20 @@ class ContiguousPrim final : public Primitive {
   std::vector<Tensor> vjp(const VjpContext&, const std::vector<Tensor>& g) const override { return {g[0]}; }
 };
 
-class CatPrim final : public Primitive {
+class CatPrim final : public Primitive, public WithAttrs<CatAttrs> {
  public:
-  explicit CatPrim(int64_t dim) : dim_(dim) {}
+  explicit CatPrim(int64_t dim) : WithAttrs({dim}) {}
   std::string_view name() const override { return "cat"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     Shape s = in[0].shape;
     DType t = in[0].dtype;
-    const auto d = static_cast<size_t>(dim_);
+    const auto d = static_cast<size_t>(attrs_.dim);
     for (size_t i = 1; i < in.size(); ++i) {
       const Shape& si = in[i].shape;
       bool match = si.size() == s.size();
       for (size_t k = 0; match && k < s.size(); ++k) match = k == d || si[k] == s[k];
       INGOT_CHECK(match, "cat: tensor ", i, " has shape ", shape_str(si), " but tensor 0 has ",
-                  shape_str(in[0].shape), "; shapes must match except in dim ", dim_);
+                  shape_str(in[0].shape), "; shapes must match except in dim ", attrs_.dim);
       s[d] += si[d];
       t = promote(t, in[i].dtype);
     }
@@ -245,28 +244,25 @@ class CatPrim final : public Primitive {
     Tensor out = alloc_outputs(infer(metas_of(in)))[0];
     int64_t at = 0;
     for (const Tensor& t : in) {
-      const int64_t len = t.shape()[static_cast<size_t>(dim_)];
-      Tensor dst = SliceSpec{dim_, at, at + len, 1}.view_of(out);
+      const int64_t len = t.shape()[static_cast<size_t>(attrs_.dim)];
+      Tensor dst = SliceSpec{attrs_.dim, at, at + len, 1}.view_of(out);
       if (dst.numel() > 0) INGOT_KERNEL_CALL(out.device(), copy, dst, t);
       at += len;
     }
     return {out};
   }
   bool saves_input(size_t) const override { return false; }
-  void print_attrs(std::ostream& os) const override { os << "dim=" << dim_; }
+  void print_attrs(std::ostream& os) const override { os << "dim=" << attrs_.dim; }
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     std::vector<Tensor> r(c.input_meta.size());
     int64_t at = 0;
     for (size_t i = 0; i < r.size(); ++i) {
-      const int64_t len = c.input_meta[i].shape[static_cast<size_t>(dim_)];
-      if (c.needs_grad[i]) r[i] = cast(narrow(g[0], dim_, at, len), c.input_meta[i].dtype);
+      const int64_t len = c.input_meta[i].shape[static_cast<size_t>(attrs_.dim)];
+      if (c.needs_grad[i]) r[i] = cast(narrow(g[0], attrs_.dim, at, len), c.input_meta[i].dtype);
       at += len;
     }
     return r;
   }
-
- private:
-  int64_t dim_;
 };
 
 // Views of consecutive pieces of `dim` with the given sizes (one output each).

@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 
+#include "autograd/ops/attrs.h"
 #include "compile/lowering.h"
 #include "compile/passes/passes.h"
 
@@ -25,8 +26,8 @@ namespace ingot::compiler::passes {
 
 // Note [Column sums]: the shapes runtime/kernels/cuda/reduce.cu's column path takes, with no fusible prologue.
 bool eager_column_sum(const Graph& g, const Node& n) {
-  const std::string attrs = n.prim->name() == "sum" ? exact_attrs(*n.prim) : "";
-  if (attrs != "dims=[0], keepdim=false" && attrs != "dims=[0], keepdim=false, out=f32") return false;
+  const ReduceAttrs* r = match<ReduceAttrs>(*n.prim);
+  if (!r || r->op != kernels::ReduceOp::Sum || r->dims != std::vector<int64_t>{0} || r->keepdim) return false;
   const Value& in = g.values[static_cast<size_t>(n.inputs[0])];
   if (!in.device.is_cuda() || (in.dtype != DType::bf16 && in.dtype != DType::f16)) return false;
   const Shape s = trace_shape(in.shape);

@@ -24,6 +24,7 @@
 // out of each layer's backward (bench/RESULTS.md, 2026-11-24 fifth session).
 #include <map>
 
+#include "autograd/ops/attrs.h"
 #include "autograd/ops/matmul_fused.h"
 #include "autograd/ops/reduce_fused.h"
 #include "compile/passes/passes.h"
@@ -71,8 +72,9 @@ bool fuse_matmul_epilogues(Graph& g, bool cpu_too, bool with_dbias, bool forward
         if (rn.prim->name() != "reshape" || shape(rn.outputs[0]) != ms) continue;
         for (size_t s : readers[static_cast<size_t>(rn.outputs[0])]) {
           const Node& sn = g.nodes[s];
-          if (sn.prim->name() == "sum" && exact_attrs(*sn.prim) == "dims=[0], keepdim=false" &&
-              g.values[static_cast<size_t>(sn.outputs[0])].dtype == pv.dtype && !drop[s]) {
+          const ReduceAttrs* r = match<ReduceAttrs>(*sn.prim);
+          if (r && r->op == kernels::ReduceOp::Sum && r->dims == std::vector<int64_t>{0} && !r->keepdim &&
+              !r->widened && g.values[static_cast<size_t>(sn.outputs[0])].dtype == pv.dtype && !drop[s]) {
             dbias = sn.outputs[0];
             sum_node = s;
             break;
@@ -124,7 +126,8 @@ bool fuse_matmul_epilogues(Graph& g, bool cpu_too, bool with_dbias, bool forward
   // the bias gradient next to it: an eager column sum writes f32 (Note [Column sums]).
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& cast = g.nodes[i];
-    if (cast.prim->name() != "cast" || exact_attrs(*cast.prim) != "dtype=f32" || drop[i]) continue;
+    const CastAttrs* to = match<CastAttrs>(*cast.prim);
+    if (!to || to->to != DType::f32 || drop[i]) continue;
     const int32_t prod = cast.inputs[0];
     const Node* p = producer(prod);
     if (!p || uses[static_cast<size_t>(prod)] != 1) continue;

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "autograd/ops/attention_packed.h"
+#include "autograd/ops/attrs.h"
 #include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
@@ -27,9 +28,10 @@ bool pack_attention_grads(Graph& g) {
   std::vector<bool> drop(g.nodes.size(), false);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& cat = g.nodes[i];
-    if (cat.prim->name() != "cat" || cat.inputs.size() != 3 || cat.outputs.size() != 1) continue;
+    const CatAttrs* along = match<CatAttrs>(*cat.prim);
+    if (!along || along->dim != 2 || cat.inputs.size() != 3 || cat.outputs.size() != 1) continue;
     const Value& out = g.values[static_cast<size_t>(cat.outputs[0])];
-    if (out.shape.size() != 3 || exact_attrs(*cat.prim) != "dim=2") continue;
+    if (out.shape.size() != 3) continue;
     const Node* attn = nullptr;
     std::vector<int32_t> chain;  // the permute and reshape node of each piece
     for (size_t k = 0; k < 3; ++k) {
@@ -37,9 +39,8 @@ bool pack_attention_grads(Graph& g) {
       const Node* reshape = single_use(piece) ? producer(piece) : nullptr;
       if (!reshape || reshape->prim->name() != "reshape" || !single_use(reshape->inputs[0])) break;
       const Node* permute = producer(reshape->inputs[0]);
-      if (!permute || permute->prim->name() != "permute" || exact_attrs(*permute->prim) != "dims=[0, 2, 1, 3]" ||
-          !single_use(permute->inputs[0]))
-        break;
+      const PermuteAttrs* perm = permute ? match<PermuteAttrs>(*permute->prim) : nullptr;
+      if (!perm || perm->dims != std::vector<int64_t>{0, 2, 1, 3} || !single_use(permute->inputs[0])) break;
       const int32_t grad = permute->inputs[0];
       const Node* a = producer(grad);
       if (!a || a->prim->name() != "attention_bwd" || (attn && a != attn) ||
