@@ -36,6 +36,15 @@ const std::map<std::string_view, Op>& binary_table() {
   return t;
 }
 
+// The activation gradients (binary(op, x, dy); sigmoid_grad and tanh_grad read the op's output for x), whose
+// math is runtime/kernels/scalar_math.h's in eager and generated kernels alike.
+const std::map<std::string_view, Op>& grad_table() {
+  static const std::map<std::string_view, Op> t{
+      {"relu_grad", Op::ReluGrad}, {"sigmoid_grad", Op::SigmoidGrad},     {"tanh_grad", Op::TanhGrad},
+      {"silu_grad", Op::SiluGrad}, {"gelu_tanh_grad", Op::GeluTanhGrad}, {"gelu_erf_grad", Op::GeluErfGrad}};
+  return t;
+}
+
 // An iteration dim is a run [lo, hi] of adjacent axes of the group's natural (row-major) shape, merged; a
 // row reduction's reduced run comes last, so a reduction over leading axes (a bias gradient) reads its input
 // through strides, transposed, with no copy.
@@ -135,36 +144,8 @@ class Lowerer {
       else r = k.binary(Op::Div, c(a, x), x);
     } else if (auto b = binary_table().find(name); b != binary_table().end()) {
       r = k.binary(b->second, in(0), in(1));
-    } else if (name == "gelu_tanh_grad") {  // y * gelu_tanh'(x), as runtime/kernels/cpu/elementwise.cpp
-      const int x = in(0), y = in(1);
-      const int kk = c(0.7978845608028654, x), cc = c(0.044715, x), half = c(0.5, x), one = c(1, x);
-      const int x3 = k.binary(Op::Mul, k.binary(Op::Mul, k.binary(Op::Mul, cc, x), x), x);
-      const int t = k.unary(Op::Tanh, k.binary(Op::Mul, kk, k.binary(Op::Add, x, x3)));
-      const int a = k.binary(Op::Mul, half, k.binary(Op::Add, one, t));
-      const int sech = k.binary(Op::Sub, one, k.binary(Op::Mul, t, t));
-      const int poly = k.binary(Op::Add, one, k.binary(Op::Mul, k.binary(Op::Mul, c(3 * 0.044715, x), x), x));
-      const int bterm = k.binary(Op::Mul, k.binary(Op::Mul, k.binary(Op::Mul, k.binary(Op::Mul, half, x), sech), kk), poly);
-      r = k.binary(Op::Mul, y, k.binary(Op::Add, a, bterm));
-    } else if (name == "gelu_erf_grad") {
-      const int x = in(0), y = in(1);
-      const int cdf = k.binary(Op::Mul, c(0.5, x),
-                               k.binary(Op::Add, c(1, x), k.unary(Op::Erf, k.binary(Op::Mul, x, c(0.7071067811865476, x)))));
-      const int pdf = k.binary(Op::Mul, k.binary(Op::Mul, x, c(0.3989422804014327, x)),
-                               k.unary(Op::Exp, k.binary(Op::Mul, k.binary(Op::Mul, c(-0.5, x), x), x)));
-      r = k.binary(Op::Mul, y, k.binary(Op::Add, cdf, pdf));
-    } else if (name == "silu_grad") {
-      const int x = in(0), y = in(1), one = c(1, x);
-      const int s = k.unary(Op::Sigmoid, x);
-      r = k.binary(Op::Mul, y, k.binary(Op::Mul, s, k.binary(Op::Add, one, k.binary(Op::Mul, x, k.binary(Op::Sub, one, s)))));
-    } else if (name == "sigmoid_grad") {  // x is the sigmoid's output
-      const int x = in(0), y = in(1);
-      r = k.binary(Op::Mul, k.binary(Op::Mul, y, x), k.binary(Op::Sub, c(1, x), x));
-    } else if (name == "tanh_grad") {
-      const int x = in(0), y = in(1);
-      r = k.binary(Op::Mul, y, k.binary(Op::Sub, c(1, x), k.binary(Op::Mul, x, x)));
-    } else if (name == "relu_grad") {
-      const int x = in(0), y = in(1);
-      r = k.where(k.binary(Op::Gt, x, c(0, x)), y, c(0, y));
+    } else if (auto gr = grad_table().find(name); gr != grad_table().end()) {  // (x or y, dy)
+      r = k.binary(gr->second, in(0), in(1));
     } else if (name == "where") {
       r = k.where(in(0), in(1), in(2));
     } else if (name == "cast") {

@@ -18,7 +18,7 @@ namespace {
 constexpr int kFirstUnary = static_cast<int>(Op::Neg);
 constexpr int kLastUnary = static_cast<int>(Op::Cast);
 constexpr int kFirstBinary = static_cast<int>(Op::Add);
-constexpr int kLastBinary = static_cast<int>(Op::Or);
+constexpr int kLastBinary = static_cast<int>(Op::GeluErfGrad);
 constexpr int kFirstReduce = static_cast<int>(Op::ReduceSum);
 constexpr int kLastReduce = static_cast<int>(Op::ReduceMin);
 

@@ -118,7 +118,9 @@ struct Buffer {
 };
 
 // The scalar ops, as X(Name, arity, "printed name"). The renderers map each one to their language; the
-// kind of op (leaf / unary / binary / ternary / reduction) is its arity and its place in this list.
+// kind of op (leaf / unary / binary / ternary / reduction) is its arity and its place in this list. Ops whose
+// formula is more than one operator (sigmoid, the GELUs, the activation gradients) render as calls of
+// runtime/kernels/scalar_math.h, the eager kernels' own definitions (Note [Scalar math written once]).
 #define INGOT_KERNEL_UNARY_OPS(X)                                                               \
   X(Neg, 1, "neg") X(Abs, 1, "abs") X(Exp, 1, "exp") X(Log, 1, "log") X(Log1p, 1, "log1p")      \
   X(Expm1, 1, "expm1") X(Sqrt, 1, "sqrt") X(Rsqrt, 1, "rsqrt") X(Reciprocal, 1, "reciprocal")   \
@@ -129,7 +131,10 @@ struct Buffer {
 #define INGOT_KERNEL_BINARY_OPS(X)                                                              \
   X(Add, 2, "add") X(Sub, 2, "sub") X(Mul, 2, "mul") X(Div, 2, "div") X(Pow, 2, "pow")          \
   X(Max, 2, "max") X(Min, 2, "min") X(Eq, 2, "eq") X(Ne, 2, "ne") X(Lt, 2, "lt") X(Le, 2, "le") \
-  X(Gt, 2, "gt") X(Ge, 2, "ge") X(And, 2, "and") X(Or, 2, "or")
+  X(Gt, 2, "gt") X(Ge, 2, "ge") X(And, 2, "and") X(Or, 2, "or")                                 \
+  /* activation gradients (a = x, or the output for sigmoid / tanh; b = dy): scalar_math.h's */ \
+  X(ReluGrad, 2, "relu_grad") X(SigmoidGrad, 2, "sigmoid_grad") X(TanhGrad, 2, "tanh_grad")     \
+  X(SiluGrad, 2, "silu_grad") X(GeluTanhGrad, 2, "gelu_tanh_grad") X(GeluErfGrad, 2, "gelu_grad")
 #define INGOT_KERNEL_REDUCE_OPS(X) \
   X(ReduceSum, 1, "reduce_sum") X(ReduceMax, 1, "reduce_max") X(ReduceMin, 1, "reduce_min")
 

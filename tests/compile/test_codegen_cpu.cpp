@@ -4,6 +4,9 @@
 
 #include <cmath>
 
+#include "compile/codegen/cpu/render_cpp.h"
+#include "compile/codegen/scalar_math.h"
+#include "runtime/file_util.h"
 #include "runtime/kernels/kernels.h"
 #include "tests/compile/test_codegen_util.h"
 
@@ -118,6 +121,14 @@ TEST(CodegenCpu, EveryPointwiseOpMatchesEager) {
   };
   auto un = [](Op op) { return [op](KernelSpec& k, int x, int) { return k.unary(op, x); }; };
   auto bin = [](Op op) { return [op](KernelSpec& k, int x, int z) { return k.binary(op, x, z); }; };
+  // A gradient op against the eager kernel of the same BinaryOp (what the ops' VJPs run), as (at, dy).
+  std::vector<kernels::BinaryOp> eager_grad;
+  std::vector<bool> grad_of_output;
+  auto grad = [&](Op op, kernels::BinaryOp eager, bool of_output) {
+    eager_grad.push_back(eager);
+    grad_of_output.push_back(of_output);
+    return [op, of_output](KernelSpec& k, int x, int z) { return of_output ? k.binary(op, x, x) : k.binary(op, z, x); };
+  };
   auto as_float = [](const Tensor& t, DType dt) { return t.to(dt); };
   const std::vector<Case> cases = {
       {"neg", un(Op::Neg), [](auto& x, auto&) { return neg(x); }},
@@ -138,6 +149,15 @@ TEST(CodegenCpu, EveryPointwiseOpMatchesEager) {
       {"gelu_erf", [](KernelSpec& k, int, int z) { return k.unary(Op::GeluErf, z); },
        [](auto&, auto& z) { return gelu(z, false); }},
       {"silu", [](KernelSpec& k, int, int z) { return k.unary(Op::Silu, z); }, [](auto&, auto& z) { return silu(z); }},
+      {"gelu_tanh", [](KernelSpec& k, int, int z) { return k.unary(Op::GeluTanh, z); },
+       [](auto&, auto& z) { return gelu(z, true); }},
+      // The activation gradients: dy = x, at z (sigmoid and tanh take their output, here x itself).
+      {"relu_grad", grad(Op::ReluGrad, kernels::BinaryOp::ReluGrad, false), nullptr},
+      {"silu_grad", grad(Op::SiluGrad, kernels::BinaryOp::SiluGrad, false), nullptr},
+      {"gelu_tanh_grad", grad(Op::GeluTanhGrad, kernels::BinaryOp::GeluTanhGrad, false), nullptr},
+      {"gelu_erf_grad", grad(Op::GeluErfGrad, kernels::BinaryOp::GeluErfGrad, false), nullptr},
+      {"sigmoid_grad", grad(Op::SigmoidGrad, kernels::BinaryOp::SigmoidGradFromOutput, true), nullptr},
+      {"tanh_grad", grad(Op::TanhGrad, kernels::BinaryOp::TanhGradFromOutput, true), nullptr},
       {"add", bin(Op::Add), [](auto& x, auto& z) { return add(x, z); }},
       {"sub", bin(Op::Sub), [](auto& x, auto& z) { return sub(x, z); }},
       {"div", bin(Op::Div), [](auto& x, auto& z) { return div(z, x); }},
@@ -163,12 +183,49 @@ TEST(CodegenCpu, EveryPointwiseOpMatchesEager) {
       bufs.push_back(empty({9, 50}, out_dt));
     }
     run(test_codegen().compile(k), bufs);
+    size_t g = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
       SCOPED_TRACE(std::string(cases[i].name) + " " + std::string(dtype_name(dt)));
-      Tensor want = cases[i].eager(x, z);
+      Tensor want;
+      if (cases[i].eager) {
+        want = cases[i].eager(x, z);
+      } else {
+        want = empty({9, 50}, dt);
+        kernels::cpu::binary(eager_grad[g], want, grad_of_output[g] ? x : z, x);
+        ++g;
+      }
       EXPECT_TENSOR_CLOSE(as_float(bufs[2 + i], DType::f64), as_float(want, DType::f64), dt);
     }
   }
+}
+
+// Note [Scalar math written once]: generated kernels call runtime/kernels/scalar_math.h, the eager kernels' own
+// formulas, instead of restating them; the header they include is that file, byte for byte.
+TEST(CodegenCpu, GeneratedSourceIncludesTheScalarMathHeaderInsteadOfRestatingFormulas) {
+  KernelSpec k;
+  k.name = "activations";
+  k.dims = dims_of({4, 8});
+  const int x = k.load(k.input(DType::f32, k.contiguous_strides(), "x"));
+  const int dy = k.load(k.input(DType::f32, k.contiguous_strides(), "dy"));
+  int acc = k.unary(Op::GeluTanh, x);
+  for (Op op : {Op::GeluErf, Op::Silu, Op::Sigmoid, Op::Relu})
+    acc = k.binary(Op::Add, acc, k.unary(op, x));
+  for (Op op : {Op::GeluTanhGrad, Op::GeluErfGrad, Op::SiluGrad, Op::SigmoidGrad, Op::TanhGrad, Op::ReluGrad})
+    acc = k.binary(Op::Add, acc, k.binary(op, x, dy));
+  k.store(k.output(DType::f32, k.contiguous_strides(), "y"), acc);
+  EXPECT_NE(cpu::render_preamble().find("#include \"ingot_scalar_math.h\""), std::string::npos);
+  const std::string src = cpu::render_kernel(k, "activations_0");
+  for (const char* call : {"ig_math::gelu_tanh<float>(", "ig_math::gelu_erf<float>(", "ig_math::silu<float>(",
+                           "ig_math::sigmoid<float>(", "ig_math::relu<float>(", "ig_math::gelu_tanh_grad<float>(",
+                           "ig_math::gelu_erf_grad<float>(", "ig_math::silu_grad<float>(",
+                           "ig_math::sigmoid_grad<float>(", "ig_math::tanh_grad<float>(", "ig_math::relu_grad<float>("})
+    EXPECT_NE(src.find(call), std::string::npos) << call << " missing from\n" << src;
+  // No formula restated: none of the GELUs' constants, no exp or tanh of its own.
+  for (const char* formula : {"0.797884", "0.044715", "0.707106", "0.398942", "exp", "tanh(", "erf("})
+    EXPECT_EQ(src.find(formula), std::string::npos) << formula << " restated in\n" << src;
+  const std::string header = read_file(std::string(INGOT_SOURCE_DIR) + "/runtime/kernels/scalar_math.h");
+  EXPECT_EQ(scalar_math_source(), header);
+  EXPECT_NE(header.find("INGOT_MATH_FN T gelu_tanh(T x)"), std::string::npos);
 }
 
 TEST(CodegenCpu, IdenticalKernelsFromDifferentLayersAreCompiledOnce) {

@@ -72,6 +72,33 @@ KernelSpec scale_all_spec(DType dt) {
   return k;
 }
 
+// Every op whose formula is runtime/kernels/scalar_math.h's (Note [Scalar math written once]), summed.
+KernelSpec activations_spec(DType dt) {
+  KernelSpec k;
+  k.name = "activations";
+  k.dims = dims_of({4, 8});
+  const int x = k.load(k.input(dt, k.contiguous_strides(), "x"));
+  const int dy = k.load(k.input(dt, k.contiguous_strides(), "dy"));
+  int acc = k.unary(Op::GeluTanh, x);
+  for (Op op : {Op::GeluErf, Op::Silu, Op::Sigmoid, Op::Relu}) acc = k.binary(Op::Add, acc, k.unary(op, x));
+  for (Op op : {Op::GeluTanhGrad, Op::GeluErfGrad, Op::SiluGrad, Op::SigmoidGrad, Op::TanhGrad, Op::ReluGrad})
+    acc = k.binary(Op::Add, acc, k.binary(op, x, dy));
+  k.store(k.output(dt, k.contiguous_strides(), "y"), acc);
+  return k;
+}
+
+TEST(CodegenCuda, GeneratedSourceIncludesTheScalarMathHeaderInsteadOfRestatingFormulas) {
+  EXPECT_NE(cuda::render_preamble().find("#include \"ingot_scalar_math.h\""), std::string::npos);
+  const std::string src = cuda::render_kernel(activations_spec(DType::bf16), "activations_0").source;
+  for (const char* call : {"ig_math::gelu_tanh<float>(", "ig_math::gelu_erf<float>(", "ig_math::silu<float>(",
+                           "ig_math::sigmoid<float>(", "ig_math::relu<float>(", "ig_math::gelu_tanh_grad<float>(",
+                           "ig_math::gelu_erf_grad<float>(", "ig_math::silu_grad<float>(",
+                           "ig_math::sigmoid_grad<float>(", "ig_math::tanh_grad<float>(", "ig_math::relu_grad<float>("})
+    EXPECT_NE(src.find(call), std::string::npos) << call << " missing from\n" << src;
+  for (const char* formula : {"0.797884", "0.044715", "0.707106", "0.398942", "exp", "tanh(", "erf("})
+    EXPECT_EQ(src.find(formula), std::string::npos) << formula << " restated in\n" << src;
+}
+
 TEST(CodegenCuda, EveryKindRendersAndCompilesWithNvrtcWithoutAGpu) {
   const int arch = cuda_available() ? cuda::device_arch(0) : 90;
   std::vector<KernelSpec> specs;
@@ -102,6 +129,10 @@ TEST(CodegenCuda, EveryKindRendersAndCompilesWithNvrtcWithoutAGpu) {
     k.store(k.output(DType::b8, k.contiguous_strides(), "lt"), k.binary(Op::Lt, k.index(1), ix));
     specs.push_back(k);
     widths.push_back(1);  // 5 * 3 elements: no multiple of the width
+  }
+  for (DType dt : {DType::f32, DType::f64}) {  // NVRTC compiles scalar_math.h's functions in both types
+    specs.push_back(activations_spec(dt));
+    widths.push_back(static_cast<int>(std::min<size_t>(8, 16 / itemsize(dt))));
   }
   // One program per dtype (six kernels each) plus the integer one, compiled side by side as CudaCodegen does.
   std::vector<cuda::NvrtcProgram> programs;

@@ -18,6 +18,7 @@
 #include "compile/cache/compile_cache.h"
 #include "compile/codegen/cpu/jit_cc.h"
 #include "compile/codegen/cpu/render_cpp.h"
+#include "compile/codegen/scalar_math.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
 
@@ -202,12 +203,16 @@ std::vector<CpuKernel> CpuCodegen::compile(const std::vector<KernelSpec>& specs,
     WorkDir work(options_.use_disk_cache ? options_.cache_dir : std::string());
     std::vector<CompileJob> jobs;
     std::vector<std::string> so_names;
+    // The header every unit includes by name (Note [Scalar math written once], runtime/kernels/scalar_math.h).
+    const std::string& math = scalar_math_source();
+    write_file_atomic(work.path() + "/" + kScalarMathHeader,
+                      [&](std::FILE* f) { write_bytes(f, math.data(), math.size()); });
     for (int u = 0; u < units; ++u) {
       const std::string base = work.path() + "/unit" + std::to_string(u);
       write_file_atomic(base + ".cpp", [&](std::FILE* f) { write_bytes(f, unit_src[u].data(), unit_src[u].size()); });
       jobs.push_back(CompileJob{base + ".cpp", base + ".so", base + ".log"});
       // Named by content: equal names mean equal libraries, whoever (which process) wrote them.
-      so_names.push_back("kernels-" + cache::hex64(cache::hash_bytes(unit_src[u] + tc.identity)) + ".so");
+      so_names.push_back("kernels-" + cache::hex64(cache::hash_bytes(unit_src[u] + math + tc.identity)) + ".so");
     }
     t0 = std::chrono::steady_clock::now();
     try {

@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "compile/codegen/scalar_math.h"
 #include "runtime/error.h"
 
 namespace ingot::codegen::cpu {
@@ -253,7 +254,7 @@ class Renderer {
   std::string unary_expr(const Node& n) const {
     const DType t = n.dtype;
     const std::string a = as(n.a, t), T = compute_type(t);
-    const std::string one = "static_cast<" + T + ">(1)", half = "static_cast<" + T + ">(0.5)";
+    const std::string one = "static_cast<" + T + ">(1)";
     switch (n.op) {
       case Op::Neg: return "-" + a;
       case Op::Abs: return is_floating(t) ? fn("fabs", T) + "(" + a + ")" : "(" + a + " < 0 ? -" + a + " : " + a + ")";
@@ -269,15 +270,11 @@ class Renderer {
       case Op::Cos: return fn("cos", T) + "(" + a + ")";
       case Op::Tanh: return fn("tanh", T) + "(" + a + ")";
       case Op::Erf: return fn("erf", T) + "(" + a + ")";
-      case Op::Sigmoid: return one + " / (" + one + " + " + fn("exp", T) + "(-" + a + "))";
-      case Op::Relu: return a + " > 0 ? " + a + " : static_cast<" + T + ">(0)";
+      case Op::Sigmoid:
+      case Op::Relu:
       case Op::GeluTanh:
-        return half + " * " + a + " * (" + one + " + " + fn("tanh", T) + "(static_cast<" + T + ">(0.7978845608028654) * (" + a +
-               " + static_cast<" + T + ">(0.044715) * " + a + " * " + a + " * " + a + ")))";
       case Op::GeluErf:
-        return half + " * " + a + " * (" + one + " + " + fn("erf", T) + "(" + a + " * static_cast<" + T +
-               ">(0.7071067811865476)))";
-      case Op::Silu: return a + " / (" + one + " + " + fn("exp", T) + "(-" + a + "))";
+      case Op::Silu: return scalar_math_call(n.op, T, a);
       case Op::Sign: return "static_cast<" + T + ">((" + a + " > 0) - (" + a + " < 0))";
       case Op::Floor: return fn("floor", T) + "(" + a + ")";
       case Op::Not: return "!" + as(n.a, DType::b8);
@@ -314,6 +311,12 @@ class Renderer {
       case Op::Ge: return x + " >= " + y;
       case Op::And: return x + " && " + y;
       case Op::Or: return x + " || " + y;
+      case Op::ReluGrad:
+      case Op::SigmoidGrad:
+      case Op::TanhGrad:
+      case Op::SiluGrad:
+      case Op::GeluTanhGrad:
+      case Op::GeluErfGrad: return scalar_math_call(n.op, T, x + ", " + y);
       default: break;
     }
     INGOT_INTERNAL_CHECK(false, "render_cpp: binary op ", op_name(n.op));
@@ -563,8 +566,10 @@ class Renderer {
 
 std::string render_preamble() {
   return R"(// ingot generated kernels: plain C++17 + OpenMP, one extern "C" function per kernel. Math goes through
-// compiler builtins, so the only header is <stdint.h>.
+// compiler builtins; the headers are <stdint.h> and the ops' scalar math, runtime/kernels/scalar_math.h (the
+// eager kernels' own formulas), which the codegen writes next to this file.
 #include <stdint.h>
+#include "ingot_scalar_math.h"
 
 extern "C" int omp_get_max_threads(void);  // from libgomp (omp.h is not needed for one declaration)
 
@@ -674,7 +679,7 @@ inline float ig_round_f16(float f) { return ig_ld_f16(ig_st_f16(f)); }
 
 const std::string& renderer_fingerprint() {
   static const std::string fp = [] {
-    std::string text = render_preamble();
+    std::string text = render_preamble() + scalar_math_source();
     // Pointwise: every unary and binary op, where, casts to the narrow types, indices, scalars, constants.
     KernelSpec pw;
     pw.name = "probe_pointwise";
@@ -687,7 +692,7 @@ const std::string& renderer_fingerprint() {
     acc = pw.binary(Op::Add, acc, pw.constant(0.1, DType::f32));  // how finite constants are written
     for (int op = static_cast<int>(Op::Neg); op < static_cast<int>(Op::Cast); ++op)
       acc = pw.binary(Op::Add, acc, pw.unary(static_cast<Op>(op), x));
-    for (int op = static_cast<int>(Op::Add); op <= static_cast<int>(Op::Or); ++op)
+    for (int op = static_cast<int>(Op::Add); op <= static_cast<int>(Op::GeluErfGrad); ++op)
       acc = pw.where(pw.cast(pw.binary(static_cast<Op>(op), x, z), DType::b8), acc, pw.cast(i, DType::f32));
     acc = pw.binary(Op::Add, acc, pw.cast(pw.index(0), DType::f32));
     pw.store(pw.output(DType::bf16, {SymInt::constant(3), SymInt::constant(1)}), pw.cast(acc, DType::f16));

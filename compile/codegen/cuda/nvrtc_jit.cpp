@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "compile/codegen/scalar_math.h"
 #include "runtime/error.h"
 
 namespace ingot::codegen::cuda {
@@ -47,7 +48,11 @@ std::string explain_log(const NvrtcProgram& prog, const std::string& log) {
 
 std::string compile_one(const NvrtcProgram& prog, int arch) {
   nvrtcProgram p = nullptr;
-  check_nvrtc(nvrtcCreateProgram(&p, prog.source.c_str(), prog.name.c_str(), 0, nullptr, nullptr), "create", prog.name);
+  // The one header generated sources include (Note [Scalar math written once], runtime/kernels/scalar_math.h).
+  const char* header = scalar_math_source().c_str();
+  const char* header_name = kScalarMathHeader;
+  check_nvrtc(nvrtcCreateProgram(&p, prog.source.c_str(), prog.name.c_str(), 1, &header, &header_name), "create",
+              prog.name);
   struct Guard {
     nvrtcProgram* p;
     ~Guard() { nvrtcDestroyProgram(p); }

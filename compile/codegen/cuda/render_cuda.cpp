@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "compile/codegen/scalar_math.h"
 #include "runtime/error.h"
 
 namespace ingot::codegen::cuda {
@@ -408,7 +409,7 @@ class Renderer {
   }
   std::string unary_math(const Node& n, const std::string& a, const std::string& T) const {
     const DType t = n.dtype;
-    const std::string one = "(" + T + ")1", half = "(" + T + ")0.5";
+    const std::string one = "(" + T + ")1";
     switch (n.op) {
       case Op::Neg: return "-" + a;
       case Op::Abs: return is_floating(t) ? fn("fabs", T) + "(" + a + ")" : "(" + a + " < 0 ? -" + a + " : " + a + ")";
@@ -424,14 +425,11 @@ class Renderer {
       case Op::Cos: return fn("cos", T) + "(" + a + ")";
       case Op::Tanh: return fn("tanh", T) + "(" + a + ")";
       case Op::Erf: return fn("erf", T) + "(" + a + ")";
-      case Op::Sigmoid: return one + " / (" + one + " + " + fn("exp", T) + "(-" + a + "))";
-      case Op::Relu: return a + " > 0 ? " + a + " : (" + T + ")0";
+      case Op::Sigmoid:
+      case Op::Relu:
       case Op::GeluTanh:
-        return half + " * " + a + " * (" + one + " + " + fn("tanh", T) + "((" + T + ")0.7978845608028654 * (" + a +
-               " + (" + T + ")0.044715 * " + a + " * " + a + " * " + a + ")))";
       case Op::GeluErf:
-        return half + " * " + a + " * (" + one + " + " + fn("erf", T) + "(" + a + " * (" + T + ")0.7071067811865476))";
-      case Op::Silu: return a + " / (" + one + " + " + fn("exp", T) + "(-" + a + "))";
+      case Op::Silu: return scalar_math_call(n.op, T, a);
       case Op::Sign: return "(" + T + ")((" + a + " > 0) - (" + a + " < 0))";
       case Op::Floor: return fn("floor", T) + "(" + a + ")";
       case Op::Not: return "!" + as(n.a, DType::b8);
@@ -469,6 +467,12 @@ class Renderer {
       case Op::Ge: return x + " >= " + y;
       case Op::And: return x + " && " + y;
       case Op::Or: return x + " || " + y;
+      case Op::ReluGrad:
+      case Op::SigmoidGrad:
+      case Op::TanhGrad:
+      case Op::SiluGrad:
+      case Op::GeluTanhGrad:
+      case Op::GeluErfGrad: return scalar_math_call(n.op, T, x + ", " + y);
       default: break;
     }
     INGOT_INTERNAL_CHECK(false, "render_cuda: binary op ", op_name(n.op));

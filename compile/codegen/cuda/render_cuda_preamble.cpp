@@ -1,7 +1,9 @@
 // The device helpers every generated CUDA program starts with (see render_cuda.h): dtype conversions,
-// NaN-propagating max/min, warp and block reductions, vector loads and stores. Plain CUDA C++ for NVRTC,
-// without any header.
+// NaN-propagating max/min, warp and block reductions, vector loads and stores. Plain CUDA C++ for NVRTC; the
+// one header is the ops' scalar math (Note [Scalar math written once], runtime/kernels/scalar_math.h), which
+// compile_cubins hands NVRTC by name.
 #include "compile/codegen/cuda/render_cuda.h"
+#include "compile/codegen/scalar_math.h"
 
 #include <cmath>
 #include <cstdio>
@@ -9,8 +11,9 @@
 namespace ingot::codegen::cuda {
 
 std::string render_preamble() {
-  return R"(// ingot generated CUDA kernels (NVRTC, no headers): one parameter struct and one or two extern "C"
-// __global__ functions per kernel.
+  return R"(// ingot generated CUDA kernels (NVRTC): one parameter struct and one or two extern "C" __global__
+// functions per kernel. The pointwise ops' formulas are runtime/kernels/scalar_math.h's, the eager kernels' own.
+#include "ingot_scalar_math.h"
 
 // bf16 is the top half of an f32; rounding to nearest even, NaN kept quiet (as the CPU backend).
 __device__ __forceinline__ float ig_ld_bf16(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
@@ -111,7 +114,7 @@ template <int N, typename T> __device__ __forceinline__ void ig_stv(T* d, const 
 
 const std::string& renderer_fingerprint() {
   static const std::string fp = [] {
-    std::string text = render_preamble();
+    std::string text = render_preamble() + scalar_math_source();
     // Pointwise: every unary and binary op, where, casts to the narrow types, indices, scalars, constants,
     // on a vectorizable layout.
     KernelSpec pw;
@@ -125,7 +128,7 @@ const std::string& renderer_fingerprint() {
     acc = pw.binary(Op::Mul, acc, pw.constant(0.1, DType::f32));  // how finite constants are written
     for (int op = static_cast<int>(Op::Neg); op < static_cast<int>(Op::Cast); ++op)
       acc = pw.binary(Op::Add, acc, pw.unary(static_cast<Op>(op), x));
-    for (int op = static_cast<int>(Op::Add); op <= static_cast<int>(Op::Or); ++op)
+    for (int op = static_cast<int>(Op::Add); op <= static_cast<int>(Op::GeluErfGrad); ++op)
       acc = pw.where(pw.cast(pw.binary(static_cast<Op>(op), x, z), DType::b8), acc, pw.cast(i, DType::f32));
     acc = pw.binary(Op::Add, acc, pw.cast(pw.index(1), DType::f32));
     pw.store(pw.output(DType::bf16, {SymInt::constant(8), SymInt::constant(1)}), pw.cast(acc, DType::f16));

@@ -4,6 +4,7 @@
 
 #include "runtime/kernels/cpu/loops.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/scalar_math.h"
 
 namespace ingot::kernels::cpu {
 
@@ -57,31 +58,6 @@ void copy(const Tensor& dst, const Tensor& src) {
 namespace {
 
 template <typename A>
-A gelu_tanh(A x) {
-  const A k = A(0.7978845608028654), c = A(0.044715);
-  return A(0.5) * x * (A(1) + std::tanh(k * (x + c * x * x * x)));
-}
-template <typename A>
-A gelu_tanh_grad(A x) {
-  const A k = A(0.7978845608028654), c = A(0.044715);
-  A inner = k * (x + c * x * x * x);
-  A t = std::tanh(inner);
-  return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * k * (A(1) + A(3) * c * x * x);
-}
-template <typename A>
-A gelu_erf(A x) {
-  return A(0.5) * x * (A(1) + std::erf(x * A(0.7071067811865476)));
-}
-template <typename A>
-A gelu_erf_grad(A x) {
-  return A(0.5) * (A(1) + std::erf(x * A(0.7071067811865476))) + x * A(0.3989422804014327) * std::exp(A(-0.5) * x * x);
-}
-template <typename A>
-A sigmoid(A x) {
-  return A(1) / (A(1) + std::exp(-x));
-}
-
-template <typename A>
 void unary_loop(UnaryOp op, A alpha, A* o, const A* x, int64_t n) {
   switch (op) {
 #define CASE(OP, EXPR) \
@@ -95,11 +71,11 @@ void unary_loop(UnaryOp op, A alpha, A* o, const A* x, int64_t n) {
     CASE(Rsqrt, A(1) / std::sqrt(v))
     CASE(Abs, std::abs(v))
     CASE(Tanh, std::tanh(v))
-    CASE(Sigmoid, sigmoid(v))
-    CASE(Relu, v > A(0) ? v : A(0))
-    CASE(GeluTanh, gelu_tanh(v))
-    CASE(GeluErf, gelu_erf(v))
-    CASE(Silu, v * sigmoid(v))
+    CASE(Sigmoid, ig_math::sigmoid(v))
+    CASE(Relu, ig_math::relu(v))
+    CASE(GeluTanh, ig_math::gelu_tanh(v))
+    CASE(GeluErf, ig_math::gelu_erf(v))
+    CASE(Silu, ig_math::silu(v))
     CASE(Sin, std::sin(v))
     CASE(Cos, std::cos(v))
     CASE(Reciprocal, A(1) / v)
@@ -140,12 +116,12 @@ void binary_loop(BinaryOp op, A* o, const A* a, const A* b, int64_t n) {
     CASE(Ge, A(x >= y))
     CASE(LogicalAnd, A(x != A(0) && y != A(0)))
     CASE(LogicalOr, A(x != A(0) || y != A(0)))
-    CASE(GeluTanhGrad, y * gelu_tanh_grad(x))
-    CASE(GeluErfGrad, y * gelu_erf_grad(x))
-    CASE(SiluGrad, y * (sigmoid(x) * (A(1) + x * (A(1) - sigmoid(x)))))
-    CASE(SigmoidGradFromOutput, y * x * (A(1) - x))
-    CASE(TanhGradFromOutput, y * (A(1) - x * x))
-    CASE(ReluGrad, x > A(0) ? y : A(0))
+    CASE(GeluTanhGrad, ig_math::gelu_tanh_grad(x, y))
+    CASE(GeluErfGrad, ig_math::gelu_erf_grad(x, y))
+    CASE(SiluGrad, ig_math::silu_grad(x, y))
+    CASE(SigmoidGradFromOutput, ig_math::sigmoid_grad(x, y))
+    CASE(TanhGradFromOutput, ig_math::tanh_grad(x, y))
+    CASE(ReluGrad, ig_math::relu_grad(x, y))
 #undef CASE
   }
 }

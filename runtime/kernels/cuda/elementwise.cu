@@ -14,6 +14,7 @@
 
 #include "runtime/kernels/cuda/common.cuh"
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/scalar_math.h"
 
 namespace ingot::kernels::cuda {
 namespace {
@@ -132,27 +133,8 @@ bool needs_double(std::initializer_list<DType> ts) {
   return false;
 }
 
-// ---- the math, for A = float or double (CUDA's overloads pick expf or exp etc.) -------------------------------
-
-template <typename A>
-__device__ __forceinline__ A sigmoid(A x) { return A(1) / (A(1) + exp(-x)); }
-template <typename A>
-__device__ __forceinline__ A gelu_tanh(A x) {
-  const A k = A(0.7978845608028654), c = A(0.044715);
-  return A(0.5) * x * (A(1) + tanh(k * (x + c * x * x * x)));
-}
-template <typename A>
-__device__ __forceinline__ A gelu_tanh_grad(A x) {
-  const A k = A(0.7978845608028654), c = A(0.044715);
-  A t = tanh(k * (x + c * x * x * x));
-  return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * k * (A(1) + A(3) * c * x * x);
-}
-template <typename A>
-__device__ __forceinline__ A gelu_erf(A x) { return A(0.5) * x * (A(1) + erf(x * A(0.7071067811865476))); }
-template <typename A>
-__device__ __forceinline__ A gelu_erf_grad(A x) {
-  return A(0.5) * (A(1) + erf(x * A(0.7071067811865476))) + x * A(0.3989422804014327) * exp(A(-0.5) * x * x);
-}
+// The math of the activations and their gradients: runtime/kernels/scalar_math.h (Note [Scalar math written
+// once]).
 
 template <typename A>
 struct FillFn {
@@ -179,11 +161,11 @@ struct UnaryFn {
       case UnaryOp::Rsqrt: return A(1) / sqrt(v);
       case UnaryOp::Abs: return fabs(v);
       case UnaryOp::Tanh: return tanh(v);
-      case UnaryOp::Sigmoid: return sigmoid(v);
-      case UnaryOp::Relu: return v > A(0) ? v : A(0);
-      case UnaryOp::GeluTanh: return gelu_tanh(v);
-      case UnaryOp::GeluErf: return gelu_erf(v);
-      case UnaryOp::Silu: return v * sigmoid(v);
+      case UnaryOp::Sigmoid: return ig_math::sigmoid(v);
+      case UnaryOp::Relu: return ig_math::relu(v);
+      case UnaryOp::GeluTanh: return ig_math::gelu_tanh(v);
+      case UnaryOp::GeluErf: return ig_math::gelu_erf(v);
+      case UnaryOp::Silu: return ig_math::silu(v);
       case UnaryOp::Sin: return sin(v);
       case UnaryOp::Cos: return cos(v);
       case UnaryOp::Reciprocal: return A(1) / v;
@@ -224,15 +206,12 @@ struct BinaryFn {
       case BinaryOp::Ge: return A(x >= y);
       case BinaryOp::LogicalAnd: return A(x != A(0) && y != A(0));
       case BinaryOp::LogicalOr: return A(x != A(0) || y != A(0));
-      case BinaryOp::GeluTanhGrad: return y * gelu_tanh_grad(x);
-      case BinaryOp::GeluErfGrad: return y * gelu_erf_grad(x);
-      case BinaryOp::SiluGrad: {
-        A s = sigmoid(x);
-        return y * (s * (A(1) + x * (A(1) - s)));
-      }
-      case BinaryOp::SigmoidGradFromOutput: return y * x * (A(1) - x);
-      case BinaryOp::TanhGradFromOutput: return y * (A(1) - x * x);
-      case BinaryOp::ReluGrad: return x > A(0) ? y : A(0);
+      case BinaryOp::GeluTanhGrad: return ig_math::gelu_tanh_grad(x, y);
+      case BinaryOp::GeluErfGrad: return ig_math::gelu_erf_grad(x, y);
+      case BinaryOp::SiluGrad: return ig_math::silu_grad(x, y);
+      case BinaryOp::SigmoidGradFromOutput: return ig_math::sigmoid_grad(x, y);
+      case BinaryOp::TanhGradFromOutput: return ig_math::tanh_grad(x, y);
+      case BinaryOp::ReluGrad: return ig_math::relu_grad(x, y);
     }
     return A(0);
   }
