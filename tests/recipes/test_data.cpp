@@ -41,14 +41,14 @@ TEST(TextDataset, TokensAreBytesAndTheValidationSplitIsTheTail) {
 
 TEST(TextDataset, InvalidUtf8IsRejectedWithItsOffsetAndLine) {
   std::string msg = error_of([] { TextDataset::from_text("ok\nbad \xff here", 0.1, "corpus.txt"); });
-  EXPECT_EQ(msg, "corpus.txt: not UTF-8 text (invalid byte 0xff at byte offset 7, line 2)");
+  EXPECT_EQ(msg, "corpus.txt: is not UTF-8 text (invalid byte 0xff at byte offset 7, line 2)");
   EXPECT_NE(error_of([] { TextDataset::from_text("trunc \xe2\x82", 0.1); }).find("byte offset 6"), std::string::npos);
   EXPECT_NE(error_of([] { TextDataset::from_text("overlong \xc0\xaf", 0.1); }).find("byte offset 9"),
             std::string::npos);
 }
 
 TEST(TextDataset, EmptyOrMissingFilesAreNamed) {
-  EXPECT_EQ(error_of([] { TextDataset::from_text("", 0.1, "empty.txt"); }), "empty.txt: the text is empty");
+  EXPECT_EQ(error_of([] { TextDataset::from_text("", 0.1, "empty.txt"); }), "empty.txt: is empty");
   std::string msg = error_of([] { TextDataset::from_file("/nonexistent/kjv.txt", 0.1); });
   EXPECT_EQ(msg.rfind("/nonexistent/kjv.txt: cannot open text file", 0), 0u) << msg;
 }
