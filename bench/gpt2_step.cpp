@@ -23,8 +23,8 @@
 // Started by `ingot launch --nproc-per-node N -- bench_gpt2_step ...` (WORLD_SIZE > 1) the model is wrapped in
 // DistributedDataParallel (NCCL on GPUs, Gloo on CPUs), --batch is per rank, and rank 0 prints tokens/s per rank.
 // With --compile the bucket all-reduces are nodes of the compiled step's graph (distributed/collective_ops.h).
-// DDP flags: --bucket-cap-mb MB, --reduce-dtype f32|bf16, --zero1, --no-bucket-updates (one optimizer update
-// after every reduction instead of one per bucket), --timeline (rank 0's communication per step from CUDA
+// DDP flags: --bucket-cap-mb MB, --reduce-dtype f32|bf16, --zero1, --bucket-updates (one optimizer update per
+// bucket, each after its own reduction: CompileOptions::bucket_updates), --timeline (rank 0's communication per step from CUDA
 // events: busy, exposed, compute; a 'timeline:' line).
 #include <algorithm>
 #include <chrono>
@@ -55,7 +55,7 @@ struct Args {
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
   bool profiler_range = false, losses = false, regional = false;
-  bool timeline = false, zero1 = false, bucket_updates = true;
+  bool timeline = false, zero1 = false, bucket_updates = false, ddp_alone = false;
   double bucket_cap_mb = 25.0;
   std::string reduce_dtype = "f32";
   double memory_budget = 1.0, peak_tflops = 989.4;
@@ -71,7 +71,7 @@ Args parse(int argc, char** argv) {
                   "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR] [--profile K]\n"
                   "       [--profiler-range] [--memory-budget B] [--losses] [--regional] [--peak-tflops P]\n"
                   "       under ingot launch (DDP): [--bucket-cap-mb MB] [--reduce-dtype f32|bf16] [--zero1]\n"
-                  "       [--no-bucket-updates] [--timeline]\n"
+                  "       [--bucket-updates] [--timeline] [--ddp (DDP even in a world of one: its cost without peers)]\n"
                   "Prints a table row (median step time, tokens/s, TFLOP/s, MFU, peak memory, first call, loss)\n"
                   "and, on GPUs, a 'timing:' line: host time per call, and the step queued back to back and after a\n"
                   "5 ms rest.\n");
@@ -93,12 +93,16 @@ Args parse(int argc, char** argv) {
       a.timeline = true;
       continue;
     }
+    if (k == "--ddp") {
+      a.ddp_alone = true;
+      continue;
+    }
     if (k == "--zero1") {
       a.zero1 = true;
       continue;
     }
-    if (k == "--no-bucket-updates") {
-      a.bucket_updates = false;
+    if (k == "--bucket-updates") {
+      a.bucket_updates = true;
       continue;
     }
     INGOT_CHECK(i + 1 < argc, "bench_gpt2_step: flag ", k, " needs a value");
@@ -133,7 +137,10 @@ Args parse(int argc, char** argv) {
 
 int main(int argc, char** argv) try {
   Args a = parse(argc, argv);
-  const bool ddp_mode = distributed::world_from_env().value_or(distributed::WorldInfo{}).world_size > 1;
+  // --ddp under `ingot launch --nproc-per-node 1`: the DDP step in a world of one (buckets, collectives, per-bucket
+  // updates, no peers), what DDP costs beside the communication itself.
+  const auto env_world = distributed::world_from_env();
+  const bool ddp_mode = env_world && (env_world->world_size > 1 || a.ddp_alone);
   std::optional<distributed::DistributedContext> dist;
   if (ddp_mode) dist = distributed::init_distributed();
   const int world = dist ? dist->info.world_size : 1, rank = dist ? dist->info.rank : 0;
@@ -213,9 +220,10 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
-  if (world > 1) mode += std::string(a.zero1 ? " ZeRO-1" : " DDP") + " x" + std::to_string(world);
-  if (world > 1 && a.reduce_dtype != "f32") mode += " reduce " + a.reduce_dtype;
-  if (world > 1 && !a.bucket_updates) mode += " one-update";
+  if (dist) mode += std::string(a.zero1 ? " ZeRO-1" : " DDP") + " x" + std::to_string(world);
+  if (dist && a.reduce_dtype != "f32") mode += " reduce " + a.reduce_dtype;
+  if (dist && a.bucket_updates) mode += " bucket-updates";
+  if (dist && a.bucket_cap_mb != 25.0) mode += detail::str_cat(" cap ", a.bucket_cap_mb, " MB");
   std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | MFU | peak mem GB | "
               "first call s | loss first->last |\n",
               static_cast<long long>(a.steps));

@@ -31,6 +31,8 @@ struct Args {
   std::string config, device = "auto", dtype = "bf16", compile = "none", cache_dir;
   int64_t batch = 2, seq = 2048, steps = 20, warmup = 5, layers = 0;
   bool timeline = false;
+  double bucket_cap_mb = 25.0;
+  std::string reduce_dtype = "f32";
 };
 
 Args parse(int argc, char** argv) {
@@ -41,7 +43,7 @@ Args parse(int argc, char** argv) {
       std::printf("usage: bench_llama_step --config CONFIG_JSON [--device auto|cpu|cuda] [--dtype bf16|f32]\n"
                   "       [--batch N] [--seq N] [--steps N] [--warmup N] [--layers N (override num_hidden_layers)]\n"
                   "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR]\n"
-                  "       [--timeline] (under ingot launch)\n"
+                  "       under ingot launch: [--timeline] [--bucket-cap-mb MB] [--reduce-dtype f32|bf16]\n"
                   "Prints a table row (median step time, tokens/s, peak memory, first-call time, loss) and, on GPUs, a\n"
                   "'timing:' line: host time per call, and the step queued back to back and after a 5 ms rest.\n");
       std::exit(0);
@@ -62,9 +64,14 @@ Args parse(int argc, char** argv) {
     else if (k == "--layers") a.layers = std::stoll(v);
     else if (k == "--compile") a.compile = v;
     else if (k == "--cache-dir") a.cache_dir = v;
+    else if (k == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
+    else if (k == "--reduce-dtype") a.reduce_dtype = v;
     else INGOT_FAIL("bench_llama_step: unknown flag ", k, " (see --help)");
   }
   INGOT_CHECK(!a.config.empty(), "bench_llama_step: --config CONFIG_JSON is required (see --help)");
+  INGOT_CHECK(a.bucket_cap_mb > 0, "bench_llama_step: --bucket-cap-mb must be positive, got ", a.bucket_cap_mb);
+  INGOT_CHECK(a.reduce_dtype == "f32" || a.reduce_dtype == "bf16",
+              "bench_llama_step: --reduce-dtype must be f32 or bf16, got ", a.reduce_dtype);
   return a;
 }
 
@@ -88,7 +95,12 @@ int main(int argc, char** argv) try {
   if (a.dtype == "bf16") model->set_compute_dtype(DType::bf16);
   else INGOT_CHECK(a.dtype == "f32", "bench_llama_step: --dtype must be bf16 or f32, got ", a.dtype);
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
-  if (dist) ddp = std::make_unique<distributed::DistributedDataParallel>(*model, dist->group);
+  if (dist) {
+    distributed::DdpOptions o;
+    o.bucket_cap_mb = a.bucket_cap_mb;
+    if (a.reduce_dtype == "bf16") o.reduce_dtype = DType::bf16;
+    ddp = std::make_unique<distributed::DistributedDataParallel>(*model, dist->group, o);
+  }
   optim::AdamW opt(ddp ? ddp->optimizer_params() : model->parameters(), optim::AdamWOptions{2e-5, 0.9, 0.95, 1e-8, 0.0});
 
   const int64_t vocab = hf.vocab_size();
@@ -141,6 +153,8 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (world > 1) mode += " DDP x" + std::to_string(world);
+  if (world > 1 && a.reduce_dtype != "f32") mode += " reduce " + a.reduce_dtype;
+  if (world > 1 && a.bucket_cap_mb != 25.0) mode += detail::str_cat(" cap ", a.bucket_cap_mb, " MB");
   std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | "
               "peak mem GB | first call s | loss first->last |\n",
               static_cast<long long>(a.steps));

@@ -19,9 +19,15 @@ namespace {
 struct Bucket {
   std::vector<size_t> params;    // parameter indices, in the order they were packed
   std::vector<int64_t> offsets;  // element offset of each in `flat`
-  Tensor flat;                   // gradient buffer (ZeRO-1: padded to a multiple of the world size)
+  // Gradient buffer of the eager path (ZeRO-1: padded to a multiple of the world size), made at its first use:
+  // a compiled step builds its buckets as graph values and never needs it (its bytes would sit beside the
+  // step's peak: +0.5 GB for GPT-2 124M).
+  Tensor flat;
+  int64_t numel = 0;
+  DType dtype = DType::f32;
+  Device device;
   Tensor shard, shard_grad;      // ZeRO-1: this rank's chunk of the parameters and of the averaged gradient
-  Tensor gathered;               // ZeRO-1: all-gather output, same layout as `flat`
+  Tensor gathered;               // ZeRO-1, eager: all-gather output, same layout as `flat` (made at first use)
   int pending = 0;               // gradients still missing this round
   std::shared_ptr<Work> work;
 };
@@ -58,6 +64,7 @@ struct DistributedDataParallel::State {
                 "backward, or run the earlier micro-steps of gradient accumulation inside ddp.no_sync()");
     Bucket& b = buckets[bucket_of[i]];
     INGOT_INTERNAL_CHECK(next_launch <= bucket_of[i], "bucket issued before all its gradients arrived");
+    if (!b.flat.defined()) b.flat = zeros({b.numel}, b.dtype, b.device);
     Tensor dst = slice(b.flat, b.offsets[slot_of[i]], params[i].shape());
     if (grad)
       dst.copy_(*grad);
@@ -151,7 +158,9 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
     }
     const Tensor& p0 = st->params[b.params[0]];
     const DType reduce = options_.reduce_dtype.value_or(p0.dtype());
-    b.flat = zeros({plan.padded_numel}, reduce, p0.device());
+    b.numel = plan.padded_numel;
+    b.dtype = reduce;
+    b.device = p0.device();
     if (options_.zero1) {
       int64_t chunk = plan.padded_numel / world;
       b.gathered = zeros({plan.padded_numel}, p0.dtype(), p0.device());
@@ -160,6 +169,7 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
         slice(b.gathered, b.offsets[s], p.shape()).copy_(p);
       }
       b.shard = slice(b.gathered, rank * chunk, {chunk}).clone_raw();
+      b.gathered = Tensor();  // a compiled step gathers into graph values: no whole copy kept beside it
       b.shard.set_requires_grad(true);  // the optimizer takes leaves; the shard's .grad is set by synchronize()
       b.shard_grad = zeros({chunk}, reduce, p0.device());
     }
@@ -211,19 +221,21 @@ void DistributedDataParallel::synchronize_traced() {
     for (size_t k = 0; k < b.params.size(); ++k) {
       const Tensor& p = s.params[b.params[k]];
       Tensor g = p.grad();
-      Tensor part = reshape(g.defined() ? g : zeros(p.shape(), p.dtype(), p.device()), {p.numel()});
-      // Rounded before the concatenation: the bucket is built in the reduction dtype (fewer bytes moved).
-      parts.push_back(part.dtype() == b.flat.dtype() ? part : cast(part, b.flat.dtype()));
+      parts.push_back(reshape(g.defined() ? g : zeros(p.shape(), p.dtype(), p.device()), {p.numel()}));
       used += p.numel();
     }
-    if (b.flat.numel() > used) parts.push_back(zeros({b.flat.numel() - used}, b.flat.dtype(), b.flat.device()));
-    const Tensor flat = parts.size() == 1 ? parts[0] : cat(parts, 0);
+    const DType grad_dtype = parts[0].dtype();
+    if (b.numel > used) parts.push_back(zeros({b.numel - used}, grad_dtype, b.device));
+    // reduce_dtype: the whole bucket rounded in one kernel after the concatenation (one cast per parameter
+    // was launch-bound: +0.5 ms for GPT-2's 148 tensors, bench/RESULTS.md) and widened back in one.
+    Tensor flat = parts.size() == 1 ? parts[0] : cat(parts, 0);
+    if (flat.dtype() != b.dtype) flat = cast(flat, b.dtype);
     auto widened = [](const Tensor& t, DType d) { return t.dtype() == d ? t : cast(t, d); };
     if (s.zero1) {
       publish_grad(b.shard, widened(reduce_scatter_avg(flat, group_), b.shard.dtype()));
       continue;
     }
-    Tensor avg = collective_wait(all_reduce_start(flat, group_));
+    const Tensor avg = widened(collective_wait(all_reduce_start(flat, group_)), grad_dtype);
     for (size_t k = 0; k < b.params.size(); ++k) {
       Tensor& p = s.params[b.params[k]];
       publish_grad(p, widened(reshape(narrow(avg, 0, b.offsets[k], p.numel()), p.shape()), p.dtype()));
@@ -305,7 +317,10 @@ void DistributedDataParallel::after_step() {
     return;
   }
   std::vector<std::shared_ptr<Work>> works;
-  for (Bucket& b : s.buckets) works.push_back(group_->all_gather(b.gathered, b.shard));
+  for (Bucket& b : s.buckets) {
+    if (!b.gathered.defined()) b.gathered = empty({b.numel}, b.shard.dtype(), b.device);
+    works.push_back(group_->all_gather(b.gathered, b.shard));
+  }
   for (auto& w : works) w->wait();
   for (Bucket& b : s.buckets)
     for (size_t k = 0; k < b.params.size(); ++k) {

@@ -70,7 +70,7 @@ if want torch; then
 fi
 if want variants; then
   n=$(( gpus >= 4 ? 4 : 2 ))
-  gpt2 $n one_update_$n --compile default --timeline --no-bucket-updates
+  gpt2 $n bucket_updates_$n --compile default --timeline --bucket-updates
   gpt2 $n bf16_$n --compile default --timeline --reduce-dtype bf16
   gpt2 $n cap100_$n --compile default --timeline --bucket-cap-mb 100
   NCCL_MAX_CTAS=8 gpt2 $n ctas8_$n --compile default --timeline

@@ -60,6 +60,7 @@ DdpRun train(const DistributedContext& ctx, bool compiled, const std::string& ca
   };
   CompileOptions co;
   co.cache_dir = cache_dir;
+  co.bucket_updates = true;  // one update per bucket: exact here (Gloo), opt-in on GPUs (compile/api.h)
   CompiledFunction fn = compile(step, co);
   DdpRun out;
   for (int i = 0; i < 6; ++i) out.losses.push_back((compiled ? fn({x, y}) : step({x, y}))[0].item());

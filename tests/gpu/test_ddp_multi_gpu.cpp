@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -57,18 +56,18 @@ InitOptions nccl_init() {
   return o;
 }
 
-struct Run {
+struct TrainRun {
   std::vector<double> losses;
   std::vector<Tensor> params;  // on the CPU
   CompileStats stats;
   size_t buckets = 0;
 };
 
-enum class Mode { Eager, Default, ReduceOverhead };
+enum class Mode { Eager, Default, ReduceOverhead, DefaultBucketUpdates };
 
 // Tiny GPT-2 in f32 on `dev`, AdamW, 5 steps; with a group, DDP over this rank's rows of a fixed global batch of 8
 // sequences, else (group == nullptr) one GPU on the whole batch. Small buckets: several reductions per step.
-Run train(Device dev, std::shared_ptr<ProcessGroup> group, int rank, int world, Mode mode, bool zero1 = false,
+TrainRun train(Device dev, std::shared_ptr<ProcessGroup> group, int rank, int world, Mode mode, bool zero1 = false,
           std::optional<DType> reduce_dtype = std::nullopt) {
   manual_seed(11);
   models::GPT2 model(ingot::testing::tiny_gpt2_config());
@@ -100,9 +99,10 @@ Run train(Device dev, std::shared_ptr<ProcessGroup> group, int rank, int world, 
   };
   CompileOptions co;
   co.mode = mode == Mode::ReduceOverhead ? CompileMode::ReduceOverhead : CompileMode::Default;
+  co.bucket_updates = mode == Mode::DefaultBucketUpdates;
   co.cache_dir = std::getenv("INGOT_TEST_CACHE_DIR");
   CompiledFunction fn = compile(step, co);
-  Run out;
+  TrainRun out;
   for (int i = 0; i < 5; ++i) {
     Tensor loss = (mode == Mode::Eager ? step({x, y}) : fn({x, y}))[0];
     // The DDP loss is this rank's half; the mean over ranks is the full batch's loss.
@@ -119,7 +119,7 @@ Run train(Device dev, std::shared_ptr<ProcessGroup> group, int rank, int world, 
   return out;
 }
 
-void expect_same_training(const Run& got, const Run& want, double tol, const std::string& what) {
+void expect_same_training(const TrainRun& got, const TrainRun& want, double tol, const std::string& what) {
   ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
   for (size_t i = 0; i < want.losses.size(); ++i)
     EXPECT_NEAR(got.losses[i], want.losses[i], tol * std::abs(want.losses[i])) << what << ": step " << i;
@@ -137,30 +137,30 @@ void rank_body_compiled_ddp() {
   auto ctx = init_distributed(nccl_init());
   const Device dev(DeviceType::cuda, ctx.info.local_rank);
   const int rank = ctx.info.rank, world = ctx.info.world_size;
-  const Run one = train(dev, nullptr, 0, 1, Mode::Eager);
-  const Run eager = train(dev, ctx.group, rank, world, Mode::Eager);
-  const Run def = train(dev, ctx.group, rank, world, Mode::Default);
-  const Run ro = train(dev, ctx.group, rank, world, Mode::ReduceOverhead);
+  const TrainRun one = train(dev, nullptr, 0, 1, Mode::Eager);
+  const TrainRun eager = train(dev, ctx.group, rank, world, Mode::Eager);
+  const TrainRun def = train(dev, ctx.group, rank, world, Mode::Default);
+  const TrainRun ro = train(dev, ctx.group, rank, world, Mode::ReduceOverhead);
   EXPECT_LT(one.losses.back(), one.losses.front() - 0.3) << "the run must actually train";
   expect_same_training(eager, one, 1e-4, "eager DDP vs one GPU on the full batch");
   expect_same_training(def, eager, 1e-4, "compiled DDP vs eager DDP");
   expect_same_training(ro, eager, 1e-4, "reduce-overhead DDP vs eager DDP");
   ASSERT_GT(eager.buckets, 2u) << "the test needs several buckets";
   EXPECT_EQ(count(def.stats.last_graph, "all_reduce_start("), eager.buckets) << def.stats.last_graph;
-  EXPECT_EQ(count(def.stats.last_graph, "adamw_update("), eager.buckets) << "one update per bucket";
+  EXPECT_EQ(count(def.stats.last_graph, "adamw_update("), 1u) << "one update after every reduction";
   EXPECT_EQ(def.stats.compiles, 1);
   EXPECT_TRUE(def.stats.graph_breaks.empty());
   EXPECT_GT(ro.stats.cuda_graphs, 0) << "reduce-overhead replays CUDA graphs with the NCCL calls captured";
   // ZeRO-1 compiled on NCCL follows eager ZeRO-1 (and so one GPU).
-  const Run z_eager = train(dev, ctx.group, rank, world, Mode::Eager, true);
-  const Run z_comp = train(dev, ctx.group, rank, world, Mode::Default, true);
+  const TrainRun z_eager = train(dev, ctx.group, rank, world, Mode::Eager, true);
+  const TrainRun z_comp = train(dev, ctx.group, rank, world, Mode::Default, true);
   expect_same_training(z_eager, one, 1e-4, "eager ZeRO-1 vs one GPU");
   expect_same_training(z_comp, z_eager, 1e-4, "compiled ZeRO-1 vs eager ZeRO-1");
   EXPECT_EQ(count(z_comp.stats.last_graph, "reduce_scatter_start("), eager.buckets);
   EXPECT_EQ(count(z_comp.stats.last_graph, "all_gather_start("), eager.buckets);
   // Gradients averaged in bf16: the same training within bf16's rounding of the gradients.
-  const Run bf = train(dev, ctx.group, rank, world, Mode::Default, false, DType::bf16);
-  const Run bf_eager = train(dev, ctx.group, rank, world, Mode::Eager, false, DType::bf16);
+  const TrainRun bf = train(dev, ctx.group, rank, world, Mode::Default, false, DType::bf16);
+  const TrainRun bf_eager = train(dev, ctx.group, rank, world, Mode::Eager, false, DType::bf16);
   expect_same_training(bf, bf_eager, 1e-4, "compiled bf16-reduced DDP vs eager bf16-reduced DDP");
   for (size_t i = 0; i < one.losses.size(); ++i)
     EXPECT_NEAR(bf.losses[i], one.losses[i], 2e-2 * std::abs(one.losses[i])) << "bf16 reduction, step " << i;
@@ -178,6 +178,23 @@ void spawn_compiled_ddp(int world) {
 
 TEST(DdpOnGpus, CompiledDdpFollowsEagerDdpAndOneGpuOnTwoGpus) {
   if (is_rank_process()) return rank_body_compiled_ddp();
+  INGOT_REQUIRE_GPUS(2);
+  spawn_compiled_ddp(2);
+}
+
+// One optimizer update per bucket (CompileOptions::bucket_updates), each after its own collective_wait. Exact on
+// CPUs (CompiledDdp.* in tests/distributed); on 2 and 4 H200s the parameters drift from eager DDP's from the first
+// steps (relative errors 1e-2) while one update after every wait is exact: disabled until that is understood.
+TEST(DdpOnGpus, DISABLED_PerBucketUpdatesFollowEagerDdpOnTwoGpus) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(nccl_init());
+    const Device dev(DeviceType::cuda, ctx.info.local_rank);
+    const TrainRun eager = train(dev, ctx.group, ctx.info.rank, ctx.info.world_size, Mode::Eager);
+    const TrainRun by_bucket = train(dev, ctx.group, ctx.info.rank, ctx.info.world_size, Mode::DefaultBucketUpdates);
+    EXPECT_EQ(count(by_bucket.stats.last_graph, "adamw_update("), eager.buckets) << "one update per bucket";
+    expect_same_training(by_bucket, eager, 1e-4, "per-bucket updates vs eager DDP");
+    return;
+  }
   INGOT_REQUIRE_GPUS(2);
   spawn_compiled_ddp(2);
 }
