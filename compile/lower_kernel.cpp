@@ -7,8 +7,8 @@
 
 #include "autograd/ops/attrs.h"
 #include "autograd/ops/norm.h"
+#include "autograd/primitive_multi_tensor.h"
 #include "compile/lowering.h"
-#include "optim/fused_update.h"
 
 namespace ingot::compiler {
 namespace {
@@ -296,55 +296,32 @@ class Lowerer {
   std::map<int32_t, int> row_ids_;   // values read from outside through row_value()
 };
 
-std::optional<LoweredGroup> lower_adamw(const Graph& g, const FusionGroup& fg, std::string* why) {
+// A multi-tensor update lowers itself (Note [Multi-tensor updates], autograd/primitive_multi_tensor.h).
+std::optional<LoweredGroup> lower_update(const Graph& g, const FusionGroup& fg, std::string* why) {
   if (fg.nodes.size() != 1) {
     if (why) *why = "more than one optimizer update in the group";
     return std::nullopt;
   }
   const Node& n = g.nodes[static_cast<size_t>(fg.nodes[0])];
-  kernels::AdamWArgs a;
-  size_t count = 0;
-  int64_t row = 0;
-  if (!optim::adamw_update_args(*n.prim, &a, &count, &row)) {
+  const MultiTensorUpdate* update = as_multi_tensor_update(*n.prim);
+  if (!update) {
     if (why) *why = "op '" + std::string(n.prim->name()) + "' has no kernel lowering";
     return std::nullopt;
   }
+  std::vector<DType> dtypes;
+  for (int32_t v : n.inputs) dtypes.push_back(g.values[static_cast<size_t>(v)].dtype);
+  std::optional<MultiTensorKernel> mk = update->lower(dtypes, why);
+  if (!mk) return std::nullopt;
   LoweredGroup lg;
-  KernelSpec& k = lg.spec;
-  k.kind = KernelKind::MultiTensor;
-  k.name = "adamw_update";
-  const DType gt = g.values[static_cast<size_t>(n.inputs[1 + count])].dtype;
-  for (size_t t = 0; t < count; ++t)
-    if (g.values[static_cast<size_t>(n.inputs[1 + count + t])].dtype != gt) {
-      if (why) *why = "gradients of different dtypes";
-      return std::nullopt;
-    }
-  const int p = k.input(DType::f32, {}, "param"), gr = k.input(gt, {}, "grad"), m = k.input(DType::f32, {}, "exp_avg"),
-            v = k.input(DType::f32, {}, "exp_avg_sq");
-  const int po = k.output(DType::f32, {}, "param_out", p), mo = k.output(DType::f32, {}, "exp_avg_out", m),
-            vo = k.output(DType::f32, {}, "exp_avg_sq_out", v);
-  // Scalars: 0 lr, 1 decay = 1 - lr * weight_decay, 2 grad scale, 3 bias correction 1, 4 bias correction 2;
-  // the float arithmetic of runtime/kernels/cpu/optim.cpp, in its order.
-  auto f = [&](double x) { return k.constant(static_cast<double>(static_cast<float>(x)), DType::f32); };
-  const float b1 = static_cast<float>(a.beta1), b2 = static_cast<float>(a.beta2);
-  const int gj = k.binary(Op::Mul, k.cast(k.load(gr), DType::f32), k.scalar(2, DType::f32));
-  const int mj = k.binary(Op::Add, k.binary(Op::Mul, f(b1), k.load(m)), k.binary(Op::Mul, f(1.0f - b1), gj));
-  const int vj = k.binary(Op::Add, k.binary(Op::Mul, f(b2), k.load(v)),
-                          k.binary(Op::Mul, k.binary(Op::Mul, f(1.0f - b2), gj), gj));
-  const int step = k.binary(Op::Div, k.binary(Op::Mul, k.scalar(0, DType::f32), k.binary(Op::Div, mj, k.scalar(3, DType::f32))),
-                            k.binary(Op::Add, k.unary(Op::Sqrt, k.binary(Op::Div, vj, k.scalar(4, DType::f32))), f(a.eps)));
-  const int pj = k.binary(Op::Sub, k.binary(Op::Mul, k.load(p), k.scalar(1, DType::f32)), step);
-  k.store(po, pj);
-  k.store(mo, mj);
-  k.store(vo, vj);
+  lg.spec = std::move(mk->spec);
   lg.inputs = n.inputs;
   lg.outputs = n.outputs;
   lg.hyper_value = n.inputs[0];
-  lg.hyper_row = row;
-  lg.beta1 = a.beta1;
-  lg.beta2 = a.beta2;
-  lg.weight_decay = a.weight_decay;
-  lg.tensors = count;
+  lg.hyper_row = mk->hyper_row;
+  lg.beta1 = mk->beta1;
+  lg.beta2 = mk->beta2;
+  lg.weight_decay = mk->weight_decay;
+  lg.tensors = update->tensors();
   return lg;
 }
 
@@ -377,7 +354,7 @@ std::optional<LoweredGroup> lower_parameter_casts(const Graph& g, const FusionGr
 std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, std::string* why) {
   if (fg.kind == GroupKind::MultiTensor && g.nodes[static_cast<size_t>(fg.nodes[0])].prim->name() == "cast")
     return lower_parameter_casts(g, fg, why);
-  if (fg.kind == GroupKind::MultiTensor) return lower_adamw(g, fg, why);
+  if (fg.kind == GroupKind::MultiTensor) return lower_update(g, fg, why);
   LoweredGroup lg;
   lg.spec.kind = fg.kind == GroupKind::RowReduction ? KernelKind::RowReduction : KernelKind::Pointwise;
   lg.spec.name = fg.name;

@@ -7,8 +7,9 @@
 //   RowReduction groups  softmax / log_softmax, layer_norm / rms_norm, the sum-like reductions and the two
 //                        halves of a norm backward (dx over the last dim; dw/db over the leading dims, the
 //                        iteration space transposed to [C, rows]) with their pointwise prologue and epilogue.
-//   MultiTensor groups   AdamW's fused update (optim/fused_update.h) over every parameter in one kernel; its
-//                        learning rate, step-derived bias corrections and grad scale are run-time scalars.
+//   MultiTensor groups   an optimizer's multi-tensor update over every parameter in one kernel, built by the
+//                        update's primitive (Note [Multi-tensor updates], autograd/primitive_multi_tensor.h);
+//                        its learning rate, step-derived bias corrections and grad scale are run-time scalars.
 // A group that contains anything else is not lowered: its nodes run one by one through the eager kernels.
 // Buffers are dense row-major at run time (the glue makes strided inputs contiguous); broadcast inputs get
 // stride 0. Kernel dims are the traced sizes (a new size of a dynamic dim re-traces; the kernel cache is keyed

@@ -1,5 +1,6 @@
 #include "optim/fused_update.h"
 
+#include "autograd/primitive_multi_tensor.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot::optim {
@@ -18,7 +19,7 @@ std::vector<Tensor> fresh_copies(const std::vector<Tensor>& in, size_t from, siz
   return out;
 }
 
-class AdamWUpdatePrim final : public Primitive {
+class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate {
  public:
   AdamWUpdatePrim(size_t n, int64_t row, const kernels::AdamWArgs& a) : n_(n), row_(row), a_(a) {}
   std::string_view name() const override { return "adamw_update"; }
@@ -48,9 +49,13 @@ class AdamWUpdatePrim final : public Primitive {
   }
   bool differentiable() const override { return false; }
   bool host_input(size_t i) const override { return i == 0; }
-  size_t n() const { return n_; }
-  int64_t row() const { return row_; }
-  const kernels::AdamWArgs& fixed() const { return a_; }
+  size_t tensors() const override { return n_; }
+  size_t input_slots() const override { return 4; }
+  size_t output_slots() const override { return 3; }
+  std::shared_ptr<Primitive> for_tensors(size_t n) const override {
+    return std::make_shared<AdamWUpdatePrim>(n, row_, a_);
+  }
+  std::optional<MultiTensorKernel> lower(const std::vector<DType>& input_dtypes, std::string* why) const override;
   void print_attrs(std::ostream& os) const override {
     os << "n=" << n_ << ", row=" << row_ << ", beta1=" << a_.beta1 << ", beta2=" << a_.beta2 << ", eps=" << a_.eps
        << ", weight_decay=" << a_.weight_decay;
@@ -101,18 +106,49 @@ class SgdUpdatePrim final : public Primitive {
   kernels::SgdArgs a_;
 };
 
+// The update of one element in the f32 arithmetic of runtime/kernels/cpu/optim.cpp, in its order. Scalars: 0 lr,
+// 1 decay = 1 - lr * weight_decay, 2 grad scale, 3 bias correction 1, 4 bias correction 2 (Note [Multi-tensor
+// updates], autograd/primitive_multi_tensor.h).
+std::optional<MultiTensorKernel> AdamWUpdatePrim::lower(const std::vector<DType>& input_dtypes,
+                                                        std::string* why) const {
+  using codegen::Op;
+  const DType gt = input_dtypes.at(1 + n_);
+  for (size_t t = 0; t < n_; ++t)
+    if (input_dtypes.at(1 + n_ + t) != gt) {
+      if (why) *why = "gradients of different dtypes";
+      return std::nullopt;
+    }
+  MultiTensorKernel mk;
+  codegen::KernelSpec& k = mk.spec;
+  k.kind = codegen::KernelKind::MultiTensor;
+  k.name = "adamw_update";
+  const int p = k.input(DType::f32, {}, "param"), gr = k.input(gt, {}, "grad"), m = k.input(DType::f32, {}, "exp_avg"),
+            v = k.input(DType::f32, {}, "exp_avg_sq");
+  const int po = k.output(DType::f32, {}, "param_out", p), mo = k.output(DType::f32, {}, "exp_avg_out", m),
+            vo = k.output(DType::f32, {}, "exp_avg_sq_out", v);
+  auto f = [&](double x) { return k.constant(static_cast<double>(static_cast<float>(x)), DType::f32); };
+  auto scalar = [&](int slot) { return k.scalar(slot, DType::f32); };
+  const float b1 = static_cast<float>(a_.beta1), b2 = static_cast<float>(a_.beta2);
+  const int gj = k.binary(Op::Mul, k.cast(k.load(gr), DType::f32), scalar(2));
+  const int mj = k.binary(Op::Add, k.binary(Op::Mul, f(b1), k.load(m)), k.binary(Op::Mul, f(1.0f - b1), gj));
+  const int vj = k.binary(Op::Add, k.binary(Op::Mul, f(b2), k.load(v)),
+                          k.binary(Op::Mul, k.binary(Op::Mul, f(1.0f - b2), gj), gj));
+  const int step = k.binary(Op::Div, k.binary(Op::Mul, scalar(0), k.binary(Op::Div, mj, scalar(3))),
+                            k.binary(Op::Add, k.unary(Op::Sqrt, k.binary(Op::Div, vj, scalar(4))), f(a_.eps)));
+  k.store(po, k.binary(Op::Sub, k.binary(Op::Mul, k.load(p), scalar(1)), step));
+  k.store(mo, mj);
+  k.store(vo, vj);
+  mk.hyper_row = row_;
+  mk.beta1 = a_.beta1;
+  mk.beta2 = a_.beta2;
+  mk.weight_decay = a_.weight_decay;
+  return mk;
+}
+
 }  // namespace
 
 std::shared_ptr<Primitive> make_adamw_update(size_t n, int64_t row, const kernels::AdamWArgs& fixed) {
   return std::make_shared<AdamWUpdatePrim>(n, row, fixed);
-}
-bool adamw_update_args(const Primitive& p, kernels::AdamWArgs* fixed, size_t* n, int64_t* row) {
-  const auto* a = dynamic_cast<const AdamWUpdatePrim*>(&p);
-  if (!a) return false;
-  *fixed = a->fixed();
-  *n = a->n();
-  *row = a->row();
-  return true;
 }
 
 std::shared_ptr<Primitive> make_sgd_update(size_t n, int64_t row, const kernels::SgdArgs& fixed) {

@@ -4,7 +4,8 @@
 // the tracer records as one graph node, followed by write-backs into the persistent tensors. The
 // hyper-parameters that change between steps (lr, step count, grad scale, SGD's first-step flag) are read
 // from a host tensor `hyper` (f64, CPU, one row per launch) that the tracer re-computes before every replay,
-// so an LR schedule never changes the graph.
+// so an LR schedule never changes the graph. AdamW's primitive is also a MultiTensorUpdate: the compiler splits
+// and lowers it through that interface (Note [Multi-tensor updates], autograd/primitive_multi_tensor.h).
 #pragma once
 
 #include <memory>
@@ -20,9 +21,5 @@ std::shared_ptr<Primitive> make_adamw_update(size_t n, int64_t row, const kernel
 // inputs:  hyper [G, 3] = {lr, grad_scale, first_step} per launch, p[0..n), g[0..n), buf[0..n) (undefined
 //          without momentum)      outputs: p'[0..n), buf'[0..n) (buf' only with momentum)
 std::shared_ptr<Primitive> make_sgd_update(size_t n, int64_t row, const kernels::SgdArgs& fixed);
-
-// For the compiler's lowering (compile/lower_kernel.cpp): the fixed arguments, list length and hyper row of
-// an adamw_update primitive, or false when `p` is not one.
-bool adamw_update_args(const Primitive& p, kernels::AdamWArgs* fixed, size_t* n, int64_t* row);
 
 }  // namespace ingot::optim

@@ -10,8 +10,8 @@
 // Test: tests/compile/test_passes.cpp (BucketUpdates.*).
 #include <map>
 
+#include "autograd/primitive_multi_tensor.h"
 #include "compile/passes/passes.h"
-#include "optim/fused_update.h"
 
 namespace ingot::compiler::passes {
 
@@ -40,10 +40,9 @@ bool split_update_by_bucket(Graph& g) {
   bool any = false;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    kernels::AdamWArgs fixed;
-    size_t count = 0;
-    int64_t row = 0;
-    if (!optim::adamw_update_args(*n.prim, &fixed, &count, &row) || count < 2) continue;
+    const MultiTensorUpdate* update = as_multi_tensor_update(*n.prim);
+    const size_t count = update ? update->tensors() : 0;
+    if (count < 2) continue;
     std::map<int32_t, size_t> bucket_of_wait;
     std::vector<std::vector<size_t>> buckets;
     for (size_t t = 0; t < count; ++t) {
@@ -64,19 +63,17 @@ bool split_update_by_bucket(Graph& g) {
       nodes.push_back(std::move(n));
       continue;
     }
-    kernels::AdamWArgs fixed;
-    size_t count = 0;
-    int64_t row = 0;
-    optim::adamw_update_args(*n.prim, &fixed, &count, &row);
+    const MultiTensorUpdate& update = *as_multi_tensor_update(*n.prim);
+    const size_t count = update.tensors();
     for (const std::vector<size_t>& members : split[i]) {
       Node u;
-      u.prim = optim::make_adamw_update(members.size(), row, fixed);
+      u.prim = update.for_tensors(members.size());
       u.loc = n.loc;
       u.forward = n.forward;
       u.inputs = {n.inputs[0]};
-      for (size_t s = 0; s < 4; ++s)
+      for (size_t s = 0; s < update.input_slots(); ++s)
         for (size_t t : members) u.inputs.push_back(n.inputs[1 + s * count + t]);
-      for (size_t s = 0; s < 3; ++s)
+      for (size_t s = 0; s < update.output_slots(); ++s)
         for (size_t t : members) u.outputs.push_back(n.outputs[s * count + t]);
       nodes.push_back(std::move(u));
     }

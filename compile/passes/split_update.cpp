@@ -1,15 +1,15 @@
 // Splitting the optimizer update under a memory budget. Eagerly (and after horizontal fusion) every
 // gradient of the step is alive at once, waiting for the one multi-tensor update at the end; that is the
 // peak of a training step whose activations are small. With budget < 1 this pass replaces each multi-tensor
-// AdamW update by one update per parameter, placed right after the last node that produces its gradient or
+// update (AdamW's; Note [Multi-tensor updates], autograd/primitive_multi_tensor.h) by one update per parameter, placed right after the last node that produces its gradient or
 // reads its parameter, so each gradient dies as soon as it is complete and the parameter is updated in place
 // (the executor's in-place rule, compile/kernel_step.cpp, holds because nothing reads it afterwards).
 // Invariant afterwards: no adamw_update node updates more than one parameter when budget < 1, and each sits
 // after every reader of its parameter and optimizer state. Test: tests/compile/test_passes.cpp (SplitUpdate.*).
 #include <algorithm>
 
+#include "autograd/primitive_multi_tensor.h"
 #include "compile/passes/passes.h"
-#include "optim/fused_update.h"
 
 namespace ingot::compiler::passes {
 
@@ -23,18 +23,17 @@ bool split_update(Graph& g, double budget) {
   std::vector<bool> drop(g.nodes.size(), false);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    kernels::AdamWArgs fixed;
-    size_t count = 0;
-    int64_t row = 0;
-    if (!optim::adamw_update_args(*n.prim, &fixed, &count, &row) || count < 2) continue;
+    const MultiTensorUpdate* update = as_multi_tensor_update(*n.prim);
+    const size_t count = update ? update->tensors() : 0;
+    if (count < 2) continue;
     drop[i] = true;
     for (size_t t = 0; t < count; ++t) {
       Node u;
-      u.prim = optim::make_adamw_update(1, row, fixed);
+      u.prim = update->for_tensors(1);
       u.loc = n.loc;
       u.inputs = {n.inputs[0]};
       int32_t after = -1;
-      for (size_t s = 0; s < 4; ++s) {
+      for (size_t s = 0; s < update->input_slots(); ++s) {
         const int32_t v = n.inputs[1 + s * count + t];
         u.inputs.push_back(v);
         const int32_t p = g.values[static_cast<size_t>(v)].producer;
@@ -45,7 +44,7 @@ bool split_update(Graph& g, double budget) {
             for (int32_t in : g.nodes[r].inputs)
               if (in == v) after = std::max(after, static_cast<int32_t>(r));
       }
-      for (size_t s = 0; s < 3; ++s) u.outputs.push_back(n.outputs[s * count + t]);
+      for (size_t s = 0; s < update->output_slots(); ++s) u.outputs.push_back(n.outputs[s * count + t]);
       inserts.emplace_back(after, std::move(u));
     }
   }

@@ -1,0 +1,47 @@
+// Note [Multi-tensor updates]: an optimizer's update of n parameters applied as one primitive (optim/
+// fused_update.h: AdamW over every parameter of a step in one node). Such a primitive also derives from
+// MultiTensorUpdate, which tells the compiler what it needs to split the update and to lower it to one multi-tensor kernel (compile/lower_kernel.cpp), so
+// compile/ knows no optimizer: the update, its eager kernels and its kernel IR live with the optimizer.
+//
+// Inputs: hyper (a host f64 tensor [G, 3], one row per update), then input_slots() lists of tensors() tensors
+// each (AdamW: p, g, m, v). Outputs: output_slots() lists (AdamW: p', m', v').
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autograd/primitive.h"
+#include "compile/codegen/kernel_spec.h"
+
+namespace ingot {
+
+// The update as one KernelSpec of kind MultiTensor: buffer slots are the input slots then the output slots,
+// each output aliasing the input it updates. Its run-time scalars are {lr, 1 - lr * weight_decay, grad_scale,
+// 1 - beta1^step, 1 - beta2^step}, which the executor computes per call from row hyper_row of the hyper
+// tensor {lr, step, grad_scale} (compile/kernel_step.cpp).
+struct MultiTensorKernel {
+  codegen::KernelSpec spec;
+  int64_t hyper_row = 0;
+  double beta1 = 0, beta2 = 0, weight_decay = 0;
+};
+
+class MultiTensorUpdate {
+ public:
+  virtual ~MultiTensorUpdate() = default;
+  virtual size_t tensors() const = 0;
+  virtual size_t input_slots() const = 0;
+  virtual size_t output_slots() const = 0;
+  // The same update (same hyper row and fixed arguments) of n tensors per list: what splitting it per
+  // parameter (compile/passes/split_update.cpp) or per gradient bucket (bucket_updates.cpp) builds.
+  virtual std::shared_ptr<Primitive> for_tensors(size_t n) const = 0;
+  // The kernel for inputs of these dtypes (hyper first), or nullopt with the reason in `why`.
+  virtual std::optional<MultiTensorKernel> lower(const std::vector<DType>& input_dtypes, std::string* why) const = 0;
+};
+
+inline const MultiTensorUpdate* as_multi_tensor_update(const Primitive& p) {
+  return dynamic_cast<const MultiTensorUpdate*>(&p);
+}
+
+}  // namespace ingot
