@@ -4,13 +4,6 @@
 
 namespace ingot::compiler {
 
-std::optional<std::string> no_lowering_reason(const Primitive&) {
-  // Every primitive can run from a compiled graph today. Dropout used to be the exception: its (seed, offset)
-  // is now a host input of the graph that reserves fresh draws at every replay (Note [Replayable dropout],
-  // autograd/ops/random.cpp).
-  return std::nullopt;
-}
-
 bool is_multi_tensor_update(const Primitive& p) { return p.name() == "adamw_update" || p.name() == "sgd_update"; }
 
 bool is_layout_glue(const Primitive& p) {

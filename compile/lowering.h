@@ -1,6 +1,6 @@
-// The lowering table: the one place in compile/ that knows ops by name. Which primitives cannot be
-// replayed from a graph (graph break), and how pointwise / row-reduction / multi-tensor primitives map to
-// kernel expressions (compile/lower_kernel.cpp).
+// The lowering table: the one place in compile/ that knows ops by name: which ops fuse horizontally, where the
+// scheduler places them, which are layout glue, which are identities, and how pointwise / row-reduction /
+// multi-tensor primitives map to kernel expressions (compile/lower_kernel.cpp).
 #pragma once
 
 #include <optional>
@@ -10,8 +10,6 @@
 
 namespace ingot::compiler {
 
-// Why `p` cannot run from a compiled graph (the trace then breaks there), or nullopt when it can.
-std::optional<std::string> no_lowering_reason(const Primitive& p);
 // The optimizer's fused multi-tensor update (optim/fused_update.h): fused horizontally, never split.
 bool is_multi_tensor_update(const Primitive& p);
 // Where the scheduler wants `p` among the nodes ready to run: -1 as early as possible (a collective's start,

@@ -3,7 +3,6 @@
 #include <mutex>
 
 #include "autograd/ops.h"
-#include "compile/lowering.h"
 #include "compile/tracer.h"
 
 namespace ingot::compiler {
@@ -29,7 +28,6 @@ void disallow_in_graph(std::string op_name, std::string reason) {
 }
 
 std::optional<std::string> break_reason(const Primitive& p) {
-  if (auto why = no_lowering_reason(p)) return why;
   std::lock_guard<std::mutex> lock(g_disallowed_mu);
   auto it = g_disallowed.find(p.name());
   if (it == g_disallowed.end()) return std::nullopt;

@@ -12,7 +12,7 @@
 // of one is an error (the eager result would differ from the functional graph's).
 //
 // Graph breaks: a host read of a traced value (item(), to_vector(): data-dependent control flow) and ops
-// with no lowering (compile/lowering.h, or excluded with disallow_in_graph) are recorded with the user's
+// excluded with disallow_in_graph (every primitive can otherwise run from a graph) are recorded with the user's
 // source line and the reason. The first call's trace only finds them; later calls of a function with breaks
 // split it there and run the pieces compiled (compile/segments.h).
 #pragma once

@@ -130,7 +130,6 @@ class Graph {
   void verify() const;      // throws Error "[compile] graph verify: ..." (compile/ir/verify.cpp)
   // A structural hash: ops, attrs, wiring, metadata and input roles; not tensor values or source lines.
   uint64_t structural_hash() const;
-  size_t num_ops() const { return nodes.size(); }
 };
 
 std::string value_meta_str(const Graph& g, int32_t v);  // "f32[4, s0, 32]"

@@ -1,10 +1,11 @@
-// Memory planning. Invariant of the result: every intermediate buffer (a node output that is not a view and
-// does not escape as an output, write-back or grad) gets an offset in one arena; two buffers overlap only if
-// their live ranges are disjoint. A buffer is live from the step that makes it to the last step that reads
-// it or any view of it (views alias their base and cost nothing); an output that the executor computes into a
-// buffer dying at its node (Note [Outputs over dead inputs], autograd/primitive.h: the cross-entropy gradient over
-// the logits, which reach the loss through a reshape) continues that buffer. Blocks are reused best-fit once dead;
-// the arena size is the planned peak, reported next to the sum-of-live-bytes peak it approximates.
+// Memory planning. The result is the size of one arena in which every intermediate buffer (a node output that is
+// not a view and does not escape as an output, write-back or grad) gets a place, two buffers overlapping only if
+// their live ranges are disjoint. A buffer is live from the step that makes it to the last step that reads it or
+// any view of it (views alias their base and cost nothing); an output that the executor computes into a buffer
+// dying at its node (Note [Outputs over dead inputs], autograd/primitive.h: the cross-entropy gradient over the
+// logits, which reach the loss through a reshape) continues that buffer. Blocks are reused best-fit once dead.
+// The executor allocates each value from the caching allocator; the arena size is the planned peak, reported
+// (CompileStats, INGOT_LOGS=schedule) next to the sum-of-live-bytes peak it approximates.
 // Test: tests/compile/test_passes.cpp (MemoryPlan.*), tests/compile/test_buffer_reuse.cpp.
 #include <map>
 #include <optional>
@@ -20,8 +21,8 @@ int64_t align_up(int64_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 MemoryPlan memory_plan(const Graph& g) {
   MemoryPlan plan;
   const size_t nv = g.values.size();
-  plan.offset.assign(nv, -1);
-  plan.bytes.assign(nv, 0);
+  // Where each buffer would sit in the arena, and its size: what the placement needs to find the arena's size.
+  std::vector<int64_t> offset(nv, -1), bytes(nv, 0);
   std::vector<int32_t> base(nv), def(nv, -1), end(nv, -1);
   for (size_t v = 0; v < nv; ++v) base[v] = static_cast<int32_t>(v);
   std::vector<bool> escapes(nv, false);
@@ -63,7 +64,7 @@ MemoryPlan memory_plan(const Graph& g) {
         continue;
       }
       def[static_cast<size_t>(o)] = end[static_cast<size_t>(o)] = static_cast<int32_t>(i);
-      plan.bytes[static_cast<size_t>(o)] = numel(trace_shape(v.shape)) * static_cast<int64_t>(itemsize(v.dtype));
+      bytes[static_cast<size_t>(o)] = numel(trace_shape(v.shape)) * static_cast<int64_t>(itemsize(v.dtype));
     }
     for (int32_t in : n.inputs)
       if (in >= 0) {
@@ -80,7 +81,7 @@ MemoryPlan memory_plan(const Graph& g) {
   // Sweep the steps: free blocks of buffers dead before step i, then place buffers made at step i.
   std::vector<std::vector<int32_t>> made_at(g.nodes.size()), dead_after(g.nodes.size());
   for (size_t v = 0; v < nv; ++v) {
-    if (def[v] < 0 || escapes[v] || plan.bytes[v] == 0) continue;
+    if (def[v] < 0 || escapes[v] || bytes[v] == 0) continue;
     made_at[static_cast<size_t>(def[v])].push_back(static_cast<int32_t>(v));
     dead_after[static_cast<size_t>(end[v])].push_back(static_cast<int32_t>(v));
   }
@@ -88,22 +89,22 @@ MemoryPlan memory_plan(const Graph& g) {
   int64_t live = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     for (int32_t v : made_at[i]) {
-      const int64_t need = align_up(plan.bytes[static_cast<size_t>(v)]);
+      const int64_t need = align_up(bytes[static_cast<size_t>(v)]);
       auto it = free_blocks.lower_bound(need);
       if (it != free_blocks.end()) {
-        plan.offset[static_cast<size_t>(v)] = it->second;
+        offset[static_cast<size_t>(v)] = it->second;
         if (it->first > need) free_blocks.emplace(it->first - need, it->second + need);
         free_blocks.erase(it);
       } else {
-        plan.offset[static_cast<size_t>(v)] = plan.arena_bytes;
+        offset[static_cast<size_t>(v)] = plan.arena_bytes;
         plan.arena_bytes += need;
       }
       live += need;
     }
     plan.unplanned_peak = std::max(plan.unplanned_peak, live);
     for (int32_t v : dead_after[i]) {
-      const int64_t need = align_up(plan.bytes[static_cast<size_t>(v)]);
-      free_blocks.emplace(need, plan.offset[static_cast<size_t>(v)]);
+      const int64_t need = align_up(bytes[static_cast<size_t>(v)]);
+      free_blocks.emplace(need, offset[static_cast<size_t>(v)]);
       live -= need;
     }
   }

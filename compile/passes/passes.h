@@ -64,13 +64,11 @@ bool schedule(Graph& g);
 // producer, which fuse leaves to the eager reduce kernel (and matmul_epilogues may widen to f32).
 bool eager_column_sum(const Graph& g, const Node& n);
 
-// memory_plan.cpp: offsets in one arena for every intermediate value, reusing a block once its value is
-// dead; no two values live at the same time overlap.
+// memory_plan.cpp: the size of one arena holding every intermediate value, a block reused once its value is
+// dead and no two values live at the same time overlapping.
 struct MemoryPlan {
-  std::vector<int64_t> offset;  // per value; -1 = not planned (inputs, views)
-  std::vector<int64_t> bytes;   // per value
-  int64_t arena_bytes = 0;      // planned peak (the arena size)
-  int64_t unplanned_peak = 0;   // peak of live intermediate bytes with a fresh allocation per value
+  int64_t arena_bytes = 0;     // planned peak (the arena size)
+  int64_t unplanned_peak = 0;  // peak of live intermediate bytes with a fresh allocation per value
 };
 MemoryPlan memory_plan(const Graph& g);
 
