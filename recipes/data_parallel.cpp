@@ -73,6 +73,7 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
     log << "distributed | " << w.world_size << " ranks (" << w.source << ", " << backend << ") | DDP"
         << (run.distributed.zero_stage == 1 ? " + ZeRO-1 (optimizer state sharded)" : "") << ", buckets of "
         << run.distributed.bucket_cap_mb << " MiB"
+        << (run.distributed.reduce_dtype != "f32" ? ", averaged in " + run.distributed.reduce_dtype : "")
         << (run.distributed.overlap ? ", reduced during backward" : ", reduced after backward") << "\n";
     if (run.compile.enabled)
       log << "distributed | compile.enabled: the bucket "
@@ -94,6 +95,7 @@ void DataParallel::wrap(const std::vector<Tensor>& params) {
   dist::DdpOptions o;
   o.bucket_cap_mb = m.run.distributed.bucket_cap_mb;
   o.zero1 = zero1();
+  if (m.run.distributed.reduce_dtype == "bf16") o.reduce_dtype = DType::bf16;
   m.params = params;
   m.ddp = std::make_unique<dist::DistributedDataParallel>(params, m.ctx.group, o);
   std::vector<dist::BucketParam> infos;

@@ -102,6 +102,10 @@ void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string&
             .one_of({"auto", "nccl", "gloo"}));
   s.add(K::of(T::Float, "distributed.bucket_cap_mb", "25",
               "DDP gradient bucket size in MiB (gradients are averaged across ranks bucket by bucket)").at_least(0.001));
+  s.add(K::of(T::String, "distributed.reduce_dtype", "f32",
+              "dtype gradients are averaged in: f32, or bf16 (half the bytes on the wire, as PyTorch's "
+              "bf16_compress_hook; the average is widened back before the optimizer)")
+            .one_of({"f32", "bf16"}));
   s.add(K::of(T::Int, "distributed.zero_stage", "0",
               "0: plain DDP, 1: shard the optimizer state across ranks (ZeRO-1; checkpoints hold it whole)")
             .at_least(0)
@@ -304,6 +308,7 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
   s.compile.cache_dir = rd.str("compile.cache_dir");
   s.distributed.backend = rd.str("distributed.backend", "auto");
   s.distributed.bucket_cap_mb = rd.f64("distributed.bucket_cap_mb", 25);
+  s.distributed.reduce_dtype = rd.str("distributed.reduce_dtype", "f32");
   s.distributed.zero_stage = rd.i64("distributed.zero_stage");
   s.distributed.overlap = rd.flag("distributed.overlap", true);
   s.distributed.timeout_s =

@@ -245,6 +245,27 @@ TEST_F(DistributedRun, LoraFinetuneOnPaddedChatDataWeighsRanksByTheirLossTokens)
 
 // compile.enabled under DDP: one compiled graph holding the all-reduces (ZeRO-1: reduce-scatters, all-gathers
 // and the cross-rank gradient norm), training like eager DDP.
+// distributed.reduce_dtype: bf16 halves the gradient bytes on the wire; training stays within bf16's rounding of
+// the f32 run, and a dtype that is not offered is a config error naming the key.
+TEST_F(DistributedRun, Bf16GradientAveragingTrainsNearTheF32RunAndSaysSo) {
+  Result f = launch(2, "f32", "max_steps=4");
+  ASSERT_EQ(f.exit_code, 0) << f.output;
+  Result b = launch(2, "bf16", "max_steps=4 distributed.reduce_dtype=bf16");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("averaged in bf16"), std::string::npos) << b.output;
+  const std::map<int64_t, double> lf = train_losses(path("f32/metrics.jsonl")), lb = train_losses(path("bf16/metrics.jsonl"));
+  ASSERT_EQ(lf.size(), lb.size());
+  bool differs = false;
+  for (const auto& [step, loss] : lf) {
+    EXPECT_NEAR(lb.at(step), loss, 1e-2 * std::abs(loss)) << "step " << step;
+    differs = differs || lb.at(step) != loss;
+  }
+  EXPECT_TRUE(differs) << "bf16 averaging must round something";
+  Result bad = single("bad", "distributed.reduce_dtype=f16");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("distributed.reduce_dtype"), std::string::npos) << bad.output;
+}
+
 TEST_F(DistributedRun, CompiledDdpFollowsEagerDdpInOneGraph) {
   Result eager = launch(2, "eager", "max_steps=4");
   ASSERT_EQ(eager.exit_code, 0) << eager.output;
