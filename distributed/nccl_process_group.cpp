@@ -7,6 +7,14 @@
 // leaves ncclInProgress before the next NCCL call. A stuck peer therefore shows up as a timeout here or in the
 // watchdog, never as a hung host thread, and ncclCommAbort can always be called.
 //
+// Note [Settled before the end event]
+// The end event of a collective must follow its kernel on the comm stream, and a non-blocking communicator may
+// still be enqueueing that kernel when the call returns. So every issue polls the communicator until it is no
+// longer in progress (one ncclCommGetAsyncError call when it already settled) before recording the event, not
+// only when the call itself returned ncclInProgress. Compiled default-mode DDP on 2 and 4 H200s drifted from eager
+// DDP exactly as an update reading its bucket before the reduction would, and synchronizing the comm stream right
+// after each issue removed it (bench/RESULTS.md, 2026-11-26); whether this settle alone does is still to be run.
+//
 // Note [Watchdog]
 // Every issued collective records an event on the comm stream. The watchdog polls the events of the works in
 // flight (oldest first): a completed event completes its Work; an event still pending past the timeout, a
@@ -416,8 +424,8 @@ class NcclProcessGroup final : public ProcessGroup {
     std::string err;
     if (r != ncclSuccess && r != ncclInProgress)
       err = std::string(op) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(comm_) + ")";
-    else if (r == ncclInProgress)
-      err = settle(op);
+    else
+      err = settle(op);  // Note [Settled before the end event]
     if (!err.empty()) {
       // Issuing failed or never settled: same treatment as a watchdog timeout.
       ncclCommAbort(comm_);
