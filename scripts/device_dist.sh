@@ -4,12 +4,16 @@
 # multi-GPU tests, then GPT-2 124M (bf16, batch 16 x 1024 per GPU) on 1, 2 and 4 GPUs: ingot compiled DDP in
 # default and reduce-overhead with the step timeline (exposed communication), the variants that explain it, NCCL
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
-# Logs go to $OUT (or ./out); a summary table is printed last.
+# Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [race] [bench] [variants] [torch] [llama]     (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests 5 times in fresh processes (the default-mode ordering race of
 #         bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5), counting the runs that fail
 set -uo pipefail
-out="${OUT:-out}"; mkdir -p "$out"
+# Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
+# only a few files per call).
+final="${OUT:-out}"; mkdir -p "$final"
+out=$(mktemp -d /tmp/ingot-dist-logs.XXXX)
+trap 'tar czf "$final/logs.tgz" -C "$out" .' EXIT
 # A step runs only while the call's time lasts (DEADLINE seconds after start, default 540 of the 600 a call gets).
 start=$(date +%s)
 want() {
