@@ -92,13 +92,17 @@ if want variants; then
   gpt2 $n eager_$n --timeline
 fi
 if want llama; then
-  for n in 1 4; do
-    (( n <= gpus )) || continue
-    vis=$(seq -s, 0 $((n - 1)))
-    if (( n == 1 )); then CUDA_VISIBLE_DEVICES=0 timeout 300 bench_llama_step --compile default > "$out/llama_$n.log" 2>&1
-    else CUDA_VISIBLE_DEVICES=$vis timeout 300 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step \
-        --compile default > "$out/llama_$n.log" 2>&1; fi
-    grep -h "^| ingot\|^timeline" "$out/llama_$n.log" | tail -2
-  done
+  # ~1B Llama full fine-tune (bench/configs/llama_1b), 2 x 2048 tokens per GPU; DDP x4 also with 100 MB buckets in bf16.
+  llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
+    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
+  CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/llama_1.log" 2>&1
+  grep -h "^| ingot" "$out/llama_1.log" | tail -1
+  if (( gpus >= 4 )); then
+    for extra in "" "--bucket-cap-mb 100 --reduce-dtype bf16"; do
+      CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama \
+        --timeline $extra > "$out/llama_4.log" 2>&1
+      grep -h "^| ingot\|^timeline" "$out/llama_4.log" | tail -2
+    done
+  fi
 fi
 echo "total: $(( $(date +%s) - t0 )) s"
