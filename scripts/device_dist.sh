@@ -104,5 +104,14 @@ if want llama; then
       grep -h "^| ingot\|^timeline" "$out/llama_4.log" | tail -2
     done
   fi
+  if want torch; then  # transformers + torch.compile, 1 GPU and DDP x4 under torchrun
+    for n in 1 4; do
+      (( n <= gpus )) || continue
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) timeout 300 python3 -m torch.distributed.run --standalone \
+        --nproc-per-node $n bench/reference/hf_llama.py --config bench/configs/llama_1b/config.json --steps 10 \
+        --warmup 3 --modes compile > "$out/torch_llama_$n.log" 2>&1
+      grep "^| transformers" "$out/torch_llama_$n.log" | tail -1
+    done
+  fi
 fi
 echo "total: $(( $(date +%s) - t0 )) s"
