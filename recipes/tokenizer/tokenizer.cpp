@@ -132,22 +132,24 @@ void Tokenizer::Impl::read_config(const json& cfg) {
     }
   }
   clean_up = cfg.value("clean_up_tokenization_spaces", false);
-  // Note [Llama tokenizer class]: transformers 5 keeps only the vocabulary and merges of a tokenizer.json
-  // whose config names LlamaTokenizer and rebuilds the rest: no normalizer, a Metaspace pre-tokenizer that
-  // adds U+2581 unless the text already starts with one ("always" when legacy, the default; "first"
-  // otherwise), the matching decoder, and BOS/EOS from add_bos_token / add_eos_token. Older files express
-  // the same with a Prepend normalizer, which differs for text starting with a space; following transformers
-  // keeps ids equal to the library users train with.
+  // Note [Llama tokenizer class]: a tokenizer.json is encoded with its own normalizer and pre-tokenizer, as HF
+  // tokenizers (0.23) and transformers 4's fast tokenizers do. For Llama 2 and Mistral that is Prepend "▁" +
+  // Replace " " -> "▁", which equals SentencePiece's dummy prefix: "  This report" becomes "▁▁▁This▁report" ->
+  // ["▁▁", "▁This", "▁report"], the pieces the model was trained on. transformers 5 rebuilds a LlamaTokenizer
+  // from the vocabulary alone with a Metaspace pre-tokenizer that adds no "▁" to text starting with a space,
+  // dropping one "▁" there and after every special token written in the text; we do not follow it (issue 24).
+  // What the config does change, as in transformers 4 and 5: BOS/EOS come from add_bos_token / add_eos_token,
+  // and add_prefix_space: false drops the prepended "▁" (the normalizer becomes the Replace alone, and the
+  // decoder keeps every leading space).
   std::string cls = cfg.value("tokenizer_class", std::string());
   if (cls == "LlamaTokenizer" || cls == "LlamaTokenizerFast") {
-    bool prefix = cfg.value("add_prefix_space", true);
-    std::string scheme = !prefix ? "never" : cfg.value("legacy", true) ? "always" : "first";
-    normalizer = Normalizer{};
-    pre_tokenizer = PreTokenizer::from_json({{"type", "Metaspace"}, {"prepend_scheme", scheme}, {"split", false}}, name);
-    json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
-                                 {{"type", "ByteFallback"}}, {{"type", "Fuse"}}});
-    if (prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
-    decoder = Decoder::from_json({{"type", "Sequence"}, {"decoders", decoders}}, name);
+    if (!cfg.value("add_prefix_space", true)) {
+      normalizer = Normalizer{};
+      pre_tokenizer = PreTokenizer::from_json({{"type", "Metaspace"}, {"prepend_scheme", "never"}, {"split", false}}, name);
+      json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+                                   {{"type", "ByteFallback"}}, {{"type", "Fuse"}}});
+      decoder = Decoder::from_json({{"type", "Sequence"}, {"decoders", decoders}}, name);
+    }
     post.prefix.clear();
     post.suffix.clear();
     if (cfg.value("add_bos_token", true) && bos) post.prefix.push_back(*bos);
