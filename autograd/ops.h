@@ -120,14 +120,18 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
 
 // transformer pieces (autograd/ops/attention.cpp, autograd/ops/random.cpp) ------------------------------------
-// Rotary embedding of x [B, H, T, D] with cos/sin tables [T, D/2] (see rope_tables).
+// Rotary embedding of x [B, H, T, D] with cos/sin tables [T, D/2] (see rope_tables), or [B, T, D/2] for per-row
+// positions (a table gathered at each token's position: packed documents).
 Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
 // cos/sin tables [T, D/2] for positions start..start+T; rope_scaling handled by the caller via inv_freq.
 std::pair<Tensor, Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double theta, Device device,
                                       int64_t start = 0, const Tensor& inv_freq = Tensor());
-// q [B, Hq, T, D], k, v [B, Hkv, S, D]; returns [B, Hq, T, D]. scale defaults to 1/sqrt(D).
+// q [B, Hq, T, D], k, v [B, Hkv, S, D]; returns [B, Hq, T, D]. scale defaults to 1/sqrt(D). positions
+// (causal only; integer [B, T]): each query's position within its document, counted from 0 where the document
+// starts in the row; a query attends only to the keys of its own document (packed rows). Undefined: no
+// documents.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
-                                    std::optional<double> scale = std::nullopt);
+                                    std::optional<double> scale = std::nullopt, const Tensor& positions = Tensor());
 // Zeroes elements with probability p and scales the rest by 1/(1-p), drawing from the device's generator.
 Tensor dropout(const Tensor& a, double p, bool training = true);
 

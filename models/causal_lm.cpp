@@ -11,7 +11,9 @@ Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
   return cross_entropy(reshape(logits, {-1, logits.size(2)}), reshape(targets, {-1}));
 }
 
-Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets) { return lm_loss(forward(ids), targets); }
+Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const Tensor& positions) {
+  return lm_loss(forward(ids, positions), targets);
+}
 
 Tensor CausalLM::forward_cached(const Tensor&, KVCache&) {
   INGOT_CHECK(false, "this model does not support a KV cache");

@@ -11,13 +11,17 @@ class KVCache;  // models/decoder.h
 class CausalLM : public nn::Module {
  public:
   // ids [B, T] (i64) -> logits [B, T, vocab]
-  virtual Tensor forward(const Tensor& ids) = 0;
+  Tensor forward(const Tensor& ids) { return forward(ids, Tensor()); }
+  // Packed rows: positions [B, T] (integer) is each token's position within its document, 0 where a document
+  // starts; positions restart there (RoPE, learned positions) and attention stays inside each document, so a
+  // document's logits equal those of the document alone. Undefined: positions 0..T-1, one document per row.
+  virtual Tensor forward(const Tensor& ids, const Tensor& positions) = 0;
   // Incremental decoding: ids [B, T] continue the cache's tokens (positions cache.length()...); returns their
   // logits [B, T, vocab] and appends their keys and values. The default refuses (a model without a cache).
   virtual Tensor forward_cached(const Tensor& ids, KVCache& cache);
-  // Mean cross entropy of forward(ids) against targets [B, T] (i64; -100 is ignored): an f32 scalar
+  // Mean cross entropy of forward(ids, positions) against targets [B, T] (i64; -100 is ignored): an f32 scalar
   // (f64 for an f64 model).
-  virtual Tensor loss(const Tensor& ids, const Tensor& targets);
+  Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions = Tensor());
   virtual int64_t vocab_size() const = 0;
   // Longest sequence the position embedding covers (0: unknown).
   virtual int64_t max_positions() const { return 0; }

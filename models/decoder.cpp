@@ -103,7 +103,7 @@ std::pair<Tensor, Tensor> Attention::rope_for(int64_t start, int64_t len, Device
   return {narrow(rope_cos_, 0, start, len), narrow(rope_sin_, 0, start, len)};
 }
 
-Tensor Attention::forward(const Tensor& x, KVCache* cache, size_t layer) {
+Tensor Attention::forward(const Tensor& x, KVCache* cache, size_t layer, const Tensor& positions) {
   INGOT_CHECK(x.dim() == 3 && x.size(2) == cfg_.dim, "attention: expected x [B, T, ", cfg_.dim, "], got ",
               shape_str(x.shape()));
   const int64_t B = x.size(0), T = x.size(1), D = cfg_.head_dim;
@@ -112,6 +112,10 @@ Tensor Attention::forward(const Tensor& x, KVCache* cache, size_t layer) {
   INGOT_CHECK(cfg_.sliding_window == 0 || start + T <= cfg_.sliding_window, "attention: ", start + T,
               " tokens exceed the sliding window of ", cfg_.sliding_window,
               " (sliding-window attention is not implemented; shorten the sequence)");
+  if (positions.defined())
+    INGOT_CHECK(!cache && positions.shape() == Shape({B, T}) && is_integral(positions.dtype()),
+                "attention: expected positions [", B, ", ", T, "] of an integer type and no KV cache, got ",
+                dtype_name(positions.dtype()), shape_str(positions.shape()), cache ? " with a cache" : "");
   Tensor q, k, v;
   if (c_attn_) {
     std::vector<Tensor> parts = split_sizes(c_attn_->forward(x), {q_dim, kv_dim, kv_dim}, -1);
@@ -126,12 +130,17 @@ Tensor Attention::forward(const Tensor& x, KVCache* cache, size_t layer) {
   v = heads(v, cfg_.n_kv_head);
   if (cfg_.rope) {
     auto [cos_t, sin_t] = rope_for(start, T, x.device());
+    if (positions.defined()) {
+      // Each row's own angles: the table rows at its tokens' positions (all < T), [B, T, D/2].
+      cos_t = embedding(cos_t, positions);
+      sin_t = embedding(sin_t, positions);
+    }
     q = rotary_embedding(q, cos_t, sin_t);
     k = rotary_embedding(k, cos_t, sin_t);
   }
   if (cache) std::tie(k, v) = cache->append(layer, k, v);
   // Causal with more keys than queries aligns the queries with the last keys (query i sees keys <= start + i).
-  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true, std::nullopt, positions);
   y = reshape(transpose(y, 1, 2), {B, T, q_dim});
   return dropout_->forward(out_proj_->forward(y));
 }
@@ -176,8 +185,8 @@ Tensor DecoderBlock::norm(int which, const Tensor& x) {
   return (which == 1 ? rms1_ : rms2_)->forward(x);
 }
 
-Tensor DecoderBlock::forward(const Tensor& x, KVCache* cache, size_t layer) {
-  Tensor h = add(x, attn_->forward(norm(1, x), cache, layer));
+Tensor DecoderBlock::forward(const Tensor& x, KVCache* cache, size_t layer, const Tensor& positions) {
+  Tensor h = add(x, attn_->forward(norm(1, x), cache, layer, positions));
   return add(h, mlp_->forward(norm(2, h)));
 }
 

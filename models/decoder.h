@@ -67,7 +67,9 @@ class Attention : public nn::Module {
  public:
   explicit Attention(const DecoderConfig& cfg);
   // x [B, T, dim] at positions start..start+T-1 -> [B, T, dim]. With a cache, attends over its `layer` entry too.
-  Tensor forward(const Tensor& x, KVCache* cache = nullptr, size_t layer = 0);
+  // positions [B, T] (no cache): packed documents, each token at its position within its document and
+  // attending only inside it (CausalLM::forward).
+  Tensor forward(const Tensor& x, KVCache* cache = nullptr, size_t layer = 0, const Tensor& positions = Tensor());
 
  private:
   std::pair<Tensor, Tensor> rope_for(int64_t start, int64_t len, Device device);
@@ -94,7 +96,7 @@ class DecoderMLP : public nn::Module {
 class DecoderBlock : public nn::Module {
  public:
   explicit DecoderBlock(const DecoderConfig& cfg);
-  Tensor forward(const Tensor& x, KVCache* cache = nullptr, size_t layer = 0);
+  Tensor forward(const Tensor& x, KVCache* cache = nullptr, size_t layer = 0, const Tensor& positions = Tensor());
 
  private:
   Tensor norm(int which, const Tensor& x);

@@ -31,15 +31,15 @@ GPT2Model::GPT2Model(const GPT2Config& cfg) : cfg_(cfg) {
   ln_f_ = register_module("ln_f", std::make_shared<nn::LayerNorm>(cfg.n_embd, cfg.layer_norm_eps));
 }
 
-Tensor GPT2Model::forward(const Tensor& ids, KVCache* cache) {
+Tensor GPT2Model::forward(const Tensor& ids, KVCache* cache, const Tensor& positions) {
   INGOT_CHECK(ids.dim() == 2 && is_integral(ids.dtype()), "GPT2: expected ids [B, T] of an integer type, got ",
               dtype_name(ids.dtype()), shape_str(ids.shape()));
   const int64_t T = ids.size(1), start = cache ? cache->length() : 0;
   INGOT_CHECK(start + T <= cfg_.n_positions, "GPT2: sequence length ", start + T, " exceeds n_positions ",
               cfg_.n_positions);
-  Tensor pos = arange(start, start + T, DType::i64, ids.device());
+  Tensor pos = positions.defined() ? positions : arange(start, start + T, DType::i64, ids.device());
   Tensor x = drop_->forward(add(wte_->forward(ids), wpe_->forward(pos)));
-  for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->forward(x, cache, i);
+  for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->forward(x, cache, i, positions);
   if (cache) cache->advance(T);
   return ln_f_->forward(x);
 }
@@ -58,7 +58,9 @@ Tensor GPT2::head(const Tensor& h) {
   return linear(nn::maybe_cast(h, c), nn::maybe_cast(transformer_->wte().weight(), c));
 }
 
-Tensor GPT2::forward(const Tensor& ids) { return head(transformer_->forward(ids)); }
+Tensor GPT2::forward(const Tensor& ids, const Tensor& positions) {
+  return head(transformer_->forward(ids, nullptr, positions));
+}
 
 Tensor GPT2::forward_cached(const Tensor& ids, KVCache& cache) { return head(transformer_->forward(ids, &cache)); }
 

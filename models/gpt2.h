@@ -25,7 +25,8 @@ struct GPT2Config {
 class GPT2Model : public nn::Module {
  public:
   explicit GPT2Model(const GPT2Config& cfg);
-  Tensor forward(const Tensor& ids, KVCache* cache = nullptr);
+  // positions [B, T]: learned positions of packed documents (CausalLM::forward); undefined: 0..T-1 after the cache.
+  Tensor forward(const Tensor& ids, KVCache* cache = nullptr, const Tensor& positions = Tensor());
   const nn::Embedding& wte() const { return *wte_; }
 
  private:
@@ -39,7 +40,9 @@ class GPT2Model : public nn::Module {
 class GPT2 : public CausalLM {
  public:
   explicit GPT2(const GPT2Config& cfg);
-  Tensor forward(const Tensor& ids) override;  // ids [B, T] i64 -> logits [B, T, vocab_size]
+  using CausalLM::forward;
+  // ids [B, T] i64 -> logits [B, T, vocab_size]; positions as in CausalLM.
+  Tensor forward(const Tensor& ids, const Tensor& positions) override;
   Tensor forward_cached(const Tensor& ids, KVCache& cache) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_positions() const override { return cfg_.n_positions; }

@@ -33,14 +33,14 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg) : cfg_(cfg) {
   norm_ = register_module("norm", std::make_shared<nn::RMSNorm>(cfg.hidden_size, cfg.rms_norm_eps));
 }
 
-Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) {
+Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache, const Tensor& positions) {
   INGOT_CHECK(ids.dim() == 2 && is_integral(ids.dtype()), "Llama: expected ids [B, T] of an integer type, got ",
               dtype_name(ids.dtype()), shape_str(ids.shape()));
   const int64_t T = ids.size(1), start = cache ? cache->length() : 0;
   INGOT_CHECK(start + T <= cfg_.max_position_embeddings, "Llama: sequence length ", start + T,
               " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
   Tensor x = embed_tokens_->forward(ids);
-  for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, cache, i);
+  for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, cache, i, positions);
   if (cache) cache->advance(T);
   return norm_->forward(x);
 }
@@ -59,7 +59,9 @@ Tensor Llama::head(const Tensor& h) {
   return linear(nn::maybe_cast(h, c), nn::maybe_cast(model_->embed_tokens().weight(), c));
 }
 
-Tensor Llama::forward(const Tensor& ids) { return head(model_->forward(ids)); }
+Tensor Llama::forward(const Tensor& ids, const Tensor& positions) {
+  return head(model_->forward(ids, nullptr, positions));
+}
 
 Tensor Llama::forward_cached(const Tensor& ids, KVCache& cache) { return head(model_->forward(ids, &cache)); }
 

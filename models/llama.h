@@ -32,7 +32,8 @@ struct LlamaConfig {
 class LlamaModel : public nn::Module {
  public:
   explicit LlamaModel(const LlamaConfig& cfg);
-  Tensor forward(const Tensor& ids, KVCache* cache = nullptr);
+  // positions [B, T]: rotary positions of packed documents (CausalLM::forward); undefined: 0..T-1 after the cache.
+  Tensor forward(const Tensor& ids, KVCache* cache = nullptr, const Tensor& positions = Tensor());
   const nn::Embedding& embed_tokens() const { return *embed_tokens_; }
 
  private:
@@ -45,7 +46,9 @@ class LlamaModel : public nn::Module {
 class Llama : public CausalLM {
  public:
   explicit Llama(const LlamaConfig& cfg);
-  Tensor forward(const Tensor& ids) override;  // ids [B, T] i64 -> logits [B, T, vocab_size]
+  using CausalLM::forward;
+  // ids [B, T] i64 -> logits [B, T, vocab_size]; positions as in CausalLM.
+  Tensor forward(const Tensor& ids, const Tensor& positions) override;
   Tensor forward_cached(const Tensor& ids, KVCache& cache) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_positions() const override { return cfg_.max_position_embeddings; }

@@ -208,11 +208,12 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   TrainTask task;
   task.model = &model;
   task.params = s.lora ? nn::trainable_parameters(model) : model.parameters();
-  task.loss = [&](const Tensor& x, const Tensor& y) { return model.loss(x, y); };
+  task.loss = [&](const MicroBatch& b) { return model.loss(b.inputs, b.targets, b.positions); };
   task.next_batch = [&] {
     datasets::Batch b = loader->next();
-    return std::make_pair(b.input_ids, b.labels);
+    return MicroBatch{b.input_ids, b.labels, b.positions};
   };
+  task.positions = s.data.packing;
   task.loss_tokens = [](const Tensor& labels) {
     double n = 0;
     for (double l : labels.to_vector()) n += l != kIgnoreIndex;

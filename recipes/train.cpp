@@ -112,8 +112,11 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   TrainTask task;
   task.model = model.get();
   task.params = model->parameters();
-  task.loss = [&](const Tensor& x, const Tensor& y) { return model->loss(x, y); };
-  task.next_batch = [&] { return inputs_and_targets(train_batches.next()); };
+  task.loss = [&](const MicroBatch& b) { return model->loss(b.inputs, b.targets); };
+  task.next_batch = [&] {
+    auto [x, y] = inputs_and_targets(train_batches.next());
+    return MicroBatch{x, y, Tensor()};
+  };
   task.data_position = [&] { return train_batches.position(); };
   task.set_data_position = [&](int64_t p) { train_batches.set_position(p); };
   if (val_batches) {

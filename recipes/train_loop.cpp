@@ -258,11 +258,14 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   // world * local / global loss targets, so DDP's average over ranks is the global token mean. They change
   // every step, so they travel as the batch's last tensor ([grad_accum], inv_accum folded in), an input of
   // the compiled graph rather than a constant baked into it.
+  // A micro-batch is (inputs, targets) or, with positions, (inputs, targets, positions) in the flat batch.
+  const int64_t per_micro = task.positions ? 3 : 2;
   auto step_body = [&](const std::vector<Tensor>& batch, bool traced) {
     Tensor total, norm;
-    const bool weighted = static_cast<int64_t>(batch.size()) > 2 * o.grad_accum;
+    const bool weighted = static_cast<int64_t>(batch.size()) > per_micro * o.grad_accum;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      Tensor loss = task.loss(batch[2 * micro], batch[2 * micro + 1]);
+      const size_t at = static_cast<size_t>(per_micro * micro);
+      Tensor loss = task.loss({batch[at], batch[at + 1], task.positions ? batch[at + 2] : Tensor()});
       // Gradients of the mean over micro-batches; with one micro-batch the loss is used as is.
       Tensor scaled = weighted          ? loss * reshape(narrow(batch.back(), 0, micro, 1), {})
                       : o.grad_accum > 1 ? loss * inv_accum
@@ -377,10 +380,13 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     std::vector<Tensor> host;
     std::vector<double> local_tokens;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      auto [x, y] = task.next_batch();
-      if (dp && task.loss_tokens) local_tokens.push_back(task.loss_tokens(y));
-      host.push_back(x);
-      host.push_back(y);
+      MicroBatch b = task.next_batch();
+      INGOT_INTERNAL_CHECK(b.positions.defined() == task.positions, "TrainTask::positions says ", task.positions,
+                           " but a micro-batch ", b.positions.defined() ? "has" : "lacks", " positions");
+      if (dp && task.loss_tokens) local_tokens.push_back(task.loss_tokens(b.targets));
+      host.push_back(b.inputs);
+      host.push_back(b.targets);
+      if (task.positions) host.push_back(b.positions);
     }
     if (!local_tokens.empty()) {
       std::vector<double> global_tokens = dp->sum(local_tokens);  // one collective for every micro-batch

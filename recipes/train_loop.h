@@ -8,8 +8,8 @@
 //
 //   TrainTask task;
 //   task.model = model.get();  task.params = model->parameters();
-//   task.loss = [&](const Tensor& x, const Tensor& y) { return model->loss(x, y); };
-//   task.next_batch = [&] { return loader.next_pair(); };   // one micro-batch, CPU
+//   task.loss = [&](const MicroBatch& b) { return model->loss(b.inputs, b.targets); };
+//   task.next_batch = [&] { return MicroBatch{ids, targets}; };   // one micro-batch, CPU
 //   task.save_final = [&] { model->save(...); return paths; };
 //   TrainSummary r = run_training(settings.run, settings.train, task, log);
 #pragma once
@@ -70,15 +70,24 @@ struct TrainSummary {
   std::string metrics_log, loss_plot, tensorboard_dir, profile_trace;
 };
 
+// One micro-batch: inputs and targets [B, T] and, for packed documents (TrainTask::positions), each token's
+// position within its document [B, T] (models/causal_lm.h).
+struct MicroBatch {
+  Tensor inputs, targets, positions;
+};
+
 // What a recipe trains and how it gets its data. Every callback runs on the calling thread.
 struct TrainTask {
   std::string header;                 // the first log line (model, data, batch shape)
   nn::Module* model = nullptr;        // trained in place; checkpointed whole (frozen weights too)
   std::vector<Tensor> params;         // what AdamW updates: every parameter, or only the LoRA adapters
-  // Loss of one micro-batch (inputs, targets on the run's device): a scalar the loop differentiates.
-  std::function<Tensor(const Tensor& inputs, const Tensor& targets)> loss;
-  // The next training micro-batch (inputs, targets) on the CPU; the loop moves it to the device.
-  std::function<std::pair<Tensor, Tensor>()> next_batch;
+  // Loss of one micro-batch (on the run's device): a scalar the loop differentiates.
+  std::function<Tensor(const MicroBatch&)> loss;
+  // The next training micro-batch on the CPU; the loop moves it to the device.
+  std::function<MicroBatch()> next_batch;
+  // Whether every micro-batch carries positions (packed documents); they travel as a third tensor per
+  // micro-batch, data of the compiled step like the ids.
+  bool positions = false;
   // Targets that count in the loss (CPU targets of a micro-batch), when `loss` is a mean over a varying number
   // of them (fine-tuning masks prompts and padding). Data parallel then weighs each rank's mean by its share
   // of the global count, so the gradient is the global batch's token mean, as in one process. Empty: every

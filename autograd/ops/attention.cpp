@@ -3,6 +3,9 @@
 //   rotary_embedding(x, cos, sin)   one primitive; its VJP is the same primitive rotating the other way
 //   scaled_dot_product_attention    one primitive with outputs (out, lse); its VJP applies a backward
 //                                   primitive that runs the attention_bwd kernel on (dout, q, k, v, out, lse)
+//                                   With positions (packed documents), the last input of both is the i64
+//                                   [B, T] tensor of each query's position within its document: data, not a
+//                                   shape, so one compiled step serves every packing of its rows.
 //
 // Attention never builds the [T, S] score matrix out of smaller ops: the kernels own the whole computation
 // (see runtime/kernels/cpu/attention.cpp for the math), which is what lets a GPU backend swap in a fused
@@ -27,9 +30,10 @@ class RopePrim final : public Primitive {
     INGOT_CHECK(is_floating(x.dtype), "rotary_embedding: x must be floating, got ", dtype_name(x.dtype));
     const int64_t T = x.shape[2], D = x.shape[3];
     INGOT_CHECK(D % 2 == 0, "rotary_embedding: head dim must be even, got ", D);
-    const Shape table{T, D / 2};
-    INGOT_CHECK(c.shape == table && s.shape == table, "rotary_embedding: cos/sin must be ", shape_str(table),
-                " for x of shape ", shape_str(x.shape), ", got ", shape_str(c.shape), " and ", shape_str(s.shape));
+    const Shape table{T, D / 2}, per_row{x.shape[0], T, D / 2};
+    INGOT_CHECK(c.shape == s.shape && (c.shape == table || c.shape == per_row), "rotary_embedding: cos/sin must be ",
+                shape_str(table), " (or ", shape_str(per_row), " per row) for x of shape ", shape_str(x.shape),
+                ", got ", shape_str(c.shape), " and ", shape_str(s.shape));
     INGOT_CHECK(c.dtype == DType::f32 && s.dtype == DType::f32, "rotary_embedding: cos/sin must be f32, got ",
                 dtype_name(c.dtype), " and ", dtype_name(s.dtype));
     return {x};
@@ -67,7 +71,14 @@ Tensor empty_bthd(const TensorMeta& m) {
   return t.as_strided(m.shape, {T * H * D, D, H * D, 1}, t.offset());
 }
 
-// Inputs (dout, q, k, v, out, lse); outputs (dq, dk, dv).
+// The kernels' positions argument: i64 [B, T] contiguous, or undefined when the op has no positions input
+// (the input after q, k, v in the forward, after lse in the backward).
+Tensor positions_arg(const std::vector<Tensor>& in, size_t at) {
+  if (in.size() <= at) return Tensor();
+  return in[at].dtype() == DType::i64 ? in[at].contiguous_raw() : in[at].to(DType::i64);
+}
+
+// Inputs (dout, q, k, v, out, lse[, positions]); outputs (dq, dk, dv).
 class AttentionBwdPrim final : public Primitive {
  public:
   AttentionBwdPrim(bool causal, double scale) : causal_(causal), scale_(scale) {}
@@ -87,7 +98,7 @@ class AttentionBwdPrim final : public Primitive {
     for (const Tensor& t : in) c.push_back(strided ? t : t.contiguous_raw());
     if (out[0].numel() > 0 && out[1].numel() > 0)
       INGOT_KERNEL_CALL(c[1].device(), attention_bwd, out[0], out[1], out[2], c[0], c[1], c[2], c[3], c[4], c[5],
-                        causal_, scale_);
+                        positions_arg(in, 6), causal_, scale_);
     else
       for (Tensor& t : out) t.zero_();
     return out;
@@ -103,7 +114,7 @@ class AttentionBwdPrim final : public Primitive {
   double scale_;
 };
 
-// Inputs (dout, q, k, v, out, lse); one output [B, T, (Hq + 2 Hkv) * D]: dq, dk, dv side by side in [B, T, H, D]
+// Inputs (dout, q, k, v, out, lse[, positions]); one output [B, T, (Hq + 2 Hkv) * D]: dq, dk, dv side by side in [B, T, H, D]
 // order (attention_packed.h). The backward of GPT-2's fused qkv projection concatenates exactly this; written in
 // place, the concatenation's copy of all three gradients (3 per layer) disappears.
 class AttentionBwdPackedPrim final : public Primitive {
@@ -128,16 +139,16 @@ class AttentionBwdPackedPrim final : public Primitive {
       return {packed};
     }
     if (strided_kernels(in[1])) {
-      INGOT_KERNEL_CALL(in[1].device(), attention_bwd, dq, dk, dv, in[0], in[1], in[2], in[3], in[4], in[5], causal_,
-                        scale_);
+      INGOT_KERNEL_CALL(in[1].device(), attention_bwd, dq, dk, dv, in[0], in[1], in[2], in[3], in[4], in[5],
+                        positions_arg(in, 6), causal_, scale_);
       return {packed};
     }
     // The CPU kernels write contiguous [B, H, T, D]; the copies put them in the packed layout.
     std::vector<Tensor> c;
     for (const Tensor& t : in) c.push_back(t.contiguous_raw());
     const std::vector<Tensor> d = alloc_outputs(metas_of({c[1], c[2], c[3]}));
-    INGOT_KERNEL_CALL(in[1].device(), attention_bwd, d[0], d[1], d[2], c[0], c[1], c[2], c[3], c[4], c[5], causal_,
-                      scale_);
+    INGOT_KERNEL_CALL(in[1].device(), attention_bwd, d[0], d[1], d[2], c[0], c[1], c[2], c[3], c[4], c[5],
+                      positions_arg(in, 6), causal_, scale_);
     INGOT_KERNEL_CALL(in[1].device(), copy, dq, d[0]);
     INGOT_KERNEL_CALL(in[1].device(), copy, dk, d[1]);
     INGOT_KERNEL_CALL(in[1].device(), copy, dv, d[2]);
@@ -152,7 +163,7 @@ class AttentionBwdPackedPrim final : public Primitive {
   double scale_;
 };
 
-// Inputs (q, k, v); outputs (out, lse).
+// Inputs (q, k, v[, positions]); outputs (out, lse).
 class AttentionPrim final : public Primitive {
  public:
   AttentionPrim(bool causal, double scale) : causal_(causal), scale_(scale) {}
@@ -172,6 +183,13 @@ class AttentionPrim final : public Primitive {
                 " must agree in batch and head dim");
     INGOT_CHECK(k.shape[1] > 0 && q.shape[1] % k.shape[1] == 0, "scaled_dot_product_attention: query heads (",
                 q.shape[1], ") must be a multiple of kv heads (", k.shape[1], ")");
+    if (in.size() > 3) {
+      const TensorMeta& p = in[3];
+      INGOT_CHECK(causal_, "scaled_dot_product_attention: positions (packed documents) need causal attention");
+      INGOT_CHECK(is_integral(p.dtype) && p.shape == Shape({q.shape[0], q.shape[2]}),
+                  "scaled_dot_product_attention: positions must be an integer [B, T] = ",
+                  shape_str(Shape({q.shape[0], q.shape[2]})), ", got ", dtype_name(p.dtype), shape_str(p.shape));
+    }
     return {q, {{q.shape[0], q.shape[1], q.shape[2]}, DType::f32, q.device}};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
@@ -181,8 +199,8 @@ class AttentionPrim final : public Primitive {
     if (strided) out[0] = empty_bthd(metas[0]);
     auto arg = [&](const Tensor& t) { return strided ? t : t.contiguous_raw(); };
     if (out[0].numel() > 0)
-      INGOT_KERNEL_CALL(in[0].device(), attention_fwd, out[0], out[1], arg(in[0]), arg(in[1]), arg(in[2]), causal_,
-                        scale_);
+      INGOT_KERNEL_CALL(in[0].device(), attention_fwd, out[0], out[1], arg(in[0]), arg(in[1]), arg(in[2]),
+                        positions_arg(in, 3), causal_, scale_);
     return out;
   }
   bool saves_output(size_t) const override { return true; }
@@ -192,8 +210,11 @@ class AttentionPrim final : public Primitive {
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     // lse is internal state: scaled_dot_product_attention never hands it out, so it has no cotangent.
     INGOT_INTERNAL_CHECK(!g[1].defined(), "attention: lse received a gradient");
-    return apply(std::make_shared<AttentionBwdPrim>(causal_, scale_),
-                 {g[0], c.inputs[0], c.inputs[1], c.inputs[2], c.outputs[0], c.outputs[1]});
+    std::vector<Tensor> in{g[0], c.inputs[0], c.inputs[1], c.inputs[2], c.outputs[0], c.outputs[1]};
+    if (c.inputs.size() > 3) in.push_back(c.inputs[3]);
+    std::vector<Tensor> grads = ingot::apply(std::make_shared<AttentionBwdPrim>(causal_, scale_), in);
+    if (c.inputs.size() > 3) grads.emplace_back();  // positions are integers: no gradient
+    return grads;
   }
 
  private:
@@ -244,8 +265,9 @@ std::pair<Tensor, Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double 
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                    std::optional<double> scale) {
+                                    std::optional<double> scale, const Tensor& positions) {
   const double sc = scale ? *scale : (q.dim() == 4 ? 1.0 / std::sqrt(static_cast<double>(q.shape()[3])) : 1.0);
+  if (positions.defined()) return apply(std::make_shared<AttentionPrim>(causal, sc), {q, k, v, positions})[0];
   return apply(std::make_shared<AttentionPrim>(causal, sc), {q, k, v})[0];
 }
 

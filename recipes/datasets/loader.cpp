@@ -28,9 +28,11 @@ DataLoader::DataLoader(const std::vector<Example>& examples, const LoaderOptions
     INGOT_CHECK(examples[i].ids.size() == examples[i].labels.size(), "data loader: example ", i, " has ",
                 examples[i].ids.size(), " ids but ", examples[i].labels.size(), " labels");
   if (opts.pack) {
-    for (const Example& e : examples) {
+    for (size_t i = 0; i < examples.size(); ++i) {
+      const Example& e = examples[i];
       stream_ids_.insert(stream_ids_.end(), e.ids.begin(), e.ids.end());
       stream_labels_.insert(stream_labels_.end(), e.labels.begin(), e.labels.end());
+      stream_docs_.insert(stream_docs_.end(), e.ids.size(), static_cast<int64_t>(i));
     }
     packed_rows_ = stream_ids_.size() > size_t(opts.seq_len) ? (stream_ids_.size() - 1) / size_t(opts.seq_len) : 0;
   } else {
@@ -56,14 +58,19 @@ std::vector<int64_t> DataLoader::permutation(int64_t epoch) const {
 }
 
 void DataLoader::fill_row(int64_t r, std::vector<int64_t>& ids, std::vector<int64_t>& labels,
-                          std::vector<int64_t>& mask) const {
+                          std::vector<int64_t>& mask, std::vector<int64_t>& positions) const {
   const size_t T = size_t(opts_.seq_len);
   if (opts_.pack) {
     size_t start = size_t(r) * T;
+    int64_t pos = 0;
     for (size_t t = 0; t < T; ++t) {
-      ids.push_back(stream_ids_[start + t]);
-      labels.push_back(stream_labels_[start + t + 1]);
+      const size_t s = start + t;
+      // A row's first token starts a document too: what came before it is in another row.
+      pos = t > 0 && stream_docs_[s] == stream_docs_[s - 1] ? pos + 1 : 0;
+      ids.push_back(stream_ids_[s]);
+      labels.push_back(stream_docs_[s + 1] == stream_docs_[s] ? stream_labels_[s + 1] : kIgnoreIndex);
       mask.push_back(1);
+      positions.push_back(pos);
     }
     return;
   }
@@ -86,16 +93,17 @@ Batch DataLoader::batch_at(DataPosition pos) const {
   }
   const int64_t local = opts_.global_batch_size / opts_.world_size;
   const int64_t first = pos.index * opts_.global_batch_size + opts_.rank * local;
-  std::vector<int64_t> ids, labels, mask;
+  std::vector<int64_t> ids, labels, mask, positions;
   ids.reserve(size_t(local * opts_.seq_len));
   labels.reserve(ids.capacity());
   mask.reserve(ids.capacity());
-  for (int64_t b = 0; b < local; ++b) fill_row(cached_perm_[size_t(first + b)], ids, labels, mask);
+  for (int64_t b = 0; b < local; ++b) fill_row(cached_perm_[size_t(first + b)], ids, labels, mask, positions);
   Batch out;
   for (int64_t l : labels) out.num_loss_tokens += l != kIgnoreIndex;
   out.input_ids = from_vector_i64(ids, {local, opts_.seq_len});
   out.labels = from_vector_i64(labels, {local, opts_.seq_len});
   out.attention_mask = from_vector_i64(mask, {local, opts_.seq_len});
+  if (opts_.pack) out.positions = from_vector_i64(positions, {local, opts_.seq_len});
   return out;
 }
 

@@ -1,6 +1,9 @@
 // Fixed-shape training batches from examples (sources.h), for static shapes under the compiler:
 //   packing  all examples concatenated into one token stream, cut into rows of seq_len + 1 tokens that
-//            overlap by one (row r covers stream[r*seq_len, r*seq_len + seq_len]); no padding at all
+//            overlap by one (row r covers stream[r*seq_len, r*seq_len + seq_len]); no padding at all. The
+//            examples stay apart: `positions` restarts at 0 where an example starts (and at a row's first
+//            token), the model attends only within an example, and the last token of an example has no
+//            target (the next example's first token is not predicted from it)
 //   padding  one example per row, truncated to seq_len + 1 tokens, padded with pad_id; attention_mask marks
 //            real tokens
 // A row's inputs are its first seq_len tokens and its labels the last seq_len (the next-token targets), with
@@ -39,6 +42,7 @@ struct Batch {
   Tensor input_ids;
   Tensor labels;          // kIgnoreIndex where no loss
   Tensor attention_mask;  // 1 for real tokens, 0 for padding (all ones when packing)
+  Tensor positions;       // packing: each token's position within its example's part of the row; else undefined
   int64_t num_loss_tokens = 0;  // labels that count, in this rank's part
 };
 
@@ -68,12 +72,14 @@ class DataLoader {
 
  private:
   // Row r as seq_len + 1 (id, label) pairs, padded.
-  void fill_row(int64_t r, std::vector<int64_t>& ids, std::vector<int64_t>& labels, std::vector<int64_t>& mask) const;
+  void fill_row(int64_t r, std::vector<int64_t>& ids, std::vector<int64_t>& labels, std::vector<int64_t>& mask,
+                std::vector<int64_t>& positions) const;
   std::vector<int64_t> permutation(int64_t epoch) const;
 
   LoaderOptions opts_;
   // packing: the concatenated stream
   std::vector<int32_t> stream_ids_, stream_labels_;
+  std::vector<int64_t> stream_docs_;  // the example each stream token comes from
   size_t packed_rows_ = 0;
   // padding: one example per row
   std::vector<Example> rows_;

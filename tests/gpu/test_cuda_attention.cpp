@@ -1,7 +1,8 @@
 // CUDA rope and attention kernels against the CPU kernels of the same name, on fresh random inputs, in every
 // float dtype, with grouped-query heads, causal masks with T == S, T < S and T > S (rows that see no key), and
-// head dims that are not multiples of 32, into NaN-poisoned outputs. The attention implementation is picked by
-// INGOT_ATTENTION (cudnn | fallback | auto); the tests set it per case and restore it.
+// head dims that are not multiples of 32, into NaN-poisoned outputs, and packed documents (positions restarting
+// at random boundaries per row, issue 24). The attention implementation is picked by INGOT_ATTENTION
+// (cudnn | fallback | auto); the tests set it per case and restore it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -81,24 +82,28 @@ std::string case_str(const AttnCase& c, DType dt) {
 }
 
 // Runs forward and backward on both devices and compares every output. Both backward passes read the CPU
-// forward's out and lse, so a forward error does not hide in the backward comparison.
-void check_attention(const AttnCase& c, DType dt) {
+// forward's out and lse, so a forward error does not hide in the backward comparison. positions: CPU i64 [B, T]
+// (packed documents) or undefined.
+void check_attention(const AttnCase& c, DType dt, const Tensor& positions = Tensor()) {
   const Shape qs{c.B, c.Hq, c.T, c.D}, ks{c.B, c.Hkv, c.S, c.D}, ls{c.B, c.Hq, c.T};
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   Operand q = rand_operand(qs, dt), k = rand_operand(ks, dt), v = rand_operand(ks, dt), dout = rand_operand(qs, dt);
   Tensor out_ref = empty(qs, dt), lse_ref = empty(ls, DType::f32);
-  kc::attention_fwd(out_ref, lse_ref, q.cpu, k.cpu, v.cpu, c.causal, scale);
+  const Tensor pos_gpu = positions.defined() ? positions.to(kGpu) : Tensor();
+  kc::attention_fwd(out_ref, lse_ref, q.cpu, k.cpu, v.cpu, positions, c.causal, scale);
   Tensor out = poisoned(qs, dt, kGpu), lse = poisoned(ls, DType::f32, kGpu);
-  kg::attention_fwd(out, lse, q.gpu, k.gpu, v.gpu, c.causal, scale);
-  const std::string at = case_str(c, dt);
+  kg::attention_fwd(out, lse, q.gpu, k.gpu, v.gpu, pos_gpu, c.causal, scale);
+  const std::string at = case_str(c, dt) + (positions.defined() ? " packed" : "");
   const double tol = attn_tol(dt);
   EXPECT_TRUE(close(out, out_ref, tol)) << "out " << at;
   EXPECT_TRUE(close(lse, lse_ref, attn_tol(DType::f32))) << "lse " << at;
 
   Tensor dq_ref = empty(qs, dt), dk_ref = empty(ks, dt), dv_ref = empty(ks, dt);
-  kc::attention_bwd(dq_ref, dk_ref, dv_ref, dout.cpu, q.cpu, k.cpu, v.cpu, out_ref, lse_ref, c.causal, scale);
+  kc::attention_bwd(dq_ref, dk_ref, dv_ref, dout.cpu, q.cpu, k.cpu, v.cpu, out_ref, lse_ref, positions, c.causal,
+                    scale);
   Tensor dq = poisoned(qs, dt, kGpu), dk = poisoned(ks, dt, kGpu), dv = poisoned(ks, dt, kGpu);
-  kg::attention_bwd(dq, dk, dv, dout.gpu, q.gpu, k.gpu, v.gpu, out_ref.to(kGpu), lse_ref.to(kGpu), c.causal, scale);
+  kg::attention_bwd(dq, dk, dv, dout.gpu, q.gpu, k.gpu, v.gpu, out_ref.to(kGpu), lse_ref.to(kGpu), pos_gpu, c.causal,
+                    scale);
   EXPECT_TRUE(close(dq, dq_ref, tol)) << "dq " << at;
   EXPECT_TRUE(close(dk, dk_ref, tol)) << "dk " << at;
   EXPECT_TRUE(close(dv, dv_ref, tol)) << "dv " << at;
@@ -149,6 +154,41 @@ TEST(CudaAttention, CudnnFusedForwardAndBackwardMatchCpuWhereSupported) {
     if (!f.c.causal || f.c.T == f.c.S) check_attention(f.c, f.dt);
 }
 
+// Positions of packed rows: each token starts a new document with probability 1/6 (the first always does).
+Tensor packed_positions(int64_t B, int64_t T, uint64_t seed) {
+  std::vector<double> pos;
+  uint64_t state = seed;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      pos.push_back(t == 0 || (state >> 33) % 6 == 0 ? 0.0 : pos.back() + 1);
+    }
+  return from_vector(pos, {B, T}, DType::i64);
+}
+
+// Issue 24: attention masked to each query's document. auto must not hand the call to cuDNN (which would attend
+// across documents) and cudnn must refuse it; both sides read the same positions.
+TEST(CudaAttention, PackedDocumentsMatchTheCpuKernelInEveryDType) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(206);
+  const AttnCase cases[] = {{2, 4, 2, 70, 70, 64, true}, {1, 2, 1, 33, 33, 32, true}, {2, 2, 2, 17, 29, 16, true},
+                            {1, 4, 4, 100, 100, 128, true}};
+  for (const char* impl_name : {"auto", "fallback"}) {
+    AttentionImpl impl(impl_name);
+    for (DType dt : kFloatDTypes)
+      for (const AttnCase& c : cases) check_attention(c, dt, packed_positions(c.B, c.T, 7 + c.T));
+  }
+  AttentionImpl impl("cudnn");
+  Operand q = rand_operand({1, 1, 8, 16}, DType::bf16);
+  Tensor out = poisoned({1, 1, 8, 16}, DType::bf16, kGpu), lse = poisoned({1, 1, 8}, DType::f32, kGpu);
+  try {
+    kg::attention_fwd(out, lse, q.gpu, q.gpu, q.gpu, packed_positions(1, 8, 3).to(kGpu), true, 0.25);
+    FAIL() << "expected INGOT_ATTENTION=cudnn to refuse packed documents";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("packed documents"), std::string::npos) << e.what();
+  }
+}
+
 // Note [Attention layouts]: q, k, v as views of one [B, T, 3, H, W] projection output (W = D + pad) and out,
 // dout, dq, dk, dv in [B, T, H, D] memory order, the layouts a GPT block hands attention. pad 0: cuDNN reads and
 // writes them in place; pad 1: strides that are not multiples of 8, so the kernels run on contiguous copies and
@@ -166,19 +206,19 @@ void check_strided(int64_t B, int64_t H, int64_t T, int64_t D, int64_t pad, DTyp
   const Tensor qc = qkv(packed.cpu, 0).contiguous_raw(), kc = qkv(packed.cpu, 1).contiguous_raw(),
                vc = qkv(packed.cpu, 2).contiguous_raw(), doutc = bthd(dout_btd.cpu).contiguous_raw();
   Tensor out_ref = empty(qs, dt), lse_ref = empty(ls, DType::f32);
-  kc::attention_fwd(out_ref, lse_ref, qc, kc, vc, true, scale);
+  kc::attention_fwd(out_ref, lse_ref, qc, kc, vc, Tensor(), true, scale);
   Tensor out = bthd(poisoned({B, T, H, D}, dt, kGpu)), lse = poisoned(ls, DType::f32, kGpu);
-  kg::attention_fwd(out, lse, q, k, v, true, scale);
+  kg::attention_fwd(out, lse, q, k, v, Tensor(), true, scale);
   const std::string at = detail::str_cat(dtype_name(dt), " B", B, " H", H, " T", T, " D", D, " pad ", pad);
   const double tol = attn_tol(dt);
   EXPECT_TRUE(close(out.contiguous_raw(), out_ref, tol)) << "out " << at;
   EXPECT_TRUE(close(lse, lse_ref, attn_tol(DType::f32))) << "lse " << at;
 
   Tensor dq_ref = empty(qs, dt), dk_ref = empty(qs, dt), dv_ref = empty(qs, dt);
-  kc::attention_bwd(dq_ref, dk_ref, dv_ref, doutc, qc, kc, vc, out_ref, lse_ref, true, scale);
+  kc::attention_bwd(dq_ref, dk_ref, dv_ref, doutc, qc, kc, vc, out_ref, lse_ref, Tensor(), true, scale);
   Tensor dq = bthd(poisoned({B, T, H, D}, dt, kGpu)), dk = bthd(poisoned({B, T, H, D}, dt, kGpu)),
          dv = bthd(poisoned({B, T, H, D}, dt, kGpu));
-  kg::attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, true, scale);
+  kg::attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, Tensor(), true, scale);
   EXPECT_TRUE(close(dq.contiguous_raw(), dq_ref, tol)) << "dq " << at;
   EXPECT_TRUE(close(dk.contiguous_raw(), dk_ref, tol)) << "dk " << at;
   EXPECT_TRUE(close(dv.contiguous_raw(), dv_ref, tol)) << "dv " << at;
@@ -203,7 +243,7 @@ TEST(CudaAttention, CudnnSelectionRejectsUnsupportedDTypesWithAClearError) {
   Operand q = rand_operand({1, 1, 4, 8}, DType::f64);
   Tensor out = poisoned({1, 1, 4, 8}, DType::f64, kGpu), lse = poisoned({1, 1, 4}, DType::f32, kGpu);
   try {
-    kg::attention_fwd(out, lse, q.gpu, q.gpu, q.gpu, false, 0.5);
+    kg::attention_fwd(out, lse, q.gpu, q.gpu, q.gpu, Tensor(), false, 0.5);
     FAIL() << "expected an error for f64 under INGOT_ATTENTION=cudnn";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("INGOT_ATTENTION=cudnn"), std::string::npos) << e.what();
@@ -237,6 +277,28 @@ TEST(CudaRope, ForwardAndInverseMatchCpuAndWorkInPlace) {
         EXPECT_EQ(count_unequal(inplace, out), 0) << "in place " << at;
       }
     }
+  }
+}
+
+// Per-row tables [B, T, D/2]: packed documents rotate each row's tokens by their own positions.
+TEST(CudaRope, PerRowTablesMatchCpu) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(207);
+  const Shape s{2, 3, 9, 8};
+  Operand theta = rand_operand({2, 9, 4}, DType::f64, 3.0);
+  std::vector<double> cv, sv;
+  for (double t : theta.cpu.to_vector()) {
+    cv.push_back(std::cos(t));
+    sv.push_back(std::sin(t));
+  }
+  Tensor cos = from_vector(cv, {2, 9, 4}, DType::f32), sin = from_vector(sv, {2, 9, 4}, DType::f32);
+  for (DType dt : kFloatDTypes) {
+    Operand x = rand_operand(s, dt);
+    Tensor ref = empty(s, dt), out = poisoned(s, dt, kGpu);
+    kc::rope(ref, x.cpu, cos, sin, false);
+    kg::rope(out, x.gpu, cos.to(kGpu), sin.to(kGpu), false);
+    Tol t = tol_for(dt);
+    EXPECT_LE(max_rel_error(out, ref, t.rtol, 10 * t.atol), 1.0) << dtype_name(dt);
   }
 }
 

@@ -255,5 +255,94 @@ TEST(Rope, MismatchedTablesNameTheOp) {
   }
 }
 
+// Packed documents (issue 24). Row 0 holds documents of 3, 4 and 2 tokens; row 1 the tail of a document begun in
+// an earlier row (its positions restart at the row's first token) and a document of 5 tokens.
+Tensor packed_positions() {
+  return from_vector({0, 1, 2, 0, 1, 2, 3, 0, 1, 0, 1, 2, 3, 0, 1, 2, 3, 4}, {2, 9}, DType::i64);
+}
+struct Doc {
+  int64_t row, start, len;
+};
+const Doc kDocs[] = {{0, 0, 3}, {0, 3, 4}, {0, 7, 2}, {1, 0, 4}, {1, 4, 5}};
+
+// Tokens [start, start + len) of batch row `row` of x [B, H, T, D].
+Tensor doc_slice(const Tensor& x, const Doc& d) { return narrow(narrow(x, 0, d.row, 1), 2, d.start, d.len); }
+
+TEST(Attention, PackedDocumentsEqualEachDocumentAloneForwardAndBackward) {
+  manual_seed(30);
+  for (DType dt : {DType::f32, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor q = leaf(randn({2, 4, 9, 8}, dt)), k = leaf(randn({2, 2, 9, 8}, dt)), v = leaf(randn({2, 2, 9, 8}, dt));
+    Tensor w = randn({2, 4, 9, 8}, dt);
+    Tensor out = scaled_dot_product_attention(q, k, v, true, std::nullopt, packed_positions());
+    sum(mul(out, w)).backward();
+    const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+    for (const Doc& d : kDocs) {
+      SCOPED_TRACE(::testing::Message() << "row " << d.row << " tokens " << d.start << "+" << d.len);
+      Tensor qd = leaf(doc_slice(q, d).detach().contiguous_raw()), kd = leaf(doc_slice(k, d).detach().contiguous_raw()),
+             vd = leaf(doc_slice(v, d).detach().contiguous_raw());
+      Tensor alone = scaled_dot_product_attention(qd, kd, vd, true);
+      sum(mul(alone, doc_slice(w, d))).backward();
+      EXPECT_LT(max_abs_diff(doc_slice(out, d).contiguous_raw().to_vector(), alone.to_vector()), tol);
+      EXPECT_LT(max_abs_diff(doc_slice(q.grad(), d).contiguous_raw().to_vector(), qd.grad().to_vector()), tol);
+      EXPECT_LT(max_abs_diff(doc_slice(k.grad(), d).contiguous_raw().to_vector(), kd.grad().to_vector()), tol);
+      EXPECT_LT(max_abs_diff(doc_slice(v.grad(), d).contiguous_raw().to_vector(), vd.grad().to_vector()), tol);
+    }
+    // Without positions a later document attends to the earlier ones: the comparison above can fail.
+    NoGradGuard no_grad;
+    Tensor unmasked = scaled_dot_product_attention(q, k, v, true);
+    Tensor second = scaled_dot_product_attention(doc_slice(q, kDocs[1]).contiguous_raw(),
+                                                 doc_slice(k, kDocs[1]).contiguous_raw(),
+                                                 doc_slice(v, kDocs[1]).contiguous_raw(), true);
+    EXPECT_GT(max_abs_diff(doc_slice(unmasked, kDocs[1]).contiguous_raw().to_vector(), second.to_vector()), 1e-2);
+  }
+}
+
+TEST(Attention, PackedDocumentGradientsMatchFiniteDifferences) {
+  manual_seed(31);
+  Tensor q = leaf(randn({2, 4, 9, 8}, DType::f64)), k = leaf(randn_noncontig({2, 2, 9, 8}));
+  Tensor v = leaf(randn({2, 2, 9, 8}, DType::f64));
+  const Tensor pos = packed_positions();
+  EXPECT_GRADCHECK(
+      [&](const std::vector<Tensor>& x) {
+        return std::vector<Tensor>{scaled_dot_product_attention(x[0], x[1], x[2], true, std::nullopt, pos)};
+      },
+      {q, k, v});
+}
+
+TEST(Attention, PositionsNeedCausalAttentionAndOneRowPerBatch) {
+  Tensor q = randn({2, 1, 9, 4}, DType::f32);
+  auto expect_error = [&](bool causal, const Tensor& pos, const std::string& needle) {
+    try {
+      scaled_dot_product_attention(q, q, q, causal, std::nullopt, pos);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(false, packed_positions(), "positions (packed documents) need causal attention");
+  expect_error(true, zeros({2, 8}, DType::i64), "positions must be an integer [B, T] = [2, 9]");
+  expect_error(true, zeros({2, 9}, DType::f32), "positions must be an integer [B, T] = [2, 9]");
+}
+
+// Per-row tables [B, T, D/2]: the table rows at each token's position, what a packed row's RoPE uses.
+TEST(Rope, PerRowTablesRotateEachRowByItsOwnPositions) {
+  manual_seed(32);
+  auto [c, s] = rope_tables(9, 8, 10000.0, Device::cpu());
+  const Tensor pos = packed_positions();
+  Tensor x = randn({2, 3, 9, 8}, DType::f64);
+  Tensor y = rotary_embedding(x, embedding(c, pos), embedding(s, pos));
+  for (const Doc& d : kDocs) {
+    auto [cd, sd] = rope_tables(d.len, 8, 10000.0, Device::cpu());
+    Tensor alone = rotary_embedding(doc_slice(x, d).contiguous_raw(), cd, sd);
+    EXPECT_LT(max_abs_diff(doc_slice(y, d).contiguous_raw().to_vector(), alone.to_vector()), 1e-12)
+        << "row " << d.row << " tokens " << d.start << "+" << d.len;
+  }
+  Tensor xl = leaf(randn_noncontig({2, 3, 9, 8}));
+  Tensor cr = embedding(c, pos), sr = embedding(s, pos);
+  EXPECT_GRADCHECK([&](const std::vector<Tensor>& v) { return std::vector<Tensor>{rotary_embedding(v[0], cr, sr)}; },
+                   {xl});
+}
+
 }  // namespace
 }  // namespace ingot

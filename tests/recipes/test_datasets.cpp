@@ -183,7 +183,9 @@ std::vector<int64_t> values(const Tensor& t) {
   return std::vector<int64_t>(v.begin(), v.end());
 }
 
-TEST(DataLoader, PackingCutsOverlappingRowsWithNextTokenLabels) {
+// Issue 24: packed examples stay apart. Positions restart where an example starts and at a row's first token,
+// and an example's last token gets no target from the next example.
+TEST(DataLoader, PackingCutsOverlappingRowsWithNextTokenLabelsAndKeepsExamplesApart) {
   LoaderOptions o;
   o.seq_len = 4;
   o.global_batch_size = 2;
@@ -193,9 +195,10 @@ TEST(DataLoader, PackingCutsOverlappingRowsWithNextTokenLabels) {
   Batch b = dl.next();
   EXPECT_EQ(b.input_ids.shape(), (Shape{2, 4}));
   EXPECT_EQ(values(b.input_ids), (std::vector<int64_t>{0, 1, 2, 3, 4, 1000, 1001, 1002}));
-  EXPECT_EQ(values(b.labels), (std::vector<int64_t>{1, 2, 3, 4, 1000, 1001, 1002, 1003}));
+  EXPECT_EQ(values(b.labels), (std::vector<int64_t>{1, 2, 3, 4, kIgnoreIndex, 1001, 1002, 1003}));
+  EXPECT_EQ(values(b.positions), (std::vector<int64_t>{0, 1, 2, 3, 0, 0, 1, 2}));
   EXPECT_EQ(values(b.attention_mask), std::vector<int64_t>(8, 1));
-  EXPECT_EQ(b.num_loss_tokens, 8);
+  EXPECT_EQ(b.num_loss_tokens, 7);
   EXPECT_EQ(dl.position(), (DataPosition{1, 0}));
 }
 
@@ -213,6 +216,7 @@ TEST(DataLoader, PaddingMasksPaddingAndPromptTokens) {
   EXPECT_EQ(values(b.labels), (std::vector<int64_t>{1, 2, -100, -100, -100, 1002, -100, -100}));
   EXPECT_EQ(values(b.attention_mask), (std::vector<int64_t>{1, 1, 1, 0, 1, 1, 1, 0}));
   EXPECT_EQ(b.num_loss_tokens, 3);
+  EXPECT_FALSE(b.positions.defined());  // one example per row: positions 0..T-1
   // Longer examples are truncated to seq_len + 1 tokens.
   o.seq_len = 2;
   EXPECT_EQ(values(DataLoader(ex, o).next().labels), (std::vector<int64_t>{1, 2, -100, 1002}));

@@ -1,11 +1,14 @@
 // CPU reference kernels for the transformer pieces: rotary embedding and scaled dot-product attention.
 //
-// rope: x, out [B, H, T, D]; cos, sin [T, D/2] f32. Pair (i, i + D/2) of row t is rotated by angle theta_t,i:
+// rope: x, out [B, H, T, D]; cos, sin [T, D/2] f32, or [B, T, D/2] (each batch row its own positions). Pair
+// (i, i + D/2) of row t is rotated by angle theta_t,i:
 //   out_i = x_i cos - x_{i+D/2} sin,  out_{i+D/2} = x_{i+D/2} cos + x_i sin   (inverse: sin -> -sin)
 //
 // attention: q [B, Hq, T, D], k, v [B, Hkv, S, D], out [B, Hq, T, D], lse [B, Hq, T] f32. Query head h reads
 // kv head h / (Hq / Hkv) (grouped-query attention). With `causal`, query i sees key j iff j <= i + (S - T)
-// (queries are the last T of S positions); a query that sees no key gets out = 0 and lse = -inf.
+// (queries are the last T of S positions); a query that sees no key gets out = 0 and lse = -inf. With positions
+// (i64 [B, T], packed documents), query i of row b also masks the keys before its document's first token,
+// j < i + (S - T) - positions[b, i]: it sees the keys [i + (S - T) - positions[b, i], i + (S - T)].
 //   forward:  P = softmax(scale Q K^T) row-wise over visible keys, out = P V, lse = log sum exp(scale Q K^T)
 //   backward: P is recomputed from lse (no [T, S] matrix is kept between the passes, as in flash attention):
 //     D_i = rowsum(dO * O),  dP = dO V^T,  dS = P * (dP - D),  dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO
@@ -33,10 +36,20 @@ AttnDims attn_dims(const Tensor& q, const Tensor& k) {
   return {q.shape()[0], q.shape()[1], k.shape()[1], q.shape()[2], k.shape()[2], q.shape()[3]};
 }
 
-// Keys visible to query i: all of them, or the prefix j <= i + (S - T) when causal.
-inline int64_t visible_keys(int64_t i, const AttnDims& d, bool causal) {
-  if (!causal) return d.S;
-  return std::clamp<int64_t>(i + d.S - d.T + 1, 0, d.S);
+// Keys visible to query i: [first, end) with end = S, or end = i + (S - T) + 1 when causal; first = 0, or with
+// positions (the query's row of them) the first key of its document.
+struct KeyRange {
+  int64_t first, end;
+};
+inline KeyRange visible_keys(int64_t i, const AttnDims& d, bool causal, const int64_t* positions) {
+  const int64_t end = causal ? std::clamp<int64_t>(i + d.S - d.T + 1, 0, d.S) : d.S;
+  const int64_t first = positions ? std::clamp<int64_t>(i + d.S - d.T - positions[i], 0, end) : 0;
+  return {first, end};
+}
+
+// Row b of positions, or nullptr.
+inline const int64_t* positions_row(const Tensor& positions, int64_t b, const AttnDims& d) {
+  return positions.defined() ? positions.data<int64_t>() + b * d.T : nullptr;
 }
 
 // The simd reduction lets the compiler reassociate the sum (vector lanes), which plain -O3 may not do.
@@ -62,7 +75,7 @@ void store_block(const Tensor& t, int64_t block, int64_t n, const Acc* src) {
 
 template <typename Acc>
 void attention_fwd_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                        bool causal, Acc scale) {
+                        const Tensor& positions, bool causal, Acc scale) {
   const AttnDims d = attn_dims(q, k);
   const int64_t tasks = d.B * d.Hq;
   float* lse_p = lse.data<float>();
@@ -74,22 +87,23 @@ void attention_fwd_impl(const Tensor& out, const Tensor& lse, const Tensor& q, c
     load_block(q, bh, d.T * d.D, qb.data());
     load_block(k, kvh, d.S * d.D, kb.data());
     load_block(v, kvh, d.S * d.D, vb.data());
+    const int64_t* pos = positions_row(positions, b, d);
     for (int64_t i = 0; i < d.T; ++i) {
-      const int64_t n = visible_keys(i, d, causal);
-      if (n == 0) {
+      const auto [first, n] = visible_keys(i, d, causal, pos);
+      if (first == n) {
         lse_p[bh * d.T + i] = -std::numeric_limits<float>::infinity();
         continue;
       }
       const Acc* qi = &qb[static_cast<size_t>(i * d.D)];
       Acc m = -std::numeric_limits<Acc>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = first; j < n; ++j) {
         p[j] = scale * dot(qi, &kb[static_cast<size_t>(j * d.D)], d.D);
         m = std::max(m, p[j]);
       }
       Acc l = 0;
-      for (int64_t j = 0; j < n; ++j) l += (p[j] = std::exp(p[j] - m));
+      for (int64_t j = first; j < n; ++j) l += (p[j] = std::exp(p[j] - m));
       Acc* oi = &ob[static_cast<size_t>(i * d.D)];
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = first; j < n; ++j) {
         const Acc w = p[j] / l;
         const Acc* vj = &vb[static_cast<size_t>(j * d.D)];
         for (int64_t c = 0; c < d.D; ++c) oi[c] += w * vj[c];
@@ -102,8 +116,8 @@ void attention_fwd_impl(const Tensor& out, const Tensor& lse, const Tensor& q, c
 
 template <typename Acc>
 void attention_bwd_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, bool causal,
-                        Acc scale) {
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& positions, bool causal, Acc scale) {
   const AttnDims d = attn_dims(q, k);
   const int64_t tasks = d.B * d.Hkv;
   const float* lse_p = lse.data<float>();
@@ -115,6 +129,7 @@ void attention_bwd_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     std::vector<Acc> qb(td), ob(td), dob(td), dqb(td);
     load_block(k, bk, d.S * d.D, kb.data());
     load_block(v, bk, d.S * d.D, vb.data());
+    const int64_t* pos = positions_row(positions, b, d);
     for (int64_t h = h0; h < h0 + d.group(); ++h) {
       const int64_t bh = b * d.Hq + h;
       load_block(q, bh, d.T * d.D, qb.data());
@@ -122,14 +137,14 @@ void attention_bwd_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
       load_block(dout, bh, d.T * d.D, dob.data());
       std::fill(dqb.begin(), dqb.end(), Acc(0));
       for (int64_t i = 0; i < d.T; ++i) {
-        const int64_t n = visible_keys(i, d, causal);
-        if (n == 0) continue;
+        const auto [first, n] = visible_keys(i, d, causal, pos);
+        if (first == n) continue;
         const size_t row = static_cast<size_t>(i * d.D);
         const Acc *qi = &qb[row], *doi = &dob[row];
         Acc* dqi = &dqb[row];
         const Acc lse_i = static_cast<Acc>(lse_p[bh * d.T + i]);
         const Acc di = dot(doi, &ob[row], d.D);
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = first; j < n; ++j) {
           const size_t col = static_cast<size_t>(j * d.D);
           const Acc *kj = &kb[col], *vj = &vb[col];
           const Acc pij = std::exp(scale * dot(qi, kj, d.D) - lse_i);
@@ -152,7 +167,8 @@ void attention_bwd_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 template <typename Acc>
 void rope_impl(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
   const int64_t D = x.shape()[3], T = x.shape()[2], half = D / 2;
-  const int64_t rows = x.numel() / D;
+  const int64_t rows = x.numel() / D, rows_per_batch = x.shape()[1] * T;
+  const bool per_row = cos.dim() == 3;
   const float *cp = cos.data<float>(), *sp = sin.data<float>();
   const Acc sign = inverse ? Acc(-1) : Acc(1);
 #pragma omp parallel if (x.numel() >= kParallelGrain)
@@ -161,7 +177,8 @@ void rope_impl(const Tensor& out, const Tensor& x, const Tensor& cos, const Tens
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       load_block(x, r, D, in.data());
-      const float *c = cp + (r % T) * half, *s = sp + (r % T) * half;
+      const int64_t t = (per_row ? (r / rows_per_batch) * T : 0) + r % T;
+      const float *c = cp + t * half, *s = sp + t * half;
       for (int64_t i = 0; i < half; ++i) {
         const Acc x1 = in[i], x2 = in[i + half], ci = c[i], si = sign * s[i];
         res[i] = x1 * ci - x2 * si;
@@ -185,21 +202,32 @@ void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& s
   else rope_impl<float>(out, x, cos, sin, inverse);
 }
 
+// positions: undefined, or i64 [B, T] contiguous (the op layer converts).
+void check_positions(const char* op, const Tensor& positions, const Tensor& q, bool causal) {
+  if (!positions.defined()) return;
+  INGOT_INTERNAL_CHECK(causal && positions.dtype() == DType::i64 && positions.is_contiguous() &&
+                           positions.shape() == Shape({q.shape()[0], q.shape()[2]}),
+                       op, ": positions must be contiguous i64 [B, T] with causal attention");
+}
+
 void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                   bool causal, double scale) {
+                   const Tensor& positions, bool causal, double scale) {
   check_contiguous("attention_fwd", {&out, &lse, &q, &k, &v});
+  check_positions("attention_fwd", positions, q, causal);
   INGOT_INTERNAL_CHECK(lse.dtype() == DType::f32, "attention_fwd: lse must be f32");
-  if (q.dtype() == DType::f64) attention_fwd_impl<double>(out, lse, q, k, v, causal, scale);
-  else attention_fwd_impl<float>(out, lse, q, k, v, causal, static_cast<float>(scale));
+  if (q.dtype() == DType::f64) attention_fwd_impl<double>(out, lse, q, k, v, positions, causal, scale);
+  else attention_fwd_impl<float>(out, lse, q, k, v, positions, causal, static_cast<float>(scale));
 }
 
 void attention_bwd(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, bool causal,
-                   double scale) {
+                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& positions,
+                   bool causal, double scale) {
   check_contiguous("attention_bwd", {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse});
+  check_positions("attention_bwd", positions, q, causal);
   INGOT_INTERNAL_CHECK(lse.dtype() == DType::f32, "attention_bwd: lse must be f32");
-  if (q.dtype() == DType::f64) attention_bwd_impl<double>(dq, dk, dv, dout, q, k, v, out, lse, causal, scale);
-  else attention_bwd_impl<float>(dq, dk, dv, dout, q, k, v, out, lse, causal, static_cast<float>(scale));
+  if (q.dtype() == DType::f64)
+    attention_bwd_impl<double>(dq, dk, dv, dout, q, k, v, out, lse, positions, causal, scale);
+  else attention_bwd_impl<float>(dq, dk, dv, dout, q, k, v, out, lse, positions, causal, static_cast<float>(scale));
 }
 
 }  // namespace ingot::kernels::cpu

@@ -5,9 +5,12 @@
 // the kernels run on contiguous copies and the results are copied into the callers' layouts.
 //
 // Shapes: q, out, dq, dout [B, Hq, T, D]; k, v, dk, dv [B, Hkv, S, D] with Hq % Hkv == 0 (grouped
-// query attention: q head h reads kv head h / (Hq / Hkv)); lse [B, Hq, T] (f32, or f64); rope's cos, sin [T, D/2].
-// Causal attention masks key j for query i when j > i + (S - T). A query that sees no key (causal with T > S)
-// gets out = 0 and lse = -inf, and contributes nothing to the gradients.
+// query attention: q head h reads kv head h / (Hq / Hkv)); lse [B, Hq, T] (f32, or f64); rope's cos, sin [T, D/2]
+// or [B, T, D/2] (per-row positions). Causal attention masks key j for query i when j > i + (S - T). A query that
+// sees no key (causal with T > S) gets out = 0 and lse = -inf, and contributes nothing to the gradients.
+// Packed documents: with positions (i64 [B, T], each query's position within its document) query i of row b
+// also masks the keys before its document, j < i + (S - T) - positions[b, i]. Only the kernels below implement
+// it (cuDNN's ragged offsets are not wired in): auto takes them for such calls, INGOT_ATTENTION=cudnn refuses.
 //
 // Two implementations, chosen by INGOT_ATTENTION=cudnn|fallback|auto (default auto), for forward and backward:
 //  - cudnn: cuDNN's fused flash attention (attention_cudnn.cu) for bf16/f16, D <= 128 (a multiple of 8), causal
@@ -46,17 +49,28 @@ struct AttnDims {
   int D;
   bool causal;
   double scale;
+  const int64_t* positions;  // [B, T] or nullptr
 };
+
+// Whether query i of batch row b sees key j (both possibly past the end, which nothing sees).
+__device__ __forceinline__ bool sees(const AttnDims& p, int64_t b, int64_t i, int64_t j) {
+  if (i >= p.T || j >= p.S) return false;
+  if (!p.causal) return true;
+  const int64_t diag = i + p.S - p.T;
+  return j <= diag && (p.positions == nullptr || j >= diag - p.positions[b * p.T + i]);
+}
 
 // rope --------------------------------------------------------------------------------------------------------
 
 // One thread per rotated pair (i, i + D/2) of one row; reads both before writing, so out may alias x.
+// rows_per_batch = H * T when the tables are per batch row ([B, T, D/2]), 0 for one shared table.
 template <typename T>
 __global__ void rope_kernel(T* out, const T* x, const void* cos, const void* sin, DType cs_dt, int64_t T_len,
-                            int64_t half, int64_t pairs, bool inverse) {
+                            int64_t half, int64_t pairs, int64_t rows_per_batch, bool inverse) {
   using A = acc_t<T>;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < pairs; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = e % half, row = e / half, t = row % T_len;
+    const int64_t i = e % half, row = e / half;
+    const int64_t t = (rows_per_batch > 0 ? row / rows_per_batch * T_len : 0) + row % T_len;
     const A c = load_dyn<A>(cos, cs_dt, t * half + i);
     const A s = inverse ? -load_dyn<A>(sin, cs_dt, t * half + i) : load_dyn<A>(sin, cs_dt, t * half + i);
     const int64_t base = row * 2 * half + i;
@@ -124,7 +138,7 @@ __global__ void attn_fwd_kernel(T* out, void* lse, DType lse_dt, const T* q, con
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int64_t i = i0 + warp * kRows + r;
-      const bool valid = j < p.S && (!p.causal || j <= i + offset);
+      const bool valid = sees(p, b, i, j);
       const A sc = valid ? s[r] * scale : neg_inf<A>();
       const A m_new = fmax(m[r], warp_max(sc));
       A alpha = 1;
@@ -253,7 +267,7 @@ __global__ void attn_bwd_dq_kernel(T* dq, const T* q, const T* k, const T* v, co
     for (int r = 0; r < kRows; ++r) {
       const int64_t i = i0 + warp * kRows + r;
       A pij;
-      probs(qk[r], dov[r], lse_r[r], delta_r[r], j < p.S && (!p.causal || j <= i + offset), scale, pij, ds[r]);
+      probs(qk[r], dov[r], lse_r[r], delta_r[r], sees(p, b, i, j), scale, pij, ds[r]);
     }
     for (int c = 0; c < kTile; ++c) {
       A kk[kDL];
@@ -351,8 +365,7 @@ __global__ void attn_bwd_dkdv_kernel(T* dk, T* dv, const T* q, const T* k, const
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int64_t j = j0 + warp * kRows + r;
-        probs(qk[r], dov[r], lse_s[lane], delta_s[lane], i < p.T && j < p.S && (!p.causal || j <= i + offset),
-              scale, pr[r], ds[r]);
+        probs(qk[r], dov[r], lse_s[lane], delta_s[lane], sees(p, b, i, j), scale, pr[r], ds[r]);
       }
       for (int c = 0; c < kTile; ++c) {
         A qq[kDL], oo[kDL];
@@ -420,7 +433,7 @@ std::pair<int, size_t> fit_warps(Kernel kernel, Bytes bytes, const char* op) {
 }
 
 AttnDims check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                         bool causal, double scale) {
+                         const Tensor& positions, bool causal, double scale) {
   for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}})
     INGOT_CHECK(t->device().is_cuda(), op, ": expected ", name, " on a CUDA device, got ", t->device().str());
   check_cuda_contig(lse, op, "lse");
@@ -437,7 +450,14 @@ AttnDims check_attention(const char* op, const Tensor& q, const Tensor& k, const
                   (lse.dtype() == DType::f32 || lse.dtype() == DType::f64),
               op, ": expected lse f32 [B, Hq, T] for q ", shape_str(q.shape()), ", got ", shape_str(lse.shape()), " ",
               dtype_name(lse.dtype()));
-  return AttnDims{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), static_cast<int>(q.size(3)), causal, scale};
+  if (positions.defined()) {
+    check_cuda_contig(positions, op, "positions");
+    INGOT_CHECK(causal && positions.dtype() == DType::i64 && positions.shape() == Shape({q.size(0), q.size(2)}), op,
+                ": expected causal attention and positions i64 [", q.size(0), ", ", q.size(2), "], got ",
+                dtype_name(positions.dtype()), shape_str(positions.shape()));
+  }
+  return AttnDims{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), static_cast<int>(q.size(3)), causal, scale,
+                  positions.defined() ? positions.data<int64_t>() : nullptr};
 }
 
 void check_like(const char* op, const Tensor& a, const Tensor& like, const char* name) {
@@ -462,10 +482,12 @@ AttnImpl attention_impl() {
 // unsupported case is an error); under auto it runs when the case is supported, and a graph cuDNN rejects
 // falls back.
 template <typename Run>
-bool try_cudnn(const char* op, const Tensor& q, const Tensor& k, const Tensor& lse, bool causal, Run run) {
+bool try_cudnn(const char* op, const Tensor& q, const Tensor& k, const Tensor& lse, const Tensor& positions,
+               bool causal, Run run) {
   const AttnImpl impl = attention_impl();
   if (impl == AttnImpl::Fallback) return false;
-  const std::string why = cudnn_attention::unsupported_reason(q, k, lse, causal);
+  const std::string why = positions.defined() ? "packed documents (positions) run on the fallback kernels"
+                                              : cudnn_attention::unsupported_reason(q, k, lse, causal);
   if (!why.empty()) {
     INGOT_CHECK(impl != AttnImpl::Cudnn, op, ": INGOT_ATTENTION=cudnn but cuDNN cannot run this case: ", why);
     return false;
@@ -549,25 +571,27 @@ void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& s
               ": expected x and out [B, H, T, D] with even D and one dtype, got ", shape_str(x.shape()), " and ",
               shape_str(out.shape()));
   const int64_t T_len = x.size(2), half = x.size(3) / 2;
-  INGOT_CHECK(cos.numel() == T_len * half && sin.numel() == T_len * half && is_floating(cos.dtype()) &&
-                  cos.dtype() == sin.dtype(),
-              op, ": expected cos, sin [", T_len, ", ", half, "] of one float dtype, got ", shape_str(cos.shape()),
-              " and ", shape_str(sin.shape()));
+  const bool per_row = cos.dim() == 3;
+  const int64_t table = (per_row ? x.size(0) : 1) * T_len * half;
+  INGOT_CHECK(cos.numel() == table && sin.numel() == table && is_floating(cos.dtype()) && cos.dtype() == sin.dtype(),
+              op, ": expected cos, sin [", T_len, ", ", half, "] (or [", x.size(0), ", ", T_len, ", ", half,
+              "] per row) of one float dtype, got ", shape_str(cos.shape()), " and ", shape_str(sin.shape()));
   const int64_t pairs = x.numel() / 2;
   if (pairs == 0) return;
   LaunchContext L(x);
   dispatch_float(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     rope_kernel<T><<<grid_for(pairs, 256, L.device), 256, 0, L.stream>>>(out.data<T>(), x.data<T>(), cos.data_ptr(), sin.data_ptr(),
-                                               cos.dtype(), T_len, half, pairs, inverse);
+                                               cos.dtype(), T_len, half, pairs,
+                                               per_row ? x.size(1) * T_len : 0, inverse);
     CUDA_CHECK_LAUNCH();
   });
 }
 
 void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                   bool causal, double scale) {
+                   const Tensor& positions, bool causal, double scale) {
   const char* op = "attention_fwd";
-  AttnDims p = check_attention(op, q, k, v, lse, causal, scale);
+  AttnDims p = check_attention(op, q, k, v, lse, positions, causal, scale);
   check_like(op, out, q, "out");
   INGOT_CHECK(p.D <= kMaxHeadDim, op, ": head dim ", p.D, " > ", kMaxHeadDim, " is not supported");
   if (out.numel() == 0) return;
@@ -580,23 +604,24 @@ void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& q, const 
     return;
   }
   const bool in_place = cudnn_attention::layout_reason({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}).empty();
-  if (in_place && try_cudnn(op, q, k, lse, causal,
+  if (in_place && try_cudnn(op, q, k, lse, positions, causal,
                             [&] { cudnn_attention::forward(out, lse, q, k, v, causal, scale, L.stream); }))
     return;
   // Note [Attention layouts]: the fallback kernels (and cuDNN, for layouts it cannot take) run on contiguous
   // copies; the result is copied into out's layout.
   const Tensor qc = q.contiguous_raw(), kc = k.contiguous_raw(), vc = v.contiguous_raw();
   const Tensor oc = out.is_contiguous() ? out : empty(out.shape(), out.dtype(), out.device());
-  if (!try_cudnn(op, qc, kc, lse, causal,
+  if (!try_cudnn(op, qc, kc, lse, positions, causal,
                  [&] { cudnn_attention::forward(oc, lse, qc, kc, vc, causal, scale, L.stream); }))
     fallback_fwd(oc, lse, qc, kc, vc, p, L.stream);
   if (!out.is_contiguous()) Tensor(out).copy_(oc);
 }
 
 void attention_bwd(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, bool causal, double scale) {
+                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& positions,
+                   bool causal, double scale) {
   const char* op = "attention_bwd";
-  AttnDims p = check_attention(op, q, k, v, lse, causal, scale);
+  AttnDims p = check_attention(op, q, k, v, lse, positions, causal, scale);
   check_like(op, dq, q, "dq");
   check_like(op, dout, q, "dout");
   check_like(op, out, q, "out");
@@ -612,7 +637,7 @@ void attention_bwd(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
   const bool in_place = cudnn_attention::layout_reason({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out},
                                                         {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
                             .empty();
-  if (in_place && try_cudnn(op, q, k, lse, causal, [&] {
+  if (in_place && try_cudnn(op, q, k, lse, positions, causal, [&] {
         cudnn_attention::backward(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, L.stream);
       }))
     return;
@@ -620,7 +645,7 @@ void attention_bwd(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
   const Tensor oc = out.contiguous_raw(), doc = dout.contiguous_raw();
   auto dense = [](const Tensor& t) { return t.is_contiguous() ? t : empty(t.shape(), t.dtype(), t.device()); };
   const Tensor dqc = dense(dq), dkc = dense(dk), dvc = dense(dv);
-  if (!try_cudnn(op, qc, kc, lse, causal, [&] {
+  if (!try_cudnn(op, qc, kc, lse, positions, causal, [&] {
         cudnn_attention::backward(dqc, dkc, dvc, doc, qc, kc, vc, oc, lse, causal, scale, L.stream);
       }))
     fallback_bwd(dqc, dkc, dvc, doc, qc, kc, vc, oc, lse, p, L.stream);
