@@ -236,12 +236,16 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   const bool gpt2 = hf.config.arch == models::HFConfig::Arch::GPT2;
   const int64_t n_layer = gpt2 ? hf.config.gpt2.n_layer : hf.config.llama.num_hidden_layers;
   const int64_t d_model = gpt2 ? hf.config.gpt2.n_embd : hf.config.llama.hidden_size;
-  task.flops_per_token = transformer_flops_per_token(model.num_parameters() - hf.config.vocab_size() * d_model,
-                                                     n_layer, s.data.seq_len, d_model);
-  task.halt_after_steps = s.halt_after_steps;
-
   int64_t trained = 0;
   for (const Tensor& p : task.params) trained += p.numel();
+  // MFU counts the products that run: a frozen base weight has no weight-gradient product (LoRA), the adapters
+  // and every weight of a full fine-tune have all three. Embedding tables are lookups, not products.
+  const int64_t embeddings = (hf.config.vocab_size() + (gpt2 ? hf.config.gpt2.n_positions : 0)) * d_model;
+  const int64_t products = model.num_parameters() - embeddings;
+  task.flops_per_token =
+      s.lora ? transformer_flops_per_token(trained, products - trained, n_layer, s.data.seq_len, d_model)
+             : transformer_flops_per_token(products, 0, n_layer, s.data.seq_len, d_model);
+  task.halt_after_steps = s.halt_after_steps;
   std::ostringstream h;
   h << run.recipe << " | " << hf.config.model_type << " " << n_layer << " layers, "
     << format_count(static_cast<double>(model.num_parameters())) << " parameters, "

@@ -92,9 +92,9 @@ std::vector<MetricPoint> read_metrics(const std::string& path, int64_t* bad_line
   return out;
 }
 
-double transformer_flops_per_token(int64_t n_params_non_embedding, int64_t n_layer, int64_t seq_len,
+double transformer_flops_per_token(int64_t trained_params, int64_t frozen_params, int64_t n_layer, int64_t seq_len,
                                    int64_t d_model) {
-  return 6.0 * static_cast<double>(n_params_non_embedding) +
+  return 6.0 * static_cast<double>(trained_params) + 4.0 * static_cast<double>(frozen_params) +
          12.0 * static_cast<double>(n_layer) * static_cast<double>(seq_len) * static_cast<double>(d_model);
 }
 

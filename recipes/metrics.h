@@ -49,9 +49,12 @@ class MetricsLog {
 // counted in *bad_lines when given). Throws when the file cannot be read.
 std::vector<MetricPoint> read_metrics(const std::string& path, int64_t* bad_lines = nullptr);
 
-// Training FLOPs per token of a decoder-only transformer (PaLM appendix B): 6 N for the matmuls of
-// forward and backward plus 12 L T d for attention scores, where N excludes the embedding tables.
-double transformer_flops_per_token(int64_t n_params_non_embedding, int64_t n_layer, int64_t seq_len, int64_t d_model);
+// Training FLOPs per token that a decoder-only transformer runs (PaLM appendix B, frozen weights apart): 6 per
+// trained weight (forward, input gradient and weight gradient products), 4 per frozen weight (no weight gradient:
+// the base of a LoRA fine-tune runs ~4N, its adapters 6 each), plus 12 L T d for the attention scores. Neither
+// count includes the embedding tables.
+double transformer_flops_per_token(int64_t trained_params, int64_t frozen_params, int64_t n_layer, int64_t seq_len,
+                                   int64_t d_model);
 // The device's dense peak in FLOP/s used for MFU: `configured_tflops` when > 0, otherwise the H100/H200
 // figure for CUDA (989 TFLOP/s bf16, 495 TFLOP/s tf32 for f32) and 0 (MFU not reported) for CPUs.
 double peak_flops(bool cuda, bool bf16, double configured_tflops);

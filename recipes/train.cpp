@@ -133,7 +133,7 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   task.tokens_per_step = static_cast<double>(o.batch_size * s.block_size * o.grad_accum);
   const int64_t n_embedding = mc.vocab_size * s.n_embd + s.block_size * s.n_embd;
   task.flops_per_token =
-      transformer_flops_per_token(model->num_parameters() - n_embedding, s.n_layer, s.block_size, s.n_embd);
+      transformer_flops_per_token(model->num_parameters() - n_embedding, 0, s.n_layer, s.block_size, s.n_embd);
   task.halt_after_steps = s.halt_after_steps;
 
   std::ostringstream header;

@@ -135,6 +135,22 @@ TEST_F(Finetune, LoraFinetuneLowersTheLossTrainsOnlyAdaptersAndSavesOnlyAdapters
   EXPECT_TRUE(fs::is_regular_file(dir_.file("lora/hf/model.safetensors")));  // merge_on_export
 }
 
+// Issue 24: MFU counts the products that run. The frozen base (every non-embedding weight of the fixture) has
+// no weight-gradient product, 4 FLOPs per weight and token; the adapters have all three, 6; attention 12 L T d.
+// The old count (6 per weight, frozen or not) is 1.5x this on the base.
+TEST_F(Finetune, LoraMfuCountsFourFlopsPerFrozenWeightAndSixPerAdapterWeight) {
+  TrainSummary r = run(config("lora_finetune", "llama_tiny", "mfu",
+                              {"max_steps=2", "logging.peak_tflops=1", "lora.target_modules=[q_proj, v_proj]"}));
+  ASSERT_TRUE(r.mfu && r.tokens_per_s) << log_.str();
+  models::HFModel base = models::load_hf_model(std::string(kFixtures) + "llama_tiny");
+  const models::LlamaConfig& c = base.config.llama;
+  const double frozen = static_cast<double>(base.model->num_parameters() - c.vocab_size * c.hidden_size);
+  const double adapters = static_cast<double>(r.trainable_parameters);
+  EXPECT_EQ(r.trainable_parameters + base.model->num_parameters(), r.num_parameters);
+  const double want = 6 * adapters + 4 * frozen + 12.0 * c.num_hidden_layers * 48 * c.hidden_size;
+  EXPECT_NEAR(*r.mfu * 1e12 / *r.tokens_per_s, want, 1e-9 * want);
+}
+
 TEST_F(Finetune, FullExportReloadsWithTheTrainedModelsLogitsBitwise) {
   // 0.2 MB shards: the ~0.55 MB model is exported as model-0000k-of-0000n.safetensors plus the index.
   run(config("full_finetune", "gpt2_tiny", "gpt2", {"max_steps=6", "checkpoint.save_every=6", "export.max_shard_mb=0.2"}));

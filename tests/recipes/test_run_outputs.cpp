@@ -65,7 +65,9 @@ TEST(Metrics, AFailedRunsRecordsAfterItsLastCheckpointMoveAside) {
 }
 
 TEST(Metrics, FlopsPerTokenAndPeakFollowTheStatedFormulas) {
-  EXPECT_DOUBLE_EQ(transformer_flops_per_token(1000, 2, 64, 32), 6000.0 + 12.0 * 2 * 64 * 32);
+  EXPECT_DOUBLE_EQ(transformer_flops_per_token(1000, 0, 2, 64, 32), 6000.0 + 12.0 * 2 * 64 * 32);
+  // Frozen weights run the forward and input-gradient products only (issue 24: a LoRA base is ~4N, not 6N).
+  EXPECT_DOUBLE_EQ(transformer_flops_per_token(10, 1000, 2, 64, 32), 60.0 + 4000.0 + 12.0 * 2 * 64 * 32);
   EXPECT_EQ(peak_flops(false, false, 0), 0.0);
   EXPECT_EQ(peak_flops(true, true, 0), 989.4e12);
   EXPECT_EQ(peak_flops(false, false, 2.5), 2.5e12);
