@@ -130,18 +130,10 @@ int main(int argc, char** argv) try {
     compiled = compile(step_fn, o);
   }
   if (dev.is_cuda()) allocator_for(dev).reset_peak();
-  const bool timeline = a.timeline && dist && dev.is_cuda();
   std::vector<distributed::ProcessGroup::StepTimeline> marks;
-  const bench::StepTimes t = bench::time_steps(
+  const bench::StepTimes t = bench::time_steps_with_timeline(
       dev, a.warmup, a.steps, [&] { return (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0]; },
-      [&] {
-        if (timeline) dist->group->timeline_begin_step(cuda::current_stream(dev.index));
-      },
-      [&](int64_t s) {
-        if (!timeline) return;
-        auto m = dist->group->timeline_end_step(cuda::current_stream(dev.index));
-        if (m && s >= a.warmup) marks.push_back(*m);
-      });
+      a.timeline && dist ? dist->group.get() : nullptr, &marks);
   const double med = t.median_ms();
   const double tokens = static_cast<double>(a.batch * a.seq);
   const models::LlamaConfig& c = hf.llama;

@@ -113,6 +113,20 @@ inline void print_step_timing(const StepTimes& t) {
               median(t.host_ms), t.median_ms(), t.pipelined_ms, median(t.queued_ms));
 }
 
+// time_steps with rank 0's communication timeline of every timed step in `marks` (Note [Step timeline] in
+// distributed/nccl_process_group.cpp) when `group` is given and the device is a GPU; plain time_steps otherwise.
+inline StepTimes time_steps_with_timeline(Device dev, int64_t warmup, int64_t steps, const std::function<Tensor()>& step,
+                                          distributed::ProcessGroup* group,
+                                          std::vector<distributed::ProcessGroup::StepTimeline>* marks) {
+  if (!group || !dev.is_cuda()) return time_steps(dev, warmup, steps, step);
+  return time_steps(
+      dev, warmup, steps, step, [&] { group->timeline_begin_step(cuda::current_stream(dev.index)); },
+      [&](int64_t s) {
+        auto m = group->timeline_end_step(cuda::current_stream(dev.index));
+        if (m && s >= warmup) marks->push_back(*m);
+      });
+}
+
 // The 'timeline:' line of a data-parallel step (rank 0, medians over the timed steps; Note [Step timeline] in
 // distributed/nccl_process_group.cpp). Nothing when there are no marks (one process, or a CPU group).
 inline void print_timeline(const std::vector<distributed::ProcessGroup::StepTimeline>& marks) {
