@@ -161,7 +161,7 @@ int main(int argc, char** argv) try {
   if (dist) {
     distributed::DdpOptions o;
     o.bucket_cap_mb = a.bucket_cap_mb;
-    o.zero1 = a.zero1;
+    o.zero_stage = a.zero1 ? 1 : 0;
     if (a.reduce_dtype == "bf16") o.reduce_dtype = DType::bf16;
     ddp = std::make_unique<distributed::DistributedDataParallel>(model, dist->group, o);
   }

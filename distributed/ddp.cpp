@@ -1,5 +1,5 @@
 // DistributedDataParallel: bucket layout, the gradient hooks that issue bucket reductions during backward,
-// and ZeRO-1 shards. See ddp.h for the protocol.
+// and ZeRO-1/2 shards. See ddp.h for the protocol.
 #include "distributed/ddp.h"
 
 #include <algorithm>
@@ -26,8 +26,8 @@ struct Bucket {
   int64_t numel = 0;
   DType dtype = DType::f32;
   Device device;
-  Tensor shard, shard_grad;      // ZeRO-1: this rank's chunk of the parameters and of the averaged gradient
-  Tensor gathered;               // ZeRO-1, eager: all-gather output, same layout as `flat` (made at first use)
+  Tensor shard, shard_grad;      // ZeRO-1/2: this rank's chunk of the parameters and of the averaged gradient
+  Tensor gathered;               // ZeRO-1/2, eager: all-gather output, same layout as `flat` (made at first use)
   int pending = 0;               // gradients still missing this round
   std::shared_ptr<Work> work;
 };
@@ -47,7 +47,8 @@ struct DistributedDataParallel::State {
   std::vector<Bucket> buckets;
   size_t next_launch = 0;
   int no_sync_depth = 0;
-  bool zero1 = false;
+  bool zero1 = false;  // sharded optimizer (stage 1 or 2)
+  bool zero2 = false;
   ProcessGroup* group = nullptr;
 
   void launch_ready() {
@@ -56,6 +57,16 @@ struct DistributedDataParallel::State {
       Bucket& b = buckets[next_launch++];
       b.work = reduce_bucket_async(*group, b.flat, zero1 ? &b.shard_grad : nullptr);
     }
+    if (zero2) release_reduced();
+  }
+
+  // Note [ZeRO-2 frees gradients per bucket]: a bucket's whole buffer is needed only until its reduce-scatter
+  // finished (this rank's chunk then sits in shard_grad), so it is dropped then: checked each time another
+  // bucket is issued during backward, and for the rest in synchronize(). The parameters' .grad were dropped
+  // when copied in (mark_ready), so at most the buckets still in flight hold whole gradients.
+  void release_reduced() {
+    for (size_t k = 0; k < next_launch; ++k)
+      if (buckets[k].flat.defined() && buckets[k].work && buckets[k].work->is_completed()) buckets[k].flat = Tensor();
   }
 
   void mark_ready(size_t i, const Tensor* grad) {
@@ -70,6 +81,7 @@ struct DistributedDataParallel::State {
       dst.copy_(*grad);
     else
       dst.zero_();
+    if (zero2) params[i].zero_grad();
     ready[i] = true;
     if (--b.pending == 0) launch_ready();
   }
@@ -116,10 +128,14 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
               options_.bucket_cap_mb);
   INGOT_CHECK(options_.root >= 0 && options_.root < group_->size(), "DistributedDataParallel: root must be in [0, ",
               group_->size(), "), got ", options_.root);
+  INGOT_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2,
+              "DistributedDataParallel: zero_stage must be 0, 1 or 2 (stage 3 is FullyShardedDataParallel), got ",
+              options_.zero_stage);
   INGOT_CHECK(!options_.reduce_dtype || is_floating(*options_.reduce_dtype),
               "DistributedDataParallel: reduce_dtype must be a floating dtype, got ", dtype_name(*options_.reduce_dtype));
   auto st = std::make_shared<State>();
-  st->zero1 = options_.zero1;
+  st->zero1 = options_.zero_stage >= 1;
+  st->zero2 = options_.zero_stage == 2;
   st->group = group_.get();
   std::set<const TensorImpl*> seen;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -148,7 +164,7 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
   for (const Tensor& p : st->params) infos.push_back({p.numel(), p.dtype()});
   st->bucket_of.resize(params.size());
   st->slot_of.resize(params.size());
-  for (const BucketPlan& plan : plan_buckets(infos, options_.bucket_cap_mb * 1024 * 1024, options_.zero1 ? world : 1)) {
+  for (const BucketPlan& plan : plan_buckets(infos, options_.bucket_cap_mb * 1024 * 1024, st->zero1 ? world : 1)) {
     Bucket& b = st->buckets.emplace_back();
     b.params = plan.params;
     b.offsets = plan.offsets;
@@ -161,7 +177,7 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
     b.numel = plan.padded_numel;
     b.dtype = reduce;
     b.device = p0.device();
-    if (options_.zero1) {
+    if (st->zero1) {
       int64_t chunk = plan.padded_numel / world;
       b.gathered = zeros({plan.padded_numel}, p0.dtype(), p0.device());
       for (size_t s = 0; s < b.params.size(); ++s) {
@@ -287,6 +303,7 @@ void DistributedDataParallel::synchronize() {
   for (Bucket& b : s.buckets) {
     if (s.zero1) {
       b.shard.set_grad(b.shard_grad.dtype() == b.shard.dtype() ? b.shard_grad : b.shard_grad.to(b.shard.dtype()));
+      if (s.zero2) b.flat = Tensor();
       continue;
     }
     for (size_t k = 0; k < b.params.size(); ++k) {
@@ -322,11 +339,13 @@ void DistributedDataParallel::after_step() {
     works.push_back(group_->all_gather(b.gathered, b.shard));
   }
   for (auto& w : works) w->wait();
-  for (Bucket& b : s.buckets)
+  for (Bucket& b : s.buckets) {
     for (size_t k = 0; k < b.params.size(); ++k) {
       Tensor& p = s.params[b.params[k]];
       p.copy_(slice(b.gathered, b.offsets[k], p.shape()));
     }
+    if (s.zero2) b.gathered = Tensor();  // a second whole copy of the weights between steps is not stage 2
+  }
 }
 
 void DistributedDataParallel::step(optim::Optimizer& opt) {

@@ -17,9 +17,15 @@
 //
 // The layout and the per-bucket reduction live in buckets.h, shared with the compiled step.
 //
-// ZeRO-1 (options.zero1): each bucket is padded to a multiple of the world size and reduce-scattered instead;
-// rank r owns chunk r of every bucket: a flat f32-or-param-dtype "shard" tensor that the optimizer updates
-// (so optimizer state is 1/world of the model), after which the shards are all-gathered into the parameters.
+// ZeRO-1 (options.zero_stage 1): each bucket is padded to a multiple of the world size and reduce-scattered
+// instead; rank r owns chunk r of every bucket: a flat f32-or-param-dtype "shard" tensor that the optimizer
+// updates (so optimizer state is 1/world of the model), after which the shards are all-gathered into the
+// parameters. The parameters' .grad and the bucket buffers stay whole from step to step.
+// ZeRO-2 (zero_stage 2): the same shards, and no whole gradient outlives its bucket: each parameter's .grad is
+// dropped as soon as it is copied into its bucket, and a bucket's buffer as soon as its reduce-scatter is done,
+// so between steps a rank holds 1/world of the gradients (Note [ZeRO-2 frees gradients per bucket]). Under
+// no_sync the .grad tensors accumulate whole, as in every stage. Stage 3 (weights sharded too) is
+// FullyShardedDataParallel (fsdp.h).
 #pragma once
 
 #include <memory>
@@ -41,7 +47,7 @@ struct DdpOptions {
   double bucket_cap_mb = 25.0;
   bool broadcast_parameters = true;  // copy rank `root`'s parameters to every rank at construction
   int root = 0;
-  bool zero1 = false;
+  int zero_stage = 0;  // 0 (plain), 1 or 2; see above
   // The dtype gradients are averaged in (nullopt: the gradients' own). bf16 halves the bytes on the wire, as
   // PyTorch's bf16_compress_hook: each gradient is rounded to bf16 before the reduction and the average is
   // widened back to the parameter's dtype before the optimizer reads it.
@@ -73,15 +79,15 @@ class DistributedDataParallel {
 
   // Waits for the buckets of the last backward (issuing those that never filled: parameters without a
   // gradient on this rank count as zeros) and publishes the result: plain mode writes the averaged gradient
-  // into every parameter's .grad; ZeRO-1 sets each shard's .grad to this rank's averaged chunk.
+  // into every parameter's .grad; ZeRO-1/2 set each shard's .grad to this rank's averaged chunk.
   void synchronize();
-  // What the optimizer must update: the parameters (plain) or this rank's shards (ZeRO-1).
+  // What the optimizer must update: the parameters (plain) or this rank's shards (ZeRO-1/2).
   std::vector<Tensor> optimizer_params() const;
-  // ZeRO-1: all-gathers the updated shards into the parameters. Plain: nothing to do.
+  // ZeRO-1/2: all-gathers the updated shards into the parameters. Plain: nothing to do.
   void after_step();
   // synchronize(); opt.step(); after_step().
   void step(optim::Optimizer& opt);
-  // Drops the gradients of the parameters (and of the shards in ZeRO-1).
+  // Drops the gradients of the parameters (and of the shards in ZeRO-1/2).
   void zero_grad();
 
   // Parameter indices (registration order) of each bucket, in issue order; for tests and logs.

@@ -186,8 +186,10 @@ Tensor DecoderBlock::norm(int which, const Tensor& x) {
 }
 
 Tensor DecoderBlock::forward(const Tensor& x, KVCache* cache, size_t layer, const Tensor& positions) {
-  Tensor h = add(x, attn_->forward(norm(1, x), cache, layer, positions));
-  return add(h, mlp_->forward(norm(2, h)));
+  return with_forward_hooks([&] {
+    Tensor h = add(x, attn_->forward(norm(1, x), cache, layer, positions));
+    return add(h, mlp_->forward(norm(2, h)));
+  });
 }
 
 }  // namespace ingot::models

@@ -59,9 +59,11 @@ Tensor GPT2::head(const Tensor& h) {
 }
 
 Tensor GPT2::forward(const Tensor& ids, const Tensor& positions) {
-  return head(transformer_->forward(ids, nullptr, positions));
+  return with_forward_hooks([&] { return head(transformer_->forward(ids, nullptr, positions)); });
 }
 
-Tensor GPT2::forward_cached(const Tensor& ids, KVCache& cache) { return head(transformer_->forward(ids, &cache)); }
+Tensor GPT2::forward_cached(const Tensor& ids, KVCache& cache) {
+  return with_forward_hooks([&] { return head(transformer_->forward(ids, &cache)); });
+}
 
 }  // namespace ingot::models

@@ -60,9 +60,11 @@ Tensor Llama::head(const Tensor& h) {
 }
 
 Tensor Llama::forward(const Tensor& ids, const Tensor& positions) {
-  return head(model_->forward(ids, nullptr, positions));
+  return with_forward_hooks([&] { return head(model_->forward(ids, nullptr, positions)); });
 }
 
-Tensor Llama::forward_cached(const Tensor& ids, KVCache& cache) { return head(model_->forward(ids, &cache)); }
+Tensor Llama::forward_cached(const Tensor& ids, KVCache& cache) {
+  return with_forward_hooks([&] { return head(model_->forward(ids, &cache)); });
+}
 
 }  // namespace ingot::models

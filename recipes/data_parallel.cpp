@@ -6,11 +6,13 @@
 #include <optional>
 #include <ostream>
 
+#include "autograd/nn/module.h"
 #include "autograd/ops.h"
 #include "distributed/bootstrap.h"
 #include "distributed/buckets.h"
 #include "distributed/collective_ops.h"
 #include "distributed/ddp.h"
+#include "distributed/fsdp.h"
 #include "runtime/cuda_runtime.h"
 
 namespace ingot::recipes {
@@ -34,8 +36,9 @@ struct DataParallel::Impl {
   dist::DistributedContext ctx;
   std::string backend;
   std::vector<Tensor> params;
-  std::vector<dist::BucketPlan> plans;  // the layout DDP uses (checked against it in wrap)
+  std::vector<dist::BucketPlan> plans;  // the shards' layout: DDP's buckets (checked against it) or FSDP's units
   std::unique_ptr<dist::DistributedDataParallel> ddp;
+  std::unique_ptr<dist::FullyShardedDataParallel> fsdp;  // ZeRO-3 instead of ddp
 
   int64_t chunk(const dist::BucketPlan& p) const { return p.padded_numel / ctx.group->size(); }
   double reduce(double v, dist::ReduceOp op) {
@@ -70,14 +73,23 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
               w.rank, " of ", w.world_size, " but the environment said rank ", run.rank, " of ", run.world_size);
   if (w.world_size == 1) return nullptr;
   if (w.rank == 0) {
-    log << "distributed | " << w.world_size << " ranks (" << w.source << ", " << backend << ") | DDP"
-        << (run.distributed.zero_stage == 1 ? " + ZeRO-1 (optimizer state sharded)" : "") << ", buckets of "
-        << run.distributed.bucket_cap_mb << " MiB"
-        << (run.distributed.reduce_dtype != "f32" ? ", averaged in " + run.distributed.reduce_dtype : "")
-        << (run.distributed.overlap ? ", reduced during backward" : ", reduced after backward") << "\n";
+    static const char* const kStages[] = {"DDP", "DDP + ZeRO-1 (optimizer state sharded)",
+                                          "DDP + ZeRO-2 (gradients and optimizer state sharded)",
+                                          "FSDP / ZeRO-3 (weights, gradients and optimizer state sharded)"};
+    const bool fsdp = run.distributed.zero_stage == 3;
+    log << "distributed | " << w.world_size << " ranks (" << w.source << ", " << backend << ") | "
+        << kStages[run.distributed.zero_stage];
+    if (fsdp)
+      log << ", one unit per transformer block"
+          << (run.distributed.reshard_after_forward ? ", gathered for forward and again for backward"
+                                                    : ", gathered from forward to backward");
+    else
+      log << ", buckets of " << run.distributed.bucket_cap_mb << " MiB";
+    log << (run.distributed.reduce_dtype != "f32" ? ", averaged in " + run.distributed.reduce_dtype : "")
+        << (run.distributed.overlap || fsdp ? ", reduced during backward" : ", reduced after backward") << "\n";
     if (run.compile.enabled)
       log << "distributed | compile.enabled: the bucket "
-          << (run.distributed.zero_stage == 1 ? "reduce-scatters and all-gathers" : "all-reduces")
+          << (run.distributed.zero_stage >= 1 ? "reduce-scatters and all-gathers" : "all-reduces")
           << " are nodes of the compiled step\n";
     // bench/RESULTS.md (2026-11-26): a stream-ordering race on NCCL in the modes without CUDA graphs, open.
     if (run.compile.enabled && backend == "nccl" &&
@@ -92,30 +104,54 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
 
 int DataParallel::rank() const { return impl_->ctx.group->rank(); }
 int DataParallel::world_size() const { return impl_->ctx.group->size(); }
-bool DataParallel::zero1() const { return impl_->run.distributed.zero_stage == 1; }
+int DataParallel::zero_stage() const { return static_cast<int>(impl_->run.distributed.zero_stage); }
 const std::string& DataParallel::backend() const { return impl_->backend; }
 
-void DataParallel::wrap(const std::vector<Tensor>& params) {
+void DataParallel::wrap(nn::Module& model, const std::vector<Tensor>& params) {
   Impl& m = *impl_;
-  INGOT_INTERNAL_CHECK(!m.ddp, "DataParallel::wrap called twice");
+  INGOT_INTERNAL_CHECK(!m.ddp && !m.fsdp, "DataParallel::wrap called twice");
+  const std::optional<DType> reduce_dtype =
+      m.run.distributed.reduce_dtype == "bf16" ? std::optional<DType>(DType::bf16) : std::nullopt;
+  m.params = params;
+  if (zero_stage() == 3) {
+    // The shards are per unit of the model, so the trained tensors must be exactly the model's parameters.
+    const std::vector<Tensor> all = model.parameters();
+    bool same = all.size() == params.size();
+    for (size_t i = 0; same && i < all.size(); ++i) same = all[i].same(params[i]);
+    INGOT_CHECK(same, "distributed.zero_stage: 3 shards and trains every parameter of the model, but this recipe "
+                "trains ", params.size(), " of its ", all.size(), " parameter tensors (LoRA adapters?); use "
+                "zero_stage 2 or less");
+    dist::FsdpOptions o;
+    o.reshard_after_forward = m.run.distributed.reshard_after_forward;
+    o.reduce_dtype = reduce_dtype;
+    m.fsdp = std::make_unique<dist::FullyShardedDataParallel>(model, m.ctx.group, o);
+    m.plans = m.fsdp->layout();
+    return;
+  }
   dist::DdpOptions o;
   o.bucket_cap_mb = m.run.distributed.bucket_cap_mb;
-  o.zero1 = zero1();
-  if (m.run.distributed.reduce_dtype == "bf16") o.reduce_dtype = DType::bf16;
-  m.params = params;
+  o.zero_stage = zero_stage();
+  o.reduce_dtype = reduce_dtype;
   m.ddp = std::make_unique<dist::DistributedDataParallel>(params, m.ctx.group, o);
   std::vector<dist::BucketParam> infos;
   for (const Tensor& p : params) infos.push_back({p.numel(), p.dtype()});
-  m.plans = dist::plan_buckets(infos, o.bucket_cap_mb * 1024 * 1024, o.zero1 ? world_size() : 1);
+  m.plans = dist::plan_buckets(infos, o.bucket_cap_mb * 1024 * 1024, sharded() ? world_size() : 1);
   const auto layout = m.ddp->bucket_layout();
   INGOT_INTERNAL_CHECK(layout.size() == m.plans.size(), "DataParallel: bucket plan differs from DDP's");
   for (size_t b = 0; b < layout.size(); ++b)
     INGOT_INTERNAL_CHECK(layout[b] == m.plans[b].params, "DataParallel: bucket ", b, " differs from DDP's");
 }
 
-std::vector<Tensor> DataParallel::optimizer_params() const { return impl_->ddp->optimizer_params(); }
+std::vector<Tensor> DataParallel::optimizer_params() const {
+  return impl_->fsdp ? impl_->fsdp->optimizer_params() : impl_->ddp->optimizer_params();
+}
 
 void DataParallel::backward(const Tensor& loss, bool sync) {
+  if (impl_->fsdp) {
+    loss.backward();
+    impl_->fsdp->synchronize();
+    return;
+  }
   if (sync && impl_->run.distributed.overlap) {
     loss.backward();
     return;
@@ -125,12 +161,28 @@ void DataParallel::backward(const Tensor& loss, bool sync) {
   loss.backward();
 }
 
-void DataParallel::synchronize() { impl_->ddp->synchronize(); }
+void DataParallel::synchronize() {
+  if (impl_->ddp) impl_->ddp->synchronize();  // FSDP synchronized after each backward
+}
 Tensor DataParallel::sum_tensor(const Tensor& t) {
   return mul(dist::all_reduce_avg(t, impl_->ctx.group), static_cast<double>(world_size()));
 }
-void DataParallel::after_step() { impl_->ddp->after_step(); }
-void DataParallel::zero_grad() { impl_->ddp->zero_grad(); }
+void DataParallel::after_step() {
+  if (impl_->ddp) impl_->ddp->after_step();  // FSDP gathers the updated shards when a unit is used next
+}
+void DataParallel::zero_grad() {
+  if (impl_->fsdp) impl_->fsdp->zero_grad();
+  else impl_->ddp->zero_grad();
+}
+void DataParallel::gather_model() {
+  if (impl_->fsdp) impl_->fsdp->gather_all();
+}
+void DataParallel::release_model() {
+  if (impl_->fsdp) impl_->fsdp->end_gather_all();
+}
+void DataParallel::unshard_model() {
+  if (impl_->fsdp) impl_->fsdp->unshard();
+}
 
 double DataParallel::mean(double v) { return impl_->reduce(v, dist::ReduceOp::Avg); }
 double DataParallel::sum(double v) { return impl_->reduce(v, dist::ReduceOp::Sum); }

@@ -5,13 +5,18 @@
 //                  (train.batch_size is the global batch), averages its gradients with the others through
 //                  DistributedDataParallel (buckets reduced during the last micro-step's backward; earlier
 //                  micro-steps of gradient accumulation run under no_sync), and logs the global mean loss
-//   ZeRO-1         (distributed.zero_stage: 1) the optimizer updates this rank's shards of the buckets only
+//   ZeRO-1/2       (distributed.zero_stage: 1, 2) the optimizer updates this rank's shards of the buckets only;
+//                  stage 2 also drops every whole gradient once its bucket is reduced (distributed/ddp.h)
+//   ZeRO-3         (distributed.zero_stage: 3) FullyShardedDataParallel (distributed/fsdp.h): the weights too
+//                  are sharded, per transformer block, and gathered when used; every micro-step's backward
+//                  reduce-scatters, so gradient accumulation sums shards, not whole gradients
 //   rank 0 alone   prints progress and writes metrics, plots, checkpoints, final weights and the summary
 //
 // Checkpoints (Note [ZeRO-1 checkpoints hold the full optimizer state]): rank 0 writes the same files a
-// single process writes. Under ZeRO-1 the shards' optimizer state (and f32 masters) are all-gathered first and
-// stored per parameter under the plain optimizer's names, so a checkpoint resumes under any world size, with
-// or without ZeRO-1; resuming cuts this rank's shards out of it again. Every rank waits on a barrier after a
+// single process writes. Under ZeRO-1/2/3 the shards' optimizer state (and f32 masters) are all-gathered first
+// and stored per parameter under the plain optimizer's names (ZeRO-3 gathers the weights too, whole on every
+// rank while rank 0 writes: per-rank shard files are issue 22's next step), so a checkpoint resumes under any
+// world size and any stage; resuming cuts this rank's shards out of it again. Every rank waits on a barrier after a
 // save, so a restarted job always finds the newest checkpoint complete. The data position is the global batch
 // index and the RNG streams advance identically on every rank, so rank 0's state.json is every rank's state.
 #pragma once
@@ -26,6 +31,10 @@
 #include "recipes/run_settings.h"
 #include "runtime/tensor.h"
 
+namespace ingot::nn {
+class Module;
+}
+
 namespace ingot::recipes {
 
 class DataParallel {
@@ -39,19 +48,22 @@ class DataParallel {
 
   int rank() const;
   int world_size() const;
-  bool zero1() const;
+  int zero_stage() const;
+  bool sharded() const { return zero_stage() >= 1; }  // the optimizer updates per-rank shards
   const std::string& backend() const;
 
-  // Wraps the trained parameters in DistributedDataParallel (rank 0's values are broadcast to every rank).
-  void wrap(const std::vector<Tensor>& params);
-  // What the optimizer updates: the parameters, or this rank's flat shards under ZeRO-1.
+  // Wraps the trained parameters in DistributedDataParallel, or the whole model in FullyShardedDataParallel
+  // (ZeRO-3: `params` must be all of the model's); rank 0's values are broadcast to every rank.
+  void wrap(nn::Module& model, const std::vector<Tensor>& params);
+  // What the optimizer updates: the parameters, or this rank's flat shards under ZeRO-1/2/3.
   std::vector<Tensor> optimizer_params() const;
   // One micro-step's backward: `sync` false accumulates locally (no_sync), true reduces the buckets as they
-  // fill (or, with distributed.overlap false, leaves every reduction to synchronize()).
+  // fill (or, with distributed.overlap false, leaves every reduction to synchronize()). ZeRO-3 reduces every
+  // micro-step, sync or not.
   void backward(const Tensor& loss, bool sync);
   // Waits for the averaged gradients (DDP synchronize).
   void synchronize();
-  // ZeRO-1: all-gathers the updated shards into the parameters; nothing in plain DDP.
+  // ZeRO-1/2: all-gathers the updated shards into the parameters; nothing in plain DDP and ZeRO-3.
   void after_step();
   void zero_grad();
 
@@ -63,7 +75,14 @@ class DataParallel {
   Tensor sum_tensor(const Tensor& t);
   void barrier();
 
-  // ZeRO-1 checkpoints. Per-shard optimizer state ("<bucket>.<state>") -> per-parameter state
+  // ZeRO-3: the whole weights in the model's parameters on every rank between gather_model() and
+  // release_model() (checkpoint saves), and for good after unshard_model() (the end of training); collective.
+  // Nothing to do in the other stages, whose model is always whole.
+  void gather_model();
+  void release_model();
+  void unshard_model();
+
+  // ZeRO-1/2/3 checkpoints. Per-shard optimizer state ("<bucket>.<state>") -> per-parameter state
   // ("<param>.<state>", what a plain optimizer over the parameters holds); collective.
   std::map<std::string, Tensor> gather_optimizer_state(const std::map<std::string, Tensor>& shard_state);
   // The reverse: this rank's chunks of a per-parameter state.

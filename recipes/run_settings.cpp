@@ -107,9 +107,14 @@ void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string&
               "bf16_compress_hook; the average is widened back before the optimizer)")
             .one_of({"f32", "bf16"}));
   s.add(K::of(T::Int, "distributed.zero_stage", "0",
-              "0: plain DDP, 1: shard the optimizer state across ranks (ZeRO-1; checkpoints hold it whole)")
+              "0: plain DDP, 1: shard the optimizer state across ranks (ZeRO-1), 2: and the gradients (ZeRO-2), "
+              "3: and the weights, gathered per transformer block when used (ZeRO-3, eager only); checkpoints hold "
+              "the whole state")
             .at_least(0)
-            .at_most(1));
+            .at_most(3));
+  s.add(K::of(T::Bool, "distributed.reshard_after_forward", "true",
+              "zero_stage 3: free a block's gathered weights after its forward and gather them again for its "
+              "backward (false: keep them until its gradients are reduced; one all-gather less, more memory)"));
   s.add(K::of(T::Bool, "distributed.overlap", "true",
               "reduce each bucket during backward as soon as it fills (false: after the whole backward)"));
   s.add(K::of(T::Float, "distributed.timeout_s", "0",
@@ -310,6 +315,11 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
   s.distributed.bucket_cap_mb = rd.f64("distributed.bucket_cap_mb", 25);
   s.distributed.reduce_dtype = rd.str("distributed.reduce_dtype", "f32");
   s.distributed.zero_stage = rd.i64("distributed.zero_stage");
+  s.distributed.reshard_after_forward = rd.flag("distributed.reshard_after_forward", true);
+  if (s.distributed.zero_stage == 3 && s.compile.enabled && !errors.has_error_for("distributed.zero_stage"))
+    errors.fail(cfg, "distributed.zero_stage",
+                "3 runs eagerly for now, and compile.enabled is true; set compile.enabled=false, or use zero_stage 2 "
+                "(compiled: gradients and optimizer state sharded)");
   s.distributed.overlap = rd.flag("distributed.overlap", true);
   s.distributed.timeout_s =
       timeout_setting(cfg, errors, "distributed.timeout_s", "INGOT_COLLECTIVE_TIMEOUT_S", s.distributed.timeout_s);

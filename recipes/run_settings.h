@@ -5,7 +5,8 @@
 //   logging:     tensorboard, plot, peak_tflops
 //   profile:     enabled, start_step, num_steps, top_k
 //   compile:     enabled, mode, fullgraph, dynamic, memory_budget, cache_dir (the compiler's options)
-//   distributed: backend, bucket_cap_mb, reduce_dtype, zero_stage, overlap, timeout_s, init_timeout_s (DDP's options)
+//   distributed: backend, bucket_cap_mb, reduce_dtype, zero_stage, reshard_after_forward, overlap, timeout_s,
+//                init_timeout_s (DDP's and FSDP's options)
 // A recipe's schema is add_run_keys() plus its own model/data/train keys.
 #pragma once
 
@@ -41,7 +42,8 @@ struct DistributedSettings {
   std::string backend = "auto";  // auto | nccl | gloo
   double bucket_cap_mb = 25;
   std::string reduce_dtype = "f32";  // f32 | bf16: the dtype gradients are averaged in
-  int64_t zero_stage = 0;  // 0 or 1
+  int64_t zero_stage = 0;  // 0 (DDP) to 3 (FSDP)
+  bool reshard_after_forward = true;  // zero_stage 3
   bool overlap = true;
   // Seconds: a collective that takes longer fails naming the op and the ranks that never joined; ranks wait
   // this long for each other at start-up and in store barriers (checkpoint saves). Resolved from the config,

@@ -161,7 +161,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   // Data parallel (recipes/data_parallel.h): join the job's process group; rank 0 alone logs and writes.
   std::unique_ptr<DataParallel> dp = DataParallel::join(run, main_log);
   const bool is_main = !dp || dp->rank() == 0;
-  const bool zero1 = dp && dp->zero1();
+  const bool sharded = dp && dp->sharded();  // ZeRO-1/2/3: the optimizer holds this rank's shards
   NullStream quiet;
   std::ostream& log = is_main ? main_log : quiet;
 
@@ -174,12 +174,12 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   ao.beta2 = o.beta2;
   ao.weight_decay = o.weight_decay;
 
-  // ZeRO-1 resumes through a stand-in optimizer over the whole parameters (what the checkpoint holds), before
-  // DDP cuts its shards from the loaded weights; the stand-in's state is then scattered into the shards.
+  // ZeRO-1/2/3 resume through a stand-in optimizer over the whole parameters (what the checkpoint holds), before
+  // DDP or FSDP cuts its shards from the loaded weights; the stand-in's state is then scattered into the shards.
   TrainState st;
   std::map<std::string, Tensor> full_opt_state;
   std::vector<Tensor> full_masters;
-  if (zero1 && !run.resume_checkpoint.empty()) {
+  if (sharded && !run.resume_checkpoint.empty()) {
     std::unique_ptr<optim::MasterWeights> m;
     if (run.dtype == DType::bf16) m = std::make_unique<optim::MasterWeights>(task.params);
     optim::AdamW stand_in(m ? m->master() : task.params, ao);
@@ -187,7 +187,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     full_opt_state = stand_in.state_dict();
     if (m) full_masters = m->master();
   }
-  if (dp) dp->wrap(task.params);
+  if (dp) dp->wrap(model, task.params);
   std::vector<Tensor> trained = dp ? dp->optimizer_params() : task.params;
   std::unique_ptr<optim::MasterWeights> masters;
   std::vector<Tensor> opt_params = trained;
@@ -214,7 +214,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
 
   // Resume before anything is written: a corrupt checkpoint leaves the run directory as it was.
   if (!run.resume_checkpoint.empty()) {
-    if (zero1) {
+    if (sharded) {
       opt.load_state_dict(dp->scatter_optimizer_state(full_opt_state));
       if (masters) {
         NoGradGuard no_grad;
@@ -253,7 +253,8 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   // then stays on the device (clip_grad_norm_tensor) instead of reading the norm back to the host.
   const double inv_accum = 1.0 / static_cast<double>(o.grad_accum);
   // Under DDP: the micro-steps before the last accumulate locally (no_sync), the last one's backward reduces
-  // the gradient buckets; ZeRO-1 then updates this rank's shards and all-gathers them into the parameters.
+  // the gradient buckets; ZeRO-1/2 then update this rank's shards and all-gather them into the parameters.
+  // ZeRO-3 reduce-scatters every micro-step and updates the shards, which the next forward gathers.
   // Token weights (data parallel with task.loss_tokens): each micro-batch's rank-local mean is weighed by
   // world * local / global loss targets, so DDP's average over ranks is the global token mean. They change
   // every step, so they travel as the batch's last tensor ([grad_accum], inv_accum folded in), an input of
@@ -277,14 +278,14 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     if (dp) dp->synchronize();
     if (masters) masters->copy_grads_to_master();
     if (traced && o.grad_clip > 0) {
-      // ZeRO-1: the norm of every rank's shards, summed across ranks inside the graph.
+      // ZeRO-1/2: the norm of every rank's shards, summed across ranks inside the graph.
       std::function<Tensor(const Tensor&)> global;
-      if (zero1) global = [&](const Tensor& sq) { return dp->sum_tensor(sq); };
+      if (sharded) global = [&](const Tensor& sq) { return dp->sum_tensor(sq); };
       norm = optim::clip_grad_norm_tensor(opt_params, o.grad_clip, global);
     } else if (!traced) {
       host_grad_norm = optim::grad_norm(opt_params);
-      // ZeRO-1: each rank holds the gradient of its shards only; the global norm sums their squares.
-      if (zero1) host_grad_norm = std::sqrt(dp->sum(host_grad_norm * host_grad_norm));
+      // ZeRO-1/2/3: each rank holds the gradient of its shards only; the global norm sums their squares.
+      if (sharded) host_grad_norm = std::sqrt(dp->sum(host_grad_norm * host_grad_norm));
       if (o.grad_clip > 0) opt.set_grad_scale(optim::clip_coefficient(host_grad_norm, o.grad_clip));
     }
     opt.step();
@@ -300,7 +301,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     return norm.defined() ? std::vector<Tensor>{total, norm} : std::vector<Tensor>{total};
   };
   std::optional<CompiledFunction> compiled;
-  // Under DDP the bucket all-reduces (ZeRO-1: reduce-scatters and all-gathers) are nodes of the compiled
+  // Under DDP the bucket all-reduces (ZeRO-1/2: reduce-scatters and all-gathers) are nodes of the compiled
   // graph (Note [DDP in a traced step], distributed/ddp.cpp).
   if (run.compile.enabled) {
     compiled = compile([&](const std::vector<Tensor>& b) { return step_body(b, true); },
@@ -349,17 +350,21 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     t.config = run.config_entries;
     return t;
   };
-  // Rank 0 writes; under ZeRO-1 every rank first takes part in gathering the sharded optimizer state (Note
-  // [ZeRO-1 checkpoints hold the full optimizer state], data_parallel.cpp).
+  // Rank 0 writes; under ZeRO-1/2/3 every rank first takes part in gathering the sharded optimizer state
+  // (Note [ZeRO-1 checkpoints hold the full optimizer state], data_parallel.cpp) and, ZeRO-3, the weights.
   auto save_checkpoint = [&](int64_t step, double lr) -> std::string {
-    if (!zero1) {
+    if (!sharded) {
       if (!is_main) return checkpoint_path(run.output_dir, step);
       return save_training_checkpoint(run.output_dir, model, opt, masters.get(), make_state(step, lr));
     }
     std::map<std::string, Tensor> state = dp->gather_optimizer_state(opt.state_dict());
     std::vector<Tensor> gathered_masters;
     if (masters) gathered_masters = dp->gather_to_params(masters->master());
-    if (!is_main) return checkpoint_path(run.output_dir, step);
+    dp->gather_model();  // ZeRO-3, collective: rank 0 reads the whole weights below
+    if (!is_main) {
+      dp->release_model();
+      return checkpoint_path(run.output_dir, step);
+    }
     std::unique_ptr<optim::MasterWeights> m;
     if (masters) {
       NoGradGuard no_grad;
@@ -371,7 +376,9 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     }
     optim::AdamW stand_in(m ? m->master() : task.params, ao);
     stand_in.load_state_dict(state);
-    return save_training_checkpoint(run.output_dir, model, stand_in, m.get(), make_state(step, lr));
+    std::string path = save_training_checkpoint(run.output_dir, model, stand_in, m.get(), make_state(step, lr));
+    dp->release_model();
+    return path;
   };
 
   // One step's micro-batches on the host (inputs, targets per micro-batch) and, under data parallelism with
@@ -537,12 +544,14 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   r.peak_memory_bytes = std::max(run_peak, alloc.stats().peak_allocated_bytes);  // the steps' and the eval's
   if (compiled) log_compile_stats(*compiled, r, log);
 
+  // ZeRO-3: the model becomes whole again on every rank (collective) for the final weights and the masters.
+  if (dp) dp->unshard_model();
   // Final artifacts hold f32 weights: in bf16 mode the masters hold the precise values.
   if (masters) {
     NoGradGuard no_grad;
     model.to(DType::f32);
-    // ZeRO-1: the masters are per-shard; gathered (on every rank: a collective) into per-parameter values.
-    std::vector<Tensor> precise = zero1 ? dp->gather_to_params(masters->master()) : masters->master();
+    // ZeRO-1/2/3: the masters are per-shard; gathered (on every rank: a collective) into per-parameter values.
+    std::vector<Tensor> precise = sharded ? dp->gather_to_params(masters->master()) : masters->master();
     for (size_t i = 0; i < task.params.size(); ++i) task.params[i].copy_(precise[i]);
   }
   if (!is_main) return r;  // rank 0 writes the run's artifacts

@@ -210,6 +210,21 @@ void Module::zero_grad() {
   for (auto& [_, t] : named_parameters()) t.zero_grad();
 }
 
+size_t Module::register_forward_pre_hook(ForwardPreHook h) {
+  pre_hooks_.emplace_back(next_hook_id_, std::move(h));
+  return next_hook_id_++;
+}
+
+size_t Module::register_forward_hook(ForwardHook h) {
+  post_hooks_.emplace_back(next_hook_id_, std::move(h));
+  return next_hook_id_++;
+}
+
+void Module::remove_forward_hook(size_t id) {
+  std::erase_if(pre_hooks_, [id](const auto& e) { return e.first == id; });
+  std::erase_if(post_hooks_, [id](const auto& e) { return e.first == id; });
+}
+
 void Module::set_tensor_names() {
   for (auto& [n, t] : state_dict()) t.set_name(n);
 }

@@ -1,10 +1,11 @@
-// Module: a tree of named parameters, buffers and child modules (PyTorch nn.Module, without hooks).
+// Module: a tree of named parameters, buffers and child modules (PyTorch nn.Module, with forward hooks only).
 // Names are dotted paths from the module the call is made on ("transformer.h.0.attn.c_attn.weight"), in
 // registration order. A registered tensor is held by handle: to(device/dtype) rewrites the tensor in place
 // (same TensorImpl), so handles kept by layers and optimizers stay valid and leaves keep requires_grad.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -54,6 +55,16 @@ class Module {
   void load(const std::string& safetensors_path, bool strict = true);
 
   void zero_grad();  // drops every parameter's .grad
+
+  // Forward hooks (PyTorch's register_forward_pre_hook / register_forward_hook): a forward written through
+  // with_forward_hooks runs every pre hook before its body and every post hook on its output, which a post
+  // hook may replace (an undefined result keeps it). FullyShardedDataParallel (distributed/fsdp.h) gathers a
+  // unit's weights with them. The returned id removes the hook.
+  using ForwardPreHook = std::function<void()>;
+  using ForwardHook = std::function<Tensor(const Tensor& output)>;
+  size_t register_forward_pre_hook(ForwardPreHook h);
+  size_t register_forward_hook(ForwardHook h);
+  void remove_forward_hook(size_t id);
   // Names every parameter and buffer tensor with its dotted path from this module, so errors raised far from
   // the model (optimizer, checkpoint code) say "transformer.h.0.attn.c_attn.weight" rather than "weight".
   void set_tensor_names();
@@ -62,6 +73,17 @@ class Module {
   // Registers a leaf with requires_grad (floating tensors only); returns the same handle.
   Tensor register_parameter(const std::string& name, Tensor t);
   Tensor register_buffer(const std::string& name, Tensor t);
+  // body() between the forward hooks (see register_forward_pre_hook).
+  template <class F>
+  Tensor with_forward_hooks(F&& body) {
+    for (auto& [id, h] : pre_hooks_) h();
+    Tensor out = body();
+    for (auto& [id, h] : post_hooks_) {
+      Tensor replaced = h(out);
+      if (replaced.defined()) out = replaced;
+    }
+    return out;
+  }
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     add_child(name, m);
@@ -78,6 +100,9 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
   std::optional<DType> compute_dtype_;
+  std::vector<std::pair<size_t, ForwardPreHook>> pre_hooks_;
+  std::vector<std::pair<size_t, ForwardHook>> post_hooks_;
+  size_t next_hook_id_ = 0;
 };
 
 // Children named "0", "1", ... (HF's "h.0", "layers.3").

@@ -152,7 +152,7 @@ TEST(DistributedDataParallel, ZeroOneTrainingMatchesPlainDdpWithAThirdOfTheOptim
     DdpOptions po;
     po.bucket_cap_mb = 300.0 / (1 << 20);
     DdpOptions zo = po;
-    zo.zero1 = true;
+    zo.zero_stage = 1;
     DistributedDataParallel dp(plain.params(), ctx.group, po), dz(zero.params(), ctx.group, zo);
     optim::AdamWOptions ao;
     ao.lr = 0.05;

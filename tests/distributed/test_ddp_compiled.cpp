@@ -37,13 +37,13 @@ struct DdpRun {
 
 // Tiny GPT-2, AdamW, 6 steps on this rank's half of a fixed global batch of 4 sequences; small buckets so
 // the model spreads over several all-reduces.
-DdpRun train(const DistributedContext& ctx, bool compiled, const std::string& cache_dir, bool zero1 = false,
+DdpRun train(const DistributedContext& ctx, bool compiled, const std::string& cache_dir, int zero_stage = 0,
              std::optional<DType> reduce_dtype = std::nullopt) {
   manual_seed(5);
   models::GPT2 model(ingot::testing::tiny_gpt2_config());
   DdpOptions o;
   o.bucket_cap_mb = 8.0 / 1024;  // 8 KiB: a handful of buckets
-  o.zero1 = zero1;
+  o.zero_stage = zero_stage;
   o.reduce_dtype = reduce_dtype;
   DistributedDataParallel ddp(model, ctx.group, o);
   optim::AdamW opt(ddp.optimizer_params(), optim::AdamWOptions{3e-3, 0.9, 0.95, 1e-8, 0.1});
@@ -117,15 +117,24 @@ TEST(CompiledDdp, AllReducesAreGraphNodesAndTrainingFollowsEagerDdp) {
 
 // ZeRO-1 compiled: a reduce_scatter_start node per bucket feeds this rank's shard update, an all_gather_start
 // node per bucket writes the parameters back, each with its collective_wait; the run follows eager ZeRO-1.
-TEST(CompiledDdp, ZeroOneReduceScattersAndAllGathersInTheGraphLikeEagerZeroOne) {
+// ZeRO-2 traces the very same graph: in a compiled step the whole gradients and the bucket concatenations are
+// graph values that the memory plan frees after their last reader (the concatenation, the reduce-scatter),
+// so compiled ZeRO-1 already is ZeRO-2 in memory terms; only eager DDP keeps them whole between steps.
+TEST(CompiledDdp, ZeroOneAndTwoReduceScatterAndAllGatherInTheGraphLikeEager) {
   if (is_rank_process()) {
     auto ctx = init_distributed(quick_init());
     const std::string cache = std::string(std::getenv("INGOT_TEST_CACHE_DIR"));
-    DdpRun eager = train(ctx, false, cache, true), comp = train(ctx, true, cache, true);
-    for (size_t i = 0; i < eager.losses.size(); ++i)
+    DdpRun eager = train(ctx, false, cache, 1), comp = train(ctx, true, cache, 1);
+    DdpRun eager2 = train(ctx, false, cache, 2), comp2 = train(ctx, true, cache, 2);
+    for (size_t i = 0; i < eager.losses.size(); ++i) {
       EXPECT_NEAR(comp.losses[i], eager.losses[i], 1e-4 * std::abs(eager.losses[i])) << "step " << i;
-    for (size_t k = 0; k < eager.params.size(); ++k)
+      EXPECT_NEAR(eager2.losses[i], eager.losses[i], 1e-6 * std::abs(eager.losses[i])) << "step " << i;
+      EXPECT_NEAR(comp2.losses[i], eager2.losses[i], 1e-4 * std::abs(eager2.losses[i])) << "step " << i;
+    }
+    for (size_t k = 0; k < eager.params.size(); ++k) {
       EXPECT_LE(max_rel_error(comp.params[k], eager.params[k], 1e-3, 1e-4), 1.0) << "parameter " << k;
+      EXPECT_LE(max_rel_error(comp2.params[k], eager2.params[k], 1e-3, 1e-4), 1.0) << "parameter " << k;
+    }
     EXPECT_LT(eager.losses.back(), eager.losses.front() - 0.3) << "the run must actually train";
     EXPECT_TRUE(comp.stats.graph_breaks.empty());
     const std::string& g = comp.stats.last_graph;
@@ -138,6 +147,12 @@ TEST(CompiledDdp, ZeroOneReduceScattersAndAllGathersInTheGraphLikeEagerZeroOne) 
     EXPECT_EQ(count("all_gather_start("), eager.buckets);
     EXPECT_EQ(count("collective_wait("), 2 * eager.buckets);
     EXPECT_EQ(count("all_reduce_start("), 0u);
+    // The same graph (its "grad" lines list the parameters in no fixed order), and no whole gradient outlives
+    // the step: every parameter's .grad is none afterwards.
+    const std::string& g2 = comp2.stats.last_graph;
+    EXPECT_EQ(g2.substr(0, g2.find("\n  grad ")), g.substr(0, g.find("\n  grad "))) << "stage 2 traces stage 1's graph";
+    EXPECT_EQ(count("\n  grad "), eager.params.size());
+    EXPECT_EQ(count("\n  grad none -> "), eager.params.size()) << g;
     return;
   }
   TempDir cache("ingot-ddp-compile-");
@@ -152,8 +167,8 @@ TEST(CompiledDdp, Bf16ReductionFollowsEagerAndStaysNearTheF32Reduction) {
   if (is_rank_process()) {
     auto ctx = init_distributed(quick_init());
     const std::string cache = std::string(std::getenv("INGOT_TEST_CACHE_DIR"));
-    DdpRun f32 = train(ctx, false, cache), eager = train(ctx, false, cache, false, DType::bf16),
-           comp = train(ctx, true, cache, false, DType::bf16);
+    DdpRun f32 = train(ctx, false, cache), eager = train(ctx, false, cache, 0, DType::bf16),
+           comp = train(ctx, true, cache, 0, DType::bf16);
     for (size_t i = 0; i < eager.losses.size(); ++i) {
       EXPECT_NEAR(comp.losses[i], eager.losses[i], 1e-4 * std::abs(eager.losses[i])) << "step " << i;
       EXPECT_NEAR(eager.losses[i], f32.losses[i], 1e-2 * std::abs(f32.losses[i])) << "step " << i;

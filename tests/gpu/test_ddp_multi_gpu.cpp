@@ -76,7 +76,7 @@ TrainRun train(Device dev, std::shared_ptr<ProcessGroup> group, int rank, int wo
   if (group) {
     DdpOptions o;
     o.bucket_cap_mb = 8.0 / 1024;
-    o.zero1 = zero1;
+    o.zero_stage = zero1 ? 1 : 0;
     o.reduce_dtype = reduce_dtype;
     ddp = std::make_unique<DistributedDataParallel>(model, group, o);
   }

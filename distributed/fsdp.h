@@ -1,0 +1,88 @@
+// FullyShardedDataParallel (eager ZeRO-3): every rank holds 1/world of every parameter; a unit's weights are
+// whole only while it computes.
+//
+//   FullyShardedDataParallel fsdp(model, ctx.group);             // broadcasts rank 0's weights, then shards
+//   optim::AdamW opt(fsdp.optimizer_params(), ...);               // one flat shard per unit
+//   for (...) {
+//     model.loss(x, y).backward();   // units gathered before their forward and backward, grads reduce-scattered
+//     fsdp.synchronize();            // waits; this rank's chunks are added into the shards' .grad
+//     opt.step();                    // updates the shards only: nothing to write back
+//     fsdp.zero_grad();
+//   }
+//
+// Units: every child of an nn::ModuleList (the transformer blocks of models/) is a unit; the parameters
+// outside them (embeddings, final norm, head: tied in GPT-2, so one unit) form the root unit. A unit's
+// parameters become views of one flat storage (its padded layout is a distributed::BucketPlan, rank r owning
+// chunk r, as ZeRO-1's buckets), whose bytes exist only while the unit is gathered:
+//   block forward      pre-hook: all-gather; post-hook: free again (reshard_after_forward) and put a boundary
+//                      on the output whose backward gathers once more before the block's backward runs
+//   root forward       gathered when the model's forward starts, kept until its gradients are reduced
+//   backward           when a unit's last parameter gradient arrived (post-accumulate hooks) its weights are
+//                      freed and its gradients flattened into one buffer (the .grad tensors dropped), which is
+//                      reduce-scattered asynchronously, in unit order from the last to the first (every rank
+//                      issues the same collectives in the same order); the buffer goes once the reduction is done
+//   no grad (eval)     every unit is freed right after its forward
+// Tested on CPUs with Gloo only. On CUDA with NCCL it relies on the process group's ordering (a collective
+// waits for the work queued on its input stream before it writes a freshly allocated unit) and on blocking
+// waits; it has not been run on GPUs, and nothing there is overlapped yet (compiled ZeRO-3 is issue 22's next
+// step).
+// Every backward reduces (gradient accumulation sums into the shards' .grad, there is no no_sync), so every
+// rank must run the same number of backwards using the same parameters. Module::to() and raw reads of a
+// parameter outside its unit's forward or backward see no data: gather_all() or unshard() first.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "distributed/buckets.h"
+#include "distributed/process_group.h"
+#include "runtime/tensor.h"
+
+namespace ingot::nn {
+class Module;
+}
+
+namespace ingot::distributed {
+
+struct FsdpOptions {
+  bool broadcast_parameters = true;  // copy rank `root`'s parameters to every rank before sharding
+  int root = 0;
+  // false: a block's weights stay gathered from its forward until its gradients are reduced (one all-gather
+  // per block and step instead of two, the whole model at the end of the forward).
+  bool reshard_after_forward = true;
+  // The dtype gradients are reduced in (nullopt: the parameters'), as DdpOptions::reduce_dtype.
+  std::optional<DType> reduce_dtype;
+};
+
+class FullyShardedDataParallel {
+ public:
+  FullyShardedDataParallel(nn::Module& model, std::shared_ptr<ProcessGroup> group, FsdpOptions options = {});
+  ~FullyShardedDataParallel();
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  // This rank's flat shard of each unit (leaves, in unit order): what the optimizer updates.
+  std::vector<Tensor> optimizer_params() const;
+  // Finishes the last backward: issues the reductions of units whose parameters got no gradient (zeros),
+  // waits for all of them and adds this rank's averaged chunks into the shards' .grad.
+  void synchronize();
+  void zero_grad();  // drops the shards' .grad
+
+  // Units as bucket plans over model.parameters() indices, in unit order (root first): the layout of the
+  // shards, for the checkpoint helpers that gather and scatter per-shard state (recipes/data_parallel.h).
+  const std::vector<BucketPlan>& layout() const;
+  // Gathers every unit (collective: the whole model on every rank) until end_gather_all(): checkpoints.
+  void gather_all();
+  void end_gather_all();
+  // Ends sharding: every parameter gets its whole value in storage of its own again and the hooks go quiet
+  // (collective). The model is then as it was before wrapping, with the trained weights.
+  void unshard();
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;  // shared with the hooks, which hold it weakly
+};
+
+}  // namespace ingot::distributed
