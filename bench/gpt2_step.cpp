@@ -199,18 +199,10 @@ int main(int argc, char** argv) try {
   }
   if (dev.is_cuda()) allocator_for(dev).reset_peak();
   // --timeline: rank 0's communication per timed step (Note [Step timeline], distributed/nccl_process_group.cpp).
-  const bool timeline = a.timeline && dist && dev.is_cuda();
   std::vector<distributed::ProcessGroup::StepTimeline> marks;
-  const bench::StepTimes t = bench::time_steps(
+  const bench::StepTimes t = bench::time_steps_with_timeline(
       dev, a.warmup, a.steps, [&] { return (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0]; },
-      [&] {
-        if (timeline) dist->group->timeline_begin_step(cuda::current_stream(dev.index));
-      },
-      [&](int64_t s) {
-        if (!timeline) return;
-        auto m = dist->group->timeline_end_step(cuda::current_stream(dev.index));
-        if (m && s >= a.warmup) marks.push_back(*m);
-      });
+      a.timeline && dist ? dist->group.get() : nullptr, &marks);
   const double med = t.median_ms(), compile_s = compiled ? t.first_call_s : 0.0;
   double tokens = static_cast<double>(a.batch * a.seq);
   // 6 * params * tokens for the matmuls plus the attention term 12 * L * T * C * tokens... per token: 6N + 6*L*T*C.
