@@ -42,7 +42,11 @@ std::string explain_report(const CompiledFunction& f) {
      << mib(s.unplanned_peak_bytes) << " live at peak\n";
   os << "  compile time: trace " << ms(s.time.trace_ms) << ", passes " << ms(s.time.passes_ms) << ", lower "
      << ms(s.time.lower_ms) << ", codegen " << ms(s.time.codegen_ms) << ", total " << ms(s.time.total_ms) << "\n";
-  os << "  calls: " << s.calls << " (" << s.compiled_calls << " compiled, " << s.eager_calls << " eager)\n";
+  // A call that traces (the first one, and each recompile) runs the function while recording it: it is neither a
+  // compiled call nor an eager fallback, and the sum must show it (it read "calls: 2 (1 compiled, 0 eager)").
+  const int64_t traced = s.calls - s.compiled_calls - s.eager_calls;
+  os << "  calls: " << s.calls << " (" << traced << " traced while compiling, " << s.compiled_calls << " compiled, "
+     << s.eager_calls << " eager)\n";
   return os.str();
 }
 
