@@ -10,7 +10,8 @@
 
 namespace ingot::compiler {
 
-// The optimizer's fused multi-tensor update (optim/fused_update.h): fused horizontally, never split.
+// The optimizer's multi-tensor update (autograd/primitive_multi_tensor.h): one group of all of them (horizontal
+// fusion), unless split_update or split_update_by_bucket made one per parameter or per gradient bucket.
 bool is_multi_tensor_update(const Primitive& p);
 // Where the scheduler wants `p` among the nodes ready to run: -1 as early as possible (a collective's start,
 // so communication overlaps the compute after it), +1 as late as possible (the wait for a collective), 0 in
