@@ -49,6 +49,14 @@ Config::Value parse_flow_list(std::string_view text) {
   return v;
 }
 
+// The value an absent key takes.
+Config::Value default_value(const ConfigKey& k) {
+  if (k.type == ConfigType::StringList) return parse_flow_list(k.default_value);
+  Config::Value v;
+  v.text = k.default_value;
+  return v;
+}
+
 std::string lower(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -261,6 +269,12 @@ ConfigKey ConfigKey::one_of(std::vector<std::string> allowed) const {
   return k;
 }
 
+ConfigKey ConfigKey::not_in_config_hash() const {
+  ConfigKey k = *this;
+  k.in_config_hash = false;
+  return k;
+}
+
 ConfigSchema& ConfigSchema::add(ConfigKey key) {
   INGOT_INTERNAL_CHECK(find(key.path) == nullptr, "duplicate schema key ", key.path);
   INGOT_INTERNAL_CHECK(key.required || !key.default_value.empty() || key.type == ConfigType::String, "schema key ",
@@ -380,6 +394,14 @@ void Config::apply_override(std::string_view assignment) {
   values_[key] = std::move(v);
 }
 
+Config Config::defaults(const ConfigSchema& schema) {
+  Config c;
+  for (const ConfigKey& k : schema.keys())
+    if (!k.required) c.values_.emplace(k.path, default_value(k));
+  c.schema_ = std::make_shared<const ConfigSchema>(schema);
+  return c;
+}
+
 void Config::validate(const ConfigSchema& schema) {
   ConfigErrors errors;
   validate(schema, errors);
@@ -387,6 +409,7 @@ void Config::validate(const ConfigSchema& schema) {
 }
 
 void Config::validate(const ConfigSchema& schema, ConfigErrors& errors) {
+  schema_ = std::make_shared<const ConfigSchema>(schema);
   auto add_error = [&](const ConfigOrigin& o, const std::string& msg, const std::string& key) {
     errors.add(o, msg, key);
   };
@@ -418,10 +441,7 @@ void Config::validate(const ConfigSchema& schema, ConfigErrors& errors) {
         add_error(o, "missing required key '" + k.path + "': " + k.help, k.path);
         continue;
       }
-      Value d;
-      d.text = k.default_value;
-      if (k.type == ConfigType::StringList) d = parse_flow_list(k.default_value);
-      it = values_.emplace(k.path, d).first;
+      it = values_.emplace(k.path, default_value(k)).first;
     }
     try {
       switch (k.type) {
@@ -475,22 +495,32 @@ void Config::validate(const ConfigSchema& schema, ConfigErrors& errors) {
 
 // --- ConfigReader ------------------------------------------------------------------------------------------
 
+ConfigReader::ConfigReader(const Config& cfg, ConfigErrors& errors) : cfg_(cfg), errors_(errors) {
+  INGOT_INTERNAL_CHECK(cfg.schema(), "ConfigReader: the config was not validated against a schema");
+}
+
+bool ConfigReader::listed(std::string_view key) const { return cfg_.schema()->find(key) != nullptr; }
+
 template <class T, class Getter>
-T ConfigReader::read(std::string_view key, T fallback, Getter getter) const {
+T ConfigReader::read(std::string_view key, Getter getter) const {
+  const ConfigKey* k = cfg_.schema()->find(key);
+  INGOT_INTERNAL_CHECK(k, "ConfigReader: '", key, "' is read but the schema does not list it");
   try {
     return (cfg_.*getter)(key);
   } catch (const ConfigError& e) {
     errors_.add_exception(key, cfg_.has(key) ? cfg_.origin(key) : ConfigOrigin{}, e);
-    return fallback;
   }
+  // The run is refused already; the default only keeps later checks from reporting follow-on mistakes. A
+  // required key has none, so the type's empty value stands in.
+  if (k->required) return T{};
+  const Config d = Config::defaults(*cfg_.schema());
+  return (d.*getter)(key);
 }
 
-int64_t ConfigReader::i64(std::string_view key, int64_t fallback) const { return read(key, fallback, &Config::get_int); }
-double ConfigReader::f64(std::string_view key, double fallback) const { return read(key, fallback, &Config::get_double); }
-bool ConfigReader::flag(std::string_view key, bool fallback) const { return read(key, fallback, &Config::get_bool); }
-std::string ConfigReader::str(std::string_view key, std::string fallback) const {
-  return read(key, std::move(fallback), &Config::get_string);
-}
+int64_t ConfigReader::i64(std::string_view key) const { return read<int64_t>(key, &Config::get_int); }
+double ConfigReader::f64(std::string_view key) const { return read<double>(key, &Config::get_double); }
+bool ConfigReader::flag(std::string_view key) const { return read<bool>(key, &Config::get_bool); }
+std::string ConfigReader::str(std::string_view key) const { return read<std::string>(key, &Config::get_string); }
 
 void Config::remove(std::string_view path) {
   std::string key(path);

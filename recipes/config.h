@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,6 +47,9 @@ struct ConfigKey {
   bool required = false;
   std::vector<std::string> choices;  // allowed values of a String key (empty: any)
   std::optional<double> min, max;    // inclusive bounds of an Int/Float key
+  // Whether the value enters the config hash a resume checks (recipes/train_state.h); false for keys that do
+  // not change what a step computes (where a run writes, how often it logs or saves, how it runs).
+  bool in_config_hash = true;
 
   // Builders: ConfigKey::of(ConfigType::Int, "train.batch_size", "8", "sequences per step").at_least(1).
   static ConfigKey of(ConfigType type, std::string path, std::string default_value, std::string help);
@@ -53,6 +57,7 @@ struct ConfigKey {
   ConfigKey at_least(double v) const;
   ConfigKey at_most(double v) const;
   ConfigKey one_of(std::vector<std::string> allowed) const;
+  ConfigKey not_in_config_hash() const;
 };
 
 class ConfigSchema {
@@ -96,19 +101,24 @@ class ConfigErrors {
   std::vector<Entry> errors_;
 };
 
-// Typed reads for a settings resolver: a value that cannot be read (the schema check already reported it, or it
-// does not parse) is recorded in `errors` and `fallback` returned, so one pass reports every mistake at once.
+// Typed reads for a settings resolver, from a config validated against its schema. A value that cannot be read
+// (the schema check already reported it) is recorded in `errors` and the key's schema default returned, so one
+// pass reports every mistake at once. The default is the schema's alone: no read restates one, and reading a
+// key the schema does not list is an internal error (so a key is defined, with its default, in one place).
 class ConfigReader {
  public:
-  ConfigReader(const Config& cfg, ConfigErrors& errors) : cfg_(cfg), errors_(errors) {}
-  int64_t i64(std::string_view key, int64_t fallback = 0) const;
-  double f64(std::string_view key, double fallback = 0) const;
-  bool flag(std::string_view key, bool fallback = false) const;
-  std::string str(std::string_view key, std::string fallback = "") const;
+  // `cfg` must have been validated (Config::validate keeps its schema).
+  ConfigReader(const Config& cfg, ConfigErrors& errors);
+  int64_t i64(std::string_view key) const;
+  double f64(std::string_view key) const;
+  bool flag(std::string_view key) const;
+  std::string str(std::string_view key) const;
+  // Whether the schema lists `key`: for keys only some recipes have (model.adapter, data.packing).
+  bool listed(std::string_view key) const;
 
  private:
   template <class T, class Getter>
-  T read(std::string_view key, T fallback, Getter getter) const;
+  T read(std::string_view key, Getter getter) const;
   const Config& cfg_;
   ConfigErrors& errors_;
 };
@@ -134,13 +144,20 @@ class Config {
   // Applies "a.b=value"; the value is parsed as a YAML scalar or flow sequence ("3e-4", "true", "[1, 2]").
   void apply_override(std::string_view assignment);
   // Rejects unknown keys (with a suggestion), missing required keys, wrong types, values outside bounds or
-  // choices; fills in defaults for absent keys. Throws ConfigError naming the key and its origin.
+  // choices; fills in defaults for absent keys and keeps the schema (schema()). Throws ConfigError naming the
+  // key and its origin.
   void validate(const ConfigSchema& schema);
   // The same checks, recorded in `errors` instead of thrown.
   void validate(const ConfigSchema& schema, ConfigErrors& errors);
   // Removes a key, or a whole section, so its default applies (the CLI's `~key`). Removing an absent key is
   // a ConfigError naming it.
   void remove(std::string_view path);
+
+  // The schema the config was last validated against; null before validate().
+  const ConfigSchema* schema() const { return schema_.get(); }
+  // A config holding the schema's defaults (required keys are absent): what a validated config is before any
+  // value is written.
+  static Config defaults(const ConfigSchema& schema);
 
   bool has(std::string_view path) const;
   const Value& value(std::string_view path) const;  // throws ConfigError when absent
@@ -161,6 +178,7 @@ class Config {
  private:
   std::string file_;
   std::map<std::string, Value, std::less<>> values_;
+  std::shared_ptr<const ConfigSchema> schema_;
 };
 
 }  // namespace ingot::recipes

@@ -75,7 +75,7 @@ ModelSource resolve_model_source(const Config& cfg, ConfigErrors& errors) {
                     "PyTorch .bin files are not read; save them with safe_serialization=True)");
     }
   }
-  if (cfg.has("model.adapter")) {
+  if (rd.listed("model.adapter")) {
     src.adapter = rd.str("model.adapter");
     if (!src.adapter.empty() && !fs::is_regular_file(fs::path(src.adapter) / "adapter_config.json", ec))
       errors.fail(cfg, "model.adapter", "'" + src.adapter + "' holds no adapter_config.json (not a PEFT adapter)");
@@ -101,13 +101,9 @@ DataSettings resolve_data(const Config& cfg, const models::HFConfig& model, Conf
     errors.fail(cfg, "data.path", "no such file '" + d.path + "'");
   d.chat_template = rd.str("data.chat_template");
   d.text_field = rd.str("data.text_field");
-  try {
-    d.seq_len = cfg.get_int("data.seq_len");
-    if (cfg.has("data.packing")) d.packing = cfg.get_bool("data.packing");
-    if (cfg.has("data.val_fraction")) d.val_fraction = cfg.get_double("data.val_fraction");
-  } catch (const ConfigError&) {
-    // Already reported by the schema check.
-  }
+  d.seq_len = rd.i64("data.seq_len");
+  if (rd.listed("data.packing")) d.packing = rd.flag("data.packing");
+  if (rd.listed("data.val_fraction")) d.val_fraction = rd.f64("data.val_fraction");
   const int64_t positions = model.arch == models::HFConfig::Arch::GPT2 ? model.gpt2.n_positions
                                                                         : model.llama.max_position_embeddings;
   if (positions > 0) {

@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 void add_device_keys(ConfigSchema& s) {
   using T = ConfigType;
   using K = ConfigKey;
-  s.add(K::of(T::String, "device", "auto", "auto (a GPU when present), cpu, cuda or cuda:N"));
+  s.add(K::of(T::String, "device", "auto", "auto (a GPU when present), cpu, cuda or cuda:N").not_in_config_hash());
   s.add(K::of(T::String, "dtype", "f32", "f32, or bf16 compute with f32 master weights").one_of({"f32", "bf16"}));
 }
 
@@ -61,70 +61,103 @@ Device resolve_device(const Config& cfg, ConfigErrors& errors) {
 void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string& output_dir) {
   using T = ConfigType;
   using K = ConfigKey;
+  // not_in_config_hash(): the key changes where or how long a run goes, not what a step computes, so a resume
+  // may change it (recipes/train_state.h).
   s.add(K::of(T::String, "recipe", recipe, "the recipe this config runs (`ingot ls` lists them)"));
   add_device_keys(s);
-  s.add(K::of(T::Int, "max_steps", "1000", "optimizer steps to run").at_least(1));
+  s.add(K::of(T::Int, "max_steps", "1000", "optimizer steps to run").at_least(1).not_in_config_hash());
   s.add(K::of(T::Int, "seed", "0", "seeds weight init, dropout and batch sampling").at_least(0));
-  s.add(K::of(T::String, "output_dir", output_dir, "the run directory: weights, checkpoints, metrics, plots"));
+  s.add(K::of(T::String, "output_dir", output_dir, "the run directory: weights, checkpoints, metrics, plots")
+            .not_in_config_hash());
   s.add(K::of(T::Bool, "resume", "false",
-              "continue from the latest checkpoint in output_dir/checkpoints (none there: start fresh)"));
-  s.add(K::of(T::String, "resume_from", "", "continue from this checkpoint directory (overrides resume)"));
+              "continue from the latest checkpoint in output_dir/checkpoints (none there: start fresh)")
+            .not_in_config_hash());
+  s.add(K::of(T::String, "resume_from", "", "continue from this checkpoint directory (overrides resume)")
+            .not_in_config_hash());
   s.add(K::of(T::String, "resume_schedule", "refuse",
               "a resume whose max_steps differs from the checkpoint's: refuse, keep (the checkpoint's LR schedule; "
               "min_lr past its end) or stretch (refit the schedule to the new max_steps; the LR jumps)")
-            .one_of({"refuse", "keep", "stretch"}));
+            .one_of({"refuse", "keep", "stretch"})
+            .not_in_config_hash());
   s.add(K::of(T::Bool, "overwrite_output_dir", "false",
-              "a fresh run may replace the checkpoints an earlier run left in output_dir (false: refuse)"));
-  s.add(K::of(T::Int, "checkpoint.save_every", "0", "save a training checkpoint every N steps and at the end (0: never)")
-            .at_least(0));
-  s.add(K::of(T::Int, "checkpoint.keep_last", "3", "training checkpoints to keep (0: all)").at_least(0));
-  s.add(K::of(T::Bool, "logging.tensorboard", "false", "also write TensorBoard event files to output_dir/tensorboard"));
-  s.add(K::of(T::Bool, "logging.plot", "true", "draw output_dir/loss.png at the end"));
+              "a fresh run may replace the checkpoints an earlier run left in output_dir (false: refuse)")
+            .not_in_config_hash());
+  s.add(
+      K::of(T::Int, "checkpoint.save_every", "0", "save a training checkpoint every N steps and at the end (0: never)")
+          .at_least(0)
+          .not_in_config_hash());
+  s.add(K::of(T::Int, "checkpoint.keep_last", "3", "training checkpoints to keep (0: all)")
+            .at_least(0)
+            .not_in_config_hash());
+  s.add(K::of(T::Bool, "logging.tensorboard", "false", "also write TensorBoard event files to output_dir/tensorboard")
+            .not_in_config_hash());
+  s.add(K::of(T::Bool, "logging.plot", "true", "draw output_dir/loss.png at the end").not_in_config_hash());
   s.add(K::of(T::Float, "logging.peak_tflops", "0", "device peak for MFU (0: H100/H200 figure on CUDA, none on CPU)")
-            .at_least(0));
-  s.add(K::of(T::Bool, "profile.enabled", "false", "record a per-op timeline (Chrome trace) for some steps"));
-  s.add(K::of(T::Int, "profile.start_step", "3", "first profiled step (1-based; later than warm-up)").at_least(1));
-  s.add(K::of(T::Int, "profile.num_steps", "1", "number of profiled steps").at_least(1));
-  s.add(K::of(T::Int, "profile.top_k", "15", "rows of the top-ops table printed at the end").at_least(1));
-  s.add(K::of(T::Bool, "compile.enabled", "false", "trace forward, backward and the optimizer update into one compiled graph"));
+            .at_least(0)
+            .not_in_config_hash());
+  s.add(K::of(T::Bool, "profile.enabled", "false", "record a per-op timeline (Chrome trace) for some steps")
+            .not_in_config_hash());
+  s.add(K::of(T::Int, "profile.start_step", "3", "first profiled step (1-based; later than warm-up)")
+            .at_least(1)
+            .not_in_config_hash());
+  s.add(K::of(T::Int, "profile.num_steps", "1", "number of profiled steps").at_least(1).not_in_config_hash());
+  s.add(K::of(T::Int, "profile.top_k", "15", "rows of the top-ops table printed at the end")
+            .at_least(1)
+            .not_in_config_hash());
+  s.add(K::of(T::Bool, "compile.enabled", "false",
+              "trace forward, backward and the optimizer update into one compiled graph")
+            .not_in_config_hash());
   s.add(K::of(T::String, "compile.mode", "default",
               "compiler mode (GPU: reduce-overhead replays CUDA graphs; max-autotune tunes kernels and replays them)")
-            .one_of({"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}));
-  s.add(K::of(T::Bool, "compile.fullgraph", "false", "fail at a graph break instead of splitting the graph"));
-  s.add(K::of(T::Bool, "compile.dynamic", "false", "treat batch and sequence sizes as symbolic"));
+            .one_of({"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"})
+            .not_in_config_hash());
+  s.add(K::of(T::Bool, "compile.fullgraph", "false", "fail at a graph break instead of splitting the graph")
+            .not_in_config_hash());
+  s.add(K::of(T::Bool, "compile.dynamic", "false", "treat batch and sequence sizes as symbolic").not_in_config_hash());
   s.add(K::of(T::Float, "compile.memory_budget", "1.0",
               "fraction of activations kept for backward (< 1: recompute the rest, activation checkpointing)")
             .at_least(0)
-            .at_most(1));
-  s.add(K::of(T::String, "compile.cache_dir", "", "compile cache directory (empty: the compiler's default)"));
+            .at_most(1)
+            .not_in_config_hash());
+  s.add(K::of(T::String, "compile.cache_dir", "", "compile cache directory (empty: the compiler's default)")
+            .not_in_config_hash());
   s.add(K::of(T::String, "distributed.backend", "auto",
               "process group of a data-parallel run (`ingot launch`, mpirun): auto = nccl on CUDA, gloo on CPU")
-            .one_of({"auto", "nccl", "gloo"}));
+            .one_of({"auto", "nccl", "gloo"})
+            .not_in_config_hash());
   s.add(K::of(T::Float, "distributed.bucket_cap_mb", "25",
-              "DDP gradient bucket size in MiB (gradients are averaged across ranks bucket by bucket)").at_least(0.001));
+              "DDP gradient bucket size in MiB (gradients are averaged across ranks bucket by bucket)")
+            .at_least(0.001)
+            .not_in_config_hash());
   s.add(K::of(T::String, "distributed.reduce_dtype", "f32",
               "dtype gradients are averaged in: f32, or bf16 (half the bytes on the wire, as PyTorch's "
               "bf16_compress_hook; the average is widened back before the optimizer)")
-            .one_of({"f32", "bf16"}));
+            .one_of({"f32", "bf16"})
+            .not_in_config_hash());
   s.add(K::of(T::Int, "distributed.zero_stage", "0",
               "0: plain DDP, 1: shard the optimizer state across ranks (ZeRO-1), 2: and the gradients (ZeRO-2), "
               "3: and the weights, gathered per transformer block when used (ZeRO-3, eager only); checkpoints hold "
               "the whole state")
             .at_least(0)
-            .at_most(3));
+            .at_most(3)
+            .not_in_config_hash());
   s.add(K::of(T::Bool, "distributed.reshard_after_forward", "true",
               "zero_stage 3: free a block's gathered weights after its forward and gather them again for its "
-              "backward (false: keep them until its gradients are reduced; one all-gather less, more memory)"));
+              "backward (false: keep them until its gradients are reduced; one all-gather less, more memory)")
+            .not_in_config_hash());
   s.add(K::of(T::Bool, "distributed.overlap", "true",
-              "reduce each bucket during backward as soon as it fills (false: after the whole backward)"));
+              "reduce each bucket during backward as soon as it fills (false: after the whole backward)")
+            .not_in_config_hash());
   s.add(K::of(T::Float, "distributed.timeout_s", "0",
               "seconds a collective may take before it fails naming the missing ranks (0: ingot launch "
               "--collective-timeout, else 600)")
-            .at_least(0));
+            .at_least(0)
+            .not_in_config_hash());
   s.add(K::of(T::Float, "distributed.init_timeout_s", "0",
               "seconds ranks wait for each other to check in at start and at barriers (0: ingot launch "
               "--init-timeout, else 300)")
-            .at_least(0));
+            .at_least(0)
+            .not_in_config_hash());
 }
 
 namespace {
@@ -151,7 +184,7 @@ std::string lr_text(double lr) {
 // `keep` runs the checkpoint's schedule to its end (min_lr afterwards), `stretch` refits it to max_steps.
 void check_resume_schedule(const TrainState& st, const Config& cfg, ConfigErrors& errors, RunSettings& s) {
   if (st.total_steps == s.max_steps || st.lr_schedule == "constant") return;
-  const std::string policy = ConfigReader(cfg, errors).str("resume_schedule", "refuse");
+  const std::string policy = ConfigReader(cfg, errors).str("resume_schedule");
   const std::string then = std::to_string(st.total_steps), now = std::to_string(s.max_steps);
   const std::string next = std::to_string(st.step + 1);
   if (policy == "keep") {
@@ -177,7 +210,7 @@ void check_resume_schedule(const TrainState& st, const Config& cfg, ConfigErrors
 
 // A timeout in seconds: the config's when set (> 0), else the launcher's environment variable, else `fallback`.
 double timeout_setting(const Config& cfg, ConfigErrors& errors, const char* key, const char* env, double fallback) {
-  const double configured = ConfigReader(cfg, errors).f64(key, 0);
+  const double configured = ConfigReader(cfg, errors).f64(key);
   if (configured > 0) return configured;
   const char* v = std::getenv(env);
   if (!v || !*v) return fallback;
@@ -271,12 +304,12 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
                   "local rank " + std::to_string(s.local_rank) + " has no GPU of its own: only " +
                       std::to_string(visible) + " CUDA device(s) are visible (launch at most that many workers per node)");
   }
-  std::string dt = rd.str("dtype", "f32");
+  std::string dt = rd.str("dtype");
   s.dtype = dt == "bf16" ? DType::bf16 : DType::f32;
-  s.max_steps = rd.i64("max_steps", 1);
+  s.max_steps = rd.i64("max_steps");
   s.lr_schedule_steps = s.max_steps;
   s.seed = static_cast<uint64_t>(rd.i64("seed"));
-  s.output_dir = rd.str("output_dir", "runs/run");
+  s.output_dir = rd.str("output_dir");
   if (s.output_dir.empty()) errors.fail(cfg, "output_dir", "must not be empty");
   s.save_every = rd.i64("checkpoint.save_every");
   s.keep_last = rd.i64("checkpoint.keep_last");
@@ -289,21 +322,21 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
       problem = output_location_problem((fs::path(s.output_dir) / "tensorboard").string(), true);
     if (!problem.empty()) errors.fail(cfg, "output_dir", problem);
   }
-  s.plot = rd.flag("logging.plot", true);
+  s.plot = rd.flag("logging.plot");
   s.peak_tflops = rd.f64("logging.peak_tflops");
   s.profile.enabled = rd.flag("profile.enabled");
-  s.profile.start_step = rd.i64("profile.start_step", 1);
-  s.profile.num_steps = rd.i64("profile.num_steps", 1);
-  s.profile.top_k = rd.i64("profile.top_k", 15);
+  s.profile.start_step = rd.i64("profile.start_step");
+  s.profile.num_steps = rd.i64("profile.num_steps");
+  s.profile.top_k = rd.i64("profile.top_k");
   if (s.profile.enabled && s.profile.start_step > s.max_steps)
     errors.fail(cfg, "profile.start_step",
                 "step " + std::to_string(s.profile.start_step) + " is after the last step (max_steps = " +
                     std::to_string(s.max_steps) + "), so nothing would be profiled");
   s.compile.enabled = rd.flag("compile.enabled");
-  s.compile.mode = rd.str("compile.mode", "default");
+  s.compile.mode = rd.str("compile.mode");
   s.compile.fullgraph = rd.flag("compile.fullgraph");
   s.compile.dynamic = rd.flag("compile.dynamic");
-  s.compile.memory_budget = rd.f64("compile.memory_budget", 1.0);
+  s.compile.memory_budget = rd.f64("compile.memory_budget");
   // Activation checkpointing is a pass of the compiler (remat); an eager step keeps every activation.
   if (s.compile.memory_budget < 1 && !s.compile.enabled && !errors.has_error_for("compile.memory_budget"))
     errors.fail(cfg, "compile.memory_budget",
@@ -311,16 +344,16 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
                     " recomputes activations in a compiled step only, and compile.enabled is false; set "
                     "compile.enabled=true (eager runs keep every activation: there is no eager checkpointing)");
   s.compile.cache_dir = rd.str("compile.cache_dir");
-  s.distributed.backend = rd.str("distributed.backend", "auto");
-  s.distributed.bucket_cap_mb = rd.f64("distributed.bucket_cap_mb", 25);
-  s.distributed.reduce_dtype = rd.str("distributed.reduce_dtype", "f32");
+  s.distributed.backend = rd.str("distributed.backend");
+  s.distributed.bucket_cap_mb = rd.f64("distributed.bucket_cap_mb");
+  s.distributed.reduce_dtype = rd.str("distributed.reduce_dtype");
   s.distributed.zero_stage = rd.i64("distributed.zero_stage");
-  s.distributed.reshard_after_forward = rd.flag("distributed.reshard_after_forward", true);
+  s.distributed.reshard_after_forward = rd.flag("distributed.reshard_after_forward");
   if (s.distributed.zero_stage == 3 && s.compile.enabled && !errors.has_error_for("distributed.zero_stage"))
     errors.fail(cfg, "distributed.zero_stage",
                 "3 runs eagerly for now, and compile.enabled is true; set compile.enabled=false, or use zero_stage 2 "
                 "(compiled: gradients and optimizer state sharded)");
-  s.distributed.overlap = rd.flag("distributed.overlap", true);
+  s.distributed.overlap = rd.flag("distributed.overlap");
   s.distributed.timeout_s =
       timeout_setting(cfg, errors, "distributed.timeout_s", "INGOT_COLLECTIVE_TIMEOUT_S", s.distributed.timeout_s);
   s.distributed.init_timeout_s =

@@ -43,11 +43,11 @@ PretrainSettings resolve_pretrain(const Config& cfg, ConfigErrors& errors) {
   s.run = resolve_run(cfg, errors);
   const ConfigReader rd(cfg, errors);
 
-  s.n_layer = rd.i64("model.n_layer", 1);
-  s.n_head = rd.i64("model.n_head", 1);
-  s.n_embd = rd.i64("model.n_embd", 1);
-  s.block_size = rd.i64("model.block_size", 1);
-  s.dropout = rd.f64("model.dropout", 0);
+  s.n_layer = rd.i64("model.n_layer");
+  s.n_head = rd.i64("model.n_head");
+  s.n_embd = rd.i64("model.n_embd");
+  s.block_size = rd.i64("model.block_size");
+  s.dropout = rd.f64("model.dropout");
   if (s.n_head > 0 && s.n_embd % s.n_head != 0)
     errors.fail(cfg, "model.n_head",
                 std::to_string(s.n_head) + " heads do not divide model.n_embd = " + std::to_string(s.n_embd));
@@ -60,7 +60,7 @@ PretrainSettings resolve_pretrain(const Config& cfg, ConfigErrors& errors) {
                     (s.data_path.rfind("data/", 0) == 0 ? " (run ./scripts/get_data.sh to fetch it)" : ""));
   else if (std::string problem = text_file_problem(s.data_path); !errors.has_error_for("data.path") && !problem.empty())
     errors.fail(cfg, "data.path", "'" + s.data_path + "' " + problem);
-  s.val_fraction = rd.f64("data.val_fraction", 0.1);
+  s.val_fraction = rd.f64("data.val_fraction");
 
   s.train = resolve_train_options(cfg, errors);
   check_global_batch(cfg, s.run, s.train.batch_size, errors);

@@ -51,31 +51,34 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
   s.add(K::of(T::Float, "train.beta1", "0.9", "AdamW beta1").at_least(0).at_most(0.999999));
   s.add(K::of(T::Float, "train.beta2", d.beta2, "AdamW beta2").at_least(0).at_most(0.999999));
   s.add(K::of(T::Float, "train.grad_clip", d.grad_clip, "max global gradient norm (0: no clipping)").at_least(0));
-  s.add(K::of(T::Int, "train.log_every", d.log_every, "steps between progress lines").at_least(1));
-  s.add(K::of(T::Int, "train.eval_every", "0", "steps between validation evals (0: only at the end)").at_least(0));
+  s.add(K::of(T::Int, "train.log_every", d.log_every, "steps between progress lines").at_least(1).not_in_config_hash());
+  s.add(K::of(T::Int, "train.eval_every", "0", "steps between validation evals (0: only at the end)")
+            .at_least(0)
+            .not_in_config_hash());
   s.add(K::of(T::Int, "train.eval_batches", d.eval_batches, "validation batches per eval (0: skip eval)")
-            .at_least(0));
+            .at_least(0)
+            .not_in_config_hash());
 }
 
 TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
   const ConfigReader rd(cfg, errors);
   TrainOptions o;
-  o.batch_size = rd.i64("train.batch_size", 1);
-  o.grad_accum = rd.i64("train.gradient_accumulation_steps", 1);
-  o.lr = rd.f64("train.lr", 1e-3);
-  o.min_lr = rd.f64("train.min_lr", 0);
-  if (o.min_lr > o.lr && cfg.has("train.lr"))
+  o.batch_size = rd.i64("train.batch_size");
+  o.grad_accum = rd.i64("train.gradient_accumulation_steps");
+  o.lr = rd.f64("train.lr");
+  o.min_lr = rd.f64("train.min_lr");
+  if (o.min_lr > o.lr && !errors.has_error_for("train.lr") && !errors.has_error_for("train.min_lr"))
     errors.fail(cfg, "train.min_lr",
                 cfg.value("train.min_lr").text + " must not exceed train.lr (" + cfg.value("train.lr").text + ")");
-  o.warmup_steps = rd.i64("train.warmup_steps", 0);
-  o.lr_schedule = rd.str("train.lr_schedule", "cosine");
-  o.weight_decay = rd.f64("train.weight_decay", 0);
-  o.beta1 = rd.f64("train.beta1", 0.9);
-  o.beta2 = rd.f64("train.beta2", 0.95);
-  o.grad_clip = rd.f64("train.grad_clip", 0);
-  o.log_every = rd.i64("train.log_every", 10);
-  o.eval_every = rd.i64("train.eval_every", 0);
-  o.eval_batches = rd.i64("train.eval_batches", 0);
+  o.warmup_steps = rd.i64("train.warmup_steps");
+  o.lr_schedule = rd.str("train.lr_schedule");
+  o.weight_decay = rd.f64("train.weight_decay");
+  o.beta1 = rd.f64("train.beta1");
+  o.beta2 = rd.f64("train.beta2");
+  o.grad_clip = rd.f64("train.grad_clip");
+  o.log_every = rd.i64("train.log_every");
+  o.eval_every = rd.i64("train.eval_every");
+  o.eval_batches = rd.i64("train.eval_batches");
   if (o.eval_every > 0 && o.eval_batches == 0)
     errors.fail(cfg, "train.eval_every", "is set but train.eval_batches is 0, so each eval would use no data");
   return o;

@@ -23,19 +23,6 @@ constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 constexpr const char* kMasterPrefix = "master.";
 
-// Keys (or sections, with a trailing '.') that do not change what a step computes.
-bool excluded_from_hash(const std::string& key) {
-  static const std::set<std::string> exact = {"output_dir",     "resume",          "resume_from",      "max_steps",
-                                              "overwrite_output_dir", "resume_schedule",
-                                              "device",         "train.log_every", "train.eval_every", "train.eval_batches",
-                                              "compile.enabled", "compile.mode"};
-  static const char* sections[] = {"checkpoint.", "logging.", "profile.", "distributed.", "compile."};
-  if (exact.count(key)) return true;
-  for (const char* s : sections)
-    if (key.rfind(s, 0) == 0) return true;
-  return false;
-}
-
 std::string canonical(const Config::Value& v) {
   if (v.is_null) return "null";
   if (!v.is_sequence) return v.text;
@@ -47,9 +34,14 @@ std::string canonical(const Config::Value& v) {
 }  // namespace
 
 std::map<std::string, std::string> training_config_entries(const Config& cfg) {
+  const ConfigSchema* schema = cfg.schema();
+  INGOT_INTERNAL_CHECK(schema, "training_config_entries: the config was not validated against a schema");
   std::map<std::string, std::string> out;
-  for (const auto& [key, v] : cfg.values())
-    if (!excluded_from_hash(key)) out.emplace(key, canonical(v));
+  for (const auto& [key, v] : cfg.values()) {
+    // A key the schema does not list is already a config error; it is hashed like any other.
+    const ConfigKey* k = schema->find(key);
+    if (!k || k->in_config_hash) out.emplace(key, canonical(v));
+  }
   return out;
 }
 

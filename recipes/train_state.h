@@ -41,7 +41,8 @@ struct TrainState {
 
 // The config entries that determine the numbers a run computes: everything except where it writes, how
 // often it logs or saves, how long it runs (max_steps only ends the run; the LR schedule length is recorded
-// separately), and how it resumes. Values are their canonical text; lists are "[a, b]".
+// separately), and how it resumes: the keys the schema marks not_in_config_hash() are left out. `cfg` must be
+// validated. Values are their canonical text; lists are "[a, b]".
 std::map<std::string, std::string> training_config_entries(const Config& cfg);
 std::string config_hash(const std::map<std::string, std::string>& entries);
 

@@ -238,5 +238,74 @@ TEST(ConfigSchema, FarFetchedNamesGetNoSuggestion) {
   EXPECT_EQ(test_schema().suggest("sed"), "seed");
 }
 
+// The schema is the only place a key's default is written: a read that names its own fallback does not compile.
+template <class R>
+concept TakesAFallback = requires(const R& r) {
+  r.i64("seed", int64_t{0});
+  r.f64("train.lr", 0.0);
+  r.flag("compile.enabled", false);
+  r.str("device", std::string());
+};
+static_assert(!TakesAFallback<ConfigReader>, "ConfigReader must take each default from the schema");
+
+TEST(ConfigReader, AnUnreadableValueGivesTheSchemaDefaultAndAnError) {
+  Config c = Config::parse("seed: x\ndevice: [a]\ntrain: {lr: fast, batch_size: many}\ncompile: {enabled: maybe}\n",
+                           "q.yaml");
+  ConfigErrors errors;
+  c.validate(test_schema(), errors);
+  const ConfigReader rd(c, errors);
+  EXPECT_EQ(rd.i64("seed"), 0);
+  EXPECT_EQ(rd.str("device"), "auto");
+  EXPECT_DOUBLE_EQ(rd.f64("train.lr"), 3e-4);
+  EXPECT_EQ(rd.i64("train.batch_size"), 8);
+  EXPECT_FALSE(rd.flag("compile.enabled"));
+  EXPECT_EQ(rd.str("data.path"), "");  // required: no default, and its absence is reported
+  for (const char* key : {"seed", "device", "train.lr", "train.batch_size", "compile.enabled", "data.path"})
+    EXPECT_TRUE(errors.has_error_for(key)) << key;
+}
+
+TEST(ConfigReader, ReadsTheValidatedValues) {
+  Config c = Config::parse("train: {lr: 1e-2}\ndata: {path: t.txt}\n", "q.yaml");
+  c.validate(test_schema());
+  ConfigErrors errors;
+  const ConfigReader rd(c, errors);
+  EXPECT_DOUBLE_EQ(rd.f64("train.lr"), 1e-2);
+  EXPECT_EQ(rd.i64("train.batch_size"), 8);
+  EXPECT_EQ(rd.str("data.path"), "t.txt");
+  EXPECT_TRUE(errors.empty());
+}
+
+TEST(ConfigReader, ReadingAKeyTheSchemaDoesNotListIsAnInternalError) {
+  Config c = Config::parse("data: {path: t.txt}\n", "q.yaml");
+  c.validate(test_schema());
+  ConfigErrors errors;
+  const ConfigReader rd(c, errors);
+  EXPECT_TRUE(rd.listed("train.lr"));
+  EXPECT_FALSE(rd.listed("train.min_lr"));
+  try {
+    rd.f64("train.min_lr");
+    FAIL() << "expected an internal error";
+  } catch (const ConfigError& e) {
+    FAIL() << "a key missing from the schema is ingot's bug, not the user's: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'train.min_lr' is read but the schema does not list it"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ConfigReader, NeedsAValidatedConfig) {
+  Config c = Config::parse("seed: 1\n", "q.yaml");
+  ConfigErrors errors;
+  EXPECT_THROW(ConfigReader(c, errors), Error);
+}
+
+TEST(Config, DefaultsHoldEveryKeyButTheRequiredOnes) {
+  Config d = Config::defaults(test_schema());
+  ASSERT_NE(d.schema(), nullptr);
+  EXPECT_EQ(d.get_int("train.batch_size"), 8);
+  EXPECT_EQ(d.get_string("device"), "auto");
+  EXPECT_FALSE(d.has("data.path"));
+}
+
 }  // namespace
 }  // namespace ingot::recipes
