@@ -245,16 +245,15 @@ void DistributedDataParallel::synchronize_traced() {
     // reduce_dtype: the whole bucket rounded in one kernel after the concatenation (one cast per parameter
     // was launch-bound: +0.5 ms for GPT-2's 148 tensors, bench/RESULTS.md) and widened back in one.
     Tensor flat = parts.size() == 1 ? parts[0] : cat(parts, 0);
-    if (flat.dtype() != b.dtype) flat = cast(flat, b.dtype);
-    auto widened = [](const Tensor& t, DType d) { return t.dtype() == d ? t : cast(t, d); };
+    flat = cast(flat, b.dtype);  // cast() of a tensor already in that dtype is the tensor itself
     if (s.zero1) {
-      publish_grad(b.shard, widened(reduce_scatter_avg(flat, group_), b.shard.dtype()));
+      publish_grad(b.shard, cast(reduce_scatter_avg(flat, group_), b.shard.dtype()));
       continue;
     }
-    const Tensor avg = widened(collective_wait(all_reduce_start(flat, group_)), grad_dtype);
+    const Tensor avg = cast(collective_wait(all_reduce_start(flat, group_)), grad_dtype);
     for (size_t k = 0; k < b.params.size(); ++k) {
       Tensor& p = s.params[b.params[k]];
-      publish_grad(p, widened(reshape(narrow(avg, 0, b.offsets[k], p.numel()), p.shape()), p.dtype()));
+      publish_grad(p, cast(reshape(narrow(avg, 0, b.offsets[k], p.numel()), p.shape()), p.dtype()));
     }
   }
   s.reset_round();
@@ -302,7 +301,7 @@ void DistributedDataParallel::synchronize() {
   }
   for (Bucket& b : s.buckets) {
     if (s.zero1) {
-      b.shard.set_grad(b.shard_grad.dtype() == b.shard.dtype() ? b.shard_grad : b.shard_grad.to(b.shard.dtype()));
+      b.shard.set_grad(b.shard_grad.to(b.shard.dtype()));  // to() of the same dtype is the tensor itself
       if (s.zero2) b.flat = Tensor();
       continue;
     }

@@ -47,11 +47,11 @@
 // (cudaEventRecordExternal), re-recorded at every replay, so a replayed step reports the same way.
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <algorithm>
 #include <deque>
 #include <functional>
 #include <optional>
