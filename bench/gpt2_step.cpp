@@ -127,9 +127,7 @@ Args parse(int argc, char** argv) {
     else INGOT_FAIL("bench_gpt2_step: unknown flag ", k, " (see --help)");
   }
   INGOT_CHECK(a.peak_tflops > 0, "bench_gpt2_step: --peak-tflops must be positive, got ", a.peak_tflops);
-  INGOT_CHECK(a.bucket_cap_mb > 0, "bench_gpt2_step: --bucket-cap-mb must be positive, got ", a.bucket_cap_mb);
-  INGOT_CHECK(a.reduce_dtype == "f32" || a.reduce_dtype == "bf16",
-              "bench_gpt2_step: --reduce-dtype must be f32 or bf16, got ", a.reduce_dtype);
+  bench::check_ddp_flags("bench_gpt2_step", a.bucket_cap_mb, a.reduce_dtype);
   return a;
 }
 
@@ -139,13 +137,10 @@ int main(int argc, char** argv) try {
   Args a = parse(argc, argv);
   // --ddp under `ingot launch --nproc-per-node 1`: the DDP step in a world of one (buckets, collectives, per-bucket
   // updates, no peers), what DDP costs beside the communication itself.
-  const auto env_world = distributed::world_from_env();
-  const bool ddp_mode = env_world && (env_world->world_size > 1 || a.ddp_alone);
-  std::optional<distributed::DistributedContext> dist;
-  if (ddp_mode) dist = distributed::init_distributed();
-  const int world = dist ? dist->info.world_size : 1, rank = dist ? dist->info.rank : 0;
-  Device dev = parse_device(a.device);
-  if (dist && dev.is_cuda() && cuda_device_count() > 1) dev = Device::cuda(dist->info.local_rank);
+  bench::BenchWorld w = bench::join_world(a.device, a.ddp_alone);
+  const int rank = w.rank;
+  const Device dev = w.dev;
+  std::optional<distributed::DistributedContext>& dist = w.dist;
   manual_seed(1234 + static_cast<uint64_t>(rank));
   models::GPT2Config cfg;
   cfg.vocab_size = a.vocab;
@@ -158,13 +153,9 @@ int main(int argc, char** argv) try {
   if (a.dtype == "bf16") model.set_compute_dtype(DType::bf16);
   else INGOT_CHECK(a.dtype == "f32", "bench_gpt2_step: --dtype must be bf16 or f32, got ", a.dtype);
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
-  if (dist) {
-    distributed::DdpOptions o;
-    o.bucket_cap_mb = a.bucket_cap_mb;
-    o.zero_stage = a.zero1 ? 1 : 0;
-    if (a.reduce_dtype == "bf16") o.reduce_dtype = DType::bf16;
-    ddp = std::make_unique<distributed::DistributedDataParallel>(model, dist->group, o);
-  }
+  if (dist)
+    ddp = std::make_unique<distributed::DistributedDataParallel>(
+        model, dist->group, bench::ddp_options(a.bucket_cap_mb, a.reduce_dtype, a.zero1 ? 1 : 0));
   optim::AdamW opt(ddp ? ddp->optimizer_params() : model.parameters(),
                    optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1});
 
@@ -174,13 +165,7 @@ int main(int argc, char** argv) try {
   auto step_fn = [&](const std::vector<Tensor>& b) {
     Tensor loss = model.loss(b[0], b[1]);
     loss.backward();
-    if (ddp) {
-      ddp->step(opt);
-      ddp->zero_grad();
-    } else {
-      opt.step();
-      opt.zero_grad();
-    }
+    bench::optimizer_step(ddp.get(), opt);
     return std::vector<Tensor>{loss};
   };
   std::optional<CompiledFunction> compiled;
@@ -212,10 +197,7 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
-  if (dist) mode += std::string(a.zero1 ? " ZeRO-1" : " DDP") + " x" + std::to_string(world);
-  if (dist && a.reduce_dtype != "f32") mode += " reduce " + a.reduce_dtype;
-  if (dist && a.bucket_updates) mode += " bucket-updates";
-  if (dist && a.bucket_cap_mb != 25.0) mode += detail::str_cat(" cap ", a.bucket_cap_mb, " MB");
+  mode += bench::ddp_label(w, a.zero1, a.reduce_dtype, a.bucket_cap_mb, a.bucket_updates);
   std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | MFU | peak mem GB | "
               "first call s | loss first->last |\n",
               static_cast<long long>(a.steps));

@@ -69,9 +69,7 @@ Args parse(int argc, char** argv) {
     else INGOT_FAIL("bench_llama_step: unknown flag ", k, " (see --help)");
   }
   INGOT_CHECK(!a.config.empty(), "bench_llama_step: --config CONFIG_JSON is required (see --help)");
-  INGOT_CHECK(a.bucket_cap_mb > 0, "bench_llama_step: --bucket-cap-mb must be positive, got ", a.bucket_cap_mb);
-  INGOT_CHECK(a.reduce_dtype == "f32" || a.reduce_dtype == "bf16",
-              "bench_llama_step: --reduce-dtype must be f32 or bf16, got ", a.reduce_dtype);
+  bench::check_ddp_flags("bench_llama_step", a.bucket_cap_mb, a.reduce_dtype);
   return a;
 }
 
@@ -79,12 +77,10 @@ Args parse(int argc, char** argv) {
 
 int main(int argc, char** argv) try {
   Args a = parse(argc, argv);
-  const bool ddp_mode = distributed::world_from_env().value_or(distributed::WorldInfo{}).world_size > 1;
-  std::optional<distributed::DistributedContext> dist;
-  if (ddp_mode) dist = distributed::init_distributed();
-  const int world = dist ? dist->info.world_size : 1, rank = dist ? dist->info.rank : 0;
-  Device dev = parse_device(a.device);
-  if (dist && dev.is_cuda() && cuda_device_count() > 1) dev = Device::cuda(dist->info.local_rank);
+  bench::BenchWorld w = bench::join_world(a.device);
+  const int rank = w.rank;
+  const Device dev = w.dev;
+  std::optional<distributed::DistributedContext>& dist = w.dist;
   manual_seed(1234 + static_cast<uint64_t>(rank));
   models::HFConfig hf = models::load_hf_config(a.config);
   INGOT_CHECK(hf.arch == models::HFConfig::Arch::Llama, "bench_llama_step: ", a.config,
@@ -95,12 +91,9 @@ int main(int argc, char** argv) try {
   if (a.dtype == "bf16") model->set_compute_dtype(DType::bf16);
   else INGOT_CHECK(a.dtype == "f32", "bench_llama_step: --dtype must be bf16 or f32, got ", a.dtype);
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
-  if (dist) {
-    distributed::DdpOptions o;
-    o.bucket_cap_mb = a.bucket_cap_mb;
-    if (a.reduce_dtype == "bf16") o.reduce_dtype = DType::bf16;
-    ddp = std::make_unique<distributed::DistributedDataParallel>(*model, dist->group, o);
-  }
+  if (dist)
+    ddp = std::make_unique<distributed::DistributedDataParallel>(*model, dist->group,
+                                                                 bench::ddp_options(a.bucket_cap_mb, a.reduce_dtype));
   optim::AdamW opt(ddp ? ddp->optimizer_params() : model->parameters(), optim::AdamWOptions{2e-5, 0.9, 0.95, 1e-8, 0.0});
 
   const int64_t vocab = hf.vocab_size();
@@ -109,13 +102,7 @@ int main(int argc, char** argv) try {
   auto step_fn = [&](const std::vector<Tensor>& b) {
     Tensor loss = model->loss(b[0], b[1]);
     loss.backward();
-    if (ddp) {
-      ddp->step(opt);
-      ddp->zero_grad();
-    } else {
-      opt.step();
-      opt.zero_grad();
-    }
+    bench::optimizer_step(ddp.get(), opt);
     return std::vector<Tensor>{loss};
   };
   std::optional<CompiledFunction> compiled;
@@ -144,9 +131,7 @@ int main(int argc, char** argv) try {
   const AllocatorStats st = allocator_for(dev).stats();
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
-  if (world > 1) mode += " DDP x" + std::to_string(world);
-  if (world > 1 && a.reduce_dtype != "f32") mode += " reduce " + a.reduce_dtype;
-  if (world > 1 && a.bucket_cap_mb != 25.0) mode += detail::str_cat(" cap ", a.bucket_cap_mb, " MB");
+  mode += bench::ddp_label(w, false, a.reduce_dtype, a.bucket_cap_mb);
   std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | "
               "peak mem GB | first call s | loss first->last |\n",
               static_cast<long long>(a.steps));

@@ -11,7 +11,11 @@
 #include <vector>
 
 #include "compile/api.h"
+#include "distributed/bootstrap.h"
+#include "distributed/ddp.h"
 #include "distributed/process_group.h"
+#include "optim/optimizer.h"
+#include "runtime/device.h"
 #include "runtime/allocator.h"
 #include "runtime/cuda_runtime.h"
 #include "runtime/tensor.h"
@@ -111,6 +115,66 @@ inline void print_step_timing(const StepTimes& t) {
   std::printf("timing: host call %.3f ms/step (median); %.2f ms/step with a loss read after each step, %.2f ms "
               "back to back, %.2f ms (median) queued whole before the GPU starts it\n",
               median(t.host_ms), t.median_ms(), t.pipelined_ms, median(t.queued_ms));
+}
+
+// ---- data parallel (both benchmarks under `ingot launch`) -----------------------------------------------------
+
+// The data-parallel world this process joins: one when started by a launcher with WORLD_SIZE > 1 (or, with
+// `alone`, a world of one), none otherwise. A rank that sees several GPUs runs on cuda:LOCAL_RANK.
+struct BenchWorld {
+  std::optional<distributed::DistributedContext> dist;
+  Device dev;
+  int world = 1, rank = 0;
+};
+inline BenchWorld join_world(const std::string& device, bool alone = false) {
+  BenchWorld w;
+  const auto env = distributed::world_from_env();
+  if (env && (env->world_size > 1 || alone)) w.dist = distributed::init_distributed();
+  if (w.dist) {
+    w.world = w.dist->info.world_size;
+    w.rank = w.dist->info.rank;
+  }
+  w.dev = parse_device(device);
+  if (w.dist && w.dev.is_cuda() && cuda_device_count() > 1) w.dev = Device::cuda(w.dist->info.local_rank);
+  return w;
+}
+
+// The DDP flags both benchmarks take (--bucket-cap-mb MB, --reduce-dtype f32|bf16): checked when parsed, and
+// turned into the DDP's options.
+inline void check_ddp_flags(const char* program, double bucket_cap_mb, const std::string& reduce_dtype) {
+  INGOT_CHECK(bucket_cap_mb > 0, program, ": --bucket-cap-mb must be positive, got ", bucket_cap_mb);
+  INGOT_CHECK(reduce_dtype == "f32" || reduce_dtype == "bf16", program, ": --reduce-dtype must be f32 or bf16, got ",
+              reduce_dtype);
+}
+inline distributed::DdpOptions ddp_options(double bucket_cap_mb, const std::string& reduce_dtype, int zero_stage = 0) {
+  distributed::DdpOptions o;
+  o.bucket_cap_mb = bucket_cap_mb;
+  o.zero_stage = zero_stage;
+  if (reduce_dtype == "bf16") o.reduce_dtype = DType::bf16;
+  return o;
+}
+
+// The end of a benchmark step: DDP's reduction, update and zero_grad when the model is wrapped, else the
+// optimizer's own.
+inline void optimizer_step(distributed::DistributedDataParallel* ddp, optim::Optimizer& opt) {
+  if (ddp) {
+    ddp->step(opt);
+    ddp->zero_grad();
+  } else {
+    opt.step();
+    opt.zero_grad();
+  }
+}
+
+// The row label's data-parallel part (" DDP x4 reduce bf16 cap 100 MB"); "" without a world.
+inline std::string ddp_label(const BenchWorld& w, bool zero1, const std::string& reduce_dtype, double bucket_cap_mb,
+                             bool bucket_updates = false) {
+  if (!w.dist) return "";
+  std::string label = std::string(zero1 ? " ZeRO-1" : " DDP") + " x" + std::to_string(w.world);
+  if (reduce_dtype != "f32") label += " reduce " + reduce_dtype;
+  if (bucket_updates) label += " bucket-updates";
+  if (bucket_cap_mb != 25.0) label += detail::str_cat(" cap ", bucket_cap_mb, " MB");
+  return label;
 }
 
 // time_steps with rank 0's communication timeline of every timed step in `marks` (Note [Step timeline] in
