@@ -1,10 +1,15 @@
 #include "compile/pipeline.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "compile/codegen/cpu/cpu_codegen.h"
 #include "compile/codegen/cpu/render_cpp.h"
@@ -30,11 +35,32 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// INGOT_SKIP_PASSES=name,name: passes left out, to bisect a miscompilation (the names INGOT_LOGS=passes prints).
+// Only optimizations should be skipped; a pass the backend needs (functionalize) fails later when skipped.
+bool skipped_by_env(std::string_view name) {
+  static const std::vector<std::string> skipped = [] {
+    std::vector<std::string> out;
+    const char* e = std::getenv("INGOT_SKIP_PASSES");
+    std::string item;
+    for (const char* c = e ? e : ""; ; ++c) {
+      if (*c == ',' || *c == '\0') {
+        if (!item.empty()) out.push_back(item);
+        item.clear();
+        if (*c == '\0') break;
+      } else {
+        item += *c;
+      }
+    }
+    return out;
+  }();
+  return std::find(skipped.begin(), skipped.end(), name) != skipped.end();
+}
+
 template <class F>
 void run_pass(const char* name, Graph& g, F&& pass) {
   const auto t0 = std::chrono::steady_clock::now();
   const size_t before = g.nodes.size();
-  const bool changed = pass(g);
+  const bool changed = !skipped_by_env(name) && pass(g);
 #ifndef NDEBUG
   g.verify();
 #endif

@@ -1,8 +1,10 @@
 #include "distributed/collective_ops.h"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string_view>
 
 #include "autograd/primitive.h"
 #include "distributed/buckets.h"
@@ -83,7 +85,12 @@ class CollectiveWaitPrim final : public CollectivePrim {
       work = std::move(it->second);
       g_pending.erase(it);
     }
-    if (in[0].device().is_cuda())
+    // INGOT_HOST_WAIT=1: the host waits for the collective instead of the stream (diagnosis only).
+    static const bool host_wait = [] {
+      const char* e = std::getenv("INGOT_HOST_WAIT");
+      return e && std::string_view(e) == "1";
+    }();
+    if (in[0].device().is_cuda() && !host_wait)
       work->block_stream(cuda::current_stream(in[0].device().index));
     else
       work->wait();

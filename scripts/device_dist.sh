@@ -42,11 +42,32 @@ if want tests; then
 fi
 
 if want race; then
-  fails=0
-  for i in 1 2 3 4 5; do
-    (cd $src && timeout 120 ingot_tests --gtest_filter='DdpOnGpus.Compiled*' > "$out/race_$i.log" 2>&1) || fails=$((fails + 1))
+  # Each variant: the quick default-mode check (10 steps, 2 GPUs) in 3 fresh processes; then the full 2- and
+  # 4-GPU tests as committed. Variants are diagnosis switches (docs in the code that reads them).
+  race() {  # race NAME RUNS [ENV=VALUE...]
+    local name=$1 runs=$2 fails=0 i; shift 2
+    for ((i = 1; i <= runs; i++)); do
+      want race || return 0
+      (cd $src && env "$@" timeout 100 ingot_tests --gtest_filter='DdpOnGpus.CompiledDefaultMode*' \
+        > "$out/race_${name}_$i.log" 2>&1) || fails=$((fails + 1))
+    done
+    echo "race $name: $fails of $runs runs failed"
+    grep -h "Which is\|step [0-9]\|parameter [0-9]" "$out"/race_${name}_*.log | head -4
+  }
+  race committed 4
+  race blocking 3 INGOT_NCCL_BLOCKING=1
+  race host_wait 3 INGOT_HOST_WAIT=1
+  race no_accumulate 2 INGOT_SKIP_PASSES=accumulate_index_add
+  race no_fuse 2 INGOT_SKIP_PASSES=fuse
+  race no_schedule 2 INGOT_SKIP_PASSES=schedule
+  race launch_blocking 1 CUDA_LAUNCH_BLOCKING=1
+  (cd $src && INGOT_LOGS=schedule,output_code timeout 100 ingot_tests --gtest_filter='DdpOnGpus.CompiledDefaultMode*' \
+    > "$out/race_logs.log" 2>&1); echo "race with logs: exit $?"
+  for n in Two Four; do
+    want race || break
+    (cd $src && timeout 150 ingot_tests --gtest_filter="DdpOnGpus.CompiledDdpFollowsEagerDdpAndOneGpuOn${n}Gpus" \
+      > "$out/race_full_$n.log" 2>&1); echo "race full $n GPUs: exit $?"
   done
-  echo "race: $fails of 5 runs of DdpOnGpus.Compiled* failed"
 fi
 
 bench="--device cuda --dtype bf16 --batch 16 --seq 1024 --steps 20 --warmup 5 --cache-dir /tmp/ingot-dist-cache"
