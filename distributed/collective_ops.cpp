@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "autograd/primitive.h"
@@ -85,12 +86,15 @@ class CollectiveWaitPrim final : public CollectivePrim {
       work = std::move(it->second);
       g_pending.erase(it);
     }
-    // INGOT_HOST_WAIT=1: the host waits for the collective instead of the stream (diagnosis only).
-    static const bool host_wait = [] {
+    // INGOT_HOST_WAIT=1: the host waits for the collective instead of the stream; =trace only while a compiled
+    // step is traced (its first call runs eagerly), =compiled only in compiled runs (diagnosis only).
+    static const std::string host_wait = [] {
       const char* e = std::getenv("INGOT_HOST_WAIT");
-      return e && std::string_view(e) == "1";
+      return std::string(e ? e : "");
     }();
-    if (in[0].device().is_cuda() && !host_wait)
+    const bool tracing = trace_observer() != nullptr;
+    const bool on_host = host_wait == "1" || (host_wait == "trace" && tracing) || (host_wait == "compiled" && !tracing);
+    if (in[0].device().is_cuda() && !on_host)
       work->block_stream(cuda::current_stream(in[0].device().index));
     else
       work->wait();

@@ -54,12 +54,14 @@ if want race; then
     echo "race $name: $fails of $runs runs failed"
     grep -h "Which is\|step [0-9]\|parameter [0-9]" "$out"/race_${name}_*.log | head -4
   }
-  race committed 3
-  race blocking 3 INGOT_NCCL_BLOCKING=1
-  race host_wait 2 INGOT_HOST_WAIT=1
-  race no_accumulate 1 INGOT_SKIP_PASSES=accumulate_index_add
-  race no_fuse 1 INGOT_SKIP_PASSES=fuse
-  race no_schedule 1 INGOT_SKIP_PASSES=schedule
+  race committed 8
+  race host_wait 6 INGOT_HOST_WAIT=1
+  race host_wait_trace 6 INGOT_HOST_WAIT=trace
+  race host_wait_compiled 6 INGOT_HOST_WAIT=compiled
+  race sync_after_trace 6 INGOT_SYNC_AFTER_TRACE=1
+  race no_fuse 4 INGOT_SKIP_PASSES=fuse
+  race no_schedule 4 INGOT_SKIP_PASSES=schedule
+  race blocking 4 INGOT_NCCL_BLOCKING=1
   (cd $src && INGOT_LOGS=schedule,output_code timeout 100 ingot_tests --gtest_filter='DdpOnGpus.CompiledDefaultMode*' \
     > "$out/race_logs.log" 2>&1); echo "race with logs: exit $?"
   for n in Two Four; do
