@@ -11,9 +11,9 @@
 // The end event of a collective must follow its kernel on the comm stream, and a non-blocking communicator may
 // still be enqueueing that kernel when the call returns. So every issue polls the communicator until it is no
 // longer in progress (one ncclCommGetAsyncError call when it already settled) before recording the event, not
-// only when the call itself returned ncclInProgress. Compiled default-mode DDP on 2 and 4 H200s drifted from eager
-// DDP exactly as an update reading its bucket before the reduction would, and synchronizing the comm stream right
-// after each issue removed it (bench/RESULTS.md, 2026-11-26); whether this settle alone does is still to be run.
+// only when the call itself returned ncclInProgress. (It was not the cause of the default-mode compiled DDP drift
+// on 2 and 4 H200s: a blocking communicator drifted alike. That was a device-side wait on another device's
+// stream: Note [Null streams name the current device], runtime/cuda/check.h.)
 //
 // Note [Watchdog]
 // Every issued collective records an event on the comm stream. The watchdog polls the events of the works in
@@ -113,6 +113,7 @@ class NcclWork final : public Work {
 
   // Device-side wait: `stream` waits for the collective, the host does not.
   void block_stream(cuda::Stream stream) override {
+    cuda::DeviceGuard guard(stream.device);  // Note [Null streams name the current device] (check.h)
     if (on_wait) on_wait(static_cast<cudaStream_t>(stream.handle));
     if (captured) {  // Note [Collectives in CUDA graphs]
       CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.handle), end_, 0));

@@ -57,6 +57,15 @@ class DeviceGuard {
 };
 
 // The current stream of `device` as a cudaStream_t.
+//
+// Note [Null streams name the current device]
+// Unless set_current_stream was called, the current stream of every device is its legacy default stream, whose
+// handle is nullptr, and the CUDA runtime resolves a null handle on the thread's *current* device. A call that
+// takes such a handle (a launch, an event record or stream wait, a stream sync) must run with the stream's
+// device current (DeviceGuard), or it acts on another device's stream. Kernel launches do (LaunchContext);
+// missing it in the NCCL group's device-side wait made compiled DDP drift on every rank but 0 whose thread still
+// had device 0 current (bench/RESULTS.md 2026-11-26: the compute stream of cuda:1 never waited for the
+// all-reduce, so the optimizer read a bucket NCCL was still writing).
 inline cudaStream_t raw_stream(int device) { return static_cast<cudaStream_t>(current_stream(device).handle); }
 
 }  // namespace ingot::cuda

@@ -75,13 +75,17 @@ Event::~Event() {
   if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
 }
 
+// A Stream{nullptr, d} is the legacy default stream of device d, but the runtime resolves a null handle on the
+// *current* device: the device is made current first (Note [Null streams name the current device], check.h).
 void Event::record(Stream s) {
+  DeviceGuard g(s.device);
   CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(s.handle)));
 }
 
 void Event::synchronize() { CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_))); }
 
 void Event::wait(Stream s) {
+  DeviceGuard g(s.device);
   CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(s.handle), static_cast<cudaEvent_t>(handle_), 0));
 }
 
