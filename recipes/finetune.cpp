@@ -11,6 +11,7 @@
 
 #include "models/hf_checkpoint.h"
 #include "models/peft.h"
+#include "models/qlora.h"
 #include "recipes/data_parallel.h"
 #include "recipes/metrics.h"
 #include "runtime/file_util.h"
@@ -52,6 +53,10 @@ ConfigSchema finetune_schema(bool lora) {
                 "projections to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2: "
                 "c_attn, c_proj, c_fc)"));
     s.add(K::of(T::Bool, "lora.merge_on_export", "true", "also export the merged model to output_dir/hf"));
+    s.add(K::of(T::String, "lora.quantize_base", "none",
+                "nf4: keep the frozen base projections in NF4 (QLoRA: 64-weight blocks, double-quantized absmax), "
+                "quantized at load; lm_head, embeddings and norms stay dense")
+              .one_of({"none", "nf4"}));
   }
   s.add(K::of(T::Float, "export.max_shard_mb", "5000", "exported weights are split into shards above this size (MB)")
             .at_least(0.001));
@@ -136,6 +141,7 @@ FinetuneSettings resolve_finetune(const Config& cfg, ConfigErrors& errors) {
       s.lora_config.dropout = cfg.get_double("lora.dropout");
       s.lora_config.target_modules = cfg.get_string_list("lora.target_modules");
       s.merge_on_export = cfg.get_bool("lora.merge_on_export");
+      s.quantize_base_nf4 = cfg.get_string("lora.quantize_base") == "nf4";
     }
   } catch (const ConfigError&) {
     // Reported by the schema check.
@@ -200,9 +206,18 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   manual_seed(run.seed);
   models::HFModel hf = models::load_hf_model(s.model.path, DType::f32);
   models::CausalLM& model = *hf.model;
-  model.to(run.device);
   std::vector<std::string> adapted;
-  if (s.lora) adapted = nn::apply_lora(model, s.lora_config);  // freezes every other parameter
+  models::QuantizedBase quantized;
+  if (s.quantize_base_nf4) {
+    // Quantized on the CPU before the move: the dense base never reaches the device.
+    adapted = nn::apply_lora(model, s.lora_config);
+    quantized = models::quantize_base_nf4(model);
+    model.to(run.device);
+    models::quantized_base_to(model, run.device);
+  } else {
+    model.to(run.device);
+    if (s.lora) adapted = nn::apply_lora(model, s.lora_config);  // freezes every other parameter
+  }
   model.set_tensor_names();
 
   TrainTask task;
@@ -241,16 +256,19 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   // MFU counts the products that run: a frozen base weight has no weight-gradient product (LoRA), the adapters
   // and every weight of a full fine-tune have all three. Embedding tables are lookups, not products.
   const int64_t embeddings = (hf.config.vocab_size() + (gpt2 ? hf.config.gpt2.n_positions : 0)) * d_model;
-  const int64_t products = model.num_parameters() - embeddings;
+  const int64_t products = model.num_parameters() + quantized.parameters - embeddings;
   task.flops_per_token =
       s.lora ? transformer_flops_per_token(trained, products - trained, n_layer, s.data.seq_len, d_model)
              : transformer_flops_per_token(products, 0, n_layer, s.data.seq_len, d_model);
   task.halt_after_steps = s.halt_after_steps;
   std::ostringstream h;
   h << run.recipe << " | " << hf.config.model_type << " " << n_layer << " layers, "
-    << format_count(static_cast<double>(model.num_parameters())) << " parameters, "
+    << format_count(static_cast<double>(model.num_parameters() + quantized.parameters)) << " parameters, "
     << format_count(static_cast<double>(trained)) << " trained";
   if (s.lora) h << " (LoRA r=" << s.lora_config.rank << " on " << adapted.size() << " projections)";
+  if (quantized.tensors > 0)
+    h << " | NF4 base: " << quantized.tensors << " weights, " << format_bytes(static_cast<double>(quantized.bytes))
+      << " (" << format_bytes(static_cast<double>(quantized.dense_bytes)) << " dense)";
   h << " | " << run.device.str() << " " << dtype_name(run.dtype) << " | " << s.data.path << ": " << examples.size()
     << " examples, " << format_count(static_cast<double>(count_loss_tokens(examples))) << " loss tokens";
   if (!val.empty()) h << " (+" << val.size() << " held out)";
@@ -271,10 +289,11 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
       models::save_lora_adapter(model, s.lora_config, hf.config, adapter, s.model.path);
       out.push_back(adapter);
     }
-    if (s.lora && run.dtype != DType::f32) {
-      // The frozen base was rounded to the compute dtype; merge the adapters into the checkpoint's own
-      // weights instead (load_hf_weights leaves the adapters alone).
+    if (s.lora && (run.dtype != DType::f32 || quantized.tensors > 0)) {
+      // The frozen base was rounded to the compute dtype or to NF4; merge the adapters into the checkpoint's
+      // own weights instead (load_hf_weights leaves the adapters alone). An NF4 base gets dense weights first.
       NoGradGuard no_grad;
+      models::restore_dense_base(model, /*dequantize=*/false);
       models::load_hf_weights(model, hf.config, s.model.path);
     }
     if (!s.lora || s.merge_on_export) {

@@ -30,7 +30,15 @@ void LoRALinear::add_lora(const LoRAConfig& cfg, const std::string& name) {
 }
 
 Tensor LoRALinear::forward(const Tensor& x) {
-  Tensor y = Linear::forward(x);
+  Tensor y;
+  if (frozen_base_) {
+    INGOT_CHECK(x.dim() >= 1 && x.size(-1) == in_features(), "LoRALinear: expected input [..., ", in_features(),
+                "], got ", shape_str(x.shape()));
+    y = frozen_base_->forward(maybe_cast(x, compute_dtype()));
+    if (bias().defined()) y = add(y, maybe_cast(bias(), y.dtype()));
+  } else {
+    y = Linear::forward(x);
+  }
   if (!lora_a_ || merged_) return y;
   Tensor delta = lora_b_->forward(lora_a_->forward(lora_dropout_->forward(x)));
   if (delta.dtype() != y.dtype()) delta = cast(delta, y.dtype());
@@ -39,14 +47,17 @@ Tensor LoRALinear::forward(const Tensor& x) {
 
 Tensor LoRALinear::merged_weight() const {
   NoGradGuard ng;
-  if (!lora_a_ || merged_) return weight().detach();
+  const Tensor w = frozen_base_ ? frozen_base_->dense(weight().dtype()) : weight();
+  if (!lora_a_ || merged_) return w.detach();
   Tensor ba = matmul(lora_b_->weight(), lora_a_->weight());
-  if (ba.dtype() != weight().dtype()) ba = cast(ba, weight().dtype());
-  return add(weight(), mul(ba, scale_)).detach();
+  if (ba.dtype() != w.dtype()) ba = cast(ba, w.dtype());
+  return add(w, mul(ba, scale_)).detach();
 }
 
 void LoRALinear::merge() {
   if (!lora_a_ || merged_) return;
+  INGOT_CHECK(!frozen_base_, "lora: cannot merge an adapter into a quantized base weight in place; export "
+              "merged_state_dict() (the dequantized base plus the adapter) or reload the dense weights first");
   Tensor m = merged_weight();
   Tensor w = weight();
   w.copy_(m);
@@ -121,7 +132,7 @@ std::map<std::string, Tensor> merged_state_dict(const Module& model) {
       ++it;
   }
   for (auto& [name, l] : lora_linears(model))
-    if (l->has_lora()) sd[name.empty() ? "weight" : name + ".weight"] = l->merged_weight();
+    if (l->has_lora() || l->frozen_base()) sd[name.empty() ? "weight" : name + ".weight"] = l->merged_weight();
   return sd;
 }
 

@@ -26,6 +26,15 @@ struct LoRAConfig {
   double scale() const { return alpha / static_cast<double>(rank); }
 };
 
+// A frozen base weight kept in another form than the dense `weight` parameter (models/qlora.h: NF4). A
+// LoRALinear given one computes its base output with it and holds no values in `weight`.
+class FrozenBase {
+ public:
+  virtual ~FrozenBase() = default;
+  virtual Tensor forward(const Tensor& x) const = 0;  // x W^T, differentiable in x
+  virtual Tensor dense(DType dtype) const = 0;        // W [out, in], no gradient
+};
+
 class LoRALinear : public Linear {
  public:
   using Linear::Linear;
@@ -41,12 +50,17 @@ class LoRALinear : public Linear {
   // Folds the adapter into the weight in place (inference / export); forward then skips it.
   void merge();
   bool merged() const { return merged_; }
+  // Replaces the base product x W^T with `base` (null goes back to `weight`); the caller owns what happens to
+  // `weight`'s values (models/qlora.cpp empties it). merge() is then an error: export merged_weight().
+  void set_frozen_base(std::shared_ptr<const FrozenBase> base) { frozen_base_ = std::move(base); }
+  const std::shared_ptr<const FrozenBase>& frozen_base() const { return frozen_base_; }
 
  private:
   std::shared_ptr<Linear> lora_a_, lora_b_;
   std::shared_ptr<Dropout> lora_dropout_;
   double scale_ = 0.0;
   bool merged_ = false;
+  std::shared_ptr<const FrozenBase> frozen_base_;
 };
 
 // Adds adapters to every LoRALinear of `model` whose last name component is in cfg.target_modules and freezes
@@ -60,7 +74,8 @@ std::vector<Tensor> trainable_parameters(const Module& model);
 // The adapter tensors only: "<module>.lora_A.weight" / "<module>.lora_B.weight" (handles, not copies).
 std::vector<std::pair<std::string, Tensor>> lora_state_dict(const Module& model);
 
-// The state dict with every adapter folded into its base weight and no lora_* entries: what an export writes.
+// The state dict with every adapter folded into its base weight and no lora_* entries: what an export writes
+// (a quantized base is written dequantized).
 std::map<std::string, Tensor> merged_state_dict(const Module& model);
 
 }  // namespace ingot::nn
