@@ -5,14 +5,12 @@
 #include <map>
 #include <mutex>
 #include <sstream>
-#include <string_view>
 
 #include "compile/graph_replay.h"
 #include "compile/logs.h"
 #include "compile/pipeline.h"
 #include "compile/segments.h"
 #include "compile/trace.h"
-#include "runtime/cuda_runtime.h"
 
 namespace ingot {
 namespace {
@@ -220,11 +218,6 @@ struct CompiledFunction::State {
     const auto t0 = std::chrono::steady_clock::now();
     if (log_on(compiler::LogKind::Progress)) compiler::log(compiler::LogKind::Progress, "compiling '" + opts.name + "': tracing");
     compiler::TraceResult tr = compiler::trace(fn, args, opts.fullgraph);
-    // INGOT_SYNC_AFTER_TRACE=1: the traced (eager) step finishes on the GPU before the compiler runs (diagnosis of
-    // the default-mode DDP race, bench/RESULTS.md 2026-11-26).
-    if (const char* e = std::getenv("INGOT_SYNC_AFTER_TRACE"); e && std::string_view(e) == "1")
-      for (const Tensor& a : args)
-        if (a.defined() && a.device().is_cuda()) ingot::cuda::synchronize_device(a.device().index);
     stats.time.trace_ms += ms_since(t0);
     ++stats.compiles;
     Entry e;

@@ -1,11 +1,8 @@
 #include "distributed/collective_ops.h"
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <string>
-#include <string_view>
 
 #include "autograd/primitive.h"
 #include "distributed/buckets.h"
@@ -86,15 +83,7 @@ class CollectiveWaitPrim final : public CollectivePrim {
       work = std::move(it->second);
       g_pending.erase(it);
     }
-    // INGOT_HOST_WAIT=1: the host waits for the collective instead of the stream; =trace only while a compiled
-    // step is traced (its first call runs eagerly), =compiled only in compiled runs (diagnosis only).
-    static const std::string host_wait = [] {
-      const char* e = std::getenv("INGOT_HOST_WAIT");
-      return std::string(e ? e : "");
-    }();
-    const bool tracing = trace_observer() != nullptr;
-    const bool on_host = host_wait == "1" || (host_wait == "trace" && tracing) || (host_wait == "compiled" && !tracing);
-    if (in[0].device().is_cuda() && !on_host)
+    if (in[0].device().is_cuda())
       work->block_stream(cuda::current_stream(in[0].device().index));
     else
       work->wait();

@@ -51,7 +51,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -216,10 +215,7 @@ class NcclProcessGroup final : public ProcessGroup {
     std::memcpy(&id, bytes.data(), sizeof id);
 
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    // Note [Non-blocking communicators]; INGOT_NCCL_BLOCKING=1 makes it blocking (diagnosis of the default-mode
-    // DDP race, bench/RESULTS.md 2026-11-26: whether NCCL's deferred enqueue is what the end event misses).
-    const char* blocking = std::getenv("INGOT_NCCL_BLOCKING");
-    config.blocking = blocking && std::string_view(blocking) == "1" ? 1 : 0;
+    config.blocking = 0;  // Note [Non-blocking communicators]
     config.commName = options_.name.c_str();
     ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
     if (r != ncclSuccess && r != ncclInProgress) {

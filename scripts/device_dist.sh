@@ -6,8 +6,9 @@
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [race] [bucket] [bench] [variants] [torch] [llama]  (default: tests bench torch)
-#   race: the compiled-DDP-vs-eager tests 5 times in fresh processes (the default-mode ordering race of
-#         bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5), counting the runs that fail
+#   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
+#         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
+#   bucket: the per-bucket optimizer updates test, 3 runs
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
 # only a few files per call).
@@ -42,8 +43,8 @@ if want tests; then
 fi
 
 if want race; then
-  # Each variant: the quick default-mode check (10 steps, 2 GPUs) in 3 fresh processes; then the full 2- and
-  # 4-GPU tests as committed. Variants are diagnosis switches (docs in the code that reads them).
+  # The quick default-mode check (10 steps, 2 GPUs) in fresh processes, optionally under environment switches
+  # (e.g. INGOT_SKIP_PASSES=fuse, CUDA_LAUNCH_BLOCKING=1); then the full 2- and 4-GPU tests twice each.
   race() {  # race NAME RUNS [ENV=VALUE...]
     local name=$1 runs=$2 fails=0 i; shift 2
     for ((i = 1; i <= runs; i++)); do
