@@ -91,12 +91,6 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
       log << "distributed | compile.enabled: the bucket "
           << (run.distributed.zero_stage >= 1 ? "reduce-scatters and all-gathers" : "all-reduces")
           << " are nodes of the compiled step\n";
-    // bench/RESULTS.md (2026-11-26): a stream-ordering race on NCCL in the modes without CUDA graphs, open.
-    if (run.compile.enabled && backend == "nccl" &&
-        (run.compile.mode == "default" || run.compile.mode == "max-autotune-no-cudagraphs"))
-      log << "distributed | warning: compiled DDP on NCCL in compile.mode=" << run.compile.mode
-          << " can drift from eager DDP (a known ordering race, README: Data parallel); compile.mode=reduce-overhead "
-             "is exact\n";
     log.flush();
   }
   return std::unique_ptr<DataParallel>(new DataParallel(std::move(impl)));
