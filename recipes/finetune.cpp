@@ -291,9 +291,13 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
     }
     if (s.lora && (run.dtype != DType::f32 || quantized.tensors > 0)) {
       // The frozen base was rounded to the compute dtype or to NF4; merge the adapters into the checkpoint's
-      // own weights instead (load_hf_weights leaves the adapters alone). An NF4 base gets dense weights first.
+      // own weights instead (load_hf_weights leaves the adapters alone). An NF4 base gets dense weights first,
+      // on the CPU: the device was sized for the quantized model, and nothing runs on it after this.
       NoGradGuard no_grad;
-      models::restore_dense_base(model, /*dequantize=*/false);
+      if (quantized.tensors > 0) {
+        model.to(Device::cpu());
+        models::restore_dense_base(model, /*dequantize=*/false);
+      }
       models::load_hf_weights(model, hf.config, s.model.path);
     }
     if (!s.lora || s.merge_on_export) {
