@@ -174,6 +174,23 @@ TEST(QLoRA, TheModelHoldsNoDenseBaseAndReportsTheQuantizedBytes) {
   EXPECT_NEAR(p.q->loss(ids, tgt).item(), before, 1e-3 * std::fabs(before));
 }
 
+TEST(QLoRA, Gpt2ProjectionsKeepTheirBiasesOverAnNf4Weight) {
+  models::HFModel q = models::load_hf_model(fixture("gpt2_tiny")), ref = models::load_hf_model(fixture("gpt2_tiny"));
+  const models::QuantizedBase r = models::quantize_base_nf4(*q.model);
+  EXPECT_EQ(r.tensors, 8);  // c_attn, c_proj (attention and MLP), c_fc in 2 blocks; the head is tied
+  {
+    NoGradGuard ng;
+    std::map<std::string, Tensor> sd = ref.model->state_dict();
+    for (auto& [name, m] : q.model->named_modules())
+      if (auto l = std::dynamic_pointer_cast<nn::LoRALinear>(m); l && l->frozen_base())
+        sd.at(name + ".weight").copy_(l->frozen_base()->dense(DType::f32));
+  }
+  auto [ids, tgt] = testing::repeating_batch(2, 10);
+  q.model->eval();
+  ref.model->eval();
+  EXPECT_LE(max_abs_diff(q.model->forward(ids), ref.model->forward(ids)), 1e-5);
+}
+
 TEST(QLoRA, BadWeightsAreErrorsNamingTheTensorAndLeaveTheModelAsItWas) {
   struct TwoProjections : nn::Module {
     TwoProjections() {
