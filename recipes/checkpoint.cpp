@@ -59,31 +59,50 @@ std::string checkpoint_path(const std::string& output_dir, int64_t step) {
   return (fs::path(checkpoints_dir(output_dir)) / name).string();
 }
 
-std::string write_checkpoint(const std::string& output_dir, int64_t step, const std::vector<CheckpointFile>& files) {
-  INGOT_CHECK(step >= 0, "write_checkpoint: negative step ", step);
+std::string checkpoint_temp_path(const std::string& output_dir, int64_t step, const std::string& writer) {
   const fs::path final_dir = checkpoint_path(output_dir, step);
-  const fs::path root = final_dir.parent_path();
+  return (final_dir.parent_path() / (kTempPrefix + final_dir.filename().string() + "-" + writer)).string();
+}
+
+std::string begin_checkpoint(const std::string& output_dir, int64_t step, const std::string& writer) {
+  INGOT_CHECK(step >= 0, "write_checkpoint: negative step ", step);
+  const fs::path root = checkpoints_dir(output_dir);
   std::error_code ec;
   fs::create_directories(root, ec);
   INGOT_CHECK(!ec, "cannot create checkpoint directory '", root.string(), "': ", ec.message());
-  const std::string suffix = final_dir.filename().string() + "-" + std::to_string(::getpid());
-  const fs::path tmp = root / (kTempPrefix + suffix);
+  const fs::path tmp = checkpoint_temp_path(output_dir, step, writer);
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
   INGOT_CHECK(!ec, "cannot create temporary checkpoint directory '", tmp.string(), "': ", ec.message());
+  return tmp.string();
+}
+
+ManifestEntry write_checkpoint_file(const std::string& tmp, const CheckpointFile& f) {
+  INGOT_CHECK(!f.name.empty() && f.name.find('/') == std::string::npos && f.name != kManifest,
+              "write_checkpoint: bad file name '", f.name, "'");
+  const fs::path p = fs::path(tmp) / f.name;
+  f.write(p.string());  // writers are atomic and fsync the file (write_file_atomic / save_safetensors)
+  return {fs::file_size(p), sha256_file(p.string())};
+}
+
+std::string commit_checkpoint(const std::string& output_dir, int64_t step, const std::string& tmp_dir,
+                              const std::vector<std::pair<std::string, ManifestEntry>>& files) {
+  const fs::path final_dir = checkpoint_path(output_dir, step);
+  const fs::path root = final_dir.parent_path();
+  const fs::path tmp = tmp_dir;
+  std::error_code ec;
   try {
     nlohmann::ordered_json manifest;
     manifest["format"] = kFormat;
     manifest["version"] = kVersion;
     manifest["step"] = step;
     nlohmann::ordered_json listed = nlohmann::ordered_json::object();
-    for (const CheckpointFile& f : files) {
-      INGOT_CHECK(!f.name.empty() && f.name.find('/') == std::string::npos && f.name != kManifest &&
-                      !listed.contains(f.name),
-                  "write_checkpoint: bad or duplicate file name '", f.name, "'");
-      const fs::path p = tmp / f.name;
-      f.write(p.string());  // writers are atomic and fsync the file (write_file_atomic / save_safetensors)
-      listed[f.name] = {{"bytes", fs::file_size(p)}, {"sha256", sha256_file(p.string())}};
+    for (const auto& [name, entry] : files) {
+      INGOT_CHECK(!name.empty() && name.find('/') == std::string::npos && name != kManifest && !listed.contains(name),
+                  "write_checkpoint: bad or duplicate file name '", name, "'");
+      INGOT_INTERNAL_CHECK(fs::is_regular_file(tmp / name, ec), "commit_checkpoint: '", name, "' is not in ",
+                           tmp.string());
+      listed[name] = {{"bytes", entry.bytes}, {"sha256", entry.sha256}};
     }
     manifest["files"] = std::move(listed);
     std::string text = manifest.dump(2) + "\n";
@@ -93,7 +112,7 @@ std::string write_checkpoint(const std::string& output_dir, int64_t step, const 
     // Replace an older checkpoint of the same step only after the new one is complete.
     fs::path old;
     if (fs::exists(final_dir, ec)) {
-      old = root / (".old-" + suffix);
+      old = root / (".old-" + tmp.filename().string());
       fs::remove_all(old, ec);
       fs::rename(final_dir, old, ec);
       INGOT_CHECK(!ec, "cannot move the previous checkpoint '", final_dir.string(), "' aside: ", ec.message());
@@ -109,7 +128,27 @@ std::string write_checkpoint(const std::string& output_dir, int64_t step, const 
   return final_dir.string();
 }
 
-Manifest verify_checkpoint(const std::string& dir, const std::vector<std::string>& required) {
+std::string write_checkpoint(const std::string& output_dir, int64_t step, const std::vector<CheckpointFile>& files) {
+  const std::string tmp = begin_checkpoint(output_dir, step, std::to_string(::getpid()));
+  std::vector<std::pair<std::string, ManifestEntry>> listed;
+  try {
+    for (const CheckpointFile& f : files) {
+      for (const auto& l : listed)
+        INGOT_CHECK(l.first != f.name, "write_checkpoint: bad or duplicate file name '", f.name, "'");
+      listed.emplace_back(f.name, write_checkpoint_file(tmp, f));
+    }
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return commit_checkpoint(output_dir, step, tmp, listed);
+}
+
+namespace {
+
+Manifest read_manifest(const std::string& dir, const std::vector<std::string>& required, bool checksum_all,
+                       const std::vector<std::string>& checksummed) {
   const fs::path mpath = fs::path(dir) / kManifest;
   std::error_code ec;
   INGOT_CHECK(fs::is_directory(dir, ec), "checkpoint '", dir, "' does not exist or is not a directory");
@@ -142,16 +181,39 @@ Manifest verify_checkpoint(const std::string& dir, const std::vector<std::string
     uint64_t size = fs::file_size(p, ec);
     INGOT_CHECK(!ec && size == entry.bytes, "checkpoint '", dir, "': file '", name, "' has ", size,
                 " bytes but manifest.json says ", entry.bytes, " (truncated or replaced)");
-    std::string sum = sha256_file(p.string());
-    INGOT_CHECK(sum == entry.sha256, "checkpoint '", dir, "': file '", name,
-                "' does not match its checksum in manifest.json (sha256 ", sum, ", expected ", entry.sha256,
-                "): the file is corrupted or was changed");
     out.files.emplace(name, std::move(entry));
   }
   for (const std::string& r : required)
     INGOT_CHECK(out.files.count(r), "checkpoint '", dir, "': manifest.json does not list the required file '", r,
                 "'");
+  if (checksum_all) {
+    for (const auto& [name, entry] : out.files) verify_checkpoint_file(dir, name, entry);
+  } else {
+    for (const std::string& name : checksummed) {
+      auto it = out.files.find(name);
+      INGOT_CHECK(it != out.files.end(), "checkpoint '", dir, "': manifest.json does not list the file '", name, "'");
+      verify_checkpoint_file(dir, name, it->second);
+    }
+  }
   return out;
+}
+
+}  // namespace
+
+void verify_checkpoint_file(const std::string& dir, const std::string& name, const ManifestEntry& entry) {
+  std::string sum = sha256_file((fs::path(dir) / name).string());
+  INGOT_CHECK(sum == entry.sha256, "checkpoint '", dir, "': file '", name,
+              "' does not match its checksum in manifest.json (sha256 ", sum, ", expected ", entry.sha256,
+              "): the file is corrupted or was changed");
+}
+
+Manifest verify_checkpoint(const std::string& dir, const std::vector<std::string>& required) {
+  return read_manifest(dir, required, true, {});
+}
+
+Manifest verify_checkpoint_sizes(const std::string& dir, const std::vector<std::string>& required,
+                                 const std::vector<std::string>& checksummed) {
+  return read_manifest(dir, required, false, checksummed);
 }
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& output_dir) {

@@ -11,6 +11,10 @@
 // manifest last; the temp directory is fsynced, renamed to its final name, and the parent fsynced. A crash
 // at any point leaves either no checkpoint or a complete one (never a half-written directory under a final
 // name). Reading verifies the manifest first: a missing, resized or changed file is refused, naming it.
+//
+// Several writers (the ranks of a sharded checkpoint, recipes/sharded_checkpoint.h) share one temp directory:
+// one process opens it (begin_checkpoint), each writes its files into it (write_checkpoint_file) and hands
+// the resulting manifest entries to the one that commits (commit_checkpoint), once every writer is done.
 #pragma once
 
 #include <cstdint>
@@ -33,14 +37,27 @@ std::string checkpoints_dir(const std::string& output_dir);
 // "<output_dir>/checkpoints/step_00000120"
 std::string checkpoint_path(const std::string& output_dir, int64_t step);
 
-// Writes the files and manifest.json to checkpoint_path(output_dir, step) atomically and returns that path.
-// An existing checkpoint of the same step is replaced only once the new one is complete.
-std::string write_checkpoint(const std::string& output_dir, int64_t step, const std::vector<CheckpointFile>& files);
-
 struct ManifestEntry {
   uint64_t bytes = 0;
   std::string sha256;
 };
+
+// Writes the files and manifest.json to checkpoint_path(output_dir, step) atomically and returns that path.
+// An existing checkpoint of the same step is replaced only once the new one is complete.
+std::string write_checkpoint(const std::string& output_dir, int64_t step, const std::vector<CheckpointFile>& files);
+
+// The pieces of write_checkpoint for several writers. begin_checkpoint creates a fresh, empty temp directory
+// for `step` and returns it; `writer` names it ("pid" gives one per process, a fixed name one that other
+// processes can compute). write_checkpoint_file writes one file into it (fsynced) and returns its size and
+// SHA-256. commit_checkpoint writes manifest.json listing `files` (in that order, each already in `tmp`),
+// fsyncs and renames `tmp` to checkpoint_path(output_dir, step) as write_checkpoint does (an existing
+// checkpoint of that step replaced only then) and returns the path; on failure it removes `tmp`.
+std::string begin_checkpoint(const std::string& output_dir, int64_t step, const std::string& writer);
+std::string checkpoint_temp_path(const std::string& output_dir, int64_t step, const std::string& writer);
+ManifestEntry write_checkpoint_file(const std::string& tmp, const CheckpointFile& file);
+std::string commit_checkpoint(const std::string& output_dir, int64_t step, const std::string& tmp,
+                              const std::vector<std::pair<std::string, ManifestEntry>>& files);
+
 struct Manifest {
   int64_t step = 0;
   std::map<std::string, ManifestEntry> files;
@@ -49,6 +66,11 @@ struct Manifest {
 // Reads <dir>/manifest.json and checks every listed file's size and SHA-256, and that each name in
 // `required` is listed. Throws ingot::Error naming the checkpoint and the offending file.
 Manifest verify_checkpoint(const std::string& dir, const std::vector<std::string>& required = {});
+// The same checks where only some files are read: every listed file must exist with its size, and the files
+// named in `checksummed` (each listed) must match their SHA-256; verify_checkpoint_file checks one later.
+Manifest verify_checkpoint_sizes(const std::string& dir, const std::vector<std::string>& required,
+                                 const std::vector<std::string>& checksummed);
+void verify_checkpoint_file(const std::string& dir, const std::string& name, const ManifestEntry& entry);
 
 // Complete checkpoints (those with a manifest.json) under <output_dir>/checkpoints, by increasing step.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& output_dir);

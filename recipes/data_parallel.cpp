@@ -3,6 +3,8 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <ostream>
 
@@ -13,7 +15,9 @@
 #include "distributed/collective_ops.h"
 #include "distributed/ddp.h"
 #include "distributed/fsdp.h"
+#include "recipes/sharded_checkpoint.h"
 #include "runtime/cuda_runtime.h"
+#include "runtime/file_util.h"
 
 namespace ingot::recipes {
 
@@ -294,6 +298,200 @@ std::map<std::string, Tensor> DataParallel::scatter_optimizer_state(
     for (size_t b = 0; b < chunks.size(); ++b) out[std::to_string(b) + "." + name] = chunks[b];
   }
   return out;
+}
+
+namespace {
+
+std::vector<FlatLayout> flat_layouts(const std::vector<dist::BucketPlan>& plans) {
+  std::vector<FlatLayout> out;
+  for (const dist::BucketPlan& p : plans) out.push_back({p.params, p.offsets, p.padded_numel});
+  return out;
+}
+
+// Each trained parameter's model state_dict name (the first, alphabetically, of a tied one's names) and the
+// other names of tied parameters.
+std::vector<std::string> trained_names(const nn::Module& model, const std::vector<Tensor>& params,
+                                       std::map<std::string, std::string>* aliases) {
+  std::vector<std::string> names(params.size());
+  for (const auto& [name, t] : model.state_dict())
+    for (size_t p = 0; p < params.size(); ++p) {
+      if (!params[p].same(t)) continue;
+      if (names[p].empty()) names[p] = name;
+      else if (aliases) (*aliases)[name] = names[p];
+    }
+  for (size_t p = 0; p < params.size(); ++p)
+    INGOT_INTERNAL_CHECK(!names[p].empty(), "sharded checkpoint: trained parameter ", p, " is not in the model");
+  return names;
+}
+
+// A rank's file entries travel as i64 words: ok flag, then per file its size and its SHA-256 in 4 words.
+constexpr int64_t kFilesPerRank = 2;
+constexpr int64_t kWordsPerRank = 1 + kFilesPerRank * 5;
+
+void put_entry(const ManifestEntry& e, int64_t* w) {
+  w[0] = static_cast<int64_t>(e.bytes);
+  uint8_t digest[32];
+  for (int i = 0; i < 32; ++i) digest[i] = static_cast<uint8_t>(std::stoi(e.sha256.substr(2 * i, 2), nullptr, 16));
+  std::memcpy(w + 1, digest, 32);
+}
+
+ManifestEntry get_entry(const int64_t* w) {
+  uint8_t digest[32];
+  std::memcpy(digest, w + 1, 32);
+  std::string hex;
+  char buf[3];
+  for (uint8_t d : digest) {
+    std::snprintf(buf, sizeof buf, "%02x", d);
+    hex += buf;
+  }
+  return {static_cast<uint64_t>(w[0]), hex};
+}
+
+}  // namespace
+
+std::string DataParallel::save_sharded_checkpoint(const std::string& output_dir, int64_t step, const nn::Module& model,
+                                                  const std::map<std::string, Tensor>& shard_state,
+                                                  const std::vector<Tensor>& master_chunks,
+                                                  const std::string& state_json) {
+  Impl& m = *impl_;
+  INGOT_INTERNAL_CHECK(zero_stage() >= 2, "save_sharded_checkpoint: ZeRO-2/3 only");
+  ShardedState s;
+  s.rank = rank();
+  s.world = world_size();
+  s.zero_stage = zero_stage();
+  s.layout = flat_layouts(m.plans);
+  s.names = trained_names(model, m.params, &s.aliases);
+  for (const Tensor& p : m.params) s.shapes.push_back(p.shape());
+  s.weights = optimizer_params();  // the shards: ZeRO-3's weights, ZeRO-2's copies of this rank's chunks
+  s.optimizer = shard_state;
+  s.masters = master_chunks;
+  if (s.rank == 0)
+    for (const auto& [name, t] : model.state_dict()) {
+      bool trained = false;
+      for (const Tensor& p : m.params) trained = trained || p.same(t);
+      if (!trained) s.whole.emplace_back(name, t);
+    }
+  const std::string tmp = checkpoint_temp_path(output_dir, step, "sharded");
+
+  // Rank 0 opens the shared temp directory; nobody writes before it exists.
+  std::string error;
+  Tensor ok = from_vector_i64({1}, {1});
+  if (s.rank == 0) {
+    try {
+      begin_checkpoint(output_dir, step, "sharded");
+    } catch (const std::exception& e) {
+      error = e.what();
+      ok = from_vector_i64({0}, {1});
+    }
+  }
+  m.ctx.group->broadcast(ok, 0)->wait();
+  if (static_cast<int64_t>(ok.item()) == 0) {
+    INGOT_CHECK(s.rank != 0, error);
+    INGOT_FAIL("checkpoint step ", step, ": rank 0 could not create '", tmp, "' (see its error)");
+  }
+
+  // Every rank writes and syncs its files, then all learn every file's size and checksum.
+  std::vector<int64_t> mine(kWordsPerRank, 0);
+  const std::vector<CheckpointFile> files = shard_files(s);
+  INGOT_INTERNAL_CHECK(static_cast<int64_t>(files.size()) == kFilesPerRank, "sharded checkpoint: file count");
+  try {
+    for (size_t i = 0; i < files.size(); ++i) put_entry(write_checkpoint_file(tmp, files[i]), &mine[1 + 5 * i]);
+    mine[0] = 1;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  Tensor all = zeros({kWordsPerRank * s.world}, DType::i64);
+  m.ctx.group->all_gather(all, from_vector_i64(mine, {kWordsPerRank}))->wait();
+  const int64_t* w = static_cast<const int64_t*>(all.data_ptr());
+  std::string failed;
+  for (int r = 0; r < s.world; ++r)
+    if (w[r * kWordsPerRank] != 1) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  if (!failed.empty()) {
+    std::error_code ec;
+    if (s.rank == 0) std::filesystem::remove_all(tmp, ec);
+    INGOT_CHECK(error.empty(), "checkpoint step ", step, ": ", error);
+    INGOT_FAIL("checkpoint step ", step, ": rank(s) ", failed, " could not write their shard files (see their errors); ",
+               "nothing was committed");
+  }
+  if (s.rank != 0) return checkpoint_path(output_dir, step);
+
+  std::vector<std::pair<std::string, ManifestEntry>> listed;
+  for (int r = 0; r < s.world; ++r) {
+    ShardedState other;
+    other.rank = r;
+    other.world = s.world;
+    const std::vector<CheckpointFile> names = shard_files(other);
+    for (size_t i = 0; i < names.size(); ++i)
+      listed.emplace_back(names[i].name, get_entry(&w[r * kWordsPerRank + 1 + 5 * i]));
+  }
+  try {
+    const CheckpointFile index = shard_index_file(s);
+    listed.emplace_back(index.name, write_checkpoint_file(tmp, index));
+    const CheckpointFile state{"state.json", [&](const std::string& path) {
+                                 write_file_atomic(path, [&](std::FILE* f) {
+                                   write_bytes(f, state_json.data(), state_json.size());
+                                 });
+                               }};
+    listed.emplace_back(state.name, write_checkpoint_file(tmp, state));
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);
+    throw;
+  }
+  return commit_checkpoint(output_dir, step, tmp, listed);
+}
+
+void DataParallel::load_shards(const ShardedCheckpoint& c, const nn::Module& model, optim::Optimizer& opt,
+                               const std::vector<Tensor>& master_chunks) {
+  const Impl& m = *impl_;
+  INGOT_INTERNAL_CHECK(zero_stage() >= 2, "load_shards: ZeRO-2/3 only");
+  const std::vector<FlatLayout> layouts = flat_layouts(m.plans);
+  const std::vector<std::string> names = trained_names(model, m.params, nullptr);
+  const std::string what = "sharded checkpoint '" + c.dir() + "'";
+  for (size_t p = 0; p < names.size(); ++p) {
+    const std::string key = "model/" + names[p];
+    INGOT_CHECK(c.has(key), what, " does not fit this model: it has no '", names[p], "'");
+    INGOT_CHECK(c.shape(key) == m.params[p].shape() && c.dtype(key) == m.params[p].dtype(), what,
+                " does not fit this model: '", names[p], "' is ", dtype_name(c.dtype(key)), " ",
+                shape_str(c.shape(key)), " there and ", dtype_name(m.params[p].dtype()), " ",
+                shape_str(m.params[p].shape()), " here");
+  }
+  NoGradGuard no_grad;
+  if (m.fsdp) {
+    std::vector<Tensor> shards = m.fsdp->optimizer_params();
+    for (size_t b = 0; b < layouts.size(); ++b)
+      shards[b].copy_(c.read_chunk(layouts[b], rank(), world_size(), shards[b].dtype(),
+                                   [&](size_t p) { return "model/" + names[p]; }));
+  }
+  // The optimizer state of each bucket: the names its first parameter has (all of a bucket's step together).
+  std::map<std::string, Tensor> sd;
+  INGOT_CHECK(c.has("optimizer/step"), what, ": index.json has no 'optimizer/step'");
+  sd["step"] = c.read("optimizer/step");
+  for (size_t b = 0; b < layouts.size(); ++b) {
+    const std::string first = "optimizer/" + std::to_string(layouts[b].params[0]) + ".";
+    for (const std::string& key : c.names(first)) {
+      const std::string state = key.substr(first.size());
+      const bool counter = c.shape(key).empty() || c.dtype(key) == DType::i64;
+      sd[std::to_string(b) + "." + state] =
+          counter ? c.read(key)
+                  : c.read_chunk(layouts[b], rank(), world_size(), c.dtype(key),
+                                 [&](size_t p) { return "optimizer/" + std::to_string(p) + "." + state; });
+    }
+  }
+  try {
+    opt.load_state_dict(sd);
+  } catch (const Error& e) {
+    INGOT_FAIL(what, ": does not fit this optimizer: ", e.what());
+  }
+  const bool has_masters = c.has("optimizer/master.0");
+  INGOT_CHECK(has_masters == !master_chunks.empty(), what,
+              has_masters ? " holds f32 master weights but this run keeps none (was the checkpoint made with dtype bf16?)"
+                          : " holds no f32 master weights (was the checkpoint made with dtype f32?)");
+  for (size_t b = 0; b < master_chunks.size(); ++b) {
+    Tensor dst = master_chunks[b];
+    dst.copy_(c.read_chunk(layouts[b], rank(), world_size(), DType::f32,
+                           [](size_t p) { return "optimizer/master." + std::to_string(p); }));
+  }
 }
 
 void check_global_batch(const Config& cfg, const RunSettings& run, int64_t batch_size, ConfigErrors& errors) {

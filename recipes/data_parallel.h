@@ -12,11 +12,13 @@
 //                  reduce-scatters, so gradient accumulation sums shards, not whole gradients
 //   rank 0 alone   prints progress and writes metrics, plots, checkpoints, final weights and the summary
 //
-// Checkpoints (Note [ZeRO-1 checkpoints hold the full optimizer state]): rank 0 writes the same files a
-// single process writes. Under ZeRO-1/2/3 the shards' optimizer state (and f32 masters) are all-gathered first
-// and stored per parameter under the plain optimizer's names (ZeRO-3 gathers the weights too, whole on every
-// rank while rank 0 writes: per-rank shard files are issue 22's next step), so a checkpoint resumes under any
-// world size and any stage; resuming cuts this rank's shards out of it again. Every rank waits on a barrier after a
+// Checkpoints (Note [ZeRO-1 checkpoints hold the full optimizer state]): under DDP and ZeRO-1 rank 0 writes the
+// same files a single process writes, the ZeRO-1 shards' optimizer state (and f32 masters) all-gathered first and
+// stored per parameter under the plain optimizer's names. Under ZeRO-2/3 every rank writes its own slices of the
+// weights, optimizer state and masters (recipes/sharded_checkpoint.h: no rank gathers anything) and rank 0
+// commits them with one index; resuming ZeRO-2/3 from such a checkpoint reads only this rank's slices, under any
+// world size. Either kind resumes under any world size and any stage (whole checkpoints are cut into shards,
+// sharded ones assembled for DDP or one process). Every rank waits on a barrier after a
 // save, so a restarted job always finds the newest checkpoint complete. The data position is the global batch
 // index and the RNG streams advance identically on every rank, so rank 0's state.json is every rank's state.
 #pragma once
@@ -36,6 +38,8 @@ class Module;
 }
 
 namespace ingot::recipes {
+
+class ShardedCheckpoint;
 
 class DataParallel {
  public:
@@ -91,6 +95,18 @@ class DataParallel {
   std::vector<Tensor> gather_to_params(const std::vector<Tensor>& chunks);
   // Per-parameter tensors -> this rank's chunk of each bucket.
   std::vector<Tensor> scatter_to_chunks(const std::vector<Tensor>& per_param) const;
+
+  // ZeRO-2/3 sharded checkpoints (recipes/sharded_checkpoint.h); collective. Every rank writes its slices of
+  // the weights (the shards), of `shard_state` (the shards' optimizer state) and of `master_chunks` (f32 masters
+  // of the shards, or none); rank 0 also writes the model's other entries, index.json and `state_json`, then
+  // commits once every rank's files are written and synced. Returns the checkpoint's path.
+  std::string save_sharded_checkpoint(const std::string& output_dir, int64_t step, const nn::Module& model,
+                                      const std::map<std::string, Tensor>& shard_state,
+                                      const std::vector<Tensor>& master_chunks, const std::string& state_json);
+  // Resuming ZeRO-2/3 from a sharded checkpoint of any world size: this rank's chunks of the optimizer state
+  // and masters (and, ZeRO-3, of the weights, into the shards) read from `c`, nothing else.
+  void load_shards(const ShardedCheckpoint& c, const nn::Module& model, optim::Optimizer& opt,
+                   const std::vector<Tensor>& master_chunks);
 
  private:
   struct Impl;

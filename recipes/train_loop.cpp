@@ -25,6 +25,7 @@
 #include "recipes/metrics.h"
 #include "recipes/prefetch.h"
 #include "recipes/run_outputs.h"
+#include "recipes/sharded_checkpoint.h"
 #include "recipes/train_state.h"
 #include "runtime/allocator.h"
 #include "runtime/file_util.h"
@@ -179,10 +180,16 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
 
   // ZeRO-1/2/3 resume through a stand-in optimizer over the whole parameters (what the checkpoint holds), before
   // DDP or FSDP cuts its shards from the loaded weights; the stand-in's state is then scattered into the shards.
+  // ZeRO-2/3 resuming from a sharded checkpoint reads only this rank's slices instead (after wrapping).
   TrainState st;
   std::map<std::string, Tensor> full_opt_state;
   std::vector<Tensor> full_masters;
-  if (sharded && !run.resume_checkpoint.empty()) {
+  std::optional<ShardedCheckpoint> shards;
+  if (dp && dp->zero_stage() >= 2 && !run.resume_checkpoint.empty() && is_sharded_checkpoint(run.resume_checkpoint)) {
+    shards = ShardedCheckpoint::open(run.resume_checkpoint);
+    // ZeRO-2 keeps the weights whole on every rank; ZeRO-3 reads its shards of them after wrapping.
+    st = load_sharded_model_state(*shards, model, task.params, /*load_trained=*/dp->zero_stage() == 2);
+  } else if (sharded && !run.resume_checkpoint.empty()) {
     std::unique_ptr<optim::MasterWeights> m;
     if (run.dtype == DType::bf16) m = std::make_unique<optim::MasterWeights>(task.params);
     optim::AdamW stand_in(m ? m->master() : task.params, ao);
@@ -217,7 +224,9 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
 
   // Resume before anything is written: a corrupt checkpoint leaves the run directory as it was.
   if (!run.resume_checkpoint.empty()) {
-    if (sharded) {
+    if (shards) {
+      dp->load_shards(*shards, model, opt, masters ? masters->master() : std::vector<Tensor>{});
+    } else if (sharded) {
       opt.load_state_dict(dp->scatter_optimizer_state(full_opt_state));
       if (masters) {
         NoGradGuard no_grad;
@@ -353,13 +362,18 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     t.config = run.config_entries;
     return t;
   };
-  // Rank 0 writes; under ZeRO-1/2/3 every rank first takes part in gathering the sharded optimizer state
-  // (Note [ZeRO-1 checkpoints hold the full optimizer state], data_parallel.cpp) and, ZeRO-3, the weights.
+  // Rank 0 writes; under ZeRO-1 every rank first takes part in gathering the sharded optimizer state
+  // (Note [ZeRO-1 checkpoints hold the full optimizer state], data_parallel.cpp). Under ZeRO-2/3 every rank
+  // writes its own slices (recipes/sharded_checkpoint.h).
   auto save_checkpoint = [&](int64_t step, double lr) -> std::string {
     if (!sharded) {
       if (!is_main) return checkpoint_path(run.output_dir, step);
       return save_training_checkpoint(run.output_dir, model, opt, masters.get(), make_state(step, lr));
     }
+    if (dp->zero_stage() >= 2)
+      return dp->save_sharded_checkpoint(run.output_dir, step, model, opt.state_dict(),
+                                         masters ? masters->master() : std::vector<Tensor>{},
+                                         train_state_json(make_state(step, lr)));
     std::map<std::string, Tensor> state = dp->gather_optimizer_state(opt.state_dict());
     std::vector<Tensor> gathered_masters;
     if (masters) gathered_masters = dp->gather_to_params(masters->master());

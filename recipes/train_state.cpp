@@ -8,6 +8,7 @@
 
 #include "recipes/checkpoint.h"
 #include "recipes/hash.h"
+#include "recipes/sharded_checkpoint.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
 #include "runtime/safetensors.h"
@@ -149,57 +150,108 @@ std::string save_training_checkpoint(const std::string& output_dir, const nn::Mo
   return write_checkpoint(output_dir, state.step, files);
 }
 
-TrainState load_training_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
-                                    optim::MasterWeights* masters) {
-  Manifest m = verify_checkpoint(dir, {kModelFile, kOptimizerFile, kStateFile});
+namespace {
+
+TrainState read_state(const std::string& dir, int64_t manifest_step) {
   const std::string state_path = (fs::path(dir) / kStateFile).string();
   TrainState s = parse_train_state(read_file(state_path), state_path);
-  INGOT_CHECK(s.step == m.step, state_path, ": step ", s.step, " differs from manifest.json's step ", m.step);
+  INGOT_CHECK(s.step == manifest_step, state_path, ": step ", s.step, " differs from manifest.json's step ",
+              manifest_step);
+  return s;
+}
 
+void load_model_state(nn::Module& model, const std::map<std::string, Tensor>& sd, const std::string& source) {
+  try {
+    NoGradGuard no_grad;
+    model.load_state_dict(sd, /*strict=*/true);
+  } catch (const Error& e) {
+    INGOT_FAIL(source, ": does not fit this model: ", e.what());
+  }
+}
+
+// `all` holds the optimizer's state_dict entries and, in bf16 runs, the masters ("master.<i>").
+void load_optimizer_state(optim::Optimizer& opt, optim::MasterWeights* masters,
+                          const std::map<std::string, Tensor>& all, const std::string& source) {
+  std::map<std::string, Tensor> sd;
+  std::vector<Tensor> master_values(masters ? masters->master().size() : 0);
+  for (const auto& [name, t] : all) {
+    if (name.rfind(kMasterPrefix, 0) == 0) {
+      INGOT_CHECK(masters, source, ": holds f32 master weights ('", name,
+                  "') but this run keeps none (was the checkpoint made with dtype bf16?)");
+      size_t i = std::stoul(name.substr(std::strlen(kMasterPrefix)));
+      INGOT_CHECK(i < master_values.size(), source, ": unexpected master weight '", name, "'");
+      master_values[i] = t;
+    } else {
+      sd[name] = t;
+    }
+  }
+  try {
+    opt.load_state_dict(sd);
+  } catch (const Error& e) {
+    INGOT_FAIL(source, ": does not fit this optimizer: ", e.what());
+  }
+  if (!masters) return;
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < master_values.size(); ++i) {
+    INGOT_CHECK(master_values[i].defined(), source, ": missing master weight 'master.", i,
+                "' (was the checkpoint made with dtype f32?)");
+    INGOT_CHECK(master_values[i].shape() == masters->master()[i].shape(), source, ": master.", i, " has shape ",
+                shape_str(master_values[i].shape()), ", expected ", shape_str(masters->master()[i].shape()));
+    Tensor dst = masters->master()[i];
+    dst.copy_(master_values[i]);
+  }
+}
+
+std::map<std::string, Tensor> read_all(const ShardedCheckpoint& c, const std::string& prefix) {
+  std::map<std::string, Tensor> out;
+  for (const std::string& name : c.names(prefix)) out[name.substr(prefix.size())] = c.read(name);
+  return out;
+}
+
+}  // namespace
+
+TrainState load_training_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
+                                    optim::MasterWeights* masters) {
+  if (is_sharded_checkpoint(dir)) {
+    ShardedCheckpoint c = ShardedCheckpoint::open(dir);
+    TrainState s = read_state(dir, verify_checkpoint_sizes(dir, {}, {}).step);
+    const std::string source = "sharded checkpoint '" + dir + "'";
+    load_model_state(model, read_all(c, "model/"), source + " (model)");
+    load_optimizer_state(opt, masters, read_all(c, "optimizer/"), source + " (optimizer)");
+    return s;
+  }
+  Manifest m = verify_checkpoint(dir, {kModelFile, kOptimizerFile, kStateFile});
+  TrainState s = read_state(dir, m.step);
   const std::string model_path = (fs::path(dir) / kModelFile).string();
   {
     SafetensorsFile f = SafetensorsFile::open(model_path);
     std::map<std::string, Tensor> sd;
     for (const std::string& name : f.names()) sd[name] = f.get(name);
-    try {
-      NoGradGuard no_grad;
-      model.load_state_dict(sd, /*strict=*/true);
-    } catch (const Error& e) {
-      INGOT_FAIL(model_path, ": does not fit this model: ", e.what());
-    }
+    load_model_state(model, sd, model_path);
   }
   const std::string opt_path = (fs::path(dir) / kOptimizerFile).string();
-  {
-    SafetensorsFile f = SafetensorsFile::open(opt_path);
-    std::map<std::string, Tensor> sd;
-    std::vector<Tensor> master_values(masters ? masters->master().size() : 0);
-    for (const std::string& name : f.names()) {
-      if (name.rfind(kMasterPrefix, 0) == 0) {
-        INGOT_CHECK(masters, opt_path, ": holds f32 master weights ('", name,
-                    "') but this run keeps none (was the checkpoint made with dtype bf16?)");
-        size_t i = std::stoul(name.substr(std::strlen(kMasterPrefix)));
-        INGOT_CHECK(i < master_values.size(), opt_path, ": unexpected master weight '", name, "'");
-        master_values[i] = f.get(name);
-      } else {
-        sd[name] = f.get(name);
-      }
-    }
-    try {
-      opt.load_state_dict(sd);
-    } catch (const Error& e) {
-      INGOT_FAIL(opt_path, ": does not fit this optimizer: ", e.what());
-    }
-    if (masters) {
-      NoGradGuard no_grad;
-      for (size_t i = 0; i < master_values.size(); ++i) {
-        INGOT_CHECK(master_values[i].defined(), opt_path, ": missing master weight 'master.", i,
-                    "' (was the checkpoint made with dtype f32?)");
-        INGOT_CHECK(master_values[i].shape() == masters->master()[i].shape(), opt_path, ": master.", i, " has shape ",
-                    shape_str(master_values[i].shape()), ", expected ", shape_str(masters->master()[i].shape()));
-        Tensor dst = masters->master()[i];
-        dst.copy_(master_values[i]);
-      }
-    }
+  SafetensorsFile f = SafetensorsFile::open(opt_path);
+  std::map<std::string, Tensor> all;
+  for (const std::string& name : f.names()) all[name] = f.get(name);
+  load_optimizer_state(opt, masters, all, opt_path);
+  return s;
+}
+
+TrainState load_sharded_model_state(const ShardedCheckpoint& c, nn::Module& model,
+                                    const std::vector<Tensor>& trained, bool load_trained) {
+  TrainState s = read_state(c.dir(), verify_checkpoint_sizes(c.dir(), {}, {}).step);
+  NoGradGuard no_grad;
+  for (auto& [name, t] : model.state_dict()) {
+    bool is_trained = false;
+    for (const Tensor& p : trained) is_trained = is_trained || p.same(t);
+    if (is_trained && !load_trained) continue;
+    const std::string key = "model/" + name;
+    INGOT_CHECK(c.has(key), "sharded checkpoint '", c.dir(), "' does not fit this model: it has no '", name, "'");
+    INGOT_CHECK(c.shape(key) == t.shape() && c.dtype(key) == t.dtype(), "sharded checkpoint '", c.dir(),
+                "' does not fit this model: '", name, "' is ", dtype_name(c.dtype(key)), " ",
+                shape_str(c.shape(key)), " there and ", dtype_name(t.dtype()), " ", shape_str(t.shape()), " here");
+    Tensor dst = t;
+    dst.copy_(c.read(key));
   }
   return s;
 }

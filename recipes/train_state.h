@@ -65,6 +65,14 @@ std::string save_training_checkpoint(const std::string& output_dir, const nn::Mo
 TrainState load_training_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
                                     optim::MasterWeights* masters);
 
+// Sharded checkpoints (recipes/sharded_checkpoint.h) load through load_training_checkpoint too (every tensor
+// assembled whole). Resuming ZeRO-2/3 loads them shard-wise instead: this reads state.json and the model's
+// entries other than `trained` (buffers, frozen weights) and, with load_trained, the trained weights whole;
+// the shards of the rest come from DataParallel::load_shards.
+class ShardedCheckpoint;
+TrainState load_sharded_model_state(const ShardedCheckpoint& c, nn::Module& model, const std::vector<Tensor>& trained,
+                                    bool load_trained);
+
 // Throws ConfigError when the checkpoint was made with different math-relevant config entries, listing each
 // key with its value then and now (`cfg` gives the current values' origins).
 void check_resume_config(const TrainState& saved, const Config& cfg, const std::string& checkpoint_dir);

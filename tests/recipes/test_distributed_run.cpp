@@ -2,6 +2,7 @@
 // on the CPU (recipes/data_parallel.h), checked against one process training on the same global batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "recipes/data.h"
+#include "recipes/sharded_checkpoint.h"
 #include "recipes/train.h"
 #include "runtime/file_util.h"
 #include "runtime/safetensors.h"
@@ -195,9 +197,9 @@ TEST_F(DistributedRun, ZeroOneResumesFromAGatheredCheckpointAfterAKill) {
 }
 
 // ZeRO-2 and ZeRO-3 train like one process (1e-5 relative, as plain DDP: the same f32 sums in another order).
-// ZeRO-3's checkpoints hold the whole state (gathered from the shards), so one written by 4 ranks resumes under
-// 2 ranks with ZeRO-3 and in one process, each continuing with the uninterrupted run's losses. ZeRO-3 runs
-// eagerly only: compiled, it is a config error naming the key.
+// ZeRO-3's checkpoints are sharded (every rank writes its slices: tests/distributed/test_sharded_checkpoint.cpp),
+// and one written by 4 ranks resumes under 2 ranks with ZeRO-3 and in one process, each continuing with the
+// uninterrupted run's losses. ZeRO-3 runs eagerly only: compiled, it is a config error naming the key.
 TEST_F(DistributedRun, ZeroTwoAndThreeTrainLikeOneProcessAndAFourRankCheckpointResumesUnderTwoAndOne) {
   Result ref = single("ref");
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
@@ -239,11 +241,16 @@ TEST_F(DistributedRun, ZeroTwoAndThreeTrainLikeOneProcessAndAFourRankCheckpointR
   ASSERT_EQ(b3.exit_code, 0) << b3.output;
   expect_same_losses(train_losses(path("bf16_z3/metrics.jsonl")), train_losses(path("bf16_ddp/metrics.jsonl")),
                      "bf16 ZeRO-3 vs bf16 DDP");
+  // ZeRO-3 writes sharded checkpoints (recipes/sharded_checkpoint.h): each tensor assembled from the ranks' slices.
   SafetensorsFile md = SafetensorsFile::open(path("bf16_ddp/checkpoints/step_00000004/model.safetensors"));
-  SafetensorsFile m3 = SafetensorsFile::open(path("bf16_z3/checkpoints/step_00000004/model.safetensors"));
-  ASSERT_EQ(md.names(), m3.names());
+  ShardedCheckpoint m3 = ShardedCheckpoint::open(path("bf16_z3/checkpoints/step_00000004"));
+  std::vector<std::string> sharded_names;
+  for (const std::string& name : m3.names("model/")) sharded_names.push_back(name.substr(6));
+  std::vector<std::string> names = md.names();
+  std::sort(names.begin(), names.end());
+  ASSERT_EQ(names, sharded_names);
   for (const std::string& name : md.names()) {
-    std::vector<double> x = md.get(name).to_vector(), y = m3.get(name).to_vector();
+    std::vector<double> x = md.get(name).to_vector(), y = m3.read("model/" + name).to_vector();
     ASSERT_EQ(x.size(), y.size()) << name;
     for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 1e-2 * std::abs(x[i]) + 1e-6) << name << "[" << i << "]";
   }

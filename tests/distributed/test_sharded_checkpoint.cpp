@@ -1,0 +1,367 @@
+// Sharded ZeRO-2/3 checkpoints (recipes/sharded_checkpoint.h): the format in one process (N writers, read back
+// as any number of ranks, each reading only its slices), and end to end under `ingot launch` with Gloo workers
+// on the CPU: written by 4 ranks, resumed exactly on 4 and with the uninterrupted losses on 2 and in 1 process,
+// a killed rank restarting from it, and missing or corrupt shard files refused by name with nothing overwritten.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "recipes/checkpoint.h"
+#include "recipes/hash.h"
+#include "recipes/sharded_checkpoint.h"
+#include "recipes/train_state.h"
+#include "runtime/error.h"
+#include "runtime/file_util.h"
+#include "tests/shell.h"
+
+namespace ingot::recipes {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// ---- the format, in one process --------------------------------------------------------------------------
+
+// Three parameters in two flat buffers: [w0 (5x3), w1 (7)] and [w2 (2x2)]; values p*100 + i.
+const std::vector<Shape> kShapes = {{5, 3}, {7}, {2, 2}};
+
+std::vector<FlatLayout> layouts(int world) {
+  auto pad = [&](int64_t n) { return (n + world - 1) / world * world; };
+  return {{{0, 1}, {0, 15}, pad(22)}, {{2}, {0}, pad(4)}};
+}
+
+double value(size_t p, int64_t i, double scale) { return scale * (static_cast<double>(p) * 100 + static_cast<double>(i)); }
+
+// Rank r of `world`'s chunk of buffer b holding value(p, i, scale), zeros in the padding.
+Tensor chunk_of(int world, int rank, size_t b, double scale) {
+  const FlatLayout l = layouts(world)[b];
+  const int64_t chunk = l.padded_numel / world;
+  std::vector<double> v(chunk, 0.0);
+  for (size_t k = 0; k < l.params.size(); ++k)
+    for (int64_t i = 0; i < numel(kShapes[l.params[k]]); ++i) {
+      const int64_t at = l.offsets[k] + i - rank * chunk;
+      if (at >= 0 && at < chunk) v[at] = value(l.params[k], i, scale);
+    }
+  return from_vector(v, {chunk}, DType::f32);
+}
+
+std::string write_four_rank_checkpoint(const std::string& out) {
+  const int world = 4;
+  const std::string tmp = begin_checkpoint(out, 7, "sharded");
+  std::vector<std::pair<std::string, ManifestEntry>> listed;
+  ShardedState s0;
+  for (int r = 0; r < world; ++r) {
+    ShardedState s;
+    s.rank = r;
+    s.world = world;
+    s.zero_stage = 3;
+    s.layout = layouts(world);
+    s.names = {"w0", "w1", "w2"};
+    s.shapes = kShapes;
+    s.aliases = {{"tied_w2", "w2"}};
+    for (size_t b = 0; b < 2; ++b) {
+      s.weights.push_back(chunk_of(world, r, b, 1.0));
+      s.optimizer[std::to_string(b) + ".exp_avg"] = chunk_of(world, r, b, -0.5);
+      s.masters.push_back(chunk_of(world, r, b, 2.0));
+    }
+    s.optimizer["step"] = from_vector_i64({7}, {});
+    if (r == 0) s.whole = {{"buffer", from_vector({1.0, 2.0, 3.0}, {3}, DType::f32)}};
+    for (const CheckpointFile& f : shard_files(s)) listed.emplace_back(f.name, write_checkpoint_file(tmp, f));
+    if (r == 0) s0 = s;
+  }
+  const CheckpointFile index = shard_index_file(s0);
+  listed.emplace_back(index.name, write_checkpoint_file(tmp, index));
+  TrainState st;
+  st.step = 7;
+  const std::string json = train_state_json(st);
+  listed.emplace_back("state.json", write_checkpoint_file(tmp, {"state.json", [&](const std::string& p) {
+                                                                  write_file_atomic(p, [&](std::FILE* f) {
+                                                                    write_bytes(f, json.data(), json.size());
+                                                                  });
+                                                                }}));
+  return commit_checkpoint(out, 7, tmp, listed);
+}
+
+TEST(ShardedCheckpoint, FourWritersLoadUnderAnyWorldSizeEachReadingOnlyItsSlices) {
+  TempDir dir("ingot_sharded");
+  const std::string ckpt = write_four_rank_checkpoint(dir.path());
+  EXPECT_TRUE(is_sharded_checkpoint(ckpt));
+  EXPECT_FALSE(fs::exists(dir.file("checkpoints/.tmp-step_00000007-sharded")));
+  for (int r = 0; r < 4; ++r) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model.shard-%05d-of-00004.safetensors", r);
+    EXPECT_TRUE(fs::exists(fs::path(ckpt) / name)) << name;
+  }
+  verify_checkpoint(ckpt);  // the manifest lists every rank's files with their checksums
+
+  ShardedCheckpoint c = ShardedCheckpoint::open(ckpt);
+  EXPECT_EQ(c.world_size(), 4);
+  // Whole tensors: assembled from the pieces of several ranks.
+  for (size_t p = 0; p < kShapes.size(); ++p) {
+    const std::string name = "model/w" + std::to_string(p);
+    Tensor t = c.read(name);
+    EXPECT_EQ(t.shape(), kShapes[p]);
+    std::vector<double> v = t.to_vector();
+    for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], value(p, static_cast<int64_t>(i), 1.0)) << name;
+  }
+  EXPECT_EQ(c.read("model/tied_w2").to_vector(), c.read("model/w2").to_vector());
+  EXPECT_EQ(c.read("model/buffer").to_vector(), (std::vector<double>{1, 2, 3}));
+  EXPECT_EQ(c.read("optimizer/step").item(), 7);
+  EXPECT_EQ(c.names("optimizer/master."),
+            (std::vector<std::string>{"optimizer/master.0", "optimizer/master.1", "optimizer/master.2"}));
+
+  // Resharded: every rank of 1, 2, 3 and 4 gets the chunks its own layout puts there, and reads only the bytes
+  // of the elements in them (each of 4 ranks ~1/4 of the whole).
+  const uint64_t total_bytes = 26 * 4;
+  for (int world : {1, 2, 3, 4}) {
+    for (int r = 0; r < world; ++r) {
+      ShardedCheckpoint fresh = ShardedCheckpoint::open(ckpt);
+      uint64_t elements = 0;
+      for (size_t b = 0; b < 2; ++b) {
+        const FlatLayout l = layouts(world)[b];
+        Tensor got = fresh.read_chunk(l, r, world, DType::f32, [](size_t p) { return "model/w" + std::to_string(p); });
+        EXPECT_EQ(got.to_vector(), chunk_of(world, r, b, 1.0).to_vector()) << "world " << world << " rank " << r;
+        Tensor m = fresh.read_chunk(l, r, world, DType::f32, [](size_t p) { return "optimizer/master." + std::to_string(p); });
+        EXPECT_EQ(m.to_vector(), chunk_of(world, r, b, 2.0).to_vector()) << "world " << world << " rank " << r;
+        const int64_t chunk = l.padded_numel / world;
+        const int64_t used = std::max<int64_t>(0, std::min<int64_t>((r + 1) * chunk, l.offsets.back() +
+                                                                     numel(kShapes[l.params.back()])) - r * chunk);
+        elements += static_cast<uint64_t>(used);
+      }
+      EXPECT_EQ(fresh.bytes_read(), 2 * elements * 4) << "world " << world << " rank " << r;
+      if (world == 4) {
+        EXPECT_LE(fresh.bytes_read(), 2 * (total_bytes / 4 + 8)) << "rank " << r;
+      }
+    }
+  }
+}
+
+TEST(ShardedCheckpoint, AMissingOrChangedShardFileIsAnErrorNamingIt) {
+  TempDir dir("ingot_sharded_bad");
+  const std::string ckpt = write_four_rank_checkpoint(dir.path());
+  // Rank 3 of 4 holds w1[3:7] and w2[3] (elements [18, 24) and [3, 4) of the two buffers), none of w0.
+  const fs::path victim = fs::path(ckpt) / "model.shard-00003-of-00004.safetensors";
+  // Changed bytes of the same size: found when the file is first read.
+  std::string bytes = slurp(victim.string());
+  bytes.back() ^= 0x40;
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  ShardedCheckpoint c = ShardedCheckpoint::open(ckpt);
+  c.read("model/w0");
+  try {
+    c.read("model/w1");
+    FAIL() << "a changed shard file was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("file 'model.shard-00003-of-00004.safetensors' does not match its checksum"),
+              std::string::npos)
+        << e.what();
+  }
+  // A missing one: found at open.
+  fs::remove(victim);
+  try {
+    ShardedCheckpoint::open(ckpt);
+    FAIL() << "a checkpoint with a missing shard file opened";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("file 'model.shard-00003-of-00004.safetensors' is listed in manifest.json "
+                                         "but missing"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---- end to end under `ingot launch` ---------------------------------------------------------------------
+
+using Result = ingot::testing::ShellResult;  // stdout and stderr together
+
+fs::path bin_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
+
+// Train losses of metrics.jsonl by step.
+std::map<int64_t, double> train_losses(const std::string& metrics) {
+  std::map<int64_t, double> out;
+  std::istringstream in(slurp(metrics));
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+std::map<int64_t, double> after(const std::map<int64_t, double>& losses, int64_t step) {
+  std::map<int64_t, double> out;
+  for (const auto& [s, l] : losses)
+    if (s > step) out[s] = l;
+  return out;
+}
+
+// Within `rel` relative (0: bitwise).
+void expect_losses(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, double rel,
+                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [step, loss] : want) {
+    ASSERT_TRUE(got.count(step)) << what << ": no step " << step;
+    if (rel == 0) {
+      EXPECT_EQ(got.at(step), loss) << what << " at step " << step;
+    } else {
+      EXPECT_NEAR(got.at(step), loss, rel * std::abs(loss)) << what << " at step " << step;
+    }
+  }
+}
+
+// Every file of a directory tree with its SHA-256.
+std::map<std::string, std::string> tree_sums(const std::string& root) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file()) out[fs::relative(e.path(), root).string()] = sha256_file(e.path().string());
+  return out;
+}
+
+class ShardedRun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(bin_dir() / "ingot")) << "build the `ingot` target too";
+    std::string text;
+    for (int i = 0; i < 40; ++i) text += "And God said, Let there be light: and there was light.\n";
+    std::ofstream(dir_.file("text.txt")) << text;
+    std::ofstream(dir_.file("tiny.yaml"))
+        << "recipe: pretrain\ndevice: cpu\nmax_steps: 6\nseed: 3\n"
+           "data: {path: text.txt}\n"
+           "model: {n_layer: 2, n_head: 2, n_embd: 16, block_size: 8}\n"
+           "train: {batch_size: 12, lr: 1.0e-2, warmup_steps: 2, log_every: 1, eval_batches: 2}\n"
+           "logging: {plot: false}\n";
+  }
+  Result sh(const std::string& cmd) {
+    return ingot::testing::run_shell("cd '" + dir_.path() + "' && INGOT='" + (bin_dir() / "ingot").string() +
+                                     "' && (" + cmd + ") 2>&1");
+  }
+  Result single(const std::string& out, const std::string& overrides = "") {
+    return sh("\"$INGOT\" run tiny.yaml output_dir=" + out + " " + overrides);
+  }
+  Result launch(int nproc, const std::string& out, const std::string& overrides = "",
+                const std::string& launch_flags = "", const std::string& env = "") {
+    return sh(env + " \"$INGOT\" launch --nproc-per-node " + std::to_string(nproc) + " " + launch_flags +
+              " -- \"$INGOT\" run tiny.yaml output_dir=" + out + " " + overrides);
+  }
+  std::string path(const std::string& name) const { return dir_.file(name); }
+  TempDir dir_{"ingot_sharded_run"};
+};
+
+// Losses: the same N resumes bitwise (the same shards, the same sums); other world sizes and one process
+// follow the uninterrupted run within 1e-5 relative (the same f32 sums in another order, as DDP vs one
+// process).
+TEST_F(ShardedRun, FourRanksWriteAndTheCheckpointResumesExactlyOnFourAndWithTheSameLossesOnTwoAndOne) {
+  Result ref = single("ref");
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const std::map<int64_t, double> want = after(train_losses(path("ref/metrics.jsonl")), 3);
+  Result z3 = launch(4, "z3", "distributed.zero_stage=3 checkpoint.save_every=3 checkpoint.keep_last=0");
+  ASSERT_EQ(z3.exit_code, 0) << z3.output;
+  const std::string ckpt = path("z3/checkpoints/step_00000003");
+  ASSERT_TRUE(is_sharded_checkpoint(ckpt)) << z3.output;
+  EXPECT_FALSE(fs::exists(fs::path(ckpt) / "model.safetensors")) << "no rank gathers the whole model";
+  for (const char* kind : {"model", "optimizer"})
+    for (int r = 0; r < 4; ++r) {
+      char name[64];
+      std::snprintf(name, sizeof name, "%s.shard-%05d-of-00004.safetensors", kind, r);
+      EXPECT_TRUE(fs::exists(fs::path(ckpt) / name)) << name;
+    }
+  auto index = nlohmann::json::parse(slurp(ckpt + "/index.json"));
+  EXPECT_EQ(index["world_size"], 4);
+  EXPECT_EQ(index["zero_stage"], 3);
+
+  const std::map<int64_t, double> z3_rest = after(train_losses(path("z3/metrics.jsonl")), 3);
+  Result four = launch(4, "on4", "distributed.zero_stage=3 resume_from=" + ckpt);
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  expect_losses(train_losses(path("on4/metrics.jsonl")), z3_rest, 0, "resumed on the same 4 ranks");
+  Result two = launch(2, "on2", "distributed.zero_stage=3 resume_from=" + ckpt);
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  expect_losses(train_losses(path("on2/metrics.jsonl")), want, 1e-5, "ZeRO-3 on 4 resumed by ZeRO-3 on 2");
+  Result two_z2 = launch(2, "on2_z2", "distributed.zero_stage=2 distributed.bucket_cap_mb=0.004 resume_from=" + ckpt);
+  ASSERT_EQ(two_z2.exit_code, 0) << two_z2.output;
+  expect_losses(train_losses(path("on2_z2/metrics.jsonl")), want, 1e-5, "ZeRO-3 on 4 resumed by ZeRO-2 on 2");
+  Result one = single("on1", "resume_from=" + ckpt);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  expect_losses(train_losses(path("on1/metrics.jsonl")), want, 1e-5, "ZeRO-3 on 4 resumed in one process");
+
+  // ZeRO-2 with several buckets writes sharded checkpoints too, and ZeRO-3 resumes them exactly on the same N.
+  Result z2 = launch(2, "z2", "distributed.zero_stage=2 distributed.bucket_cap_mb=0.004 checkpoint.save_every=3");
+  ASSERT_EQ(z2.exit_code, 0) << z2.output;
+  ASSERT_TRUE(is_sharded_checkpoint(path("z2/checkpoints/step_00000003")));
+  EXPECT_EQ(nlohmann::json::parse(slurp(path("z2/checkpoints/step_00000003/index.json")))["zero_stage"], 2);
+  Result z2_z3 = launch(2, "z2_z3", "distributed.zero_stage=3 resume_from=" + path("z2/checkpoints/step_00000003"));
+  ASSERT_EQ(z2_z3.exit_code, 0) << z2_z3.output;
+  expect_losses(train_losses(path("z2_z3/metrics.jsonl")), want, 1e-5, "ZeRO-2 on 2 resumed by ZeRO-3 on 2");
+}
+
+TEST_F(ShardedRun, AKilledRankAtStageThreeRestartsFromTheShardedCheckpointWithTheUninterruptedLosses) {
+  const std::string z3 = "distributed.zero_stage=3 checkpoint.save_every=2";
+  Result ref = launch(2, "ref", z3);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  // Rank 1 is SIGKILLed right after step 3 (its newest checkpoint is step 2's); the launcher restarts both.
+  Result r = launch(2, "killed", z3, "--max-restarts 1", "INGOT_TEST_KILL_AT_STEP=1:3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("was killed by SIGKILL"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resume | INGOT_RESTART_COUNT=1: continuing after step 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("all 2 worker(s) succeeded (attempt 1)"), std::string::npos) << r.output;
+  EXPECT_TRUE(is_sharded_checkpoint(path("killed/checkpoints/step_00000006")));
+  expect_losses(train_losses(path("killed/metrics.jsonl")), train_losses(path("ref/metrics.jsonl")), 0,
+                "restarted vs uninterrupted, both ZeRO-3 on 2 ranks");
+}
+
+TEST_F(ShardedRun, AMissingOrCorruptShardFileStopsTheRunNamingItAndNothingIsOverwritten) {
+  Result z3 = launch(4, "z3", "distributed.zero_stage=3 checkpoint.save_every=3 checkpoint.keep_last=0");
+  ASSERT_EQ(z3.exit_code, 0) << z3.output;
+  const std::string ckpt = path("z3/checkpoints/step_00000003");
+  fs::copy(ckpt, path("missing"), fs::copy_options::recursive);
+  fs::copy(ckpt, path("corrupt"), fs::copy_options::recursive);
+
+  fs::remove(path("missing/optimizer.shard-00002-of-00004.safetensors"));
+  Result m = launch(2, "out_missing", "distributed.zero_stage=3 resume_from=" + path("missing"));
+  EXPECT_NE(m.exit_code, 0) << m.output;
+  EXPECT_NE(m.output.find("file 'optimizer.shard-00002-of-00004.safetensors' is listed in manifest.json but missing"),
+            std::string::npos)
+      << m.output;
+  EXPECT_FALSE(fs::exists(path("out_missing")));
+
+  const std::string victim = path("corrupt/model.shard-00001-of-00004.safetensors");
+  std::string bytes = slurp(victim);
+  bytes[bytes.size() - 5] ^= 0x01;
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  const std::string named = "file 'model.shard-00001-of-00004.safetensors' does not match its checksum";
+  Result c1 = single("out_corrupt1", "resume_from=" + path("corrupt"));
+  EXPECT_NE(c1.exit_code, 0) << c1.output;
+  EXPECT_NE(c1.output.find(named), std::string::npos) << c1.output;
+  EXPECT_FALSE(fs::exists(path("out_corrupt1")));
+  Result c2 = launch(2, "out_corrupt2", "distributed.zero_stage=3 resume_from=" + path("corrupt"));
+  EXPECT_NE(c2.exit_code, 0) << c2.output;
+  EXPECT_NE(c2.output.find(named), std::string::npos) << c2.output;
+  EXPECT_FALSE(fs::exists(path("out_corrupt2")));
+
+  // The run's own newest checkpoint corrupted: resuming in place fails and leaves every file as it was.
+  const std::string own = path("z3/checkpoints/step_00000006/optimizer.shard-00003-of-00004.safetensors");
+  bytes = slurp(own);
+  bytes[bytes.size() - 5] ^= 0x01;
+  std::ofstream(own, std::ios::binary | std::ios::trunc) << bytes;
+  const std::map<std::string, std::string> before = tree_sums(path("z3"));
+  Result again = launch(4, "z3", "distributed.zero_stage=3 checkpoint.save_every=3 checkpoint.keep_last=0 "
+                                 "resume=true max_steps=9 resume_schedule=keep");
+  EXPECT_NE(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("file 'optimizer.shard-00003-of-00004.safetensors' does not match its checksum"),
+            std::string::npos)
+      << again.output;
+  EXPECT_EQ(tree_sums(path("z3")), before) << "a failed resume changed the run directory";
+}
+
+}  // namespace
+}  // namespace ingot::recipes
