@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -83,5 +84,31 @@ class SGD : public Optimizer {
   void traced_step();  // under a trace: records optim/fused_update.h primitives
   SGDOptions opts_;
 };
+
+struct LionOptions {
+  double lr = 1e-4, beta1 = 0.9, beta2 = 0.99, weight_decay = 0;
+};
+
+// Lion (Chen et al. 2023): the sign of an interpolated momentum, decoupled weight decay; one state tensor
+// (exp_avg) per parameter. See optim/lion.cpp for the update.
+class Lion : public Optimizer {
+ public:
+  Lion(std::vector<Tensor> params, LionOptions opts = {});
+  void step() override;
+  const LionOptions& options() const { return opts_; }
+
+ private:
+  LionOptions opts_;
+};
+
+// What a recipe's optimizer.* and train.* keys choose (recipes/train_loop.cpp): name is adamw, sgd or lion;
+// each reads the fields it has (sgd: lr, momentum, nesterov, weight_decay; lion: lr, beta1, beta2,
+// weight_decay; adamw: all but momentum and nesterov).
+struct OptimizerSpec {
+  std::string name = "adamw";
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0, momentum = 0;
+  bool nesterov = false;
+};
+std::unique_ptr<Optimizer> make_optimizer(std::vector<Tensor> params, const OptimizerSpec& spec);
 
 }  // namespace ingot::optim

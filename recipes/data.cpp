@@ -68,6 +68,11 @@ std::string text_file_problem(const std::string& path) {
   }
 }
 
+std::pair<int64_t, int64_t> split_sizes(int64_t bytes, double val_fraction) {
+  const int64_t n_val = std::llround(static_cast<double>(bytes) * val_fraction);
+  return {bytes - n_val, n_val};
+}
+
 TextDataset TextDataset::from_file(const std::string& path, double val_fraction) {
   return from_text(read_text_file(path), val_fraction, path);
 }
@@ -78,8 +83,8 @@ TextDataset TextDataset::from_text(const std::string& text, double val_fraction,
   INGOT_CHECK(problem.empty(), name, ": ", problem);
   TextDataset d;
   d.name_ = name;
-  size_t n_val = static_cast<size_t>(std::llround(static_cast<double>(text.size()) * val_fraction));
-  size_t n_train = text.size() - n_val;
+  const auto [train_tokens, val_tokens] = split_sizes(static_cast<int64_t>(text.size()), val_fraction);
+  const size_t n_train = static_cast<size_t>(train_tokens), n_val = static_cast<size_t>(val_tokens);
   d.train_.reserve(n_train);
   d.val_.reserve(n_val);
   for (size_t i = 0; i < text.size(); ++i)

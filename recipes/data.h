@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/tensor.h"
@@ -20,6 +21,11 @@ enum class Split { Train, Val };
 // ("is empty", "is not UTF-8 text (invalid byte 0xe9 at byte offset 3, line 1)", "cannot be read: ...").
 // Config checks call it so that `ingot validate` finds what TextDataset and the dataset readers would.
 std::string text_file_problem(const std::string& path);
+
+// The token counts of the train and validation splits a TextDataset makes of `bytes` bytes of text (one token a
+// byte): the last round(bytes * val_fraction) are the validation split. Config checks use it to find a split
+// shorter than one block before the run.
+std::pair<int64_t, int64_t> split_sizes(int64_t bytes, double val_fraction);
 
 class TextDataset {
  public:

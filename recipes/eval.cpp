@@ -9,6 +9,7 @@
 
 #include "models/hf_checkpoint.h"
 #include "models/peft.h"
+#include "recipes/eval_tasks.h"
 #include "recipes/metrics.h"
 #include "recipes/run_settings.h"
 
@@ -25,6 +26,11 @@ const ConfigSchema& eval_schema() {
     add_data_keys(s, /*training=*/false, "text");
     s.add(K::of(T::Int, "eval.batch_size", "8", "rows per forward pass").at_least(1));
     s.add(K::of(T::Int, "eval.max_batches", "0", "stop after this many batches (0: the whole file)").at_least(0));
+    s.add(K::of(T::String, "eval.task", "perplexity",
+                "perplexity of data.path; multiple_choice: accuracy on JSONL {question, choices, answer} lines; "
+                "exact_match: greedy completions of JSONL {prompt, answer} lines against the answers")
+              .one_of({"perplexity", "multiple_choice", "exact_match"}));
+    s.add(K::of(T::Int, "eval.max_new_tokens", "32", "exact_match: tokens generated per prompt").at_least(1));
     return s;
   }();
   return schema;
@@ -38,11 +44,22 @@ EvalSettings resolve_eval(const Config& cfg, ConfigErrors& errors) {
   s.data = resolve_data(cfg, s.model.config, errors);
   check_tokenizer_and_data(cfg, s.model, s.data, errors);
   try {
-    s.dtype = cfg.get_string("dtype") == "bf16" ? DType::bf16 : DType::f32;
+    s.dtype = parse_dtype(cfg.get_string("dtype"));
     s.batch_size = cfg.get_int("eval.batch_size");
     s.max_batches = cfg.get_int("eval.max_batches");
+    s.task = cfg.get_string("eval.task");
+    s.max_new_tokens = cfg.get_int("eval.max_new_tokens");
   } catch (const ConfigError&) {
     // Reported by the schema check.
+  }
+  // The task's file is read now, so that `ingot validate` names a malformed line.
+  if (s.task != "perplexity" && !errors.has_error_for("data.path") && !errors.has_error_for("eval.task")) {
+    try {
+      if (s.task == "multiple_choice") read_choice_items(s.data.path);
+      else read_match_items(s.data.path);
+    } catch (const ConfigError& e) {
+      errors.fail(cfg, "data.path", std::string(e.what()) + " (eval.task: " + s.task + ")");
+    }
   }
   return s;
 }
@@ -54,7 +71,50 @@ EvalSettings resolve_eval(const Config& cfg) {
   return s;
 }
 
+namespace {
+
+EvalResult run_task(const EvalSettings& s, std::ostream& log) {
+  auto t0 = std::chrono::steady_clock::now();
+  const Tokenizer tok = load_tokenizer(s.model);
+  models::HFModel hf = models::load_hf_model(s.model.path, s.dtype);
+  if (!s.model.adapter.empty()) models::load_lora_adapter(*hf.model, s.model.adapter);
+  hf.model->to(s.device);
+  EvalResult r;
+  r.task = s.task;
+  char buf[256];
+  if (s.task == "multiple_choice") {
+    const ChoiceScore c = score_choices(*hf.model, tok, read_choice_items(s.data.path), s.device);
+    r.accuracy = c.accuracy;
+    r.accuracy_norm = c.accuracy_norm;
+    r.items = c.questions;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::snprintf(buf, sizeof buf, "eval | multiple_choice | accuracy %.3f (acc_norm %.3f) | %lld questions | %s\n",
+                  r.accuracy, r.accuracy_norm, static_cast<long long>(r.items), format_duration(r.seconds).c_str());
+  } else {
+    std::vector<int64_t> eos(s.model.config.eos_token_ids.begin(), s.model.config.eos_token_ids.end());
+    if (tok.eos_id()) eos.push_back(*tok.eos_id());
+    const MatchScore m = score_exact_match(*hf.model, tok, read_match_items(s.data.path), s.device, s.max_new_tokens, eos);
+    r.exact_match = m.exact_match;
+    r.items = m.prompts;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::snprintf(buf, sizeof buf, "eval | exact_match | %.3f | %lld prompts (greedy, up to %lld new tokens) | %s\n",
+                  r.exact_match, static_cast<long long>(r.items), static_cast<long long>(s.max_new_tokens),
+                  format_duration(r.seconds).c_str());
+  }
+  r.model = s.model.path;
+  r.adapter = s.model.adapter;
+  r.data = s.data.path;
+  r.device = s.device.str();
+  r.dtype = std::string(dtype_name(s.dtype));
+  log << s.model.path << (s.model.adapter.empty() ? "" : " + " + s.model.adapter) << " on " << s.data.path << "\n"
+      << buf << std::flush;
+  return r;
+}
+
+}  // namespace
+
 EvalResult run_eval(const EvalSettings& s, std::ostream& log) {
+  if (s.task != "perplexity") return run_task(s, log);
   auto t0 = std::chrono::steady_clock::now();
   const Tokenizer tok = load_tokenizer(s.model);
   std::vector<datasets::Example> examples = load_data(s.data, tok);
@@ -86,10 +146,20 @@ EvalResult run_eval(const EvalSettings& s, std::ostream& log) {
 
 std::string eval_json(const EvalResult& r) {
   nlohmann::ordered_json j;
-  j["loss"] = r.loss;
-  j["perplexity"] = r.perplexity;
-  j["tokens"] = r.tokens;
-  j["rows"] = r.rows;
+  j["task"] = r.task;
+  if (r.task == "perplexity") {
+    j["loss"] = r.loss;
+    j["perplexity"] = r.perplexity;
+    j["tokens"] = r.tokens;
+    j["rows"] = r.rows;
+  } else if (r.task == "multiple_choice") {
+    j["accuracy"] = r.accuracy;
+    j["accuracy_norm"] = r.accuracy_norm;
+    j["questions"] = r.items;
+  } else {
+    j["exact_match"] = r.exact_match;
+    j["prompts"] = r.items;
+  }
   j["seconds"] = r.seconds;
   j["model"] = r.model;
   j["adapter"] = r.adapter;

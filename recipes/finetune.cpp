@@ -50,8 +50,8 @@ ConfigSchema finetune_schema(bool lora) {
     s.add(K::of(T::Float, "lora.alpha", "16", "the update is scaled by alpha / rank").at_least(1e-9));
     s.add(K::of(T::Float, "lora.dropout", "0.0", "dropout on the adapters' input").at_least(0).at_most(0.99));
     s.add(K::of(T::StringList, "lora.target_modules", "[q_proj, v_proj]",
-                "projections to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2: "
-                "c_attn, c_proj, c_fc)"));
+                "projections to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head; "
+                "GPT-2: c_attn, c_proj, c_fc), or all-linear: every one but lm_head, as PEFT's all-linear"));
     s.add(K::of(T::Bool, "lora.merge_on_export", "true", "also export the merged model to output_dir/hf"));
     s.add(K::of(T::String, "lora.quantize_base", "none",
                 "nf4: keep the frozen base projections in NF4 (QLoRA: 64-weight blocks, double-quantized absmax), "
@@ -150,6 +150,14 @@ FinetuneSettings resolve_finetune(const Config& cfg, ConfigErrors& errors) {
     errors.fail(cfg, "train.eval_batches", "is 0 while data.val_fraction holds examples out; set it to evaluate them");
   if (s.lora && model_ok) {
     const std::vector<std::string> known = lora_target_names(s.model.config);
+    std::vector<std::string>& targets = s.lora_config.target_modules;
+    // PEFT's shorthand: every linear projection of the blocks, the output head excepted.
+    if (std::find(targets.begin(), targets.end(), "all-linear") != targets.end()) {
+      if (targets.size() > 1)
+        errors.fail(cfg, "lora.target_modules", "'all-linear' names every projection; write it alone, not in a list");
+      targets = known;
+      std::erase(targets, "lm_head");
+    }
     if (s.lora_config.target_modules.empty())
       errors.fail(cfg, "lora.target_modules", "is empty; name at least one projection");
     for (const std::string& t : s.lora_config.target_modules)

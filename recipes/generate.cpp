@@ -45,7 +45,7 @@ GenerateSettings resolve_generate(const Config& cfg, ConfigErrors& errors) {
   s.device = resolve_device(cfg, errors);
   s.model = resolve_model_source(cfg, errors);
   try {
-    s.dtype = cfg.get_string("dtype") == "bf16" ? DType::bf16 : DType::f32;
+    s.dtype = parse_dtype(cfg.get_string("dtype"));
     s.prompt = cfg.get_string("generate.prompt");
     s.chat_template = cfg.get_string("generate.chat_template");
     s.options.max_new_tokens = cfg.get_int("generate.max_new_tokens");

@@ -86,7 +86,9 @@ std::vector<MetricPoint> read_metrics(const std::string& path, int64_t* bad_line
       ++bad;
       continue;
     }
-    out.push_back({kind, j["step"].get<int64_t>(), j[field].get<double>()});
+    MetricPoint p{kind, j["step"].get<int64_t>(), j[field].get<double>()};
+    if (kind != "eval" && j.contains("lr") && j["lr"].is_number()) p.lr = j["lr"].get<double>();
+    out.push_back(p);
   }
   if (bad_lines) *bad_lines = bad;
   return out;

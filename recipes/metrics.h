@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct MetricPoint {
   std::string kind;  // "train" or "eval"
   int64_t step = 0;
   double value = 0;  // loss (train) or val_loss (eval)
+  double lr = std::numeric_limits<double>::quiet_NaN();  // train records' learning rate (NaN when not logged)
 };
 
 class MetricsLog {
@@ -45,7 +47,7 @@ class MetricsLog {
   std::FILE* f_ = nullptr;
 };
 
-// Reads the train losses and eval losses of a metrics.jsonl (lines that do not parse are skipped and
+// Reads the train losses (and learning rates) and eval losses of a metrics.jsonl (lines that do not parse are skipped and
 // counted in *bad_lines when given). Throws when the file cannot be read.
 std::vector<MetricPoint> read_metrics(const std::string& path, int64_t* bad_lines = nullptr);
 

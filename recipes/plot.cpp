@@ -1,13 +1,11 @@
 #include "recipes/plot.h"
 
-#include <png.h>
+#include <cairo.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <csetjmp>
 #include <cstdio>
-#include <map>
+#include <memory>
 
 #include "recipes/metrics.h"
 #include "runtime/error.h"
@@ -17,126 +15,198 @@ namespace ingot::recipes {
 
 namespace {
 
-// 5x7 glyphs, one byte per row, bit 4 = leftmost column. Only the characters plots need.
-const std::map<char, std::array<uint8_t, 7>>& font() {
-  static const std::map<char, std::array<uint8_t, 7>> f = {
-      {'0', {0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E}}, {'1', {0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E}},
-      {'2', {0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F}}, {'3', {0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E}},
-      {'4', {0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02}}, {'5', {0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E}},
-      {'6', {0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E}}, {'7', {0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08}},
-      {'8', {0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E}}, {'9', {0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C}},
-      {'.', {0x00, 0x00, 0x00, 0x00, 0x00, 0x0C, 0x0C}}, {'-', {0x00, 0x00, 0x00, 0x1F, 0x00, 0x00, 0x00}},
-      {'+', {0x00, 0x04, 0x04, 0x1F, 0x04, 0x04, 0x00}}, {'_', {0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x1F}},
-      {'(', {0x02, 0x04, 0x08, 0x08, 0x08, 0x04, 0x02}}, {')', {0x08, 0x04, 0x02, 0x02, 0x02, 0x04, 0x08}},
-      {'/', {0x01, 0x01, 0x02, 0x04, 0x08, 0x10, 0x10}}, {':', {0x00, 0x0C, 0x0C, 0x00, 0x0C, 0x0C, 0x00}},
-      {'a', {0x00, 0x00, 0x0E, 0x01, 0x0F, 0x11, 0x0F}}, {'b', {0x10, 0x10, 0x16, 0x19, 0x11, 0x11, 0x1E}},
-      {'c', {0x00, 0x00, 0x0E, 0x10, 0x10, 0x11, 0x0E}}, {'d', {0x01, 0x01, 0x0D, 0x13, 0x11, 0x11, 0x0F}},
-      {'e', {0x00, 0x00, 0x0E, 0x11, 0x1F, 0x10, 0x0E}}, {'f', {0x06, 0x09, 0x08, 0x1C, 0x08, 0x08, 0x08}},
-      {'g', {0x00, 0x0F, 0x11, 0x11, 0x0F, 0x01, 0x0E}}, {'h', {0x10, 0x10, 0x16, 0x19, 0x11, 0x11, 0x11}},
-      {'i', {0x04, 0x00, 0x0C, 0x04, 0x04, 0x04, 0x0E}}, {'j', {0x02, 0x00, 0x06, 0x02, 0x02, 0x12, 0x0C}},
-      {'k', {0x10, 0x10, 0x12, 0x14, 0x18, 0x14, 0x12}}, {'l', {0x0C, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0E}},
-      {'m', {0x00, 0x00, 0x1A, 0x15, 0x15, 0x11, 0x11}}, {'n', {0x00, 0x00, 0x16, 0x19, 0x11, 0x11, 0x11}},
-      {'o', {0x00, 0x00, 0x0E, 0x11, 0x11, 0x11, 0x0E}}, {'p', {0x00, 0x00, 0x1E, 0x11, 0x1E, 0x10, 0x10}},
-      {'q', {0x00, 0x00, 0x0D, 0x13, 0x0F, 0x01, 0x01}}, {'r', {0x00, 0x00, 0x16, 0x19, 0x10, 0x10, 0x10}},
-      {'s', {0x00, 0x00, 0x0E, 0x10, 0x0E, 0x01, 0x1E}}, {'t', {0x08, 0x08, 0x1C, 0x08, 0x08, 0x09, 0x06}},
-      {'u', {0x00, 0x00, 0x11, 0x11, 0x11, 0x13, 0x0D}}, {'v', {0x00, 0x00, 0x11, 0x11, 0x11, 0x0A, 0x04}},
-      {'w', {0x00, 0x00, 0x11, 0x11, 0x15, 0x15, 0x0A}}, {'x', {0x00, 0x00, 0x11, 0x0A, 0x04, 0x0A, 0x11}},
-      {'y', {0x00, 0x00, 0x11, 0x11, 0x0F, 0x01, 0x0E}}, {'z', {0x00, 0x00, 0x1F, 0x02, 0x04, 0x08, 0x1F}},
-  };
-  return f;
+constexpr double kFontSize = 12;
+constexpr int kTitleHeight = 30, kPanelGap = 14, kBottomMargin = 42, kRightMargin = 20;
+
+struct Rgb {
+  double r, g, b;
+};
+const Rgb kBlack{0, 0, 0}, kGrid{0.9, 0.9, 0.9}, kGray{0.35, 0.35, 0.35};
+
+void set_color(cairo_t* cr, const Rgb& c) { cairo_set_source_rgb(cr, c.r, c.g, c.b); }
+void set_color(cairo_t* cr, const uint8_t c[3]) { cairo_set_source_rgb(cr, c[0] / 255.0, c[1] / 255.0, c[2] / 255.0); }
+
+double text_width(cairo_t* cr, const std::string& s) {
+  cairo_text_extents_t e;
+  cairo_text_extents(cr, s.c_str(), &e);
+  return e.x_advance;
 }
 
-constexpr int kGlyphW = 6;  // 5 columns + 1 of spacing
+// Text with its baseline's left end at (x, y).
+void text(cairo_t* cr, double x, double y, const std::string& s, const Rgb& c) {
+  set_color(cr, c);
+  cairo_move_to(cr, x, y);
+  cairo_show_text(cr, s.c_str());
+}
 
-struct Canvas {
-  Image img;
-  Canvas(int w, int h) {
-    img.width = w;
-    img.height = h;
-    img.rgb.assign(static_cast<size_t>(w) * h * 3, 255);
+// A 1-pixel line on pixel centres, so axes and grid lines stay crisp.
+void hline(cairo_t* cr, double x0, double x1, int y, const Rgb& c) {
+  set_color(cr, c);
+  cairo_set_line_width(cr, 1);
+  cairo_move_to(cr, x0, y + 0.5);
+  cairo_line_to(cr, x1, y + 0.5);
+  cairo_stroke(cr);
+}
+void vline(cairo_t* cr, int x, double y0, double y1, const Rgb& c) {
+  set_color(cr, c);
+  cairo_set_line_width(cr, 1);
+  cairo_move_to(cr, x + 0.5, y0);
+  cairo_line_to(cr, x + 0.5, y1);
+  cairo_stroke(cr);
+}
+
+struct Range {
+  double lo = INFINITY, hi = -INFINITY;
+  void add(double v) {
+    if (!std::isfinite(v)) return;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
   }
-  void set(int x, int y, const uint8_t c[3]) {
-    if (x < 0 || y < 0 || x >= img.width || y >= img.height) return;
-    uint8_t* p = &img.rgb[(static_cast<size_t>(y) * img.width + x) * 3];
-    p[0] = c[0];
-    p[1] = c[1];
-    p[2] = c[2];
-  }
-  void rect(int x0, int y0, int x1, int y1, const uint8_t c[3]) {
-    for (int y = y0; y <= y1; ++y)
-      for (int x = x0; x <= x1; ++x) set(x, y, c);
-  }
-  // Bresenham, `thick` pixels wide.
-  void line(int x0, int y0, int x1, int y1, const uint8_t c[3], int thick = 1) {
-    int dx = std::abs(x1 - x0), dy = -std::abs(y1 - y0), sx = x0 < x1 ? 1 : -1, sy = y0 < y1 ? 1 : -1, err = dx + dy;
-    for (;;) {
-      rect(x0 - (thick - 1) / 2, y0 - (thick - 1) / 2, x0 + thick / 2, y0 + thick / 2, c);
-      if (x0 == x1 && y0 == y1) break;
-      int e2 = 2 * err;
-      if (e2 >= dy) {
-        err += dy;
-        x0 += sx;
-      }
-      if (e2 <= dx) {
-        err += dx;
-        y0 += sy;
-      }
-    }
-  }
-  // Text with its top-left corner at (x, y); characters without a glyph are drawn as spaces.
-  void text(int x, int y, const std::string& s, const uint8_t c[3]) {
-    for (char ch : s) {
-      char k = (ch >= 'A' && ch <= 'Z') ? static_cast<char>(ch - 'A' + 'a') : ch;
-      auto it = font().find(k);
-      if (it != font().end())
-        for (int row = 0; row < 7; ++row)
-          for (int col = 0; col < 5; ++col)
-            if (it->second[row] & (0x10 >> col)) set(x + col, y + row, c);
-      x += kGlyphW;
-    }
-  }
-  // Text rotated 90 degrees counter-clockwise, reading upwards from (x, y) (its bottom-left corner).
-  void text_up(int x, int y, const std::string& s, const uint8_t c[3]) {
-    for (char ch : s) {
-      char k = (ch >= 'A' && ch <= 'Z') ? static_cast<char>(ch - 'A' + 'a') : ch;
-      auto it = font().find(k);
-      if (it != font().end())
-        for (int row = 0; row < 7; ++row)
-          for (int col = 0; col < 5; ++col)
-            if (it->second[row] & (0x10 >> col)) set(x + row, y - col, c);
-      y -= kGlyphW;
-    }
+  // Empty ranges become [0, 1], single values a unit around them.
+  void settle() {
+    if (!std::isfinite(lo)) lo = 0, hi = 1;
+    if (hi == lo) lo -= 0.5, hi += 0.5;
   }
 };
 
-int text_width(const std::string& s) { return static_cast<int>(s.size()) * kGlyphW - 1; }
-
-const uint8_t kBlack[3] = {0, 0, 0};
-const uint8_t kGrid[3] = {228, 228, 228};
-const uint8_t kGray[3] = {90, 90, 90};
-
-// libpng reports errors by longjmp; this function owns no C++ objects that need unwinding past setjmp.
-bool write_png_rows(std::FILE* f, int w, int h, png_bytep* rows) {
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
-  if (!png) return false;
-  png_infop info = png_create_info_struct(png);
-  if (!info) {
-    png_destroy_write_struct(&png, nullptr);
-    return false;
-  }
-  if (setjmp(png_jmpbuf(png))) {
-    png_destroy_write_struct(&png, &info);
-    return false;
-  }
-  png_init_io(png, f);
-  png_set_IHDR(png, info, static_cast<png_uint_32>(w), static_cast<png_uint_32>(h), 8, PNG_COLOR_TYPE_RGB,
-               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-  png_write_info(png, info);
-  png_write_image(png, rows);
-  png_write_end(png, nullptr);
-  png_destroy_write_struct(&png, &info);
-  return true;
+std::vector<std::pair<double, double>> finite_points(const PlotSeries& s) {
+  std::vector<std::pair<double, double>> out;
+  for (auto [x, y] : s.points)
+    if (std::isfinite(x) && std::isfinite(y)) out.emplace_back(x, y);
+  return out;
 }
+
+// One panel between pixel rows top and bottom; x ticks labelled when `x_labels`.
+void draw_panel(cairo_t* cr, const PlotPanel& panel, const Range& xr, int left, int right, int top, int bottom,
+                bool x_labels) {
+  Range yr;
+  for (const PlotSeries& s : panel.series)
+    for (auto [x, y] : s.points) yr.add(y);
+  yr.settle();
+  const double pad = 0.05 * (yr.hi - yr.lo);
+  yr.lo -= pad;
+  yr.hi += pad;
+  auto px = [&](double x) { return left + (x - xr.lo) / (xr.hi - xr.lo) * (right - left); };
+  auto py = [&](double y) { return bottom - (y - yr.lo) / (yr.hi - yr.lo) * (bottom - top); };
+
+  const std::vector<double> xt = nice_ticks(xr.lo, xr.hi, 8), yt = nice_ticks(yr.lo, yr.hi, panel.height > 250 ? 7 : 4);
+  const double x_step = xt.size() > 1 ? xt[1] - xt[0] : 1, y_step = yt.size() > 1 ? yt[1] - yt[0] : 1;
+  for (double v : xt) {
+    const int x = static_cast<int>(std::lround(px(v)));
+    if (x < left || x > right) continue;
+    vline(cr, x, top, bottom, kGrid);
+    vline(cr, x, bottom, bottom + 4, kBlack);
+    if (x_labels) {
+      const std::string l = tick_label(v, x_step);
+      text(cr, x - text_width(cr, l) / 2, bottom + 17, l, kBlack);
+    }
+  }
+  for (double v : yt) {
+    const int y = static_cast<int>(std::lround(py(v)));
+    if (y < top || y > bottom) continue;
+    hline(cr, left, right, y, kGrid);
+    hline(cr, left - 4, left, y, kBlack);
+    const std::string l = tick_label(v, y_step);
+    text(cr, left - 8 - text_width(cr, l), y + 4, l, kBlack);
+  }
+  vline(cr, left, top, bottom + 1, kBlack);
+  hline(cr, left, right + 1, bottom, kBlack);
+  // The y label, reading upwards along the left edge.
+  cairo_save(cr);
+  cairo_translate(cr, 16, (top + bottom + text_width(cr, panel.y_label)) / 2);
+  cairo_rotate(cr, -M_PI / 2);
+  text(cr, 0, 0, panel.y_label, kGray);
+  cairo_restore(cr);
+
+  cairo_save(cr);
+  cairo_rectangle(cr, left, top, right - left + 1, bottom - top + 1);
+  cairo_clip(cr);
+  cairo_set_line_join(cr, CAIRO_LINE_JOIN_ROUND);
+  cairo_set_line_cap(cr, CAIRO_LINE_CAP_ROUND);
+  for (const PlotSeries& s : panel.series) {
+    const auto pts = finite_points(s);
+    set_color(cr, s.rgb);
+    if (s.width > 0 && pts.size() > 1) {
+      cairo_set_line_width(cr, s.width);
+      cairo_move_to(cr, px(pts[0].first), py(pts[0].second));
+      for (size_t i = 1; i < pts.size(); ++i) cairo_line_to(cr, px(pts[i].first), py(pts[i].second));
+      cairo_stroke(cr);
+    }
+    if (s.markers)
+      for (auto [x, y] : pts) {
+        cairo_arc(cr, px(x), py(y), 3.5, 0, 2 * M_PI);
+        cairo_fill(cr);
+      }
+  }
+  cairo_restore(cr);
+
+  // The legend, top right inside the panel, on a white box so curves under it stay apart from it.
+  double legend_w = 0;
+  for (const PlotSeries& s : panel.series) legend_w = std::max(legend_w, text_width(cr, s.name));
+  legend_w += 40;
+  const double lx = right - 10 - legend_w, row = 16;
+  cairo_set_source_rgba(cr, 1, 1, 1, 0.85);
+  cairo_rectangle(cr, lx - 6, top + 4, legend_w + 10, row * static_cast<double>(panel.series.size()) + 6);
+  cairo_fill(cr);
+  double ly = top + 4 + row - 3;
+  for (const PlotSeries& s : panel.series) {
+    set_color(cr, s.rgb);
+    if (s.width > 0) {
+      cairo_set_line_width(cr, s.width);
+      cairo_move_to(cr, lx, ly - 4);
+      cairo_line_to(cr, lx + 24, ly - 4);
+      cairo_stroke(cr);
+    }
+    if (s.markers) {
+      cairo_arc(cr, lx + 12, ly - 4, 3.5, 0, 2 * M_PI);
+      cairo_fill(cr);
+    }
+    text(cr, lx + 32, ly, s.name, kBlack);
+    ly += row;
+  }
+}
+
+cairo_status_t write_to_file(void* closure, const unsigned char* data, unsigned int length) {
+  return std::fwrite(data, 1, length, static_cast<std::FILE*>(closure)) == length ? CAIRO_STATUS_SUCCESS
+                                                                                    : CAIRO_STATUS_WRITE_ERROR;
+}
+
+// An exponential moving average with a span of ~2% of the run shows the trend under the per-step noise.
+PlotSeries smoothed(const std::vector<std::pair<double, double>>& points, const std::string& name, const uint8_t rgb[3]) {
+  PlotSeries s{name, {}, {rgb[0], rgb[1], rgb[2]}};
+  const double alpha = std::min(1.0, 2.0 / (1.0 + std::max(1.0, 0.02 * static_cast<double>(points.size()))));
+  double ema = points.empty() ? 0 : points[0].second;
+  for (auto [x, y] : points) {
+    ema = alpha * y + (1 - alpha) * ema;
+    s.points.emplace_back(x, ema);
+  }
+  return s;
+}
+
+// The train losses, learning rates and eval losses of one metrics.jsonl, sorted by step.
+struct RunCurves {
+  std::vector<std::pair<double, double>> train, lr, eval;
+};
+
+RunCurves read_curves(const std::string& metrics_path) {
+  RunCurves c;
+  for (const MetricPoint& p : read_metrics(metrics_path)) {
+    const double step = static_cast<double>(p.step);
+    if (p.kind == "eval") {
+      c.eval.emplace_back(step, p.value);
+    } else {
+      c.train.emplace_back(step, p.value);
+      if (std::isfinite(p.lr)) c.lr.emplace_back(step, p.lr);
+    }
+  }
+  INGOT_CHECK(!c.train.empty(), metrics_path, ": no training records to plot");
+  std::sort(c.train.begin(), c.train.end());
+  std::sort(c.lr.begin(), c.lr.end());
+  std::sort(c.eval.begin(), c.eval.end());
+  return c;
+}
+
+constexpr int kLossHeight = 500 - kTitleHeight - kBottomMargin, kLrHeight = 180 - kPanelGap;
 
 }  // namespace
 
@@ -167,105 +237,84 @@ std::string tick_label(double v, double step) {
   return buf;
 }
 
-Image render_line_plot(const std::string& title, const std::string& x_label, const std::string& y_label,
-                       const std::vector<PlotSeries>& series, int width, int height) {
-  Canvas cv(width, height);
-  double x_lo = INFINITY, x_hi = -INFINITY, y_lo = INFINITY, y_hi = -INFINITY;
-  for (const PlotSeries& s : series)
-    for (auto [x, y] : s.points) {
-      if (!std::isfinite(x) || !std::isfinite(y)) continue;
-      x_lo = std::min(x_lo, x);
-      x_hi = std::max(x_hi, x);
-      y_lo = std::min(y_lo, y);
-      y_hi = std::max(y_hi, y);
-    }
-  if (!std::isfinite(x_lo)) x_lo = 0, x_hi = 1, y_lo = 0, y_hi = 1;
-  if (x_hi == x_lo) x_hi = x_lo + 1;
-  if (y_hi == y_lo) y_lo -= 0.5, y_hi += 0.5;
-  const double y_pad = 0.05 * (y_hi - y_lo);
-  y_lo -= y_pad;
-  y_hi += y_pad;
-  std::vector<double> xt = nice_ticks(x_lo, x_hi, 8), yt = nice_ticks(y_lo, y_hi, 7);
-  const double x_step = xt.size() > 1 ? xt[1] - xt[0] : 1, y_step = yt.size() > 1 ? yt[1] - yt[0] : 1;
-  int label_w = 0;
-  for (double v : yt) label_w = std::max(label_w, text_width(tick_label(v, y_step)));
-  const int left = 24 + label_w + 8, right = width - 20, top = 34, bottom = height - 44;
-  auto px = [&](double x) { return left + static_cast<int>(std::lround((x - x_lo) / (x_hi - x_lo) * (right - left))); };
-  auto py = [&](double y) { return bottom - static_cast<int>(std::lround((y - y_lo) / (y_hi - y_lo) * (bottom - top))); };
+void write_plot_png(const std::string& path, const std::string& title, const std::string& x_label,
+                    const std::vector<PlotPanel>& panels, int width) {
+  INGOT_CHECK(!panels.empty() && width > 0, "write_plot_png '", path, "': nothing to draw");
+  int height = kTitleHeight + kBottomMargin;
+  for (size_t i = 0; i < panels.size(); ++i) height += panels[i].height + (i ? kPanelGap : 0);
+  std::unique_ptr<cairo_surface_t, void (*)(cairo_surface_t*)> surface(
+      cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height), cairo_surface_destroy);
+  std::unique_ptr<cairo_t, void (*)(cairo_t*)> owner(cairo_create(surface.get()), cairo_destroy);
+  cairo_t* cr = owner.get();
+  INGOT_CHECK(cairo_status(cr) == CAIRO_STATUS_SUCCESS, "write_plot_png '", path, "': cairo: ",
+              cairo_status_to_string(cairo_status(cr)));
+  cairo_set_source_rgb(cr, 1, 1, 1);
+  cairo_paint(cr);
+  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+  cairo_set_font_size(cr, kFontSize);
 
-  for (double v : xt) {
-    int x = px(v);
-    if (x < left || x > right) continue;
-    cv.line(x, top, x, bottom, kGrid);
-    cv.line(x, bottom, x, bottom + 4, kBlack);
-    std::string l = tick_label(v, x_step);
-    cv.text(x - text_width(l) / 2, bottom + 8, l, kBlack);
+  Range xr;
+  for (const PlotPanel& p : panels)
+    for (const PlotSeries& s : p.series)
+      for (auto [x, y] : s.points)
+        if (std::isfinite(y)) xr.add(x);
+  xr.settle();
+  // One left edge for every panel: room for the widest y tick label of any of them.
+  double label_w = 0;
+  for (const PlotPanel& p : panels) {
+    Range yr;
+    for (const PlotSeries& s : p.series)
+      for (auto [x, y] : s.points) yr.add(y);
+    yr.settle();
+    const std::vector<double> yt = nice_ticks(yr.lo - 0.05 * (yr.hi - yr.lo), yr.hi + 0.05 * (yr.hi - yr.lo), 7);
+    for (double v : yt) label_w = std::max(label_w, text_width(cr, tick_label(v, yt.size() > 1 ? yt[1] - yt[0] : 1)));
   }
-  for (double v : yt) {
-    int y = py(v);
-    if (y < top || y > bottom) continue;
-    cv.line(left, y, right, y, kGrid);
-    cv.line(left - 4, y, left, y, kBlack);
-    std::string l = tick_label(v, y_step);
-    cv.text(left - 8 - text_width(l), y - 3, l, kBlack);
+  const int left = 30 + static_cast<int>(label_w) + 8, right = width - kRightMargin;
+  int top = kTitleHeight;
+  for (size_t i = 0; i < panels.size(); ++i) {
+    const bool last = i + 1 == panels.size();
+    draw_panel(cr, panels[i], xr, left, right, top, top + panels[i].height, last);
+    top += panels[i].height + kPanelGap;
   }
-  cv.line(left, top, left, bottom, kBlack);
-  cv.line(left, bottom, right, bottom, kBlack);
-  cv.text((left + right - text_width(title)) / 2, 12, title, kBlack);
-  cv.text((left + right - text_width(x_label)) / 2, height - 16, x_label, kGray);
-  cv.text_up(6, (top + bottom + text_width(y_label)) / 2, y_label, kGray);
-
-  int legend_y = top + 8;
-  for (const PlotSeries& s : series) {
-    bool have_prev = false;
-    int x0 = 0, y0 = 0;
-    for (auto [x, y] : s.points) {
-      if (!std::isfinite(x) || !std::isfinite(y)) continue;
-      int x1 = px(x), y1 = py(y);
-      if (have_prev) cv.line(x0, y0, x1, y1, s.rgb, 2);
-      if (s.markers) cv.rect(x1 - 2, y1 - 2, x1 + 2, y1 + 2, s.rgb);
-      x0 = x1;
-      y0 = y1;
-      have_prev = true;
-    }
-    int lx = right - 10 - text_width(s.name) - 26;
-    cv.line(lx, legend_y + 3, lx + 18, legend_y + 3, s.rgb, 2);
-    cv.text(lx + 24, legend_y, s.name, kBlack);
-    legend_y += 12;
-  }
-  return cv.img;
-}
-
-void write_png(const std::string& path, const Image& image) {
-  INGOT_CHECK(image.width > 0 && image.height > 0 &&
-                  image.rgb.size() == static_cast<size_t>(image.width) * image.height * 3,
-              "write_png '", path, "': bad image size");
-  std::vector<png_bytep> rows(static_cast<size_t>(image.height));
-  for (int y = 0; y < image.height; ++y)
-    rows[y] = const_cast<png_bytep>(&image.rgb[static_cast<size_t>(y) * image.width * 3]);
+  cairo_set_font_size(cr, kFontSize + 2);
+  text(cr, (left + right - text_width(cr, title)) / 2, 20, title, kBlack);
+  cairo_set_font_size(cr, kFontSize);
+  text(cr, (left + right - text_width(cr, x_label)) / 2, height - 8, x_label, kGray);
+  cairo_surface_flush(surface.get());
   write_file_atomic(path, [&](std::FILE* f) {
-    INGOT_CHECK(write_png_rows(f, image.width, image.height, rows.data()), "libpng failed to encode the image");
+    const cairo_status_t st = cairo_surface_write_to_png_stream(surface.get(), write_to_file, f);
+    INGOT_CHECK(st == CAIRO_STATUS_SUCCESS, "cairo failed to encode the image: ", cairo_status_to_string(st));
   });
 }
 
 void plot_metrics_file(const std::string& metrics_path, const std::string& png_path, const std::string& title) {
-  PlotSeries train{"train loss", {}, {174, 199, 232}, false};
-  PlotSeries smooth{"train (smoothed)", {}, {31, 119, 180}, false};
-  PlotSeries eval{"val loss", {}, {255, 127, 14}, true};
-  for (const MetricPoint& p : read_metrics(metrics_path))
-    (p.kind == "eval" ? eval : train).points.emplace_back(static_cast<double>(p.step), p.value);
-  INGOT_CHECK(!train.points.empty(), metrics_path, ": no training records to plot");
-  std::sort(train.points.begin(), train.points.end());
-  // An exponential moving average with a span of ~2% of the run shows the trend under the per-step noise.
-  const double alpha = std::min(1.0, 2.0 / (1.0 + std::max(1.0, 0.02 * static_cast<double>(train.points.size()))));
-  double ema = train.points[0].second;
-  for (auto [x, y] : train.points) {
-    ema = alpha * y + (1 - alpha) * ema;
-    smooth.points.emplace_back(x, ema);
+  const RunCurves c = read_curves(metrics_path);
+  const uint8_t blue[3] = {31, 119, 180};
+  PlotPanel loss{"loss", kLossHeight, {}};
+  loss.series.push_back({"train loss", c.train, {174, 199, 232}, false, 1.2});
+  loss.series.push_back(smoothed(c.train, "train (smoothed)", blue));
+  if (!c.eval.empty()) loss.series.push_back({"val loss", c.eval, {255, 127, 14}, true, 1.5});
+  std::vector<PlotPanel> panels{loss};
+  if (!c.lr.empty()) panels.push_back({"learning rate", kLrHeight, {{"lr", c.lr, {44, 160, 44}}}});
+  write_plot_png(png_path, title, "step", panels);
+}
+
+void plot_runs(const std::vector<PlotRun>& runs, const std::string& png_path) {
+  // matplotlib's tab10 colours.
+  static const uint8_t kColors[][3] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44},  {214, 39, 40},
+                                       {148, 103, 189}, {140, 86, 75}, {227, 119, 194}, {127, 127, 127},
+                                       {188, 189, 34},  {23, 190, 207}};
+  PlotPanel loss{"loss (smoothed; dots: val)", kLossHeight, {}}, lr{"learning rate", kLrHeight, {}};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RunCurves c = read_curves(runs[i].metrics_path);
+    const uint8_t* rgb = kColors[i % std::size(kColors)];
+    loss.series.push_back(smoothed(c.train, runs[i].name, rgb));
+    if (!c.eval.empty()) loss.series.push_back({runs[i].name + " val", c.eval, {rgb[0], rgb[1], rgb[2]}, true, 0});
+    if (!c.lr.empty()) lr.series.push_back({runs[i].name, c.lr, {rgb[0], rgb[1], rgb[2]}});
   }
-  std::vector<PlotSeries> series{train, smooth};
-  if (!eval.points.empty()) series.push_back(eval);
-  write_png(png_path, render_line_plot(title, "step", "loss", series));
+  std::vector<PlotPanel> panels{loss};
+  if (!lr.series.empty()) panels.push_back(lr);
+  write_plot_png(png_path, std::to_string(runs.size()) + " runs", "step", panels);
 }
 
 }  // namespace ingot::recipes

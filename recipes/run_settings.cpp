@@ -24,7 +24,9 @@ void add_device_keys(ConfigSchema& s) {
   using T = ConfigType;
   using K = ConfigKey;
   s.add(K::of(T::String, "device", "auto", "auto (a GPU when present), cpu, cuda or cuda:N").not_in_config_hash());
-  s.add(K::of(T::String, "dtype", "f32", "f32, or bf16 compute with f32 master weights").one_of({"f32", "bf16"}));
+  s.add(K::of(T::String, "dtype", "f32",
+              "f32, or bf16 / f16 compute with f32 master weights (training f16: dynamic loss scaling, eager steps)")
+            .one_of({"f32", "bf16", "f16"}));
 }
 
 Device resolve_device(const Config& cfg, ConfigErrors& errors) {
@@ -305,7 +307,7 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
                       std::to_string(visible) + " CUDA device(s) are visible (launch at most that many workers per node)");
   }
   std::string dt = rd.str("dtype");
-  s.dtype = dt == "bf16" ? DType::bf16 : DType::f32;
+  s.dtype = dt == "bf16" ? DType::bf16 : dt == "f16" ? DType::f16 : DType::f32;
   s.max_steps = rd.i64("max_steps");
   s.lr_schedule_steps = s.max_steps;
   s.seed = static_cast<uint64_t>(rd.i64("seed"));
@@ -349,6 +351,11 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
   s.distributed.reduce_dtype = rd.str("distributed.reduce_dtype");
   s.distributed.zero_stage = rd.i64("distributed.zero_stage");
   s.distributed.reshard_after_forward = rd.flag("distributed.reshard_after_forward");
+  // The loss scaler decides on the host whether a step is applied, which a compiled step cannot replay.
+  if (s.dtype == DType::f16 && s.compile.enabled && !errors.has_error_for("dtype"))
+    errors.fail(cfg, "dtype",
+                "f16 trains with dynamic loss scaling, which skips overflowing steps on the host: set "
+                "compile.enabled=false, or use dtype=bf16 (no loss scaling needed) to compile the step");
   if (s.distributed.zero_stage == 3 && s.compile.enabled && !errors.has_error_for("distributed.zero_stage"))
     errors.fail(cfg, "distributed.zero_stage",
                 "3 runs eagerly for now, and compile.enabled is true; set compile.enabled=false, or use zero_stage 2 "

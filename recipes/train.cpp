@@ -67,6 +67,26 @@ PretrainSettings resolve_pretrain(const Config& cfg, ConfigErrors& errors) {
   if (s.train.eval_batches > 0 && s.val_fraction == 0 && !errors.has_error_for("data.val_fraction"))
     errors.fail(cfg, "data.val_fraction",
                 "is 0, so there is nothing to evaluate on; set train.eval_batches: 0 to skip eval");
+  // A split shorter than one window (block_size + 1 tokens) cannot give a batch: found here, not at run time.
+  // (A file that cannot be read is data.path's own error above.)
+  std::error_code size_ec;
+  const auto bytes = static_cast<int64_t>(fs::file_size(s.data_path, size_ec));
+  if (!size_ec && !errors.has_error_for("data.path") && !errors.has_error_for("data.val_fraction") &&
+      !errors.has_error_for("model.block_size")) {
+    const auto [n_train, n_val] = split_sizes(bytes, s.val_fraction);
+    const int64_t window = s.block_size + 1;
+    auto split_text = [&](const char* which, int64_t n) {
+      return "'" + s.data_path + "' (" + std::to_string(bytes) + " tokens (bytes)) leaves a " + which + " split of " +
+             std::to_string(n) + " tokens, fewer than model.block_size + 1 = " + std::to_string(window);
+    };
+    if (n_train < window)
+      errors.fail(cfg, "data.path", split_text("train", n_train) + "; use a longer text or a smaller model.block_size");
+    else if (s.train.eval_batches > 0 && s.val_fraction > 0 && n_val < window)
+      errors.fail(cfg, "data.val_fraction",
+                  cfg.value("data.val_fraction").text + " of " + split_text("validation", n_val) +
+                      "; raise data.val_fraction, use a smaller model.block_size or a longer text, or set "
+                      "train.eval_batches: 0 to skip eval");
+  }
   return s;
 }
 

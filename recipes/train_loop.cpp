@@ -16,6 +16,7 @@
 
 #include "compile/explain.h"
 #include "optim/clip.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/mixed_precision.h"
 #include "optim/optimizer.h"
@@ -48,9 +49,22 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
   s.add(K::of(T::Int, "train.warmup_steps", d.warmup_steps, "linear warm-up steps").at_least(0));
   s.add(K::of(T::String, "train.lr_schedule", d.lr_schedule, "decay after warm-up")
             .one_of({"cosine", "linear", "constant"}));
-  s.add(K::of(T::Float, "train.weight_decay", d.weight_decay, "AdamW decoupled weight decay").at_least(0));
-  s.add(K::of(T::Float, "train.beta1", "0.9", "AdamW beta1").at_least(0).at_most(0.999999));
-  s.add(K::of(T::Float, "train.beta2", d.beta2, "AdamW beta2").at_least(0).at_most(0.999999));
+  s.add(K::of(T::Float, "train.weight_decay", d.weight_decay,
+              "weight decay: decoupled for adamw and lion, added to the gradient for sgd").at_least(0));
+  s.add(K::of(T::Float, "train.beta1", "0.9", "adamw: beta1; lion: the interpolation that gives the update's sign")
+            .at_least(0)
+            .at_most(0.999999));
+  s.add(K::of(T::Float, "train.beta2", d.beta2, "adamw: beta2; lion: the momentum's decay").at_least(0).at_most(0.999999));
+  s.add(K::of(T::String, "optimizer.name", "adamw",
+              "the update rule: adamw, sgd (torch.optim.SGD, optimizer.momentum) or lion (Chen et al. 2023; try a "
+              "train.lr 3-10x below AdamW's)")
+            .one_of({"adamw", "sgd", "lion"}));
+  s.add(K::of(T::Float, "optimizer.momentum", "0.9", "sgd: momentum (0: plain SGD)").at_least(0).at_most(0.999999));
+  s.add(K::of(T::Bool, "optimizer.nesterov", "false", "sgd: Nesterov momentum"));
+  s.add(K::of(T::Float, "train.init_loss_scale", "65536",
+              "dtype f16: the first loss scale (halved on each step whose gradients overflow, which is skipped; "
+              "doubled after 2000 good steps)")
+            .at_least(1));
   s.add(K::of(T::Float, "train.grad_clip", d.grad_clip, "max global gradient norm (0: no clipping)").at_least(0));
   s.add(K::of(T::Int, "train.log_every", d.log_every, "steps between progress lines").at_least(1).not_in_config_hash());
   s.add(K::of(T::Int, "train.eval_every", "0", "steps between validation evals (0: only at the end)")
@@ -82,10 +96,40 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
   o.eval_batches = rd.i64("train.eval_batches");
   if (o.eval_every > 0 && o.eval_batches == 0)
     errors.fail(cfg, "train.eval_every", "is set but train.eval_batches is 0, so each eval would use no data");
+  o.optimizer = rd.str("optimizer.name");
+  o.momentum = rd.f64("optimizer.momentum");
+  o.nesterov = rd.flag("optimizer.nesterov");
+  // A key the chosen optimizer does not read is a mistake worth naming, not a silent no-op.
+  auto set_by_user = [&](std::string_view key) {
+    const ConfigOrigin& at = cfg.value(key).origin;
+    return !at.file.empty() || !at.override_text.empty();
+  };
+  if (!errors.has_error_for("optimizer.name") && o.optimizer != "sgd")
+    for (const char* key : {"optimizer.momentum", "optimizer.nesterov"})
+      if (set_by_user(key))
+        errors.fail(cfg, key, "is read by optimizer.name: sgd only, and optimizer.name is " + o.optimizer);
+  if (o.optimizer == "sgd" && o.nesterov && o.momentum == 0 && !errors.has_error_for("optimizer.momentum"))
+    errors.fail(cfg, "optimizer.nesterov", "true needs optimizer.momentum > 0 (it is 0)");
+  if (o.optimizer != "sgd") o.momentum = 0, o.nesterov = false;
+  o.init_loss_scale = rd.f64("train.init_loss_scale");
+  if (set_by_user("train.init_loss_scale") && cfg.value("dtype").text != "f16")
+    errors.fail(cfg, "train.init_loss_scale", "is read with dtype: f16 only, and dtype is " + cfg.value("dtype").text);
   return o;
 }
 
 namespace {
+
+optim::OptimizerSpec optimizer_spec(const TrainOptions& o) {
+  optim::OptimizerSpec spec;
+  spec.name = o.optimizer;
+  spec.lr = o.lr;
+  spec.beta1 = o.beta1;
+  spec.beta2 = o.beta2;
+  spec.weight_decay = o.weight_decay;
+  spec.momentum = o.momentum;
+  spec.nesterov = o.nesterov;
+  return spec;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -169,14 +213,14 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   NullStream quiet;
   std::ostream& log = is_main ? main_log : quiet;
 
-  // bf16: the model computes in bf16 parameters; AdamW updates f32 masters that are rounded back each step.
+  // bf16: the model computes in bf16 parameters; the optimizer updates f32 masters that are rounded back each step.
   // Parameter handles stay valid across to() (module.h), so task.params still names the trained tensors.
-  if (run.dtype == DType::bf16) model.to(DType::bf16);
-  optim::AdamWOptions ao;
-  ao.lr = o.lr;
-  ao.beta1 = o.beta1;
-  ao.beta2 = o.beta2;
-  ao.weight_decay = o.weight_decay;
+  if (run.dtype != DType::f32) model.to(run.dtype);
+  // f16: the loss is scaled before backward and the step skipped when a gradient overflows (loss_scaler.h).
+  std::unique_ptr<optim::LossScaler> scaler;
+  if (run.dtype == DType::f16)
+    scaler = std::make_unique<optim::LossScaler>(optim::LossScalerOptions{.init_scale = o.init_loss_scale});
+  const optim::OptimizerSpec spec = optimizer_spec(o);
 
   // ZeRO-1/2/3 resume through a stand-in optimizer over the whole parameters (what the checkpoint holds), before
   // DDP or FSDP cuts its shards from the loaded weights; the stand-in's state is then scattered into the shards.
@@ -191,21 +235,22 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     st = load_sharded_model_state(*shards, model, task.params, /*load_trained=*/dp->zero_stage() == 2);
   } else if (sharded && !run.resume_checkpoint.empty()) {
     std::unique_ptr<optim::MasterWeights> m;
-    if (run.dtype == DType::bf16) m = std::make_unique<optim::MasterWeights>(task.params);
-    optim::AdamW stand_in(m ? m->master() : task.params, ao);
-    st = load_training_checkpoint(run.resume_checkpoint, model, stand_in, m.get());
-    full_opt_state = stand_in.state_dict();
+    if (run.dtype != DType::f32) m = std::make_unique<optim::MasterWeights>(task.params);
+    std::unique_ptr<optim::Optimizer> stand_in = optim::make_optimizer(m ? m->master() : task.params, spec);
+    st = load_training_checkpoint(run.resume_checkpoint, model, *stand_in, m.get());
+    full_opt_state = stand_in->state_dict();
     if (m) full_masters = m->master();
   }
   if (dp) dp->wrap(model, task.params);
   std::vector<Tensor> trained = dp ? dp->optimizer_params() : task.params;
   std::unique_ptr<optim::MasterWeights> masters;
   std::vector<Tensor> opt_params = trained;
-  if (run.dtype == DType::bf16) {
+  if (run.dtype != DType::f32) {
     masters = std::make_unique<optim::MasterWeights>(trained);
     opt_params = masters->master();
   }
-  optim::AdamW opt(opt_params, ao);
+  std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(opt_params, spec);
+  optim::Optimizer& opt = *optimizer;
   optim::LrSchedule sched;
   sched.kind = optim::LrSchedule::parse_kind(o.lr_schedule);
   sched.base_lr = o.lr;
@@ -240,6 +285,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
       st = load_training_checkpoint(run.resume_checkpoint, model, opt, masters.get());
     }
     restore_rng(st.rng);
+    if (scaler && st.loss_scale > 0) scaler->restore(st.loss_scale, st.loss_scale_growth_tracker);
     task.set_data_position(st.sampler_position);
     r.first_loss = st.first_loss;
     r.best_loss = st.best_loss;
@@ -260,6 +306,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   // The gradient norm before clipping: eager steps always measure it (host_grad_norm); a compiled step
   // returns it as a second output when it clips (else it is not measured, and not computed).
   double host_grad_norm = -1;
+  bool skipped_step = false;  // f16: this step's gradients overflowed and the loss scale went down instead
   // One training step: every micro-batch's forward and backward, clipping, the optimizer update and the
   // master-weight copies. Compiled, it is traced into one graph on the first call (compile/api.h); the clip
   // then stays on the device (clip_grad_norm_tensor) instead of reading the norm back to the host.
@@ -283,8 +330,10 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
       Tensor scaled = weighted          ? loss * reshape(narrow(batch.back(), 0, micro, 1), {})
                       : o.grad_accum > 1 ? loss * inv_accum
                                          : loss;
-      if (dp) dp->backward(scaled, micro + 1 == o.grad_accum);
-      else scaled.backward();
+      // f16: backward runs on the loss times the loss scale; the update divides it out again.
+      Tensor backward_of = scaler ? scaled * scaler->scale() : scaled;
+      if (dp) dp->backward(backward_of, micro + 1 == o.grad_accum);
+      else backward_of.backward();
       total = total.defined() ? total + scaled.detach() : scaled.detach();
     }
     if (dp) dp->synchronize();
@@ -295,12 +344,16 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
       if (sharded) global = [&](const Tensor& sq) { return dp->sum_tensor(sq); };
       norm = optim::clip_grad_norm_tensor(opt_params, o.grad_clip, global);
     } else if (!traced) {
-      host_grad_norm = optim::grad_norm(opt_params);
+      const double loss_scale = scaler ? scaler->scale() : 1.0;
+      host_grad_norm = optim::grad_norm(opt_params) / loss_scale;
       // ZeRO-1/2/3: each rank holds the gradient of its shards only; the global norm sums their squares.
       if (sharded) host_grad_norm = std::sqrt(dp->sum(host_grad_norm * host_grad_norm));
-      if (o.grad_clip > 0) opt.set_grad_scale(optim::clip_coefficient(host_grad_norm, o.grad_clip));
+      const double clip = o.grad_clip > 0 ? optim::clip_coefficient(host_grad_norm, o.grad_clip) : 1.0;
+      if (clip != 1.0 || scaler) opt.set_grad_scale(clip / loss_scale);
+      // f16: a gradient that overflowed (an inf or NaN norm, the same on every rank) skips the update.
+      skipped_step = scaler && !scaler->update(std::isfinite(host_grad_norm));
     }
-    opt.step();
+    if (!skipped_step) opt.step();
     opt.zero_grad();
     if (masters) {
       masters->copy_to_model();
@@ -331,7 +384,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   Allocator& alloc = allocator_for(run.device);
   alloc.reset_peak();
   const double tokens_per_step = task.tokens_per_step;
-  const double peak = task.flops_per_token > 0 ? peak_flops(run.device.is_cuda(), run.dtype == DType::bf16,
+  const double peak = task.flops_per_token > 0 ? peak_flops(run.device.is_cuda(), run.dtype != DType::f32,
                                                             run.peak_tflops)
                                                : 0;
   double window_loss = 0, train_s = 0;
@@ -358,6 +411,10 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     t.best_loss = r.best_loss;
     t.last_loss = r.final_loss;
     t.train_s = st.train_s + train_s;
+    if (scaler) {
+      t.loss_scale = scaler->scale();
+      t.loss_scale_growth_tracker = scaler->growth_tracker();
+    }
     t.config_hash = run.config_hash;
     t.config = run.config_entries;
     return t;
@@ -391,9 +448,9 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
         dst.copy_(gathered_masters[i]);
       }
     }
-    optim::AdamW stand_in(m ? m->master() : task.params, ao);
-    stand_in.load_state_dict(state);
-    std::string path = save_training_checkpoint(run.output_dir, model, stand_in, m.get(), make_state(step, lr));
+    std::unique_ptr<optim::Optimizer> stand_in = optim::make_optimizer(m ? m->master() : task.params, spec);
+    stand_in->load_state_dict(state);
+    std::string path = save_training_checkpoint(run.output_dir, model, *stand_in, m.get(), make_state(step, lr));
     dp->release_model();
     return path;
   };
@@ -465,7 +522,11 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     opt.set_lr(lr);
     if (!prefetch.pending()) prefetch.put(draw_batch());
     const std::vector<Tensor> batch = prefetch.take();
+    const double loss_scale = scaler ? scaler->scale() : 0;
     const std::vector<Tensor> out = compiled ? (*compiled)(batch) : step_body(batch, false);
+    if (skipped_step)
+      log << "f16 | step " << step + 1 << ": the gradients overflowed at loss scale " << loss_scale
+          << ", so the update is skipped and the scale is now " << scaler->scale() << "\n";
     const Tensor& loss = out[0];
     consumed_position = task.data_position();
     if (step + 1 < run.max_steps) prefetch.put(draw_batch());  // overlaps this step (see prefetch.h)

@@ -35,7 +35,8 @@ struct TrainDefaults {
 };
 
 // Adds train.batch_size, gradient_accumulation_steps, lr, min_lr, warmup_steps, lr_schedule, weight_decay,
-// beta1, beta2, grad_clip, log_every, eval_every, eval_batches.
+// beta1, beta2, grad_clip, log_every, eval_every, eval_batches, init_loss_scale, and optimizer.name, momentum,
+// nesterov.
 void add_train_keys(ConfigSchema& s, const TrainDefaults& d);
 
 // The train.* section as typed values.
@@ -43,9 +44,14 @@ struct TrainOptions {
   int64_t batch_size = 1, grad_accum = 1, warmup_steps = 0, log_every = 10, eval_every = 0, eval_batches = 0;
   double lr = 0, min_lr = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.95, grad_clip = 0;
   std::string lr_schedule = "cosine";
+  std::string optimizer = "adamw";  // optimizer.name: adamw, sgd or lion
+  double momentum = 0;              // optimizer.momentum (sgd)
+  bool nesterov = false;            // optimizer.nesterov (sgd)
+  double init_loss_scale = 65536;   // train.init_loss_scale (dtype f16)
 };
 
-// Reads the keys add_train_keys adds; problems (min_lr > lr, eval_every without eval_batches) go to `errors`.
+// Reads the keys add_train_keys adds; problems (min_lr > lr, eval_every without eval_batches, an optimizer.* key
+// the chosen optimizer does not read) go to `errors`.
 TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors);
 
 // Figures that were not measured are empty (null in the summary JSON), never a 0 that reads like a result.

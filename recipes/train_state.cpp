@@ -92,6 +92,8 @@ std::string train_state_json(const TrainState& s) {
   j["best_loss"] = s.best_loss;
   j["last_loss"] = s.last_loss;
   j["train_s"] = s.train_s;
+  if (s.loss_scale > 0)
+    j["loss_scale"] = {{"scale", s.loss_scale}, {"growth_tracker", s.loss_scale_growth_tracker}};
   j["config_hash"] = s.config_hash;
   j["config"] = s.config;
   return j.dump(2) + "\n";
@@ -117,6 +119,10 @@ TrainState parse_train_state(const std::string& text, const std::string& file) {
     s.best_loss = j.at("best_loss").get<double>();
     s.last_loss = j.at("last_loss").get<double>();
     s.train_s = j.at("train_s").get<double>();
+    if (j.contains("loss_scale")) {
+      s.loss_scale = j["loss_scale"].at("scale").get<double>();
+      s.loss_scale_growth_tracker = j["loss_scale"].at("growth_tracker").get<int64_t>();
+    }
     s.config_hash = j.at("config_hash").get<std::string>();
     s.config = j.at("config").get<std::map<std::string, std::string>>();
   } catch (const nlohmann::json::exception& e) {

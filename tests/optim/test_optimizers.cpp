@@ -192,6 +192,87 @@ TEST(SGD, MomentumDampeningNesterovAndWeightDecayMatchTorch) {
   EXPECT_THROW(optim::SGD({param({1.0})}, {.nesterov = true}), Error);
 }
 
+// Lion (Chen et al. 2023, lucidrains/lion-pytorch) for one tensor, in double.
+struct LionRef {
+  LionRef(optim::LionOptions opts, std::vector<double> init) : o(opts), p(std::move(init)), m(p.size(), 0.0) {}
+  optim::LionOptions o;
+  std::vector<double> p, m;
+  void step(const std::vector<double>& g, double scale = 1.0) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double gi = g[i] * scale, c = o.beta1 * m[i] + (1 - o.beta1) * gi;
+      p[i] = p[i] * (1 - o.lr * o.weight_decay) - o.lr * (c > 0 ? 1.0 : c < 0 ? -1.0 : 0.0);
+      m[i] = o.beta2 * m[i] + (1 - o.beta2) * gi;
+    }
+  }
+};
+
+TEST(Lion, FirstStepMovesEachWeightByLrTimesSignOfGradAfterDecay) {
+  // Hand-computed: m = 0, so c = (1 - beta1) g and the step is lr * sign(g); a zero gradient does not move;
+  // p = p (1 - lr wd) first: 1 * (1 - 0.1 * 0.5) - 0.1 = 0.85, -2 * 0.95 + 0.1 = -1.8, 3 * 0.95 = 2.85.
+  Tensor p = param({1.0, -2.0, 3.0});
+  set_grad(p, {0.5, -3.0, 0.0});
+  optim::Lion opt({p}, {.lr = 0.1, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = 0.5});
+  opt.step();
+  expect_values(p, {0.85, -1.8, 2.85});
+  // m = (1 - beta2) g
+  expect_values(opt.state_dict().at("0.exp_avg"), {0.005, -0.03, 0.0});
+  EXPECT_EQ(opt.step_count(), 1);
+}
+
+TEST(Lion, FourStepsMatchTheReferenceInDoubleIncludingAGradScale) {
+  const optim::LionOptions o{.lr = 0.02, .beta1 = 0.8, .beta2 = 0.95, .weight_decay = 0.1};
+  LionRef ref{o, {0.3, -1.2, 2.0, 0.0}};
+  Tensor p = param(ref.p);
+  optim::Lion opt({p}, o);
+  // Later gradients oppose the momentum, so the sign of the interpolation differs from the gradient's sign.
+  const std::vector<std::vector<double>> grads = {
+      {0.1, -0.2, 0.3, 1.0}, {-0.4, 0.0, 0.25, 0.5}, {-0.05, 0.3, -1.0, 0.0}, {0.01, -0.01, 0.02, -0.2}};
+  for (size_t k = 0; k < grads.size(); ++k) {
+    const double scale = k == 2 ? 0.5 : 1.0;
+    set_grad(p, grads[k]);
+    opt.set_grad_scale(scale);
+    opt.step();
+    ref.step(grads[k], scale);
+  }
+  expect_values(p, ref.p);
+  expect_values(opt.state_dict().at("0.exp_avg"), ref.m);
+  EXPECT_EQ(opt.step_count(), 4);
+  EXPECT_TRUE(p.is_leaf());
+}
+
+TEST(Lion, SkipsParametersWithoutGradAndResumesFromItsStateDict) {
+  Tensor a = param({1.0, 2.0}), b = param({3.0});
+  optim::Lion opt({a, b}, {.lr = 0.1});
+  set_grad(a, {1.0, -1.0});
+  opt.step();
+  expect_values(b, {3.0});
+  EXPECT_EQ(opt.state_dict().count("1.exp_avg"), 0u);
+  // A fresh optimizer loaded with the state continues exactly as the first one does.
+  Tensor a2 = param(a.to_vector()), b2 = param({3.0});
+  optim::Lion resumed({a2, b2}, {.lr = 0.1});
+  resumed.load_state_dict(opt.state_dict());
+  for (optim::Lion* o : {&opt, &resumed}) {
+    Tensor& t = o == &opt ? a : a2;
+    set_grad(t, {-0.02, -1.0});
+    o->step();
+  }
+  expect_values(a2, a.to_vector());
+  EXPECT_THROW(optim::Lion({testing::leaf(from_vector({1.0}, {1}).to(DType::bf16))}), Error);
+}
+
+TEST(Optimizer, MakeOptimizerBuildsTheNamedUpdateRule) {
+  Tensor p = param({1.0});
+  EXPECT_NE(dynamic_cast<optim::AdamW*>(optim::make_optimizer({p}, {.name = "adamw"}).get()), nullptr);
+  auto sgd = optim::make_optimizer({p}, {.name = "sgd", .lr = 0.5, .momentum = 0.9, .nesterov = true});
+  ASSERT_NE(dynamic_cast<optim::SGD*>(sgd.get()), nullptr);
+  EXPECT_EQ(static_cast<optim::SGD*>(sgd.get())->options().momentum, 0.9);
+  EXPECT_TRUE(static_cast<optim::SGD*>(sgd.get())->options().nesterov);
+  auto lion = optim::make_optimizer({p}, {.name = "lion", .beta2 = 0.98});
+  ASSERT_NE(dynamic_cast<optim::Lion*>(lion.get()), nullptr);
+  EXPECT_EQ(static_cast<optim::Lion*>(lion.get())->options().beta2, 0.98);
+  EXPECT_THROW(optim::make_optimizer({p}, {.name = "adam8bit"}), Error);
+}
+
 TEST(Optimizer, ZeroGradDropsGradients) {
   Tensor p = param({1.0});
   set_grad(p, {1.0});

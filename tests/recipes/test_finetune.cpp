@@ -362,6 +362,18 @@ TEST_F(Finetune, AnUnknownLoraTargetIsAConfigErrorListingTheProjections) {
   EXPECT_NE(msg.find("unknown module 'q_proj' for a gpt2 model"), std::string::npos) << msg;
 }
 
+TEST_F(Finetune, AllLinearAdaptsEveryProjectionButTheOutputHead) {
+  FinetuneSettings s = resolve_finetune(config("lora_finetune", "llama_tiny", "x", {"lora.target_modules=all-linear"}));
+  EXPECT_EQ(s.lora_config.target_modules, (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                                    "up_proj", "down_proj"}));
+  s = resolve_finetune(config("lora_finetune", "gpt2_tiny", "x", {"lora.target_modules=[all-linear]"}));
+  EXPECT_EQ(s.lora_config.target_modules, (std::vector<std::string>{"c_attn", "c_proj", "c_fc"}));
+  const std::string msg =
+      resolve_error(config("lora_finetune", "llama_tiny", "x", {"lora.target_modules=[all-linear, q_proj]"}));
+  EXPECT_NE(msg.find("lora.target_modules: 'all-linear' names every projection; write it alone"), std::string::npos)
+      << msg;
+}
+
 TEST_F(Finetune, AnUnknownChatTemplateIsAConfigErrorAtItsLine) {
   Config c = Config::parse("recipe: full_finetune\nmodel: {path: tests/fixtures/hf/llama_tiny}\n"
                            "data:\n  path: tests/fixtures/data/kjv_instruct.jsonl\n  chat_template: vicuna\n",

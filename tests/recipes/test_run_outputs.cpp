@@ -24,6 +24,13 @@ void write_text(const std::string& path, const std::string& text) {
   write_file_atomic(path, [&](std::FILE* f) { write_bytes(f, text.data(), text.size()); });
 }
 
+// An RGB image, row-major, 3 bytes per pixel.
+struct Image {
+  int width = 0, height = 0;
+  std::vector<uint8_t> rgb;
+  const uint8_t* at(int x, int y) const { return &rgb[(static_cast<size_t>(y) * width + x) * 3]; }
+};
+
 // Decodes a PNG with libpng's simplified API into RGB bytes.
 Image read_png(const std::string& path) {
   png_image img{};
@@ -142,6 +149,76 @@ TEST(Plot, TheLossCurveIsAPngWithAxesAndAFallingLine) {
   ASSERT_GE(top_x, 0);
   EXPECT_LT(top_x, bottom_x);
   EXPECT_GT(bottom_y - top_y, 100);
+}
+
+// The rows where more than half the pixels are black: the x axes of a figure's panels, top to bottom.
+std::vector<int> axis_rows(const Image& img) {
+  std::vector<int> rows;
+  for (int y = 0; y < img.height; ++y) {
+    int black = 0;
+    for (int x = 0; x < img.width; ++x) black += img.at(x, y)[0] == 0 && img.at(x, y)[1] == 0 && img.at(x, y)[2] == 0;
+    if (black > img.width / 2) rows.push_back(y);
+  }
+  return rows;
+}
+
+// How many pixels between rows y0 and y1 (and left of the legend) have exactly colour `c`.
+int count_color(const Image& img, int y0, int y1, const uint8_t (&c)[3]) {
+  int n = 0;
+  for (int y = y0; y < y1; ++y)
+    for (int x = 0; x < img.width - 150; ++x) n += img.at(x, y)[0] == c[0] && img.at(x, y)[1] == c[1] && img.at(x, y)[2] == c[2];
+  return n;
+}
+
+std::string metrics_with_lr(int steps, double peak_lr, double loss_scale) {
+  std::string m;
+  for (int s = 1; s <= steps; ++s)
+    m += "{\"kind\":\"train\",\"step\":" + std::to_string(s) +
+         ",\"loss\":" + std::to_string(loss_scale / std::sqrt(s)) +
+         ",\"lr\":" + std::to_string(peak_lr * std::min(1.0, s / 10.0)) + "}\n";
+  return m;
+}
+
+TEST(Plot, TheLearningRateGetsAPanelBelowTheLoss) {
+  TempDir dir("ingot_plot_test");
+  write_text(dir.file("metrics.jsonl"), metrics_with_lr(100, 3e-4, 5.0));
+  EXPECT_DOUBLE_EQ(read_metrics(dir.file("metrics.jsonl"))[4].lr, 1.5e-4);
+  plot_metrics_file(dir.file("metrics.jsonl"), dir.file("loss.png"), "test run");
+  Image img = read_png(dir.file("loss.png"));
+  ASSERT_EQ(img.width, 800);
+  ASSERT_EQ(img.height, 680);
+  const std::vector<int> axes = axis_rows(img);
+  ASSERT_EQ(axes.size(), 2u) << "one x axis per panel";
+  EXPECT_LT(axes[0], 500);
+  EXPECT_GT(axes[1], 600);
+  const uint8_t loss_blue[3] = {31, 119, 180}, lr_green[3] = {44, 160, 44};
+  EXPECT_GT(count_color(img, 0, axes[0], loss_blue), 200) << "the smoothed loss, in the top panel";
+  EXPECT_EQ(count_color(img, axes[0] + 1, img.height, loss_blue), 0);
+  EXPECT_GT(count_color(img, axes[0] + 1, axes[1], lr_green), 200) << "the lr, in the bottom panel";
+  EXPECT_EQ(count_color(img, 0, axes[0], lr_green), 0);
+}
+
+TEST(Plot, SeveralRunsOverlayInOneColourEach) {
+  TempDir dir("ingot_plot_test");
+  write_text(dir.file("a.jsonl"), metrics_with_lr(50, 3e-4, 5.0));
+  write_text(dir.file("b.jsonl"), metrics_with_lr(80, 1e-3, 4.0) + "{\"kind\":\"eval\",\"step\":80,\"val_loss\":0.6}\n");
+  plot_runs({{"a", dir.file("a.jsonl")}, {"b", dir.file("b.jsonl")}}, dir.file("both.png"));
+  Image img = read_png(dir.file("both.png"));
+  const std::vector<int> axes = axis_rows(img);
+  ASSERT_EQ(axes.size(), 2u);
+  const uint8_t blue[3] = {31, 119, 180}, orange[3] = {255, 127, 14};
+  for (int panel = 0; panel < 2; ++panel) {
+    const int y0 = panel ? axes[0] + 1 : 0, y1 = axes[panel];
+    EXPECT_GT(count_color(img, y0, y1, blue), 100) << "run a in panel " << panel;
+    EXPECT_GT(count_color(img, y0, y1, orange), 100) << "run b in panel " << panel;
+  }
+  try {
+    plot_runs({{"a", dir.file("a.jsonl")}, {"none", dir.file("none.jsonl")}}, dir.file("x.png"));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("none.jsonl"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir.file("x.png")));
 }
 
 TEST(Plot, AnEmptyLogIsAnErrorNamingTheFile) {

@@ -382,12 +382,147 @@ TEST_F(IngotCli, PlotDrawsARunDirectorysMetricsAndNamesAMissingOne) {
   EXPECT_NE(r.output.find("nowhere/metrics.jsonl' does not exist"), std::string::npos) << r.output;
 }
 
-TEST_F(IngotCli, EveryCommandHasHelp) {
-  for (const char* cmd : {"run", "ls", "cat", "cp", "validate", "plot"}) {
-    Result r = run_ingot(dir_.path(), std::string(cmd) + " --help");
-    EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
-    EXPECT_EQ(r.output.rfind(std::string("Usage: ingot ") + cmd, 0), 0u) << r.output;
+TEST_F(IngotCli, EveryCommandHasHelpNamingEachOfItsOptions) {
+  const std::map<std::string, std::vector<std::string>> options = {
+      {"run", {"CONFIG", "key=value|~key", "--summary PATH", "-h,--help"}},
+      {"ls", {"-h,--help"}},
+      {"cat", {"CONFIG", "-h,--help"}},
+      {"cp", {"CONFIG PATH", "-f,--force", "-h,--help"}},
+      {"validate", {"CONFIG", "key=value|~key", "--summary PATH", "-h,--help"}},
+      {"explain", {"CONFIG", "key=value|~key", "--steps N", "-h,--help"}},
+      {"plot", {"RUN_DIR", "--out PATH", "-h,--help"}},
+  };
+  Result main_help = run_ingot(dir_.path(), "--help");
+  for (const auto& [cmd, opts] : options) {
+    EXPECT_NE(main_help.output.find("  ingot " + cmd), std::string::npos) << cmd << " missing from --help";
+    for (const std::string& help : {std::string("--help"), std::string("-h")}) {
+      Result r = run_ingot(dir_.path(), cmd + " " + help);
+      EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
+      EXPECT_EQ(r.output.rfind("Usage: ingot " + cmd, 0), 0u) << r.output;
+      for (const std::string& o : opts) EXPECT_NE(r.output.find("  " + o + " "), std::string::npos) << cmd << ": " << o << "\n" << r.output;
+    }
   }
+  EXPECT_NE(main_help.output.find("  ingot launch [options] -- COMMAND [ARGS ...]"), std::string::npos);
+  Result r = run_ingot(dir_.path(), "launch --help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--nproc-per-node"), std::string::npos) << "torchrun's spellings stay: " << r.output;
+}
+
+TEST_F(IngotCli, OptionsTakeBothSpellingsAndArgumentsNamedLikeCommandsStayArguments) {
+  ASSERT_EQ(run_ingot(dir_.path(), "run tiny.yaml max_steps=1 --summary=a.json").exit_code, 0);
+  ASSERT_EQ(run_ingot(dir_.path(), "run --summary b.json tiny.yaml max_steps=1 ~train.warmup_steps").exit_code, 0);
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir_.file("a.json")))["steps"], 1);
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir_.file("b.json")))["steps"], 1);
+  // `cp CONFIG run`: a file called run, not the run command.
+  Result r = run_ingot(dir_.path(), "cp tiny.yaml run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(slurp(dir_.file("run")), kTinyConfig);
+  r = run_ingot(dir_.path(), "cp tiny.yaml run");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(run_ingot(dir_.path(), "cp -f tiny.yaml run").exit_code, 0);
+  r = run_ingot(dir_.path(), "cat tiny.yaml extra");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("Try 'ingot cat --help'."), std::string::npos) << r.output;
+}
+
+TEST_F(IngotCli, PlotOverlaysSeveralRunsAndDrawsTheLearningRate) {
+  ASSERT_EQ(run_ingot(dir_.path(), "run tiny.yaml max_steps=3 output_dir=a").exit_code, 0);
+  ASSERT_EQ(run_ingot(dir_.path(), "run tiny.yaml max_steps=4 output_dir=b train.lr=3e-3").exit_code, 0);
+  Result r = run_ingot(dir_.path(), "plot a b --out both.png");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("wrote both.png"), std::string::npos) << r.output;
+  EXPECT_EQ(slurp(dir_.file("both.png")).substr(1, 3), "PNG");
+  r = run_ingot(dir_.path(), "plot a b");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("several RUN_DIRs are drawn into one figure: say where with --out PATH"), std::string::npos)
+      << r.output;
+  r = run_ingot(dir_.path(), "plot a nowhere --out x.png");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("nowhere/metrics.jsonl' does not exist"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_.file("x.png")));
+}
+
+TEST_F(IngotCli, AValidationSplitShorterThanOneBlockIsFoundByValidateNamingTheKeyAndFile) {
+  // text.txt has 1100 bytes: 0.005 of them (6) cannot fill a window of block_size + 1 = 9 tokens.
+  for (const char* cmd : {"validate", "run"}) {
+    Result r = run_ingot(dir_.path(), std::string(cmd) + " tiny.yaml data.val_fraction=0.005");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("data.val_fraction: 0.005 of 'text.txt' (1100 tokens (bytes)) leaves a validation split "
+                            "of 6 tokens, fewer than model.block_size + 1 = 9"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
+  }
+  EXPECT_FALSE(fs::exists(dir_.file("out")));
+  EXPECT_EQ(run_ingot(dir_.path(), "validate tiny.yaml data.val_fraction=0.005 train.eval_batches=0").exit_code, 0);
+  Result r = run_ingot(dir_.path(), "validate tiny.yaml model.block_size=1000");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("data.path: 'text.txt' (1100 tokens (bytes)) leaves a train split of 880 tokens, fewer than "
+                          "model.block_size + 1 = 1001"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(IngotCli, OptimizersAreChosenInTheConfigAndTheirKeysChecked) {
+  for (const char* opt : {"optimizer.name=sgd optimizer.momentum=0.9 optimizer.nesterov=true train.lr=0.1",
+                          "optimizer.name=lion train.lr=1e-3"}) {
+    Result r = run_ingot(dir_.path(), std::string("run tiny.yaml max_steps=3 overwrite_output_dir=true --summary s.json ") + opt);
+    ASSERT_EQ(r.exit_code, 0) << opt << "\n" << r.output;
+    nlohmann::json s = nlohmann::json::parse(slurp(dir_.file("s.json")));
+    EXPECT_LT(s["final_loss"].get<double>(), s["first_loss"].get<double>()) << opt;
+  }
+  Result r = run_ingot(dir_.path(), "validate tiny.yaml optimizer.momentum=0.5 optimizer.name=lian");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("optimizer.name: expected one of adamw, sgd, lion, got 'lian'; did you mean 'lion'?"),
+            std::string::npos)
+      << r.output;
+  r = run_ingot(dir_.path(), "validate tiny.yaml optimizer.momentum=0.5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("optimizer.momentum: is read by optimizer.name: sgd only, and optimizer.name is adamw"),
+            std::string::npos)
+      << r.output;
+  r = run_ingot(dir_.path(), "validate tiny.yaml optimizer.name=sgd optimizer.momentum=0 optimizer.nesterov=true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("optimizer.nesterov: true needs optimizer.momentum > 0 (it is 0)"), std::string::npos)
+      << r.output;
+}
+
+TEST_F(IngotCli, F16TrainsWithDynamicLossScalingAndSkipsOverflowingSteps) {
+  Result r = run_ingot(dir_.path(), "run tiny.yaml dtype=f16 max_steps=4 checkpoint.save_every=2 --summary s.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  nlohmann::json s = nlohmann::json::parse(slurp(dir_.file("s.json")));
+  EXPECT_EQ(s["dtype"], "f16");
+  EXPECT_LT(s["final_loss"].get<double>(), s["first_loss"].get<double>()) << r.output;
+  EXPECT_NE(slurp(dir_.file("out/checkpoints/step_00000004/state.json")).find("\"loss_scale\""), std::string::npos);
+  // A first scale of 1e30 overflows the gradients: each step is skipped and the scale halves.
+  r = run_ingot(dir_.path(), "run tiny.yaml dtype=f16 max_steps=2 output_dir=big train.init_loss_scale=1e30 "
+                             "--summary big.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"f16 | step 1: the gradients overflowed at loss scale 1e+30, so the update is skipped and "
+                           "the scale is now 5e+29",
+                           "f16 | step 2: the gradients overflowed at loss scale 5e+29"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  r = run_ingot(dir_.path(), "validate tiny.yaml train.init_loss_scale=1024");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.init_loss_scale: is read with dtype: f16 only, and dtype is f32"), std::string::npos)
+      << r.output;
+  r = run_ingot(dir_.path(), "validate tiny.yaml dtype=f16 compile.enabled=true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("dtype: f16 trains with dynamic loss scaling"), std::string::npos) << r.output;
+}
+
+TEST_F(IngotCli, ACompiledLionStepTrainsLikeTheEagerOne) {
+  double final_loss[2];
+  for (int compiled = 0; compiled < 2; ++compiled) {
+    Result r = run_ingot(dir_.path(), "run tiny.yaml optimizer.name=lion train.lr=1e-3 max_steps=3 "
+                                      "overwrite_output_dir=true --summary s.json compile.enabled=" +
+                                          std::string(compiled ? "true" : "false"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    nlohmann::json s = nlohmann::json::parse(slurp(dir_.file("s.json")));
+    final_loss[compiled] = s["final_loss"].get<double>();
+    EXPECT_EQ(s["graphs"], compiled) << r.output;
+  }
+  EXPECT_NEAR(final_loss[1], final_loss[0], 1e-4);
 }
 
 TEST_F(IngotCli, ResumeTrueContinuesAfterTheNewestCheckpoint) {
@@ -502,7 +637,7 @@ TEST_F(IngotCli, MessagesShowTheValueAndSuggestWhatWasMeant) {
   for (const char* part : {"train.min_lr: 3e-4 must not exceed train.lr (1e-4)",
                            "unknown key 'train.learning_rate'; did you mean 'train.lr'? (`ingot run pretrain --help` "
                            "lists every key)",
-                           "dtype: expected one of f32, bf16, got 'bfloat16'; did you mean 'bf16'?"})
+                           "dtype: expected one of f32, bf16, f16, got 'bfloat16'; did you mean 'bf16'?"})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
   r = run_ingot(dir_.path(), "rn tiny.yaml");
   EXPECT_EQ(r.exit_code, 2) << r.output;
