@@ -5,10 +5,10 @@
 #include <set>
 #include <sstream>
 
+#include "autograd/kernel_lowering.h"
 #include "autograd/ops/attrs.h"
 #include "autograd/ops/norm.h"
 #include "autograd/primitive_multi_tensor.h"
-#include "compile/lowering.h"
 
 namespace ingot::compiler {
 namespace {
@@ -18,33 +18,6 @@ using codegen::KernelSpec;
 using codegen::Op;
 using codegen::SymInt;
 
-// The unary primitives whose kernel op is one spec op (names from runtime/kernels/names.cpp).
-const std::map<std::string_view, Op>& unary_table() {
-  static const std::map<std::string_view, Op> t{
-      {"neg", Op::Neg},       {"exp", Op::Exp},         {"log", Op::Log},         {"sqrt", Op::Sqrt},
-      {"rsqrt", Op::Rsqrt},   {"abs", Op::Abs},         {"tanh", Op::Tanh},       {"sigmoid", Op::Sigmoid},
-      {"relu", Op::Relu},     {"gelu_tanh", Op::GeluTanh}, {"gelu_erf", Op::GeluErf}, {"silu", Op::Silu},
-      {"sin", Op::Sin},       {"cos", Op::Cos},         {"reciprocal", Op::Reciprocal}, {"square", Op::Square},
-      {"sign", Op::Sign},     {"log1p", Op::Log1p},     {"expm1", Op::Expm1},     {"floor", Op::Floor}};
-  return t;
-}
-const std::map<std::string_view, Op>& binary_table() {
-  static const std::map<std::string_view, Op> t{
-      {"add", Op::Add}, {"sub", Op::Sub}, {"mul", Op::Mul}, {"div", Op::Div}, {"pow", Op::Pow},
-      {"maximum", Op::Max}, {"minimum", Op::Min}, {"eq", Op::Eq}, {"ne", Op::Ne}, {"lt", Op::Lt},
-      {"le", Op::Le}, {"gt", Op::Gt}, {"ge", Op::Ge}, {"logical_and", Op::And}, {"logical_or", Op::Or}};
-  return t;
-}
-
-// The activation gradients (binary(op, x, dy); sigmoid_grad and tanh_grad read the op's output for x), whose
-// math is runtime/kernels/scalar_math.h's in eager and generated kernels alike.
-const std::map<std::string_view, Op>& grad_table() {
-  static const std::map<std::string_view, Op> t{
-      {"relu_grad", Op::ReluGrad}, {"sigmoid_grad", Op::SigmoidGrad},     {"tanh_grad", Op::TanhGrad},
-      {"silu_grad", Op::SiluGrad}, {"gelu_tanh_grad", Op::GeluTanhGrad}, {"gelu_erf_grad", Op::GeluErfGrad}};
-  return t;
-}
-
 // An iteration dim is a run [lo, hi] of adjacent axes of the group's natural (row-major) shape, merged; a
 // row reduction's reduced run comes last, so a reduction over leading axes (a bias gradient) reads its input
 // through strides, transposed, with no copy.
@@ -52,7 +25,7 @@ struct Run {
   int64_t lo, hi;
 };
 
-class Lowerer {
+class Lowerer final : public LowerContext {
  public:
   Lowerer(const Graph& g, LoweredGroup& out, Shape natural, std::vector<Run> runs)
       : g_(g), out_(out), natural_(std::move(natural)), runs_(std::move(runs)) {
@@ -121,7 +94,17 @@ class Lowerer {
     return row_ids_[v] = out_.spec.load(buf);
   }
 
+  // The op lowers itself (Note [Ops lower themselves], autograd/kernel_lowering.h).
   void node(const Node& n) {
+    const KernelLowering* l = as_kernel_lowering(*n.prim);
+    if (!l) return legacy_node(n);
+    node_ = &n;
+    set_outputs(n, l->lower(*this));
+    node_ = nullptr;
+  }
+
+  // The families that do not lower themselves yet.
+  void legacy_node(const Node& n) {
     KernelSpec& k = out_.spec;
     const std::string_view name = n.prim->name();
     auto in = [&](size_t i) { return value(n.inputs.at(i)); };
@@ -131,28 +114,7 @@ class Lowerer {
     };
     auto c = [&](double v, int like) { return k.constant(v, k.nodes[static_cast<size_t>(like)].dtype); };
     int r = -1;
-    if (auto u = unary_table().find(name); u != unary_table().end()) {
-      r = k.unary(u->second, floating(in(0)));
-    } else if (name == "pow_scalar" || name == "add_scalar" || name == "mul_scalar" || name == "rsub_scalar" ||
-               name == "rdiv_scalar") {
-      const int x = floating(in(0));
-      const double a = scalar_alpha(*n.prim).value_or(0.0);
-      if (name == "pow_scalar") r = k.binary(Op::Pow, x, c(a, x));
-      else if (name == "add_scalar") r = k.binary(Op::Add, x, c(a, x));
-      else if (name == "mul_scalar") r = k.binary(Op::Mul, x, c(a, x));
-      else if (name == "rsub_scalar") r = k.binary(Op::Sub, c(a, x), x);
-      else r = k.binary(Op::Div, c(a, x), x);
-    } else if (auto b = binary_table().find(name); b != binary_table().end()) {
-      r = k.binary(b->second, in(0), in(1));
-    } else if (auto gr = grad_table().find(name); gr != grad_table().end()) {  // (x or y, dy)
-      r = k.binary(gr->second, in(0), in(1));
-    } else if (name == "where") {
-      r = k.where(in(0), in(1), in(2));
-    } else if (name == "cast") {
-      r = k.cast(in(0), g_.values[static_cast<size_t>(n.outputs[0])].dtype);
-    } else if (name == "clone" || name == "contiguous") {
-      r = in(0);
-    } else if (name == "softmax" || name == "log_softmax") {
+    if (name == "softmax" || name == "log_softmax") {
       if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
       const int x = floating(in(0));
       const int m = k.reduce(Op::ReduceMax, x);
@@ -235,6 +197,16 @@ class Lowerer {
     set_outputs(n, {r});
   }
 
+  // LowerContext, for the node being lowered.
+  KernelSpec& spec() override { return out_.spec; }
+  int input(size_t i) override { return value(node_->inputs.at(i)); }
+  bool has_input(size_t i) const override { return i < node_->inputs.size() && node_->inputs[i] >= 0; }
+  int row_input(size_t i) override { return row_value(node_->inputs.at(i)); }
+  DType output_dtype(size_t i) const override { return g_.values[static_cast<size_t>(node_->outputs.at(i))].dtype; }
+  bool row_reduction() const override { return out_.spec.kind == KernelKind::RowReduction; }
+  int64_t reduced_size() const override { return dims_.back(); }
+  [[noreturn]] void unsupported(const std::string& why) override { throw Unsupported{why}; }
+
   void set_outputs(const Node& n, std::vector<int> rs) {
     KernelSpec& k = out_.spec;
     if (rs.size() != n.outputs.size()) throw Unsupported("an op with an unexpected number of outputs");
@@ -294,6 +266,7 @@ class Lowerer {
   std::map<int32_t, int> ids_;
   std::set<int32_t> loaded_;         // values read from outside through value()
   std::map<int32_t, int> row_ids_;   // values read from outside through row_value()
+  const Node* node_ = nullptr;       // the node lower() is building
 };
 
 // A multi-tensor update lowers itself (Note [Multi-tensor updates], autograd/primitive_multi_tensor.h).
@@ -364,14 +337,14 @@ std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, s
   std::vector<int64_t> reduced;
   for (int32_t n : fg.nodes) {
     const Node& node = g.nodes[static_cast<size_t>(n)];
-    if (node.prim->fusion_kind() == FusionKind::Reduction || norm_bwd_flags(*node.prim)) {
+    const KernelLowering* l = as_kernel_lowering(*node.prim);
+    if (!l && (node.prim->fusion_kind() == FusionKind::Reduction || norm_bwd_flags(*node.prim))) {
       natural = trace_shape(g.values[static_cast<size_t>(node.inputs[0])].shape);
       const std::string_view nm = node.prim->name();
       const std::optional<NormBwdFlags> norm = norm_bwd_flags(*node.prim);
       if (nm == "sum" || nm == "mean" || nm == "max" || nm == "min") {
-        reduced = match<ReduceAttrs>(*node.prim)->dims;  // wrapped and sorted by the op (autograd/ops/attrs.h)
+        reduced = match<ReduceAttrs>(*node.prim)->dims;
       } else if (norm && !norm->dx) {
-        // dw/db sum over every row: the leading axes (Note [Norm backward decomposition]).
         for (int64_t a = 0; a + 1 < static_cast<int64_t>(natural.size()); ++a) reduced.push_back(a);
         if (reduced.empty()) {
           if (why) *why = "a norm weight gradient over a single row";
@@ -379,6 +352,17 @@ std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, s
         }
       } else if (!natural.empty()) {
         reduced = {static_cast<int64_t>(natural.size()) - 1};
+      }
+      break;
+    }
+    const Shape in0 = node.inputs.empty() ? Shape{} : trace_shape(g.values[static_cast<size_t>(node.inputs[0])].shape);
+    std::string reason;
+    if (std::optional<std::vector<int64_t>> axes = l ? l->reduced_axes(in0, &reason) : std::nullopt) {
+      natural = in0;
+      reduced = std::move(*axes);
+      if (reduced.empty()) {
+        if (why) *why = reason.empty() ? "a scalar or empty iteration space" : reason;
+        return std::nullopt;
       }
       break;
     }

@@ -1,16 +1,19 @@
 // Lowering fused groups (compile/passes/fuse.cpp) to the codegen's KernelSpec (compile/codegen/kernel_spec.h),
 // and the run-time glue that calls the compiled kernel from the executor.
 //
-// What lowers (the lowering table lives in lower_kernel.cpp, keyed by primitive name):
-//   Pointwise groups     every pointwise primitive of autograd/ops/pointwise.cpp (unary math, scalar ops,
-//                        binary arithmetic and comparisons, the activation-gradient ops, where, cast, clone).
-//   RowReduction groups  softmax / log_softmax, layer_norm / rms_norm, the sum-like reductions and the two
-//                        halves of a norm backward (dx over the last dim; dw/db over the leading dims, the
-//                        iteration space transposed to [C, rows]) with their pointwise prologue and epilogue.
+// This file knows no op: each op appends its own expression (Note [Ops lower themselves],
+// autograd/kernel_lowering.h: the pointwise, reduction and normalization families of autograd/ops/). What is
+// decided here is the iteration space and the buffers:
+//   Pointwise groups     the outputs' shape, one loop dim per axis (merged runs of adjacent axes).
+//   RowReduction groups  the reducing op's input shape, its reduced axes (reduced_axes()) merged into the last
+//                        dim, so a reduction over leading axes (a norm's dw / db) reads its input transposed;
+//                        pointwise prologues and epilogues around it.
 //   MultiTensor groups   an optimizer's multi-tensor update over every parameter in one kernel, built by the
 //                        update's primitive (Note [Multi-tensor updates], autograd/primitive_multi_tensor.h);
-//                        its learning rate, step-derived bias corrections and grad scale are run-time scalars.
-// A group that contains anything else is not lowered: its nodes run one by one through the eager kernels.
+//                        its learning rate, step-derived bias corrections and grad scale are run-time scalars;
+//                        and the casts of f32 parameters to bf16 in one kernel (Note [Parameter casts]).
+// A group holding an op that does not lower itself is not lowered: its nodes run one by one through the eager
+// kernels.
 // Buffers are dense row-major at run time (the glue makes strided inputs contiguous); broadcast inputs get
 // stride 0. Kernel dims are the traced sizes (a new size of a dynamic dim re-traces; the kernel cache is keyed
 // by structure, so repeated shapes never compile twice).

@@ -1,6 +1,6 @@
-// The lowering table: the one place in compile/ that knows ops by name: which ops fuse horizontally, where the
-// scheduler places them, which are layout glue, which are identities, and how pointwise / row-reduction /
-// multi-tensor primitives map to kernel expressions (compile/lower_kernel.cpp).
+// What the passes ask of ops by name: which ops fuse horizontally, where the scheduler places them, which are
+// layout glue, which are identities. How an op maps to a kernel expression is the op's own (Note [Ops lower
+// themselves], autograd/kernel_lowering.h).
 #pragma once
 
 #include <optional>

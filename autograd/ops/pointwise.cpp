@@ -1,8 +1,11 @@
 // Pointwise family: unary math and activations, binary arithmetic with broadcasting, comparisons, where,
 // dtype casts and device moves. Forward runs the elementwise kernels on broadcast views (no copies);
-// backward reduces broadcast gradients with sum_to_shape.
+// backward reduces broadcast gradients with sum_to_shape; each op's kernel expression is its lower()
+// (Note [Ops lower themselves], autograd/kernel_lowering.h).
 #include <cmath>
+#include <optional>
 
+#include "autograd/kernel_lowering.h"
 #include "autograd/ops.h"
 #include "autograd/ops/attrs.h"
 #include "runtime/kernels/kernels.h"
@@ -12,6 +15,36 @@ namespace {
 
 using kernels::BinaryOp;
 using kernels::UnaryOp;
+using KOp = codegen::Op;
+
+// The eager elementwise ops that are one kernel-IR op. The scalar ops (pow_scalar ...) lower to a binary op
+// with a constant; logical_not has no kernel lowering.
+constexpr std::pair<UnaryOp, KOp> kUnaryKernelOps[] = {
+    {UnaryOp::Neg, KOp::Neg},          {UnaryOp::Exp, KOp::Exp},           {UnaryOp::Log, KOp::Log},
+    {UnaryOp::Sqrt, KOp::Sqrt},        {UnaryOp::Rsqrt, KOp::Rsqrt},       {UnaryOp::Abs, KOp::Abs},
+    {UnaryOp::Tanh, KOp::Tanh},        {UnaryOp::Sigmoid, KOp::Sigmoid},   {UnaryOp::Relu, KOp::Relu},
+    {UnaryOp::GeluTanh, KOp::GeluTanh}, {UnaryOp::GeluErf, KOp::GeluErf},  {UnaryOp::Silu, KOp::Silu},
+    {UnaryOp::Sin, KOp::Sin},          {UnaryOp::Cos, KOp::Cos},           {UnaryOp::Reciprocal, KOp::Reciprocal},
+    {UnaryOp::Square, KOp::Square},    {UnaryOp::Sign, KOp::Sign},         {UnaryOp::Log1p, KOp::Log1p},
+    {UnaryOp::Expm1, KOp::Expm1},      {UnaryOp::Floor, KOp::Floor}};
+// Every binary op, the activation gradients (x or y, dy) included: their math is runtime/kernels/scalar_math.h's
+// in eager and generated kernels alike.
+constexpr std::pair<BinaryOp, KOp> kBinaryKernelOps[] = {
+    {BinaryOp::Add, KOp::Add},          {BinaryOp::Sub, KOp::Sub},           {BinaryOp::Mul, KOp::Mul},
+    {BinaryOp::Div, KOp::Div},          {BinaryOp::Pow, KOp::Pow},           {BinaryOp::Maximum, KOp::Max},
+    {BinaryOp::Minimum, KOp::Min},      {BinaryOp::Eq, KOp::Eq},             {BinaryOp::Ne, KOp::Ne},
+    {BinaryOp::Lt, KOp::Lt},            {BinaryOp::Le, KOp::Le},             {BinaryOp::Gt, KOp::Gt},
+    {BinaryOp::Ge, KOp::Ge},            {BinaryOp::LogicalAnd, KOp::And},    {BinaryOp::LogicalOr, KOp::Or},
+    {BinaryOp::ReluGrad, KOp::ReluGrad}, {BinaryOp::SigmoidGradFromOutput, KOp::SigmoidGrad},
+    {BinaryOp::TanhGradFromOutput, KOp::TanhGrad}, {BinaryOp::SiluGrad, KOp::SiluGrad},
+    {BinaryOp::GeluTanhGrad, KOp::GeluTanhGrad}, {BinaryOp::GeluErfGrad, KOp::GeluErfGrad}};
+
+template <class E, size_t N>
+std::optional<KOp> kernel_op(const std::pair<E, KOp> (&table)[N], E op) {
+  for (const auto& [e, k] : table)
+    if (e == op) return k;
+  return std::nullopt;
+}
 
 DType unary_out_dtype(UnaryOp op, DType in) {
   if (op == UnaryOp::LogicalNot) return DType::b8;
@@ -21,7 +54,7 @@ DType unary_out_dtype(UnaryOp op, DType in) {
 Tensor unary_raw(UnaryOp op, const Tensor& x, double alpha = 0.0);
 Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b);
 
-class UnaryPrim final : public Primitive, public WithAttrs<UnaryAttrs> {
+class UnaryPrim final : public Primitive, public WithAttrs<UnaryAttrs>, public KernelLowering {
  public:
   UnaryPrim(UnaryOp op, double alpha) : WithAttrs({op, alpha}) {}
   std::string_view name() const override { return kernels::unary_name(attrs_.op); }
@@ -73,6 +106,20 @@ class UnaryPrim final : public Primitive, public WithAttrs<UnaryAttrs> {
       default: INGOT_FAIL(name(), ": not differentiable");
     }
   }
+  std::vector<int> lower(LowerContext& cx) const override {
+    codegen::KernelSpec& k = cx.spec();
+    if (attrs_.op == UnaryOp::LogicalNot) cx.unsupported("op 'logical_not' has no kernel lowering");
+    const int x = cx.floating(cx.input(0));
+    auto a = [&] { return cx.constant_like(attrs_.alpha, x); };
+    switch (attrs_.op) {
+      case UnaryOp::PowScalar: return {k.binary(KOp::Pow, x, a())};
+      case UnaryOp::AddScalar: return {k.binary(KOp::Add, x, a())};
+      case UnaryOp::MulScalar: return {k.binary(KOp::Mul, x, a())};
+      case UnaryOp::RSubScalar: return {k.binary(KOp::Sub, a(), x)};
+      case UnaryOp::RDivScalar: return {k.binary(KOp::Div, a(), x)};
+      default: return {k.unary(*kernel_op(kUnaryKernelOps, attrs_.op), x)};
+    }
+  }
 
  private:
   bool uses_output() const {
@@ -82,7 +129,7 @@ class UnaryPrim final : public Primitive, public WithAttrs<UnaryAttrs> {
   }
 };
 
-class BinaryPrim final : public Primitive, public WithAttrs<BinaryAttrs> {
+class BinaryPrim final : public Primitive, public WithAttrs<BinaryAttrs>, public KernelLowering {
  public:
   explicit BinaryPrim(BinaryOp op) : WithAttrs({op}) {}
   std::string_view name() const override { return kernels::binary_name(attrs_.op); }
@@ -141,9 +188,12 @@ class BinaryPrim final : public Primitive, public WithAttrs<BinaryAttrs> {
     if (c.needs_grad[1] && gb.defined()) r[1] = cast(sum_to_shape(gb, sb), c.input_meta[1].dtype);
     return r;
   }
+  std::vector<int> lower(LowerContext& cx) const override {
+    return {cx.spec().binary(*kernel_op(kBinaryKernelOps, attrs_.op), cx.input(0), cx.input(1))};
+  }
 };
 
-class WherePrim final : public Primitive {
+class WherePrim final : public Primitive, public KernelLowering {
  public:
   std::string_view name() const override { return "where"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
@@ -167,9 +217,12 @@ class WherePrim final : public Primitive {
     if (c.needs_grad[2]) r[2] = cast(sum_to_shape(where(c.inputs[0], zero, g[0]), c.input_meta[2].shape), c.input_meta[2].dtype);
     return r;
   }
+  std::vector<int> lower(LowerContext& cx) const override {
+    return {cx.spec().where(cx.input(0), cx.input(1), cx.input(2))};
+  }
 };
 
-class CastPrim final : public Primitive, public WithAttrs<CastAttrs> {
+class CastPrim final : public Primitive, public WithAttrs<CastAttrs>, public KernelLowering {
  public:
   explicit CastPrim(DType t) : WithAttrs({t}) {}
   std::string_view name() const override { return "cast"; }
@@ -186,6 +239,7 @@ class CastPrim final : public Primitive, public WithAttrs<CastAttrs> {
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     return {cast(g[0], c.input_meta[0].dtype)};
   }
+  std::vector<int> lower(LowerContext& cx) const override { return {cx.spec().cast(cx.input(0), attrs_.to)}; }
 };
 
 class ToDevicePrim final : public Primitive {
@@ -206,7 +260,7 @@ class ToDevicePrim final : public Primitive {
   Device to_;
 };
 
-class ClonePrim final : public Primitive {
+class ClonePrim final : public Primitive, public KernelLowering {
  public:
   std::string_view name() const override { return "clone"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[0]}; }
@@ -214,6 +268,7 @@ class ClonePrim final : public Primitive {
   bool saves_input(size_t) const override { return false; }
   FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
   std::vector<Tensor> vjp(const VjpContext&, const std::vector<Tensor>& g) const override { return {g[0]}; }
+  std::vector<int> lower(LowerContext& cx) const override { return {cx.input(0)}; }
 };
 
 Tensor unary(UnaryOp op, const Tensor& x, double alpha = 0.0) {

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <optional>
 
+#include "autograd/kernel_lowering.h"
 #include "autograd/ops.h"
 #include "autograd/ops/attrs.h"
 #include "runtime/kernels/kernels.h"
@@ -211,7 +212,7 @@ class ExpandPrim final : public Primitive {
   Shape shape_;
 };
 
-class ContiguousPrim final : public Primitive {
+class ContiguousPrim final : public Primitive, public KernelLowering {
  public:
   std::string_view name() const override { return "contiguous"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[0]}; }
@@ -219,6 +220,8 @@ class ContiguousPrim final : public Primitive {
   bool saves_input(size_t) const override { return false; }
   FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
   std::vector<Tensor> vjp(const VjpContext&, const std::vector<Tensor>& g) const override { return {g[0]}; }
+  // A kernel's outputs are dense: inside one, the copy is the identity.
+  std::vector<int> lower(LowerContext& cx) const override { return {cx.input(0)}; }
 };
 
 class CatPrim final : public Primitive, public WithAttrs<CatAttrs> {
