@@ -2,6 +2,7 @@
 // gathers again before a block's backward, and the per-unit reduce-scatters. See fsdp.h for the protocol.
 #include "distributed/fsdp.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -335,12 +336,24 @@ void FullyShardedDataParallel::zero_grad() {
 
 const std::vector<BucketPlan>& FullyShardedDataParallel::layout() const { return state_->plans; }
 
-void FullyShardedDataParallel::gather_all() {
-  for (Unit& u : state_->units) state_->gather(u);
-}
-
-void FullyShardedDataParallel::end_gather_all() {
-  for (Unit& u : state_->units) state_->release(u);
+void FullyShardedDataParallel::load_shards(
+    const std::function<void(size_t param, int64_t begin, int64_t end, Tensor& dst)>& read) {
+  State& s = *state_;
+  INGOT_CHECK(s.active, "FullyShardedDataParallel: load_shards() after unshard()");
+  const int world = s.group->size(), rank = s.group->rank();
+  NoGradGuard no_grad;
+  for (Unit& u : s.units) {
+    INGOT_CHECK(!u.gathered, "FullyShardedDataParallel: load_shards() while unit '", u.name, "' is gathered");
+    const int64_t chunk = u.plan.padded_numel / world, start = rank * chunk;
+    for (size_t k = 0; k < u.plan.params.size(); ++k) {
+      const size_t i = u.plan.params[k];
+      const int64_t lo = std::max(start, u.plan.offsets[k]);
+      const int64_t hi = std::min(start + chunk, u.plan.offsets[k] + s.params[i].numel());
+      if (lo >= hi) continue;
+      Tensor dst = u.shard.as_strided({hi - lo}, {1}, u.shard.offset() + (lo - start));
+      read(i, lo - u.plan.offsets[k], hi - u.plan.offsets[k], dst);
+    }
+  }
 }
 
 void FullyShardedDataParallel::unshard() {

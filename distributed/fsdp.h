@@ -28,9 +28,10 @@
 // step).
 // Every backward reduces (gradient accumulation sums into the shards' .grad, there is no no_sync), so every
 // rank must run the same number of backwards using the same parameters. Module::to() and raw reads of a
-// parameter outside its unit's forward or backward see no data: gather_all() or unshard() first.
+// parameter outside its unit's forward or backward see no data: unshard() first.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -70,11 +71,13 @@ class FullyShardedDataParallel {
   void zero_grad();  // drops the shards' .grad
 
   // Units as bucket plans over model.parameters() indices, in unit order (root first): the layout of the
-  // shards, for the checkpoint helpers that gather and scatter per-shard state (recipes/data_parallel.h).
+  // shards, which sharded checkpoints save and load rank by rank (recipes/sharded_checkpoint.h).
   const std::vector<BucketPlan>& layout() const;
-  // Gathers every unit (collective: the whole model on every rank) until end_gather_all(): checkpoints.
-  void gather_all();
-  void end_gather_all();
+  // Fills this rank's shards from a source of parameter slices (shard-wise loading: models::HFSliceReader reads
+  // only their bytes): read(i, begin, end, dst) puts elements [begin, end) of the flattened value of parameter i
+  // (model.parameters() order) into dst, a view of the shard in the parameter's dtype. Local, no collective; the
+  // units' padding stays zero. f32 masters made from the shards before this call must be made again.
+  void load_shards(const std::function<void(size_t param, int64_t begin, int64_t end, Tensor& dst)>& read);
   // Ends sharding: every parameter gets its whole value in storage of its own again and the hooks go quiet
   // (collective). The model is then as it was before wrapping, with the trained weights.
   void unshard();

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -102,7 +104,20 @@ std::vector<std::pair<std::string, std::string>> hf_weight_files(const std::stri
   return out;
 }
 
-void load_hf_weights(CausalLM& model, const HFConfig& cfg, const std::string& dir) {
+namespace {
+
+// Where each of the model's parameters (LoRA adapters aside) comes from, checked against the model: every
+// parameter present once, nothing unexpected, shapes as the config says, floating dtypes. Throws before
+// anything is copied, so a bad checkpoint leaves the model as it was.
+struct HFSource {
+  std::string name;  // ours
+  Tensor param;
+  std::string hf_name, path;
+  TensorInfo info;
+  bool transposed = false;
+};
+
+std::vector<HFSource> plan_hf_weights(const CausalLM& model, const HFConfig& cfg, const std::string& dir) {
   struct Source {
     std::string hf_name, path;
   };
@@ -119,13 +134,7 @@ void load_hf_weights(CausalLM& model, const HFConfig& cfg, const std::string& di
                 it->second.path, " and ", hf, " in ", path, ")");
   }
 
-  // Validate everything before copying anything, so a bad checkpoint leaves the model as it was.
-  struct Step {
-    Tensor param;
-    const Source* source;
-    bool transposed;
-  };
-  std::vector<Step> plan;
+  std::vector<HFSource> plan;
   std::vector<std::string> missing, unexpected;
   std::set<std::string> used;
   for (auto& [name, param] : model.named_parameters()) {
@@ -145,7 +154,7 @@ void load_hf_weights(CausalLM& model, const HFConfig& cfg, const std::string& di
     INGOT_CHECK(info.shape == want, s.path, ": tensor '", s.hf_name, "' has shape ", shape_str(info.shape),
                 ", but ", cfg.source, " gives ", shape_str(want),
                 hf_is_transposed(cfg, name) ? " (GPT-2 Conv1D layout [in, out])" : "");
-    plan.push_back({param, &s, hf_is_transposed(cfg, name)});
+    plan.push_back({name, param, s.hf_name, s.path, info, hf_is_transposed(cfg, name)});
   }
   for (auto& [name, s] : sources)
     if (!used.count(name)) unexpected.push_back(s.hf_name);
@@ -155,14 +164,110 @@ void load_hf_weights(CausalLM& model, const HFConfig& cfg, const std::string& di
               unexpected.empty() ? ""
                                  : "unexpected tensors (" + std::to_string(unexpected.size()) +
                                        "): " + list_names(unexpected));
+  return plan;
+}
 
+}  // namespace
+
+void load_hf_weights(CausalLM& model, const HFConfig& cfg, const std::string& dir) {
+  const std::vector<HFSource> plan = plan_hf_weights(model, cfg, dir);
+  std::map<std::string, SafetensorsFile> files;
   NoGradGuard ng;
-  for (Step& step : plan) {
-    Tensor src = files.at(step.source->path).get(step.source->hf_name);
+  for (const HFSource& step : plan) {
+    if (!files.count(step.path)) files.emplace(step.path, SafetensorsFile::open(step.path));
+    Tensor src = files.at(step.path).get(step.hf_name);
     if (step.transposed) src = transpose(src, 0, 1);
-    step.param.copy_(src);
+    Tensor dst = step.param;
+    dst.copy_(src);
   }
 }
+
+struct HFSliceReader::Impl {
+  struct Entry {
+    HFSource source;
+    int fd = -1;
+    uint64_t data_start = 0;  // byte offset of the file's data buffer
+  };
+  std::map<std::string, Entry> entries;
+  std::map<std::string, int> fds;
+  uint64_t total = 0;
+  mutable uint64_t read = 0;
+
+  ~Impl() {
+    for (auto& [_, fd] : fds) ::close(fd);
+  }
+  // Reads `n` bytes at `offset` of `e`'s file into `out`.
+  void pread_all(const Entry& e, uint64_t offset, uint64_t n, void* out) const {
+    char* p = static_cast<char*>(out);
+    while (n > 0) {
+      const ssize_t got = ::pread(e.fd, p, n, static_cast<off_t>(offset));
+      INGOT_CHECK(got > 0, e.source.path, ": cannot read ", n, " bytes at offset ", offset, " (tensor '",
+                  e.source.hf_name, "'): ", got == 0 ? "unexpected end of file" : std::strerror(errno));
+      p += got;
+      offset += static_cast<uint64_t>(got);
+      n -= static_cast<uint64_t>(got);
+      read += static_cast<uint64_t>(got);
+    }
+  }
+};
+
+HFSliceReader::HFSliceReader(const CausalLM& model, const HFConfig& cfg, const std::string& dir)
+    : impl_(std::make_unique<Impl>()) {
+  for (HFSource& s : plan_hf_weights(model, cfg, dir)) {
+    Impl::Entry e;
+    auto it = impl_->fds.find(s.path);
+    if (it == impl_->fds.end()) {
+      const int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
+      INGOT_CHECK(fd >= 0, "cannot open ", s.path, ": ", std::strerror(errno));
+      it = impl_->fds.emplace(s.path, fd).first;
+    }
+    e.fd = it->second;
+    uint64_t header = 0;  // safetensors: 8-byte little-endian header length, the header, then the data
+    INGOT_CHECK(::pread(e.fd, &header, 8, 0) == 8, s.path, ": cannot read its header length");
+    e.data_start = 8 + header;
+    impl_->total += s.info.end - s.info.begin;
+    const std::string name = s.name;
+    e.source = std::move(s);
+    impl_->entries.emplace(name, std::move(e));
+  }
+}
+
+HFSliceReader::~HFSliceReader() = default;
+
+void HFSliceReader::read(const std::string& name, int64_t begin, int64_t end, Tensor& dst) const {
+  auto it = impl_->entries.find(name);
+  INGOT_CHECK(it != impl_->entries.end(), "HFSliceReader: the checkpoint has no tensor for parameter '", name, "'");
+  const Impl::Entry& e = it->second;
+  const TensorInfo& info = e.source.info;
+  const int64_t n = numel(info.shape);
+  INGOT_INTERNAL_CHECK(0 <= begin && begin <= end && end <= n && dst.numel() == end - begin && dst.is_contiguous(),
+                       "HFSliceReader::read: bad range [", begin, ", ", end, ") of '", name, "'");
+  if (begin == end) return;
+  const uint64_t isz = itemsize(info.dtype);
+  const uint64_t base = e.data_start + info.begin;
+  NoGradGuard ng;
+  if (!e.source.transposed) {
+    Tensor buf = empty({end - begin}, info.dtype);
+    impl_->pread_all(e, base + static_cast<uint64_t>(begin) * isz, static_cast<uint64_t>(end - begin) * isz,
+                     buf.data_ptr());
+    dst.copy_(buf);
+    return;
+  }
+  // GPT-2 Conv1D: ours is [out, in], the file's [in, out]. Our elements [begin, end) lie in rows o_lo..o_hi,
+  // which are columns of the file: one read per file row of those columns.
+  const int64_t in = info.shape[0], out = info.shape[1];
+  const int64_t o_lo = begin / in, o_hi = (end - 1) / in + 1;
+  Tensor cols = empty({in, o_hi - o_lo}, info.dtype);
+  char* p = static_cast<char*>(cols.data_ptr());
+  for (int64_t i = 0; i < in; ++i)
+    impl_->pread_all(e, base + static_cast<uint64_t>(i * out + o_lo) * isz, static_cast<uint64_t>(o_hi - o_lo) * isz,
+                     p + static_cast<uint64_t>(i * (o_hi - o_lo)) * isz);
+  Tensor rows = contiguous(transpose(cols, 0, 1));  // [o_hi - o_lo, in]: our layout
+  dst.copy_(rows.as_strided({end - begin}, {1}, rows.offset() + (begin - o_lo * in)));
+}
+
+uint64_t HFSliceReader::bytes_read() const { return impl_->read; }
+uint64_t HFSliceReader::total_bytes() const { return impl_->total; }
 
 HFModel load_hf_model(const std::string& dir, DType dtype) {
   INGOT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::f64,

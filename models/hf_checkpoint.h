@@ -31,6 +31,26 @@ HFModel load_hf_model(const std::string& dir, DType dtype = DType::f32);
 // Loads the weights in `dir` into an existing model built from `cfg` (LoRA adapters, if any, are left alone).
 void load_hf_weights(CausalLM& model, const HFConfig& cfg, const std::string& dir);
 
+// Shard-wise loading: reads slices of the checkpoint's tensors by our parameter names with pread, so each rank
+// of a sharded run reads only the bytes of its slices (~1/N of the checkpoint). The checkpoint is checked against
+// the model as load_hf_weights does, before anything is read.
+class HFSliceReader {
+ public:
+  HFSliceReader(const CausalLM& model, const HFConfig& cfg, const std::string& dir);
+  ~HFSliceReader();
+  HFSliceReader(const HFSliceReader&) = delete;
+  HFSliceReader& operator=(const HFSliceReader&) = delete;
+  // Elements [begin, end) of parameter `name`'s flattened value in our layout (GPT-2's Conv1D weights
+  // transposed), converted into `dst` (contiguous, end - begin elements, any floating dtype).
+  void read(const std::string& name, int64_t begin, int64_t end, Tensor& dst) const;
+  uint64_t bytes_read() const;   // bytes of tensor data read so far
+  uint64_t total_bytes() const;  // bytes of every tensor the model's parameters take from the checkpoint
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // The tensor name -> file path map of the checkpoint in `dir` (one file, or the shards of the index).
 std::vector<std::pair<std::string, std::string>> hf_weight_files(const std::string& dir);
 

@@ -172,12 +172,6 @@ void DataParallel::zero_grad() {
   if (impl_->fsdp) impl_->fsdp->zero_grad();
   else impl_->ddp->zero_grad();
 }
-void DataParallel::gather_model() {
-  if (impl_->fsdp) impl_->fsdp->gather_all();
-}
-void DataParallel::release_model() {
-  if (impl_->fsdp) impl_->fsdp->end_gather_all();
-}
 void DataParallel::unshard_model() {
   if (impl_->fsdp) impl_->fsdp->unshard();
 }

@@ -79,11 +79,8 @@ class DataParallel {
   Tensor sum_tensor(const Tensor& t);
   void barrier();
 
-  // ZeRO-3: the whole weights in the model's parameters on every rank between gather_model() and
-  // release_model() (checkpoint saves), and for good after unshard_model() (the end of training); collective.
-  // Nothing to do in the other stages, whose model is always whole.
-  void gather_model();
-  void release_model();
+  // ZeRO-3: the whole weights in the model's parameters on every rank for good (the end of training);
+  // collective. Nothing to do in the other stages, whose model is always whole.
   void unshard_model();
 
   // ZeRO-1/2/3 checkpoints. Per-shard optimizer state ("<bucket>.<state>") -> per-parameter state

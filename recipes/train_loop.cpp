@@ -434,11 +434,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     std::map<std::string, Tensor> state = dp->gather_optimizer_state(opt.state_dict());
     std::vector<Tensor> gathered_masters;
     if (masters) gathered_masters = dp->gather_to_params(masters->master());
-    dp->gather_model();  // ZeRO-3, collective: rank 0 reads the whole weights below
-    if (!is_main) {
-      dp->release_model();
-      return checkpoint_path(run.output_dir, step);
-    }
+    if (!is_main) return checkpoint_path(run.output_dir, step);
     std::unique_ptr<optim::MasterWeights> m;
     if (masters) {
       NoGradGuard no_grad;
@@ -451,7 +447,6 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     std::unique_ptr<optim::Optimizer> stand_in = optim::make_optimizer(m ? m->master() : task.params, spec);
     stand_in->load_state_dict(state);
     std::string path = save_training_checkpoint(run.output_dir, model, *stand_in, m.get(), make_state(step, lr));
-    dp->release_model();
     return path;
   };
 
