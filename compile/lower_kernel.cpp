@@ -112,7 +112,6 @@ class Lowerer final : public LowerContext {
       const DType t = k.nodes[static_cast<size_t>(x)].dtype;
       return is_floating(t) ? x : k.cast(x, DType::f32);
     };
-    auto c = [&](double v, int like) { return k.constant(v, k.nodes[static_cast<size_t>(like)].dtype); };
     int r = -1;
     if (name == "softmax" || name == "log_softmax") {
       if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
@@ -134,13 +133,6 @@ class Lowerer final : public LowerContext {
         r = k.binary(Op::Sub, dy, k.binary(Op::Mul, k.unary(Op::Exp, y), s));
       }
       r = k.cast(r, g_.values[static_cast<size_t>(n.outputs[0])].dtype);
-    } else if (name == "sum" || name == "mean" || name == "max" || name == "min") {
-      if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
-      const int x = in(0);
-      if (!is_floating(k.nodes[static_cast<size_t>(x)].dtype)) throw Unsupported("an integer reduction");
-      const Op op = name == "max" ? Op::ReduceMax : name == "min" ? Op::ReduceMin : Op::ReduceSum;
-      r = k.reduce(op, x);
-      if (name == "mean") r = k.binary(Op::Div, r, c(static_cast<double>(dims_.back()), r));
     } else if (const NormAttrs* norm = match<NormAttrs>(*n.prim)) {  // layer_norm, rms_norm
       if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
       const bool centered = norm->centered;
@@ -340,11 +332,8 @@ std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, s
     const KernelLowering* l = as_kernel_lowering(*node.prim);
     if (!l && (node.prim->fusion_kind() == FusionKind::Reduction || norm_bwd_flags(*node.prim))) {
       natural = trace_shape(g.values[static_cast<size_t>(node.inputs[0])].shape);
-      const std::string_view nm = node.prim->name();
       const std::optional<NormBwdFlags> norm = norm_bwd_flags(*node.prim);
-      if (nm == "sum" || nm == "mean" || nm == "max" || nm == "min") {
-        reduced = match<ReduceAttrs>(*node.prim)->dims;
-      } else if (norm && !norm->dx) {
+      if (norm && !norm->dx) {
         for (int64_t a = 0; a + 1 < static_cast<int64_t>(natural.size()); ++a) reduced.push_back(a);
         if (reduced.empty()) {
           if (why) *why = "a norm weight gradient over a single row";

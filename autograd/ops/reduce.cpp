@@ -2,9 +2,11 @@
 // Forward brings the reduced dims together as one contiguous [outer, n, inner] block and runs the `reduce`
 // kernel: a dense input (contiguous or permuted) is read in place when its reduced dims are adjacent in memory
 // order; otherwise the kept dims are copied first and the reduced ones last. The kernel accumulates floating
-// inputs in double. Backward broadcasts the cotangent back over the reduced dims.
+// inputs in double. Backward broadcasts the cotangent back over the reduced dims. sum, mean, amax and amin of
+// floating inputs lower to a row reduction over the reduced dims (Note [Ops lower themselves]).
 #include <algorithm>
 
+#include "autograd/kernel_lowering.h"
 #include "autograd/ops.h"
 #include "autograd/ops/attrs.h"
 #include "autograd/ops/reduce_fused.h"
@@ -60,7 +62,7 @@ DType reduce_out_dtype(ReduceOp op, DType in) {
   }
 }
 
-class ReducePrim final : public Primitive, public WithAttrs<ReduceAttrs> {
+class ReducePrim final : public Primitive, public WithAttrs<ReduceAttrs>, public KernelLowering {
  public:
   // widened: an f32 sum of bf16 / f16 input never rounded to the input's dtype (reduce_fused.h); only compiled
   // graphs build it.
@@ -177,6 +179,20 @@ class ReducePrim final : public Primitive, public WithAttrs<ReduceAttrs> {
       default: INGOT_FAIL(name(), ": not differentiable");
     }
     return {cast(r, m.dtype)};
+  }
+  std::optional<std::vector<int64_t>> reduced_axes(const Shape&, std::string*) const override { return attrs_.dims; }
+  std::vector<int> lower(LowerContext& cx) const override {
+    using codegen::Op;
+    const ReduceOp op = attrs_.op;
+    if (op != ReduceOp::Sum && op != ReduceOp::Mean && op != ReduceOp::Max && op != ReduceOp::Min)
+      cx.unsupported("op '" + std::string(name()) + "' has no kernel lowering");
+    cx.require_row_reduction();
+    const int x = cx.input(0);
+    if (!is_floating(cx.node_dtype(x))) cx.unsupported("an integer reduction");
+    codegen::KernelSpec& k = cx.spec();
+    int r = k.reduce(op == ReduceOp::Max ? Op::ReduceMax : op == ReduceOp::Min ? Op::ReduceMin : Op::ReduceSum, x);
+    if (op == ReduceOp::Mean) r = k.binary(Op::Div, r, cx.constant_like(static_cast<double>(cx.reduced_size()), r));
+    return {r};
   }
 
  private:
