@@ -6,8 +6,6 @@
 #include <sstream>
 
 #include "autograd/kernel_lowering.h"
-#include "autograd/ops/attrs.h"
-#include "autograd/ops/norm.h"
 #include "autograd/primitive_multi_tensor.h"
 
 namespace ingot::compiler {
@@ -97,96 +95,10 @@ class Lowerer final : public LowerContext {
   // The op lowers itself (Note [Ops lower themselves], autograd/kernel_lowering.h).
   void node(const Node& n) {
     const KernelLowering* l = as_kernel_lowering(*n.prim);
-    if (!l) return legacy_node(n);
+    if (!l) throw Unsupported("op '" + std::string(n.prim->name()) + "' has no kernel lowering");
     node_ = &n;
     set_outputs(n, l->lower(*this));
     node_ = nullptr;
-  }
-
-  // The families that do not lower themselves yet.
-  void legacy_node(const Node& n) {
-    KernelSpec& k = out_.spec;
-    const std::string_view name = n.prim->name();
-    auto in = [&](size_t i) { return value(n.inputs.at(i)); };
-    auto floating = [&](int x) {
-      const DType t = k.nodes[static_cast<size_t>(x)].dtype;
-      return is_floating(t) ? x : k.cast(x, DType::f32);
-    };
-    int r = -1;
-    if (name == "softmax" || name == "log_softmax") {
-      if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
-      const int x = floating(in(0));
-      const int m = k.reduce(Op::ReduceMax, x);
-      const int sh = k.binary(Op::Sub, x, m);
-      const int e = k.unary(Op::Exp, sh);
-      const int s = k.reduce(Op::ReduceSum, e);
-      r = name == "softmax" ? k.binary(Op::Div, e, s) : k.binary(Op::Sub, sh, k.unary(Op::Log, s));
-      r = k.cast(r, g_.values[static_cast<size_t>(n.outputs[0])].dtype);
-    } else if (name == "softmax_bwd" || name == "log_softmax_bwd") {  // inputs: dy, y
-      if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
-      const int dy = floating(in(0)), y = floating(in(1));
-      if (name == "softmax_bwd") {
-        const int s = k.reduce(Op::ReduceSum, k.binary(Op::Mul, dy, y));
-        r = k.binary(Op::Mul, y, k.binary(Op::Sub, dy, s));
-      } else {
-        const int s = k.reduce(Op::ReduceSum, dy);
-        r = k.binary(Op::Sub, dy, k.binary(Op::Mul, k.unary(Op::Exp, y), s));
-      }
-      r = k.cast(r, g_.values[static_cast<size_t>(n.outputs[0])].dtype);
-    } else if (const NormAttrs* norm = match<NormAttrs>(*n.prim)) {  // layer_norm, rms_norm
-      if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
-      const bool centered = norm->centered;
-      const double eps = norm->eps;
-      const int x0 = in(0);
-      const DType st = k.nodes[static_cast<size_t>(x0)].dtype == DType::f64 ? DType::f64 : DType::f32;
-      const int x = k.cast(x0, st);
-      const int cols = k.constant(static_cast<double>(dims_.back()), st);
-      int d = x, mu = -1;
-      if (centered) {
-        mu = k.binary(Op::Div, k.reduce(Op::ReduceSum, x), cols);
-        d = k.binary(Op::Sub, x, mu);
-      }
-      const int var = k.binary(Op::Div, k.reduce(Op::ReduceSum, k.binary(Op::Mul, d, d)), cols);
-      const int rstd = k.unary(Op::Rsqrt, k.binary(Op::Add, var, k.constant(eps, st)));
-      int y = k.binary(Op::Mul, d, rstd);
-      if (n.inputs.size() > 1 && n.inputs[1] >= 0) y = k.binary(Op::Mul, y, k.cast(in(1), st));
-      if (centered && n.inputs.size() > 2 && n.inputs[2] >= 0) y = k.binary(Op::Add, y, k.cast(in(2), st));
-      std::vector<int> rs{y};
-      if (centered) rs.push_back(mu);
-      rs.push_back(rstd);
-      set_outputs(n, rs);
-      return;
-    } else if (const std::optional<NormBwdFlags> f = norm_bwd_flags(*n.prim)) {
-      // inputs: dy, x, mean (none for rms_norm), rstd, w (or none); the math of norm_bwd_impl
-      // (runtime/kernels/cpu/norm.cpp) in its precision, f32 (f64 for f64 x).
-      if (out_.spec.kind != KernelKind::RowReduction) throw Unsupported("a reduction in a pointwise kernel");
-      const DType st = k.nodes[static_cast<size_t>(in(1))].dtype == DType::f64 ? DType::f64 : DType::f32;
-      auto as = [&](int x) { return k.nodes[static_cast<size_t>(x)].dtype == st ? x : k.cast(x, st); };
-      const int dy = as(in(0)), rstd = as(row_value(n.inputs.at(3)));
-      const int centered_x = f->centered ? k.binary(Op::Sub, as(in(1)), as(row_value(n.inputs.at(2)))) : as(in(1));
-      const int xhat = k.binary(Op::Mul, centered_x, rstd);
-      std::vector<int> rs;
-      if (f->dx) {
-        const int gw = n.inputs.at(4) >= 0 ? k.binary(Op::Mul, dy, as(in(4))) : dy;
-        const int inv_c = k.constant(1.0 / static_cast<double>(dims_.back()), st);
-        int d = gw;
-        if (f->centered) d = k.binary(Op::Sub, gw, k.binary(Op::Mul, k.reduce(Op::ReduceSum, gw), inv_c));
-        const int mean_gx = k.binary(Op::Mul, k.reduce(Op::ReduceSum, k.binary(Op::Mul, gw, xhat)), inv_c);
-        rs.push_back(k.binary(Op::Mul, rstd, k.binary(Op::Sub, d, k.binary(Op::Mul, xhat, mean_gx))));
-        // dw, db from the same values (Note [Column sums in row reductions], render_cuda.cpp).
-        if (f->dw) rs.push_back(k.column_sum(k.binary(Op::Mul, dy, xhat)));
-        if (f->db) rs.push_back(k.column_sum(dy));
-      } else {  // the reduced dim is every row (lower_group transposes the iteration space)
-        if (f->dw) rs.push_back(k.reduce(Op::ReduceSum, k.binary(Op::Mul, dy, xhat)));
-        if (f->db) rs.push_back(k.reduce(Op::ReduceSum, dy));
-      }
-      set_outputs(n, rs);
-      return;
-    } else {
-      throw Unsupported("op '" + std::string(name) + "' has no kernel lowering");
-    }
-    if (n.outputs.size() != 1) throw Unsupported("a multi-output op");
-    set_outputs(n, {r});
   }
 
   // LowerContext, for the node being lowered.
@@ -330,19 +242,9 @@ std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, s
   for (int32_t n : fg.nodes) {
     const Node& node = g.nodes[static_cast<size_t>(n)];
     const KernelLowering* l = as_kernel_lowering(*node.prim);
-    if (!l && (node.prim->fusion_kind() == FusionKind::Reduction || norm_bwd_flags(*node.prim))) {
-      natural = trace_shape(g.values[static_cast<size_t>(node.inputs[0])].shape);
-      const std::optional<NormBwdFlags> norm = norm_bwd_flags(*node.prim);
-      if (norm && !norm->dx) {
-        for (int64_t a = 0; a + 1 < static_cast<int64_t>(natural.size()); ++a) reduced.push_back(a);
-        if (reduced.empty()) {
-          if (why) *why = "a norm weight gradient over a single row";
-          return std::nullopt;
-        }
-      } else if (!natural.empty()) {
-        reduced = {static_cast<int64_t>(natural.size()) - 1};
-      }
-      break;
+    if (!l && node.prim->fusion_kind() == FusionKind::Reduction) {
+      if (why) *why = "op '" + std::string(node.prim->name()) + "' has no kernel lowering";
+      return std::nullopt;
     }
     const Shape in0 = node.inputs.empty() ? Shape{} : trace_shape(g.values[static_cast<size_t>(node.inputs[0])].shape);
     std::string reason;
