@@ -23,9 +23,9 @@
 // Started by `ingot launch --nproc-per-node N -- bench_gpt2_step ...` (WORLD_SIZE > 1) the model is wrapped in
 // DistributedDataParallel (NCCL on GPUs, Gloo on CPUs), --batch is per rank, and rank 0 prints tokens/s per rank.
 // With --compile the bucket all-reduces are nodes of the compiled step's graph (distributed/collective_ops.h).
-// DDP flags: --bucket-cap-mb MB, --reduce-dtype f32|bf16, --zero1, --bucket-updates (one optimizer update per
-// bucket, each after its own reduction: CompileOptions::bucket_updates), --timeline (rank 0's communication per step from CUDA
-// events: busy, exposed, compute; a 'timeline:' line).
+// DDP flags: --bucket-cap-mb MB, --reduce-dtype f32|bf16, --zero1, --one-update (one optimizer update after all
+// reductions instead of the default one per bucket after its own reduction: CompileOptions::bucket_updates),
+// --timeline (rank 0's communication per step from CUDA events: busy, exposed, compute; a 'timeline:' line).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -55,7 +55,7 @@ struct Args {
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
   bool profiler_range = false, losses = false, regional = false;
-  bool timeline = false, zero1 = false, bucket_updates = false, ddp_alone = false;
+  bool timeline = false, zero1 = false, one_update = false, ddp_alone = false;
   double bucket_cap_mb = 25.0;
   std::string reduce_dtype = "f32";
   double memory_budget = 1.0, peak_tflops = 989.4;
@@ -71,7 +71,7 @@ Args parse(int argc, char** argv) {
                   "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR] [--profile K]\n"
                   "       [--profiler-range] [--memory-budget B] [--losses] [--regional] [--peak-tflops P]\n"
                   "       under ingot launch (DDP): [--bucket-cap-mb MB] [--reduce-dtype f32|bf16] [--zero1]\n"
-                  "       [--bucket-updates] [--timeline] [--ddp (DDP even in a world of one: its cost without peers)]\n"
+                  "       [--one-update] [--timeline] [--ddp (DDP even in a world of one: its cost without peers)]\n"
                   "Prints a table row (median step time, tokens/s, TFLOP/s, MFU, peak memory, first call, loss)\n"
                   "and, on GPUs, a 'timing:' line: host time per call, and the step queued back to back and after a\n"
                   "5 ms rest.\n");
@@ -101,8 +101,8 @@ Args parse(int argc, char** argv) {
       a.zero1 = true;
       continue;
     }
-    if (k == "--bucket-updates") {
-      a.bucket_updates = true;
+    if (k == "--one-update") {
+      a.one_update = true;
       continue;
     }
     INGOT_CHECK(i + 1 < argc, "bench_gpt2_step: flag ", k, " needs a value");
@@ -178,7 +178,7 @@ int main(int argc, char** argv) try {
     o.cache_dir = a.cache_dir;
     o.memory_budget = a.memory_budget;
     o.regional = a.regional;
-    o.bucket_updates = a.bucket_updates;
+    o.bucket_updates = !a.one_update;
     o.name = "gpt2_step";
     compiled = compile(step_fn, o);
   }
@@ -197,7 +197,7 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
-  mode += bench::ddp_label(w, a.zero1, a.reduce_dtype, a.bucket_cap_mb, a.bucket_updates);
+  mode += bench::ddp_label(w, a.zero1, a.reduce_dtype, a.bucket_cap_mb, a.one_update);
   std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | MFU | peak mem GB | "
               "first call s | loss first->last |\n",
               static_cast<long long>(a.steps));

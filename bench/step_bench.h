@@ -168,11 +168,11 @@ inline void optimizer_step(distributed::DistributedDataParallel* ddp, optim::Opt
 
 // The row label's data-parallel part (" DDP x4 reduce bf16 cap 100 MB"); "" without a world.
 inline std::string ddp_label(const BenchWorld& w, bool zero1, const std::string& reduce_dtype, double bucket_cap_mb,
-                             bool bucket_updates = false) {
+                             bool one_update = false) {
   if (!w.dist) return "";
   std::string label = std::string(zero1 ? " ZeRO-1" : " DDP") + " x" + std::to_string(w.world);
   if (reduce_dtype != "f32") label += " reduce " + reduce_dtype;
-  if (bucket_updates) label += " bucket-updates";
+  if (one_update) label += " one-update";
   if (bucket_cap_mb != 25.0) label += detail::str_cat(" cap ", bucket_cap_mb, " MB");
   return label;
 }

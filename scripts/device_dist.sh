@@ -5,10 +5,11 @@
 # default and reduce-overhead with the step timeline (exposed communication), the variants that explain it, NCCL
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
-#   scripts/device_dist.sh [tests] [race] [bucket] [bench] [variants] [torch] [llama]  (default: tests bench torch)
+#   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [torch] [llama]  (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
 #   bucket: the per-bucket optimizer updates test, 3 runs
+#   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
 # only a few files per call).
@@ -39,6 +40,14 @@ if want tests; then
     log="$out/test_${f%%.*}.log"
     (cd $src && INGOT_CRASH_BACKTRACE=1 timeout 300 ingot_tests --gtest_filter="$f" > "$log" 2>&1); echo "== $f: exit $?"
     grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|^\[ ddp|Failure|Expected|Which is" "$log" | head -24
+  done
+fi
+
+if want gpu1; then  # the single-GPU suites on cuda:0 (CUDA kernels vs CPU, codegen, compiled GPU steps, models)
+  for f in 'CompileCudaStep*:CodegenCuda*' 'Cuda*' 'ModelsCuda*'; do
+    log="$out/gpu1_${f%%\**}.log"
+    (cd $src && CUDA_VISIBLE_DEVICES=0 INGOT_CRASH_BACKTRACE=1 timeout 240 ingot_tests --gtest_filter="$f" > "$log" 2>&1)
+    echo "== $f: exit $?"; grep -E "^\[  FAILED|^\[  PASSED|Failure" "$log" | head -12
   done
 fi
 
@@ -106,7 +115,7 @@ if want torch; then
 fi
 if want variants; then
   n=$(( gpus >= 4 ? 4 : 2 ))
-  gpt2 $n bucket_updates_$n --compile default --timeline --bucket-updates
+  gpt2 $n one_update_$n --compile default --timeline --one-update
   gpt2 $n cap100_bf16_$n --compile default --timeline --bucket-cap-mb 100 --reduce-dtype bf16
   gpt2 $n ro_cap100_bf16_$n --compile reduce-overhead --timeline --bucket-cap-mb 100 --reduce-dtype bf16
   gpt2 $n zero1_$n --compile default --timeline --zero1
