@@ -5,10 +5,11 @@
 # default and reduce-overhead with the step timeline (exposed communication), the variants that explain it, NCCL
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
-#   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [torch] [llama]  (default: tests bench torch)
+#   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [memory] [torch] [llama]  (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
 #   bucket: the per-bucket optimizer updates test, 3 runs
+#   memory: INGOT_LOGS=memory for GPT-2 default mode on 1 and 2 GPUs (what is alive at the peak)
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -84,7 +85,7 @@ bench="--device cuda --dtype bf16 --batch 16 --seq 1024 --steps 20 --warmup 5 --
 row() { grep -h "^| ingot" "$1" | tail -1; grep -h "^timeline:" "$1" | tail -1; }
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
-  want bench || want variants || return 0
+  want bench || want variants || want memory || return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   if (( n == 1 )); then CUDA_VISIBLE_DEVICES=$vis timeout 200 bench_gpt2_step $bench "$@" > "$out/$name.log" 2>&1
   else CUDA_VISIBLE_DEVICES=$vis timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_gpt2_step $bench "$@" \
@@ -119,6 +120,10 @@ if want variants; then
   gpt2 $n cap100_bf16_$n --compile default --timeline --bucket-cap-mb 100 --reduce-dtype bf16
   gpt2 $n ro_cap100_bf16_$n --compile reduce-overhead --timeline --bucket-cap-mb 100 --reduce-dtype bf16
   gpt2 $n zero1_$n --compile default --timeline --zero1
+fi
+if want memory; then  # where default-mode DDP's peak comes from: the allocator's peak and what was alive, per call
+  INGOT_LOGS=memory gpt2 1 memory_1 --compile default
+  INGOT_LOGS=memory gpt2 2 memory_2 --compile default
 fi
 if want llama; then
   # ~1B Llama full fine-tune (bench/configs/llama_1b), 2 x 2048 tokens per GPU; DDP x4 also with 100 MB buckets in bf16.
