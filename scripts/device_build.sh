@@ -6,7 +6,9 @@
 # protobuf-compiler libprotoc32 libgtest-dev libgmock-dev googletest nlohmann-json3-dev libopenblas-dev
 # libopenblas0-pthread libopenblas-pthread-dev libopenblas0 libgloo-dev libgloo0 libpcre2-dev libpcre2-8-0
 # libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libgfortran5 zlib1g-dev libpng-dev libpng16-16 libicu-dev libicu72 libhiredis0.14
-# libssl-dev libssl3
+# libssl-dev libssl3 libcli11-dev libcairo2-dev libcairo2 libpixman-1-0 libfontconfig1 fontconfig-config libfreetype6
+# libxcb-shm0 libxcb1 libxcb-render0 libxrender1 libx11-6 libx11-data libxext6 libxau6 libxdmcp6 libbsd0 libmd0
+# libexpat1 libbrotli1
 set -euo pipefail
 src=$1; build=$2; shift 2
 deps=/opt/deps
@@ -20,6 +22,9 @@ if [[ ! -d $deps/usr ]]; then
   sed -i "s|\"/usr/lib/|\"$deps/usr/lib/|g" "$deps"/usr/share/cmake/Gloo/GlooTargets-*.cmake
 fi
 multi=$deps/usr/lib/x86_64-linux-gnu
+# cairo.pc names the X11/glib/fontconfig -dev modules as Requires.private, which pkg-config resolves even for the
+# shared library; only cairo's runtime libraries are carried (the linker finds them through LD_LIBRARY_PATH).
+[[ -f $multi/pkgconfig/cairo.pc ]] && sed -i '/^Requires.private/d' "$multi/pkgconfig/cairo.pc"
 export LD_LIBRARY_PATH="$multi:$multi/openblas-pthread:${LD_LIBRARY_PATH:-}"
 export PKG_CONFIG_PATH="$multi/openblas-pthread/pkgconfig:$multi/pkgconfig:$deps/usr/share/pkgconfig" PKG_CONFIG_SYSROOT_DIR=$deps
 export PATH="$deps/usr/bin:$PATH"
