@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Data parallel on a lent multi-GPU machine (nvidia-h100-x4 / h200-x4; 2-GPU kinds run the 2-GPU parts), all in
-# one call: build (from .device/src.tgz when present, else this checkout) with scripts/device_build.sh, the
+# one call: build (from .device/src.tar.xz or src.tgz when present, else this checkout) with scripts/device_build.sh, the
 # multi-GPU tests, then GPT-2 124M (bf16, batch 16 x 1024 per GPU) on 1, 2 and 4 GPUs: ingot compiled DDP in
 # default and reduce-overhead with the step timeline (exposed communication), the variants that explain it, NCCL
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
@@ -27,7 +27,10 @@ steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests bench torch)
 export NCCL_NVLS_ENABLE=0
 gpus=$(nvidia-smi -L | wc -l); nvidia-smi -L | tee "$out/gpu.txt"
 src=$PWD
-if [[ -f .device/src.tgz ]]; then src=/tmp/ingot-src; mkdir -p $src; tar xzf .device/src.tgz -C $src; fi
+# A source snapshot (`git archive HEAD | xz > .device/src.tar.xz`: a commit, not the working tree) when present.
+for snap in .device/src.tar.xz .device/src.tgz; do
+  if [[ -f $snap ]]; then src=/tmp/ingot-src; mkdir -p $src; tar xf $snap -C $src; break; fi
+done
 t0=$(date +%s)
 scripts/device_build.sh "$src" /tmp/ingot-build ingot ingot_tests bench_gpt2_step bench_allreduce bench_llama_step \
   > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
