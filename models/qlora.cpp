@@ -58,7 +58,7 @@ QuantizedBase quantize_base_nf4(nn::Module& model, const std::vector<std::string
                 " is ", dtype_name(w.dtype()), shape_str(w.shape()), "; NF4 quantizes f32, bf16 or f16 weights");
     INGOT_CHECK(w.numel() % kNf4BlockSize == 0, "nf4: ", wn, " ", shape_str(w.shape()), " has ", w.numel(),
                 " elements, not a multiple of the block size ", kNf4BlockSize,
-                "; leave its module unquantized (lora.quantize_base covers every projection)");
+                "; NF4 quantizes whole blocks (quantize_base_nf4's `skip` leaves a module dense)");
     todo.emplace_back(name, l);
   }
   QuantizedBase r;
