@@ -81,6 +81,19 @@ TEST_F(QLoRAFinetune, Nf4BaseTrainsLikeADenseBaseAndReportsItsBytes) {
   EXPECT_TRUE(fs::is_regular_file(dir_.file("nf4/adapter/adapter_model.safetensors")));
 }
 
+TEST_F(QLoRAFinetune, Bf16ComputeOverAnNf4BaseTrainsAndExportsTheCheckpointsOwnWeights) {
+  const TrainSummary r = run(config("bf16", {"lora.quantize_base=nf4", "dtype=bf16", "max_steps=20"}));
+  const std::vector<double> l = losses("bf16");
+  ASSERT_EQ(l.size(), 20u);
+  EXPECT_LT(mean(l, 15, 20), mean(l, 0, 5)) << log_.str();
+  EXPECT_EQ(r.steps, 20);
+  SafetensorsFile base = SafetensorsFile::open(kModel + "/model.safetensors");
+  SafetensorsFile exported = SafetensorsFile::open(dir_.file("bf16/hf/model.safetensors"));
+  for (const std::string& name : base.names())
+    if (name.find("k_proj") != std::string::npos || name.find("mlp") != std::string::npos)
+      EXPECT_EQ(exported.get(name).to_vector(), base.get(name).to_vector()) << name << ": not the checkpoint's own";
+}
+
 TEST_F(QLoRAFinetune, ResumesFromACheckpointBitwise) {
   const std::vector<std::string> common = {"lora.quantize_base=nf4", "max_steps=8"};
   run(config("full", common));
