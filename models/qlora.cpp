@@ -35,6 +35,7 @@ void rebind(const Tensor& param, const Tensor& values) {
   impl->strides = values.strides();
 }
 
+// f(name, module, its NF4 base) for every quantized LoRALinear (named_modules hands out mutable modules).
 template <class F>
 void for_each_nf4(const nn::Module& model, F&& f) {
   for (auto& [name, m] : model.named_modules())
@@ -79,7 +80,7 @@ QuantizedBase quantize_base_nf4(nn::Module& model, const std::vector<std::string
 
 QuantizedBase quantized_base(const nn::Module& model) {
   QuantizedBase r;
-  for_each_nf4(model, [&](const std::string& name, const nn::LoRALinear& l, const Nf4Base& q) {
+  for_each_nf4(model, [&](const std::string& name, nn::LoRALinear& l, const Nf4Base& q) {
     r.tensors += 1;
     r.parameters += q.weight().numel();
     r.bytes += static_cast<int64_t>(q.weight().nbytes());
@@ -91,8 +92,8 @@ QuantizedBase quantized_base(const nn::Module& model) {
 
 void quantized_base_to(nn::Module& model, Device d) {
   std::vector<std::pair<nn::LoRALinear*, Nf4Tensor>> moved;
-  for_each_nf4(model, [&](const std::string&, const nn::LoRALinear& l, const Nf4Base& q) {
-    moved.emplace_back(const_cast<nn::LoRALinear*>(&l), q.weight().to(d));
+  for_each_nf4(model, [&](const std::string&, nn::LoRALinear& l, const Nf4Base& q) {
+    moved.emplace_back(&l, q.weight().to(d));
   });
   for (auto& [l, w] : moved) l->set_frozen_base(std::make_shared<Nf4Base>(std::move(w)));
 }
@@ -100,10 +101,10 @@ void quantized_base_to(nn::Module& model, Device d) {
 void restore_dense_base(nn::Module& model, bool dequantize) {
   NoGradGuard no_grad;
   std::vector<std::pair<nn::LoRALinear*, Tensor>> dense;
-  for_each_nf4(model, [&](const std::string&, const nn::LoRALinear& l, const Nf4Base& q) {
+  for_each_nf4(model, [&](const std::string&, nn::LoRALinear& l, const Nf4Base& q) {
     const Tensor& w = l.weight();
     Tensor values = dequantize ? q.dense(w.dtype()).to(w.device()) : zeros(q.weight().shape, w.dtype(), w.device());
-    dense.emplace_back(const_cast<nn::LoRALinear*>(&l), values);
+    dense.emplace_back(&l, values);
   });
   for (auto& [l, values] : dense) {
     rebind(l->weight(), values);
