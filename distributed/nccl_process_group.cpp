@@ -25,6 +25,14 @@
 // Tensors stay referenced by their Work until the watchdog sees the collective finish on the device, so the
 // caching allocator cannot hand their memory to someone else while NCCL still uses it.
 //
+// Note [Released at the wait]
+// ...or until a stream waits for the collective on the device (block_stream) when that stream is the one the
+// tensors were made on: the caching allocator hands a freed block only to later work of the block's stream
+// (Note [Streams], runtime/cuda/allocator.cpp), and that work now runs after the collective. Holding them until
+// the watchdog saw the GPU finish kept a compiled step's buckets (and, per-bucket, their copies) allocated while
+// the host, a step ahead, allocated the next forward: GPT-2 DDP's peak was 0.2-0.7 GB above the graph's values
+// (INGOT_LOGS=memory, 2x H200, bench/RESULTS.md 2026-11-26).
+//
 // Note [Collectives in CUDA graphs]
 // NCCL calls can be captured (reduce-overhead and max-autotune capture the compiled step, collectives
 // included). A collective issued while the producer stream captures joins the capture: the comm stream waits
@@ -123,10 +131,22 @@ class NcclWork final : public Work {
       return;
     }
     CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.handle), end_, 0));
+    // Note [Released at the wait]
+    if (stream.handle == producer_.handle && stream.device == producer_.device) release();
+  }
+
+  // Drops the references that kept the collective's tensors from the caching allocator (the watchdog, when the
+  // collective finished, or a wait on the stream that made them).
+  void release() {
+    std::vector<Tensor> dropped;
+    std::lock_guard<std::mutex> lock(keep_mu_);
+    dropped.swap(keep_);
   }
 
   cudaEvent_t end_ = nullptr;
   Clock::time_point issued_ = Clock::now();
+  cuda::Stream producer_;     // the stream the collective's tensors were made on (its caching-allocator stream)
+  std::mutex keep_mu_;
   std::vector<Tensor> keep_;  // the tensors NCCL reads/writes, alive until the device is done
   bool captured = false;      // issued into a CUDA graph capture
   std::function<void(cudaStream_t)> on_wait;  // the step timeline's mark where a stream waits for this
@@ -379,7 +399,7 @@ class NcclProcessGroup final : public ProcessGroup {
   // error text, or "" when it settled successfully.
   std::string settle(const char* what, bool init = false) {
     Millis limit = init ? options_.rendezvous_timeout : options_.timeout;
-    const auto start = Clock::now(), deadline = start + limit;
+    auto deadline = Clock::now() + limit;
     while (true) {
       ncclResult_t state = ncclInProgress;
       ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
@@ -390,11 +410,7 @@ class NcclProcessGroup final : public ProcessGroup {
       if (Clock::now() > deadline)
         return std::string(what) + ": still in progress after the " + std::to_string(limit.count()) +
                " ms timeout";
-      // A collective settles within microseconds: spin (yielding) for the first 200 us, as a 50 us sleep costs
-      // 50-100 us of issue latency that the GPU sees whenever it waits for the collective (bench_allreduce's
-      // events include it); past that, sleep between polls (communicator init, a stuck peer).
-      if (Clock::now() - start < std::chrono::microseconds(200)) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
@@ -408,8 +424,8 @@ class NcclProcessGroup final : public ProcessGroup {
     cuda::DeviceGuard guard(device_);
     auto work = std::make_shared<NcclWork>(op, seq, std::move(keep));
     // The comm stream starts after the work already queued on the producer stream.
-    cudaStream_t producer = has_input_stream_ ? static_cast<cudaStream_t>(input_stream_.handle)
-                                              : cuda::raw_stream(device_);
+    work->producer_ = has_input_stream_ ? input_stream_ : cuda::current_stream(device_);
+    cudaStream_t producer = static_cast<cudaStream_t>(work->producer_.handle);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(producer, &capture));
     work->captured = capture == cudaStreamCaptureStatusActive;
@@ -443,7 +459,7 @@ class NcclProcessGroup final : public ProcessGroup {
     if (slot >= 0) record_timing(timeline_.ends[static_cast<size_t>(slot)], stream_);
     CUDA_CHECK(cudaEventRecord(work->end_, stream_));
     if (work->captured) {  // Note [Collectives in CUDA graphs]
-      work->keep_.clear();
+      work->release();
       recorder_.update(seq, FlightRecorder::State::Completed);
       work->finish();
       return work;
@@ -486,7 +502,7 @@ class NcclProcessGroup final : public ProcessGroup {
           in_flight_.pop_front();
         }
         recorder_.update(head->seq(), FlightRecorder::State::Completed);
-        head->keep_.clear();
+        head->release();
         head->finish();
         continue;
       }
