@@ -5,10 +5,11 @@
 # default and reduce-overhead with the step timeline (exposed communication), the variants that explain it, NCCL
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
-#   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [memory] [torch] [llama]  (default: tests bench torch)
+#   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]  (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
 #   bucket: the per-bucket optimizer updates test, 3 runs
+#   peak: GPT-2 default mode on 1, 2 and 4 GPUs only
 #   memory: INGOT_LOGS=memory for GPT-2 default mode on 1 and 2 GPUs (what is alive at the peak)
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
@@ -88,7 +89,7 @@ bench="--device cuda --dtype bf16 --batch 16 --seq 1024 --steps 20 --warmup 5 --
 row() { grep -h "^| ingot" "$1" | tail -1; grep -h "^timeline:" "$1" | tail -1; }
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
-  want bench || want variants || want memory || return 0
+  want bench || want variants || want memory || want peak || return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   if (( n == 1 )); then CUDA_VISIBLE_DEVICES=$vis timeout 200 bench_gpt2_step $bench "$@" > "$out/$name.log" 2>&1
   else CUDA_VISIBLE_DEVICES=$vis timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_gpt2_step $bench "$@" \
@@ -123,6 +124,9 @@ if want variants; then
   gpt2 $n cap100_bf16_$n --compile default --timeline --bucket-cap-mb 100 --reduce-dtype bf16
   gpt2 $n ro_cap100_bf16_$n --compile reduce-overhead --timeline --bucket-cap-mb 100 --reduce-dtype bf16
   gpt2 $n zero1_$n --compile default --timeline --zero1
+fi
+if want peak; then  # GPT-2 default mode on 1, 2 and 4 GPUs only (peak memory and step time after a DDP change)
+  for n in 1 2 4; do (( n <= gpus )) && gpt2 $n peak_$n --compile default --timeline; done
 fi
 if want memory; then  # where default-mode DDP's peak comes from: the allocator's peak and what was alive, per call
   INGOT_LOGS=memory gpt2 1 memory_1 --compile default
