@@ -271,6 +271,89 @@ class ClonePrim final : public Primitive, public KernelLowering {
   std::vector<int> lower(LowerContext& cx) const override { return {cx.input(0)}; }
 };
 
+// Note [Pointwise formulas]: an op whose math is a few kernel-IR ops is defined once, by its lower(). Generated
+// kernels inline that expression; eager evaluation interprets the same expression with the elementwise kernels
+// above (one launch per kernel-IR op, on the CPU or CUDA alike), holding bf16 / f16 values in f32 and rounding
+// once into the output, as a generated kernel does. So adding such an op (a FormulaPrim) touches this file and
+// autograd/ops.h.
+class EagerFormula final : public LowerContext {
+ public:
+  EagerFormula(const std::vector<Tensor>& in, const TensorMeta& out) : in_(in), out_(out) {}
+  codegen::KernelSpec& spec() override { return spec_; }
+  int input(size_t i) override {
+    if (loads_.size() <= i) loads_.resize(i + 1, -1);
+    if (loads_[i] < 0) {
+      buffer_.push_back(i);
+      loads_[i] = spec_.load(spec_.input(in_.at(i).dtype(), {}));
+    }
+    return loads_[i];
+  }
+  bool has_input(size_t i) const override { return i < in_.size() && in_[i].defined(); }
+  int row_input(size_t) override { unsupported("a per-row input"); }
+  DType output_dtype(size_t) const override { return out_.dtype; }
+  bool row_reduction() const override { return false; }
+  int64_t reduced_size() const override { return 0; }
+  [[noreturn]] void unsupported(const std::string& why) override {
+    detail::throw_error(__FILE__, __LINE__, "eager formula of a pointwise op: " + why + " (please report this ingot bug)",
+                        true);
+  }
+
+  // The value of node `id` over the output's shape (a broadcast constant for constants).
+  Tensor eval(int id) {
+    if (values_.size() < spec_.nodes.size()) values_.resize(spec_.nodes.size());
+    Tensor& v = values_[static_cast<size_t>(id)];
+    if (v.defined()) return v;
+    const codegen::Node& n = spec_.nodes[static_cast<size_t>(id)];
+    const DType held = n.dtype == DType::bf16 || n.dtype == DType::f16 ? DType::f32 : n.dtype;
+    const Device dev = out_.device;
+    if (n.op == KOp::Load) return v = in_[buffer_.at(static_cast<size_t>(n.arg))].expand_raw(out_.shape);
+    if (n.op == KOp::Const) return v = full({}, n.value, held, dev).expand_raw(out_.shape);
+    if (n.op == KOp::Cast) return v = eval(n.a).to(n.dtype);  // an explicit cast to bf16 rounds
+    Tensor r = empty(out_.shape, held, dev);
+    if (n.op == KOp::Where) {
+      INGOT_KERNEL_CALL(dev, where, r, eval(n.a), eval(n.b), eval(n.c));
+    } else if (std::optional<UnaryOp> u = eager_op(kUnaryKernelOps, n.op); u && codegen::is_unary(n.op)) {
+      INGOT_KERNEL_CALL(dev, unary, *u, r, eval(n.a), 0.0);
+    } else if (std::optional<BinaryOp> b = eager_op(kBinaryKernelOps, n.op)) {
+      INGOT_KERNEL_CALL(dev, binary, *b, r, eval(n.a), eval(n.b));
+    } else {
+      unsupported(std::string("kernel op ") + codegen::op_name(n.op));
+    }
+    return v = r;
+  }
+
+ private:
+  template <class E, size_t N>
+  static std::optional<E> eager_op(const std::pair<E, KOp> (&table)[N], KOp op) {
+    for (const auto& [e, k] : table)
+      if (k == op) return e;
+    return std::nullopt;
+  }
+
+  const std::vector<Tensor>& in_;
+  TensorMeta out_;
+  codegen::KernelSpec spec_;
+  std::vector<int> loads_;        // per input: its load node, or -1
+  std::vector<size_t> buffer_;    // per buffer: the input it holds
+  std::vector<Tensor> values_;    // per node, once evaluated
+};
+
+// A unary op defined by its formula (Note [Pointwise formulas]): floating output of the input's shape.
+class FormulaPrim : public Primitive, public KernelLowering {
+ public:
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    return {{in[0].shape, is_floating(in[0].dtype) ? in[0].dtype : DType::f32, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    Tensor out = alloc_outputs(infer(metas_of(in)))[0];
+    if (out.numel() == 0) return {out};
+    EagerFormula f(in, meta_of(out));
+    INGOT_KERNEL_CALL(out.device(), copy, out, f.eval(lower(f).at(0)));
+    return {out};
+  }
+  FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
+};
+
 Tensor unary(UnaryOp op, const Tensor& x, double alpha = 0.0) {
   return apply1(std::make_shared<UnaryPrim>(op, alpha), {x});
 }
