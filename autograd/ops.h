@@ -34,6 +34,7 @@ Tensor sigmoid(const Tensor& a);
 Tensor relu(const Tensor& a);
 Tensor gelu(const Tensor& a, bool approximate_tanh = true);
 Tensor silu(const Tensor& a);
+Tensor relu2(const Tensor& a);  // relu(a)^2 (squared ReLU: Primer, modded-nanogpt)
 Tensor sin(const Tensor& a);
 Tensor cos(const Tensor& a);
 Tensor square(const Tensor& a);

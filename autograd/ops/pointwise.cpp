@@ -354,6 +354,19 @@ class FormulaPrim : public Primitive, public KernelLowering {
   FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
 };
 
+// relu2(x) = relu(x)^2, the squared ReLU of Primer (So et al. 2021) and modded-nanogpt's MLP.
+class Relu2Prim final : public FormulaPrim {
+ public:
+  std::string_view name() const override { return "relu2"; }
+  std::vector<int> lower(LowerContext& cx) const override {
+    codegen::KernelSpec& k = cx.spec();
+    return {k.unary(KOp::Square, k.unary(KOp::Relu, cx.floating(cx.input(0))))};
+  }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    return {mul(mul(relu(c.inputs[0]), 2.0), g[0])};
+  }
+};
+
 Tensor unary(UnaryOp op, const Tensor& x, double alpha = 0.0) {
   return apply1(std::make_shared<UnaryPrim>(op, alpha), {x});
 }
@@ -391,6 +404,7 @@ Tensor gelu(const Tensor& a, bool approximate_tanh) {
   return unary(approximate_tanh ? UnaryOp::GeluTanh : UnaryOp::GeluErf, a);
 }
 Tensor silu(const Tensor& a) { return unary(UnaryOp::Silu, a); }
+Tensor relu2(const Tensor& a) { return apply1(std::make_shared<Relu2Prim>(), {a}); }
 Tensor sin(const Tensor& a) { return unary(UnaryOp::Sin, a); }
 Tensor cos(const Tensor& a) { return unary(UnaryOp::Cos, a); }
 Tensor square(const Tensor& a) { return unary(UnaryOp::Square, a); }

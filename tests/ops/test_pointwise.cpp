@@ -26,7 +26,6 @@ TEST(Pointwise, PowMatchesFiniteDifferencesForPositiveBase) {
 
 TEST(Pointwise, UnaryOpsMatchFiniteDifferences) {
   manual_seed(3);
-  using Fn = Tensor (*)(const Tensor&);
   std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> ops = {
       {"neg", [](const Tensor& x) { return neg(x); }},
       {"exp", [](const Tensor& x) { return exp(x); }},
@@ -50,6 +49,22 @@ TEST(Pointwise, UnaryOpsMatchFiniteDifferences) {
     Tensor a = leaf(randn_noncontig({4, 3}));
     EXPECT_GRADCHECK([&f](const std::vector<Tensor>& x) { return std::vector<Tensor>{f(x[0])}; }, {a});
   }
+}
+
+// relu2 is defined by its kernel expression alone (Note [Pointwise formulas]): eagerly it is relu(x)^2 computed in
+// f32 and rounded once into bf16, as a generated kernel computes it.
+TEST(Pointwise, Relu2IsTheSquaredReluRoundedOnce) {
+  manual_seed(5);
+  const Tensor x = randn({4, 33}, DType::f32);
+  EXPECT_EQ(max_rel_error(relu2(x), square(relu(x)), 0, 0), 0.0);
+  const Tensor xb = x.to(DType::bf16);
+  const Tensor want = square(relu(xb.to(DType::f32))).to(DType::bf16);
+  EXPECT_EQ(relu2(xb).dtype(), DType::bf16);
+  EXPECT_EQ(max_rel_error(relu2(xb).to(DType::f32), want.to(DType::f32), 0, 0), 0.0);
+  const Tensor xt = transpose(x, 0, 1);  // strided input
+  EXPECT_EQ(max_rel_error(relu2(xt), square(relu(xt)), 0, 0), 0.0);
+  Tensor a = leaf(randn_noncontig({3, 5}));
+  EXPECT_GRADCHECK([](const std::vector<Tensor>& v) { return std::vector<Tensor>{relu2(v[0])}; }, {a});
 }
 
 TEST(Pointwise, WhereRoutesGradientsByCondition) {
