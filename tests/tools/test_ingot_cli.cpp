@@ -511,6 +511,20 @@ TEST_F(IngotCli, F16TrainsWithDynamicLossScalingAndSkipsOverflowingSteps) {
   EXPECT_NE(r.output.find("dtype: f16 trains with dynamic loss scaling"), std::string::npos) << r.output;
 }
 
+TEST_F(IngotCli, LionAndSgdShardUnderZeroTwoAndTrainLikeOneProcess) {
+  for (const char* opt : {"optimizer.name=lion train.lr=1e-3", "optimizer.name=sgd train.lr=0.1"}) {
+    const std::string run = std::string("run tiny.yaml max_steps=4 train.eval_batches=0 ") + opt;
+    Result r = run_ingot(dir_.path(), run + " output_dir=one --summary one.json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_ingot(dir_.path(), "launch --nproc-per-node 2 -- '" + ingot_binary().string() + "' " + run +
+                                   " output_dir=two distributed.zero_stage=2 --summary two.json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NEAR(nlohmann::json::parse(slurp(dir_.file("two.json")))["final_loss"].get<double>(),
+                nlohmann::json::parse(slurp(dir_.file("one.json")))["final_loss"].get<double>(), 1e-5)
+        << opt;
+  }
+}
+
 TEST_F(IngotCli, ACompiledLionStepTrainsLikeTheEagerOne) {
   double final_loss[2];
   for (int compiled = 0; compiled < 2; ++compiled) {
