@@ -105,7 +105,7 @@ int DataParallel::world_size() const { return impl_->ctx.group->size(); }
 int DataParallel::zero_stage() const { return static_cast<int>(impl_->run.distributed.zero_stage); }
 const std::string& DataParallel::backend() const { return impl_->backend; }
 
-void DataParallel::wrap(nn::Module& model, const std::vector<Tensor>& params) {
+void DataParallel::wrap(nn::Module& model, const std::vector<Tensor>& params, bool broadcast) {
   Impl& m = *impl_;
   INGOT_INTERNAL_CHECK(!m.ddp && !m.fsdp, "DataParallel::wrap called twice");
   const std::optional<DType> reduce_dtype =
@@ -120,6 +120,7 @@ void DataParallel::wrap(nn::Module& model, const std::vector<Tensor>& params) {
                 "trains ", params.size(), " of its ", all.size(), " parameter tensors (LoRA adapters?); use "
                 "zero_stage 2 or less");
     dist::FsdpOptions o;
+    o.broadcast_parameters = broadcast;
     o.reshard_after_forward = m.run.distributed.reshard_after_forward;
     o.reduce_dtype = reduce_dtype;
     m.fsdp = std::make_unique<dist::FullyShardedDataParallel>(model, m.ctx.group, o);
@@ -138,6 +139,11 @@ void DataParallel::wrap(nn::Module& model, const std::vector<Tensor>& params) {
   INGOT_INTERNAL_CHECK(layout.size() == m.plans.size(), "DataParallel: bucket plan differs from DDP's");
   for (size_t b = 0; b < layout.size(); ++b)
     INGOT_INTERNAL_CHECK(layout[b] == m.plans[b].params, "DataParallel: bucket ", b, " differs from DDP's");
+}
+
+void DataParallel::load_weight_shards(const std::function<void(size_t, int64_t, int64_t, Tensor&)>& read) {
+  INGOT_INTERNAL_CHECK(impl_->fsdp, "load_weight_shards: ZeRO-3 only");
+  impl_->fsdp->load_shards(read);
 }
 
 std::vector<Tensor> DataParallel::optimizer_params() const {

@@ -23,6 +23,7 @@
 // index and the RNG streams advance identically on every rank, so rank 0's state.json is every rank's state.
 #pragma once
 
+#include <functional>
 #include <iosfwd>
 #include <map>
 #include <memory>
@@ -57,8 +58,12 @@ class DataParallel {
   const std::string& backend() const;
 
   // Wraps the trained parameters in DistributedDataParallel, or the whole model in FullyShardedDataParallel
-  // (ZeRO-3: `params` must be all of the model's); rank 0's values are broadcast to every rank.
-  void wrap(nn::Module& model, const std::vector<Tensor>& params);
+  // (ZeRO-3: `params` must be all of the model's); rank 0's values are broadcast to every rank unless
+  // `broadcast` is false (ZeRO-3 whose shards are loaded next: load_weight_shards or load_shards).
+  void wrap(nn::Module& model, const std::vector<Tensor>& params, bool broadcast = true);
+  // ZeRO-3: fills this rank's weight shards from a reader of parameter slices (FullyShardedDataParallel::
+  // load_shards: this rank reads only its slices). Local.
+  void load_weight_shards(const std::function<void(size_t, int64_t, int64_t, Tensor&)>& read);
   // What the optimizer updates: the parameters, or this rank's flat shards under ZeRO-1/2/3.
   std::vector<Tensor> optimizer_params() const;
   // One micro-step's backward: `sync` false accumulates locally (no_sync), true reduces the buckets as they

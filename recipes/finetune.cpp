@@ -212,7 +212,16 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   if (s.epochs > 0) run.lr_schedule_steps = run.max_steps = std::max<int64_t>(1, s.epochs * per_epoch / o.grad_accum);
 
   manual_seed(run.seed);
-  models::HFModel hf = models::load_hf_model(s.model.path, DType::f32);
+  // ZeRO-3 full fine-tuning builds the model without its weights: the training loop fills each rank's shards
+  // with only their slices of the checkpoint (TrainTask::weight_slices), or a resume loads them.
+  const bool shard_wise = !s.lora && run.distributed.zero_stage == 3 && (run.world_size > 1 || run.mpi);
+  models::HFModel hf;
+  if (shard_wise) {
+    hf.config = models::load_hf_config(s.model.path);
+    hf.model = models::make_causal_lm(hf.config);
+  } else {
+    hf = models::load_hf_model(s.model.path, DType::f32);
+  }
   models::CausalLM& model = *hf.model;
   std::vector<std::string> adapted;
   models::QuantizedBase quantized;
@@ -231,6 +240,15 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   TrainTask task;
   task.model = &model;
   task.params = s.lora ? nn::trainable_parameters(model) : model.parameters();
+  if (shard_wise && run.resume_checkpoint.empty()) {
+    // Checked against the model now, before anything is trained or written.
+    auto reader = std::make_shared<models::HFSliceReader>(model, hf.config, s.model.path);
+    std::vector<std::string> names;
+    for (const auto& [name, _] : model.named_parameters()) names.push_back(name);
+    task.weight_slices = TrainTask::WeightSlices{
+        [reader, names](size_t i, int64_t begin, int64_t end, Tensor& dst) { reader->read(names[i], begin, end, dst); },
+        [reader] { return std::make_pair(reader->bytes_read(), reader->total_bytes()); }};
+  }
   task.loss = [&](const MicroBatch& b) { return model.loss(b.inputs, b.targets, b.positions); };
   task.next_batch = [&] {
     datasets::Batch b = loader->next();

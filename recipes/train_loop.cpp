@@ -149,12 +149,13 @@ int64_t count_elements(const std::vector<Tensor>& ts) {
 
 // The validation loss in eval mode without gradients; under data parallel the ranks split it
 // (task.evaluate_shard) or each evaluates its own rows and the means are averaged. The model is back in
-// training mode afterwards.
+// training mode afterwards. Under ZeRO-3 every forward is collective (each unit is gathered), so the ranks
+// cannot split an evaluation whose share differs between them: each runs the whole of it.
 double evaluate(TrainTask& task, DataParallel* dp) {
   NoGradGuard no_grad;
   task.model->eval();
   double v = 0;
-  if (dp && task.evaluate_shard) {
+  if (dp && task.evaluate_shard && dp->zero_stage() != 3) {
     const auto [total, weight] = task.evaluate_shard(dp->rank(), dp->world_size());
     const std::vector<double> sums = dp->sum(std::vector<double>{total, weight});
     v = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
@@ -241,7 +242,29 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     full_opt_state = stand_in->state_dict();
     if (m) full_masters = m->master();
   }
-  if (dp) dp->wrap(model, task.params);
+  // Shard-wise weights (TrainTask::weight_slices) on a fresh start: ZeRO-3 ranks read their shards' slices after
+  // wrapping (nothing to broadcast); anything else reads every parameter whole before.
+  const bool load_slices = task.weight_slices && run.resume_checkpoint.empty();
+  const bool slices_into_shards = load_slices && dp && dp->zero_stage() == 3;
+  if (load_slices && !slices_into_shards) {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < task.params.size(); ++i) {
+      Tensor dst = task.params[i].as_strided({task.params[i].numel()}, {1}, task.params[i].offset());
+      task.weight_slices->read(i, 0, task.params[i].numel(), dst);
+    }
+  }
+  if (dp) dp->wrap(model, task.params, /*broadcast=*/!slices_into_shards);
+  if (slices_into_shards) dp->load_weight_shards(task.weight_slices->read);
+  std::string load_note;
+  if (load_slices) {
+    const auto [got, total] = task.weight_slices->bytes();
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "loading | %s read %llu of the weights' %llu bytes (%.1f%%)%s\n",
+                  dp ? "rank 0" : "this process", static_cast<unsigned long long>(got),
+                  static_cast<unsigned long long>(total), total ? 100.0 * static_cast<double>(got) / total : 0.0,
+                  slices_into_shards ? ": the slices of its shards only" : "");
+    load_note = buf;
+  }
   std::vector<Tensor> trained = dp ? dp->optimizer_params() : task.params;
   std::unique_ptr<optim::MasterWeights> masters;
   std::vector<Tensor> opt_params = trained;
@@ -296,7 +319,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   }
   const int64_t start_step = st.step;
 
-  log << task.header << "\n";
+  log << task.header << "\n" << load_note;
   if (!run.resume_checkpoint.empty())
     log << "resume | " << run.resume_reason << ": continuing after step " << st.step << " from "
         << run.resume_checkpoint << "\n";

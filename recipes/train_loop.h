@@ -113,6 +113,16 @@ struct TrainTask {
   // Writes the recipe's final artifacts (weights are f32 again when the run kept bf16 masters) and returns
   // their paths; they go into the summary's `checkpoints`.
   std::function<std::vector<std::string>()> save_final;
+  // Shard-wise weight loading (ZeRO-3 fine-tuning, models::HFSliceReader): when set, the recipe built the model
+  // without its weights and the loop fills them before the first step of a fresh run (a resume loads the
+  // checkpoint instead): each rank only its shards' slices, or every parameter whole without data parallelism.
+  // read(i, begin, end, dst) puts elements [begin, end) of parameter i's (task.params order) flattened value
+  // into dst; bytes() says how many bytes this process read and how many the whole weights take.
+  struct WeightSlices {
+    std::function<void(size_t param, int64_t begin, int64_t end, Tensor& dst)> read;
+    std::function<std::pair<uint64_t, uint64_t>()> bytes;
+  };
+  std::optional<WeightSlices> weight_slices;
   // Stops after this many completed steps as if the process had died there (no final eval, artifacts or
   // summary; checkpoints already written stay). 0: off. Tests use it to check exact resume.
   int64_t halt_after_steps = 0;

@@ -363,5 +363,38 @@ TEST_F(ShardedRun, AMissingOrCorruptShardFileStopsTheRunNamingItAndNothingIsOver
   EXPECT_EQ(tree_sums(path("z3")), before) << "a failed resume changed the run directory";
 }
 
+// Full fine-tuning at stage 3 builds the model without weights and each rank preads only its shards' slices of
+// the HF checkpoint (models::HFSliceReader; half of the bytes on 2 ranks), training like one process (1e-5);
+// resuming its sharded checkpoint reads no HF weights and continues bitwise.
+TEST_F(ShardedRun, ZeroThreeFullFinetuneReadsOnlyItsSlicesOfTheHfCheckpointAndTrainsLikeOneProcess) {
+  const std::string src = INGOT_SOURCE_DIR;
+  const std::string cfg = "'" + src + "/configs/llama_full_finetune.yaml' device=cpu max_steps=4 train.log_every=1 "
+                          "model.path=" + src + "/tests/fixtures/hf/llama3_tiny tokenizer.path=" + src +
+                          "/tests/fixtures/data/tokenizer data.path=" + src + "/tests/fixtures/data/kjv_instruct.jsonl "
+                          "logging.plot=false train.eval_every=0 checkpoint.save_every=2 checkpoint.keep_last=0";
+  Result one = sh("\"$INGOT\" run " + cfg + " output_dir=one");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_EQ(one.output.find("loading |"), std::string::npos) << one.output;
+  Result z3 = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" run " + cfg +
+                 " output_dir=z3 distributed.zero_stage=3");
+  ASSERT_EQ(z3.exit_code, 0) << z3.output;
+  EXPECT_NE(z3.output.find("loading | rank 0 read "), std::string::npos) << z3.output;
+  EXPECT_NE(z3.output.find("bytes (50.0%): the slices of its shards only"), std::string::npos) << z3.output;
+  expect_losses(train_losses(path("z3/metrics.jsonl")), train_losses(path("one/metrics.jsonl")), 1e-5,
+                "ZeRO-3 full fine-tune on 2 ranks vs 1 process");
+  const double v1 = nlohmann::json::parse(slurp(path("one/summary.json")))["val_loss"].get<double>();
+  const double v3 = nlohmann::json::parse(slurp(path("z3/summary.json")))["val_loss"].get<double>();
+  EXPECT_NEAR(v3, v1, 1e-5 * v1);
+  EXPECT_TRUE(fs::exists(path("z3/hf/config.json")));
+
+  Result resumed = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" run " + cfg +
+                      " output_dir=resumed distributed.zero_stage=3 resume_from=" +
+                      path("z3/checkpoints/step_00000002"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(resumed.output.find("loading |"), std::string::npos) << "a resume reads the checkpoint only";
+  expect_losses(train_losses(path("resumed/metrics.jsonl")), after(train_losses(path("z3/metrics.jsonl")), 2), 0,
+                "resumed on the same 2 ranks");
+}
+
 }  // namespace
 }  // namespace ingot::recipes
