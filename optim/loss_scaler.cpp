@@ -10,8 +10,8 @@ LossScaler::LossScaler(LossScalerOptions opts) : opts_(opts), scale_(opts.init_s
   INGOT_CHECK(opts.init_scale > 0 && opts.growth_factor > 1 && opts.backoff_factor > 0 && opts.backoff_factor < 1 &&
                   opts.growth_interval >= 1,
               "LossScaler: expected init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and growth_interval "
-              ">= 1, got ", opts.init_scale, ", ", opts.growth_factor, ", ", opts.backoff_factor, ", ",
-              opts.growth_interval);
+              ">= 1, got ",
+              opts.init_scale, ", ", opts.growth_factor, ", ", opts.backoff_factor, ", ", opts.growth_interval);
 }
 
 bool LossScaler::update(bool finite) {

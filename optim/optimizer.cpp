@@ -84,17 +84,21 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
 
 std::unique_ptr<Optimizer> make_optimizer(std::vector<Tensor> params, const OptimizerSpec& spec) {
   if (spec.name == "adamw")
-    return std::make_unique<AdamW>(std::move(params), AdamWOptions{.lr = spec.lr, .beta1 = spec.beta1, .beta2 = spec.beta2,
-                                                                   .eps = spec.eps, .weight_decay = spec.weight_decay});
+    return std::make_unique<AdamW>(std::move(params), AdamWOptions{.lr = spec.lr,
+                                                                   .beta1 = spec.beta1,
+                                                                   .beta2 = spec.beta2,
+                                                                   .eps = spec.eps,
+                                                                   .weight_decay = spec.weight_decay});
   if (spec.name == "sgd")
-    return std::make_unique<SGD>(std::move(params), SGDOptions{.lr = spec.lr, .momentum = spec.momentum,
-                                                               .weight_decay = spec.weight_decay,
-                                                               .nesterov = spec.nesterov});
+    return std::make_unique<SGD>(
+        std::move(params),
+        SGDOptions{
+            .lr = spec.lr, .momentum = spec.momentum, .weight_decay = spec.weight_decay, .nesterov = spec.nesterov});
   if (spec.name == "lion")
-    return std::make_unique<Lion>(std::move(params), LionOptions{.lr = spec.lr, .beta1 = spec.beta1,
-                                                                 .beta2 = spec.beta2, .weight_decay = spec.weight_decay});
-  INGOT_CHECK(false, "unknown optimizer '", spec.name, "' (expected adamw, sgd or lion)");
-  return nullptr;
+    return std::make_unique<Lion>(
+        std::move(params),
+        LionOptions{.lr = spec.lr, .beta1 = spec.beta1, .beta2 = spec.beta2, .weight_decay = spec.weight_decay});
+  INGOT_FAIL("unknown optimizer '", spec.name, "' (expected adamw, sgd or lion)");
 }
 
 }  // namespace ingot::optim

@@ -93,7 +93,8 @@ EvalResult run_task(const EvalSettings& s, std::ostream& log) {
   } else {
     std::vector<int64_t> eos(s.model.config.eos_token_ids.begin(), s.model.config.eos_token_ids.end());
     if (tok.eos_id()) eos.push_back(*tok.eos_id());
-    const MatchScore m = score_exact_match(*hf.model, tok, read_match_items(s.data.path), s.device, s.max_new_tokens, eos);
+    const MatchScore m =
+        score_exact_match(*hf.model, tok, read_match_items(s.data.path), s.device, s.max_new_tokens, eos);
     r.exact_match = m.exact_match;
     r.items = m.prompts;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

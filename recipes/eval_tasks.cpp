@@ -101,7 +101,8 @@ ChoiceScore score_choices(models::CausalLM& model, const Tokenizer& tok, const s
       std::vector<int64_t> in(ids.begin(), ids.end()), targets(ids.size(), kIgnore);
       for (size_t t = start; t < ids.size(); ++t) targets[t - 1] = ids[t];
       const double n = static_cast<double>(ids.size() - start);
-      const double loss = model.loss(from_vector_i64(in, {1, T}, device), from_vector_i64(targets, {1, T}, device)).item();
+      const double loss =
+          model.loss(from_vector_i64(in, {1, T}, device), from_vector_i64(targets, {1, T}, device)).item();
       ll.push_back(-loss * n);
       ll_norm.push_back(-loss * n / static_cast<double>(std::max<size_t>(1, choice.size())));
     }

@@ -36,8 +36,8 @@ std::vector<MatchItem> read_match_items(const std::string& path);
 struct ChoiceScore {
   double accuracy = 0, accuracy_norm = 0;
   int64_t questions = 0;
-  std::vector<int64_t> predicted;             // the best choice of each question (acc)
-  std::vector<std::vector<double>> loglik;    // per question, per choice: summed log-probability of its tokens
+  std::vector<int64_t> predicted;           // the best choice of each question (acc)
+  std::vector<std::vector<double>> loglik;  // per question, per choice: summed log-probability of its tokens
 };
 ChoiceScore score_choices(models::CausalLM& model, const Tokenizer& tok, const std::vector<ChoiceItem>& items,
                           Device device);

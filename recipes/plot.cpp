@@ -168,11 +168,12 @@ void draw_panel(cairo_t* cr, const PlotPanel& panel, const Range& xr, int left, 
 
 cairo_status_t write_to_file(void* closure, const unsigned char* data, unsigned int length) {
   return std::fwrite(data, 1, length, static_cast<std::FILE*>(closure)) == length ? CAIRO_STATUS_SUCCESS
-                                                                                    : CAIRO_STATUS_WRITE_ERROR;
+                                                                                  : CAIRO_STATUS_WRITE_ERROR;
 }
 
 // An exponential moving average with a span of ~2% of the run shows the trend under the per-step noise.
-PlotSeries smoothed(const std::vector<std::pair<double, double>>& points, const std::string& name, const uint8_t rgb[3]) {
+PlotSeries smoothed(const std::vector<std::pair<double, double>>& points, const std::string& name,
+                    const uint8_t rgb[3]) {
   PlotSeries s{name, {}, {rgb[0], rgb[1], rgb[2]}};
   const double alpha = std::min(1.0, 2.0 / (1.0 + std::max(1.0, 0.02 * static_cast<double>(points.size()))));
   double ema = points.empty() ? 0 : points[0].second;
@@ -246,8 +247,8 @@ void write_plot_png(const std::string& path, const std::string& title, const std
       cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height), cairo_surface_destroy);
   std::unique_ptr<cairo_t, void (*)(cairo_t*)> owner(cairo_create(surface.get()), cairo_destroy);
   cairo_t* cr = owner.get();
-  INGOT_CHECK(cairo_status(cr) == CAIRO_STATUS_SUCCESS, "write_plot_png '", path, "': cairo: ",
-              cairo_status_to_string(cairo_status(cr)));
+  INGOT_CHECK(cairo_status(cr) == CAIRO_STATUS_SUCCESS, "write_plot_png '", path,
+              "': cairo: ", cairo_status_to_string(cairo_status(cr)));
   cairo_set_source_rgb(cr, 1, 1, 1);
   cairo_paint(cr);
   cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
@@ -301,8 +302,8 @@ void plot_metrics_file(const std::string& metrics_path, const std::string& png_p
 
 void plot_runs(const std::vector<PlotRun>& runs, const std::string& png_path) {
   // matplotlib's tab10 colours.
-  static const uint8_t kColors[][3] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44},  {214, 39, 40},
-                                       {148, 103, 189}, {140, 86, 75}, {227, 119, 194}, {127, 127, 127},
+  static const uint8_t kColors[][3] = {{31, 119, 180},  {255, 127, 14}, {44, 160, 44},   {214, 39, 40},
+                                       {148, 103, 189}, {140, 86, 75},  {227, 119, 194}, {127, 127, 127},
                                        {188, 189, 34},  {23, 190, 207}};
   PlotPanel loss{"loss (smoothed; dots: val)", kLossHeight, {}}, lr{"learning rate", kLrHeight, {}};
   for (size_t i = 0; i < runs.size(); ++i) {

@@ -50,11 +50,14 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
   s.add(K::of(T::String, "train.lr_schedule", d.lr_schedule, "decay after warm-up")
             .one_of({"cosine", "linear", "constant"}));
   s.add(K::of(T::Float, "train.weight_decay", d.weight_decay,
-              "weight decay: decoupled for adamw and lion, added to the gradient for sgd").at_least(0));
+              "weight decay: decoupled for adamw and lion, added to the gradient for sgd")
+            .at_least(0));
   s.add(K::of(T::Float, "train.beta1", "0.9", "adamw: beta1; lion: the interpolation that gives the update's sign")
             .at_least(0)
             .at_most(0.999999));
-  s.add(K::of(T::Float, "train.beta2", d.beta2, "adamw: beta2; lion: the momentum's decay").at_least(0).at_most(0.999999));
+  s.add(K::of(T::Float, "train.beta2", d.beta2, "adamw: beta2; lion: the momentum's decay")
+            .at_least(0)
+            .at_most(0.999999));
   s.add(K::of(T::String, "optimizer.name", "adamw",
               "the update rule: adamw, sgd (torch.optim.SGD, optimizer.momentum) or lion (Chen et al. 2023; try a "
               "train.lr 3-10x below AdamW's)")

@@ -102,8 +102,7 @@ and an earlier run's checkpoints in output_dir; that output_dir, its checkpoints
 written) without running anything, and prints ALL problems at once, each with file:line:column and the key
 path.)",
        "Exit status: 0 valid, 2 invalid.\n"},
-      {"explain", "CONFIG [key=value ...] [~key ...] [--steps N]",
-       "what the compiler does with the training step",
+      {"explain", "CONFIG [key=value ...] [~key ...] [--steps N]", "what the compiler does with the training step",
        R"(Compiles the training step of a pretrain / full_finetune / lora_finetune config and reports what the compiler
 did: graphs and graph breaks (reason and source line), ops before and after the passes, fusion groups,
 kernels generated and reused, launches per step against eager's op count, recompiles with their reasons,
@@ -259,7 +258,8 @@ std::unique_ptr<CLI::App> make_cli(Args& a) {
   CLI::App* run = command("run");
   config_args(run);
   run->add_option("--summary", a.summary, "also write the run's summary JSON to PATH (atomically, when the run ends)")
-      ->type_name("PATH")->option_text("PATH");
+      ->type_name("PATH")
+      ->option_text("PATH");
   command("ls");
   CLI::App* cat = command("cat");
   cat->add_option("CONFIG", a.config, "a config file or a built-in config name")->option_text(" ");
@@ -270,16 +270,18 @@ std::unique_ptr<CLI::App> make_cli(Args& a) {
   CLI::App* validate = command("validate");
   config_args(validate);
   validate->add_option("--summary", a.summary, "check that the summary PATH `ingot run` would write can be written")
-      ->type_name("PATH")->option_text("PATH");
+      ->type_name("PATH")
+      ->option_text("PATH");
   CLI::App* explain = command("explain");
   config_args(explain);
   explain->add_option("--steps", a.steps, "training steps to run (default 2: one traces and compiles, one runs)")
-      ->type_name("N")->option_text("N");
+      ->type_name("N")
+      ->option_text("N");
   CLI::App* plot = command("plot");
-  plot->add_option("RUN_DIR", a.paths, "a run's output_dir (holding metrics.jsonl); several overlay")
-      ->option_text(" ");
+  plot->add_option("RUN_DIR", a.paths, "a run's output_dir (holding metrics.jsonl); several overlay")->option_text(" ");
   plot->add_option("--out", a.out, "the PNG to write (default RUN_DIR/loss.png; required with several RUN_DIRs)")
-      ->type_name("PATH")->option_text("PATH");
+      ->type_name("PATH")
+      ->option_text("PATH");
   return app;
 }
 
@@ -367,7 +369,8 @@ int cp_command(const Args& a) {
   std::string src = rc::resolve_config_argument(a.paths[0]);
   fs::path dst = a.paths[1];
   if (fs::is_directory(dst)) dst /= fs::path(src).filename();
-  if (fs::exists(dst) && !a.force) throw UsageError("'" + dst.string() + "' exists; pass --force to overwrite it", "cp");
+  if (fs::exists(dst) && !a.force)
+    throw UsageError("'" + dst.string() + "' exists; pass --force to overwrite it", "cp");
   std::string text = ingot::read_file(src);
   ingot::write_file_atomic(dst.string(), [&](std::FILE* f) { ingot::write_bytes(f, text.data(), text.size()); });
   std::cout << "copied " << src << " -> " << dst.string() << "\n";
@@ -401,13 +404,16 @@ int explain_command(const Args& a) {
     const rc::Recipe* recipe = nullptr;
     rc::load_and_check(path, a.edits, &recipe);  // the user's config, as given, must be valid first
     if (recipe->name != "pretrain" && recipe->name != "full_finetune" && recipe->name != "lora_finetune")
-      throw UsageError("recipe '" + recipe->name + "' has no training step to compile (explain takes pretrain, "
-                       "full_finetune or lora_finetune configs)", "explain");
+      throw UsageError("recipe '" + recipe->name +
+                           "' has no training step to compile (explain takes pretrain, "
+                           "full_finetune or lora_finetune configs)",
+                       "explain");
   }
   ingot::TempDir scratch("ingot-explain-");
   std::vector<std::string> edits = a.edits;
-  for (std::string e : {std::string("compile.enabled=true"), "max_steps=" + std::to_string(steps),
-                        "output_dir=" + scratch.file("run"), std::string("resume=false"), std::string("resume_from=''")})
+  for (std::string e :
+       {std::string("compile.enabled=true"), "max_steps=" + std::to_string(steps), "output_dir=" + scratch.file("run"),
+        std::string("resume=false"), std::string("resume_from=''")})
     edits.push_back(e);
   const rc::Recipe* recipe = nullptr;
   rc::Config cfg = rc::load_and_check(path, edits, &recipe);
@@ -432,8 +438,10 @@ int plot_command(const Args& a) {
     runs.push_back({name, metrics.string()});
   }
   const std::string out = a.out.empty() ? (fs::path(a.paths[0]) / "loss.png").string() : a.out;
-  if (runs.size() == 1) rc::plot_metrics_file(runs[0].metrics_path, out, runs[0].name);
-  else rc::plot_runs(runs, out);
+  if (runs.size() == 1)
+    rc::plot_metrics_file(runs[0].metrics_path, out, runs[0].name);
+  else
+    rc::plot_runs(runs, out);
   std::cout << "wrote " << out << "\n";
   return 0;
 }

@@ -22,7 +22,8 @@ constexpr const char* kModel = "tests/fixtures/hf/llama_tiny";
 Config task_config(const std::string& task, const std::string& data) {
   Config c = Config::parse("recipe: eval\ndevice: cpu\nmodel: {path: " + std::string(kModel) +
                                "}\ntokenizer: {path: tests/fixtures/data/tokenizer}\n"
-                               "data: {path: " + data + "}\neval: {task: " + task + ", max_new_tokens: 6}\n",
+                               "data: {path: " +
+                               data + "}\neval: {task: " + task + ", max_new_tokens: 6}\n",
                            "eval.yaml");
   c.validate(eval_schema());
   return c;
@@ -66,11 +67,13 @@ TEST(EvalTasks, MultipleChoiceScoresEachChoiceByItsLogLikelihoodAndCountsTheBest
                                     ctx.size()));
     const int64_t best = std::max_element(ll.begin(), ll.end()) - ll.begin();
     items[q].answer = q < 2 ? best : (best + 1) % 3;
-    std::string line = nlohmann::json{{"question", items[q].question}, {"choices", items[q].choices},
-                                      {"answer", items[q].answer}}.dump();
+    std::string line =
+        nlohmann::json{{"question", items[q].question}, {"choices", items[q].choices}, {"answer", items[q].answer}}
+            .dump();
     std::ofstream(dir.file("mc.jsonl"), std::ios::app) << line << "\n";
     const ChoiceScore one = score_choices(*hf.model, tok, {items[q]}, Device::cpu());
-    for (size_t c = 0; c < ll.size(); ++c) EXPECT_NEAR(one.loglik[0][c], ll[c], 1e-4 * std::abs(ll[c])) << q << " " << c;
+    for (size_t c = 0; c < ll.size(); ++c)
+      EXPECT_NEAR(one.loglik[0][c], ll[c], 1e-4 * std::abs(ll[c])) << q << " " << c;
   }
   std::ostringstream log;
   const EvalResult r = run_eval(resolve_eval(task_config("multiple_choice", dir.file("mc.jsonl"))), log);
@@ -91,9 +94,9 @@ TEST(EvalTasks, ExactMatchComparesTheFirstLineOfAGreedyCompletion) {
   if (tok.eos_id()) opts.eos_token_ids.push_back(*tok.eos_id());
   for (int64_t e : hf.config.eos_token_ids) opts.eos_token_ids.push_back(e);
   const std::vector<double> out =
-      models::generate(*hf.model, from_vector_i64(std::vector<int64_t>(ids.begin(), ids.end()),
-                                                  {1, static_cast<int64_t>(ids.size())}),
-                       opts)
+      models::generate(
+          *hf.model,
+          from_vector_i64(std::vector<int64_t>(ids.begin(), ids.end()), {1, static_cast<int64_t>(ids.size())}), opts)
           .to_vector();
   std::vector<int32_t> fresh;
   for (size_t i = ids.size(); i < out.size(); ++i) fresh.push_back(static_cast<int32_t>(out[i]));
@@ -113,8 +116,10 @@ TEST(EvalTasks, ExactMatchComparesTheFirstLineOfAGreedyCompletion) {
 
 TEST(EvalTasks, AMalformedLineIsAConfigErrorNamingTheFileAndLine) {
   TempDir dir("ingot_eval_tasks");
-  std::ofstream(dir.file("mc.jsonl")) << R"({"question": "q", "choices": ["a", "b"], "answer": 1})" << "\n\n"
-                                      << R"({"question": "q", "choices": ["a", "b"], "answer": 2})" << "\n";
+  std::ofstream(dir.file("mc.jsonl")) << R"({"question": "q", "choices": ["a", "b"], "answer": 1})"
+                                      << "\n\n"
+                                      << R"({"question": "q", "choices": ["a", "b"], "answer": 2})"
+                                      << "\n";
   try {
     resolve_eval(task_config("multiple_choice", dir.file("mc.jsonl")));
     FAIL() << "expected a ConfigError";
@@ -125,7 +130,8 @@ TEST(EvalTasks, AMalformedLineIsAConfigErrorNamingTheFileAndLine) {
               std::string::npos)
         << e.what();
   }
-  std::ofstream(dir.file("em.jsonl")) << R"({"prompt": "p"})" << "\n";
+  std::ofstream(dir.file("em.jsonl")) << R"({"prompt": "p"})"
+                                      << "\n";
   try {
     resolve_eval(task_config("exact_match", dir.file("em.jsonl")));
     FAIL() << "expected a ConfigError";

@@ -166,7 +166,8 @@ std::vector<int> axis_rows(const Image& img) {
 int count_color(const Image& img, int y0, int y1, const uint8_t (&c)[3]) {
   int n = 0;
   for (int y = y0; y < y1; ++y)
-    for (int x = 0; x < img.width - 150; ++x) n += img.at(x, y)[0] == c[0] && img.at(x, y)[1] == c[1] && img.at(x, y)[2] == c[2];
+    for (int x = 0; x < img.width - 150; ++x)
+      n += img.at(x, y)[0] == c[0] && img.at(x, y)[1] == c[1] && img.at(x, y)[2] == c[2];
   return n;
 }
 
@@ -201,7 +202,8 @@ TEST(Plot, TheLearningRateGetsAPanelBelowTheLoss) {
 TEST(Plot, SeveralRunsOverlayInOneColourEach) {
   TempDir dir("ingot_plot_test");
   write_text(dir.file("a.jsonl"), metrics_with_lr(50, 3e-4, 5.0));
-  write_text(dir.file("b.jsonl"), metrics_with_lr(80, 1e-3, 4.0) + "{\"kind\":\"eval\",\"step\":80,\"val_loss\":0.6}\n");
+  write_text(dir.file("b.jsonl"),
+             metrics_with_lr(80, 1e-3, 4.0) + "{\"kind\":\"eval\",\"step\":80,\"val_loss\":0.6}\n");
   plot_runs({{"a", dir.file("a.jsonl")}, {"b", dir.file("b.jsonl")}}, dir.file("both.png"));
   Image img = read_png(dir.file("both.png"));
   const std::vector<int> axes = axis_rows(img);

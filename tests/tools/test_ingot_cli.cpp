@@ -399,7 +399,8 @@ TEST_F(IngotCli, EveryCommandHasHelpNamingEachOfItsOptions) {
       Result r = run_ingot(dir_.path(), cmd + " " + help);
       EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
       EXPECT_EQ(r.output.rfind("Usage: ingot " + cmd, 0), 0u) << r.output;
-      for (const std::string& o : opts) EXPECT_NE(r.output.find("  " + o + " "), std::string::npos) << cmd << ": " << o << "\n" << r.output;
+      for (const std::string& o : opts)
+        EXPECT_NE(r.output.find("  " + o + " "), std::string::npos) << cmd << ": " << o << "\n" << r.output;
     }
   }
   EXPECT_NE(main_help.output.find("  ingot launch [options] -- COMMAND [ARGS ...]"), std::string::npos);
@@ -466,7 +467,8 @@ TEST_F(IngotCli, AValidationSplitShorterThanOneBlockIsFoundByValidateNamingTheKe
 TEST_F(IngotCli, OptimizersAreChosenInTheConfigAndTheirKeysChecked) {
   for (const char* opt : {"optimizer.name=sgd optimizer.momentum=0.9 optimizer.nesterov=true train.lr=0.1",
                           "optimizer.name=lion train.lr=1e-3"}) {
-    Result r = run_ingot(dir_.path(), std::string("run tiny.yaml max_steps=3 overwrite_output_dir=true --summary s.json ") + opt);
+    Result r = run_ingot(dir_.path(),
+                         std::string("run tiny.yaml max_steps=3 overwrite_output_dir=true --summary s.json ") + opt);
     ASSERT_EQ(r.exit_code, 0) << opt << "\n" << r.output;
     nlohmann::json s = nlohmann::json::parse(slurp(dir_.file("s.json")));
     EXPECT_LT(s["final_loss"].get<double>(), s["first_loss"].get<double>()) << opt;
