@@ -20,7 +20,8 @@
 //
 // Writing follows recipes/checkpoint.h's multi-writer commit: rank 0 opens the shared temp directory, every
 // rank writes and fsyncs its files, the ranks exchange sizes and checksums, then rank 0 writes index.json,
-// state.json and manifest.json and renames the directory. Reading checks every listed file's size at open and a
+// state.json and manifest.json and renames the directory. Every rank writes into that one directory, so a job
+// spanning several hosts needs output_dir on a filesystem they share. Reading checks every listed file's size at open and a
 // file's SHA-256 before its first use, so a missing or changed shard file is an error naming it.
 #pragma once
 
