@@ -100,6 +100,10 @@ TEST_F(QLoRAFinetune, ResumesFromACheckpointBitwise) {
   std::vector<std::string> split = common;
   split.push_back("checkpoint.save_every=4");
   run(config("split", split), /*halt=*/6);
+  // The checkpoint holds the adapters and the dense parts; the NF4 projections are requantized on resume.
+  SafetensorsFile ckpt = SafetensorsFile::open(dir_.file("split/checkpoints/step_00000004/model.safetensors"));
+  EXPECT_EQ(ckpt.get("model.layers.0.mlp.up_proj.weight").numel(), 0);
+  EXPECT_EQ(ckpt.get("model.embed_tokens.weight").numel(), 512 * 64);
   split.push_back("resume=true");
   const TrainSummary r = run(config("split", split));
   EXPECT_EQ(r.resumed_from_step, 4);
