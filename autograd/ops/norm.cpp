@@ -174,7 +174,7 @@ class NormBwdPrim final : public Primitive, public KernelLowering {
       if (centered_) d = k.binary(Op::Sub, gw, k.binary(Op::Mul, k.reduce(Op::ReduceSum, gw), inv_c));
       const int mean_gx = k.binary(Op::Mul, k.reduce(Op::ReduceSum, k.binary(Op::Mul, gw, xhat)), inv_c);
       rs.push_back(k.binary(Op::Mul, rstd, k.binary(Op::Sub, d, k.binary(Op::Mul, xhat, mean_gx))));
-      // dw, db from the same values (Note [Column sums in row reductions], render_cuda.cpp).
+      // dw, db from the same values (Note [Column sums in row reductions], render_cuda_rows.cpp).
       if (dw_) rs.push_back(k.column_sum(k.binary(Op::Mul, dy, xhat)));
       if (db_) rs.push_back(k.column_sum(dy));
     } else {  // the reduced dim is every row

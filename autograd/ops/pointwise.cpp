@@ -294,8 +294,8 @@ class EagerFormula final : public LowerContext {
   bool row_reduction() const override { return false; }
   int64_t reduced_size() const override { return 0; }
   [[noreturn]] void unsupported(const std::string& why) override {
-    detail::throw_error(__FILE__, __LINE__, "eager formula of a pointwise op: " + why + " (please report this ingot bug)",
-                        true);
+    detail::throw_error(__FILE__, __LINE__,
+                        "eager formula of a pointwise op: " + why + " (please report this ingot bug)", true);
   }
 
   // The value of node `id` over the output's shape (a broadcast constant for constants).

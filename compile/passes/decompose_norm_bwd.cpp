@@ -28,7 +28,7 @@
 
 namespace ingot::compiler::passes {
 
-// Note [Column sums in row reductions] (compile/codegen/cuda/render_cuda.cpp): on CUDA the dx kernel also sums
+// Note [Column sums in row reductions] (compile/codegen/cuda/render_cuda_rows.cpp): on CUDA the dx kernel also sums
 // dw and db, so the node stays whole when at least kMinWarps warps' shared rows fit the 48 KB of a block. Each
 // warp holds one padded row per sum (cols + cols / width + 1 floats, render_cuda.h's column_sum_row; 1.25 x cols
 // at worst, for f32 vectors). Measured faster than the split: GPT-2's 768 columns with dw and db (7 warps per

@@ -278,7 +278,7 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
   const int64_t cols = eval(abi.dims.back(), syms);
   if (rows == 0) return;
   if (abi.column_sums > 0) {
-    // Note [Column sums in row reductions] (render_cuda.cpp): the _warp function with each warp's shared rows,
+    // Note [Column sums in row reductions] (render_cuda_rows.cpp): the _warp function with each warp's shared rows,
     // at most kColumnSumBlocksPerSM blocks per SM so that the per-block partials stay small (GPT-2's 768
     // columns: 528 blocks of 8 warps on an H100 is 3.2 MB for dw and db), then _colfin over the columns.
     constexpr int kColumnSumBlocksPerSM = 4;

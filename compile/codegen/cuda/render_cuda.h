@@ -56,7 +56,7 @@ struct LaunchConfig {
 };
 
 // Note [Warp-per-row launch bounds]: a row reduction's _warp function that keeps its rows in registers (Note [Rows
-// kept in registers], render_cuda.cpp) is built for blocks of at most kWarpRowMaxThreads threads, two blocks per
+// kept in registers], render_cuda_rows.cpp) is built for blocks of at most kWarpRowMaxThreads threads, two blocks per
 // SM at least, so each thread may have up to 128 registers; every other function is built for 1024 threads (64
 // registers). A layer norm forward of 768 columns (f32 residual + bf16 delta) with its row in registers, built
 // for 1024 threads, spilled and ran 62-65 us on an H200 where the same code built for 128-256 threads ran 41 us
@@ -81,7 +81,7 @@ struct KernelAbi {
   // reductions. Its workspace (the parameter struct's last slot) holds kSplitCounterBytes of tile counters,
   // zero between launches, then split_reductions * splits * rows slots of 8 bytes.
   int split_reductions = 0;
-  // RowReduction with column sums (Note [Column sums in row reductions] in render_cuda.cpp): how many. Only
+  // RowReduction with column sums (Note [Column sums in row reductions] in render_cuda_rows.cpp): how many. Only
   // the _warp function exists (functions[0]) and <symbol>_colfin (functions[4]) adds the blocks' partials; the
   // _warp launch takes column_sums * warps * column_sum_row(cols, vector_width) floats of dynamic shared
   // memory and a workspace of
