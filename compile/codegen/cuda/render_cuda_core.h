@@ -35,6 +35,19 @@ class Renderer {
   RenderedKernel run();
 
  private:
+  // kWarp: one warp per row; kBlock: one block per row; kColumns: threadIdx.x picks the row (consecutive
+  // lanes, consecutive rows), threadIdx.y splits its columns, partials combined through shared memory.
+  enum Variant { kWarp, kBlock, kColumns, kColumnsSplit };
+  // What a row-reduction function is, decided before any of it is printed (plan_row, render_cuda_rows.cpp) and
+  // read by every helper that prints part of it; the default plan outside row reductions.
+  struct RowPlan {
+    Variant variant = kWarp;
+    bool columns = false;      // kColumns / kColumnsSplit: threadIdx.x picks the row
+    bool unroll = false;       // the row kept in registers (Note [Rows kept in registers])
+    std::vector<bool> cached;  // per buffer: its row is in rb<i>
+    int chunks = 0;            // vectors of the row per lane when unroll
+  };
+
   void line(const std::string& s) { os_ << std::string(2 * indent_, ' ') << s << '\n'; }
   void open(const std::string& s);
   void close(const std::string& s = "}");
@@ -86,7 +99,7 @@ class Renderer {
     const std::string V = std::to_string(vec_);
     for (int i : bufs) {
       const std::string at = b(i) + " + " + base + std::to_string(i) + (off.empty() ? "" : " + " + off);
-      if (unroll_row_ && row_cached_[static_cast<size_t>(i)]) {  // Note [Rows kept in registers]
+      if (row_.unroll && row_.cached[static_cast<size_t>(i)]) {  // Note [Rows kept in registers]
         acc_[i] = "rb" + std::to_string(i) + "[k][j]";
         continue;
       }
@@ -117,9 +130,7 @@ class Renderer {
   std::string col_stride(size_t i) const;
   void point_row();
   bool prefer_columns() const;
-  // kWarp: one warp per row; kBlock: one block per row; kColumns: threadIdx.x picks the row (consecutive
-  // lanes, consecutive rows), threadIdx.y splits its columns, partials combined through shared memory.
-  enum Variant { kWarp, kBlock, kColumns, kColumnsSplit };
+  RowPlan plan_row(Variant variant) const;
   void row_reduction(Variant variant);
   void open_row_chunks();
   void load_row();
@@ -139,10 +150,7 @@ class Renderer {
   std::vector<std::string> acc_, idx_;
   std::string I_ = "long long";
   int vec_ = 1;
-  bool columns_ = false;  // rendering the kColumns variant of a row reduction
-  bool unroll_row_ = false;  // Note [Rows kept in registers]
-  std::vector<bool> row_cached_;  // per buffer: its row is in rb<i> (Note [Rows kept in registers])
-  int row_chunks_ = 0;            // vectors of the row per lane when unroll_row_
+  RowPlan row_;  // the row-reduction function being printed (default: none)
   std::string col_begin_, col_end_;  // kColumnsSplit: this block's column range (empty: every column)
 };
 

@@ -20,13 +20,13 @@ void Renderer::column_loop(const std::vector<int>& closure, const std::vector<St
       if (used_[i]) acc_[i] = b(static_cast<int>(i)) + "[r" + std::to_string(i) + (element_buffer(i) ? " + c" + col_stride(i) : "") + "]";
     idx_[L] = "c";
   };
-  const bool vector = vec_ > 1 && !columns_;
+  const bool vector = vec_ > 1 && !row_.columns;
   if (vector) {
     const std::string V = std::to_string(vec_);
     open("if (vec) {");
     // Note [Rows kept in registers]: each phase walks the lane's chunks of the row and reads the cached
     // buffers from rb<i>[k] (load_row) instead of loading them again.
-    if (unroll_row_) open_row_chunks();
+    if (row_.unroll) open_row_chunks();
     else open("for (I c = tid * " + V + "; c < " + nl + "; c += nt * " + V + ") {");
     point_scalar();
     vector_accesses(loaded_by(closure), outs, "r", "c");
@@ -37,7 +37,7 @@ void Renderer::column_loop(const std::vector<int>& closure, const std::vector<St
     close();
     vector_stores(outs, "r", "c");
     close();
-    if (unroll_row_) close();
+    if (row_.unroll) close();
     close("} else {");
     ++indent_;
   }
@@ -80,40 +80,48 @@ bool Renderer::prefer_columns() const {
   return any_row_unit;
 }
 
-void Renderer::row_reduction(Variant variant) {
+// Note [Rows kept in registers]: one warp per row of constant length, and at most 48 loaded values per lane from
+// buffers that differ between rows (two rows of 768: a layer norm's residual add; with three, as in the norm
+// backward, register pressure made it slower: 1.73 -> 1.82 ms per GPT-2 step). A norm's weight, the same for every
+// row, is not counted. Each such buffer's share of the row is loaded once, into rb<i>[k][j] (chunk k of the lane's
+// RowPlan::chunks), which every phase reads: left to the compiler, the phases' repeated loads were not merged (the
+// forward norm's PTX held 3x its loads). The function is then built for blocks of at most kWarpRowMaxThreads (Note
+// [Warp-per-row launch bounds], render_cuda.h), so the row has registers.
+Renderer::RowPlan Renderer::plan_row(Variant variant) const {
   const int L = last();
-  static const char* suffix[] = {"_warp", "_block", "_col", "_colsplit"};
-  // Note [Rows kept in registers]: one warp per row of constant length, and at most 48 loaded values per lane
-  // from buffers that differ between rows (two rows of 768: a layer norm's residual add; with three, as in the
-  // norm backward, register pressure made it slower: 1.73 -> 1.82 ms per GPT-2 step). A norm's weight, the
-  // same for every row, is not counted. Each such buffer's share of the row is loaded once, into rb<i>[k][j]
-  // (chunk k of the lane's row_chunks_), which every phase reads: left to the compiler, the phases' repeated
-  // loads were not merged (the forward norm's PTX held 3x its loads). The function is then built for blocks of
-  // at most kWarpRowMaxThreads (Note [Warp-per-row launch bounds], render_cuda.h), so the row has registers.
+  RowPlan rp;
+  rp.variant = variant;
+  rp.columns = variant == kColumns || variant == kColumnsSplit;
   const SymInt& row_len = k_.dims[static_cast<size_t>(L)];
   int64_t row_loads = 0;
-  row_cached_.assign(k_.buffers.size(), false);  // read only while unroll_row_
+  rp.cached.assign(k_.buffers.size(), false);  // read only while unroll
   for (size_t i = 0; i < k_.buffers.size(); ++i) {
     if (!used_[i] || k_.buffers[i].is_output || !element_buffer(i)) continue;
     bool per_row = false;
     for (int d = 0; d < L; ++d) per_row = per_row || !is_const(k_.buffers[i].strides[static_cast<size_t>(d)], 0);
     row_loads += per_row;
-    row_cached_[i] = per_row && unit_[i];
+    rp.cached[i] = per_row && unit_[i];
   }
   const int64_t chunks = row_len.is_constant() ? (row_len.value + 32 * vec_ - 1) / (32 * vec_) : 0;
-  unroll_row_ = variant == kWarp && vec_ > 1 && row_len.is_constant() && row_loads * chunks * vec_ <= 48;
-  row_chunks_ = unroll_row_ ? static_cast<int>(chunks) : 0;
-  const std::string bounds = unroll_row_
+  rp.unroll = variant == kWarp && vec_ > 1 && row_len.is_constant() && row_loads * chunks * vec_ <= 48;
+  rp.chunks = rp.unroll ? static_cast<int>(chunks) : 0;
+  return rp;
+}
+
+void Renderer::row_reduction(Variant variant) {
+  const int L = last();
+  static const char* suffix[] = {"_warp", "_block", "_col", "_colsplit"};
+  row_ = plan_row(variant);
+  const std::string bounds = row_.unroll
                                  ? "__launch_bounds__(" + std::to_string(kWarpRowMaxThreads) + ", 2)"
                                  : std::string("__launch_bounds__(1024)");
   open("extern \"C\" __global__ void " + bounds + " " + sym_ + suffix[variant] + "(const " + sym_ + "_p p) {");
   prologue();
   const bool block = variant == kBlock, split = variant == kColumnsSplit;
-  columns_ = variant == kColumns || split;
   std::string rows;
   for (int d = 0; d < L; ++d) rows += (d ? " * " : "") + std::string("n") + std::to_string(d);
   line("const I rows = " + (rows.empty() ? std::string("1") : rows) + ";");
-  if (vec_ > 1 && !columns_) line("const bool vec = " + vector_condition("n" + std::to_string(L)) + ";");
+  if (vec_ > 1 && !row_.columns) line("const bool vec = " + vector_condition("n" + std::to_string(L)) + ";");
   const std::vector<Store> col_sums = column_sums();
   if (!col_sums.empty()) column_sum_setup(col_sums.size());
   acc_.assign(k_.buffers.size(), "");
@@ -127,7 +135,7 @@ void Renderer::row_reduction(Variant variant) {
       line("__shared__ " + std::string(compute_type(k_.nodes[r].dtype)) + " sm" + std::to_string(r) + "[32];");
     line("const I tid = threadIdx.x, nt = blockDim.x;");
     open("for (I row = blockIdx.x; row < rows; row += gridDim.x) {");
-  } else if (columns_) {
+  } else if (row_.columns) {
     for (int r : reds_all)
       line("__shared__ " + std::string(compute_type(k_.nodes[r].dtype)) + " sm" + std::to_string(r) + "[1024];");
     if (split) line("__shared__ bool ig_last;");
@@ -148,7 +156,7 @@ void Renderer::row_reduction(Variant variant) {
   decompose("row", L, "", "");
   offsets("r", L);
   point_row();
-  if (unroll_row_) load_row();
+  if (row_.unroll) load_row();
   int max_level = 0;
   for (size_t i = 0; i < k_.nodes.size(); ++i) max_level = std::max(max_level, level_[i]);
   auto emit_row_nodes = [&](int lvl) {
@@ -196,7 +204,7 @@ void Renderer::row_reduction(Variant variant) {
       const std::string f = reduce_functor(nr.op);
       const std::string acc = "acc" + std::to_string(r);
       const std::string combine = block      ? "ig_block_reduce(" + acc + ", " + f + ", sm" + std::to_string(r) + ")"
-                                  : columns_ ? "ig_col_reduce(" + acc + ", " + f + ", sm" + std::to_string(r) + ")"
+                                  : row_.columns ? "ig_col_reduce(" + acc + ", " + f + ", sm" + std::to_string(r) + ")"
                                              : "ig_warp_reduce(" + acc + ", " + f + ")";
       line("const " + std::string(compute_type(nr.dtype)) + " " + v(r) + " = " + combine + ";");
     }
@@ -214,7 +222,7 @@ void Renderer::row_reduction(Variant variant) {
     const std::vector<int> closure = element_closure(roots);
     column_loop(closure, element_stores, [&] {
       for (int id : closure) emit_node(id);
-      for (const Store& s : element_stores) line((columns_ ? "if (active) " : "") + store_stmt(s.buffer, s.node));
+      for (const Store& s : element_stores) line((row_.columns ? "if (active) " : "") + store_stmt(s.buffer, s.node));
       for (size_t j = 0; j < col_sums.size(); ++j)
         line("ig_cs" + std::to_string(j) + "[" + padded(idx_[L]) + "] += " + as(k_.nodes[col_sums[j].node].a, DType::f32) +
              ";");
@@ -222,38 +230,37 @@ void Renderer::row_reduction(Variant variant) {
   }
   if (!row_stores.empty()) {
     point_row();
-    open(columns_ ? "if (active && tid == 0) {" : "if (tid == 0) {");
+    open(row_.columns ? "if (active && tid == 0) {" : "if (tid == 0) {");
     for (const Store& s : row_stores) line(store_stmt(s.buffer, s.node));
     close();
   }
   close();
   if (!col_sums.empty()) column_sum_partials(col_sums.size());
   close();
-  columns_ = false;
-  unroll_row_ = false;
+  row_ = RowPlan{};
 }
 
-// Opens the loop over this lane's row_chunks_ chunks of the row (chunk k starts at column c) and its bound
+// Opens the loop over this lane's row_.chunks chunks of the row (chunk k starts at column c) and its bound
 // check; the caller closes both.
 void Renderer::open_row_chunks() {
   const std::string V = std::to_string(vec_);
   line("#pragma unroll");
-  open("for (int k = 0; k < " + std::to_string(row_chunks_) + "; ++k) {");
+  open("for (int k = 0; k < " + std::to_string(row_.chunks) + "; ++k) {");
   line("const I c = tid * " + V + " + k * nt * " + V + ";");
   open("if (c < n" + std::to_string(last()) + ") {");
 }
 
 // Note [Rows kept in registers]: this lane's chunks of the row of every cached buffer, loaded once per row.
 void Renderer::load_row() {
-  const std::string V = std::to_string(vec_), K = std::to_string(row_chunks_);
+  const std::string V = std::to_string(vec_), K = std::to_string(row_.chunks);
   for (size_t i = 0; i < k_.buffers.size(); ++i)
-    if (row_cached_[i])
+    if (row_.cached[i])
       line("alignas(16) " + std::string(storage_type(k_.buffers[i].dtype)) + " rb" + std::to_string(i) + "[" + K +
            "][" + V + "];");
   open("if (vec) {");
   open_row_chunks();
   for (size_t i = 0; i < k_.buffers.size(); ++i)
-    if (row_cached_[i])
+    if (row_.cached[i])
       line("ig_ldv<" + V + ">(rb" + std::to_string(i) + "[k], " + b(static_cast<int>(i)) + " + r" +
            std::to_string(i) + " + c);");
   close();
