@@ -5,65 +5,15 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <memory>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
 
 #include "runtime/error.h"
 
 namespace ingot::distributed::launch {
 
-const char* const kLaunchHelp = R"(Usage: ingot launch [options] [--] COMMAND [ARGS ...]
-
-Starts COMMAND (e.g. `ingot run CONFIG ...`, or any program) as a group of worker processes, torchrun style:
-  ingot launch --nproc-per-node 4 -- ingot run configs/gpt2.yaml
-  ingot launch --nnodes 2 --rdzv-endpoint host0:29400 --rdzv-id job7 --nproc-per-node 8 -- ingot run CFG
-
-Workers (per node):
-  --nproc-per-node N|gpu|cpu|auto  workers on this node: N; one per GPU (gpu: error without one); one per CPU
-                                   core (cpu); GPUs if any, else CPU cores (auto). Default 1. With gpu/auto
-                                   and GPUs, worker i sees only its GPU (CUDA_VISIBLE_DEVICES).
-Nodes and rendezvous:
-  --nnodes N|MIN:MAX               number of nodes (default 1); MIN:MAX needs --rdzv-endpoint
-  --node-rank R                    this node's rank, 0..N-1, without --rdzv-endpoint (default 0)
-  --master-addr ADDR               address of node 0, without --rdzv-endpoint (default 127.0.0.1)
-  --master-port PORT               port of node 0's store (default 0 = a free port; required with --nnodes > 1)
-  --rdzv-endpoint HOST[:PORT]      store for multi-node rendezvous (port default 29400); the node on HOST
-                                   hosts it, others connect; ranks follow the order nodes join
-  --rdzv-id ID                     job id shared by all nodes (default "none"; also INGOT_RUN_ID)
-  --rdzv-conf K=V[,K=V]            join_timeout (s, default 600), last_call_timeout (s, default 30)
-  --standalone                     single node, store on a free local port (ignores master address/port)
-  --local-addr ADDR                address other nodes use to reach this node's workers (exported as
-                                   INGOT_GLOO_HOSTNAME; default: the host name, loopback on a single node)
-Failures:
-  --max-restarts N                 restart the whole group up to N times after a worker fails (default 0)
-  --monitor-interval SECONDS       how often workers are checked (default 0.1)
-  --stop-timeout SECONDS           grace between SIGTERM and SIGKILL when stopping workers (default 30)
-  --collective-timeout SECONDS     a collective of `ingot run` workers that takes longer fails, naming the
-                                   ranks that never joined (default 600; config distributed.timeout_s wins)
-  --init-timeout SECONDS           how long workers wait for each other to check in at start and at barriers
-                                   (default 300; config distributed.init_timeout_s wins)
-Logs:
-  --log-dir DIR                    per attempt and rank: DIR/attempt_N/rank_R/{stdout,stderr}.log, error.json
-  --redirects 0|1|2|3|R:S,...      send worker stdout (1), stderr (2) or both (3) to the log files only; a map
-                                   like 0:3,1:2 sets it per local rank
-  --tee 0|1|2|3|R:S,...            send the streams to the log files and to the console, lines prefixed
-                                   with "[RANK]:"
-  -h, --help                       this help
-
-Each worker's environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (node rank),
-GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (the launcher's store; workers
-connect to it, INGOT_USE_AGENT_STORE=1, one key prefix per attempt), INGOT_RESTART_COUNT (0 on the first
-attempt), INGOT_MAX_RESTARTS, INGOT_RUN_ID, INGOT_ERROR_FILE (where `ingot run` writes a JSON description of
-an uncaught error), and with the flags above INGOT_COLLECTIVE_TIMEOUT_S and INGOT_INIT_TIMEOUT_S.
-
-When a worker exits non-zero or is killed, every worker is stopped (SIGTERM, SIGKILL after --stop-timeout),
-the first failure is reported as the root cause (rank, exit code or signal, host, its last output lines and
-its error file) and the group restarts while restarts remain; a recipe resumes from its last checkpoint by
-reading INGOT_RESTART_COUNT. A root cause that exited with code 2 (`ingot run`'s usage or config error)
-is not restarted: it would fail the same way. Without --log-dir the logs and error files go to a directory
-in $TMPDIR (default /tmp), which a failed job keeps (the report points into it) and a successful one removes.
-Ctrl-C or SIGTERM to the launcher stops the workers the same way.
-Exit status: 0 all workers succeeded, 1 a worker failed and no restarts remain (or rendezvous failed),
-2 bad command line, 130 interrupted (SIGINT), 143 terminated (SIGTERM).
-)";
 
 int StreamSpec::for_rank(int local_rank) const {
   auto it = per_rank.find(local_rank);
@@ -183,43 +133,96 @@ std::vector<std::string> gpu_assignment(int nproc, const std::string& launcher_v
   return ids;
 }
 
-LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
+namespace {
+
+// `ingot launch --help` around CLI11's list of flags: what the launcher does, then the workers' environment, the
+// failure handling and the exit status.
+constexpr const char* kHelpIntro = R"(Usage: ingot launch [options] [--] COMMAND [ARGS ...]
+
+Starts COMMAND (e.g. `ingot run CONFIG ...`, or any program) as a group of worker processes, torchrun style:
+  ingot launch --nproc-per-node 4 -- ingot run configs/gpt2.yaml
+  ingot launch --nnodes 2 --rdzv-endpoint host0:29400 --rdzv-id job7 --nproc-per-node 8 -- ingot run CFG
+
+Everything from COMMAND on (or after `--`) goes to the workers untouched. Flags take their value as
+`--flag VALUE` or `--flag=VALUE`, and torchrun's underscore spellings too (--nproc_per_node, --max_restarts).
+)";
+
+constexpr const char* kHelpAfter = R"(
+Each worker's environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (node rank),
+GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (the launcher's store; workers
+connect to it, INGOT_USE_AGENT_STORE=1, one key prefix per attempt), INGOT_RESTART_COUNT (0 on the first
+attempt), INGOT_MAX_RESTARTS, INGOT_RUN_ID, INGOT_ERROR_FILE (where `ingot run` writes a JSON description of
+an uncaught error), and with the flags above INGOT_COLLECTIVE_TIMEOUT_S and INGOT_INIT_TIMEOUT_S.
+
+When a worker exits non-zero or is killed, every worker is stopped (SIGTERM, SIGKILL after --stop-timeout),
+the first failure is reported as the root cause (rank, exit code or signal, host, its last output lines and
+its error file) and the group restarts while restarts remain; a recipe resumes from its last checkpoint by
+reading INGOT_RESTART_COUNT. A root cause that exited with code 2 (`ingot run`'s usage or config error)
+is not restarted: it would fail the same way. Without --log-dir the logs and error files go to a directory
+in $TMPDIR (default /tmp), which a failed job keeps (the report points into it) and a successful one removes.
+Ctrl-C or SIGTERM to the launcher stops the workers the same way.
+Exit status: 0 all workers succeeded, 1 a worker failed and no restarts remain (or rendezvous failed),
+2 bad command line, 130 interrupted (SIGINT), 143 terminated (SIGTERM).
+)";
+
+// One launcher flag: its torchrun name (dashes), the value it takes (empty: a switch), its help group and text,
+// and what it does with a value. This table is the whole command line: the parser and --help are built from it.
+struct Flag {
+  std::string name, value, group, help;
+  std::function<void(const std::string& flag, const std::string& value)> set;
+};
+
+// What parsing collects besides LaunchOptions: the checks across flags need to know what was given.
+struct ParseState {
   LaunchOptions o;
   std::string nnodes;
   bool node_rank_given = false, master_given = false;
+};
 
-  using Setter = std::function<void(const std::string& flag, const std::string& value)>;
-  const std::map<std::string, Setter> valued = {
-      {"--nproc-per-node",
+// -h/--help stops parsing where it stands (flags before it are checked, nothing after it is).
+struct HelpRequested {};
+
+std::vector<Flag> launch_flags(ParseState& st) {
+  LaunchOptions& o = st.o;
+  const std::string workers = "Workers (per node)", nodes = "Nodes and rendezvous", failures = "Failures",
+                    logs = "Logs";
+  return {
+      {"--nproc-per-node", "N|gpu|cpu|auto", workers,
+       "workers on this node: N; one per GPU (gpu: error without one); one per CPU core (cpu); GPUs if any, else "
+       "CPU cores (auto). Default 1. With gpu/auto and GPUs, worker i sees only its GPU (CUDA_VISIBLE_DEVICES).",
        [&](const std::string& f, const std::string& v) {
          if (v != "gpu" && v != "cpu" && v != "auto") int_flag(f, v, 1, 4096, "a positive number, gpu, cpu or auto");
          o.nproc_per_node = v;
        }},
-      {"--nnodes", [&](const std::string&, const std::string& v) { nnodes = v; }},
-      {"--node-rank",
+      {"--nnodes", "N|MIN:MAX", nodes, "number of nodes (default 1); MIN:MAX needs --rdzv-endpoint",
+       [&](const std::string&, const std::string& v) { st.nnodes = v; }},
+      {"--node-rank", "R", nodes, "this node's rank, 0..N-1, without --rdzv-endpoint (default 0)",
        [&](const std::string& f, const std::string& v) {
          o.node_rank = int_flag(f, v, 0, 1 << 20, "a node rank >= 0");
-         node_rank_given = true;
+         st.node_rank_given = true;
        }},
-      {"--master-addr",
+      {"--master-addr", "ADDR", nodes, "address of node 0, without --rdzv-endpoint (default 127.0.0.1)",
        [&](const std::string& f, const std::string& v) {
          if (v.empty()) usage(f + ": expected a host name or address, got ''");
          o.master_addr = v;
-         master_given = true;
+         st.master_given = true;
        }},
-      {"--master-port",
+      {"--master-port", "PORT", nodes, "port of node 0's store (default 0 = a free port; required with --nnodes > 1)",
        [&](const std::string& f, const std::string& v) {
          o.master_port = int_flag(f, v, 0, 65535, "a port 0..65535 (0 = pick a free one)");
-         master_given = true;
+         st.master_given = true;
        }},
-      {"--rdzv-endpoint", [&](const std::string&, const std::string& v) { o.rdzv_endpoint = v; }},
-      {"--rdzv-id",
+      {"--rdzv-endpoint", "HOST[:PORT]", nodes,
+       "store for multi-node rendezvous (port default 29400); the node on HOST hosts it, others connect; ranks "
+       "follow the order nodes join",
+       [&](const std::string&, const std::string& v) { o.rdzv_endpoint = v; }},
+      {"--rdzv-id", "ID", nodes, "job id shared by all nodes (default \"none\"); workers see it as INGOT_RUN_ID",
        [&](const std::string& f, const std::string& v) {
          if (v.empty() || v.find_first_of("/ \t\n") != std::string::npos)
            usage(f + ": expected a non-empty id without '/' or spaces, got '" + v + "'");
          o.rdzv_id = v;
        }},
-      {"--rdzv-conf",
+      {"--rdzv-conf", "K=V[,K=V]", nodes, "join_timeout (s, default 600), last_call_timeout (s, default 30)",
        [&](const std::string& f, const std::string& v) {
          size_t start = 0;
          while (start < v.size()) {
@@ -235,80 +238,196 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
            start = comma + 1;
          }
        }},
-      {"--rdzv-backend",
+      {"--rdzv-backend", "c10d|static", nodes,
+       "accepted for torchrun command lines; ingot's rendezvous always goes through its own TCP store",
        [&](const std::string& f, const std::string& v) {
-         // Accepted for torchrun command lines: ingot's rendezvous is always its own TCP store.
          if (v != "c10d" && v != "static")
            usage(f + ": expected c10d or static (ingot rendezvous through its TCP store), got '" + v + "'");
        }},
-      {"--max-restarts",
-       [&](const std::string& f, const std::string& v) { o.max_restarts = int_flag(f, v, 0, 1000000, "a count >= 0"); }},
-      {"--monitor-interval",
+      {"--standalone", "", nodes, "single node, store on a free local port (ignores master address/port)",
+       [&](const std::string&, const std::string&) { o.standalone = true; }},
+      {"--local-addr", "ADDR", nodes,
+       "address other nodes use to reach this node's workers (exported as INGOT_GLOO_HOSTNAME; default: the "
+       "host name, loopback on a single node)",
+       [&](const std::string& f, const std::string& v) {
+         if (v.empty()) usage(f + ": expected a host name or address, got ''");
+         o.local_addr = v;
+       }},
+      {"--max-restarts", "N", failures, "restart the whole group up to N times after a worker fails (default 0)",
+       [&](const std::string& f, const std::string& v) {
+         o.max_restarts = int_flag(f, v, 0, 1000000, "a count >= 0");
+       }},
+      {"--monitor-interval", "SECONDS", failures, "how often workers are checked (default 0.1)",
        [&](const std::string& f, const std::string& v) { o.monitor_interval_s = seconds_flag(f, v, false); }},
-      {"--stop-timeout", [&](const std::string& f, const std::string& v) { o.stop_timeout_s = seconds_flag(f, v, true); }},
-      {"--collective-timeout",
+      {"--stop-timeout", "SECONDS", failures, "grace between SIGTERM and SIGKILL when stopping workers (default 30)",
+       [&](const std::string& f, const std::string& v) { o.stop_timeout_s = seconds_flag(f, v, true); }},
+      {"--collective-timeout", "SECONDS", failures,
+       "a collective of `ingot run` workers that takes longer fails, naming the ranks that never joined (default "
+       "600; config distributed.timeout_s wins)",
        [&](const std::string& f, const std::string& v) { o.collective_timeout_s = seconds_flag(f, v, false); }},
-      {"--init-timeout", [&](const std::string& f, const std::string& v) { o.init_timeout_s = seconds_flag(f, v, false); }},
-      {"--log-dir",
+      {"--init-timeout", "SECONDS", failures,
+       "how long workers wait for each other to check in at start and at barriers (default 300; config "
+       "distributed.init_timeout_s wins)",
+       [&](const std::string& f, const std::string& v) { o.init_timeout_s = seconds_flag(f, v, false); }},
+      {"--log-dir", "DIR", logs, "per attempt and rank: DIR/attempt_N/rank_R/{stdout,stderr}.log, error.json",
        [&](const std::string& f, const std::string& v) {
          if (v.empty()) usage(f + ": expected a directory, got ''");
          if (std::filesystem::exists(v) && !std::filesystem::is_directory(v))
            usage(f + ": '" + v + "' exists and is not a directory");
          o.log_dir = v;
        }},
-      {"--redirects", [&](const std::string& f, const std::string& v) { o.redirects = parse_streams(f, v); }},
-      {"--tee", [&](const std::string& f, const std::string& v) { o.tee = parse_streams(f, v); }},
-      {"--local-addr",
-       [&](const std::string& f, const std::string& v) {
-         if (v.empty()) usage(f + ": expected a host name or address, got ''");
-         o.local_addr = v;
-       }},
+      {"--redirects", "0|1|2|3|R:S,...", logs,
+       "send worker stdout (1), stderr (2) or both (3) to the log files only; a map like 0:3,1:2 sets it per "
+       "local rank",
+       [&](const std::string& f, const std::string& v) { o.redirects = parse_streams(f, v); }},
+      {"--tee", "0|1|2|3|R:S,...", logs,
+       "send the streams to the log files and to the console, lines prefixed with \"[RANK]:\"",
+       [&](const std::string& f, const std::string& v) { o.tee = parse_streams(f, v); }},
   };
+}
 
-  size_t i = 0;
-  for (; i < args.size(); ++i) {
-    std::string a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a.size() < 2 || a[0] != '-') break;  // the command starts here (torchrun needs no `--`)
-    if (a == "-h" || a == "--help") {
-      o.help = true;
-      return o;
-    }
-    std::string flag = a, value;
-    bool has_value = false;
-    if (size_t eq = a.find('='); eq != std::string::npos) {
-      flag = a.substr(0, eq);
-      value = a.substr(eq + 1);
-      has_value = true;
-    }
-    std::replace(flag.begin() + 2, flag.end(), '_', '-');  // torchrun accepts --nproc_per_node too
-    if (flag == "--standalone") {
-      if (has_value) usage("--standalone takes no value");
-      o.standalone = true;
-      continue;
-    }
-    auto it = valued.find(flag);
-    if (it == valued.end()) {
-      std::string best;
-      size_t best_d = 4;
-      for (const auto& [name, _] : valued)
-        if (size_t d = edit_distance(flag, name); d < best_d) best_d = d, best = name;
-      if (edit_distance(flag, "--standalone") < best_d) best = "--standalone";
-      usage("unknown option '" + a + "'" + (best.empty() ? "" : " (did you mean " + best + "?)"));
-    }
-    if (!has_value) {
-      if (i + 1 >= args.size()) usage(flag + " needs a value");
-      value = args[++i];
-    }
-    it->second(flag, value);
+// "--nproc-per-node" -> CLI11's name list holding every spelling with '_' in place of any '-' inside the name
+// (--nproc-per-node, --nproc_per_node, --nproc-per_node, ...): torchrun takes the underscore ones.
+std::string cli_names(const std::string& flag) {
+  std::vector<size_t> dashes;
+  for (size_t i = 2; i < flag.size(); ++i)
+    if (flag[i] == '-') dashes.push_back(i);
+  std::string names;
+  for (size_t mask = 0; mask < (size_t{1} << dashes.size()); ++mask) {
+    std::string spelling = flag;
+    for (size_t k = 0; k < dashes.size(); ++k)
+      if (mask & (size_t{1} << k)) spelling[dashes[k]] = '_';
+    names += (names.empty() ? "" : ",") + spelling;
   }
-  o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-  if (o.command.empty())
-    usage("missing the worker command (e.g. ingot launch --nproc-per-node 2 -- ingot run CONFIG)");
+  return names;
+}
 
+// The help lists each flag once, in its torchrun dash spelling, with its value, in the table's groups.
+class LaunchHelpFormatter : public CLI::Formatter {
+ public:
+  LaunchHelpFormatter() { column_width(35); }
+  std::string make_help(const CLI::App* app, std::string, CLI::AppFormatMode) const override {
+    std::ostringstream out;
+    out << kHelpIntro;
+    for (const std::string& group : app->get_groups()) {
+      out << "\n" << group << ":\n";
+      for (const CLI::Option* opt : app->get_options([&](const CLI::Option* o) { return o->get_group() == group; }))
+        out << make_option(opt, false);
+    }
+    out << kHelpAfter;
+    return out.str();
+  }
+  std::string make_option_name(const CLI::Option* opt, bool) const override {
+    std::string name = "--" + opt->get_lnames().front();
+    return opt->get_snames().empty() ? name : "-" + opt->get_snames().front() + ", " + name;
+  }
+  // Descriptions wrap at 115 columns (CLI11 indents each line after a newline to the description column).
+  std::string make_option_desc(const CLI::Option* opt) const override {
+    const size_t room = 115 - get_column_width();
+    std::string out, line;
+    std::istringstream words(opt->get_description());
+    for (std::string w; words >> w;) {
+      if (!line.empty() && line.size() + 1 + w.size() > room) {
+        out += line + "\n";
+        line.clear();
+      }
+      line += (line.empty() ? "" : " ") + w;
+    }
+    return out + line;
+  }
+};
+
+// The CLI11 app for `ingot launch`: every flag of `flags` (each applied as soon as it is read, so flags are
+// checked in command-line order and a repeated flag's last value wins), -h/--help, and the command: parsing
+// stops at the first argument that is not a flag or flag value (prefix_command), or after `--`.
+std::unique_ptr<CLI::App> make_launch_cli(const std::vector<Flag>& flags) {
+  auto app = std::make_unique<CLI::App>("", "ingot launch");
+  app->formatter(std::make_shared<LaunchHelpFormatter>());
+  app->set_help_flag();
+  app->prefix_command();
+  for (const Flag& flag : flags) {
+    const Flag* f = &flag;
+    CLI::Option* opt = app->add_option(
+        cli_names(flag.name),
+        [f](const CLI::results_t& r) {
+          // A switch given as --standalone=VALUE arrives as VALUE ("true" without one).
+          if (f->value.empty() && !r.empty() && r.front() != "true") usage(f->name + " takes no value");
+          f->set(f->name, r.empty() ? std::string() : r.front());
+          return true;
+        },
+        flag.help);
+    opt->group(flag.group)->trigger_on_parse();
+    if (flag.value.empty())
+      opt->expected(0);
+    else
+      opt->expected(1)->option_text(flag.value);
+  }
+  app->add_option(
+         "-h,--help", [](const CLI::results_t&) -> bool { throw HelpRequested{}; }, "this help")
+      ->group("Help")
+      ->expected(0)
+      ->trigger_on_parse();
+  return app;
+}
+
+// An argument that looks like a flag but is none of the launcher's: name it, with the closest flag.
+[[noreturn]] void unknown_flag(const std::string& arg, const std::vector<Flag>& flags) {
+  std::string flag = arg.substr(0, arg.find('='));
+  if (flag.size() > 2) std::replace(flag.begin() + 2, flag.end(), '_', '-');
+  // Flags that take a value in name order, then the switches: on a tie the first one wins.
+  std::vector<std::string> names, switches;
+  for (const Flag& f : flags) (f.value.empty() ? switches : names).push_back(f.name);
+  std::sort(names.begin(), names.end());
+  names.insert(names.end(), switches.begin(), switches.end());
+  std::string best;
+  size_t best_d = 4;
+  for (const std::string& name : names)
+    if (size_t d = edit_distance(flag, name); d < best_d) best_d = d, best = name;
+  usage("unknown option '" + arg + "'" + (best.empty() ? "" : " (did you mean " + best + "?)"));
+}
+
+}  // namespace
+
+std::string launch_help() {
+  ParseState st;
+  std::vector<Flag> flags = launch_flags(st);
+  return make_launch_cli(flags)->help();
+}
+
+const char* const kLaunchHelp = [] {
+  static const std::string text = launch_help();
+  return text.c_str();
+}();
+
+LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
+  ParseState st;
+  LaunchOptions& o = st.o;
+  std::vector<Flag> flags = launch_flags(st);
+  std::unique_ptr<CLI::App> app = make_launch_cli(flags);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes the next argument from the back
+  try {
+    app->parse(reversed);
+  } catch (const HelpRequested&) {
+    o.help = true;
+    return o;
+  } catch (const CLI::ArgumentMismatch&) {
+    // A flag that takes a value came last, without one.
+    std::string flag = args.empty() ? std::string() : args.back().substr(0, args.back().find('='));
+    if (flag.size() > 2) std::replace(flag.begin() + 2, flag.end(), '_', '-');
+    usage(flag + " needs a value");
+  } catch (const CLI::ParseError& e) {
+    usage(e.what());
+  }
+  // What CLI11 did not take: the command, after a `--` when one ended the flags, or an unknown flag first.
+  std::vector<std::string> rest = app->remaining();
+  if (!rest.empty() && rest.front() == "--")
+    rest.erase(rest.begin());
+  else if (!rest.empty() && rest.front().size() >= 2 && rest.front()[0] == '-')
+    unknown_flag(rest.front(), flags);
+  o.command = std::move(rest);
+  if (o.command.empty()) usage("missing the worker command (e.g. ingot launch --nproc-per-node 2 -- ingot run CONFIG)");
+
+  const std::string& nnodes = st.nnodes;
   if (!nnodes.empty()) {
     size_t colon = nnodes.find(':');
     std::string lo = nnodes.substr(0, colon), hi = colon == std::string::npos ? lo : nnodes.substr(colon + 1);
@@ -331,7 +450,7 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   if (o.standalone) {
     if (!o.rdzv_endpoint.empty()) usage("--standalone starts its own store: drop --rdzv-endpoint");
     if (o.max_nodes > 1) usage("--standalone is a single-node run: --nnodes must be 1, got " + nnodes);
-    if (node_rank_given && o.node_rank != 0) usage("--standalone is a single-node run: --node-rank must be 0");
+    if (st.node_rank_given && o.node_rank != 0) usage("--standalone is a single-node run: --node-rank must be 0");
   }
   if (o.rdzv_endpoint.empty()) {
     if (o.min_nodes != o.max_nodes)
@@ -342,11 +461,10 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
     if (o.max_nodes > 1 && o.master_port == 0)
       usage("--nnodes " + std::to_string(o.max_nodes) +
             " needs --master-port (or --rdzv-endpoint): every node must know where node 0's store listens");
-  } else if (master_given) {
+  } else if (st.master_given) {
     usage("--master-addr/--master-port and --rdzv-endpoint both say where the store is: give only one");
   }
   if (o.rdzv_id.empty() && !o.rdzv_endpoint.empty()) o.rdzv_id = "none";
   return o;
 }
-
 }  // namespace ingot::distributed::launch

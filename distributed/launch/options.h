@@ -1,6 +1,6 @@
-// `ingot launch` command line: torchrun's flags with torchrun's meaning, parsed into LaunchOptions.
-// Parsing checks every flag (range, form, combination) before anything starts; a bad flag is a
-// LaunchUsageError naming the flag and what was expected.
+// `ingot launch` command line: torchrun's flags with torchrun's meaning, parsed into LaunchOptions by CLI11 from
+// one table of flags (options.cpp), which also generates --help. Parsing checks every flag (range, form,
+// combination) before anything starts; a bad flag is a LaunchUsageError naming the flag and what was expected.
 #pragma once
 
 #include <map>
@@ -66,7 +66,8 @@ LocalWorld resolve_nproc(const std::string& spec, int num_gpus, int num_cpus);
 // device the launcher sees (the i-th entry of the launcher's own CUDA_VISIBLE_DEVICES when set, else i).
 std::vector<std::string> gpu_assignment(int nproc, const std::string& launcher_visible_devices);
 
-// `ingot launch --help`.
-extern const char* const kLaunchHelp;
+// `ingot launch --help`: the prose and every flag of the parser's table, by group.
+std::string launch_help();
+extern const char* const kLaunchHelp;  // launch_help()
 
 }  // namespace ingot::distributed::launch

@@ -431,6 +431,43 @@ TEST_F(Launch, BadCommandLinesExitTwoWithAPointerToHelp) {
       << r.output;
 }
 
+TEST_F(Launch, UnknownFlagsAndBadValuesExitTwoNamingTheFlag) {
+  Result r = launch("--nproc-per-nod 2 -- true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("ingot launch: unknown option '--nproc-per-nod' (did you mean --nproc-per-node?)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("Try 'ingot launch --help'."), std::string::npos) << r.output;
+  r = launch("--frobnicate=3 -- true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("unknown option '--frobnicate=3'"), std::string::npos) << r.output;
+  for (const char* spelling : {"--max-restarts", "--max_restarts"}) {
+    r = launch(std::string(spelling) + " many -- true");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("ingot launch: --max-restarts: expected a count >= 0, got 'many'"), std::string::npos)
+        << r.output;
+  }
+  r = launch("--monitor_interval=-1 -- true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--monitor-interval: expected a number of seconds > 0, got '-1'"), std::string::npos)
+      << r.output;
+  r = launch("--log-dir");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("ingot launch: --log-dir needs a value"), std::string::npos) << r.output;
+}
+
+TEST_F(Launch, TorchrunUnderscoreSpellingsRunTheSameJob) {
+  script("env.sh", "echo \"$WORLD_SIZE $LOCAL_WORLD_SIZE $INGOT_MAX_RESTARTS $*\" > env_$RANK.txt\n");
+  for (const char* flags : {"--nproc-per-node 2 --max-restarts 1", "--nproc_per_node=2 --max_restarts 1"}) {
+    Result r = launch(std::string(flags) + " sh env.sh --nproc_per_node 5 -- x");
+    ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.output;
+    EXPECT_EQ(slurp(path("env_0.txt")), "2 2 1 --nproc_per_node 5 -- x\n") << flags;
+    EXPECT_EQ(slurp(path("env_1.txt")), "2 2 1 --nproc_per_node 5 -- x\n") << flags;
+    fs::remove(path("env_0.txt"));
+    fs::remove(path("env_1.txt"));
+  }
+}
+
 TEST_F(Launch, HelpListsEveryFlag) {
   Result r = launch("--help");
   EXPECT_EQ(r.exit_code, 0) << r.output;

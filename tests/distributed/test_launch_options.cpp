@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -122,6 +124,111 @@ TEST(LaunchOptions, BadFlagsAreNamedWithWhatWasExpected) {
           << "args: " << all << "\n  got: " << e.what() << "\n  expected to contain: " << c.message;
     }
   }
+}
+
+// The flags --help lists, read back from the help text ("  --flag VALUE  text" lines).
+std::vector<std::string> flags_in_help(const std::string& help) {
+  std::vector<std::string> flags;
+  std::istringstream lines(help);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("  --", 0) != 0) continue;
+    size_t end = line.find(' ', 2);
+    flags.push_back(line.substr(2, end == std::string::npos ? std::string::npos : end - 2));
+  }
+  return flags;
+}
+
+TEST(LaunchOptions, HelpListsEveryFlagTheParserTakesAndEveryListedFlagParses) {
+  const std::string help = launch_help();
+  EXPECT_EQ(help, kLaunchHelp);
+  EXPECT_EQ(help.rfind("Usage: ingot launch [options] [--] COMMAND [ARGS ...]\n", 0), 0u) << help;
+  const std::vector<std::string> every_flag = {
+      "--nproc-per-node", "--nnodes",       "--node-rank",        "--master-addr",  "--master-port",
+      "--rdzv-endpoint",  "--rdzv-id",      "--rdzv-conf",        "--rdzv-backend", "--standalone",
+      "--local-addr",     "--max-restarts", "--monitor-interval", "--stop-timeout", "--collective-timeout",
+      "--init-timeout",   "--log-dir",      "--redirects",        "--tee"};
+  std::vector<std::string> listed = flags_in_help(help);
+  for (const std::string& flag : every_flag)
+    EXPECT_NE(std::find(listed.begin(), listed.end(), flag), listed.end()) << flag << " missing from:\n" << help;
+  EXPECT_NE(help.find("  -h, --help "), std::string::npos) << help;
+  EXPECT_NE(help.find("  --nproc-per-node N|gpu|cpu|auto "), std::string::npos) << help;
+  EXPECT_NE(help.find("Exit status"), std::string::npos) << help;
+  // Each listed flag is one the parser knows (none is unknown; a bad value names the flag instead).
+  for (const std::string& flag : listed) {
+    if (flag == "--help") continue;
+    try {
+      parse_launch_args({flag + "=@bad@", "x"});
+    } catch (const LaunchUsageError& e) {
+      std::string msg = e.what();
+      EXPECT_EQ(msg.find("unknown option"), std::string::npos) << flag << ": " << msg;
+      EXPECT_NE(msg.find(flag), std::string::npos) << flag << ": " << msg;
+    }
+  }
+  EXPECT_TRUE(parse_launch_args({"-h"}).help);
+  EXPECT_TRUE(parse_launch_args({"--nproc-per-node", "2", "--help", "--frobnicate"}).help);
+  EXPECT_FALSE(parse_launch_args({"--", "--help"}).help) << "after -- it is the worker's --help";
+}
+
+TEST(LaunchOptions, DashAndUnderscoreSpellingsParseTheSame) {
+  const std::vector<std::pair<std::string, std::string>> flags = {
+      {"--nproc-per-node", "3"},  {"--node-rank", "1"},          {"--master-addr", "10.0.0.1"},
+      {"--master-port", "29500"}, {"--max-restarts", "2"},       {"--monitor-interval", "0.5"},
+      {"--stop-timeout", "4"},    {"--collective-timeout", "7"}, {"--init-timeout", "9"},
+      {"--log-dir", "/tmp/l"},    {"--local-addr", "h1"},        {"--rdzv-backend", "c10d"}};
+  Args dashed = {"--nnodes", "2"}, underscored = {"--nnodes", "2"};
+  for (const auto& [flag, value] : flags) {
+    std::string under = flag;
+    std::replace(under.begin() + 2, under.end(), '-', '_');
+    dashed.insert(dashed.end(), {flag, value});
+    underscored.push_back(under + "=" + value);
+  }
+  dashed.insert(dashed.end(), {"--", "w", "--max_restarts", "5"});
+  underscored.insert(underscored.end(), {"w", "--max_restarts", "5"});
+  LaunchOptions a = parse_launch_args(dashed), b = parse_launch_args(underscored);
+  for (const LaunchOptions* o : {&a, &b}) {
+    EXPECT_EQ(o->nproc_per_node, "3");
+    EXPECT_EQ(o->max_nodes, 2);
+    EXPECT_EQ(o->node_rank, 1);
+    EXPECT_EQ(o->master_addr, "10.0.0.1");
+    EXPECT_EQ(o->master_port, 29500);
+    EXPECT_EQ(o->max_restarts, 2);
+    EXPECT_DOUBLE_EQ(o->monitor_interval_s, 0.5);
+    EXPECT_DOUBLE_EQ(o->stop_timeout_s, 4);
+    EXPECT_DOUBLE_EQ(o->collective_timeout_s, 7);
+    EXPECT_DOUBLE_EQ(o->init_timeout_s, 9);
+    EXPECT_EQ(o->log_dir, "/tmp/l");
+    EXPECT_EQ(o->local_addr, "h1");
+    EXPECT_EQ(o->command, (Args{"w", "--max_restarts", "5"})) << "the worker's flags stay the worker's";
+  }
+  EXPECT_EQ(parse_launch_args({"--rdzv_endpoint", "h:5", "--rdzv_id=j", "--rdzv_conf", "join_timeout=3", "x"}).rdzv_id,
+            "j");
+  EXPECT_TRUE(parse_launch_args({"--standalone", "x"}).standalone);
+  EXPECT_EQ(parse_launch_args({"--nproc-per_node", "2", "x"}).nproc_per_node, "2") << "mixed spellings too";
+  // A bad value names the flag in its dash spelling, whichever spelling was typed.
+  for (const std::string& spelling : {"--max-restarts", "--max_restarts"}) {
+    try {
+      parse_launch_args({spelling, "x1", "cmd"});
+      ADD_FAILURE() << spelling;
+    } catch (const LaunchUsageError& e) {
+      EXPECT_STREQ(e.what(), "--max-restarts: expected a count >= 0, got 'x1'");
+    }
+  }
+}
+
+TEST(LaunchOptions, TheCommandAndEverythingAfterItReachTheWorkersUntouched) {
+  EXPECT_EQ(parse_launch_args({"--nnodes", "1", "python", "t.py", "--nproc-per-node", "9", "--", "-h"}).command,
+            (Args{"python", "t.py", "--nproc-per-node", "9", "--", "-h"}));
+  EXPECT_EQ(parse_launch_args({"--", "--", "x", "--frobnicate"}).command, (Args{"--", "x", "--frobnicate"}));
+  EXPECT_EQ(parse_launch_args({"--", "-x", ""}).command, (Args{"-x", ""}));
+  EXPECT_EQ(parse_launch_args({"-", "a"}).command, (Args{"-", "a"}));
+}
+
+TEST(LaunchOptions, ARepeatedFlagsLastValueWinsAndRdzvConfItemsAccumulate) {
+  LaunchOptions o = parse_launch_args({"--max-restarts", "1", "--max_restarts=4", "--rdzv-endpoint", "h", "--rdzv-conf",
+                                       "join_timeout=5", "--rdzv-conf", "last_call_timeout=2", "x"});
+  EXPECT_EQ(o.max_restarts, 4);
+  EXPECT_DOUBLE_EQ(o.join_timeout_s(), 5);
+  EXPECT_DOUBLE_EQ(o.last_call_timeout_s(), 2);
 }
 
 TEST(LaunchOptions, NprocPerNodeResolvesGpuCpuAndAuto) {
