@@ -356,6 +356,40 @@ void FullyShardedDataParallel::load_shards(
   }
 }
 
+Tensor FullyShardedDataParallel::gather_param(size_t i, const std::vector<Tensor>& shards, int root) const {
+  State& s = *state_;
+  const int world = s.group->size(), rank = s.group->rank();
+  INGOT_CHECK(i < s.params.size(), "FullyShardedDataParallel::gather_param: parameter ", i, " of ", s.params.size());
+  INGOT_CHECK(shards.size() == s.units.size(), "FullyShardedDataParallel::gather_param: ", shards.size(),
+              " shards given for ", s.units.size(), " units");
+  INGOT_CHECK(0 <= root && root < world, "FullyShardedDataParallel::gather_param: root ", root, " of ", world);
+  const Unit& u = s.units[s.unit_of[i]];
+  const Tensor& shard = shards[s.unit_of[i]];
+  const int64_t chunk = u.plan.padded_numel / world;
+  INGOT_CHECK(shard.numel() == chunk && shard.is_contiguous(), "FullyShardedDataParallel::gather_param: unit '",
+              u.name, "' needs a contiguous shard of ", chunk, " elements, got ", shard.numel());
+  const size_t k = std::find(u.plan.params.begin(), u.plan.params.end(), i) - u.plan.params.begin();
+  const Tensor& p = s.params[i];
+  const int64_t begin = u.plan.offsets[k], end = begin + p.numel();
+  NoGradGuard no_grad;
+  Tensor full = rank == root ? empty({p.numel()}, shard.dtype(), shard.device()) : Tensor();
+  // Rank r owns [r * chunk, (r + 1) * chunk) of the unit: each owner of a piece sends it straight into `full`.
+  for (int r = static_cast<int>(begin / chunk); r < world && r * chunk < end; ++r) {
+    const int64_t lo = std::max(begin, r * chunk), hi = std::min(end, (r + 1) * chunk);
+    if (lo >= hi) continue;
+    Tensor piece;
+    if (rank == root) piece = full.as_strided({hi - lo}, {1}, lo - begin);
+    else if (rank == r) piece = shard.as_strided({hi - lo}, {1}, shard.offset() + (lo - r * chunk));
+    else piece = empty({hi - lo}, shard.dtype(), shard.device());
+    if (r == root) {
+      if (rank == root) piece.copy_(shard.as_strided({hi - lo}, {1}, shard.offset() + (lo - r * chunk)));
+      continue;  // nobody else needs it
+    }
+    s.group->broadcast(piece, r)->wait();
+  }
+  return rank == root ? full.as_strided(p.shape(), contiguous_strides(p.shape()), 0) : Tensor();
+}
+
 void FullyShardedDataParallel::unshard() {
   State& s = *state_;
   INGOT_CHECK(s.active, "FullyShardedDataParallel: unshard() called twice");

@@ -78,6 +78,12 @@ class FullyShardedDataParallel {
   // (model.parameters() order) into dst, a view of the shard in the parameter's dtype. Local, no collective; the
   // units' padding stays zero. f32 masters made from the shards before this call must be made again.
   void load_shards(const std::function<void(size_t param, int64_t begin, int64_t end, Tensor& dst)>& read);
+  // Parameter i's whole value (model.parameters() order) assembled from `shards` (one flat tensor per unit, in
+  // layout() order: optimizer_params() or same-layout copies of them such as f32 masters) on rank `root`, in the
+  // shards' dtype; undefined on the other ranks. Collective: every rank calls it with the same i. Only the
+  // parameter's own elements move (a broadcast from each other rank whose chunk holds some of them), so `root`
+  // holds one whole tensor beyond its shards and the others at most one chunk's piece (the streamed HF export).
+  Tensor gather_param(size_t i, const std::vector<Tensor>& shards, int root = 0) const;
   // Ends sharding: every parameter gets its whole value in storage of its own again and the hooks go quiet
   // (collective). The model is then as it was before wrapping, with the trained weights.
   void unshard();

@@ -320,67 +320,105 @@ void write_dir_atomic(const std::string& dir, const std::function<void(const std
   }
 }
 
-void save_hf_model(const CausalLM& model, const HFConfig& cfg, const std::string& dir, const HFSaveOptions& opts) {
-  INGOT_CHECK(opts.max_shard_bytes > 0, "save_hf_model: max_shard_bytes must be positive, got ", opts.max_shard_bytes);
-  for (const std::string& f : opts.extra_files)
-    INGOT_CHECK(fs::is_regular_file(f), "save_hf_model: extra file ", f, " does not exist");
-  const std::map<std::string, Tensor> merged = nn::merged_state_dict(model);
-  std::vector<std::pair<std::string, Tensor>> tensors;
+namespace {
+
+// What an export writes: the exported parameters (LoRA adapters aside) as model.named_parameters() indices, their
+// safetensors entries (Hugging Face layout and the export dtype) and their greedy split into files, in parameter
+// order, as transformers' shard_checkpoint does.
+struct HFExportPlan {
+  std::vector<size_t> params;
+  std::vector<SafetensorsEntry> entries;  // per exported parameter
+  std::vector<bool> transposed;
+  std::vector<std::vector<size_t>> shards{1};  // positions into params
   int64_t total = 0;
   DType config_dtype = DType::f32;
-  for (auto& [name, p] : model.named_parameters()) {
-    if (is_lora_name(name)) continue;
-    Tensor t = merged.at(name);
-    const DType dt = opts.dtype ? *opts.dtype : t.dtype();
-    hf_dtype_name(dt);  // refuses dtypes transformers cannot hold
-    if (tensors.empty()) config_dtype = dt;
-    total += t.numel() * static_cast<int64_t>(itemsize(dt));
-    tensors.emplace_back(name, t);
-  }
-  // Greedy sharding in parameter order, as transformers' shard_checkpoint does.
-  std::vector<std::vector<size_t>> shards(1);
+};
+
+HFExportPlan plan_hf_export(const CausalLM& model, const HFConfig& cfg, const HFSaveOptions& opts) {
+  INGOT_CHECK(opts.max_shard_bytes > 0, "save_hf_model: max_shard_bytes must be positive, got ", opts.max_shard_bytes);
+  HFExportPlan plan;
   int64_t in_shard = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const DType dt = opts.dtype ? *opts.dtype : tensors[i].second.dtype();
-    const int64_t bytes = tensors[i].second.numel() * static_cast<int64_t>(itemsize(dt));
-    if (!shards.back().empty() && in_shard + bytes > opts.max_shard_bytes) {
-      shards.emplace_back();
+  const auto named = model.named_parameters();
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto& [name, p] = named[i];
+    if (is_lora_name(name)) continue;
+    const DType dt = opts.dtype ? *opts.dtype : p.dtype();
+    hf_dtype_name(dt);  // refuses dtypes transformers cannot hold
+    if (plan.params.empty()) plan.config_dtype = dt;
+    const bool transposed = hf_is_transposed(cfg, name);
+    Shape shape = p.shape();
+    if (transposed) std::swap(shape[0], shape[1]);
+    const int64_t bytes = p.numel() * static_cast<int64_t>(itemsize(dt));
+    if (!plan.shards.back().empty() && in_shard + bytes > opts.max_shard_bytes) {
+      plan.shards.emplace_back();
       in_shard = 0;
     }
-    shards.back().push_back(i);
+    plan.shards.back().push_back(plan.params.size());
     in_shard += bytes;
+    plan.total += bytes;
+    plan.params.push_back(i);
+    plan.entries.push_back({name, dt, shape});
+    plan.transposed.push_back(transposed);
   }
-  const std::string config_text = hf_config_json(cfg, config_dtype);
+  return plan;
+}
+
+std::vector<SafetensorsEntry> shard_entries(const HFExportPlan& plan, size_t s) {
+  std::vector<SafetensorsEntry> entries;
+  for (size_t k : plan.shards[s]) entries.push_back(plan.entries[k]);
+  return entries;
+}
+
+}  // namespace
+
+std::vector<size_t> hf_export_order(const CausalLM& model, const HFConfig& cfg, const HFSaveOptions& opts) {
+  const HFExportPlan plan = plan_hf_export(model, cfg, opts);
+  std::vector<size_t> order;
+  for (size_t s = 0; s < plan.shards.size(); ++s)
+    for (size_t k : safetensors_data_order(shard_entries(plan, s))) order.push_back(plan.params[plan.shards[s][k]]);
+  return order;
+}
+
+void save_hf_model_streamed(const CausalLM& model, const HFConfig& cfg, const std::string& dir,
+                            const HFSaveOptions& opts, const std::function<Tensor(size_t param)>& fetch) {
+  for (const std::string& f : opts.extra_files)
+    INGOT_CHECK(fs::is_regular_file(f), "save_hf_model: extra file ", f, " does not exist");
+  const HFExportPlan plan = plan_hf_export(model, cfg, opts);
+  const std::string config_text = hf_config_json(cfg, plan.config_dtype);
 
   write_dir_atomic(dir, [&](const std::string& tmp) {
     json weight_map = json::object();
     char buf[64];
-    for (size_t s = 0; s < shards.size(); ++s) {
+    for (size_t s = 0; s < plan.shards.size(); ++s) {
       std::string file = kSingleFile;
-      if (shards.size() > 1) {
-        std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+      if (plan.shards.size() > 1) {
+        std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", s + 1, plan.shards.size());
         file = buf;
       }
-      std::vector<std::pair<std::string, Tensor>> part;
-      NoGradGuard ng;
-      for (size_t i : shards[s]) {
-        auto [name, t] = tensors[i];
-        if (hf_is_transposed(cfg, name)) t = transpose(t, 0, 1);
-        if (opts.dtype) t = t.to(*opts.dtype);
-        part.emplace_back(name, t);
-        weight_map[name] = file;
-      }
-      // transformers refuses safetensors files whose metadata lacks format=pt.
-      save_safetensors(tmp + "/" + file, part, {{"format", "pt"}});
+      for (size_t k : plan.shards[s]) weight_map[plan.entries[k].name] = file;
+      // transformers refuses safetensors files whose metadata lacks format=pt. The writer converts to the export
+      // dtype and makes GPT-2's transposed views contiguous slab by slab, so nothing beyond fetch's tensor is whole.
+      write_safetensors_streamed(tmp + "/" + file, shard_entries(plan, s), {{"format", "pt"}}, [&](size_t j) {
+        const size_t k = plan.shards[s][j];
+        NoGradGuard ng;
+        Tensor t = fetch(plan.params[k]);
+        return plan.transposed[k] ? transpose(t, 0, 1) : t;
+      });
     }
-    if (shards.size() > 1) {
-      json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    if (plan.shards.size() > 1) {
+      json index = {{"metadata", {{"total_size", plan.total}}}, {"weight_map", weight_map}};
       write_text_file(tmp + "/" + kIndexFile, index.dump(2) + "\n");
     }
     write_text_file(tmp + "/config.json", config_text);
     for (const std::string& f : opts.extra_files)
       write_text_file(tmp + "/" + fs::path(f).filename().string(), read_file(f));
   });
+}
+
+void save_hf_model(const CausalLM& model, const HFConfig& cfg, const std::string& dir, const HFSaveOptions& opts) {
+  const std::map<std::string, Tensor> merged = nn::merged_state_dict(model);  // LoRA adapters merged
+  const auto named = model.named_parameters();
+  save_hf_model_streamed(model, cfg, dir, opts, [&](size_t i) { return merged.at(named[i].first); });
 }
 
 }  // namespace ingot::models

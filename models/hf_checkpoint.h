@@ -73,6 +73,16 @@ struct HFSaveOptions {
 void save_hf_model(const CausalLM& model, const HFConfig& cfg, const std::string& dir,
                    const HFSaveOptions& opts = {});
 
+// Streaming export (ZeRO-3, where no rank holds the whole model): writes exactly what save_hf_model writes, but
+// parameter i's value (model.named_parameters() index, LoRA adapters excluded) comes from fetch(i), called once
+// per parameter in hf_export_order, just before its bytes are written; it is converted (dtype, GPT-2's Conv1D
+// transpose) slab by slab and dropped before the next call, so one whole tensor exists at a time. `model` gives
+// names, shapes and dtypes only. A throw from fetch leaves `dir` as it was.
+void save_hf_model_streamed(const CausalLM& model, const HFConfig& cfg, const std::string& dir,
+                            const HFSaveOptions& opts, const std::function<Tensor(size_t param)>& fetch);
+// The parameter indices in the order save_hf_model_streamed fetches them (ranks that only help gather follow it).
+std::vector<size_t> hf_export_order(const CausalLM& model, const HFConfig& cfg, const HFSaveOptions& opts = {});
+
 // Replaces directory `dir` with what `write(tmp_dir)` puts into a fresh sibling directory, all or nothing
 // (files fsynced, then renamed into place; an existing `dir` is moved aside and removed only after).
 void write_dir_atomic(const std::string& dir, const std::function<void(const std::string& tmp_dir)>& write);

@@ -266,31 +266,64 @@ Tensor SafetensorsFile::get(const std::string& name) const {
   return t;
 }
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  std::set<std::string> seen;
-  for (const auto& [name, t] : tensors) {
-    INGOT_CHECK(!name.empty(), "save_safetensors: '", path, "': tensor names must be non-empty");
-    INGOT_CHECK(name != kMetadataKey, "save_safetensors: '", path, "': '", kMetadataKey,
-                "' is reserved and cannot name a tensor");
-    INGOT_CHECK(seen.insert(name).second, "save_safetensors: '", path, "': duplicate tensor name '", name, "'");
-    INGOT_CHECK(t.defined(), "save_safetensors: '", path, "': tensor '", name, "' is undefined");
-  }
-  std::vector<size_t> order(tensors.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return itemsize(tensors[a].second.dtype()) > itemsize(tensors[b].second.dtype());
-  });
+namespace {
 
+// Bytes converted, made contiguous and copied to host at a time when a tensor is not already host bytes.
+constexpr int64_t kSlabBytes = int64_t{4} << 20;
+
+// Appends t's elements in row-major order as `dtype`, one slab of leading-dimension rows at a time.
+void write_tensor_bytes(std::FILE* f, const Tensor& t, DType dtype) {
+  if (t.device().is_cpu() && t.dtype() == dtype && t.is_contiguous()) {
+    write_bytes(f, t.data_ptr(), t.nbytes());
+    return;
+  }
+  if (t.dim() == 0 || t.numel() == 0) {
+    Tensor host = t.to(dtype).to(Device::cpu()).contiguous_raw();
+    write_bytes(f, host.data_ptr(), host.nbytes());
+    return;
+  }
+  const int64_t rows = t.shape()[0];
+  const int64_t row_bytes = t.numel() / rows * static_cast<int64_t>(std::max(itemsize(dtype), itemsize(t.dtype())));
+  const int64_t per_slab = std::max<int64_t>(1, kSlabBytes / std::max<int64_t>(row_bytes, 1));
+  for (int64_t r = 0; r < rows; r += per_slab) {
+    Shape shape = t.shape();
+    shape[0] = std::min(per_slab, rows - r);
+    Tensor slab = t.as_strided(shape, t.strides(), t.offset() + r * t.strides()[0]);
+    Tensor host = slab.contiguous_raw().to(dtype).to(Device::cpu()).contiguous_raw();
+    write_bytes(f, host.data_ptr(), host.nbytes());
+  }
+}
+
+}  // namespace
+
+std::vector<size_t> safetensors_data_order(const std::vector<SafetensorsEntry>& entries) {
+  std::vector<size_t> order(entries.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return itemsize(entries[a].dtype) > itemsize(entries[b].dtype); });
+  return order;
+}
+
+void write_safetensors_streamed(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                                const std::map<std::string, std::string>& metadata,
+                                const std::function<Tensor(size_t entry)>& produce) {
+  std::set<std::string> seen;
+  for (const SafetensorsEntry& e : entries) {
+    INGOT_CHECK(!e.name.empty(), "save_safetensors: '", path, "': tensor names must be non-empty");
+    INGOT_CHECK(e.name != kMetadataKey, "save_safetensors: '", path, "': '", kMetadataKey,
+                "' is reserved and cannot name a tensor");
+    INGOT_CHECK(seen.insert(e.name).second, "save_safetensors: '", path, "': duplicate tensor name '", e.name, "'");
+  }
+  const std::vector<size_t> order = safetensors_data_order(entries);
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
   uint64_t offset = 0;
   for (size_t i : order) {
-    const auto& [name, t] = tensors[i];
-    uint64_t nbytes = t.nbytes();
-    header[name] = {{"dtype", std::string(dtype_st_name(t.dtype()))},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + nbytes}}};
+    const SafetensorsEntry& e = entries[i];
+    const uint64_t nbytes = static_cast<uint64_t>(numel(e.shape)) * itemsize(e.dtype);
+    header[e.name] = {{"dtype", std::string(dtype_st_name(e.dtype))},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
   }
   std::string text;
@@ -308,10 +341,27 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     write_bytes(f, len, 8);
     write_bytes(f, text.data(), text.size());
     for (size_t i : order) {
-      Tensor host = tensors[i].second.to(Device::cpu()).contiguous_raw();
-      write_bytes(f, host.data_ptr(), host.nbytes());
+      const SafetensorsEntry& e = entries[i];
+      Tensor t = produce(i);
+      INGOT_CHECK(t.defined(), "save_safetensors: '", path, "': tensor '", e.name, "' is undefined");
+      INGOT_CHECK(t.shape() == e.shape, "save_safetensors: '", path, "': tensor '", e.name,
+                  "' was declared with shape ", shape_str(e.shape), " but has shape ", shape_str(t.shape()));
+      INGOT_CHECK(t.dtype() == e.dtype || (is_floating(t.dtype()) && is_floating(e.dtype)), "save_safetensors: '",
+                  path, "': tensor '", e.name, "' is ", dtype_name(t.dtype()), ", which cannot be written as ",
+                  dtype_name(e.dtype));
+      write_tensor_bytes(f, t, e.dtype);
     }
   });
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, t] : tensors) {
+    INGOT_CHECK(t.defined(), "save_safetensors: '", path, "': tensor '", name, "' is undefined");
+    entries.push_back({name, t.dtype(), t.shape()});
+  }
+  write_safetensors_streamed(path, entries, metadata, [&](size_t k) { return tensors[k].second; });
 }
 
 }  // namespace ingot

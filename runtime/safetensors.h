@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -49,6 +50,27 @@ class SafetensorsFile {
   std::unordered_map<std::string, TensorInfo> infos_;
   std::map<std::string, std::string> metadata_;
 };
+
+// One tensor of a file written by write_safetensors_streamed: what its header entry says.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+};
+
+// The order in which write_safetensors_streamed lays out (and asks for) `entries`: grouped by decreasing
+// itemsize, stable, so every tensor starts aligned to its itemsize. Indices into `entries`.
+std::vector<size_t> safetensors_data_order(const std::vector<SafetensorsEntry>& entries);
+
+// Streams a safetensors file to `path` atomically (write_file_atomic: temp file, fsync, rename): the header, with
+// every entry's dtype, shape and offsets, is written first, then produce(k) is called for each entry k in
+// safetensors_data_order and its bytes appended before the next call, so only one tensor need exist at a time.
+// produce(k) returns a tensor of entry k's shape on any device, in any floating or matching dtype and with any
+// strides; it is converted, made contiguous and copied to host in slabs of at most a few MiB, never whole. If
+// produce throws, or writing fails, `path` keeps its previous contents and no temp file is left.
+void write_safetensors_streamed(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                                const std::map<std::string, std::string>& metadata,
+                                const std::function<Tensor(size_t entry)>& produce);
 
 // Writes `tensors` (any device, dtype and strides; copied to host one at a time) to `path` atomically.
 // Names must be unique and non-empty. The data buffer keeps the given order, except that tensors are

@@ -208,5 +208,62 @@ TEST(Safetensors, FailedSaveLeavesTheExistingFileUntouched) {
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 1) << "a temp file was left";
 }
 
+// The streaming writer is what save_safetensors runs on: declared entries give the same file as whole tensors,
+// tensors are asked for in data order one at a time, and converted, transposed inputs give the bytes of their
+// whole contiguous conversion.
+TEST(SafetensorsStreamed, DeclaredEntriesWriteTheFileSaveSafetensorsWrites) {
+  manual_seed(5);
+  TempDir dir("ingot_st_");
+  Tensor a = randn({3, 4}, DType::f32), b = randn({5}, DType::f64), c = randn({700, 900}, DType::f32);
+  Tensor ct = c.as_strided({900, 700}, {1, 900}, 0);  // transposed, not contiguous: written in slabs
+  save_safetensors(dir.file("whole.safetensors"),
+                   {{"a", a.to(DType::bf16)}, {"b", b}, {"c", ct.contiguous_raw().to(DType::bf16)}},
+                   {{"format", "pt"}});
+  std::vector<SafetensorsEntry> entries = {
+      {"a", DType::bf16, {3, 4}}, {"b", DType::f64, {5}}, {"c", DType::bf16, {900, 700}}};
+  EXPECT_EQ(safetensors_data_order(entries), (std::vector<size_t>{1, 0, 2}));
+  std::vector<size_t> asked;
+  write_safetensors_streamed(dir.file("streamed.safetensors"), entries, {{"format", "pt"}}, [&](size_t k) {
+    asked.push_back(k);
+    return std::vector<Tensor>{a, b, ct}[k];
+  });
+  EXPECT_EQ(asked, (std::vector<size_t>{1, 0, 2}));
+  EXPECT_EQ(read_file(dir.file("streamed.safetensors")), read_file(dir.file("whole.safetensors")));
+}
+
+// Slabs: a 16 MiB transposed f32 tensor written as bf16 never has a whole converted or contiguous copy.
+TEST(SafetensorsStreamed, NonContiguousTensorsAreConvertedInSlabsNotWhole) {
+  TempDir dir("ingot_st_");
+  Tensor big = randn({2048, 2048}, DType::f32).as_strided({2048, 2048}, {1, 2048}, 0);
+  Allocator& alloc = cpu_allocator();
+  const int64_t before = alloc.stats().allocated_bytes;
+  alloc.reset_peak();
+  write_safetensors_streamed(dir.file("big.safetensors"), {{"big", DType::bf16, {2048, 2048}}}, {},
+                             [&](size_t) { return big; });
+  const int64_t extra = alloc.stats().peak_allocated_bytes - before;
+  EXPECT_LE(extra, int64_t{7} << 20) << "more than a slab (4 MiB of f32 + its 2 MiB of bf16) was allocated";
+  Tensor back = SafetensorsFile::open(dir.file("big.safetensors")).get("big");
+  EXPECT_EQ(bytes_of(back), bytes_of(big.contiguous_raw().to(DType::bf16)));
+}
+
+TEST(SafetensorsStreamed, AFailureMidStreamLeavesThePreviousFileAndNoTempFile) {
+  TempDir dir("ingot_st_");
+  std::string path = dir.file("keep.safetensors");
+  save_safetensors(path, {{"x", arange(0, 5, DType::f32)}});
+  const std::string before = read_file(path);
+  std::vector<SafetensorsEntry> entries = {{"x", DType::f32, {4}}, {"y", DType::f32, {4}}, {"z", DType::f32, {4}}};
+  EXPECT_THROW(write_safetensors_streamed(path, entries, {},
+                                          [&](size_t k) -> Tensor {
+                                            if (k == 1) INGOT_FAIL("gather failed");
+                                            return ones({4}, DType::f32);
+                                          }),
+               Error);
+  EXPECT_EQ(read_file(path), before);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 1) << "a temp file was left";
+  // A tensor that does not match its declaration is refused the same way.
+  EXPECT_THROW(write_safetensors_streamed(path, entries, {}, [&](size_t) { return ones({5}, DType::f32); }), Error);
+  EXPECT_EQ(read_file(path), before);
+}
+
 }  // namespace
 }  // namespace ingot
