@@ -4,6 +4,7 @@
 // Exit status: 0 done, 1 runtime error, 2 usage or config error (nothing written).
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -494,6 +495,9 @@ int dispatch(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write to a socket whose peer is gone (a rank that failed first) must be an error that names the collective,
+  // not a silent death by SIGPIPE that the launcher would then report as the root cause (Python's default too).
+  std::signal(SIGPIPE, SIG_IGN);
   try {
     return dispatch(argc, argv);
   } catch (const UsageError& e) {

@@ -240,6 +240,12 @@ struct Attempt {
         return r;
       }
       if (g.any_failed()) {
+        // A failure often brings its peers down within milliseconds (a closed socket), and the first to be reaped
+        // need not be the first that failed: give the others up to a second to fail on their own and write their
+        // error files, whose timestamps then decide the root cause.
+        const double settle_until = seconds_now() + 1.0;
+        while (!g.all_exited() && seconds_now() < settle_until && signals.stop_requests() == 0)
+          g.poll(0.05, signals);
         size_t root = choose_root_cause(g);
         // The other nodes hear of it before our workers are stopped (which may take the whole grace period).
         std::string summary = describe_failure(g, root, a, host).summary;
