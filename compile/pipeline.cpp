@@ -38,22 +38,11 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 // INGOT_SKIP_PASSES=name,name: passes left out, to bisect a miscompilation (the names INGOT_LOGS=passes prints).
 // Only optimizations should be skipped; a pass the backend needs (functionalize) fails later when skipped.
 bool skipped_by_env(std::string_view name) {
-  static const std::vector<std::string> skipped = [] {
-    std::vector<std::string> out;
+  static const std::string skipped = [] {
     const char* e = std::getenv("INGOT_SKIP_PASSES");
-    std::string item;
-    for (const char* c = e ? e : ""; ; ++c) {
-      if (*c == ',' || *c == '\0') {
-        if (!item.empty()) out.push_back(item);
-        item.clear();
-        if (*c == '\0') break;
-      } else {
-        item += *c;
-      }
-    }
-    return out;
+    return "," + std::string(e ? e : "") + ",";
   }();
-  return std::find(skipped.begin(), skipped.end(), name) != skipped.end();
+  return skipped.find("," + std::string(name) + ",") != std::string::npos;
 }
 
 template <class F>

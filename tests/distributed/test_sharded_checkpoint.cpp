@@ -20,6 +20,7 @@
 #include "runtime/error.h"
 #include "runtime/file_util.h"
 #include "tests/shell.h"
+#include "tests/tiny_run.h"
 
 namespace ingot::recipes {
 namespace {
@@ -185,8 +186,6 @@ TEST(ShardedCheckpoint, AMissingOrChangedShardFileIsAnErrorNamingIt) {
 
 using Result = ingot::testing::ShellResult;  // stdout and stderr together
 
-fs::path bin_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
-
 // Train losses of metrics.jsonl by step.
 std::map<int64_t, double> train_losses(const std::string& metrics) {
   std::map<int64_t, double> out;
@@ -228,34 +227,10 @@ std::map<std::string, std::string> tree_sums(const std::string& root) {
   return out;
 }
 
-class ShardedRun : public ::testing::Test {
+class ShardedRun : public ingot::testing::TinyRun {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(fs::exists(bin_dir() / "ingot")) << "build the `ingot` target too";
-    std::string text;
-    for (int i = 0; i < 40; ++i) text += "And God said, Let there be light: and there was light.\n";
-    std::ofstream(dir_.file("text.txt")) << text;
-    std::ofstream(dir_.file("tiny.yaml"))
-        << "recipe: pretrain\ndevice: cpu\nmax_steps: 6\nseed: 3\n"
-           "data: {path: text.txt}\n"
-           "model: {n_layer: 2, n_head: 2, n_embd: 16, block_size: 8}\n"
-           "train: {batch_size: 12, lr: 1.0e-2, warmup_steps: 2, log_every: 1, eval_batches: 2}\n"
-           "logging: {plot: false}\n";
-  }
-  Result sh(const std::string& cmd) {
-    return ingot::testing::run_shell("cd '" + dir_.path() + "' && INGOT='" + (bin_dir() / "ingot").string() +
-                                     "' && (" + cmd + ") 2>&1");
-  }
-  Result single(const std::string& out, const std::string& overrides = "") {
-    return sh("\"$INGOT\" run tiny.yaml output_dir=" + out + " " + overrides);
-  }
-  Result launch(int nproc, const std::string& out, const std::string& overrides = "",
-                const std::string& launch_flags = "", const std::string& env = "") {
-    return sh(env + " \"$INGOT\" launch --nproc-per-node " + std::to_string(nproc) + " " + launch_flags +
-              " -- \"$INGOT\" run tiny.yaml output_dir=" + out + " " + overrides);
-  }
-  std::string path(const std::string& name) const { return dir_.file(name); }
-  TempDir dir_{"ingot_sharded_run"};
+  ShardedRun() : TinyRun("ingot_sharded_run", 2) {}
+};
 };
 
 // Losses: the same N resumes bitwise (the same shards, the same sums); other world sizes and one process

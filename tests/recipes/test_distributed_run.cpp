@@ -20,6 +20,7 @@
 #include "runtime/file_util.h"
 #include "runtime/safetensors.h"
 #include "tests/shell.h"
+#include "tests/tiny_run.h"
 
 namespace ingot::recipes {
 namespace {
@@ -27,8 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 
 using Result = ingot::testing::ShellResult;  // stdout and stderr together
-
-fs::path bin_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -79,36 +78,10 @@ TEST(DataParallelSampler, RanksReadDisjointRowsThatMakeUpTheGlobalBatch) {
   EXPECT_THROW(BatchSampler(d, Split::Train, 8, 8, 7, 0, 3), Error);
 }
 
-class DistributedRun : public ::testing::Test {
+class DistributedRun : public ingot::testing::TinyRun {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(fs::exists(bin_dir() / "ingot")) << "build the `ingot` target too";
-    std::string text;
-    for (int i = 0; i < 40; ++i) text += "And God said, Let there be light: and there was light.\n";
-    std::ofstream(dir_.file("text.txt")) << text;
-    std::ofstream(dir_.file("tiny.yaml"))
-        << "recipe: pretrain\ndevice: cpu\nmax_steps: 6\nseed: 3\n"
-           "data: {path: text.txt}\n"
-           "model: {n_layer: 1, n_head: 2, n_embd: 16, block_size: 8}\n"
-           "train: {batch_size: 12, lr: 1.0e-2, warmup_steps: 2, log_every: 1, eval_batches: 2}\n"
-           "logging: {plot: false}\n";
-  }
-  // Runs a shell command line in the test directory with $INGOT the built binary.
-  Result sh(const std::string& cmd) {
-    return ingot::testing::run_shell("cd '" + dir_.path() + "' && INGOT='" + (bin_dir() / "ingot").string() +
-                                     "' && (" + cmd + ") 2>&1");
-  }
-  // One process, no launcher.
-  Result single(const std::string& out, const std::string& overrides = "") {
-    return sh("\"$INGOT\" run tiny.yaml output_dir=" + out + " " + overrides);
-  }
-  Result launch(int nproc, const std::string& out, const std::string& overrides = "",
-                const std::string& launch_flags = "", const std::string& env = "") {
-    return sh(env + " \"$INGOT\" launch --nproc-per-node " + std::to_string(nproc) + " " + launch_flags +
-              " -- \"$INGOT\" run tiny.yaml output_dir=" + out + " " + overrides);
-  }
-  std::string path(const std::string& name) const { return dir_.file(name); }
-  TempDir dir_{"ingot_dp_test"};
+  DistributedRun() : TinyRun("ingot_dp_test", 1) {}
+};
 };
 
 TEST_F(DistributedRun, TwoWorkersTrainLikeOneProcessOnTheSameGlobalBatch) {

@@ -1,0 +1,53 @@
+// A test directory with a tiny pretraining recipe (GPT-2 of `n_layer` layers, 16 wide, on a repeated KJV line,
+// 6 steps) and the built `ingot` next to the test binary: the fixture of the tests that run `ingot run` and
+// `ingot launch` as a user would (DistributedRun.*, ShardedRun.*).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "runtime/file_util.h"
+#include "tests/shell.h"
+
+namespace ingot::testing {
+
+class TinyRun : public ::testing::Test {
+ protected:
+  TinyRun(const char* dir_prefix, int n_layer) : n_layer_(n_layer), dir_(dir_prefix) {}
+  static std::filesystem::path bin_dir() { return std::filesystem::read_symlink("/proc/self/exe").parent_path(); }
+  void SetUp() override {
+    ASSERT_TRUE(std::filesystem::exists(bin_dir() / "ingot")) << "build the `ingot` target too";
+    std::string text;
+    for (int i = 0; i < 40; ++i) text += "And God said, Let there be light: and there was light.\n";
+    std::ofstream(dir_.file("text.txt")) << text;
+    std::ofstream(dir_.file("tiny.yaml"))
+        << "recipe: pretrain\ndevice: cpu\nmax_steps: 6\nseed: 3\n"
+           "data: {path: text.txt}\n"
+           "model: {n_layer: " << n_layer_ << ", n_head: 2, n_embd: 16, block_size: 8}\n"
+           "train: {batch_size: 12, lr: 1.0e-2, warmup_steps: 2, log_every: 1, eval_batches: 2}\n"
+           "logging: {plot: false}\n";
+  }
+  // Runs a shell command line in the test directory with $INGOT the built binary.
+  ShellResult sh(const std::string& cmd) {
+    return run_shell("cd '" + dir_.path() + "' && INGOT='" + (bin_dir() / "ingot").string() + "' && (" + cmd +
+                     ") 2>&1");
+  }
+  // One process, no launcher.
+  ShellResult single(const std::string& out, const std::string& overrides = "") {
+    return sh("\"$INGOT\" run tiny.yaml output_dir=" + out + " " + overrides);
+  }
+  ShellResult launch(int nproc, const std::string& out, const std::string& overrides = "",
+                     const std::string& launch_flags = "", const std::string& env = "") {
+    return sh(env + " \"$INGOT\" launch --nproc-per-node " + std::to_string(nproc) + " " + launch_flags +
+              " -- \"$INGOT\" run tiny.yaml output_dir=" + out + " " + overrides);
+  }
+  std::string path(const std::string& name) const { return dir_.file(name); }
+
+  int n_layer_;
+  TempDir dir_;
+};
+
+}  // namespace ingot::testing
