@@ -231,7 +231,6 @@ class ShardedRun : public ingot::testing::TinyRun {
  protected:
   ShardedRun() : TinyRun("ingot_sharded_run", 2) {}
 };
-};
 
 // Losses: the same N resumes bitwise (the same shards, the same sums); other world sizes and one process
 // follow the uninterrupted run within 1e-5 relative (the same f32 sums in another order, as DDP vs one

@@ -82,7 +82,6 @@ class DistributedRun : public ingot::testing::TinyRun {
  protected:
   DistributedRun() : TinyRun("ingot_dp_test", 1) {}
 };
-};
 
 TEST_F(DistributedRun, TwoWorkersTrainLikeOneProcessOnTheSameGlobalBatch) {
   Result one = single("one");
