@@ -26,7 +26,7 @@ void accumulate_leaf(const std::shared_ptr<TensorImpl>& leaf, Tensor g) {
     if (r.defined()) g = r;
   }
   if (TraceObserver* obs = trace_observer()) {
-    obs->on_accumulate_grad(leaf, g);  // traced: recorded as ops (compile/trace.cpp)
+    obs->on_accumulate_grad(leaf, g);  // traced: recorded as ops (compile/trace/trace.cpp)
   } else {
     if (g.dtype() != leaf->dtype) g = g.to(leaf->dtype);
     if (g.shape() != leaf->shape) g = sum_to_shape(g, leaf->shape);

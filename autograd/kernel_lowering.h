@@ -1,6 +1,6 @@
 // Note [Ops lower themselves]: an op that a generated kernel can compute says how, in its family file, by also
 // deriving from KernelLowering: lower() appends its scalar expression to the kernel being built
-// (compile/codegen/kernel_spec.h) and returns the node ids of its outputs. compile/lower_kernel.cpp decides
+// (compile/codegen/common/kernel_spec.h) and returns the node ids of its outputs. compile/lower/lower_kernel.cpp decides
 // only the iteration space (which axes are rows and which are reduced, from reduced_axes()) and the
 // buffers; it knows no op. An op that is not a KernelLowering runs its eager kernel inside compiled steps
 // (matmuls, attention, indexing, collectives). A multi-tensor update lowers itself through its own
@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "autograd/primitive.h"
-#include "compile/codegen/kernel_spec.h"
+#include "compile/codegen/common/kernel_spec.h"
 
 namespace ingot {
 
 // What lower() sees of the kernel being built: the spec, the op's inputs as node ids, its outputs' dtypes and
-// the iteration space. Implemented by compile/lower_kernel.cpp (fusion groups) and by the eager interpreter
+// the iteration space. Implemented by compile/lower/lower_kernel.cpp (fusion groups) and by the eager interpreter
 // of pointwise formulas (autograd/ops/pointwise.cpp).
 class LowerContext {
  public:

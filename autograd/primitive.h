@@ -110,7 +110,7 @@ inline Tensor apply1(std::shared_ptr<Primitive> p, const std::vector<Tensor>& in
   return apply(std::move(p), inputs, loc)[0];
 }
 
-// Tracing seam (compile/trace.cpp implements it). While an observer is installed on this thread, apply()
+// Tracing seam (compile/trace/trace.cpp implements it). While an observer is installed on this thread, apply()
 // reports every application after evaluating it, and the code that changes persistent tensors outside of
 // primitives (gradient accumulation in the engine, the optimizers' in-place updates) reports that too, so a
 // whole training step can be recorded as one graph. Null (the default) costs one branch per op.
@@ -126,7 +126,7 @@ class TraceObserver {
   // `t` holds host-computed values that a replay must recompute with `produce` before every run (learning
   // rate, step count); `produce` may advance host counters (it stands in for the host code that made t).
   virtual void on_host_input(const Tensor& t, std::function<Tensor()> produce) = 0;
-  // Deferred execution (compile/segments.h): asked before `p` is evaluated. Outputs returned here stand in
+  // Deferred execution (compile/trace/segments.h): asked before `p` is evaluated. Outputs returned here stand in
   // for the evaluation (right metadata, data produced later by the observer); nullopt evaluates now. Either
   // way on_apply follows.
   virtual std::optional<std::vector<Tensor>> defer(const std::shared_ptr<Primitive>&, const std::vector<Tensor>&,
@@ -145,7 +145,7 @@ class OpProfilerHook {
   virtual ~OpProfilerHook() = default;
   virtual void begin_op(const Primitive& p) = 0;
   virtual void end_op(const Primitive& p, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) = 0;
-  // Compiled steps (compile/executor.cpp) report each generated kernel too, named after the ops it fuses.
+  // Compiled steps (compile/exec/executor.cpp) report each generated kernel too, named after the ops it fuses.
   virtual void begin_kernel(const std::string& name) { (void)name; }
   virtual void end_kernel(const std::string& name, const std::vector<Tensor>& outputs) {
     (void)name;

@@ -1,6 +1,6 @@
 // Note [Multi-tensor updates]: an optimizer's update of n parameters applied as one primitive (optim/
 // fused_update.h: AdamW over every parameter of a step in one node). Such a primitive also derives from
-// MultiTensorUpdate, which tells the compiler what it needs to split the update and to lower it to one multi-tensor kernel (compile/lower_kernel.cpp), so
+// MultiTensorUpdate, which tells the compiler what it needs to split the update and to lower it to one multi-tensor kernel (compile/lower/lower_kernel.cpp), so
 // compile/ knows no optimizer: the update, its eager kernels and its kernel IR live with the optimizer.
 //
 // Inputs: hyper (a host f64 tensor [G, 3], one row per update), then input_slots() lists of tensors() tensors
@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "autograd/primitive.h"
-#include "compile/codegen/kernel_spec.h"
+#include "compile/codegen/common/kernel_spec.h"
 
 namespace ingot {
 
 // The update as one KernelSpec of kind MultiTensor: buffer slots are the input slots then the output slots,
 // each output aliasing the input it updates. Its run-time scalars are {lr, 1 - lr * weight_decay, grad_scale,
 // 1 - beta1^step, 1 - beta2^step}, which the executor computes per call from row hyper_row of the hyper
-// tensor {lr, step, grad_scale} (compile/kernel_step.cpp).
+// tensor {lr, step, grad_scale} (compile/exec/kernel_step.cpp).
 struct MultiTensorKernel {
   codegen::KernelSpec spec;
   int64_t hyper_row = 0;

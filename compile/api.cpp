@@ -6,11 +6,11 @@
 #include <mutex>
 #include <sstream>
 
-#include "compile/graph_replay.h"
+#include "compile/exec/graph_replay.h"
 #include "compile/logs.h"
 #include "compile/pipeline.h"
-#include "compile/segments.h"
-#include "compile/trace.h"
+#include "compile/trace/segments.h"
+#include "compile/trace/trace.h"
 
 namespace ingot {
 namespace {
@@ -223,7 +223,7 @@ struct CompiledFunction::State {
     Entry e;
     e.sig = sig;
     if (!tr.breaks.empty()) {
-      // Later calls run split at the breaks (compile/segments.h); this call already ran eagerly.
+      // Later calls run split at the breaks (compile/trace/segments.h); this call already ran eagerly.
       for (const compiler::GraphBreak& b : tr.breaks) {
         bool seen = false;
         for (const std::string& s : stats.graph_breaks) seen = seen || s == b.str();

@@ -9,7 +9,7 @@
 //   });
 //   for (...) { opt.set_lr(schedule.at(i)); Tensor loss = step({ids, targets})[0]; }
 //
-// The first call traces the function (compile/trace.h: that call runs eagerly and its results are returned)
+// The first call traces the function (compile/trace/trace.h: that call runs eagerly and its results are returned)
 // into ONE graph holding forward, backward, the optimizer update and the gradient bookkeeping; passes
 // (compile/pipeline.h) optimize it and later calls run the compiled executable. Parameters and optimizer state
 // are read by handle and updated in place; the learning rate and step count are re-read on every call, so an
@@ -28,7 +28,7 @@
 // Graph breaks (item() on a traced value, data-dependent branches, ops with no lowering): with fullgraph
 // they throw naming the user's source line and reason; otherwise the graph is split there and the function
 // continues: later calls run it with its ops deferred, each piece between two breaks compiled once and run
-// as one graph (compile/segments.h), the op with no lowering eagerly. Breaks and segments are reported
+// as one graph (compile/trace/segments.h), the op with no lowering eagerly. Breaks and segments are reported
 // (explain(), INGOT_LOGS=graph_breaks).
 #pragma once
 
@@ -44,7 +44,7 @@
 
 namespace ingot {
 
-// On GPUs: ReduceOverhead replays the step as CUDA graphs (compile/graph_replay.h); MaxAutotune times kernel
+// On GPUs: ReduceOverhead replays the step as CUDA graphs (compile/exec/graph_replay.h); MaxAutotune times kernel
 // launch configs and cuBLASLt algorithms (compile/autotune/) and, as torch.compile's max-autotune does, also
 // replays CUDA graphs; MaxAutotuneNoCudagraphs only tunes. On CPUs all of them behave as Default.
 enum class CompileMode { Default, ReduceOverhead, MaxAutotune, MaxAutotuneNoCudagraphs };
@@ -131,7 +131,7 @@ struct CompileStats {
   int64_t planned_peak_bytes = 0, unplanned_peak_bytes = 0;  // memory plan of the last compiled graph
   PhaseTimes time;
   AutotuneStats autotune;  // all compiles of this function
-  // reduce-overhead on a GPU (compile/graph_replay.h): CUDA graphs replayed per call and the steps run normally
+  // reduce-overhead on a GPU (compile/exec/graph_replay.h): CUDA graphs replayed per call and the steps run normally
   // between them (they read host values); the reason when the step cannot be captured and runs without graphs.
   int64_t cuda_graphs = 0, cuda_graph_host_steps = 0;
   std::string cuda_graph_fallback;

@@ -10,7 +10,7 @@
 namespace ingot::compiler {
 
 // memory: after each run of a compiled step, the step at which the device allocator held the most and the
-// largest values alive there (compile/executor.cpp).
+// largest values alive there (compile/exec/executor.cpp).
 enum class LogKind { Graph, Passes, Recompiles, GraphBreaks, Guards, OutputCode, Schedule, Perf, Progress, Memory };
 
 bool log_on(LogKind k);

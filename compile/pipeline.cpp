@@ -19,9 +19,9 @@
 #include "compile/codegen/cuda/render_cuda.h"
 #include "runtime/cuda_runtime.h"
 #endif
-#include "compile/kernel_step.h"
+#include "compile/exec/kernel_step.h"
 #include "compile/logs.h"
-#include "compile/lower_kernel.h"
+#include "compile/lower/lower_kernel.h"
 #include "compile/passes/passes.h"
 
 namespace ingot::autotune {

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "compile/api.h"
-#include "compile/executor.h"
+#include "compile/exec/executor.h"
 
 namespace ingot::compiler {
 

@@ -18,7 +18,7 @@ Tensor all_reduce_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
 // all_reduce_start issues it and returns the buffer being reduced (not to be read yet); collective_wait
 // returns that buffer once the reduction is done (CUDA: the current stream waits, the host does not). The
 // compiler's scheduler issues starts as soon as their inputs exist and waits as late as their consumers
-// allow (compile/lowering.h: schedule_class).
+// allow (compile/lower/lowering.h: schedule_class).
 Tensor all_reduce_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
 Tensor collective_wait(const Tensor& pending);
 // ZeRO-1's pair, each a start and a wait like the all-reduce. reduce_scatter_start: this rank's chunk

@@ -1,5 +1,5 @@
 // Traceable optimizer updates. Eagerly, AdamW/SGD step() call the fused multi-tensor kernels in place. Under
-// a trace (autograd TraceObserver, see compile/trace.cpp) they instead apply one of these primitives per
+// a trace (autograd TraceObserver, see compile/trace/trace.cpp) they instead apply one of these primitives per
 // launch: a functional version of the same kernel (parameters and state in, their updated values out) that
 // the tracer records as one graph node, followed by write-backs into the persistent tensors. The
 // hyper-parameters that change between steps (lr, step count, grad scale, SGD's first-step flag) are read

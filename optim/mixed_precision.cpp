@@ -29,7 +29,7 @@ void MasterWeights::copy_to_model() {
       model_[i].copy_(master_[i]);
       continue;
     }
-    // Traced (compile/trace.h): the rounding is an op and the copy a write-back, so a replay repeats both.
+    // Traced (compile/trace/trace.h): the rounding is an op and the copy a write-back, so a replay repeats both.
     Tensor v = cast(master_[i], model_[i].dtype());
     model_[i].copy_(v);
     obs->on_assign(model_[i], v);

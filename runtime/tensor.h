@@ -125,12 +125,12 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
-// Host-read seam for the compiler's tracer (compile/trace.cpp): when set (thread-local), item() and
+// Host-read seam for the compiler's tracer (compile/trace/trace.cpp): when set (thread-local), item() and
 // to_vector() call it first with the caller's source line, so a read of a traced value becomes a graph break
 // that names the user's line. Null by default.
 using HostReadHook = void (*)(const Tensor& t, const std::source_location& loc);
 void set_host_read_hook(HostReadHook hook);
-// Raw-access seam for deferred execution (compile/segments.h): when set (thread-local), the raw copies that
+// Raw-access seam for deferred execution (compile/trace/segments.h): when set (thread-local), the raw copies that
 // read or write data outside of ops call it first: copy_ (dst and src), fill_ (dst), clone_raw, to() and
 // str() (src only). It may run pending work first; for copy_ it may return true to take the write over (copy_
 // then only bumps dst's version). Null by default.

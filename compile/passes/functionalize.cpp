@@ -1,5 +1,5 @@
 // Functionalization. The tracer already turns every in-place update of a persistent tensor into a pure value
-// plus a write-back (compile/trace.cpp: on_assign) and every gradient accumulation into ops, so the graph
+// plus a write-back (compile/trace/trace.cpp: on_assign) and every gradient accumulation into ops, so the graph
 // has no mutation. Invariant afterwards: no write-back writes a captured tensor's own input value back (a
 // no-op), and no two write-backs target one input. Roots that alias captured buffers are copied by the
 // executor before write-backs run. Test: tests/compile/test_passes.cpp (Functionalize.*).

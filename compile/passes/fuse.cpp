@@ -19,7 +19,7 @@
 #include <sstream>
 
 #include "autograd/ops/attrs.h"
-#include "compile/lowering.h"
+#include "compile/lower/lowering.h"
 #include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {

@@ -2,7 +2,7 @@
 // are contiguous (so a group runs as one kernel), and among ready nodes the one earliest in the traced
 // order goes first (the trace order already frees forward activations as backward consumes them; keeping
 // it keeps peak memory where eager has it). Groups are acyclic by fuse.cpp's invariant.
-// Collectives (compile/lowering.h: schedule_class) bend the order: a collective's start, and the views and
+// Collectives (compile/lower/lowering.h: schedule_class) bend the order: a collective's start, and the views and
 // concatenations whose results only feed starts (a bucket's flatten and concatenation), go before other
 // ready work; a wait goes after all other ready work. A gradient bucket is then reduced while
 // the rest of the backward runs, and the optimizer waits for it last.
@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <queue>
 
-#include "compile/lowering.h"
+#include "compile/lower/lowering.h"
 #include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {

@@ -1,11 +1,11 @@
 // Algebraic simplification and constant folding. Invariant afterwards: no node returns one of its inputs
-// unchanged (compile/lowering.h identity_input: clone, contiguous, x*1, x+0, same-shape reshape/expand;
+// unchanged (compile/lower/lowering.h identity_input: clone, contiguous, x*1, x+0, same-shape reshape/expand;
 // its uses read the input instead), and no node whose inputs are all Constant inputs and whose outputs
 // have at most fold_limit elements remains: it is evaluated now and its outputs become Constant inputs.
 // Identity removal is sound because the graph is pure: a buffer is never written after it is made (the
 // executor copies roots that alias captured tensors). The bypassed nodes are left for dce.
 // Test: tests/compile/test_passes.cpp (Simplify.*).
-#include "compile/lowering.h"
+#include "compile/lower/lowering.h"
 #include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {

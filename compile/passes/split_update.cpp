@@ -3,7 +3,7 @@
 // peak of a training step whose activations are small. With budget < 1 this pass replaces each multi-tensor
 // update (AdamW's; Note [Multi-tensor updates], autograd/primitive_multi_tensor.h) by one update per parameter, placed right after the last node that produces its gradient or
 // reads its parameter, so each gradient dies as soon as it is complete and the parameter is updated in place
-// (the executor's in-place rule, compile/kernel_step.cpp, holds because nothing reads it afterwards).
+// (the executor's in-place rule, compile/exec/kernel_step.cpp, holds because nothing reads it afterwards).
 // Invariant afterwards: no adamw_update node updates more than one parameter when budget < 1, and each sits
 // after every reader of its parameter and optimizer state. Test: tests/compile/test_passes.cpp (SplitUpdate.*).
 #include <algorithm>

@@ -8,7 +8,7 @@
 //   the generated CUDA kernels (compile/codegen/cuda: NVRTC gets this file as a named header).
 // So it includes nothing and uses only what each of those has without headers: the compiler's math builtins
 // on the host, CUDA's math functions on the device. The generated kernels' cache keys hash its text
-// (compile/codegen/scalar_math.h), so a changed formula recompiles them.
+// (compile/codegen/common/scalar_math.h), so a changed formula recompiles them.
 //
 // Gradients take (x, dy) and return dy * f'(x); sigmoid_grad and tanh_grad take the op's output y instead of x.
 #ifndef INGOT_RUNTIME_KERNELS_SCALAR_MATH_H_

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "compile/executor.h"
+#include "compile/exec/executor.h"
 #include "compile/pipeline.h"
 
 namespace ingot::compiler {

@@ -4,12 +4,12 @@
 
 #include <cmath>
 
-#include "compile/executor.h"
+#include "compile/exec/executor.h"
 #include "compile/graph_checks.h"
 #include "compile/passes/passes.h"
 #include "compile/pipeline.h"
 #include "compile/step_fixture.h"
-#include "compile/trace.h"
+#include "compile/trace/trace.h"
 
 namespace ingot::compiler {
 namespace {

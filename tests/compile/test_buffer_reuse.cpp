@@ -1,4 +1,4 @@
-// Note [Outputs over dead inputs] (autograd/primitive.h, compile/executor.cpp): in a compiled step the
+// Note [Outputs over dead inputs] (autograd/primitive.h, compile/exec/executor.cpp): in a compiled step the
 // cross-entropy gradient is written over the logits, which nothing reads afterwards, so the step's peak stays
 // below two logits buffers (eager holds both), and the gradients are unchanged. When the
 // logits are also returned (still held), they must not be overwritten.
@@ -7,7 +7,7 @@
 #include "autograd/ops.h"
 #include "compile/api.h"
 #include "compile/passes/passes.h"
-#include "compile/trace.h"
+#include "compile/trace/trace.h"
 #include "compile/step_fixture.h"
 #include "runtime/allocator.h"
 #include "tests/testing.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "compile/codegen/cpu/render_cpp.h"
-#include "compile/codegen/scalar_math.h"
+#include "compile/codegen/common/scalar_math.h"
 #include "runtime/file_util.h"
 #include "runtime/kernels/kernels.h"
 #include "tests/compile/test_codegen_util.h"

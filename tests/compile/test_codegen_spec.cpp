@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "compile/codegen/cpu/render_cpp.h"
-#include "compile/codegen/kernel_spec.h"
+#include "compile/codegen/common/kernel_spec.h"
 #include "runtime/error.h"
 
 namespace ingot::codegen {

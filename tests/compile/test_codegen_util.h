@@ -9,7 +9,7 @@
 
 #include "autograd/ops.h"
 #include "compile/codegen/cpu/cpu_codegen.h"
-#include "compile/codegen/kernel_spec.h"
+#include "compile/codegen/common/kernel_spec.h"
 
 namespace ingot::codegen::testing {
 

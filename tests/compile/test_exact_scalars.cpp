@@ -8,7 +8,7 @@
 
 #include "autograd/ops.h"
 #include "compile/api.h"
-#include "compile/trace.h"
+#include "compile/trace/trace.h"
 #include "runtime/file_util.h"
 #include "tests/testing.h"
 

@@ -7,12 +7,12 @@
 #include <cmath>
 #include <cstdio>
 
-#include "compile/executor.h"
+#include "compile/exec/executor.h"
 #include "compile/graph_checks.h"
 #include "compile/passes/passes.h"
 #include "compile/pipeline.h"
 #include "compile/step_fixture.h"
-#include "compile/trace.h"
+#include "compile/trace/trace.h"
 #include "runtime/allocator.h"
 
 namespace ingot::compiler {

@@ -1,4 +1,4 @@
-// Graph breaks split the graph and the function continues (compile/segments.h): calls after the first run
+// Graph breaks split the graph and the function continues (compile/trace/segments.h): calls after the first run
 // the pieces between breaks as compiled graphs, with eager's results.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 
 #include "compile/explain.h"
 #include "compile/step_fixture.h"
-#include "compile/trace.h"
+#include "compile/trace/trace.h"
 #include "optim/clip.h"
 
 namespace ingot::testing {

@@ -1,4 +1,4 @@
-// Graph breaks: item() on traced values, data-dependent branches, ops with no lowering (compile/trace.h).
+// Graph breaks: item() on traced values, data-dependent branches, ops with no lowering (compile/trace/trace.h).
 #include <gtest/gtest.h>
 
 #include "autograd/ops.h"

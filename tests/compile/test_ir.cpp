@@ -3,7 +3,7 @@
 
 #include "autograd/ops.h"
 #include "compile/ir/graph.h"
-#include "compile/trace.h"
+#include "compile/trace/trace.h"
 
 namespace ingot::compiler {
 namespace {

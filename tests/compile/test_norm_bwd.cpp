@@ -1,5 +1,5 @@
 // The norm backward split (compile/passes/decompose_norm_bwd.cpp) and the lowering of its two halves
-// (compile/lower_kernel.cpp): the graph the pass leaves, generated CPU kernels against eager autograd, and
+// (compile/lower/lower_kernel.cpp): the graph the pass leaves, generated CPU kernels against eager autograd, and
 // the kernels of a GPT-2 step (Note [Norm backward decomposition]).
 #include <gtest/gtest.h>
 
@@ -9,12 +9,12 @@
 
 #include "autograd/ops.h"
 #include "autograd/ops/norm.h"
-#include "compile/executor.h"
-#include "compile/lower_kernel.h"
+#include "compile/exec/executor.h"
+#include "compile/lower/lower_kernel.h"
 #include "compile/passes/passes.h"
 #include "compile/pipeline.h"
 #include "compile/step_fixture.h"
-#include "compile/trace.h"
+#include "compile/trace/trace.h"
 
 namespace ingot::compiler {
 namespace {

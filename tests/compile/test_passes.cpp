@@ -2,9 +2,9 @@
 #include <gtest/gtest.h>
 
 #include "autograd/ops.h"
-#include "compile/executor.h"
+#include "compile/exec/executor.h"
 #include "compile/passes/passes.h"
-#include "compile/trace.h"
+#include "compile/trace/trace.h"
 #include "optim/optimizer.h"
 
 namespace ingot::compiler {

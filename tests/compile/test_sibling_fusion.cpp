@@ -6,10 +6,10 @@
 
 #include <cmath>
 
-#include "compile/executor.h"
+#include "compile/exec/executor.h"
 #include "compile/pipeline.h"
 #include "compile/step_fixture.h"
-#include "compile/trace.h"
+#include "compile/trace/trace.h"
 
 namespace ingot::compiler {
 namespace {

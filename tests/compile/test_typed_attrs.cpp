@@ -6,8 +6,8 @@
 
 #include "autograd/ops.h"
 #include "autograd/ops/attrs.h"
-#include "compile/lowering.h"
-#include "compile/trace.h"
+#include "compile/lower/lowering.h"
+#include "compile/trace/trace.h"
 #include "tests/testing.h"
 
 namespace ingot::compiler {

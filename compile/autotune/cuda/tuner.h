@@ -29,7 +29,7 @@
 #include "compile/api.h"
 #include "compile/autotune/autotune_db.h"
 #include "compile/codegen/cuda/cuda_codegen.h"
-#include "compile/executor.h"
+#include "compile/exec/executor.h"
 #include "runtime/kernels/cuda/matmul_tuning.h"
 
 namespace ingot::autotune {

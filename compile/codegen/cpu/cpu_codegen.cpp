@@ -18,7 +18,7 @@
 #include "compile/cache/compile_cache.h"
 #include "compile/codegen/cpu/jit_cc.h"
 #include "compile/codegen/cpu/render_cpp.h"
-#include "compile/codegen/scalar_math.h"
+#include "compile/codegen/common/scalar_math.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
 

@@ -7,7 +7,7 @@
 // Processes that miss the same batch at once (the ranks of a job) take a lock in the cache directory: one
 // compiles, the others then load its results.
 //
-// Calling a kernel: see the C ABI in compile/codegen/kernel_spec.h.
+// Calling a kernel: see the C ABI in compile/codegen/common/kernel_spec.h.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "compile/codegen/codegen_stats.h"
-#include "compile/codegen/kernel_spec.h"
+#include "compile/codegen/common/codegen_stats.h"
+#include "compile/codegen/common/kernel_spec.h"
 
 namespace ingot::codegen::cpu {
 

@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "compile/codegen/scalar_math.h"
+#include "compile/codegen/common/scalar_math.h"
 #include "runtime/error.h"
 
 namespace ingot::codegen::cpu {

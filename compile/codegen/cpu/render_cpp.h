@@ -1,4 +1,4 @@
-// Renders KernelSpecs to C++ source for the system compiler (see compile/codegen/kernel_spec.h for the
+// Renders KernelSpecs to C++ source for the system compiler (see compile/codegen/common/kernel_spec.h for the
 // semantics and the calling convention). The generated code depends on nothing but the C++ standard library
 // and OpenMP, so a .so built from it can be loaded by any ingot process.
 //
@@ -17,7 +17,7 @@
 
 #include <string>
 
-#include "compile/codegen/kernel_spec.h"
+#include "compile/codegen/common/kernel_spec.h"
 
 namespace ingot::codegen::cpu {
 

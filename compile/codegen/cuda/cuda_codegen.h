@@ -29,9 +29,9 @@
 #include <utility>
 #include <vector>
 
-#include "compile/codegen/codegen_stats.h"
+#include "compile/codegen/common/codegen_stats.h"
 #include "compile/codegen/cuda/render_cuda.h"
-#include "compile/codegen/kernel_spec.h"
+#include "compile/codegen/common/kernel_spec.h"
 
 namespace ingot::codegen::cuda {
 

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <thread>
 
-#include "compile/codegen/scalar_math.h"
+#include "compile/codegen/common/scalar_math.h"
 #include "runtime/error.h"
 
 namespace ingot::codegen::cuda {

@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "compile/codegen/cuda/render_cuda_core.h"
-#include "compile/codegen/scalar_math.h"
+#include "compile/codegen/common/scalar_math.h"
 #include "runtime/error.h"
 
 namespace ingot::codegen::cuda {

@@ -1,4 +1,4 @@
-// Renders KernelSpecs to CUDA C++ for NVRTC (see compile/codegen/kernel_spec.h for the semantics). The
+// Renders KernelSpecs to CUDA C++ for NVRTC (see compile/codegen/common/kernel_spec.h for the semantics). The
 // generated code includes no header at all (NVRTC provides the device math functions and intrinsics), so a
 // program compiles in a fraction of a second and never depends on the toolkit's include directory.
 //
@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "compile/codegen/kernel_spec.h"
+#include "compile/codegen/common/kernel_spec.h"
 
 namespace ingot::codegen::cuda {
 

@@ -3,7 +3,7 @@
 // one header is the ops' scalar math (Note [Scalar math written once], runtime/kernels/scalar_math.h), which
 // compile_cubins hands NVRTC by name.
 #include "compile/codegen/cuda/render_cuda.h"
-#include "compile/codegen/scalar_math.h"
+#include "compile/codegen/common/scalar_math.h"
 
 #include <cmath>
 #include <cstdio>

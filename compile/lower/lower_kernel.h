@@ -1,4 +1,4 @@
-// Lowering fused groups (compile/passes/fuse.cpp) to the codegen's KernelSpec (compile/codegen/kernel_spec.h),
+// Lowering fused groups (compile/passes/fuse.cpp) to the codegen's KernelSpec (compile/codegen/common/kernel_spec.h),
 // and the run-time glue that calls the compiled kernel from the executor.
 //
 // This file knows no op: each op appends its own expression (Note [Ops lower themselves],
@@ -22,7 +22,7 @@
 #include <optional>
 #include <string>
 
-#include "compile/codegen/kernel_spec.h"
+#include "compile/codegen/common/kernel_spec.h"
 #include "compile/ir/graph.h"
 
 namespace ingot::compiler {

@@ -1,4 +1,4 @@
-#include "compile/lower_kernel.h"
+#include "compile/lower/lower_kernel.h"
 
 #include <algorithm>
 #include <map>

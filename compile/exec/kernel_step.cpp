@@ -1,4 +1,4 @@
-#include "compile/kernel_step.h"
+#include "compile/exec/kernel_step.h"
 
 #include <cmath>
 
@@ -23,7 +23,7 @@ std::vector<OutMeta> out_metas(const Graph& g, const std::vector<int32_t>& value
 
 // Note [In-place optimizer update]: the update may write into a parameter's (or state's) own buffer when
 // the graph reads that input nowhere after the update and writes the matching output back into it: the
-// write-back then finds the value already in place (compile/executor.cpp skips the copy).
+// write-back then finds the value already in place (compile/exec/executor.cpp skips the copy).
 bool in_place_ok(const Graph& g, int32_t node_index, int32_t in_value, int32_t out_value) {
   const Value& in = g.values[static_cast<size_t>(in_value)];
   if (in.producer >= 0) return false;

@@ -1,5 +1,5 @@
 // KernelSpec building, validation, canonical form and structural identity (see kernel_spec.h).
-#include "compile/codegen/kernel_spec.h"
+#include "compile/codegen/common/kernel_spec.h"
 
 #include <algorithm>
 #include <cctype>

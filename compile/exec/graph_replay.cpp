@@ -1,4 +1,4 @@
-#include "compile/graph_replay.h"
+#include "compile/exec/graph_replay.h"
 
 #include "compile/logs.h"
 

@@ -1,6 +1,6 @@
 // Runs a Graph. Values live in an environment indexed by value id; each is released after its last use
 // (liveness from the schedule), so peak memory follows the graph, not the trace. Fused groups with a
-// compiled kernel (compile/lower_kernel.h) run as one call; every other node runs its primitive's eager
+// compiled kernel (compile/lower/lower_kernel.h) run as one call; every other node runs its primitive's eager
 // eval() (matmuls, attention, norms: the extern ops). After the run, write-backs copy values into the
 // captured tensors' buffers and grad outputs become the parameters' .grad.
 #pragma once
@@ -36,7 +36,7 @@ std::vector<ExecStep> plan_steps(
 // Runs the executable on the caller's args (already checked against the graph's signature).
 std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args);
 
-// execute() in its three parts, for runners that order the steps differently (compile/graph_replay.h):
+// execute() in its three parts, for runners that order the steps differently (compile/exec/graph_replay.h):
 // the value environment with every graph input bound (host inputs produced now; `captured` collects the
 // storages of captured tensors), one step (without its releases), and the results, write-backs and .grads.
 std::vector<Tensor> bind_inputs(const Graph& g, const std::vector<Tensor>& args, std::set<const Storage*>* captured);

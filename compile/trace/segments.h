@@ -1,4 +1,4 @@
-// Split-and-continue for functions with graph breaks. The first call traces (compile/trace.h) and finds the
+// Split-and-continue for functions with graph breaks. The first call traces (compile/trace/trace.h) and finds the
 // breaks; every later call runs the function itself with its ops deferred: apply() records each primitive
 // into a pending segment (the Tracer in Defer mode) and hands back outputs that have the right metadata but
 // no values yet. A break flushes: an item()/to_vector() of a pending value, an op with no lowering (which
@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "compile/api.h"
-#include "compile/executor.h"
-#include "compile/trace.h"
+#include "compile/exec/executor.h"
+#include "compile/trace/trace.h"
 
 namespace ingot::compiler {
 

@@ -1,12 +1,12 @@
 // The executor's side of a compiled kernel: a step that gathers a lowered group's inputs from the value
 // environment, allocates its outputs (or, for the optimizer update, writes in place where the graph allows
-// it) and calls the kernel through the C ABI of compile/codegen/kernel_spec.h.
+// it) and calls the kernel through the C ABI of compile/codegen/common/kernel_spec.h.
 #pragma once
 
 #include <functional>
 #include <vector>
 
-#include "compile/lower_kernel.h"
+#include "compile/lower/lower_kernel.h"
 
 namespace ingot::compiler {
 

@@ -14,7 +14,7 @@
 // Graph breaks: a host read of a traced value (item(), to_vector(): data-dependent control flow) and ops
 // excluded with disallow_in_graph (every primitive can otherwise run from a graph) are recorded with the user's
 // source line and the reason. The first call's trace only finds them; later calls of a function with breaks
-// split it there and run the pieces compiled (compile/segments.h).
+// split it there and run the pieces compiled (compile/trace/segments.h).
 #pragma once
 
 #include <functional>

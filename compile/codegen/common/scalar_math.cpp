@@ -1,5 +1,5 @@
 // The calls of runtime/kernels/scalar_math.h in generated kernels (see scalar_math.h).
-#include "compile/codegen/scalar_math.h"
+#include "compile/codegen/common/scalar_math.h"
 
 #include "runtime/error.h"
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "compile/executor.h"
+#include "compile/exec/executor.h"
 #include "runtime/cuda_runtime.h"
 
 namespace ingot::compiler {

@@ -1,10 +1,10 @@
-// The Tracer behind compile/trace.h and compile/segments.h (internal to compile/): a TraceObserver that turns
+// The Tracer behind compile/trace/trace.h and compile/trace/segments.h (internal to compile/): a TraceObserver that turns
 // primitive applications, gradient accumulation, in-place assignments and host inputs into a Graph. See
-// Note [Tensor identity while tracing] (compile/trace.h) for how tensors are matched to values.
+// Note [Tensor identity while tracing] (compile/trace/trace.h) for how tensors are matched to values.
 //
 // Two modes. Trace: the whole function, run eagerly, becomes one graph (args are Arg inputs, externals are
 // classified Captured or Constant when the trace ends, new .grads are GradOuts). Defer: one segment of a
-// deferred call (compile/segments.cpp): every external is a Captured input rebound at each run (an
+// deferred call (compile/trace/segments.cpp): every external is a Captured input rebound at each run (an
 // activation an earlier segment produced differs from call to call, so nothing is Constant), host inputs are
 // the tensors this call already made (no re-production), and .grad is set by on_accumulate_grad itself.
 #pragma once
@@ -15,7 +15,7 @@
 #include <set>
 #include <tuple>
 
-#include "compile/trace.h"
+#include "compile/trace/trace.h"
 
 namespace ingot::compiler {
 
@@ -77,7 +77,7 @@ class Tracer final : public TraceObserver {
   std::string defer_blocker_;
 };
 
-// Why `p` cannot run from a compiled graph (compile/lowering.h) or was excluded with disallow_in_graph.
+// Why `p` cannot run from a compiled graph (compile/lower/lowering.h) or was excluded with disallow_in_graph.
 std::optional<std::string> break_reason(const Primitive& p);
 
 }  // namespace ingot::compiler

@@ -1,4 +1,4 @@
-#include "compile/executor.h"
+#include "compile/exec/executor.h"
 
 #include <algorithm>
 #include <optional>
@@ -142,7 +142,7 @@ std::vector<Tensor> finish(const Graph& g, const std::vector<Tensor>& env, const
   for (size_t i = 0; i < g.writebacks.size(); ++i) {
     Tensor dst = g.inputs[static_cast<size_t>(g.writebacks[i].input)].tensor;
     const Tensor& src = env[static_cast<size_t>(g.writebacks[i].value)];
-    // Already in place (Note [In-place optimizer update], compile/kernel_step.cpp).
+    // Already in place (Note [In-place optimizer update], compile/exec/kernel_step.cpp).
     if (src.storage() == dst.storage() && src.offset() == dst.offset() && src.strides() == dst.strides()) {
       dst.bump_version();
       continue;

@@ -1,4 +1,4 @@
-#include "compile/lowering.h"
+#include "compile/lower/lowering.h"
 
 #include "autograd/ops/attrs.h"
 

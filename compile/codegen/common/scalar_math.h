@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "compile/codegen/kernel_spec.h"
+#include "compile/codegen/common/kernel_spec.h"
 
 namespace ingot::codegen {
 

@@ -1,4 +1,4 @@
-#include "compile/segments.h"
+#include "compile/trace/segments.h"
 
 #include <chrono>
 #include <optional>
@@ -6,7 +6,7 @@
 
 #include "compile/logs.h"
 #include "compile/pipeline.h"
-#include "compile/tracer.h"
+#include "compile/trace/tracer.h"
 
 namespace ingot::compiler {
 namespace {
@@ -113,7 +113,7 @@ class Segmenter final : public TraceObserver {
     if (t.defined() && t.storage() && computed_.count(t.storage().get())) end_segment(kHostReadBreak, loc);
   }
 
-  // See the raw-copy paragraph of compile/segments.h.
+  // See the raw-copy paragraph of compile/trace/segments.h.
   bool raw_access(const Tensor* dst, const Tensor* src) {
     if (in_view_ || eager_op_) return false;
     const bool src_pending = src && src->defined() && src->storage() && computed_.count(src->storage().get());

@@ -1,9 +1,9 @@
-#include "compile/trace.h"
+#include "compile/trace/trace.h"
 
 #include <mutex>
 
 #include "autograd/ops.h"
-#include "compile/tracer.h"
+#include "compile/trace/tracer.h"
 
 namespace ingot::compiler {
 
@@ -59,7 +59,7 @@ void Tracer::on_apply(const std::shared_ptr<Primitive>& p, const std::vector<Ten
   for (size_t k = 0; k < outputs.size(); ++k) bind(outputs[k], node.outputs[k]);
 }
 
-// A deferred call (compile/segments.h) makes an op's outputs from its shape rule instead of its kernel, so
+// A deferred call (compile/trace/segments.h) makes an op's outputs from its shape rule instead of its kernel, so
 // the two must agree; the first disagreement seen while tracing keeps later calls eager.
 void Tracer::check_shape_rule(const Primitive& p, const std::vector<Tensor>& inputs,
                               const std::vector<Tensor>& outputs) {
