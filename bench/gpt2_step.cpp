@@ -26,6 +26,9 @@
 // DDP flags: --bucket-cap-mb MB, --reduce-dtype f32|bf16, --zero1, --one-update (one optimizer update after all
 // reductions instead of the default one per bucket after its own reduction: CompileOptions::bucket_updates),
 // --timeline (rank 0's communication per step from CUDA events: busy, exposed, compute; a 'timeline:' line).
+// Sharding: --zero-stage 1|2|3 (--zero1 is --zero-stage 1); 3 is FullyShardedDataParallel (eager only: --compile
+// none), with --keep-after-forward for reshard_after_forward false. With f32 parameters (--dtype bf16 computes in
+// bf16 from them) every stage all-gathers and updates f32 values; the row's peak memory is rank 0's.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -55,7 +58,8 @@ struct Args {
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
   bool profiler_range = false, losses = false, regional = false;
-  bool timeline = false, zero1 = false, one_update = false, ddp_alone = false;
+  bool timeline = false, one_update = false, ddp_alone = false, keep_after_forward = false;
+  int zero_stage = 0;
   double bucket_cap_mb = 25.0;
   std::string reduce_dtype = "f32";
   double memory_budget = 1.0, peak_tflops = 989.4;
@@ -72,6 +76,7 @@ Args parse(int argc, char** argv) {
                   "       [--profiler-range] [--memory-budget B] [--losses] [--regional] [--peak-tflops P]\n"
                   "       under ingot launch (DDP): [--bucket-cap-mb MB] [--reduce-dtype f32|bf16] [--zero1]\n"
                   "       [--one-update] [--timeline] [--ddp (DDP even in a world of one: its cost without peers)]\n"
+                  "       [--zero-stage 0|1|2|3 (3: FSDP, eager)] [--keep-after-forward (ZeRO-3 without resharding)]\n"
                   "Prints a table row (median step time, tokens/s, TFLOP/s, MFU, peak memory, first call, loss)\n"
                   "and, on GPUs, a 'timing:' line: host time per call, and the step queued back to back and after a\n"
                   "5 ms rest.\n");
@@ -98,7 +103,11 @@ Args parse(int argc, char** argv) {
       continue;
     }
     if (k == "--zero1") {
-      a.zero1 = true;
+      a.zero_stage = 1;
+      continue;
+    }
+    if (k == "--keep-after-forward") {
+      a.keep_after_forward = true;
       continue;
     }
     if (k == "--one-update") {
@@ -124,10 +133,13 @@ Args parse(int argc, char** argv) {
     else if (k == "--peak-tflops") a.peak_tflops = std::stod(v);
     else if (k == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
     else if (k == "--reduce-dtype") a.reduce_dtype = v;
+    else if (k == "--zero-stage") a.zero_stage = std::stoi(v);
     else INGOT_FAIL("bench_gpt2_step: unknown flag ", k, " (see --help)");
   }
   INGOT_CHECK(a.peak_tflops > 0, "bench_gpt2_step: --peak-tflops must be positive, got ", a.peak_tflops);
   bench::check_ddp_flags("bench_gpt2_step", a.bucket_cap_mb, a.reduce_dtype);
+  INGOT_CHECK(a.zero_stage >= 0 && a.zero_stage <= 3, "bench_gpt2_step: --zero-stage must be 0..3, got ", a.zero_stage);
+  INGOT_CHECK(a.zero_stage < 3 || a.compile == "none", "bench_gpt2_step: --zero-stage 3 runs eagerly only (--compile none)");
   return a;
 }
 
@@ -152,12 +164,9 @@ int main(int argc, char** argv) try {
   model.to(dev);
   if (a.dtype == "bf16") model.set_compute_dtype(DType::bf16);
   else INGOT_CHECK(a.dtype == "f32", "bench_gpt2_step: --dtype must be bf16 or f32, got ", a.dtype);
-  std::unique_ptr<distributed::DistributedDataParallel> ddp;
-  if (dist)
-    ddp = std::make_unique<distributed::DistributedDataParallel>(
-        model, dist->group, bench::ddp_options(a.bucket_cap_mb, a.reduce_dtype, a.zero1 ? 1 : 0));
-  optim::AdamW opt(ddp ? ddp->optimizer_params() : model.parameters(),
-                   optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1});
+  bench::DataParallelStep dp;
+  dp.wrap(model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward);
+  optim::AdamW opt(dp.optimizer_params(model.parameters(), false), optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1});
 
   Tensor data = randint(0, a.vocab, {a.batch, a.seq + 1}, dev);
   Tensor ids = contiguous(narrow(data, 1, 0, a.seq)), targets = contiguous(narrow(data, 1, 1, a.seq));
@@ -165,7 +174,7 @@ int main(int argc, char** argv) try {
   auto step_fn = [&](const std::vector<Tensor>& b) {
     Tensor loss = model.loss(b[0], b[1]);
     loss.backward();
-    bench::optimizer_step(ddp.get(), opt);
+    dp.step(opt, model);
     return std::vector<Tensor>{loss};
   };
   std::optional<CompiledFunction> compiled;
@@ -197,7 +206,7 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
-  mode += bench::ddp_label(w, a.zero1, a.reduce_dtype, a.bucket_cap_mb, a.one_update);
+  mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, a.one_update, !a.keep_after_forward);
   std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | MFU | peak mem GB | "
               "first call s | loss first->last |\n",
               static_cast<long long>(a.steps));

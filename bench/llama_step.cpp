@@ -10,7 +10,20 @@
 // Under `ingot launch --nproc-per-node N` (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel (NCCL),
 // --batch is per rank, and rank 0 prints the row (tokens/s per rank); --timeline adds rank 0's communication
 // per step (busy, exposed), as bench_gpt2_step does.
+// Sharding: --zero-stage 1|2|3 (3: FullyShardedDataParallel, eager only; --keep-after-forward for
+// reshard_after_forward false); --params bf16 holds the weights (ZeRO-3: their shards, gathered in bf16) in bf16
+// with f32 masters the optimizer updates, as `ingot run full_finetune dtype=bf16` and FSDP2's
+// MixedPrecisionPolicy(param_dtype=bf16) do; --reduce-dtype f32 reduces gradients in f32 (FSDP2's reduce_dtype).
+// The same weights and tokens as bench/reference/fsdp2_llama.py: --checkpoint DIR (an HF checkpoint; under ZeRO-3
+// each rank reads only its shards' slices, models::HFSliceReader) and --tokens FILE (int32 ids in rows of seq + 1;
+// rank r's rows of call k are (k * world + r) * batch .. + batch - 1, modulo the rows, as the reference reads
+// them). --losses K prints the row in fsdp2_llama.py's columns (tokens/s and TFLOP/s per GPU, MFU against
+// --peak-tflops, peak memory as the maximum over ranks, first step, build + shard time) with the first K losses
+// of the global batch (the mean over ranks).
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,6 +32,7 @@
 #include "compile/api.h"
 #include "distributed/bootstrap.h"
 #include "distributed/ddp.h"
+#include "models/hf_checkpoint.h"
 #include "models/hf_config.h"
 #include "optim/optimizer.h"
 #include "runtime/rng.h"
@@ -28,9 +42,12 @@ using namespace ingot;
 namespace {
 
 struct Args {
-  std::string config, device = "auto", dtype = "bf16", compile = "none", cache_dir;
-  int64_t batch = 2, seq = 2048, steps = 20, warmup = 5, layers = 0;
-  bool timeline = false;
+  std::string config, device = "auto", dtype = "bf16", compile = "none", cache_dir, checkpoint, tokens;
+  std::string params = "f32";
+  int64_t batch = 2, seq = 2048, steps = 20, warmup = 5, layers = 0, losses = 0;
+  int zero_stage = 0;
+  bool timeline = false, keep_after_forward = false;
+  double peak_tflops = 989.4;
   double bucket_cap_mb = 25.0;
   std::string reduce_dtype = "f32";
 };
@@ -43,13 +60,20 @@ Args parse(int argc, char** argv) {
       std::printf("usage: bench_llama_step --config CONFIG_JSON [--device auto|cpu|cuda] [--dtype bf16|f32]\n"
                   "       [--batch N] [--seq N] [--steps N] [--warmup N] [--layers N (override num_hidden_layers)]\n"
                   "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR]\n"
+                  "       [--params f32|bf16 (bf16: f32 masters)] [--checkpoint HF_DIR] [--tokens INT32_FILE]\n"
+                  "       [--losses K] [--peak-tflops P]\n"
                   "       under ingot launch: [--timeline] [--bucket-cap-mb MB] [--reduce-dtype f32|bf16]\n"
+                  "       [--zero-stage 0|1|2|3 (3: FSDP, eager)] [--keep-after-forward]\n"
                   "Prints a table row (median step time, tokens/s, peak memory, first-call time, loss) and, on GPUs, a\n"
                   "'timing:' line: host time per call, and the step queued back to back and after a 5 ms rest.\n");
       std::exit(0);
     }
     if (k == "--timeline") {
       a.timeline = true;
+      continue;
+    }
+    if (k == "--keep-after-forward") {
+      a.keep_after_forward = true;
       continue;
     }
     INGOT_CHECK(i + 1 < argc, "bench_llama_step: flag ", k, " needs a value");
@@ -66,11 +90,39 @@ Args parse(int argc, char** argv) {
     else if (k == "--cache-dir") a.cache_dir = v;
     else if (k == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
     else if (k == "--reduce-dtype") a.reduce_dtype = v;
+    else if (k == "--zero-stage") a.zero_stage = std::stoi(v);
+    else if (k == "--params") a.params = v;
+    else if (k == "--checkpoint") a.checkpoint = v;
+    else if (k == "--tokens") a.tokens = v;
+    else if (k == "--losses") a.losses = std::stoll(v);
+    else if (k == "--peak-tflops") a.peak_tflops = std::stod(v);
     else INGOT_FAIL("bench_llama_step: unknown flag ", k, " (see --help)");
   }
-  INGOT_CHECK(!a.config.empty(), "bench_llama_step: --config CONFIG_JSON is required (see --help)");
+  if (a.config.empty() && !a.checkpoint.empty()) a.config = a.checkpoint + "/config.json";
+  INGOT_CHECK(!a.config.empty(), "bench_llama_step: --config CONFIG_JSON (or --checkpoint DIR) is required (see --help)");
   bench::check_ddp_flags("bench_llama_step", a.bucket_cap_mb, a.reduce_dtype);
+  INGOT_CHECK(a.zero_stage >= 0 && a.zero_stage <= 3, "bench_llama_step: --zero-stage must be 0..3, got ", a.zero_stage);
+  INGOT_CHECK(a.zero_stage < 3 || a.compile == "none", "bench_llama_step: --zero-stage 3 runs eagerly only (--compile none)");
+  INGOT_CHECK(a.params == "f32" || a.params == "bf16", "bench_llama_step: --params must be f32 or bf16, got ", a.params);
+  INGOT_CHECK(a.params == "f32" || a.dtype == "bf16", "bench_llama_step: --params bf16 computes in bf16 (--dtype bf16)");
+  INGOT_CHECK(a.peak_tflops > 0, "bench_llama_step: --peak-tflops must be positive, got ", a.peak_tflops);
   return a;
+}
+
+
+// --tokens: the whole file as rows of seq + 1 ids.
+std::vector<int32_t> read_token_rows(const std::string& path, int64_t seq, int64_t need) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  INGOT_CHECK(in, "bench_llama_step: cannot open --tokens file '", path, "'");
+  const int64_t bytes = static_cast<int64_t>(in.tellg());
+  const int64_t rows = bytes / static_cast<int64_t>(sizeof(int32_t)) / (seq + 1);
+  INGOT_CHECK(rows >= need, "bench_llama_step: ", path, " holds ", rows, " rows of ", seq + 1, " int32 ids, need ", need,
+              " (world x batch)");
+  std::vector<int32_t> ids(static_cast<size_t>(rows * (seq + 1)));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(ids.data()), static_cast<std::streamsize>(ids.size() * sizeof(int32_t)));
+  INGOT_CHECK(in, "bench_llama_step: cannot read ", path);
+  return ids;
 }
 
 }  // namespace
@@ -81,28 +133,64 @@ int main(int argc, char** argv) try {
   const int rank = w.rank;
   const Device dev = w.dev;
   std::optional<distributed::DistributedContext>& dist = w.dist;
+  const bool fsdp = dist && a.zero_stage == 3, bf16_params = a.params == "bf16";
   manual_seed(1234 + static_cast<uint64_t>(rank));
+  const auto t_build = std::chrono::steady_clock::now();
   models::HFConfig hf = models::load_hf_config(a.config);
   INGOT_CHECK(hf.arch == models::HFConfig::Arch::Llama, "bench_llama_step: ", a.config,
               ": model_type must be llama, mistral or qwen2, got ", hf.model_type);
   if (a.layers > 0) hf.llama.num_hidden_layers = a.layers;
   std::shared_ptr<models::CausalLM> model = models::make_causal_lm(hf);
+  if (bf16_params) model->to(DType::bf16);  // on the CPU first: the device never holds the f32 model
+  // ZeRO-3 reads its shards' slices after wrapping; anything else loads the whole checkpoint here.
+  std::unique_ptr<models::HFSliceReader> slices;
+  if (!a.checkpoint.empty() && fsdp) slices = std::make_unique<models::HFSliceReader>(*model, hf, a.checkpoint);
+  else if (!a.checkpoint.empty()) models::load_hf_weights(*model, hf, a.checkpoint);
   model->to(dev);
-  if (a.dtype == "bf16") model->set_compute_dtype(DType::bf16);
-  else INGOT_CHECK(a.dtype == "f32", "bench_llama_step: --dtype must be bf16 or f32, got ", a.dtype);
-  std::unique_ptr<distributed::DistributedDataParallel> ddp;
-  if (dist)
-    ddp = std::make_unique<distributed::DistributedDataParallel>(*model, dist->group,
-                                                                 bench::ddp_options(a.bucket_cap_mb, a.reduce_dtype));
-  optim::AdamW opt(ddp ? ddp->optimizer_params() : model->parameters(), optim::AdamWOptions{2e-5, 0.9, 0.95, 1e-8, 0.0});
+  if (a.dtype == "bf16" && !bf16_params) model->set_compute_dtype(DType::bf16);
+  else INGOT_CHECK(a.dtype == "bf16" || a.dtype == "f32", "bench_llama_step: --dtype must be bf16 or f32, got ", a.dtype);
+  std::vector<std::string> names;  // parameter i's name, tied ones once (FullyShardedDataParallel's numbering)
+  {
+    std::vector<const TensorImpl*> seen;
+    for (const auto& [name, p] : model->named_parameters()) {
+      if (std::find(seen.begin(), seen.end(), p.impl()) != seen.end()) continue;
+      seen.push_back(p.impl());
+      names.push_back(name);
+    }
+  }
+  bench::DataParallelStep dp;
+  dp.wrap(*model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, /*broadcast=*/!slices);
+  if (slices)
+    dp.fsdp->load_shards([&](size_t i, int64_t begin, int64_t end, Tensor& dst) { slices->read(names[i], begin, end, dst); });
+  if (dev.is_cuda()) cuda::synchronize_device(dev.index);
+  const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
+  optim::AdamW opt(dp.optimizer_params(model->parameters(), bf16_params), optim::AdamWOptions{2e-5, 0.9, 0.95, 1e-8, 0.0});
 
   const int64_t vocab = hf.vocab_size();
   Tensor data = randint(0, vocab, {a.batch, a.seq + 1}, dev);
   Tensor ids = contiguous(narrow(data, 1, 0, a.seq)), targets = contiguous(narrow(data, 1, 1, a.seq));
+  std::vector<int32_t> rows;
+  if (!a.tokens.empty()) rows = read_token_rows(a.tokens, a.seq, w.world * a.batch);
+  int64_t call = 0;  // --tokens: every call takes the next global batch
+  auto next_batch = [&]() -> std::vector<Tensor> {
+    if (rows.empty()) return {ids, targets};
+    const int64_t n_rows = static_cast<int64_t>(rows.size()) / (a.seq + 1);
+    std::vector<int64_t> x, y;
+    for (int64_t b = 0; b < a.batch; ++b) {
+      const int64_t row = ((call * w.world + rank) * a.batch + b) % n_rows;
+      const int32_t* r = rows.data() + row * (a.seq + 1);
+      for (int64_t t = 0; t < a.seq; ++t) {
+        x.push_back(r[t]);
+        y.push_back(r[t + 1]);
+      }
+    }
+    ++call;
+    return {from_vector_i64(x, {a.batch, a.seq}).to(dev), from_vector_i64(y, {a.batch, a.seq}).to(dev)};
+  };
   auto step_fn = [&](const std::vector<Tensor>& b) {
     Tensor loss = model->loss(b[0], b[1]);
     loss.backward();
-    bench::optimizer_step(ddp.get(), opt);
+    dp.step(opt, *model);
     return std::vector<Tensor>{loss};
   };
   std::optional<CompiledFunction> compiled;
@@ -118,8 +206,18 @@ int main(int argc, char** argv) try {
   }
   if (dev.is_cuda()) allocator_for(dev).reset_peak();
   std::vector<distributed::ProcessGroup::StepTimeline> marks;
+  const bool global_loss = a.losses > 0 && dist;
   const bench::StepTimes t = bench::time_steps_with_timeline(
-      dev, a.warmup, a.steps, [&] { return (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0]; },
+      dev, a.warmup, a.steps,
+      [&] {
+        const std::vector<Tensor> b = next_batch();
+        Tensor loss = (compiled ? (*compiled)(b) : step_fn(b))[0];
+        if (!global_loss) return loss;
+        // The mean over ranks: the global batch's loss, as fsdp2_llama.py prints it.
+        Tensor l = reshape(loss.detach(), {1}).contiguous_raw();
+        dist->group->all_reduce(l, distributed::ReduceOp::Avg)->wait();
+        return l;
+      },
       a.timeline && dist ? dist->group.get() : nullptr, &marks);
   const double med = t.median_ms();
   const double tokens = static_cast<double>(a.batch * a.seq);
@@ -129,18 +227,38 @@ int main(int argc, char** argv) try {
   // 6N per token for the weights plus 6 * L * T * (heads * head_dim) for attention's two matmuls.
   const double flops = tokens * (6.0 * n_params + 6.0 * c.num_hidden_layers * a.seq * c.num_attention_heads * head_dim);
   const AllocatorStats st = allocator_for(dev).stats();
+  double peak_gb = static_cast<double>(st.peak_allocated_bytes) / 1e9;
+  if (dist && a.losses > 0) {  // the maximum over ranks (every rank takes part)
+    Tensor p = from_vector(std::vector<double>{peak_gb}, {1}, DType::f64, dev);
+    dist->group->all_reduce(p, distributed::ReduceOp::Max)->wait();
+    peak_gb = p.item();
+  }
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
-  mode += bench::ddp_label(w, false, a.reduce_dtype, a.bucket_cap_mb);
-  std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | "
-              "peak mem GB | first call s | loss first->last |\n",
-              static_cast<long long>(a.steps));
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::printf("| %s | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.2f | %.2f | %.3f -> %.3f |\n",
-              mode.c_str(), dev.str().c_str(), a.dtype.c_str(), static_cast<long long>(a.batch),
-              static_cast<long long>(a.seq), n_params / 1e6, med, tokens / (med / 1e3), flops / (med / 1e3) / 1e12,
-              static_cast<double>(st.peak_allocated_bytes) / 1e9, compiled ? t.first_call_s : 0.0, t.first_loss,
-              t.last_loss);
+  mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, false, !a.keep_after_forward);
+  if (bf16_params) mode += " bf16 params + f32 masters";
+  const double tflops = flops / (med / 1e3) / 1e12;
+  if (a.losses > 0) {  // fsdp2_llama.py's columns
+    std::printf("| mode | device | dtype | batch x seq per GPU | params | ms/step (median) | tokens/s per GPU | TFLOP/s "
+                "per GPU | MFU | peak mem GB (max over ranks) | first step s | build + shard s | losses of the first "
+                "steps |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::string losses;
+    for (size_t i = 0; i < t.losses.size() && static_cast<int64_t>(i) < a.losses; ++i)
+      losses += detail::str_cat(i ? " " : "", std::to_string(t.losses[i]).substr(0, 6));
+    std::printf("| %s | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.2f | %.2f | %.1f | %s |\n",
+                mode.c_str(), dev.str().c_str(), a.dtype.c_str(), static_cast<long long>(a.batch),
+                static_cast<long long>(a.seq), n_params / 1e6, med, tokens / (med / 1e3), tflops,
+                100.0 * tflops / a.peak_tflops, peak_gb, t.first_call_s, build_s, losses.c_str());
+  } else {
+    std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | "
+                "peak mem GB | first call s | loss first->last |\n",
+                static_cast<long long>(a.steps));
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| %s | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.2f | %.2f | %.3f -> %.3f |\n",
+                mode.c_str(), dev.str().c_str(), a.dtype.c_str(), static_cast<long long>(a.batch),
+                static_cast<long long>(a.seq), n_params / 1e6, med, tokens / (med / 1e3), tflops, peak_gb,
+                compiled ? t.first_call_s : 0.0, t.first_loss, t.last_loss);
+  }
   bench::print_step_timing(t);
   bench::print_timeline(marks);
   if (compiled) bench::print_compile_stats(compiled->stats());

@@ -13,7 +13,9 @@
 #include "compile/api.h"
 #include "distributed/bootstrap.h"
 #include "distributed/ddp.h"
+#include "distributed/fsdp.h"
 #include "distributed/process_group.h"
+#include "optim/mixed_precision.h"
 #include "optim/optimizer.h"
 #include "runtime/device.h"
 #include "runtime/allocator.h"
@@ -154,6 +156,60 @@ inline distributed::DdpOptions ddp_options(double bucket_cap_mb, const std::stri
   return o;
 }
 
+// The data parallelism of a benchmark step: DistributedDataParallel (DDP, ZeRO-1, ZeRO-2) or, at zero_stage 3,
+// FullyShardedDataParallel (eager only), optionally with f32 master copies of 16-bit parameters (or shards) that
+// the optimizer updates (what `ingot run` does with dtype bf16).
+struct DataParallelStep {
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;
+  std::unique_ptr<distributed::FullyShardedDataParallel> fsdp;
+  std::unique_ptr<optim::MasterWeights> masters;
+
+  // Wraps `model` (nothing without a world). zero_stage 3: FSDP with `reshard_after_forward`, reduced in
+  // `reduce_dtype` ("f32" or "bf16"; FSDP2's MixedPrecisionPolicy reduces in f32), `broadcast` false when each
+  // rank loads its shards next (load_shards).
+  void wrap(nn::Module& model, const BenchWorld& w, int zero_stage, double bucket_cap_mb,
+            const std::string& reduce_dtype, bool reshard_after_forward = true, bool broadcast = true) {
+    if (!w.dist) return;
+    if (zero_stage == 3) {
+      distributed::FsdpOptions o;
+      o.reshard_after_forward = reshard_after_forward;
+      o.broadcast_parameters = broadcast;
+      o.reduce_dtype = reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
+      fsdp = std::make_unique<distributed::FullyShardedDataParallel>(model, w.dist->group, o);
+      return;
+    }
+    ddp = std::make_unique<distributed::DistributedDataParallel>(
+        model, w.dist->group, ddp_options(bucket_cap_mb, reduce_dtype, zero_stage));
+  }
+  // What the optimizer updates: `params` alone, DDP's shards or FSDP's; with `f32_masters`, f32 copies of them.
+  std::vector<Tensor> optimizer_params(const std::vector<Tensor>& params, bool f32_masters) {
+    std::vector<Tensor> p = fsdp ? fsdp->optimizer_params() : ddp ? ddp->optimizer_params() : params;
+    if (!f32_masters) return p;
+    masters = std::make_unique<optim::MasterWeights>(p);
+    return masters->master();
+  }
+  // After the backward: the reduction, the update (through the masters) and zero_grad.
+  void step(optim::Optimizer& opt, nn::Module& model) {
+    if (fsdp) fsdp->synchronize();
+    if (masters) {
+      if (ddp) ddp->synchronize();
+      masters->copy_grads_to_master();
+      opt.step();
+      opt.zero_grad();
+      masters->copy_to_model();
+      if (ddp) ddp->after_step();
+      model.zero_grad();
+    } else if (ddp) {
+      ddp->step(opt);
+    } else {
+      opt.step();
+      opt.zero_grad();
+    }
+    if (ddp) ddp->zero_grad();
+    if (fsdp) fsdp->zero_grad();
+  }
+};
+
 // The end of a benchmark step: DDP's reduction, update and zero_grad when the model is wrapped, else the
 // optimizer's own.
 inline void optimizer_step(distributed::DistributedDataParallel* ddp, optim::Optimizer& opt) {
@@ -166,14 +222,16 @@ inline void optimizer_step(distributed::DistributedDataParallel* ddp, optim::Opt
   }
 }
 
-// The row label's data-parallel part (" DDP x4 reduce bf16 cap 100 MB"); "" without a world.
-inline std::string ddp_label(const BenchWorld& w, bool zero1, const std::string& reduce_dtype, double bucket_cap_mb,
-                             bool one_update = false) {
+// The row label's data-parallel part (" DDP x4 reduce bf16 cap 100 MB", " ZeRO-3 x4"); "" without a world.
+inline std::string ddp_label(const BenchWorld& w, int zero_stage, const std::string& reduce_dtype,
+                             double bucket_cap_mb, bool one_update = false, bool reshard_after_forward = true) {
   if (!w.dist) return "";
-  std::string label = std::string(zero1 ? " ZeRO-1" : " DDP") + " x" + std::to_string(w.world);
+  std::string label = (zero_stage > 0 ? " ZeRO-" + std::to_string(zero_stage) : std::string(" DDP")) + " x" +
+                      std::to_string(w.world);
   if (reduce_dtype != "f32") label += " reduce " + reduce_dtype;
   if (one_update) label += " one-update";
-  if (bucket_cap_mb != 25.0) label += detail::str_cat(" cap ", bucket_cap_mb, " MB");
+  if (zero_stage == 3 && !reshard_after_forward) label += " kept from forward to backward";
+  if (zero_stage < 3 && bucket_cap_mb != 25.0) label += detail::str_cat(" cap ", bucket_cap_mb, " MB");
   return label;
 }
 

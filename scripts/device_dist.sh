@@ -5,12 +5,25 @@
 # default and reduce-overhead with the step timeline (exposed communication), the variants that explain it, NCCL
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
-#   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]  (default: tests bench torch)
+#   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
+#                          [fsdp] [zero] [fsdp8b]  (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
 #   bucket: the per-bucket optimizer updates test, 3 runs
 #   peak: GPT-2 default mode on 1, 2 and 4 GPUs only
 #   memory: INGOT_LOGS=memory for GPT-2 default mode on 1 and 2 GPUs (what is alive at the peak)
+#   fsdp: the eager ZeRO-2/3 tests on NCCL (FsdpOnGpus.*: vs one GPU and DDP, reshard on/off, f32/bf16 reduction,
+#         bytes per rank; FsdpLaunchOnGpus.*: `ingot launch` zero_stage 3 vs 0 on 2 GPUs); prints each suite's
+#         exit code, the failures and the '[ fsdp nccl ]' memory lines
+#   zero: the price of sharding, GPT-2 124M (bf16 autocast, f32 parameters, 16 x 1024 per GPU) eager on 1 GPU, then
+#         at 2 and 4 GPUs eager DDP, ZeRO-2, ZeRO-3 (resharded after forward, and kept) and compiled DDP / ZeRO-2:
+#         one '| ingot ...' row each (ms/step, tokens/s per rank, peak memory of rank 0)
+#   fsdp8b: Llama-3-8B-shaped full fine-tune on all GPUs, 2 x 2048 per GPU, bf16 compute over f32 masters, AdamW:
+#         PyTorch FSDP2 eager and + torch.compile per layer (bench/reference/fsdp2_llama.py) and ingot eager ZeRO-3
+#         (bench_llama_step --zero-stage 3 --params bf16) on the same checkpoint and tokens, one row each in
+#         fsdp2_llama.py's columns with the first 10 losses. The checkpoint (/tmp/ingot-llama8b, ~16 GB) is written
+#         first when missing (minutes: a call of its own; the machine keeps it while warm).
+#         FSDP8B_PARTS picks the runs (default "ingot eager compile").
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -45,6 +58,14 @@ if want tests; then
     log="$out/test_${f%%.*}.log"
     (cd $src && INGOT_CRASH_BACKTRACE=1 timeout 300 ingot_tests --gtest_filter="$f" > "$log" 2>&1); echo "== $f: exit $?"
     grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|^\[ ddp|Failure|Expected|Which is" "$log" | head -24
+  done
+fi
+
+if want fsdp; then  # eager ZeRO-2/3 on NCCL (tests/gpu/test_fsdp_multi_gpu.cpp)
+  for f in 'FsdpOnGpus.*' 'FsdpLaunchOnGpus.*'; do
+    log="$out/test_${f%%.*}.log"
+    (cd $src && INGOT_CRASH_BACKTRACE=1 timeout 400 ingot_tests --gtest_filter="$f" > "$log" 2>&1); echo "== $f: exit $?"
+    grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|^\[       OK|^\[ fsdp|Failure|Expected|Which is|error" "$log" | head -40
   done
 fi
 
@@ -89,7 +110,7 @@ bench="--device cuda --dtype bf16 --batch 16 --seq 1024 --steps 20 --warmup 5 --
 row() { grep -h "^| ingot" "$1" | tail -1; grep -h "^timeline:" "$1" | tail -1; }
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
-  want bench || want variants || want memory || want peak || return 0
+  want bench || want variants || want memory || want peak || want zero || return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   if (( n == 1 )); then CUDA_VISIBLE_DEVICES=$vis timeout 200 bench_gpt2_step $bench "$@" > "$out/$name.log" 2>&1
   else CUDA_VISIBLE_DEVICES=$vis timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_gpt2_step $bench "$@" \
@@ -154,5 +175,44 @@ if want llama; then
       grep "^| transformers" "$out/torch_llama_$n.log" | tail -1
     done
   fi
+fi
+if want zero; then  # the price of sharding: GPT-2 124M, DDP vs ZeRO-2 vs ZeRO-3 (eager), compiled DDP / ZeRO-2 beside
+  gpt2 1 zero_one_1
+  for n in 2 4; do
+    (( n <= gpus )) || continue
+    gpt2 $n zero_ddp_$n
+    gpt2 $n zero_z2_$n --zero-stage 2
+    gpt2 $n zero_z3_$n --zero-stage 3
+    gpt2 $n zero_z3keep_$n --zero-stage 3 --keep-after-forward
+    gpt2 $n zero_ddp_compiled_$n --compile default --timeline
+    gpt2 $n zero_z2_compiled_$n --compile default --timeline --zero-stage 2
+  done
+fi
+if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.compile) vs ingot eager ZeRO-3
+  ck=/tmp/ingot-llama8b tok=/tmp/ingot-llama8b-tokens.i32 cfg8=$src/bench/configs/llama_8b/config.json
+  if [[ ! -f $ck/model.safetensors.index.json || ! -f $tok ]]; then
+    rm -rf "$ck" "$tok"; t1=$(date +%s)
+    timeout $(( ${DEADLINE:-540} - ($(date +%s) - start) )) python3 bench/reference/fsdp2_llama.py --config "$cfg8" \
+      --make-checkpoint "$ck" --make-tokens "$tok" --rows 128 --seq 2048 > "$out/fsdp8b_make.log" 2>&1
+    echo "fsdp8b checkpoint: exit $?, $(( $(date +%s) - t1 )) s"; tail -2 "$out/fsdp8b_make.log"
+  fi
+  common8="--batch 2 --seq 2048 --steps 10 --warmup 3"
+  for part in ${FSDP8B_PARTS:-ingot eager compile}; do
+    [[ -f $ck/model.safetensors.index.json ]] || { echo "fsdp8b: no checkpoint"; break; }
+    want fsdp8b || break
+    left=$(( ${DEADLINE:-540} - ($(date +%s) - start) )); t1=$(date +%s)
+    if [[ $part == ingot ]]; then
+      timeout $left ingot launch --nproc-per-node gpu --standalone -- bench_llama_step --checkpoint "$ck" \
+        --tokens "$tok" --device cuda --dtype bf16 --params bf16 --zero-stage 3 --reduce-dtype f32 $common8 \
+        --losses 10 > "$out/fsdp8b_ingot.log" 2>&1
+      echo "fsdp8b ingot: exit $?, $(( $(date +%s) - t1 )) s"
+      grep -h "^| ingot\|error" "$out/fsdp8b_ingot.log" | tail -3
+    else
+      timeout $left python3 -m torch.distributed.run --standalone --nproc-per-node $gpus bench/reference/fsdp2_llama.py \
+        --config "$cfg8" --checkpoint "$ck" --tokens "$tok" $common8 --modes $part > "$out/fsdp8b_$part.log" 2>&1
+      echo "fsdp8b torch $part: exit $?, $(( $(date +%s) - t1 )) s"
+      grep -h "^| transformers\|Error" "$out/fsdp8b_$part.log" | tail -3
+    fi
+  done
 fi
 echo "total: $(( $(date +%s) - t0 )) s"
