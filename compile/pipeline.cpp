@@ -173,41 +173,38 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   stats.ops_before = static_cast<int64_t>(g.nodes.size());
   stats.compute_ops = 0;
   for (const Node& n : g.nodes) stats.compute_ops += n.prim->fusion_kind() != FusionKind::View;
-  run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
-  run_pass("functionalize", g, [](Graph& x) { return passes::functionalize(x); });
-  run_pass("simplify", g, [](Graph& x) { return passes::simplify(x); });
-  run_pass("cse", g, [](Graph& x) { return passes::cse(x); });
-  run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
+  // Every pass is told the device it optimizes for; the rewrites that pay off only when groups become generated
+  // kernels, or that fuse ops into library calls, are left out when every op runs its eager kernel.
+  const Device target = passes::pass_target(g);
+  const bool generated = opts.backend != CompileBackend::Eager;
+  run_pass("dce", g, [&](Graph& x) { return passes::dce(x, {target}); });
+  run_pass("functionalize", g, [&](Graph& x) { return passes::functionalize(x, {target}); });
+  run_pass("simplify", g, [&](Graph& x) { return passes::simplify(x, {target}); });
+  run_pass("cse", g, [&](Graph& x) { return passes::cse(x, {target}); });
+  run_pass("dce", g, [&](Graph& x) { return passes::dce(x, {target}); });
   // The split pays off only when its halves become generated kernels; node by node it would run the norm
   // backward's eager kernel twice.
-  run_pass("decompose_norm_bwd", g, [&](Graph& x) {
-    return opts.backend != CompileBackend::Eager && passes::decompose_norm_bwd(x);
-  });
+  run_pass("decompose_norm_bwd", g, [&](Graph& x) { return generated && passes::decompose_norm_bwd(x, {target}); });
   run_pass("matmul_epilogues", g, [&](Graph& x) {
-    return opts.backend != CompileBackend::Eager && passes::fuse_matmul_epilogues(x, false, /*with_dbias=*/true);
+    return generated && passes::fuse_matmul_epilogues(x, {.target = target, .with_dbias = true});
   });
-  run_pass("fuse_cross_entropy", g, [&](Graph& x) {
-    return opts.backend != CompileBackend::Eager && passes::fuse_cross_entropy(x);
-  });
-  run_pass("pack_attention_grads", g, [&](Graph& x) {
-    return opts.backend != CompileBackend::Eager && passes::pack_attention_grads(x);
-  });
-  run_pass("accumulate_index_add", g, [&](Graph& x) {
-    return opts.backend != CompileBackend::Eager && passes::accumulate_index_add(x);
-  });
-  run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
-  run_pass("remat", g, [&](Graph& x) { return passes::remat(x, opts.memory_budget); });
-  run_pass("dce", g, [](Graph& x) { return passes::dce(x); });
-  run_pass("split_update", g, [&](Graph& x) { return passes::split_update(x, opts.split_update ? 0.0 : 1.0); });
+  run_pass("fuse_cross_entropy", g, [&](Graph& x) { return generated && passes::fuse_cross_entropy(x, {target}); });
+  run_pass("pack_attention_grads", g, [&](Graph& x) { return generated && passes::pack_attention_grads(x, {target}); });
+  run_pass("accumulate_index_add", g, [&](Graph& x) { return generated && passes::accumulate_index_add(x, {target}); });
+  run_pass("dce", g, [&](Graph& x) { return passes::dce(x, {target}); });
+  run_pass("remat", g, [&](Graph& x) { return passes::remat(x, {target, opts.memory_budget}); });
+  run_pass("dce", g, [&](Graph& x) { return passes::dce(x, {target}); });
+  run_pass("split_update", g, [&](Graph& x) { return passes::split_update(x, {target, opts.split_update ? 0.0 : 1.0}); });
   // Per-bucket updates need the update between graphs to wait only for its bucket; under CUDA graphs the
   // update (a host step: its learning rate is a host value) ends a graph, and a graph cannot end with a
   // collective of the next one in flight, so those modes keep one update after every wait.
   bool bucket_updates = false;
   run_pass("split_update_by_bucket", g, [&](Graph& x) {
-    return bucket_updates = opts.bucket_updates && !replays_cuda_graphs(opts.mode) && passes::split_update_by_bucket(x);
+    return bucket_updates = opts.bucket_updates && !replays_cuda_graphs(opts.mode) &&
+                            passes::split_update_by_bucket(x, {target});
   });
-  run_pass("fuse", g, [&](Graph& x) { return passes::fuse(x, !opts.split_update && !bucket_updates); });
-  run_pass("schedule", g, [](Graph& x) { return passes::schedule(x); });
+  run_pass("fuse", g, [&](Graph& x) { return passes::fuse(x, {target, !opts.split_update && !bucket_updates}); });
+  run_pass("schedule", g, [&](Graph& x) { return passes::schedule(x, {target}); });
   g.verify();
   const passes::MemoryPlan plan = passes::memory_plan(g);
   stats.planned_peak_bytes = plan.arena_bytes;

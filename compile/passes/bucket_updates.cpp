@@ -3,15 +3,12 @@
 // last bucket's reduction, so the whole update runs after all the communication, and the reduction of the last
 // bucket (made when the backward ends: the embeddings) is exposed in full. Split per bucket, the update of
 // bucket k runs while the buckets after it are still being reduced: schedule.cpp runs a ready update before
-// the next (late) collective_wait.
-// Invariant afterwards: no adamw_update node reads gradients that come from two different collective waits;
-// a graph without collectives is unchanged. Horizontal fusion must then keep the updates apart (the pipeline
-// fuses with horizontal=false when this pass split anything).
-// Test: tests/compile/test_passes.cpp (BucketUpdates.*).
+// the next (late) collective_wait. Invariant: bucket_updates.h.
+#include "compile/passes/bucket_updates.h"
+
 #include <map>
 
 #include "autograd/primitive_multi_tensor.h"
-#include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
 
@@ -34,7 +31,7 @@ int32_t source_wait(const Graph& g, int32_t v) {
 
 }  // namespace
 
-bool split_update_by_bucket(Graph& g) {
+bool split_update_by_bucket(Graph& g, const BucketUpdateOptions&) {
   // Per node: the parameters of each bucket (in the bucket order), for the updates that split.
   std::vector<std::vector<std::vector<size_t>>> split(g.nodes.size());
   bool any = false;

@@ -1,15 +1,13 @@
-// Common-subexpression elimination. Invariant afterwards: no two nodes apply equivalent primitives
-// (Primitive::equivalent: same op and attributes) to the same input values; the later one's outputs are
-// replaced by the earlier one's. Sound because nodes are pure; ops with hidden state are not equivalent
-// (dropout's seed/offset are attributes). Test: tests/compile/test_passes.cpp (Cse.*).
+// Common-subexpression elimination (invariant: cse.h). Sound because nodes are pure; ops with hidden state are
+// not equivalent (dropout's seed/offset are attributes).
+#include "compile/passes/cse.h"
+
 #include <map>
 #include <sstream>
 
-#include "compile/passes/passes.h"
-
 namespace ingot::compiler::passes {
 
-bool cse(Graph& g) {
+bool cse(Graph& g, const CseOptions&) {
   std::map<std::string, std::vector<int32_t>> seen;  // name|inputs -> earlier nodes
   std::vector<bool> drop(g.nodes.size(), false);
   bool changed = false;

@@ -1,11 +1,10 @@
-// Dead-code elimination. Invariant afterwards: every remaining node has an output that reaches a root
-// (a function output, a write-back or a grad out). Nodes are pure (the graph is functional), so a node
-// whose outputs nobody reads can go. Test: tests/compile/test_passes.cpp (Dce.*).
-#include "compile/passes/passes.h"
+// Dead-code elimination (invariant: dce.h). Nodes are pure (the graph is functional), so a node whose outputs
+// nobody reads can go.
+#include "compile/passes/dce.h"
 
 namespace ingot::compiler::passes {
 
-bool dce(Graph& g) {
+bool dce(Graph& g, const DceOptions&) {
   std::vector<bool> live(g.values.size(), false);
   for (int32_t o : g.outputs) live[static_cast<size_t>(o)] = true;
   for (const WriteBack& w : g.writebacks) live[static_cast<size_t>(w.value)] = true;

@@ -1,9 +1,4 @@
-// Splitting the norm backward. Invariant afterwards: no layer_norm_bwd / rms_norm_bwd node off CUDA (or too
-// wide for column sums) computes dx together with dw or db; each such node became a dx-only node followed by
-// a dw/db-only node with the same inputs and the original output values, and when dy came from a
-// single-input pointwise node (the cast of an autocast matmul's gradient) the dw/db node reads its own copy
-// of that node.
-// Test: tests/compile/test_norm_bwd.cpp (DecomposeNormBwd.*).
+// Splitting the norm backward (invariant: decompose_norm_bwd.h).
 //
 // Note [Norm backward decomposition]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -22,9 +17,10 @@
 // with its flags, so the split never costs correctness.
 // On CUDA the node is not split: its dx kernel sums dw and db as it goes (column sums, see column_sum_norm_bwd), so
 // dy and x are read once, with the same prologue and epilogue fusion.
+#include "compile/passes/decompose_norm_bwd.h"
+
 #include "autograd/ops/norm.h"
 #include "compile/codegen/cuda/render_cuda.h"
-#include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
 
@@ -50,13 +46,14 @@ bool column_sum_norm_bwd(const Graph& g, const Node& n) {
   return kMinWarps * sums * row_floats * 4 <= codegen::cuda::kColumnSumSharedBytes;
 }
 
-bool decompose_norm_bwd(Graph& g) {
+bool decompose_norm_bwd(Graph& g, const DecomposeNormBwdOptions& o) {
+  const bool cuda = o.target.is_cuda();
   std::vector<Node> nodes;
   nodes.reserve(g.nodes.size());
   bool changed = false;
   for (const Node& n : g.nodes) {
     const std::optional<NormBwdFlags> f = norm_bwd_flags(*n.prim);
-    if (!f || !f->dx || !(f->dw || f->db) || column_sum_norm_bwd(g, n)) {
+    if (!f || !f->dx || !(f->dw || f->db) || (cuda && column_sum_norm_bwd(g, n))) {
       nodes.push_back(n);
       continue;
     }

@@ -1,15 +1,13 @@
-// Functionalization. The tracer already turns every in-place update of a persistent tensor into a pure value
-// plus a write-back (compile/trace/trace.cpp: on_assign) and every gradient accumulation into ops, so the graph
-// has no mutation. Invariant afterwards: no write-back writes a captured tensor's own input value back (a
-// no-op), and no two write-backs target one input. Roots that alias captured buffers are copied by the
-// executor before write-backs run. Test: tests/compile/test_passes.cpp (Functionalize.*).
-#include <set>
+// Functionalization (invariant: functionalize.h). The tracer already turns every in-place update of a persistent
+// tensor into a pure value plus a write-back (compile/trace/trace.cpp: on_assign) and every gradient accumulation
+// into ops, so the graph has no mutation; what is left is dropping the write-backs that change nothing.
+#include "compile/passes/functionalize.h"
 
-#include "compile/passes/passes.h"
+#include <set>
 
 namespace ingot::compiler::passes {
 
-bool functionalize(Graph& g) {
+bool functionalize(Graph& g, const FunctionalizeOptions&) {
   std::vector<WriteBack> kept;
   std::set<int32_t> targets;
   for (const WriteBack& w : g.writebacks) {

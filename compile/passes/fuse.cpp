@@ -1,26 +1,17 @@
-// Fusion grouping. Invariant afterwards: every node is in at most one FusionGroup, and each group is one of
-//   Pointwise     a DAG of Pointwise nodes whose outputs all have one shape (inputs may broadcast), or
-//                 siblings reading one input of that shape (Note [Sibling fusion]);
-//   RowReduction  one Reduction node (softmax, norms, cross-entropy, sums) with the pointwise nodes of its
-//                 input's shape that feed it (prologue) and the pointwise nodes that consume it (epilogue);
-//   MultiTensor   every multi-tensor optimizer update of the graph (horizontal fusion over all parameters),
-//                 or, with horizontal=false (split updates under a memory budget), each update alone; or every
-//                 cast of an f32 graph input (a parameter) to bf16 / f16 on CUDA that only non-fusible ops
-//                 read (Note [Parameter casts]).
-// Contracting a group never creates a cycle between groups (a node joins a group only when none of its other
-// inputs depends on the group), so groups can be scheduled contiguously (schedule.cpp). Groups list their
-// inputs (values read from outside) and outputs (values read outside or roots). View and Opaque nodes stay
-// alone: views are free aliases, opaque ops (matmul, attention) call the eager kernels. So does a sum over the rows
-// of a tall bf16 / f16 CUDA matrix that nothing pointwise feeds (a bias gradient): the eager kernel's 16-byte
-// column path is faster than a generated column reduction (Note [Column sums], runtime/kernels/cuda/reduce.cu).
-// Test: tests/compile/test_passes.cpp (Fuse.*).
+// Fusion grouping (invariant: fuse.h). Contracting a group never creates a cycle between groups because a node
+// joins a group only when none of its other inputs depends on the group. View and Opaque nodes stay alone: views
+// are free aliases, opaque ops (matmul, attention) call the eager kernels. So does a sum over the rows of a tall
+// bf16 / f16 CUDA matrix that nothing pointwise feeds (a bias gradient): the eager kernel's 16-byte column path is
+// faster than a generated column reduction (Note [Column sums], runtime/kernels/cuda/reduce.cu).
+#include "compile/passes/fuse.h"
+
 #include <algorithm>
 #include <set>
 #include <sstream>
 
 #include "autograd/ops/attrs.h"
 #include "compile/lower/lowering.h"
-#include "compile/passes/passes.h"
+#include "compile/passes/decompose_norm_bwd.h"
 
 namespace ingot::compiler::passes {
 
@@ -151,7 +142,8 @@ int32_t sibling_group(const Graph& g, const Grouping& gr, const std::vector<std:
 
 }  // namespace
 
-bool fuse(Graph& g, bool horizontal) {
+bool fuse(Graph& g, const FuseOptions& o) {
+  const bool horizontal = o.horizontal, cuda = o.target.is_cuda();
   g.groups.clear();
   for (Node& n : g.nodes) n.group = -1;
   Grouping gr(g);
@@ -164,7 +156,7 @@ bool fuse(Graph& g, bool horizontal) {
   // Note [Parameter casts]: one group when there are several, all of one output dtype.
   std::vector<int32_t> param_casts;
   for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (parameter_cast(g, all_readers, g.nodes[i])) param_casts.push_back(static_cast<int32_t>(i));
+    if (cuda && parameter_cast(g, all_readers, g.nodes[i])) param_casts.push_back(static_cast<int32_t>(i));
   for (int32_t n : param_casts)
     if (g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(n)].outputs[0])].dtype !=
         g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(param_casts[0])].outputs[0])].dtype)
@@ -188,9 +180,9 @@ bool fuse(Graph& g, bool horizontal) {
       continue;
     }
     // A whole norm backward is opaque except where one kernel computes it (Note [Column sums in row reductions]).
-    const FusionKind fk = column_sum_norm_bwd(g, node) ? FusionKind::Reduction : node.prim->fusion_kind();
+    const FusionKind fk = cuda && column_sum_norm_bwd(g, node) ? FusionKind::Reduction : node.prim->fusion_kind();
     if (fk != FusionKind::Pointwise && fk != FusionKind::Reduction) continue;
-    if (eager_column_sum(g, node)) continue;
+    if (cuda && eager_column_sum(g, node)) continue;
     // Candidate groups: those of this node's producers, first producer first.
     int32_t joined = -1;
     for (int32_t v : node.inputs) {

@@ -1,8 +1,4 @@
-// Cross-entropy fused with its backward. Invariant afterwards: no cross_entropy node has a cross_entropy_bwd
-// reader (of its lse, with the same logits, target and attributes) whose dloss the cross_entropy node does not
-// reach; each such pair became one cross_entropy_fused node that keeps the forward's loss and lse values and
-// the backward's dlogits value, placed where the backward was, with the forward's other dependents after it.
-// Test: tests/compile/test_fuse_cross_entropy.cpp.
+// Cross-entropy fused with its backward (invariant: fuse_cross_entropy.h).
 //
 // Note [Cross-entropy fused with its backward]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -14,8 +10,9 @@
 // leads from the cross_entropy node to dloss (a loss fed back into its own gradient, loss * loss, keeps the
 // pair). The fused node takes the backward's place; the forward's dependents traced between the two (the
 // loss's sum and division) move after it, which is legal because none of them leads to dloss either.
+#include "compile/passes/fuse_cross_entropy.h"
+
 #include "autograd/ops/loss_fused.h"
-#include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
 namespace {
@@ -74,7 +71,7 @@ bool fuse_one(Graph& g) {
 
 }  // namespace
 
-bool fuse_cross_entropy(Graph& g) {
+bool fuse_cross_entropy(Graph& g, const FuseCrossEntropyOptions&) {
   bool changed = false;
   while (fuse_one(g)) changed = true;
   return changed;

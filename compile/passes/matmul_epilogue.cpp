@@ -1,10 +1,4 @@
-// Folding the GELU and its backward into the matrix products next to them. Invariant afterwards (on CUDA graphs,
-// or any with cpu_too): no gelu_tanh_grad node reads, directly or through one reshape, the output of a 2-D
-// matmul that nothing else reads; each such pair became one matmul_dgelu node, which with with_dbias also took
-// over a sum(reshape(grad, [M, N]), dims=[0]) of the GELU gradient (the bias gradient). With forward_gelu, no
-// gelu_tanh reads (directly or through one reshape) a linear with a bias: each such pair is one linear_gelu node.
-// And no cast to f32 reads a bf16 / f16 matmul that nothing else reads: the pair is one widened matmul.
-// Test: tests/compile/test_matmul_epilogue.cpp.
+// Folding the GELU and its backward into the matrix products next to them (invariant: matmul_epilogue.h).
 //
 // Note [cuBLASLt GELU backward epilogue]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -22,16 +16,21 @@
 // elsewhere DGELU runs and then a column sum. The pipeline fuses the bias gradient too (with_dbias): on an H200
 // (GPT-2 b16, reduce-overhead) that took the c_fc bias gradient's separate pass over the 100 MB GELU gradient
 // out of each layer's backward (bench/RESULTS.md, 2026-11-24 fifth session).
+#include "compile/passes/matmul_epilogue.h"
+
 #include <map>
 
 #include "autograd/ops/attrs.h"
 #include "autograd/ops/matmul_fused.h"
 #include "autograd/ops/reduce_fused.h"
-#include "compile/passes/passes.h"
+#include "compile/passes/fuse.h"
 
 namespace ingot::compiler::passes {
 
-bool fuse_matmul_epilogues(Graph& g, bool cpu_too, bool with_dbias, bool forward_gelu) {
+bool fuse_matmul_epilogues(Graph& g, const MatmulEpilogueOptions& o) {
+  // Every rewrite here is for values on CUDA (cuBLASLt's epilogues, the eager column sums), unless cpu_too.
+  if (!o.target.is_cuda() && !o.cpu_too) return false;
+  const bool cpu_too = o.cpu_too, with_dbias = o.with_dbias, forward_gelu = o.forward_gelu;
   const std::vector<int32_t> uses = g.use_counts();
   std::vector<std::vector<size_t>> readers(g.values.size());
   for (size_t i = 0; i < g.nodes.size(); ++i)

@@ -7,10 +7,10 @@
 // The executor allocates each value from the caching allocator; the arena size is the planned peak, reported
 // (CompileStats, INGOT_LOGS=schedule) next to the sum-of-live-bytes peak it approximates.
 // Test: tests/compile/test_passes.cpp (MemoryPlan.*), tests/compile/test_buffer_reuse.cpp.
+#include "compile/passes/memory_plan.h"
+
 #include <map>
 #include <optional>
-
-#include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
 namespace {

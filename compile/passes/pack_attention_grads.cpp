@@ -1,22 +1,20 @@
-// Attention gradients written where the fused qkv projection's backward wants them. Invariant afterwards:
-// no cat reads the three outputs of one attention_bwd node, each through permute([0, 2, 1, 3]) and a reshape
-// to [B, T, H * D] read nowhere else, in the order dq, dk, dv; each such group is one attention_bwd_packed node
-// whose output is the cat's value (autograd/ops/attention_packed.h).
-// Test: tests/compile/test_pack_attention_grads.cpp.
+// Attention gradients written where the fused qkv projection's backward wants them (invariant:
+// pack_attention_grads.h).
 //
 // Why: a model that projects q, k, v with one linear (GPT-2's c_attn) splits its output, so the split's
 // backward concatenates the three gradients. The attention kernels already write each gradient in [B, T, H, D]
 // order (Note [Attention layouts]); with the packed output they write straight into the concatenation, and
 // its copy of 3 x [B, T, C] per layer is gone (GPT-2 124M at batch 16: 36 copies, 0.7 ms per step on an H100).
+#include "compile/passes/pack_attention_grads.h"
+
 #include <map>
 
 #include "autograd/ops/attention_packed.h"
 #include "autograd/ops/attrs.h"
-#include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
 
-bool pack_attention_grads(Graph& g) {
+bool pack_attention_grads(Graph& g, const PackAttentionGradsOptions&) {
   const std::vector<int32_t> uses = g.use_counts();
   auto producer = [&](int32_t v) -> const Node* {
     const int32_t p = g.values[static_cast<size_t>(v)].producer;

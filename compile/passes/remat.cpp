@@ -1,20 +1,17 @@
-// Rematerialization under a memory budget (greedy on cheap ops). A value is "saved" when a forward node makes
-// it and a backward node reads it: it stays alive from the forward to the backward. With budget < 1, saved
-// values computed by a short chain (depth <= 4) of Pointwise or View nodes (a GELU output is saved through
-// the reshape its linear applies) from graph inputs or other saved values
-// are recomputed right before their first backward reader, largest first, until the saved bytes are at most
-// budget x the original. Invariant afterwards: backward nodes read the recomputed copies of the chosen
-// values; the forward originals serve forward readers only (dce drops them when there are none), so no
-// chosen value is alive across the forward/backward boundary. Test: tests/compile/test_passes.cpp (Remat.*).
+// Rematerialization under a memory budget (invariant: remat.h). A value is "saved" when a forward node makes it
+// and a backward node reads it: it stays alive from the forward to the backward. The chains recomputed start at
+// graph inputs or other saved values (a GELU output is saved through the reshape its linear applies); the
+// forward originals serve forward readers only, and dce drops them when there are none.
+#include "compile/passes/remat.h"
+
 #include <algorithm>
 #include <functional>
 #include <map>
 
-#include "compile/passes/passes.h"
-
 namespace ingot::compiler::passes {
 
-bool remat(Graph& g, double budget, int64_t* saved_bytes) {
+bool remat(Graph& g, const RematOptions& o, int64_t* saved_bytes) {
+  const double budget = o.budget;
   constexpr int kMaxDepth = 4;
   if (saved_bytes) *saved_bytes = 0;
   if (budget >= 1.0) return false;

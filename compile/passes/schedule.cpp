@@ -1,21 +1,20 @@
-// Scheduling. Invariant afterwards: nodes are in a topological order in which every fusion group's members
-// are contiguous (so a group runs as one kernel), and among ready nodes the one earliest in the traced
-// order goes first (the trace order already frees forward activations as backward consumes them; keeping
-// it keeps peak memory where eager has it). Groups are acyclic by fuse.cpp's invariant.
+// Scheduling (invariant: schedule.h). Among ready nodes the one earliest in the traced order goes first: the
+// trace order already frees forward activations as backward consumes them, and keeping it keeps peak memory
+// where eager has it. Groups are acyclic by fuse.h's invariant.
 // Collectives (compile/lower/lowering.h: schedule_class) bend the order: a collective's start, and the views and
 // concatenations whose results only feed starts (a bucket's flatten and concatenation), go before other
 // ready work; a wait goes after all other ready work. A gradient bucket is then reduced while
 // the rest of the backward runs, and the optimizer waits for it last.
-// Test: tests/compile/test_passes.cpp (Schedule.*).
+#include "compile/passes/schedule.h"
+
 #include <algorithm>
 #include <queue>
 
 #include "compile/lower/lowering.h"
-#include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
 
-bool schedule(Graph& g) {
+bool schedule(Graph& g, const ScheduleOptions&) {
   const size_t n = g.nodes.size();
   // Units: a group, or a node alone. unit_of[node]; members in graph order.
   std::vector<int32_t> unit_of(n);

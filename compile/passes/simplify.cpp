@@ -1,16 +1,14 @@
-// Algebraic simplification and constant folding. Invariant afterwards: no node returns one of its inputs
-// unchanged (compile/lower/lowering.h identity_input: clone, contiguous, x*1, x+0, same-shape reshape/expand;
-// its uses read the input instead), and no node whose inputs are all Constant inputs and whose outputs
-// have at most fold_limit elements remains: it is evaluated now and its outputs become Constant inputs.
-// Identity removal is sound because the graph is pure: a buffer is never written after it is made (the
-// executor copies roots that alias captured tensors). The bypassed nodes are left for dce.
-// Test: tests/compile/test_passes.cpp (Simplify.*).
+// Algebraic simplification and constant folding (invariant: simplify.h). Identity removal is sound because the
+// graph is pure: a buffer is never written after it is made (the executor copies roots that alias captured
+// tensors).
+#include "compile/passes/simplify.h"
+
 #include "compile/lower/lowering.h"
-#include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
 
-bool simplify(Graph& g, int64_t fold_limit) {
+bool simplify(Graph& g, const SimplifyOptions& o) {
+  const int64_t fold_limit = o.fold_limit_elems;
   bool changed = false;
   std::vector<Node> kept;
   for (Node& node : g.nodes) {

@@ -4,17 +4,17 @@
 // update (AdamW's; Note [Multi-tensor updates], autograd/primitive_multi_tensor.h) by one update per parameter, placed right after the last node that produces its gradient or
 // reads its parameter, so each gradient dies as soon as it is complete and the parameter is updated in place
 // (the executor's in-place rule, compile/exec/kernel_step.cpp, holds because nothing reads it afterwards).
-// Invariant afterwards: no adamw_update node updates more than one parameter when budget < 1, and each sits
-// after every reader of its parameter and optimizer state. Test: tests/compile/test_passes.cpp (SplitUpdate.*).
+// Invariant: split_update.h.
+#include "compile/passes/split_update.h"
+
 #include <algorithm>
 
 #include "autograd/primitive_multi_tensor.h"
-#include "compile/passes/passes.h"
 
 namespace ingot::compiler::passes {
 
-bool split_update(Graph& g, double budget) {
-  if (budget >= 1.0) return false;
+bool split_update(Graph& g, const SplitUpdateOptions& o) {
+  if (o.budget >= 1.0) return false;
   std::vector<int32_t> last_reader(g.values.size(), -1);
   for (size_t i = 0; i < g.nodes.size(); ++i)
     for (int32_t v : g.nodes[i].inputs)

@@ -24,8 +24,8 @@ TEST(AccumulateIndexAdd, TiedEmbeddingGradientScattersIntoTheHeadGradient) {
     Graph g = trace(fn, {ids, tgt}).graph;
     const int index_adds = count_nodes(g, "index_add");
     ASSERT_EQ(index_adds, 2) << "token and position embeddings";
-    ASSERT_TRUE(passes::accumulate_index_add(g));
-    passes::dce(g);
+    ASSERT_TRUE(passes::accumulate_index_add(g, {}));
+    passes::dce(g, {});
     g.verify();
     // Only the tied token embedding has a second gradient to add to; the position embedding keeps its zeros.
     EXPECT_EQ(count_nodes(g, "index_add_accumulate"), 1);
@@ -42,7 +42,7 @@ TEST(AccumulateIndexAdd, AScatteredValueReadElsewhereStays) {
   Graph g = trace(fn, {ids, tgt}).graph;
   for (const Node& n : g.nodes)
     if (n.prim->name() == "index_add") g.outputs.push_back(n.outputs[0]);
-  EXPECT_FALSE(passes::accumulate_index_add(g));
+  EXPECT_FALSE(passes::accumulate_index_add(g, {}));
 }
 
 }  // namespace

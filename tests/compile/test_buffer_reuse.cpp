@@ -60,8 +60,8 @@ TEST(BufferReuse, TheMemoryPlanCountsTheGradientInTheLogitsBuffer) {
   for (bool view : {false, true}) {
     compiler::Graph g = view ? compiler::trace(reshaped, {step.x, step.t}).graph
                              : compiler::trace(step, {step.x, step.t}).graph;
-    ASSERT_TRUE(compiler::passes::fuse_cross_entropy(g));
-    compiler::passes::dce(g);
+    ASSERT_TRUE(compiler::passes::fuse_cross_entropy(g, {}));
+    compiler::passes::dce(g, {});
     const compiler::passes::MemoryPlan plan = compiler::passes::memory_plan(g);
     const int64_t logits_bytes = n * vocab * 4;
     EXPECT_GE(plan.unplanned_peak, logits_bytes) << "through a view: " << view;

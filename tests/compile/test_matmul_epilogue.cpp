@@ -26,15 +26,15 @@ TEST(MatmulEpilogue, GeluGradientAndBiasGradientFoldIntoTheProduct) {
     Graph g = trace(fn, {ids, tgt}).graph;
     const int layers = 2;
     ASSERT_EQ(count_nodes(g, "gelu_tanh_grad"), layers);
-    EXPECT_FALSE(passes::fuse_matmul_epilogues(g)) << "CPU graphs keep their generated GELU kernels by default";
+    EXPECT_FALSE(passes::fuse_matmul_epilogues(g, {})) << "CPU graphs keep their generated GELU kernels by default";
     // The product and the GELU gradient on one copy; with the bias gradient too (the pipeline's choice on CUDA
     // graphs) on another.
     Graph g2 = trace(fn, {ids, tgt}).graph;
     const int sums_before = count_nodes(g2, "sum");
-    ASSERT_TRUE(passes::fuse_matmul_epilogues(g, true));
-    ASSERT_TRUE(passes::fuse_matmul_epilogues(g2, true, true));
+    ASSERT_TRUE(passes::fuse_matmul_epilogues(g, {.cpu_too = true}));
+    ASSERT_TRUE(passes::fuse_matmul_epilogues(g2, {.cpu_too = true, .with_dbias = true}));
     for (Graph* x : {&g, &g2}) {
-      passes::dce(*x);
+      passes::dce(*x, {});
       x->verify();
       EXPECT_EQ(count_nodes(*x, "gelu_tanh_grad"), 0);
       EXPECT_EQ(count_nodes(*x, "matmul_dgelu"), layers);

@@ -114,7 +114,7 @@ TEST(DecomposeNormBwd, SplitsIntoDxThenDwDbKeepingTheOutputValues) {
     EXPECT_EQ(orig.prim->fusion_kind(), FusionKind::Opaque) << "eager's fused kernel stays one op";
     const size_t casts = count_ops(g, "cast");
 
-    ASSERT_TRUE(passes::decompose_norm_bwd(g));
+    ASSERT_TRUE(passes::decompose_norm_bwd(g, {}));
     g.verify();
     const std::vector<int32_t> after = norm_bwd_nodes(g);
     ASSERT_EQ(after.size(), 2u) << g.str();
@@ -145,7 +145,7 @@ TEST(DecomposeNormBwd, SplitsIntoDxThenDwDbKeepingTheOutputValues) {
       EXPECT_EQ(par.inputs[0], orig.inputs[0]) << "a dy from a matmul is read as it is";
       EXPECT_EQ(count_ops(g, "cast"), casts);
     }
-    EXPECT_FALSE(passes::decompose_norm_bwd(g)) << "nothing left to split";
+    EXPECT_FALSE(passes::decompose_norm_bwd(g, {})) << "nothing left to split";
     // Node by node, each half runs the eager kernel with its flags (what an unlowered group does).
     expect_same_grads(run_node_by_node(g, {r}), blk({r}), "node by node");
   }
@@ -158,7 +158,7 @@ TEST(DecomposeNormBwd, LeavesABackwardWithoutParameterGradientsAlone) {
   ASSERT_EQ(norm_bwd_nodes(g).size(), 1u);
   const Node& n = g.nodes[static_cast<size_t>(norm_bwd_nodes(g)[0])];
   EXPECT_EQ(n.prim->fusion_kind(), FusionKind::Reduction) << "dx alone is a row reduction";
-  EXPECT_FALSE(passes::decompose_norm_bwd(g));
+  EXPECT_FALSE(passes::decompose_norm_bwd(g, {}));
 }
 
 TEST(DecomposeNormBwd, NodeByNodeBackendKeepsTheFusedEagerKernel) {
@@ -198,14 +198,14 @@ TEST(DecomposeNormBwd, OnCudaTheBackwardStaysWholeAndLowersWithColumnSums) {
     const int32_t id = norm_bwd_nodes(g).at(0);
     if (!wd.whole) {
       EXPECT_FALSE(passes::column_sum_norm_bwd(g, g.nodes[static_cast<size_t>(id)]));
-      EXPECT_TRUE(passes::decompose_norm_bwd(g));
+      EXPECT_TRUE(passes::decompose_norm_bwd(g, {passes::pass_target(g)}));
       EXPECT_EQ(norm_bwd_nodes(g).size(), 2u);
       continue;
     }
     ASSERT_TRUE(passes::column_sum_norm_bwd(g, g.nodes[static_cast<size_t>(id)]));
-    EXPECT_FALSE(passes::decompose_norm_bwd(g));
+    EXPECT_FALSE(passes::decompose_norm_bwd(g, {passes::pass_target(g)}));
     ASSERT_EQ(norm_bwd_nodes(g).size(), 1u);
-    passes::fuse(g);
+    passes::fuse(g, {passes::pass_target(g)});
     const Node& n = g.nodes[static_cast<size_t>(norm_bwd_nodes(g)[0])];
     ASSERT_GE(n.group, 0) << "a whole norm backward joins a group on CUDA";
     const FusionGroup& fg = g.groups[static_cast<size_t>(n.group)];

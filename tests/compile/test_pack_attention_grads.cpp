@@ -32,8 +32,8 @@ TEST(PackAttentionGrads, QkvGradientIsWrittenByTheAttentionBackward) {
     Graph g = trace(fn, {ids, tgt}).graph;
     const int layers = 2, cats = count_nodes(g, "cat");
     ASSERT_EQ(count_nodes(g, "attention_bwd"), layers);
-    ASSERT_TRUE(passes::pack_attention_grads(g));
-    passes::dce(g);
+    ASSERT_TRUE(passes::pack_attention_grads(g, {}));
+    passes::dce(g, {});
     g.verify();
     EXPECT_EQ(count_nodes(g, "attention_bwd"), 0);
     EXPECT_EQ(count_nodes(g, "attention_bwd_packed"), layers);
@@ -52,18 +52,18 @@ TEST(PackAttentionGrads, LeavesOtherConcatenationsAlone) {
     Graph g = trace(fn, {ids, tgt}).graph;
     for (Node& n : g.nodes)
       if (n.prim->name() == "cat" && n.inputs.size() == 3) std::swap(n.inputs[0], n.inputs[1]);
-    EXPECT_FALSE(passes::pack_attention_grads(g));
+    EXPECT_FALSE(passes::pack_attention_grads(g, {}));
   }
   {  // a piece read by something else still needs its own buffer
     Graph g = trace(fn, {ids, tgt}).graph;
     for (Node& n : g.nodes)
       if (n.prim->name() == "cat" && n.inputs.size() == 3) g.outputs.push_back(n.inputs[2]);
-    EXPECT_FALSE(passes::pack_attention_grads(g));
+    EXPECT_FALSE(passes::pack_attention_grads(g, {}));
   }
   {  // separate q, k, v projections: nothing to concatenate
     Graph g = trace(testing::loss_and_grads(testing::tiny_llama()), {ids, tgt}).graph;
     ASSERT_NE(find(g, "attention_bwd"), nullptr);
-    EXPECT_FALSE(passes::pack_attention_grads(g));
+    EXPECT_FALSE(passes::pack_attention_grads(g, {}));
   }
 }
 

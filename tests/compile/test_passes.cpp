@@ -37,19 +37,19 @@ TEST(Dce, RemovesNodesThatReachNoRoot) {
     return std::vector<Tensor>{relu(a[0])};
   }, {x});
   ASSERT_EQ(g.nodes.size(), 3u);
-  EXPECT_TRUE(passes::dce(g));
+  EXPECT_TRUE(passes::dce(g, {}));
   g.verify();
   EXPECT_EQ(g.nodes.size(), 1u);
   EXPECT_EQ(count_ops(g, "relu"), 1u);
   expect_same(run(g, {x}), {relu(x)});
-  EXPECT_FALSE(passes::dce(g));
+  EXPECT_FALSE(passes::dce(g, {}));
 }
 
 TEST(Cse, MergesEquivalentOpsOnTheSameInputs) {
   Tensor x = randn({4, 4});
   Graph g = graph_of([](const std::vector<Tensor>& a) { return std::vector<Tensor>{exp(a[0]) + exp(a[0])}; }, {x});
   ASSERT_EQ(count_ops(g, "exp"), 2u);
-  EXPECT_TRUE(passes::cse(g));
+  EXPECT_TRUE(passes::cse(g, {}));
   g.verify();
   EXPECT_EQ(count_ops(g, "exp"), 1u);
   expect_same(run(g, {x}), {exp(x) * 2.0});
@@ -58,7 +58,7 @@ TEST(Cse, MergesEquivalentOpsOnTheSameInputs) {
 TEST(Cse, KeepsOpsThatDifferInAttributes) {
   Tensor x = randn({4});
   Graph g = graph_of([](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] * 2.0 + a[0] * 3.0}; }, {x});
-  EXPECT_FALSE(passes::cse(g));
+  EXPECT_FALSE(passes::cse(g, {}));
   EXPECT_EQ(count_ops(g, "mul_scalar"), 2u);
 }
 
@@ -68,8 +68,8 @@ TEST(Simplify, BypassesIdentityOps) {
     return std::vector<Tensor>{tanh(clone(a[0] * 1.0) + 0.0)};
   }, {x});
   ASSERT_EQ(g.nodes.size(), 4u);
-  EXPECT_TRUE(passes::simplify(g));
-  passes::dce(g);
+  EXPECT_TRUE(passes::simplify(g, {}));
+  passes::dce(g, {});
   g.verify();
   EXPECT_EQ(g.nodes.size(), 1u) << g.str();
   expect_same(run(g, {x}), {tanh(x)});
@@ -82,7 +82,7 @@ TEST(Simplify, FoldsOpsOnConstantsCreatedWhileTracing) {
     return std::vector<Tensor>{a[0] * c};
   }, {x});
   ASSERT_EQ(count_ops(g, "exp"), 1u);
-  EXPECT_TRUE(passes::simplify(g));
+  EXPECT_TRUE(passes::simplify(g, {}));
   g.verify();
   EXPECT_EQ(count_ops(g, "exp"), 0u) << g.str();
   expect_same(run(g, {x}), {x * exp(from_vector({0.5, 1.0, 2.0}, {3}))});
@@ -92,7 +92,7 @@ TEST(Simplify, NeverFoldsCapturedTensorsThatMayChange) {
   Tensor w = randn({3});
   Tensor x = randn({3});
   Graph g = graph_of([&](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] * exp(w)}; }, {x});
-  EXPECT_FALSE(passes::simplify(g));
+  EXPECT_FALSE(passes::simplify(g, {}));
   w.fill_(0.25);  // captured by handle: the graph reads the new value
   expect_same(run(g, {x}), {x * exp(full({3}, 0.25))});
 }
@@ -113,10 +113,10 @@ TEST(Functionalize, OptimizerUpdateBecomesAPureNodePlusWriteBacks) {
     return std::vector<Tensor>{loss};
   }, {x});
   ASSERT_EQ(g.writebacks.size(), 1u);
-  EXPECT_FALSE(passes::functionalize(g));  // nothing to drop: the one write-back is a real update
+  EXPECT_FALSE(passes::functionalize(g, {}));  // nothing to drop: the one write-back is a real update
   g.writebacks.push_back(WriteBack{g.writebacks[0].input, g.inputs[static_cast<size_t>(g.writebacks[0].input)].value});
   g.writebacks.erase(g.writebacks.begin());
-  EXPECT_TRUE(passes::functionalize(g));  // a write-back of the input's own value is a no-op
+  EXPECT_TRUE(passes::functionalize(g, {}));  // a write-back of the input's own value is a no-op
   EXPECT_TRUE(g.writebacks.empty());
 }
 
@@ -134,9 +134,9 @@ TEST(Remat, RecomputesCheapSavedValuesUnderABudget) {
   const Tensor eager_grad = w.grad().clone_raw();
   w.zero_grad();
   int64_t saved = 0;
-  EXPECT_FALSE(passes::remat(g, 1.0, &saved));
-  EXPECT_TRUE(passes::remat(g, 0.3, &saved));
-  passes::dce(g);
+  EXPECT_FALSE(passes::remat(g, {.budget = 1.0}, &saved));
+  EXPECT_TRUE(passes::remat(g, {.budget = 0.3}, &saved));
+  passes::dce(g, {});
   g.verify();
   EXPECT_GT(saved, 0);
   size_t recomputed = 0;
@@ -162,8 +162,8 @@ TEST(SplitUpdate, OneUpdatePerParameterAfterEveryReaderOfIt) {
   Tensor x = randn({2, 4});
   Graph g = graph_of(step_fn(w1, w2, opt), {x});  // step 1 (eager, traced)
   ASSERT_EQ(count_ops(g, "adamw_update"), 1u);
-  EXPECT_FALSE(passes::split_update(g, 1.0));
-  EXPECT_TRUE(passes::split_update(g, 0.5));
+  EXPECT_FALSE(passes::split_update(g, {.budget = 1.0}));
+  EXPECT_TRUE(passes::split_update(g, {.budget = 0.5}));
   g.verify();
   ASSERT_EQ(count_ops(g, "adamw_update"), 2u);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -183,7 +183,7 @@ TEST(SplitUpdate, OneUpdatePerParameterAfterEveryReaderOfIt) {
 TEST(Fuse, PointwiseChainIsOneGroup) {
   Tensor x = randn({4, 8}), b = randn({8});
   Graph g = graph_of([&](const std::vector<Tensor>& a) { return std::vector<Tensor>{exp(relu(a[0] + b)) * 0.5}; }, {x});
-  EXPECT_TRUE(passes::fuse(g));
+  EXPECT_TRUE(passes::fuse(g, {}));
   g.verify();
   ASSERT_EQ(g.groups.size(), 1u);
   EXPECT_EQ(g.groups[0].kind, GroupKind::Pointwise);
@@ -195,7 +195,7 @@ TEST(Fuse, PointwiseChainIsOneGroup) {
 TEST(Fuse, SoftmaxWithPrologueAndEpilogueIsOneRowReductionGroup) {
   Tensor x = randn({4, 8});
   Graph g = graph_of([](const std::vector<Tensor>& a) { return std::vector<Tensor>{softmax(a[0] * 2.0) * 3.0}; }, {x});
-  passes::fuse(g);
+  passes::fuse(g, {});
   g.verify();
   ASSERT_EQ(g.groups.size(), 1u) << g.str();
   EXPECT_EQ(g.groups[0].kind, GroupKind::RowReduction);
@@ -214,7 +214,7 @@ TEST(Fuse, TallHalfColumnSumsOfAMatmulStayEagerOnCuda) {
     }, {x});
     if (cuda)
       for (Value& v : g.values) v.device = Device::cuda(0);  // the pass reads devices only as metadata
-    passes::fuse(g);
+    passes::fuse(g, {passes::pass_target(g)});
     for (const Node& node : g.nodes)
       if (node.prim->name() == "sum") return node.group >= 0;
     ADD_FAILURE() << "no sum";
@@ -242,14 +242,16 @@ TEST(Fuse, ParameterCastsForMatmulsAreOneMultiTensorGroupOnCuda) {
     Graph g = graph_of(fn, {x});
     if (cuda)
       for (Value& v : g.values) v.device = Device::cuda(0);
-    passes::fuse(g);
+    passes::fuse(g, {passes::pass_target(g)});
     g.verify();
     int multi = 0;
     size_t members = 0;
     for (const FusionGroup& fg : g.groups)
       if (fg.kind == GroupKind::MultiTensor) ++multi, members = fg.nodes.size();
     EXPECT_EQ(multi, cuda ? 1 : 0) << g.str();
-    if (cuda) EXPECT_EQ(members, 3u) << "x, w1 and w2 (graph inputs all); w3's cast joined the add";
+    if (cuda) {
+      EXPECT_EQ(members, 3u) << "x, w1 and w2 (graph inputs all); w3's cast joined the add";
+    }
   }
 }
 
@@ -260,8 +262,8 @@ TEST(Fuse, TheF32CastOfAnEagerColumnSumFoldsIntoIt) {
     return std::vector<Tensor>{cast(sum(matmul(a[0], w), {0}), DType::f32)};
   }, {x});
   for (Value& v : g.values) v.device = Device::cuda(0);
-  ASSERT_TRUE(passes::fuse_matmul_epilogues(g));
-  passes::dce(g);
+  ASSERT_TRUE(passes::fuse_matmul_epilogues(g, {passes::pass_target(g)}));
+  passes::dce(g, {passes::pass_target(g)});
   g.verify();
   int casts = 0, wide = 0;
   for (const Node& n : g.nodes) {
@@ -270,9 +272,11 @@ TEST(Fuse, TheF32CastOfAnEagerColumnSumFoldsIntoIt) {
   }
   EXPECT_EQ(casts, 0) << g.str();
   EXPECT_EQ(wide, 1) << g.str();
-  passes::fuse(g);
+  passes::fuse(g, {passes::pass_target(g)});
   for (const Node& n : g.nodes)
-    if (n.prim->name() == "sum") EXPECT_LT(n.group, 0) << "the widened sum stays on the eager column path";
+    if (n.prim->name() == "sum") {
+      EXPECT_LT(n.group, 0) << "the widened sum stays on the eager column path";
+    }
 }
 
 TEST(Fuse, NeverGroupsAcrossAnOpaqueOpThatDependsOnTheGroup) {
@@ -281,10 +285,10 @@ TEST(Fuse, NeverGroupsAcrossAnOpaqueOpThatDependsOnTheGroup) {
     Tensor e = exp(a[0]);
     return std::vector<Tensor>{e + matmul(e, w)};  // joining 'add' to exp's group would form a cycle
   }, {x});
-  passes::fuse(g);
+  passes::fuse(g, {});
   g.verify();
   ASSERT_EQ(g.groups.size(), 2u) << g.str();
-  EXPECT_TRUE(passes::schedule(g) || true);
+  EXPECT_TRUE(passes::schedule(g, {}) || true);
   expect_same(run(g, {x}), {exp(x) + matmul(exp(x), w)});
 }
 
@@ -295,9 +299,9 @@ TEST(Schedule, MakesEveryFusionGroupContiguous) {
     Tensor other = sin(a[1]);  // different shape: its own group, traced between e and relu(e)
     return std::vector<Tensor>{relu(e), other};
   }, {x, y});
-  passes::fuse(g);
+  passes::fuse(g, {});
   ASSERT_EQ(g.groups.size(), 2u);
-  EXPECT_TRUE(passes::schedule(g));
+  EXPECT_TRUE(passes::schedule(g, {}));
   g.verify();
   for (const FusionGroup& fg : g.groups)
     EXPECT_EQ(fg.nodes.back() - fg.nodes.front() + 1, static_cast<int32_t>(fg.nodes.size())) << g.str();

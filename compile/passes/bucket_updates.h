@@ -1,0 +1,18 @@
+// Optimizer updates per gradient bucket. Invariant afterwards: no adamw_update node reads gradients that come
+// from two different collective waits (data parallel: one update per gradient bucket, run as soon as its bucket
+// is reduced); a graph without collectives is unchanged. Horizontal fusion must then keep the updates apart
+// (the pipeline fuses with horizontal = false when this pass split anything).
+// Test: tests/compile/test_passes.cpp (BucketUpdates.*).
+#pragma once
+
+#include "compile/passes/pass.h"
+
+namespace ingot::compiler::passes {
+
+struct BucketUpdateOptions {
+  Device target = Device::cpu();
+};
+
+bool split_update_by_bucket(Graph& g, const BucketUpdateOptions& o);
+
+}  // namespace ingot::compiler::passes

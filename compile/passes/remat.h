@@ -1,0 +1,22 @@
+// Rematerialization under a memory budget (greedy on cheap ops). Invariant afterwards: with budget < 1, forward
+// values saved for the backward whose producer is a short chain (depth <= 4) of Pointwise or View nodes are
+// recomputed right before their first backward reader, largest first, until the bytes kept across the
+// forward/backward boundary are at most budget x the original; backward nodes read the recomputed copies and no
+// chosen value is alive across the boundary. `saved_bytes`, if given, receives the bytes no longer kept.
+// Test: tests/compile/test_passes.cpp (Remat.*).
+#pragma once
+
+#include <cstdint>
+
+#include "compile/passes/pass.h"
+
+namespace ingot::compiler::passes {
+
+struct RematOptions {
+  Device target = Device::cpu();
+  double budget = 1.0;  // CompileOptions::memory_budget; >= 1 changes nothing
+};
+
+bool remat(Graph& g, const RematOptions& o, int64_t* saved_bytes = nullptr);
+
+}  // namespace ingot::compiler::passes
