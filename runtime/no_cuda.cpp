@@ -2,6 +2,7 @@
 // the rest of the code needs no #ifdefs.
 #include "runtime/cuda_runtime.h"
 #include "runtime/kernels/cuda/gemm_sm90.h"
+#include "runtime/kernels/cuda/hopper.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -51,6 +52,8 @@ namespace kernels::cuda {
 #include "runtime/kernels/kernel_list.inc"
 #pragma GCC diagnostic pop
 #undef INGOT_KERNEL
+bool hopper_paths(int) { return false; }
+int compute_major(int) { return 0; }
 namespace sm90 {
 bool available(int) { return false; }
 bool enabled() { return false; }

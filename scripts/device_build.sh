@@ -37,7 +37,7 @@ fi
 if [[ ! -f /usr/local/cuda/include/nccl.h && -n $nv && -d $nv/nccl ]]; then
   extra+=(-DNCCL_INCLUDE_DIR=$nv/nccl/include -DNCCL_LIBRARY=$(ls $nv/nccl/lib/libnccl.so* | head -1))
 fi
-cmake -S "$src" -B "$build" -G Ninja "${extra[@]}" -DCMAKE_BUILD_TYPE=Release -DINGOT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+cmake -S "$src" -B "$build" -G Ninja "${extra[@]}" -DCMAKE_BUILD_TYPE=Release -DINGOT_CUDA=ON \
   -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_PREFIX_PATH="$deps/usr;$multi/cmake" \
   -DProtobuf_PROTOC_EXECUTABLE=$deps/usr/bin/protoc -DGloo_DIR=$deps/usr/share/cmake/Gloo > "$build.configure.log" 2>&1 \
   || { tail -40 "$build.configure.log"; exit 1; }

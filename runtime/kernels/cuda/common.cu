@@ -1,6 +1,8 @@
 // Host-side helpers of common.cuh.
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "runtime/kernels/cuda/common.cuh"
@@ -37,6 +39,14 @@ int sm_count(int device) {
 int compute_major(int device) {
   return per_device<int>("compute_major", device,
                          [](int d) { return attribute(cudaDevAttrComputeCapabilityMajor, d); });
+}
+
+bool hopper_paths(int device) {
+  static const bool off = [] {
+    const char* v = std::getenv("INGOT_HOPPER");
+    return v != nullptr && std::string_view(v) == "0";
+  }();
+  return !off && compute_major(device) >= 9;
 }
 
 int shared_bytes_optin(int device) {

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "runtime/cuda/check.h"
+#include "runtime/kernels/cuda/hopper.h"
 #include "runtime/tensor.h"
 
 namespace ingot::kernels::cuda {
@@ -114,10 +115,9 @@ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Multiprocessors of `device` (cached): grid-stride kernels launch a few waves of blocks, not one per element.
 int sm_count(int device);
-// Compute capability major version of `device` (cached).
-int compute_major(int device);
 // The most dynamic shared memory one block may opt in to on `device`, in bytes (cached).
 int shared_bytes_optin(int device);
+// hopper_paths(device): Note [Hopper-only paths], runtime/kernels/cuda/hopper.h.
 // Peak DRAM bandwidth per SM in GB/s, from the memory clock and bus width (H100 SXM ~25, H200 ~37).
 double dram_gbps_per_sm(int device);
 // Blocks for a grid-stride loop over n items with `block` threads each: enough for ~8 blocks per SM at most.

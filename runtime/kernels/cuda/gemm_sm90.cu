@@ -41,6 +41,7 @@
 // B comes either K-major ([n, k]: the forward's weight) or MN-major ([k, n]: the backward reads W2 as stored);
 // wgmma reads the latter transposed from shared memory (imm-trans-b), TMA filling it as two 64-column boxes.
 #include "runtime/kernels/cuda/gemm_sm90.h"
+#include "runtime/kernels/cuda/common.cuh"
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -563,7 +564,8 @@ std::atomic<int> g_enabled{-1};  // -1: not read from the environment yet
 
 }  // namespace
 
-bool available(int device) { return device_info(device).state == 1; }
+// Note [Hopper-only paths] (common.cuh): INGOT_HOPPER=0 turns this kernel off like a GPU other than sm_90.
+bool available(int device) { return hopper_paths(device) && device_info(device).state == 1; }
 
 bool enabled() {
   int e = g_enabled.load();

@@ -146,15 +146,15 @@ int fused_threads(int device) { return dram_gbps_per_sm(device) > 30.0 ? 512 : k
 __host__ __device__ constexpr int64_t staged_row_stride(int64_t row_bytes) { return (row_bytes + 127) / 128 * 128; }
 
 // Note [Cross-entropy rows staged in shared memory]: the dynamic shared memory for two rows of `row_bytes` on
-// `device` (sm_90 or newer), or 0 when that kernel does not apply (older GPUs, rows too long for two buffers,
-// INGOT_CE_STAGED=0 for comparisons). Rows must also be 16-byte multiples: the caller's 16-byte packs ensure it.
+// `device`, or 0 when that kernel does not apply (before sm_90 or INGOT_HOPPER=0: Note [Hopper-only paths]; rows
+// too long for two buffers; INGOT_CE_STAGED=0 for comparisons). Rows must also be 16-byte multiples: the caller's 16-byte packs ensure it.
 size_t staged_smem_bytes(int device, int64_t row_bytes) {
   static const bool off = [] {
     const char* v = std::getenv("INGOT_CE_STAGED");
     return v != nullptr && std::string(v) == "0";
   }();
   if (off || row_bytes % 16 != 0) return 0;
-  const int optin = compute_major(device) >= 9 ? shared_bytes_optin(device) : 0;
+  const int optin = hopper_paths(device) ? shared_bytes_optin(device) : 0;
   const int64_t need = 2 * staged_row_stride(row_bytes);
   // The kernel's static shared memory (barriers, reduction scratch) takes the last 1 KB.
   return need + 1024 <= optin ? static_cast<size_t>(need) : 0;
