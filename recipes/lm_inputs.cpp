@@ -27,8 +27,9 @@ void add_data_keys(ConfigSchema& s, bool training, const std::string& default_fo
   using K = ConfigKey;
   s.add(K::of(T::String, "data.format", default_format,
               "text (a document per line), jsonl (text or prompt/completion), instruction (alpaca "
-              "instruction/input/output), chat (messages lists)")
-            .one_of({"text", "jsonl", "instruction", "chat"}));
+              "instruction/input/output), chat (messages lists), token_rows (int32 ids, rows of seq_len + 1: "
+              "one example a row, as bench/reference's --make-tokens writes them)")
+            .one_of({"text", "jsonl", "instruction", "chat", "token_rows"}));
   s.add(K::required_key(T::String, "data.path", "the data file (relative to the working directory)"));
   s.add(K::of(T::Int, "data.seq_len", "0", "tokens per row (0: the model's context, at most 2048)").at_least(0));
   if (training) s.add(K::of(T::Bool, "data.packing", "true", "concatenate examples into full rows (false: pad each)"));
@@ -102,6 +103,7 @@ DataSettings resolve_data(const Config& cfg, const models::HFConfig& model, Conf
   d.chat_template = rd.str("data.chat_template");
   d.text_field = rd.str("data.text_field");
   d.seq_len = rd.i64("data.seq_len");
+  d.vocab_size = model.vocab_size();
   if (rd.listed("data.packing")) d.packing = rd.flag("data.packing");
   if (rd.listed("data.val_fraction")) d.val_fraction = rd.f64("data.val_fraction");
   const int64_t positions = model.arch == models::HFConfig::Arch::GPT2 ? model.gpt2.n_positions
@@ -158,7 +160,7 @@ void check_chat_template(const Config& cfg, const ModelSource& src, const std::s
 
 void check_tokenizer_and_data(const Config& cfg, const ModelSource& src, const DataSettings& d,
                               ConfigErrors& errors) {
-  if (!errors.has_error_for("data.path"))
+  if (!errors.has_error_for("data.path") && d.format != "token_rows")
     if (std::string problem = text_file_problem(d.path); !problem.empty())
       errors.fail(cfg, "data.path", "'" + d.path + "' " + problem);
   if (d.format == "instruction" || d.format == "chat") check_chat_template(cfg, src, "data.chat_template", d.chat_template, errors);
@@ -173,8 +175,11 @@ std::vector<datasets::Example> load_data(const DataSettings& d, const Tokenizer&
   datasets::SourceOptions o;
   if (d.format == "text") o.format = datasets::DatasetFormat::Text;
   else if (d.format == "jsonl") o.format = datasets::DatasetFormat::Jsonl;
+  else if (d.format == "token_rows") o.format = datasets::DatasetFormat::TokenRows;
   else o.format = datasets::DatasetFormat::Instruction;  // alpaca fields or messages, per line
   o.text_field = d.text_field;
+  o.row_tokens = d.seq_len + 1;
+  o.vocab_size = d.vocab_size;
   if (o.format == datasets::DatasetFormat::Instruction) o.chat_template = chat_template_for(d.chat_template, tok);
   std::vector<datasets::Example> ex = datasets::load_examples(d.path, tok, o);
   INGOT_CHECK(!ex.empty(), d.path, ": no examples (the file is empty)");

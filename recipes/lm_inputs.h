@@ -42,9 +42,10 @@ struct ModelSource {
 ModelSource resolve_model_source(const Config& cfg, ConfigErrors& errors);
 
 struct DataSettings {
-  std::string format;         // text | jsonl | instruction | chat
+  std::string format;         // text | jsonl | instruction | chat | token_rows
   std::string path;
   int64_t seq_len = 0;        // tokens per row (inputs); at most the model's positions
+  int64_t vocab_size = 0;     // the model's: token_rows ids stay below it
   bool packing = true;
   std::string chat_template;  // auto | llama3 | chatml | qwen3 | alpaca
   std::string text_field;

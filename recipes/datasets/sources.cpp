@@ -1,5 +1,7 @@
 #include "recipes/datasets/sources.h"
 
+#include <cstring>
+
 #include <nlohmann/json.hpp>
 
 #include "recipes/datasets/shards.h"
@@ -56,6 +58,26 @@ struct Builder {
   }
 };
 
+std::vector<Example> load_token_rows(const std::string& path, const SourceOptions& opts) {
+  INGOT_CHECK(opts.row_tokens >= 2, path, ": token rows need at least 2 ids a row, got ", opts.row_tokens);
+  const std::string bytes = read_file(path);
+  const size_t row_bytes = static_cast<size_t>(opts.row_tokens) * sizeof(int32_t);
+  INGOT_CHECK(!bytes.empty() && bytes.size() % row_bytes == 0, path, ": ", bytes.size(),
+              " bytes are not whole rows of ", opts.row_tokens, " int32 token ids (data.seq_len + 1 a row)");
+  const size_t rows = bytes.size() / row_bytes;
+  std::vector<Example> out(rows);
+  for (size_t r = 0; r < rows; ++r) {
+    Example& ex = out[r];
+    ex.ids.resize(static_cast<size_t>(opts.row_tokens));
+    std::memcpy(ex.ids.data(), bytes.data() + r * row_bytes, row_bytes);
+    for (size_t i = 0; i < ex.ids.size(); ++i)
+      INGOT_CHECK(ex.ids[i] >= 0 && (opts.vocab_size <= 0 || ex.ids[i] < opts.vocab_size), path, ": row ", r,
+                  ", token ", i, " is id ", ex.ids[i], ", outside the vocabulary [0, ", opts.vocab_size, ")");
+    ex.labels = ex.ids;
+  }
+  return out;
+}
+
 }  // namespace
 
 DatasetFormat parse_dataset_format(const std::string& name) {
@@ -63,10 +85,12 @@ DatasetFormat parse_dataset_format(const std::string& name) {
   if (name == "jsonl") return DatasetFormat::Jsonl;
   if (name == "instruction") return DatasetFormat::Instruction;
   if (name == "tokens") return DatasetFormat::Tokens;
-  INGOT_FAIL("dataset format \"", name, "\" is not known; expected one of text, jsonl, instruction, tokens");
+  if (name == "token_rows") return DatasetFormat::TokenRows;
+  INGOT_FAIL("dataset format \"", name, "\" is not known; expected one of text, jsonl, instruction, tokens, token_rows");
 }
 
 std::vector<Example> load_examples(const std::string& path, const Tokenizer& tok, const SourceOptions& opts) {
+  if (opts.format == DatasetFormat::TokenRows) return load_token_rows(path, opts);
   if (opts.format == DatasetFormat::Tokens) {
     TokenShard s = read_token_shard(path);
     INGOT_CHECK(!s.tokens.empty(), path, ": the token shard is empty");
@@ -82,6 +106,7 @@ std::vector<Example> load_examples(const std::string& path, const Tokenizer& tok
   Builder b{tok, opts, {}};
   switch (opts.format) {
     case DatasetFormat::Tokens:
+    case DatasetFormat::TokenRows:
       break;
     case DatasetFormat::Text:
       INGOT_CHECK(unicode::is_valid_utf8(text), path, ": not valid UTF-8 text");

@@ -11,6 +11,8 @@
 //                or {"messages": [{"role", "content"}, ...]}, rendered with a chat template (chat.h): only the
 //                assistant replies are trained on
 //   tokens       a binary token shard (shards.h): one document, all tokens trained on
+//   token_rows   raw little-endian int32 token ids in rows of `row_tokens` (the files bench/reference's
+//                --make-tokens writes): one example a row, all tokens trained on, every id below `vocab_size`
 // Errors name the file and the 1-based line: malformed JSON, a missing or non-string field, an empty file.
 #pragma once
 
@@ -29,7 +31,7 @@ struct Example {
   std::vector<int32_t> labels;  // same length as ids; kIgnoreIndex where the loss does not count
 };
 
-enum class DatasetFormat { Text, Jsonl, Instruction, Tokens };
+enum class DatasetFormat { Text, Jsonl, Instruction, Tokens, TokenRows };
 enum class TextSplit { Line, File };
 
 struct SourceOptions {
@@ -42,12 +44,15 @@ struct SourceOptions {
   bool add_eos = true;
   // Instruction data: the template to render with; nullopt: detected from the tokenizer (ChatTemplate::detect).
   std::optional<ChatTemplate> chat_template;
+  // token_rows: ids per row (seq_len + 1: inputs and the last target) and the bound every id stays below.
+  int64_t row_tokens = 0;
+  int64_t vocab_size = 0;
 };
 
-// "text", "jsonl", "instruction" or "tokens"; throws listing them.
+// "text", "jsonl", "instruction", "tokens" or "token_rows"; throws listing them.
 DatasetFormat parse_dataset_format(const std::string& name);
 
-// Every example of the file, in file order. `tok` is unused for tokens shards.
+// Every example of the file, in file order. `tok` is unused for tokens shards and token rows.
 std::vector<Example> load_examples(const std::string& path, const Tokenizer& tok, const SourceOptions& opts);
 
 }  // namespace ingot::recipes::datasets

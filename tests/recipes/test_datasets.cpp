@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -147,6 +148,38 @@ TEST(Datasets, TokenShardsRoundTripInBothWidths) {
   ASSERT_EQ(ex.size(), 1u);
   EXPECT_EQ(ex[0].ids, big);
   EXPECT_EQ(ex[0].labels, big);
+}
+
+// bench/reference's --make-tokens files: int32 rows of seq_len + 1 ids, each row one example that the padding
+// loader turns into exactly one full row (inputs = the first seq_len ids, labels = the last seq_len).
+TEST(Datasets, TokenRowsAreOneExampleARowAndFillUnpaddedRows) {
+  TempDir dir("ingot_ds_");
+  const std::vector<int32_t> ids = {5, 6, 7, 8, 9, 120000, 0, 1, 2, 3};  // 2 rows of 5
+  std::string bytes(ids.size() * sizeof(int32_t), '\0');
+  std::memcpy(bytes.data(), ids.data(), bytes.size());
+  SourceOptions o = fmt(DatasetFormat::TokenRows);
+  o.row_tokens = 5;
+  o.vocab_size = 128256;
+  std::vector<Example> ex = load_examples(write(dir, "rows.bin", bytes), tiny(), o);
+  ASSERT_EQ(ex.size(), 2u);
+  EXPECT_EQ(ex[0].ids, std::vector<int32_t>(ids.begin(), ids.begin() + 5));
+  EXPECT_EQ(ex[1].ids, std::vector<int32_t>(ids.begin() + 5, ids.end()));
+  EXPECT_EQ(ex[1].labels, ex[1].ids);
+  LoaderOptions lo;
+  lo.seq_len = 4;
+  lo.global_batch_size = 2;
+  lo.pack = false;
+  lo.shuffle = false;
+  DataLoader loader(ex, lo);
+  Batch b = loader.next();
+  EXPECT_EQ(b.input_ids.to_vector(), (std::vector<double>{5, 6, 7, 8, 120000, 0, 1, 2}));
+  EXPECT_EQ(b.labels.to_vector(), (std::vector<double>{6, 7, 8, 9, 0, 1, 2, 3}));
+  EXPECT_EQ(b.num_loss_tokens, 8);
+  expect_error([&] { load_examples(write(dir, "part.bin", bytes.substr(0, 24)), tiny(), o); },
+               {"part.bin", "24 bytes", "rows of 5"});
+  o.vocab_size = 100000;
+  expect_error([&] { load_examples(dir.file("rows.bin"), tiny(), o); }, {"rows.bin", "row 1, token 0", "120000"});
+  expect_error([&] { parse_dataset_format("csv"); }, {"token_rows"});
 }
 
 TEST(Datasets, BadTokenShardsAreRejectedAndWritesAreAllOrNothing) {

@@ -253,6 +253,56 @@ TEST_F(Finetune, CompiledStepsFollowTheEagerRunInOneGraph) {
   }
 }
 
+// bench/reference/peft_lora.py's token file (int32 rows of seq_len + 1 ids): with as many rows as the batch,
+// every step trains on the same rows, so the first loss is the base model's mean loss over them, as the peft
+// reference computes it; compiled steps follow the eager ones (issue 24's comparison on the device).
+TEST_F(Finetune, LoraOnTokenRowsStartsFromTheBaseModelsLossOverThoseRows) {
+  const int64_t rows = 4, seq = 32;
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < rows * (seq + 1); ++i) ids.push_back(static_cast<int32_t>((i * 131 + 7) % 509));
+  const std::string path = dir_.file("rows.bin");
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * sizeof(int32_t)));
+  }
+  const std::vector<std::string> common = {"data.format=token_rows", "data.path=" + path, "data.seq_len=32",
+                                           "data.packing=false", "train.batch_size=4", "max_steps=5",
+                                           "train.warmup_steps=0", "lora.merge_on_export=false",
+                                           "lora.target_modules=[q_proj, k_proj, v_proj, o_proj]"};
+  TrainSummary e = run(config("lora_finetune", "llama_tiny", "eager", common));
+  std::vector<std::string> comp = common;
+  comp.push_back("compile.enabled=true");
+  comp.push_back("compile.cache_dir=" + dir_.file("cache"));
+  TrainSummary c = run(config("lora_finetune", "llama_tiny", "compiled", comp));
+
+  models::HFModel base = models::load_hf_model(std::string(kFixtures) + "llama_tiny");
+  std::vector<int64_t> in, tgt;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < seq; ++t) {
+      in.push_back(ids[static_cast<size_t>(r * (seq + 1) + t)]);
+      tgt.push_back(ids[static_cast<size_t>(r * (seq + 1) + t + 1)]);
+    }
+  double want;
+  {
+    NoGradGuard no_grad;
+    want = base.model->loss(from_vector_i64(in, {rows, seq}), from_vector_i64(tgt, {rows, seq})).item();
+  }
+  EXPECT_NEAR(e.first_loss, want, 1e-5 * want) << log_.str();
+  EXPECT_NEAR(c.first_loss, want, 1e-5 * want) << log_.str();
+  const std::vector<double> le = losses("eager"), lc = losses("compiled");
+  ASSERT_EQ(le.size(), 5u);
+  EXPECT_LT(le.back(), le.front());
+  for (size_t i = 0; i < le.size(); ++i) EXPECT_NEAR(lc[i], le[i], 1e-3 * le[i]) << "step " << i + 1;
+  EXPECT_EQ(c.graph_breaks, 0) << log_.str();
+  // The same rows could not fill a packed row's positions: the header says padded rows.
+  EXPECT_NE(log_.str().find("batch 4 x 32 padded"), std::string::npos) << log_.str();
+  for (const char* bad : {"data.seq_len=31", "data.seq_len=20"}) {
+    std::vector<std::string> wrong = common;
+    wrong.push_back(bad);
+    EXPECT_THROW(run(config("lora_finetune", "llama_tiny", "wrong", wrong)), Error) << bad;
+  }
+}
+
 TEST_F(Finetune, Bf16LoraKeepsTheExactBaseWeightsInTheMergedExport) {
   // bf16 rounds the frozen base for compute; the merged export starts again from model.path's own weights.
   run(config("lora_finetune", "llama_tiny", "bf16", {"max_steps=4", "dtype=bf16", "lora.merge_on_export=true",

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# LoRA fine-tune of a Llama-3-8B-shaped checkpoint on one lent GPU (issue 24), all in one call: build `ingot` (from
+# .device/src.tar.xz or src.tgz when present, else this checkout) with scripts/device_build.sh, write a random bf16
+# checkpoint and BATCH rows of random token ids (bench/reference/peft_lora.py --make-checkpoint, kept in $WORK
+# between calls on a warm machine), then on the SAME checkpoint and tokens: transformers + peft (eager and
+# torch.compile) and ingot's `lora_finetune` (bench/configs/llama_8b/lora_finetune.yaml, compiled and eager), same
+# batch, seq, r, alpha, targets, lr and steps. Each run prints one row: ms/step and tokens/s (median of the steps
+# after warm-up), peak GB (steady: the largest per-step peak after the first step; ingot's from metrics.jsonl, its
+# allocator's per-step peak), the first step's seconds and the losses of the first steps (with BATCH rows every
+# step trains on the same batch, so the losses compare one to one).
+# Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
+#   scripts/device_lora.sh [make] [peft] [peft_eager] [ingot] [ingot_eager] [memory] [budget]
+#                                                              (default: make peft ingot ingot_eager)
+#   peft: peft + torch.compile; peft_eager: peft eager
+#   memory: ingot compiled with INGOT_LOGS=memory (what is alive at the peak), 2 steps
+#   budget: ingot compiled with compile.memory_budget=$BUDGET (default 0.5: activation checkpointing)
+# Environment: LAYERS (decoder layers, default 32: the 8B shape), BATCH (2), SEQ (2048), STEPS (timed, 5), WARMUP
+# (3, the first included), WORK (/tmp/ingot-lora), DEADLINE (540 s), INGOT_EXTRA (more key=value for ingot runs).
+set -uo pipefail
+final="${OUT:-out}"; mkdir -p "$final"
+out=$(mktemp -d /tmp/ingot-lora-logs.XXXX)
+trap 'tar czf "$final/logs.tgz" -C "$out" .' EXIT
+start=$(date +%s)
+want() {
+  local w found=1; for w in "${steps[@]}"; do [[ "$w" == "$1" ]] && found=0; done
+  (( found == 0 )) || return 1
+  (( $(date +%s) - start < ${DEADLINE:-540} )) || { echo "skipped $1: out of time"; return 1; }
+}
+steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(make peft ingot ingot_eager)
+LAYERS=${LAYERS:-32} BATCH=${BATCH:-2} SEQ=${SEQ:-2048} STEPS=${STEPS:-5} WARMUP=${WARMUP:-3}
+WORK=${WORK:-/tmp/ingot-lora}; mkdir -p "$WORK"
+nvidia-smi -L | tee "$out/gpu.txt"
+src=$PWD
+for snap in .device/src.tar.xz .device/src.tgz; do
+  if [[ -f $snap ]]; then src=/tmp/ingot-src; rm -rf $src; mkdir -p $src; tar xf $snap -C $src; break; fi
+done
+t0=$(date +%s)
+scripts/device_build.sh "$src" /tmp/ingot-build ingot > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+multi=/opt/deps/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH="$multi:$multi/openblas-pthread:${LD_LIBRARY_PATH:-}" PATH="/tmp/ingot-build/bin:$PATH"
+export INGOT_TEST_ROOT=$src INGOT_CONFIG_PATH=$src/configs OMP_WAIT_POLICY=passive
+
+config=$src/bench/configs/llama_8b/config.json
+ckpt=$WORK/ckpt_${LAYERS}l tokens=$WORK/tokens_${BATCH}x${SEQ}.bin
+ref() { python3 "$src/bench/reference/peft_lora.py" --config "$config" --layers "$LAYERS" --seq "$SEQ" "$@"; }
+if want make; then
+  if [[ -f $ckpt/config.json && -f $tokens ]]; then echo "make: reusing $ckpt and $tokens"
+  else
+    t=$(date +%s)
+    ref --make-checkpoint "$ckpt" --make-tokens "$tokens" --rows "$BATCH" > "$out/make.log" 2>&1 \
+      || { tail -20 "$out/make.log"; exit 1; }
+    echo "make: $(( $(date +%s) - t )) s, $(du -sh "$ckpt" | cut -f1)"
+  fi
+fi
+[[ -f $ckpt/config.json && -f $tokens ]] || { echo "no checkpoint at $ckpt (run the make step)"; exit 1; }
+
+echo "| run | ms/step (median) | tokens/s | peak GB (steady) | first step s | losses of the first steps |"
+echo "|---|---|---|---|---|---|"
+peft() {  # peft MODE
+  ref --checkpoint "$ckpt" --tokens "$tokens" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --modes "$1" \
+    > "$out/peft_$1.log" 2>&1 || tail -5 "$out/peft_$1.log"
+  grep -h "^torch " "$out/peft_$1.log" | head -1 >> "$out/versions.txt"
+  # The reference's own row has more columns (MFU, peak of the whole run, load time); here the common ones.
+  grep -h "^| peft" "$out/peft_$1.log" | awk -F'|' '{printf "|%s|%s|%s|%s|%s|%s|\n", $2, $8, $9, $12, $14, $16}'
+}
+# ingot_row NAME RUN_DIR: the same columns from metrics.jsonl (steps after the warm-up) and the log.
+ingot_row() {
+  python3 - "$1" "$2/metrics.jsonl" "$WARMUP" <<'EOF'
+import json, statistics, sys
+name, path, warmup = sys.argv[1], sys.argv[2], int(sys.argv[3])
+recs = [json.loads(l) for l in open(path) if l.strip()]
+recs = [r for r in recs if r.get("kind") == "train"]
+timed = recs[warmup:] or recs[1:]
+rate = statistics.median(r["tokens_per_s"] for r in timed)
+tokens = recs[0]["tokens"]
+peak = max(r["peak_memory_bytes"] for r in recs[1:]) if len(recs) > 1 else recs[0]["peak_memory_bytes"]
+first, first_peak = recs[0]["time_s"], recs[0]["peak_memory_bytes"]
+losses = " ".join("%.4f" % r["loss"] for r in recs[:6])
+print(f"| {name} | {tokens / rate * 1e3:.1f} | {rate:.0f} | {peak / 1e9:.2f} (first step {first_peak / 1e9:.2f}) | "
+      f"{first:.1f} | {losses} |")
+EOF
+}
+ingot_run() {  # ingot_run NAME key=value...
+  local name=$1; shift
+  (cd "$src" && timeout 400 ingot run bench/configs/llama_8b/lora_finetune.yaml model.path="$ckpt" \
+    data.path="$tokens" data.seq_len="$SEQ" train.batch_size="$BATCH" max_steps=$((WARMUP + STEPS)) \
+    output_dir="$WORK/run_$name" compile.cache_dir=/tmp/ingot-lora-cache "$@" ${INGOT_EXTRA:-} \
+    --summary "$WORK/run_$name.summary.json") > "$out/ingot_$name.log" 2>&1 || { tail -8 "$out/ingot_$name.log"; return 0; }
+  cp "$WORK/run_$name/metrics.jsonl" "$out/ingot_$name.metrics.jsonl" 2>/dev/null
+  cp "$WORK/run_$name.summary.json" "$out/" 2>/dev/null
+  ingot_row "ingot $name" "$WORK/run_$name"
+}
+want ingot && ingot_run compiled compile.enabled=true
+want peft && peft compile
+want ingot_eager && ingot_run eager compile.enabled=false
+want peft_eager && peft eager
+want budget && ingot_run "budget_${BUDGET:-0.5}" compile.enabled=true compile.memory_budget="${BUDGET:-0.5}"
+if want memory; then
+  (cd "$src" && INGOT_LOGS=memory timeout 300 ingot run bench/configs/llama_8b/lora_finetune.yaml model.path="$ckpt" \
+    data.path="$tokens" data.seq_len="$SEQ" train.batch_size="$BATCH" max_steps=2 output_dir="$WORK/run_memory" \
+    compile.enabled=true compile.cache_dir=/tmp/ingot-lora-cache ${INGOT_EXTRA:-}) > "$out/ingot_memory.log" 2>&1
+  grep -iE "peak|alive" "$out/ingot_memory.log" | head -40
+fi
+cat "$out/versions.txt" 2>/dev/null | sort -u
+echo "total: $(( $(date +%s) - t0 )) s"
