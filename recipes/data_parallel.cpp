@@ -191,6 +191,11 @@ std::vector<double> DataParallel::sum(const std::vector<double>& v) {
 }
 void DataParallel::barrier() { impl_->ctx.group->barrier()->wait(); }
 
+Tensor DataParallel::gather_param(size_t i, const std::vector<Tensor>& shards) const {
+  INGOT_INTERNAL_CHECK(impl_->fsdp, "gather_param: ZeRO-3 only");
+  return impl_->fsdp->gather_param(i, shards, 0);
+}
+
 std::vector<Tensor> DataParallel::gather_to_params(const std::vector<Tensor>& chunks) {
   Impl& m = *impl_;
   INGOT_INTERNAL_CHECK(chunks.size() == m.plans.size(), "gather_to_params: one chunk per bucket expected");

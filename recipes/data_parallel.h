@@ -87,6 +87,10 @@ class DataParallel {
   // ZeRO-3: the whole weights in the model's parameters on every rank for good (the end of training);
   // collective. Nothing to do in the other stages, whose model is always whole.
   void unshard_model();
+  // ZeRO-3: parameter i's whole value (params order) assembled on rank 0 from `shards` (optimizer_params() or
+  // same-layout copies such as f32 masters), undefined on the other ranks; collective (FullyShardedDataParallel::
+  // gather_param: rank 0 holds one whole tensor beyond its shards).
+  Tensor gather_param(size_t i, const std::vector<Tensor>& shards) const;
 
   // ZeRO-1/2/3 checkpoints. Per-shard optimizer state ("<bucket>.<state>") -> per-parameter state
   // ("<param>.<state>", what a plain optimizer over the parameters holds); collective.

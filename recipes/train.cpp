@@ -175,6 +175,16 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
                       [&](std::FILE* f) { write_bytes(f, run.resolved_yaml.data(), run.resolved_yaml.size()); });
     return std::vector<std::string>{weights, config};
   };
+  // ZeRO-3: the same file from the shards, one gathered tensor at a time (rank 0 never holds the model whole).
+  task.save_final_sharded = [&](const ShardedWeights& w) {
+    std::string weights = (fs::path(run.output_dir) / "model.safetensors").string();
+    std::string config = (fs::path(run.output_dir) / "config.yaml").string();
+    save_module_streamed(*model, task.params, weights, w);
+    if (w.writer)
+      write_file_atomic(config,
+                        [&](std::FILE* f) { write_bytes(f, run.resolved_yaml.data(), run.resolved_yaml.size()); });
+    return std::vector<std::string>{weights, config};
+  };
   return run_training(run, o, task, log);
 }
 

@@ -31,6 +31,7 @@
 #include "runtime/allocator.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
+#include "runtime/safetensors.h"
 
 namespace ingot::recipes {
 
@@ -202,6 +203,30 @@ void log_compile_stats(const CompiledFunction& compiled, TrainSummary& r, std::o
 }
 
 }  // namespace
+
+void save_module_streamed(const nn::Module& model, const std::vector<Tensor>& params, const std::string& path,
+                          const ShardedWeights& w) {
+  const std::map<std::string, Tensor> sd = model.state_dict();  // by name, as Module::save writes it
+  std::vector<SafetensorsEntry> entries;
+  std::vector<std::optional<size_t>> param_of;
+  std::vector<Tensor> values;
+  for (const auto& [name, t] : sd) {
+    std::optional<size_t> p;
+    for (size_t i = 0; i < params.size() && !p; ++i)
+      if (params[i].same(t)) p = i;
+    const DType dtype = w.dtype && is_floating(t.dtype()) ? *w.dtype : t.dtype();
+    entries.push_back({name, dtype, t.shape()});
+    param_of.push_back(p);
+    values.push_back(t);
+  }
+  auto produce = [&](size_t k) { return param_of[k] ? w.fetch(*param_of[k]) : values[k]; };
+  if (w.writer) {
+    write_safetensors_streamed(path, entries, {{"format", "pt"}}, produce);
+    return;
+  }
+  for (size_t k : safetensors_data_order(entries))  // the writer's order: every rank takes part in each gather
+    if (param_of[k]) w.fetch(*param_of[k]);
+}
 
 TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTask& task, std::ostream& main_log) {
   INGOT_INTERNAL_CHECK(task.model && task.loss && task.next_batch && task.data_position && task.set_data_position &&
@@ -643,21 +668,61 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   r.peak_memory_bytes = std::max(run_peak, alloc.stats().peak_allocated_bytes);  // the steps' and the eval's
   if (compiled) log_compile_stats(*compiled, r, log);
 
-  // ZeRO-3: the model becomes whole again on every rank (collective) for the final weights and the masters.
-  if (dp) dp->unshard_model();
   // Final artifacts hold f32 weights: in bf16 mode the masters hold the precise values.
-  if (masters) {
-    NoGradGuard no_grad;
-    model.to(DType::f32);
-    // ZeRO-1/2/3: the masters are per-shard; gathered (on every rank: a collective) into per-parameter values.
-    std::vector<Tensor> precise = sharded ? dp->gather_to_params(masters->master()) : masters->master();
-    for (size_t i = 0; i < task.params.size(); ++i) task.params[i].copy_(precise[i]);
+  if (dp && dp->zero_stage() == 3 && task.save_final_sharded) {
+    // ZeRO-3 with a streamed save: the weights stay sharded; every rank helps gather them onto rank 0 one
+    // parameter at a time (from the f32 master shards in bf16 mode) while rank 0 writes each and drops it.
+    std::string error;
+    if (is_main) {
+      try {
+        if (start_step == 0) remove_stale("");  // a fresh run with overwrite_output_dir that saved no checkpoint
+        fs::create_directories(run.output_dir, ec);
+        INGOT_CHECK(!ec, "cannot create output_dir '", run.output_dir, "': ", ec.message());
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    if (dp->sum(error.empty() ? 0.0 : 1.0) > 0) {  // the others would wait in the first gather
+      INGOT_CHECK(error.empty(), error);
+      INGOT_FAIL("rank 0 could not prepare output_dir '", run.output_dir, "' for the final weights (see its error)");
+    }
+    const std::vector<Tensor> shards = masters ? masters->master() : dp->optimizer_params();
+    ShardedWeights w;
+    w.writer = is_main;
+    if (masters) w.dtype = DType::f32;
+    w.fetch = [&](size_t i) { return dp->gather_param(i, shards); };
+    int64_t largest = 0, whole = 0;
+    for (const Tensor& p : task.params) {
+      const int64_t bytes = p.numel() * static_cast<int64_t>(itemsize(w.dtype.value_or(p.dtype())));
+      largest = std::max(largest, bytes);
+      whole += bytes;
+    }
+    const int64_t before = alloc.stats().allocated_bytes;
+    alloc.reset_peak();
+    std::vector<std::string> saved = task.save_final_sharded(w);
+    const int64_t held = alloc.stats().peak_allocated_bytes - before;
+    if (!is_main) return r;
+    r.checkpoints = std::move(saved);
+    log << "export | ZeRO-3: the final weights were gathered one tensor at a time; rank 0 held at most "
+        << format_bytes(static_cast<double>(held)) << " (" << held << " B) beyond its shards (largest tensor "
+        << format_bytes(static_cast<double>(largest)) << " (" << largest << " B), whole model "
+        << format_bytes(static_cast<double>(whole)) << ")\n";
+  } else {
+    // ZeRO-3 without a streamed save: the model becomes whole again on every rank (collective).
+    if (dp) dp->unshard_model();
+    if (masters) {
+      NoGradGuard no_grad;
+      model.to(DType::f32);
+      // ZeRO-1/2/3: the masters are per-shard; gathered (on every rank: a collective) into per-parameter values.
+      std::vector<Tensor> precise = sharded ? dp->gather_to_params(masters->master()) : masters->master();
+      for (size_t i = 0; i < task.params.size(); ++i) task.params[i].copy_(precise[i]);
+    }
+    if (!is_main) return r;  // rank 0 writes the run's artifacts
+    if (start_step == 0) remove_stale("");  // a fresh run with overwrite_output_dir that saved no checkpoint
+    fs::create_directories(run.output_dir, ec);
+    INGOT_CHECK(!ec, "cannot create output_dir '", run.output_dir, "': ", ec.message());
+    r.checkpoints = task.save_final();
   }
-  if (!is_main) return r;  // rank 0 writes the run's artifacts
-  if (start_step == 0) remove_stale("");  // a fresh run with overwrite_output_dir that saved no checkpoint
-  fs::create_directories(run.output_dir, ec);
-  INGOT_CHECK(!ec, "cannot create output_dir '", run.output_dir, "': ", ec.message());
-  r.checkpoints = task.save_final();
   for (const auto& [step, path] : list_checkpoints(run.output_dir)) r.training_checkpoints.push_back(path);
   outputs->finish(r);
   write_summary(r, (fs::path(run.output_dir) / "summary.json").string());

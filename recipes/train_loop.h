@@ -28,6 +28,23 @@
 
 namespace ingot::recipes {
 
+// The final weights of a ZeRO-3 run, which no rank holds whole: fetch(i) assembles parameter i (TrainTask::params
+// order, which is model.parameters()') on rank 0 from every rank's shard, in `dtype` when set (f32: the masters of
+// a bf16 run), else the parameter's dtype, and returns an undefined tensor on the other ranks. It is collective:
+// every rank fetches the same parameters in the same order, and rank 0 (`writer`) drops each before the next, so
+// it holds one whole tensor beyond its shards.
+struct ShardedWeights {
+  std::function<Tensor(size_t param)> fetch;
+  std::optional<DType> dtype;
+  bool writer = false;
+};
+
+// Module::save's file (model.state_dict() by name, format=pt), byte for byte, from sharded weights: entries that
+// are parameters (`params`) come from w.fetch in the writer's data order, the others (buffers) from the model;
+// floating entries are written in w.dtype when set. Every rank calls it; rank 0 writes.
+void save_module_streamed(const nn::Module& model, const std::vector<Tensor>& params, const std::string& path,
+                          const ShardedWeights& w);
+
 // Defaults of the train.* keys, which differ between pretraining and fine-tuning.
 struct TrainDefaults {
   std::string batch_size = "16", lr = "1e-3", min_lr = "1e-4", warmup_steps = "100", lr_schedule = "cosine",
@@ -113,6 +130,10 @@ struct TrainTask {
   // Writes the recipe's final artifacts (weights are f32 again when the run kept bf16 masters) and returns
   // their paths; they go into the summary's `checkpoints`.
   std::function<std::vector<std::string>()> save_final;
+  // ZeRO-3 (the weights stay sharded to the end): the same artifacts as save_final, written without ever holding
+  // the model whole. Called on every rank (see ShardedWeights; rank 0 alone writes). Empty: ZeRO-3 runs unshard
+  // the model on every rank and call save_final.
+  std::function<std::vector<std::string>(const ShardedWeights& w)> save_final_sharded;
   // Shard-wise weight loading (ZeRO-3 fine-tuning, models::HFSliceReader): when set, the recipe built the model
   // without its weights and the loop fills them before the first step of a fresh run (a resume loads the
   // checkpoint instead): each rank only its shards' slices, or every parameter whole without data parallelism.

@@ -272,7 +272,9 @@ class FsdpLaunchOnGpus : public ::testing::Test {
 };
 
 // On 2 ranks every reduction is the sum of two numbers, so ZeRO-3's reduce-scatters give DDP's all-reduce
-// values and the losses agree to f32 rounding (1e-5, as the Gloo twin); in bf16 with f32 master shards too.
+// values and the f32 losses agree to f32 rounding (1e-5, as the Gloo twin). bf16 with f32 master shards: the
+// gradient norm for clipping sums the shards' squares in another order, and a master that moves by one f32 ulp
+// can round to another bf16 weight, so 1e-4 (on 2 H200s: 2.1e-5 at step 6 of 6).
 TEST_F(FsdpLaunchOnGpus, ZeroThreeRecipeRunGivesTheLossesOfDdpOnTwoGpus) {
   INGOT_REQUIRE_GPUS(2);
   for (const std::string dtype : {"f32", "bf16"}) {
@@ -282,7 +284,7 @@ TEST_F(FsdpLaunchOnGpus, ZeroThreeRecipeRunGivesTheLossesOfDdpOnTwoGpus) {
     ASSERT_EQ(z3.exit_code, 0) << z3.output;
     EXPECT_NE(z3.output.find("FSDP / ZeRO-3"), std::string::npos) << z3.output;
     expect_same_losses(train_losses(path("z3_" + dtype + "/metrics.jsonl")),
-                       train_losses(path("ddp_" + dtype + "/metrics.jsonl")), 1e-5,
+                       train_losses(path("ddp_" + dtype + "/metrics.jsonl")), dtype == "f32" ? 1e-5 : 1e-4,
                        "ZeRO-3 vs DDP on 2 GPUs, " + dtype);
     EXPECT_TRUE(fs::exists(path("z3_" + dtype + "/model.safetensors"))) << z3.output;
   }
