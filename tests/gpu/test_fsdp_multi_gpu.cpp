@@ -267,6 +267,12 @@ class FsdpLaunchOnGpus : public ::testing::Test {
                                      (bin_dir() / "ingot").string() + "' run tiny.yaml output_dir=" + out + " " +
                                      overrides + " 2>&1");
   }
+  // One process on cuda:0.
+  ingot::testing::ShellResult single(const std::string& out, const std::string& overrides) {
+    return ingot::testing::run_shell("cd '" + dir_.path() + "' && CUDA_VISIBLE_DEVICES=0 '" +
+                                     (bin_dir() / "ingot").string() + "' run tiny.yaml output_dir=" + out + " " +
+                                     overrides + " 2>&1");
+  }
   std::string path(const std::string& name) const { return dir_.file(name); }
   TempDir dir_{"ingot_gpu_fsdp_launch_test"};
 };
@@ -275,18 +281,28 @@ class FsdpLaunchOnGpus : public ::testing::Test {
 // values and the f32 losses agree to f32 rounding (1e-5, as the Gloo twin). bf16 with f32 master shards: the
 // gradient norm for clipping sums the shards' squares in another order, and a master that moves by one f32 ulp
 // can round to another bf16 weight, so 1e-4 (on 2 H200s: 2.1e-5 at step 6 of 6).
+// The final model.safetensors is streamed from the shards over NCCL (TrainTask::save_final_sharded, the 'export |'
+// line): byte for byte what one GPU writes after resuming the run's last sharded checkpoint (the same weights).
 TEST_F(FsdpLaunchOnGpus, ZeroThreeRecipeRunGivesTheLossesOfDdpOnTwoGpus) {
   INGOT_REQUIRE_GPUS(2);
   for (const std::string dtype : {"f32", "bf16"}) {
     auto ddp = launch2("ddp_" + dtype, "dtype=" + dtype);
     ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
-    auto z3 = launch2("z3_" + dtype, "dtype=" + dtype + " distributed.zero_stage=3");
+    auto z3 = launch2("z3_" + dtype, "dtype=" + dtype + " distributed.zero_stage=3 checkpoint.save_every=6");
     ASSERT_EQ(z3.exit_code, 0) << z3.output;
     EXPECT_NE(z3.output.find("FSDP / ZeRO-3"), std::string::npos) << z3.output;
     expect_same_losses(train_losses(path("z3_" + dtype + "/metrics.jsonl")),
                        train_losses(path("ddp_" + dtype + "/metrics.jsonl")), dtype == "f32" ? 1e-5 : 1e-4,
                        "ZeRO-3 vs DDP on 2 GPUs, " + dtype);
-    EXPECT_TRUE(fs::exists(path("z3_" + dtype + "/model.safetensors"))) << z3.output;
+    EXPECT_NE(z3.output.find("export | ZeRO-3: the final weights were gathered one tensor at a time"),
+              std::string::npos)
+        << z3.output;
+    auto one = single("one_" + dtype,
+                      "dtype=" + dtype + " resume_from=" + path("z3_" + dtype + "/checkpoints/step_00000006"));
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    const std::string got = read_file(path("z3_" + dtype + "/model.safetensors"));
+    EXPECT_GT(got.size(), 1000u);
+    EXPECT_TRUE(got == read_file(path("one_" + dtype + "/model.safetensors"))) << "model.safetensors differs, " << dtype;
   }
 }
 
