@@ -84,14 +84,14 @@ std::vector<Tensor> apply(std::shared_ptr<Primitive> p, const std::vector<Tensor
   node->ctx.needs_grad.resize(inputs.size());
   node->saved_versions.resize(inputs.size());
   node->next.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) node->ctx.needs_grad[i] = inputs[i].defined() && inputs[i].requires_grad();
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (!t.defined()) continue;
-    if (p->saves_input(i)) {
+    if (p->saves_input_given(i, node->ctx.needs_grad)) {
       node->ctx.inputs[i] = t.detach();
       node->saved_versions[i] = t.version();
     }
-    node->ctx.needs_grad[i] = t.requires_grad();
     if (!t.requires_grad()) continue;
     if (t.impl()->grad_fn) node->next[i] = Edge{t.impl()->grad_fn, t.impl()->output_nr, nullptr};
     else node->next[i] = Edge{nullptr, 0, t.impl_ptr()};

@@ -54,6 +54,13 @@ class Primitive {
   // Which inputs / outputs the backward needs (default: all inputs, no outputs).
   virtual bool saves_input(size_t) const { return true; }
   virtual bool saves_output(size_t) const { return false; }
+  // Input i given which inputs get a gradient (apply() asks this one): an op whose gradients read different
+  // inputs saves only what the needed ones read, so a linear over a frozen weight (a LoRA base) keeps no input
+  // for the weight gradient that never runs. Default: saves_input(i).
+  virtual bool saves_input_given(size_t i, const std::vector<bool>& needs_grad) const {
+    (void)needs_grad;
+    return saves_input(i);
+  }
   virtual FusionKind fusion_kind() const { return FusionKind::Opaque; }
   // Note [Outputs over dead inputs]: output 0 may be computed into the buffer of input reusable_input() (same
   // shape and dtype; the kernel reads each element before it writes it). An executor that knows nothing else

@@ -40,9 +40,11 @@ Tensor LoRALinear::forward(const Tensor& x) {
     y = Linear::forward(x);
   }
   if (!lora_a_ || merged_) return y;
-  Tensor delta = lora_b_->forward(lora_a_->forward(lora_dropout_->forward(x)));
+  // The scale multiplies the rank-r activation, not the [.., out] update: a scalar product saves its input for
+  // the backward, and r columns are what is cheap to keep (a frozen base saves nothing: autograd/ops/matmul.cpp).
+  Tensor delta = lora_b_->forward(mul(lora_a_->forward(lora_dropout_->forward(x)), scale_));
   if (delta.dtype() != y.dtype()) delta = cast(delta, y.dtype());
-  return add(y, mul(delta, scale_));
+  return add(y, delta);
 }
 
 Tensor LoRALinear::merged_weight() const {

@@ -77,6 +77,8 @@ class MatmulPrim final : public Primitive {
     if (widened_) os << ", out=f32";
   }
   bool differentiable() const override { return !widened_; }
+  // dA reads b and dB reads a: an operand is kept only for the other's gradient.
+  bool saves_input_given(size_t i, const std::vector<bool>& needs) const override { return needs[1 - i]; }
   MatmulFlags flags() const { return {ta_, tb_}; }
   // With A = op(a), B = op(b): dA = dC @ B^T and dB = A^T @ dC; a stored transposed gets the transpose of
   // that, which the flags express without copies.
@@ -198,6 +200,10 @@ class LinearPrim final : public Primitive {
     return {out};
   }
   bool saves_input(size_t i) const override { return i < 2; }
+  // dx reads w and dw reads x (db neither): a frozen weight's linear keeps no input alive for the backward.
+  bool saves_input_given(size_t i, const std::vector<bool>& needs) const override {
+    return i < 2 && needs[1 - i];
+  }
   // y = x @ w^T + b:  dx = dy @ w,  dw = dy^T @ x,  db = sum over rows of dy.
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     const Tensor d = cast(g[0], c.input_meta[0].dtype);
