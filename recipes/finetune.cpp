@@ -309,14 +309,29 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   h << " | " << per_epoch << " batches per epoch";
   task.header = h.str();
 
+  const fs::path out_dir(run.output_dir);
+  const std::string config_out = (out_dir / "config.yaml").string(), export_dir = (out_dir / "hf").string();
+  auto write_config = [&] {
+    write_file_atomic(config_out,
+                      [&](std::FILE* f) { write_bytes(f, run.resolved_yaml.data(), run.resolved_yaml.size()); });
+  };
+  auto export_options = [&] {
+    models::HFSaveOptions so;
+    so.max_shard_bytes = s.max_shard_bytes;
+    so.extra_files = files_to_export(s.model);
+    return so;
+  };
+  // A named template is not the source tokenizer's own (auto keeps that one, copied with the extra files).
+  auto export_template = [&] {
+    if (uses_chat_template && s.data.chat_template != "auto")
+      if (std::string jinja = chat_template_jinja(chat_template_for(s.data.chat_template, tok).format); !jinja.empty())
+        export_chat_template(export_dir, jinja);
+  };
   task.save_final = [&] {
     std::vector<std::string> out;
-    const fs::path dir(run.output_dir);
-    std::string config = (dir / "config.yaml").string();
-    write_file_atomic(config,
-                      [&](std::FILE* f) { write_bytes(f, run.resolved_yaml.data(), run.resolved_yaml.size()); });
+    write_config();
     if (s.lora) {
-      std::string adapter = (dir / "adapter").string();
+      std::string adapter = (out_dir / "adapter").string();
       models::save_lora_adapter(model, s.lora_config, hf.config, adapter, s.model.path);
       out.push_back(adapter);
     }
@@ -332,20 +347,28 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
       models::load_hf_weights(model, hf.config, s.model.path);
     }
     if (!s.lora || s.merge_on_export) {
-      models::HFSaveOptions so;
-      so.max_shard_bytes = s.max_shard_bytes;
-      so.extra_files = files_to_export(s.model);
-      std::string export_dir = (dir / "hf").string();
-      models::save_hf_model(model, hf.config, export_dir, so);  // LoRA adapters merged into the weights
-      // A named template is not the source tokenizer's own (auto keeps that one, copied above).
-      if (uses_chat_template && s.data.chat_template != "auto")
-        if (std::string jinja = chat_template_jinja(chat_template_for(s.data.chat_template, tok).format); !jinja.empty())
-          export_chat_template(export_dir, jinja);
+      models::save_hf_model(model, hf.config, export_dir, export_options());  // LoRA adapters merged into the weights
+      export_template();
       out.push_back(export_dir);
     }
-    out.push_back(config);
+    out.push_back(config_out);
     return out;
   };
+  // ZeRO-3 full fine-tuning: the same export streamed from the shards (every rank follows the writer's order,
+  // rank 0 holds one gathered tensor at a time), f32 from the masters of a bf16 run.
+  if (!s.lora)
+    task.save_final_sharded = [&](const ShardedWeights& w) {
+      models::HFSaveOptions so = export_options();
+      if (!so.dtype) so.dtype = w.dtype;
+      if (!w.writer) {
+        for (size_t i : models::hf_export_order(model, hf.config, so)) w.fetch(i);
+        return std::vector<std::string>{export_dir, config_out};
+      }
+      write_config();
+      models::save_hf_model_streamed(model, hf.config, export_dir, so, w.fetch);
+      export_template();
+      return std::vector<std::string>{export_dir, config_out};
+    };
   return run_training(run, o, task, log);
 }
 
