@@ -389,6 +389,8 @@ std::string DataParallel::save_sharded_checkpoint(const std::string& output_dir,
       ok = from_vector_i64({0}, {1});
     }
   }
+  // The flags and file entries travel on the run's device: NCCL reduces CUDA tensors only.
+  ok = ok.to(m.run.device);
   m.ctx.group->broadcast(ok, 0)->wait();
   if (static_cast<int64_t>(ok.item()) == 0) {
     INGOT_CHECK(s.rank != 0, error);
@@ -405,8 +407,9 @@ std::string DataParallel::save_sharded_checkpoint(const std::string& output_dir,
   } catch (const std::exception& e) {
     error = e.what();
   }
-  Tensor all = zeros({kWordsPerRank * s.world}, DType::i64);
-  m.ctx.group->all_gather(all, from_vector_i64(mine, {kWordsPerRank}))->wait();
+  Tensor all = zeros({kWordsPerRank * s.world}, DType::i64, m.run.device);
+  m.ctx.group->all_gather(all, from_vector_i64(mine, {kWordsPerRank}).to(m.run.device))->wait();
+  all = all.to(Device::cpu());
   const int64_t* w = static_cast<const int64_t*>(all.data_ptr());
   std::string failed;
   for (int r = 0; r < s.world; ++r)

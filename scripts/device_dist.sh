@@ -190,15 +190,17 @@ if want zero; then  # the price of sharding: GPT-2 124M, DDP vs ZeRO-2 vs ZeRO-3
 fi
 if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.compile) vs ingot eager ZeRO-3
   ck=/tmp/ingot-llama8b tok=/tmp/ingot-llama8b-tokens.i32 cfg8=$src/bench/configs/llama_8b/config.json
-  if [[ ! -f $ck/model.safetensors.index.json || ! -f $tok ]]; then
+  # .complete: written after the checkpoint and tokens (transformers may write one file or shards and an index).
+  if [[ ! -f $ck/.complete || ! -f $tok ]]; then
     rm -rf "$ck" "$tok"; t1=$(date +%s)
     timeout $(( ${DEADLINE:-540} - ($(date +%s) - start) )) python3 bench/reference/fsdp2_llama.py --config "$cfg8" \
-      --make-checkpoint "$ck" --make-tokens "$tok" --rows 128 --seq 2048 > "$out/fsdp8b_make.log" 2>&1
-    echo "fsdp8b checkpoint: exit $?, $(( $(date +%s) - t1 )) s"; tail -2 "$out/fsdp8b_make.log"
+      --make-checkpoint "$ck" --make-tokens "$tok" --rows 128 --seq 2048 > "$out/fsdp8b_make.log" 2>&1 && touch "$ck/.complete"
+    echo "fsdp8b checkpoint: $([[ -f $ck/.complete ]] && echo done || echo FAILED), $(( $(date +%s) - t1 )) s"
+    tail -2 "$out/fsdp8b_make.log"
   fi
   common8="--batch 2 --seq 2048 --steps 10 --warmup 3"
   for part in ${FSDP8B_PARTS:-ingot eager compile}; do
-    [[ -f $ck/model.safetensors.index.json ]] || { echo "fsdp8b: no checkpoint"; break; }
+    [[ -f $ck/.complete ]] || { echo "fsdp8b: no checkpoint"; break; }
     want fsdp8b || break
     left=$(( ${DEADLINE:-540} - ($(date +%s) - start) )); t1=$(date +%s)
     if [[ $part == ingot ]]; then
