@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # LoRA fine-tune of a Llama-3-8B-shaped checkpoint on one lent GPU (issue 24), all in one call: build `ingot` (from
 # .device/src.tar.xz or src.tgz when present, else this checkout) with scripts/device_build.sh, write a random bf16
-# checkpoint and BATCH rows of random token ids (bench/reference/peft_lora.py --make-checkpoint, kept in $WORK
-# between calls on a warm machine), then on the SAME checkpoint and tokens: transformers + peft (eager and
-# torch.compile) and ingot's `lora_finetune` (bench/configs/llama_8b/lora_finetune.yaml, compiled and eager), same
-# batch, seq, r, alpha, targets, lr and steps. Each run prints one row: ms/step and tokens/s (median of the steps
-# after warm-up), peak GB (steady: the largest per-step peak after the first step; ingot's from metrics.jsonl, its
-# allocator's per-step peak), the first step's seconds and the losses of the first steps (with BATCH rows every
-# step trains on the same batch, so the losses compare one to one).
+# checkpoint and BATCH rows of random token ids when $WORK lacks them (bench/reference/peft_lora.py
+# --make-checkpoint; kept between calls on a warm machine), then on the SAME checkpoint and tokens: transformers +
+# peft (eager and torch.compile) and ingot's `lora_finetune` (bench/configs/llama_8b/lora_finetune.yaml, compiled
+# and eager), same batch, seq, r, alpha, targets, lr and steps. Each run prints one row: ms/step and tokens/s
+# (median of the steps after warm-up), peak GB (steady: the largest per-step peak after the first step; ingot's
+# from metrics.jsonl, its allocator's per-step peak, with the first step's beside it), the first step's seconds
+# and the losses of the first steps (with BATCH rows every step trains on the same batch: they compare one to one).
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
-#   scripts/device_lora.sh [make] [peft] [peft_eager] [ingot] [ingot_eager] [memory] [budget]
-#                                                              (default: make peft ingot ingot_eager)
+#   scripts/device_lora.sh [peft] [peft_eager] [ingot] [ingot_eager] [memory] [budget]
+#                                                              (default: ingot peft ingot_eager)
 #   peft: peft + torch.compile; peft_eager: peft eager
 #   memory: ingot compiled with INGOT_LOGS=memory (what is alive at the peak), 2 steps
-#   budget: ingot compiled with compile.memory_budget=$BUDGET (default 0.5: activation checkpointing)
+#   budget: ingot compiled with compile.memory_budget=$BUDGET (default 0.5: cheap saved values, the SwiGLU's silu,
+#           are recomputed in the backward)
 # Environment: LAYERS (decoder layers, default 32: the 8B shape), BATCH (2), SEQ (2048), STEPS (timed, 5), WARMUP
 # (3, the first included), WORK (/tmp/ingot-lora), DEADLINE (540 s), INGOT_EXTRA (more key=value for ingot runs).
 set -uo pipefail
@@ -26,7 +27,7 @@ want() {
   (( found == 0 )) || return 1
   (( $(date +%s) - start < ${DEADLINE:-540} )) || { echo "skipped $1: out of time"; return 1; }
 }
-steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(make peft ingot ingot_eager)
+steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(ingot peft ingot_eager)
 LAYERS=${LAYERS:-32} BATCH=${BATCH:-2} SEQ=${SEQ:-2048} STEPS=${STEPS:-5} WARMUP=${WARMUP:-3}
 WORK=${WORK:-/tmp/ingot-lora}; mkdir -p "$WORK"
 nvidia-smi -L | tee "$out/gpu.txt"
@@ -44,16 +45,14 @@ export INGOT_TEST_ROOT=$src INGOT_CONFIG_PATH=$src/configs OMP_WAIT_POLICY=passi
 config=$src/bench/configs/llama_8b/config.json
 ckpt=$WORK/ckpt_${LAYERS}l tokens=$WORK/tokens_${BATCH}x${SEQ}.bin
 ref() { python3 "$src/bench/reference/peft_lora.py" --config "$config" --layers "$LAYERS" --seq "$SEQ" "$@"; }
-if want make; then
-  if [[ -f $ckpt/config.json && -f $tokens ]]; then echo "make: reusing $ckpt and $tokens"
-  else
-    t=$(date +%s)
-    ref --make-checkpoint "$ckpt" --make-tokens "$tokens" --rows "$BATCH" > "$out/make.log" 2>&1 \
-      || { tail -20 "$out/make.log"; exit 1; }
-    echo "make: $(( $(date +%s) - t )) s, $(du -sh "$ckpt" | cut -f1)"
-  fi
+# The checkpoint and tokens are made whenever they are missing (a fresh machine), whatever steps are named.
+if [[ -f $ckpt/config.json && -f $tokens ]]; then echo "make: reusing $ckpt and $tokens"
+else
+  t=$(date +%s)
+  ref --make-checkpoint "$ckpt" --make-tokens "$tokens" --rows "$BATCH" > "$out/make.log" 2>&1 \
+    || { tail -20 "$out/make.log"; exit 1; }
+  echo "make: $(( $(date +%s) - t )) s, $(du -sh "$ckpt" | cut -f1)"
 fi
-[[ -f $ckpt/config.json && -f $tokens ]] || { echo "no checkpoint at $ckpt (run the make step)"; exit 1; }
 
 echo "| run | ms/step (median) | tokens/s | peak GB (steady) | first step s | losses of the first steps |"
 echo "|---|---|---|---|---|---|"
