@@ -10,7 +10,8 @@
 # and the losses of the first steps (with BATCH rows every step trains on the same batch: they compare one to one).
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_lora.sh [peft] [peft_eager] [ingot] [ingot_eager] [memory] [budget]
-#                                                              (default: ingot peft ingot_eager)
+#                              (default: ingot peft budget ingot_eager; they run in the order ingot, peft, budget,
+#                              ingot_eager, peft_eager, memory while DEADLINE allows)
 #   peft: peft + torch.compile; peft_eager: peft eager
 #   memory: ingot compiled with INGOT_LOGS=memory (what is alive at the peak), 2 steps
 #   budget: ingot compiled with compile.memory_budget=$BUDGET (default 0.5: cheap saved values, the SwiGLU's silu,
@@ -27,7 +28,7 @@ want() {
   (( found == 0 )) || return 1
   (( $(date +%s) - start < ${DEADLINE:-540} )) || { echo "skipped $1: out of time"; return 1; }
 }
-steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(ingot peft ingot_eager)
+steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(ingot peft budget ingot_eager)
 LAYERS=${LAYERS:-32} BATCH=${BATCH:-2} SEQ=${SEQ:-2048} STEPS=${STEPS:-5} WARMUP=${WARMUP:-3}
 WORK=${WORK:-/tmp/ingot-lora}; mkdir -p "$WORK"
 nvidia-smi -L | tee "$out/gpu.txt"
@@ -92,9 +93,9 @@ ingot_run() {  # ingot_run NAME key=value...
 }
 want ingot && ingot_run compiled compile.enabled=true
 want peft && peft compile
+want budget && ingot_run "budget_${BUDGET:-0.5}" compile.enabled=true compile.memory_budget="${BUDGET:-0.5}"
 want ingot_eager && ingot_run eager compile.enabled=false
 want peft_eager && peft eager
-want budget && ingot_run "budget_${BUDGET:-0.5}" compile.enabled=true compile.memory_budget="${BUDGET:-0.5}"
 if want memory; then
   (cd "$src" && INGOT_LOGS=memory timeout 300 ingot run bench/configs/llama_8b/lora_finetune.yaml model.path="$ckpt" \
     data.path="$tokens" data.seq_len="$SEQ" train.batch_size="$BATCH" max_steps=2 output_dir="$WORK/run_memory" \
