@@ -2,6 +2,8 @@
 
 #include <charconv>
 
+#include "runtime/kernels/quant8.h"
+
 namespace ingot::optim {
 
 Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
@@ -71,15 +73,25 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
                 "Optimizer::load_state_dict: unexpected entry '", key, "' (expected '<param index>.<state>' with ",
                 "index < ", params_.size(), ")");
     const Tensor& p = params_[index];
-    // Buffers are shaped like their parameter; counters are scalars.
-    INGOT_CHECK(t.shape() == p.shape() || t.numel() == 1, "Optimizer::load_state_dict: '", key, "' has shape ",
-                shape_str(t.shape()), " but parameter ", index, " has shape ", shape_str(p.shape()));
+    if (auto layout = state_layout(index, key.substr(dot + 1))) {
+      INGOT_CHECK(t.shape() == layout->first && t.dtype() == layout->second, "Optimizer::load_state_dict: '", key,
+                  "' is ", dtype_name(t.dtype()), shape_str(t.shape()), " but parameter ", index, " ",
+                  shape_str(p.shape()), " needs ", dtype_name(layout->second), shape_str(layout->first));
+    } else {
+      // Buffers are shaped like their parameter; counters are scalars.
+      INGOT_CHECK(t.shape() == p.shape() || t.numel() == 1, "Optimizer::load_state_dict: '", key, "' has shape ",
+                  shape_str(t.shape()), " but parameter ", index, " has shape ", shape_str(p.shape()));
+    }
     Tensor dst = empty(t.shape(), t.dtype(), t.numel() == 1 && t.dtype() == DType::i64 ? Device::cpu() : p.device());
     dst.copy_(t);
     loaded[index][key.substr(dot + 1)] = dst;
   }
   state_ = std::move(loaded);
   step_count_ = static_cast<int64_t>(step->second.item());
+}
+
+std::optional<std::pair<Shape, DType>> Optimizer::state_layout(size_t, const std::string&) const {
+  return std::nullopt;
 }
 
 std::unique_ptr<Optimizer> make_optimizer(std::vector<Tensor> params, const OptimizerSpec& spec) {
@@ -89,6 +101,12 @@ std::unique_ptr<Optimizer> make_optimizer(std::vector<Tensor> params, const Opti
                                                                    .beta2 = spec.beta2,
                                                                    .eps = spec.eps,
                                                                    .weight_decay = spec.weight_decay});
+  if (spec.name == "adamw8bit")
+    return std::make_unique<AdamW8bit>(std::move(params), AdamWOptions{.lr = spec.lr,
+                                                                       .beta1 = spec.beta1,
+                                                                       .beta2 = spec.beta2,
+                                                                       .eps = spec.eps,
+                                                                       .weight_decay = spec.weight_decay});
   if (spec.name == "sgd")
     return std::make_unique<SGD>(
         std::move(params),
@@ -98,7 +116,21 @@ std::unique_ptr<Optimizer> make_optimizer(std::vector<Tensor> params, const Opti
     return std::make_unique<Lion>(
         std::move(params),
         LionOptions{.lr = spec.lr, .beta1 = spec.beta1, .beta2 = spec.beta2, .weight_decay = spec.weight_decay});
-  INGOT_FAIL("unknown optimizer '", spec.name, "' (expected adamw, sgd or lion)");
+  INGOT_FAIL("unknown optimizer '", spec.name, "' (expected adamw, adamw8bit, sgd or lion)");
+}
+
+int64_t optimizer_state_bytes(const OptimizerSpec& spec, const std::vector<Tensor>& params) {
+  int64_t bytes = 0;
+  for (const Tensor& p : params) {
+    const int64_t n = p.numel();
+    if (spec.name == "adamw") bytes += 8 * n;
+    else if (spec.name == "adamw8bit")
+      bytes += n >= kQuant8MinElements ? 2 * (4 * quant8_code_words(n) + 4 * quant8_blocks(n)) : 8 * n;
+    else if (spec.name == "lion") bytes += 4 * n;
+    else if (spec.name == "sgd") bytes += spec.momentum != 0 ? 4 * n : 0;
+    else INGOT_FAIL("unknown optimizer '", spec.name, "' (expected adamw, adamw8bit, sgd or lion)");
+  }
+  return bytes;
 }
 
 }  // namespace ingot::optim

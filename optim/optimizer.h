@@ -1,13 +1,15 @@
 // Optimizers over a list of parameter tensors (leaves). step() updates, in place, every parameter that has a
 // defined .grad, with one fused multi-tensor kernel launch (runtime/kernels/kernel_list.inc); parameters
 // without a gradient are skipped and their state is left alone (PyTorch semantics). All parameters live on
-// one device and are contiguous; optimizer state is f32 on that device.
+// one device and are contiguous; optimizer state is f32 on that device (AdamW8bit: 8-bit codes and f32 block scales).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/tensor.h"
@@ -35,6 +37,9 @@ class Optimizer {
   virtual void load_state_dict(const std::map<std::string, Tensor>& sd);
 
  protected:
+  // The shape and dtype that load_state_dict() requires of state `name` of parameter `index`, for state that is
+  // neither shaped like its parameter nor a scalar (8-bit codes); nullopt: the parameter's shape or a scalar.
+  virtual std::optional<std::pair<Shape, DType>> state_layout(size_t index, const std::string& name) const;
   // Indices of the parameters that have a gradient this step.
   std::vector<size_t> params_with_grad() const;
   // Per-parameter state slot (created zero-filled like the parameter, f32) named e.g. "exp_avg".
@@ -66,6 +71,32 @@ class AdamW : public Optimizer {
  private:
   void traced_step();  // under a trace: records optim/fused_update.h primitives
   AdamWOptions opts_;
+};
+
+// AdamW with 8-bit moments (Dettmers et al. 2021, "8-bit Optimizers via Block-wise Quantization"; bitsandbytes'
+// AdamW8bit with its blockwise state): the update of AdamW above, but each parameter of at least
+// kQuant8MinElements (4096) elements keeps exp_avg and exp_avg_sq as one byte an element plus an f32 absmax per
+// 256-element block, under the signed and unsigned dynamic maps (runtime/kernels/quant8.h); every step
+// dequantizes a block, updates it and the parameter in f32, and requantizes it. Smaller parameters keep AdamW's
+// f32 state. State per quantized parameter i: "i.exp_avg_q" / "i.exp_avg_sq_q" (i32 [ceil(n / 4)], the codes),
+// "i.exp_avg_absmax" / "i.exp_avg_sq_absmax" (f32 [ceil(n / 256)]) and "i.step"; about 2.03 bytes a parameter.
+class AdamW8bit : public Optimizer {
+ public:
+  AdamW8bit(std::vector<Tensor> params, AdamWOptions opts = {});
+  void step() override;
+  void load_state_dict(const std::map<std::string, Tensor>& sd) override;
+  const AdamWOptions& options() const { return opts_; }
+  // Whether parameter `index` keeps 8-bit state (it has at least kQuant8MinElements elements).
+  bool quantized(size_t index) const;
+
+ protected:
+  std::optional<std::pair<Shape, DType>> state_layout(size_t index, const std::string& name) const override;
+
+ private:
+  void traced_step();  // under a trace: records AdamW's primitive for the f32 state, adamw8bit_update for the rest
+  Tensor& state8(size_t index, const std::string& name);  // the 8-bit state slots, created zero (the zero state)
+  AdamWOptions opts_;
+  Tensor signed_map_, unsigned_map_;  // f32 [256] on the parameters' device
 };
 
 struct SGDOptions {
@@ -101,14 +132,17 @@ class Lion : public Optimizer {
   LionOptions opts_;
 };
 
-// What a recipe's optimizer.* and train.* keys choose (recipes/train_loop.cpp): name is adamw, sgd or lion;
-// each reads the fields it has (sgd: lr, momentum, nesterov, weight_decay; lion: lr, beta1, beta2,
-// weight_decay; adamw: all but momentum and nesterov).
+// What a recipe's optimizer.* and train.* keys choose (recipes/train_loop.cpp): name is adamw, adamw8bit, sgd or
+// lion; each reads the fields it has (sgd: lr, momentum, nesterov, weight_decay; lion: lr, beta1, beta2,
+// weight_decay; adamw and adamw8bit: all but momentum and nesterov).
 struct OptimizerSpec {
   std::string name = "adamw";
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0, momentum = 0;
   bool nesterov = false;
 };
 std::unique_ptr<Optimizer> make_optimizer(std::vector<Tensor> params, const OptimizerSpec& spec);
+// The bytes of optimizer state that `spec` keeps for `params` once every one has taken a step (scalar step
+// counters not counted): what the run banner reports, and what the state tensors add up to.
+int64_t optimizer_state_bytes(const OptimizerSpec& spec, const std::vector<Tensor>& params);
 
 }  // namespace ingot::optim

@@ -270,6 +270,10 @@ TEST(Optimizer, MakeOptimizerBuildsTheNamedUpdateRule) {
   auto lion = optim::make_optimizer({p}, {.name = "lion", .beta2 = 0.98});
   ASSERT_NE(dynamic_cast<optim::Lion*>(lion.get()), nullptr);
   EXPECT_EQ(static_cast<optim::Lion*>(lion.get())->options().beta2, 0.98);
+  auto eight = optim::make_optimizer({p}, {.name = "adamw8bit", .beta2 = 0.95, .weight_decay = 0.1});
+  ASSERT_NE(dynamic_cast<optim::AdamW8bit*>(eight.get()), nullptr);
+  EXPECT_EQ(static_cast<optim::AdamW8bit*>(eight.get())->options().beta2, 0.95);
+  EXPECT_EQ(static_cast<optim::AdamW8bit*>(eight.get())->options().weight_decay, 0.1);
   EXPECT_THROW(optim::make_optimizer({p}, {.name = "adam8bit"}), Error);
 }
 

@@ -1,0 +1,250 @@
+// AdamW with 8-bit moments (optim/optimizer.h; state format in runtime/kernels/quant8.h). Eagerly, step() calls
+// adamw_multi for the parameters that keep f32 state and adamw8bit_multi for the others, in place, one launch
+// of each per group of parameters at the same step count (as AdamW). Under a trace, the f32 ones record AdamW's
+// own primitive (optim/fused_update.h: the compiler fuses and lowers it) and the 8-bit ones adamw8bit_update,
+// a primitive that compiled steps run through its eager kernel (it has no kernel lowering), reading lr, step
+// and grad scale from the same host row, so an LR schedule never changes the graph.
+#include <cstring>
+#include <exception>
+#include <map>
+#include <string>
+
+#include "autograd/primitive.h"
+#include "optim/fused_update.h"
+#include "optim/optimizer.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/kernels/quant8.h"
+
+namespace ingot::optim {
+namespace {
+
+constexpr const char* kMCodes = "exp_avg_q";
+constexpr const char* kMAbsmax = "exp_avg_absmax";
+constexpr const char* kVCodes = "exp_avg_sq_q";
+constexpr const char* kVAbsmax = "exp_avg_sq_absmax";
+
+Tensor map_tensor(const std::array<float, 256>& map, Device device) {
+  Tensor t = empty({256}, DType::f32);
+  std::memcpy(t.data_ptr(), map.data(), sizeof(float) * 256);
+  return t.to(device);
+}
+
+// inputs:  hyper [G, 3] = {lr, step, grad_scale} per launch, p[0..n), g[0..n), m_codes[0..n), m_absmax[0..n),
+//          v_codes[0..n), v_absmax[0..n), signed map, unsigned map
+// outputs: p'[0..n), m_codes'[0..n), m_absmax'[0..n), v_codes'[0..n), v_absmax'[0..n)
+class AdamW8bitUpdatePrim final : public Primitive {
+ public:
+  AdamW8bitUpdatePrim(size_t n, int64_t row, const kernels::AdamWArgs& a) : n_(n), row_(row), a_(a) {}
+  std::string_view name() const override { return "adamw8bit_update"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    INGOT_CHECK(in.size() == 3 + 6 * n_, "adamw8bit_update: expected ", 3 + 6 * n_, " inputs, got ", in.size());
+    std::vector<TensorMeta> out;
+    for (size_t s : {size_t{0}, size_t{2}, size_t{3}, size_t{4}, size_t{5}})
+      for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + s * n_ + k]);
+    return out;
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    const Tensor& hyper = in[0];
+    INGOT_CHECK(hyper.device().is_cpu() && hyper.dtype() == DType::f64 && hyper.dim() == 2 && hyper.size(1) == 3 &&
+                    row_ < hyper.size(0) && hyper.is_contiguous(),
+                "adamw8bit_update: expected a contiguous f64 CPU hyper-parameter tensor [G, 3] with row ", row_);
+    const double* h = hyper.data<double>() + row_ * 3;
+    std::vector<Tensor> slot[6];
+    for (size_t s = 0; s < 6; ++s)
+      for (size_t k = 0; k < n_; ++k) {
+        const Tensor& t = in[1 + s * n_ + k];
+        slot[s].push_back(s == 1 ? t : t.clone_raw());  // gradients are read only
+      }
+    kernels::AdamWArgs a = a_;
+    a.lr = h[0];
+    a.step = static_cast<int64_t>(h[1]);
+    a.grad_scale = h[2];
+    const Tensor& signed_map = in[1 + 6 * n_];
+    const Tensor& unsigned_map = in[2 + 6 * n_];
+    INGOT_KERNEL_CALL(signed_map.device(), adamw8bit_multi, slot[0], slot[1], slot[2], slot[3], slot[4], slot[5],
+                      signed_map, unsigned_map, a);
+    std::vector<Tensor> out;
+    for (size_t s : {size_t{0}, size_t{2}, size_t{3}, size_t{4}, size_t{5}})
+      out.insert(out.end(), slot[s].begin(), slot[s].end());
+    return out;
+  }
+  bool differentiable() const override { return false; }
+  bool host_input(size_t i) const override { return i == 0; }
+  void print_attrs(std::ostream& os) const override {
+    os << "n=" << n_ << ", row=" << row_ << ", beta1=" << a_.beta1 << ", beta2=" << a_.beta2 << ", eps=" << a_.eps
+       << ", weight_decay=" << a_.weight_decay;
+  }
+
+ private:
+  size_t n_;
+  int64_t row_;
+  kernels::AdamWArgs a_;
+};
+
+}  // namespace
+
+AdamW8bit::AdamW8bit(std::vector<Tensor> params, AdamWOptions opts)
+    : Optimizer(std::move(params), opts.lr), opts_(opts) {
+  for (size_t i = 0; i < params_.size(); ++i)
+    INGOT_CHECK(params_[i].dtype() == DType::f32, "AdamW8bit: parameter ", i, " ('", params_[i].name(), "') is ",
+                dtype_name(params_[i].dtype()), "; the update runs on f32 parameters (for 16-bit models keep f32 ",
+                "master weights, optim/mixed_precision.h)");
+  const Device device = params_.empty() ? Device::cpu() : params_[0].device();
+  signed_map_ = map_tensor(quant8_signed_map(), device);
+  unsigned_map_ = map_tensor(quant8_unsigned_map(), device);
+}
+
+bool AdamW8bit::quantized(size_t index) const { return params_.at(index).numel() >= kQuant8MinElements; }
+
+Tensor& AdamW8bit::state8(size_t index, const std::string& name) {
+  auto [it, fresh] = state_[index].try_emplace(name);
+  if (fresh) {
+    const std::pair<Shape, DType> layout = *state_layout(index, name);
+    it->second = zeros(layout.first, layout.second, params_[index].device());
+  }
+  return it->second;
+}
+
+std::optional<std::pair<Shape, DType>> AdamW8bit::state_layout(size_t index, const std::string& name) const {
+  const int64_t n = params_.at(index).numel();
+  if (name == kMCodes || name == kVCodes) return std::pair<Shape, DType>{{quant8_code_words(n)}, DType::i32};
+  if (name == kMAbsmax || name == kVAbsmax) return std::pair<Shape, DType>{{quant8_blocks(n)}, DType::f32};
+  return std::nullopt;
+}
+
+void AdamW8bit::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  // A state that the other layout names (a checkpoint of optimizer.name adamw, or one made with other parameter
+  // sizes) would leave this optimizer without moments for that parameter: refuse it before anything changes.
+  for (const auto& [key, t] : sd) {
+    const size_t dot = key.find('.');
+    if (key == "step" || dot == std::string::npos) continue;
+    const std::string name = key.substr(dot + 1);
+    size_t index = 0;
+    try {
+      index = std::stoul(key.substr(0, dot));
+    } catch (const std::exception&) {
+      continue;  // the base class names the malformed entry
+    }
+    if (index >= params_.size()) continue;
+    const bool eight = name == kMCodes || name == kMAbsmax || name == kVCodes || name == kVAbsmax;
+    const bool f32 = name == "exp_avg" || name == "exp_avg_sq";
+    INGOT_CHECK(!(quantized(index) ? f32 : eight), "AdamW8bit::load_state_dict: '", key, "' is ",
+                eight ? "8-bit" : "f32", " state, but parameter ", index, " (", params_[index].numel(),
+                " elements) keeps ", quantized(index) ? "8-bit" : "f32", " state (8 bits from ", kQuant8MinElements,
+                " elements; was the checkpoint made with another optimizer.name?)");
+  }
+  Optimizer::load_state_dict(sd);
+}
+
+void AdamW8bit::step() {
+  if (trace_observer()) return traced_step();
+  const double scale = begin_step();
+  std::map<int64_t, std::vector<size_t>> groups;
+  for (size_t i : params_with_grad()) {
+    if (!has_state(i, "step")) state_[i]["step"] = from_vector_i64({0}, {});
+    int64_t& t = *state_[i]["step"].data<int64_t>();
+    groups[++t].push_back(i);
+  }
+  kernels::AdamWArgs args;
+  args.lr = lr_;
+  args.beta1 = opts_.beta1;
+  args.beta2 = opts_.beta2;
+  args.eps = opts_.eps;
+  args.weight_decay = opts_.weight_decay;
+  args.grad_scale = scale;
+  for (auto& [t, idx] : groups) {
+    args.step = t;
+    std::vector<Tensor> p, g, m, v, p8, g8, mq, ma, vq, va;
+    for (size_t i : idx) {
+      if (quantized(i)) {
+        p8.push_back(params_[i]);
+        g8.push_back(params_[i].grad());
+        mq.push_back(state8(i, kMCodes));
+        ma.push_back(state8(i, kMAbsmax));
+        vq.push_back(state8(i, kVCodes));
+        va.push_back(state8(i, kVAbsmax));
+      } else {
+        p.push_back(params_[i]);
+        g.push_back(params_[i].grad());
+        m.push_back(state(i, "exp_avg"));
+        v.push_back(state(i, "exp_avg_sq"));
+      }
+    }
+    if (!p.empty()) INGOT_KERNEL_CALL(p[0].device(), adamw_multi, p, g, m, v, args);
+    if (!p8.empty())
+      INGOT_KERNEL_CALL(p8[0].device(), adamw8bit_multi, p8, g8, mq, ma, vq, va, signed_map_, unsigned_map_, args);
+    for (auto* list : {&p, &m, &v, &p8, &mq, &ma, &vq, &va})
+      for (Tensor& x : *list) x.bump_version();
+  }
+}
+
+// AdamW::traced_step's grouping and host bookkeeping (`advance` re-runs it before each replay of the graph).
+void AdamW8bit::traced_step() {
+  TraceObserver* obs = trace_observer();
+  std::map<int64_t, std::vector<size_t>> by_step;
+  for (size_t i : params_with_grad()) {
+    if (!has_state(i, "step")) state_[i]["step"] = from_vector_i64({0}, {});
+    by_step[*state_[i]["step"].data<int64_t>() + 1].push_back(i);
+  }
+  std::vector<std::vector<size_t>> groups;
+  for (auto& [t, idx] : by_step) groups.push_back(idx);
+  auto advance = [this, groups]() {
+    const double scale = begin_step();
+    Tensor hyper = empty({static_cast<int64_t>(groups.size()), 3}, DType::f64);
+    double* h = hyper.data<double>();
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      int64_t t = 0;
+      for (size_t i : groups[gi]) t = ++*state_[i]["step"].data<int64_t>();
+      h[gi * 3] = lr_;
+      h[gi * 3 + 1] = static_cast<double>(t);
+      h[gi * 3 + 2] = scale;
+    }
+    return hyper;
+  };
+  Tensor hyper = advance();
+  obs->on_host_input(hyper, advance);
+  kernels::AdamWArgs fixed;
+  fixed.beta1 = opts_.beta1;
+  fixed.beta2 = opts_.beta2;
+  fixed.eps = opts_.eps;
+  fixed.weight_decay = opts_.weight_decay;
+  // Writes each output back into the persistent tensor it updates.
+  auto write_back = [obs](const std::vector<Tensor>& dst, const std::vector<Tensor>& out) {
+    for (size_t k = 0; k < dst.size(); ++k) {
+      Tensor d = dst[k];
+      d.copy_(out[k]);
+      obs->on_assign(d, out[k]);
+    }
+  };
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    std::vector<size_t> f32_idx, q_idx;
+    for (size_t i : groups[gi]) (quantized(i) ? q_idx : f32_idx).push_back(i);
+    if (!f32_idx.empty()) {
+      std::vector<Tensor> in{hyper}, dst;
+      for (size_t i : f32_idx) in.push_back(params_[i]);
+      for (size_t i : f32_idx) in.push_back(params_[i].grad());
+      for (size_t i : f32_idx) in.push_back(state(i, "exp_avg"));
+      for (size_t i : f32_idx) in.push_back(state(i, "exp_avg_sq"));
+      for (size_t i : f32_idx) dst.push_back(params_[i]);
+      for (size_t i : f32_idx) dst.push_back(state(i, "exp_avg"));
+      for (size_t i : f32_idx) dst.push_back(state(i, "exp_avg_sq"));
+      write_back(dst, ingot::apply(make_adamw_update(f32_idx.size(), static_cast<int64_t>(gi), fixed), in));
+    }
+    if (!q_idx.empty()) {
+      std::vector<Tensor> in{hyper}, dst;
+      for (size_t i : q_idx) in.push_back(params_[i]);
+      for (size_t i : q_idx) in.push_back(params_[i].grad());
+      for (const char* name : {kMCodes, kMAbsmax, kVCodes, kVAbsmax})
+        for (size_t i : q_idx) in.push_back(state8(i, name));
+      in.push_back(signed_map_);
+      in.push_back(unsigned_map_);
+      for (size_t i : q_idx) dst.push_back(params_[i]);
+      for (const char* name : {kMCodes, kMAbsmax, kVCodes, kVAbsmax})
+        for (size_t i : q_idx) dst.push_back(state8(i, name));
+      write_back(
+          dst, ingot::apply(std::make_shared<AdamW8bitUpdatePrim>(q_idx.size(), static_cast<int64_t>(gi), fixed), in));
+    }
+  }
+}
+
+}  // namespace ingot::optim
