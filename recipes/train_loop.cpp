@@ -30,6 +30,7 @@
 #include "recipes/train_state.h"
 #include "runtime/allocator.h"
 #include "runtime/file_util.h"
+#include "runtime/kernels/quant8.h"
 #include "runtime/rng.h"
 #include "runtime/safetensors.h"
 
@@ -51,18 +52,20 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
   s.add(K::of(T::String, "train.lr_schedule", d.lr_schedule, "decay after warm-up")
             .one_of({"cosine", "linear", "constant"}));
   s.add(K::of(T::Float, "train.weight_decay", d.weight_decay,
-              "weight decay: decoupled for adamw and lion, added to the gradient for sgd")
+              "weight decay: decoupled for adamw, adamw8bit and lion, added to the gradient for sgd")
             .at_least(0));
-  s.add(K::of(T::Float, "train.beta1", "0.9", "adamw: beta1; lion: the interpolation that gives the update's sign")
+  s.add(K::of(T::Float, "train.beta1", "0.9",
+              "adamw, adamw8bit: beta1; lion: the interpolation that gives the update's sign")
             .at_least(0)
             .at_most(0.999999));
-  s.add(K::of(T::Float, "train.beta2", d.beta2, "adamw: beta2; lion: the momentum's decay")
+  s.add(K::of(T::Float, "train.beta2", d.beta2, "adamw, adamw8bit: beta2; lion: the momentum's decay")
             .at_least(0)
             .at_most(0.999999));
   s.add(K::of(T::String, "optimizer.name", "adamw",
-              "the update rule: adamw, sgd (torch.optim.SGD, optimizer.momentum) or lion (Chen et al. 2023; try a "
-              "train.lr 3-10x below AdamW's)")
-            .one_of({"adamw", "sgd", "lion"}));
+              "the update rule: adamw, adamw8bit (AdamW with its moments in 8 bits, block-wise quantized as "
+              "bitsandbytes' AdamW8bit: ~2 bytes of state a parameter instead of 8), sgd (torch.optim.SGD, "
+              "optimizer.momentum) or lion (Chen et al. 2023; try a train.lr 3-10x below AdamW's)")
+            .one_of({"adamw", "adamw8bit", "sgd", "lion"}));
   s.add(K::of(T::Float, "optimizer.momentum", "0.9", "sgd: momentum (0: plain SGD)").at_least(0).at_most(0.999999));
   s.add(K::of(T::Bool, "optimizer.nesterov", "false", "sgd: Nesterov momentum"));
   s.add(K::of(T::Float, "train.init_loss_scale", "65536",
@@ -115,6 +118,14 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
   if (o.optimizer == "sgd" && o.nesterov && o.momentum == 0 && !errors.has_error_for("optimizer.momentum"))
     errors.fail(cfg, "optimizer.nesterov", "true needs optimizer.momentum > 0 (it is 0)");
   if (o.optimizer != "sgd") o.momentum = 0, o.nesterov = false;
+  // ZeRO shards the optimizer state element-wise; 8-bit state comes in blocks with one absmax each.
+  if (o.optimizer == "adamw8bit" && cfg.has("distributed.zero_stage") &&
+      cfg.value("distributed.zero_stage").text != "0")
+    errors.fail(cfg, "distributed.zero_stage",
+                cfg.value("distributed.zero_stage").text +
+                    " shards the optimizer state element by element, and optimizer.name is adamw8bit, whose state is "
+                    "quantized in 256-element blocks: use distributed.zero_stage=0 (plain DDP) with adamw8bit, or "
+                    "optimizer.name=adamw to shard");
   o.init_loss_scale = rd.f64("train.init_loss_scale");
   if (set_by_user("train.init_loss_scale") && cfg.value("dtype").text != "f16")
     errors.fail(cfg, "train.init_loss_scale", "is read with dtype: f16 only, and dtype is " + cfg.value("dtype").text);
@@ -133,6 +144,32 @@ optim::OptimizerSpec optimizer_spec(const TrainOptions& o) {
   spec.momentum = o.momentum;
   spec.nesterov = o.nesterov;
   return spec;
+}
+
+// The banner's optimizer line: the rule and the state it keeps besides the weights, e.g. "optimizer | adamw8bit:
+// 8-bit moments for 12 of 26 tensors (1.2M of 1.3M parameters; ...) | state 2.6 MiB (f32 AdamW: 10.0 MiB)".
+std::string optimizer_line(const optim::OptimizerSpec& spec, const std::vector<Tensor>& params, bool sharded) {
+  std::string line = "optimizer | " + spec.name;
+  if (spec.name == "adamw8bit") {
+    int64_t tensors = 0, elements = 0, all = 0;
+    for (const Tensor& p : params) {
+      all += p.numel();
+      if (p.numel() < kQuant8MinElements) continue;
+      ++tensors;
+      elements += p.numel();
+    }
+    line += ": 8-bit moments for " + std::to_string(tensors) + " of " + std::to_string(params.size()) +
+            " tensors (" + format_count(static_cast<double>(elements)) + " of " +
+            format_count(static_cast<double>(all)) + " parameters; f32 for tensors under " +
+            std::to_string(kQuant8MinElements) + " elements)";
+  }
+  line += " | state " + format_bytes(static_cast<double>(optim::optimizer_state_bytes(spec, params)));
+  if (spec.name == "adamw8bit") {
+    optim::OptimizerSpec f32 = spec;
+    f32.name = "adamw";
+    line += " (f32 AdamW: " + format_bytes(static_cast<double>(optim::optimizer_state_bytes(f32, params))) + ")";
+  }
+  return line + (sharded ? " on this rank\n" : "\n");
 }
 
 using Clock = std::chrono::steady_clock;
@@ -347,7 +384,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   }
   const int64_t start_step = st.step;
 
-  log << task.header << "\n" << load_note;
+  log << task.header << "\n" << load_note << optimizer_line(spec, opt_params, sharded);
   if (!run.resume_checkpoint.empty())
     log << "resume | " << run.resume_reason << ": continuing after step " << st.step << " from "
         << run.resume_checkpoint << "\n";

@@ -11,6 +11,7 @@
 #include "recipes/hash.h"
 #include "recipes/metrics.h"
 #include "recipes/train.h"
+#include "runtime/safetensors.h"
 #include "recipes/train_state.h"
 #include "runtime/file_util.h"
 
@@ -205,6 +206,27 @@ TEST_F(Resume, CrashAfterStep13ResumedFromStep10EqualsAnUninterruptedRunBitwise)
 
 TEST_F(Resume, Bf16MastersAndGradientAccumulationResumeBitwise) {
   expect_exact_resume({"dtype=bf16", "train.gradient_accumulation_steps=2", "max_steps=20"}, 5, 7);
+}
+
+TEST_F(Resume, AdamW8bitResumesBitwiseFromItsQuantizedState) {
+  expect_exact_resume({"optimizer.name=adamw8bit"}, 10, 13);
+  // The checkpoint holds the 8-bit codes and block absmax of the token embedding (256 x 16 = 4096 elements, the
+  // only tensor large enough for 8-bit state) and f32 moments for the rest.
+  SafetensorsFile f = SafetensorsFile::open(checkpoint_path(dir_.file("split"), 10) + "/optimizer.safetensors");
+  int quantized = 0, f32 = 0;
+  for (const std::string& name : f.names()) {
+    if (name.ends_with(".exp_avg_q")) {
+      ++quantized;
+      EXPECT_EQ(f.get(name).dtype(), DType::i32) << name;
+      EXPECT_EQ(f.get(name).numel(), 1024) << name;
+    }
+    if (name.ends_with(".exp_avg_sq_absmax")) {
+      EXPECT_EQ(f.get(name).numel(), 16) << name;
+    }
+    if (name.ends_with(".exp_avg")) ++f32;
+  }
+  EXPECT_EQ(quantized, 1);
+  EXPECT_GT(f32, 4);
 }
 
 TEST_F(Resume, KeepLastKeepsTheNewestCheckpointsAndTheSummaryListsThem) {

@@ -475,7 +475,8 @@ TEST_F(IngotCli, OptimizersAreChosenInTheConfigAndTheirKeysChecked) {
   }
   Result r = run_ingot(dir_.path(), "validate tiny.yaml optimizer.momentum=0.5 optimizer.name=lian");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("optimizer.name: expected one of adamw, sgd, lion, got 'lian'; did you mean 'lion'?"),
+  EXPECT_NE(r.output.find("optimizer.name: expected one of adamw, adamw8bit, sgd, lion, got 'lian'; did you mean "
+                          "'lion'?"),
             std::string::npos)
       << r.output;
   r = run_ingot(dir_.path(), "validate tiny.yaml optimizer.momentum=0.5");
@@ -539,6 +540,41 @@ TEST_F(IngotCli, ACompiledLionStepTrainsLikeTheEagerOne) {
     EXPECT_EQ(s["graphs"], compiled) << r.output;
   }
   EXPECT_NEAR(final_loss[1], final_loss[0], 1e-4);
+}
+
+TEST_F(IngotCli, AdamW8bitIsChosenInTheConfigNamedInTheBannerAndCompiles) {
+  double final_loss[2];
+  for (int compiled = 0; compiled < 2; ++compiled) {
+    Result r = run_ingot(dir_.path(), "run tiny.yaml optimizer.name=adamw8bit max_steps=4 overwrite_output_dir=true "
+                                      "--summary s.json compile.enabled=" +
+                                          std::string(compiled ? "true" : "false"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // tiny.yaml's token embedding (256 x 16) is the one tensor of >= 4096 elements.
+    EXPECT_NE(r.output.find("optimizer | adamw8bit: 8-bit moments for 1 of "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("(f32 AdamW: "), std::string::npos) << r.output;
+    nlohmann::json s = nlohmann::json::parse(slurp(dir_.file("s.json")));
+    EXPECT_LT(s["final_loss"].get<double>(), s["first_loss"].get<double>()) << r.output;
+    final_loss[compiled] = s["final_loss"].get<double>();
+    EXPECT_EQ(s["graphs"], compiled) << r.output;
+  }
+  EXPECT_NEAR(final_loss[1], final_loss[0], 1e-4);
+  Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=1 overwrite_output_dir=true");
+  EXPECT_NE(r.output.find("optimizer | adamw | state "), std::string::npos) << r.output;
+  r = run_ingot(dir_.path(), "validate tiny.yaml optimizer.name=adam8bit");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("optimizer.name: expected one of adamw, adamw8bit, sgd, lion, got 'adam8bit'; did you mean "
+                          "'adamw8bit'?"),
+            std::string::npos)
+      << r.output;
+  r = run_ingot(dir_.path(), "validate tiny.yaml optimizer.name=adamw8bit distributed.zero_stage=2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("distributed.zero_stage: 2 shards the optimizer state element by element, and "
+                          "optimizer.name is adamw8bit"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(run_ingot(dir_.path(), "validate tiny.yaml optimizer.name=adamw8bit").exit_code, 0);
+  r = run_ingot(dir_.path(), "run --help");
+  EXPECT_NE(r.output.find("adamw8bit (AdamW with its moments in 8 bits"), std::string::npos) << r.output;
 }
 
 TEST_F(IngotCli, ResumeTrueContinuesAfterTheNewestCheckpoint) {
