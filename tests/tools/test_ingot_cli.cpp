@@ -577,6 +577,18 @@ TEST_F(IngotCli, AdamW8bitIsChosenInTheConfigNamedInTheBannerAndCompiles) {
   EXPECT_NE(r.output.find("adamw8bit (AdamW with its moments in 8 bits"), std::string::npos) << r.output;
 }
 
+TEST_F(IngotCli, AdamW8bitUnderDataParallelTrainsLikeOneProcess) {
+  // Plain DDP: every rank holds the whole 8-bit state and applies the same averaged gradients.
+  const std::string run = "run tiny.yaml max_steps=4 train.eval_batches=0 optimizer.name=adamw8bit";
+  Result r = run_ingot(dir_.path(), run + " output_dir=one --summary one.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_ingot(dir_.path(), "launch --nproc-per-node 2 -- '" + ingot_binary().string() + "' " + run +
+                                 " output_dir=two --summary two.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NEAR(nlohmann::json::parse(slurp(dir_.file("two.json")))["final_loss"].get<double>(),
+              nlohmann::json::parse(slurp(dir_.file("one.json")))["final_loss"].get<double>(), 1e-5);
+}
+
 TEST_F(IngotCli, ResumeTrueContinuesAfterTheNewestCheckpoint) {
   Result r = run_ingot(dir_.path(), "run tiny.yaml max_steps=4 checkpoint.save_every=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
