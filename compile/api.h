@@ -136,6 +136,10 @@ struct CompileStats {
   int64_t cuda_graphs = 0, cuda_graph_host_steps = 0;
   std::string cuda_graph_fallback;
   std::string last_graph;  // printed graph after passes
+  // Data parallel: the collectives of the last graph in issue order, one line each (what it moves: a gradient
+  // bucket, an FSDP unit's weights or gradients; where it is waited for; the compute it overlaps), explain's
+  // "collectives" section (compile/explain.h: describe_collectives).
+  std::vector<std::string> collectives;
 };
 
 class CompiledFunction {

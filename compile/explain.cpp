@@ -1,7 +1,12 @@
 #include "compile/explain.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
+
+#include "autograd/ops/attrs.h"
+#include "compile/ir/graph.h"
+#include "compile/lower/lowering.h"
 
 namespace ingot {
 namespace {
@@ -16,6 +21,97 @@ std::string ms(double v) {
   return buf;
 }
 }  // namespace
+
+namespace compiler {
+
+// Note [Collectives in explain]: each collective start of the scheduled graph, one line: what it moves (an FSDP
+// unit's weights or gradients, or a gradient bucket), where it is issued and waited for, and the compute it
+// overlaps: the non-view ops scheduled between its start and its wait, named by the unit whose weights they (or
+// the nearest op before them that reads a unit's weights) read, forward or backward.
+std::vector<std::string> describe_collectives(const Graph& g) {
+  std::vector<std::string> out;
+  const size_t n = g.nodes.size();
+  std::vector<std::string> label(n);
+  std::vector<std::vector<int32_t>> readers(g.values.size());
+  for (size_t i = 0; i < n; ++i)
+    for (int32_t v : g.nodes[i].inputs)
+      if (v >= 0) readers[static_cast<size_t>(v)].push_back(static_cast<int32_t>(i));
+  auto wait_of = [&](size_t s) -> int32_t {
+    for (int32_t r : readers[static_cast<size_t>(g.nodes[s].outputs[0])])
+      if (g.nodes[static_cast<size_t>(r)].prim->name() == "collective_wait") return r;
+    return -1;
+  };
+  // Which unit's weights each node reads (through the views of a unit gather's result).
+  for (size_t s = 0; s < n; ++s) {
+    const UnitCollectiveAttrs* a = match<UnitCollectiveAttrs>(*g.nodes[s].prim);
+    if (!a || g.nodes[s].prim->name() != "all_gather_start") continue;
+    const int32_t w = wait_of(s);
+    if (w < 0) continue;
+    std::vector<int32_t> work{g.nodes[static_cast<size_t>(w)].outputs[0]};
+    while (!work.empty()) {
+      const int32_t v = work.back();
+      work.pop_back();
+      for (int32_t r : readers[static_cast<size_t>(v)]) {
+        const Node& x = g.nodes[static_cast<size_t>(r)];
+        if (schedule_class(*x.prim) != 0) continue;  // a later gather's ordering token
+        if (x.prim->fusion_kind() == FusionKind::View && x.forward == g.nodes[s].forward) {
+          for (int32_t o : x.outputs) work.push_back(o);
+          continue;
+        }
+        label[static_cast<size_t>(r)] = a->name + (x.forward ? " forward" : " backward");
+      }
+    }
+  }
+  std::string current = "step start";
+  std::vector<std::string> at(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!label[i].empty()) current = label[i];
+    else if (!g.nodes[i].forward && current.size() > 8 && current.compare(current.size() - 8, 8, " forward") == 0)
+      current = "backward";  // the loss gradient and the head's before any unit's backward reads weights
+    at[i] = current;
+  }
+  for (size_t s = 0; s < n; ++s) {
+    const Node& start = g.nodes[s];
+    if (schedule_class(*start.prim) >= 0) continue;
+    const int32_t w = wait_of(s);
+    std::ostringstream line;
+    std::string kind(start.prim->name());
+    kind = kind.substr(0, kind.size() - 6);  // "_start"
+    line << "op " << s << ": " << kind;
+    if (const UnitCollectiveAttrs* a = match<UnitCollectiveAttrs>(*start.prim)) {
+      line << " of unit " << a->name;
+      if (kind == "all_gather") line << (start.forward ? " (weights for forward" : " (weights again for backward")
+                                     << (a->regather && start.forward ? ", resharded after it)" : ")");
+      else line << " (its gradients)";
+    } else {
+      line << " of " << value_meta_str(g, start.inputs[0]);
+    }
+    if (w < 0) {
+      line << ", never waited for";
+      out.push_back(line.str());
+      continue;
+    }
+    line << ", waited at op " << w << "; overlaps ";
+    int64_t ops = 0;
+    std::vector<std::string> with;
+    for (size_t i = s + 1; i < static_cast<size_t>(w); ++i) {
+      const Node& x = g.nodes[i];
+      if (x.prim->fusion_kind() == FusionKind::View || schedule_class(*x.prim) != 0) continue;
+      ++ops;
+      if (std::find(with.begin(), with.end(), at[i]) == with.end()) with.push_back(at[i]);
+    }
+    if (ops == 0) {
+      line << "nothing (exposed)";
+    } else {
+      line << ops << (ops == 1 ? " op" : " ops") << ": ";
+      for (size_t k = 0; k < with.size(); ++k) line << (k ? ", " : "") << with[k];
+    }
+    out.push_back(line.str());
+  }
+  return out;
+}
+
+}  // namespace compiler
 
 std::string explain_report(const CompiledFunction& f) {
   const CompileStats& s = f.stats();
@@ -40,6 +136,10 @@ std::string explain_report(const CompiledFunction& f) {
   for (const std::string& r : s.recompile_reasons) os << "    " << r << "\n";
   os << "  planned peak memory (intermediates): " << mib(s.planned_peak_bytes) << " arena, "
      << mib(s.unplanned_peak_bytes) << " live at peak\n";
+  if (!s.collectives.empty()) {
+    os << "  collectives: " << s.collectives.size() << " per call, each issued early and waited for late:\n";
+    for (const std::string& c : s.collectives) os << "    " << c << "\n";
+  }
   os << "  compile time: trace " << ms(s.time.trace_ms) << ", passes " << ms(s.time.passes_ms) << ", lower "
      << ms(s.time.lower_ms) << ", codegen " << ms(s.time.codegen_ms) << ", total " << ms(s.time.total_ms) << "\n";
   // A call that traces (the first one, and each recompile) runs the function while recording it: it is neither a

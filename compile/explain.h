@@ -20,4 +20,10 @@ std::string explain(const CompiledFunction::Fn& fn, const std::vector<Tensor>& a
 // The same report for a compiled function that has already run (the run summary's "compile" section).
 std::string explain_report(const CompiledFunction& f);
 
+namespace compiler {
+class Graph;
+// Note [Collectives in explain] (explain.cpp): one line per collective start of a scheduled graph, in order.
+std::vector<std::string> describe_collectives(const Graph& g);
+}  // namespace compiler
+
 }  // namespace ingot

@@ -20,9 +20,11 @@
 #include "runtime/cuda_runtime.h"
 #endif
 #include "compile/exec/kernel_step.h"
+#include "compile/explain.h"
 #include "compile/logs.h"
 #include "compile/lower/lower_kernel.h"
 #include "compile/passes/passes.h"
+#include "compile/passes/unit_gathers.h"
 
 namespace ingot::autotune {
 class CudaSession;  // max-autotune on CUDA (compile/autotune/cuda/tuner.h)
@@ -193,6 +195,8 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("accumulate_index_add", g, [&](Graph& x) { return generated && passes::accumulate_index_add(x, {target}); });
   run_pass("dce", g, [&](Graph& x) { return passes::dce(x, {target}); });
   run_pass("remat", g, [&](Graph& x) { return passes::remat(x, {target, opts.memory_budget}); });
+  // Compiled ZeRO-3: the backward's own unit gathers and the prefetch order (after remat, whose copies read them).
+  run_pass("unit_gathers", g, [&](Graph& x) { return passes::unit_gathers(x, {target}); });
   run_pass("dce", g, [&](Graph& x) { return passes::dce(x, {target}); });
   run_pass("split_update", g, [&](Graph& x) { return passes::split_update(x, {target, opts.split_update ? 0.0 : 1.0}); });
   // Per-bucket updates need the update between graphs to wait only for its bucket; under CUDA graphs the
@@ -208,6 +212,7 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   g.verify();
   const passes::MemoryPlan plan = passes::memory_plan(g);
   stats.planned_peak_bytes = plan.arena_bytes;
+  stats.collectives = describe_collectives(g);
   stats.unplanned_peak_bytes = plan.unplanned_peak;
   stats.ops_after = static_cast<int64_t>(g.nodes.size());
   stats.fused_groups = static_cast<int64_t>(g.groups.size());

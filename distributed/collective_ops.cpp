@@ -94,7 +94,7 @@ class CollectiveWaitPrim final : public CollectivePrim {
 // ZeRO-1's collectives, split like the all-reduce so that they overlap the compute around them: the
 // reduce-scatter of a bucket starts when its gradients exist, the all-gather of a shard when its update ran.
 // Neither backend writes the input of a reduce-scatter, so it is not copied first.
-class ReduceScatterStartPrim final : public CollectivePrim {
+class ReduceScatterStartPrim : public CollectivePrim {
  public:
   explicit ReduceScatterStartPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, 1, g->size()) {}
   std::string_view name() const override { return "reduce_scatter_start"; }
@@ -107,7 +107,7 @@ class ReduceScatterStartPrim final : public CollectivePrim {
   void print_attrs(std::ostream& os) const override { os << "op=avg"; }
 };
 
-class AllGatherStartPrim final : public CollectivePrim {
+class AllGatherStartPrim : public CollectivePrim {
  public:
   explicit AllGatherStartPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, g->size(), 1) {}
   std::string_view name() const override { return "all_gather_start"; }
@@ -116,6 +116,36 @@ class AllGatherStartPrim final : public CollectivePrim {
     Tensor out = empty({chunk.numel() * group_->size()}, chunk.dtype(), chunk.device());
     register_pending(out, group_->all_gather(out, chunk));
     return {out};
+  }
+};
+
+// Compiled ZeRO-3: ZeRO-1's starts, naming the unit (UnitCollectiveAttrs). A gather takes ordering tokens
+// after its shard (compile/passes/unit_gathers.cpp adds them): infer and eval look at the shard only.
+void print_unit(std::ostream& os, const UnitCollectiveAttrs& a) {
+  os << "unit=" << a.name;
+  if (a.regather) os << ", regather";
+}
+
+class AllGatherUnitStartPrim final : public AllGatherStartPrim, public WithAttrs<UnitCollectiveAttrs> {
+ public:
+  AllGatherUnitStartPrim(std::shared_ptr<ProcessGroup> g, UnitCollectiveAttrs a)
+      : AllGatherStartPrim(std::move(g)), WithAttrs<UnitCollectiveAttrs>(std::move(a)) {}
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    INGOT_CHECK(!in.empty(), name(), ": expected a shard");
+    return AllGatherStartPrim::infer({in[0]});
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return AllGatherStartPrim::eval({in[0]}); }
+  void print_attrs(std::ostream& os) const override { print_unit(os, attrs_); }
+};
+
+class ReduceScatterUnitStartPrim final : public ReduceScatterStartPrim, public WithAttrs<UnitCollectiveAttrs> {
+ public:
+  ReduceScatterUnitStartPrim(std::shared_ptr<ProcessGroup> g, UnitCollectiveAttrs a)
+      : ReduceScatterStartPrim(std::move(g)), WithAttrs<UnitCollectiveAttrs>(std::move(a)) {}
+  void print_attrs(std::ostream& os) const override {
+    ReduceScatterStartPrim::print_attrs(os);
+    os << ", ";
+    print_unit(os, attrs_);
   }
 };
 
@@ -133,6 +163,16 @@ Tensor reduce_scatter_start(const Tensor& flat, std::shared_ptr<ProcessGroup> gr
 
 Tensor all_gather_start(const Tensor& chunk, std::shared_ptr<ProcessGroup> group) {
   return apply_collective<AllGatherStartPrim>("all_gather_start", chunk, std::move(group));
+}
+
+Tensor all_gather_unit_start(const Tensor& shard, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit) {
+  INGOT_CHECK(group != nullptr, "all_gather_unit_start: no process group");
+  return ingot::apply(std::make_shared<AllGatherUnitStartPrim>(std::move(group), std::move(unit)), {shard})[0];
+}
+
+Tensor reduce_scatter_unit_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit) {
+  INGOT_CHECK(group != nullptr, "reduce_scatter_unit_start: no process group");
+  return ingot::apply(std::make_shared<ReduceScatterUnitStartPrim>(std::move(group), std::move(unit)), {flat})[0];
 }
 
 Tensor reduce_scatter_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {

@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "autograd/ops/attrs.h"
 #include "distributed/process_group.h"
 #include "runtime/tensor.h"
 
@@ -29,5 +30,12 @@ Tensor reduce_scatter_start(const Tensor& flat, std::shared_ptr<ProcessGroup> gr
 Tensor all_gather_start(const Tensor& chunk, std::shared_ptr<ProcessGroup> group);
 Tensor reduce_scatter_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
 Tensor all_gather(const Tensor& chunk, std::shared_ptr<ProcessGroup> group);
+// Compiled ZeRO-3's pair (distributed/fsdp_compiled.cpp): the same starts, with the FSDP unit they serve in
+// their typed attributes (autograd/ops/attrs.h: UnitCollectiveAttrs), so the compiler can tell a unit's gathers
+// apart (compile/passes/unit_gathers.cpp gives the backward its own gather and orders the prefetches) and
+// explain can list them. Inputs of an all_gather_unit_start after the first are ordering tokens: the start runs
+// once they exist and reads nothing of them.
+Tensor all_gather_unit_start(const Tensor& shard, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit);
+Tensor reduce_scatter_unit_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit);
 
 }  // namespace ingot::distributed

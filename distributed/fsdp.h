@@ -22,10 +22,11 @@
 //                      reduce-scattered asynchronously, in unit order from the last to the first (every rank
 //                      issues the same collectives in the same order); the buffer goes once the reduction is done
 //   no grad (eval)     every unit is freed right after its forward
-// Tested on CPUs with Gloo only. On CUDA with NCCL it relies on the process group's ordering (a collective
-// waits for the work queued on its input stream before it writes a freshly allocated unit) and on blocking
-// waits; it has not been run on GPUs, and nothing there is overlapped yet (compiled ZeRO-3 is issue 22's next
-// step).
+// On CUDA with NCCL the eager protocol relies on the process group's ordering (a collective waits for the work
+// queued on its input stream before it writes a freshly allocated unit) and on blocking waits, so nothing is
+// overlapped eagerly. Compiled (ingot::compile of a step using this wrapper): while the step is traced the hooks
+// record each unit's all-gather and reduce-scatter as graph nodes instead (Note [ZeRO-3 in a traced step],
+// fsdp_compiled.cpp), and the compiler reshards, prefetches one unit ahead and overlaps the reductions.
 // Every backward reduces (gradient accumulation sums into the shards' .grad, there is no no_sync), so every
 // rank must run the same number of backwards using the same parameters. Module::to() and raw reads of a
 // parameter outside its unit's forward or backward see no data: unshard() first.

@@ -91,7 +91,10 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
       log << ", buckets of " << run.distributed.bucket_cap_mb << " MiB";
     log << (run.distributed.reduce_dtype != "f32" ? ", averaged in " + run.distributed.reduce_dtype : "")
         << (run.distributed.overlap || fsdp ? ", reduced during backward" : ", reduced after backward") << "\n";
-    if (run.compile.enabled)
+    if (run.compile.enabled && fsdp)
+      log << "distributed | compile.enabled: the units' all-gathers and reduce-scatters are nodes of the compiled "
+             "step, each unit's gather prefetched while the unit before it computes\n";
+    else if (run.compile.enabled)
       log << "distributed | compile.enabled: the bucket "
           << (run.distributed.zero_stage >= 1 ? "reduce-scatters and all-gathers" : "all-reduces")
           << " are nodes of the compiled step\n";

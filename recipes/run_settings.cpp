@@ -138,7 +138,7 @@ void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string&
             .not_in_config_hash());
   s.add(K::of(T::Int, "distributed.zero_stage", "0",
               "0: plain DDP, 1: shard the optimizer state across ranks (ZeRO-1), 2: and the gradients (ZeRO-2), "
-              "3: and the weights, gathered per transformer block when used (ZeRO-3, eager only); checkpoints hold "
+              "3: and the weights, gathered per transformer block when used (ZeRO-3); checkpoints hold "
               "the whole state")
             .at_least(0)
             .at_most(3)
@@ -356,10 +356,6 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
     errors.fail(cfg, "dtype",
                 "f16 trains with dynamic loss scaling, which skips overflowing steps on the host: set "
                 "compile.enabled=false, or use dtype=bf16 (no loss scaling needed) to compile the step");
-  if (s.distributed.zero_stage == 3 && s.compile.enabled && !errors.has_error_for("distributed.zero_stage"))
-    errors.fail(cfg, "distributed.zero_stage",
-                "3 runs eagerly for now, and compile.enabled is true; set compile.enabled=false, or use zero_stage 2 "
-                "(compiled: gradients and optimizer state sharded)");
   s.distributed.overlap = rd.flag("distributed.overlap");
   s.distributed.timeout_s =
       timeout_setting(cfg, errors, "distributed.timeout_s", "INGOT_COLLECTIVE_TIMEOUT_S", s.distributed.timeout_s);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/dtype.h"
@@ -53,6 +54,16 @@ struct NormAttrs {
   bool centered;
   double eps;
   bool weight, bias;
+};
+// distributed/collective_ops.cpp: all_gather_unit_start (an FSDP unit's weights gathered) and
+// reduce_scatter_unit_start (its gradients reduced) of compiled ZeRO-3. unit: the unit's index in
+// FullyShardedDataParallel::layout() order; name: its module path ("root", "transformer.h.3"). regather: the
+// backward reads a gather of its own instead of keeping the forward's (reshard_after_forward;
+// compile/passes/unit_gathers.cpp).
+struct UnitCollectiveAttrs {
+  int32_t unit = -1;
+  std::string name;
+  bool regather = false;
 };
 
 }  // namespace ingot

@@ -1,0 +1,130 @@
+// FullyShardedDataParallel's state (internal to distributed/): the units and the eager protocol's bookkeeping,
+// shared by fsdp.cpp (eager hooks) and fsdp_compiled.cpp (the same units inside a traced step).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "distributed/fsdp.h"
+
+namespace ingot::distributed {
+
+namespace fsdp_detail {
+
+// One FSDP unit: see fsdp.h.
+struct Unit {
+  std::string name;  // "root" or the block's module path ("transformer.h.0")
+  BucketPlan plan;   // parameter indices (model.parameters() order) and their offsets in the flat layout
+  // The unit's weights, whole: every parameter of the unit is a view of it. Its bytes exist only while the
+  // unit is gathered; the Storage object itself (and so every view, saved-for-backward ones included) lives on.
+  std::shared_ptr<Storage> storage;
+  DType dtype = DType::f32;
+  Device device;
+  Tensor shard;                  // this rank's chunk of the flat weights: a leaf the optimizer updates
+  Tensor flat_grad, shard_grad;  // this round's whole flattened gradient (until reduced) and this rank's average
+  std::shared_ptr<Work> work;
+  int pending = 0;    // parameters still without a gradient this round
+  bool gathered = false;
+  // Compiled ZeRO-3, while a step is traced: the all-gathered flat weights the parameters are views of until
+  // their gradients are reduced (Note [ZeRO-3 in a traced step], fsdp_compiled.cpp); undefined otherwise.
+  Tensor traced;
+
+  Tensor flat() const {
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = storage;
+    impl->shape = Shape{plan.padded_numel};
+    impl->strides = contiguous_strides(impl->shape);
+    impl->dtype = dtype;
+    return Tensor(impl);
+  }
+};
+
+}  // namespace fsdp_detail
+
+struct FullyShardedDataParallel::State {
+  using Unit = fsdp_detail::Unit;
+  std::shared_ptr<ProcessGroup> group;
+  FsdpOptions options;
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  std::vector<size_t> unit_of;
+  std::vector<bool> ready;  // per parameter: its gradient was flattened into its unit's buffer this round
+  std::vector<Unit> units;  // root first, then the blocks in forward order
+  std::vector<BucketPlan> plans;
+  size_t next_issue = 0;    // reductions are issued from the last unit to the first
+  bool round_active = false;
+  bool active = true;       // false after unshard(): every hook is quiet
+
+  // Note [Gathered weights keep their version]: the backward engine checks that a saved input was not written
+  // since it was recorded. Gathering again before the backward rewrites the bytes a forward read, with the
+  // same values (the shards change only in the optimizer step), so the storage's version is kept.
+  void gather(Unit& u) {
+    if (u.gathered) return;
+    const uint64_t version = u.storage->version;
+    u.storage->data = allocator_for(u.device).allocate(u.storage->nbytes);
+    Tensor full = u.flat();
+    group->all_gather(full, u.shard)->wait();
+    u.storage->version = version;
+    u.gathered = true;
+  }
+
+  void release(Unit& u) {
+    u.storage->data.reset();
+    u.gathered = false;
+  }
+
+  // Every parameter of `u` has its gradient: the weights are no longer needed, the gradients are flattened
+  // (zeros for parameters without one) and dropped.
+  void unit_done(Unit& u) {
+    release(u);
+    const DType reduce = options.reduce_dtype.value_or(u.dtype);
+    u.flat_grad = zeros({u.plan.padded_numel}, reduce, u.device);
+    for (size_t k = 0; k < u.plan.params.size(); ++k) {
+      Tensor& p = params[u.plan.params[k]];
+      Tensor g = p.grad();
+      if (g.defined())
+        u.flat_grad.as_strided(p.shape(), contiguous_strides(p.shape()), u.plan.offsets[k]).copy_(g);
+      p.zero_grad();
+    }
+    issue_ready();
+  }
+
+  // Strictly from the last unit to the first, whatever order the units completed in: the collective sequence
+  // must be identical on every rank. A buffer whose reduction finished is dropped at once.
+  void issue_ready() {
+    while (next_issue < units.size()) {
+      Unit& u = units[units.size() - 1 - next_issue];
+      if (u.pending > 0) break;
+      u.shard_grad = empty({u.plan.padded_numel / group->size()}, u.flat_grad.dtype(), u.device);
+      u.work = reduce_bucket_async(*group, u.flat_grad, &u.shard_grad);
+      ++next_issue;
+    }
+    for (Unit& u : units)
+      if (u.flat_grad.defined() && u.work && u.work->is_completed()) u.flat_grad = Tensor();
+  }
+
+  void on_grad(size_t i) {
+    INGOT_CHECK(!ready[i], "FullyShardedDataParallel: parameter '", names[i],
+                "' received a second gradient before synchronize(); call synchronize() after each backward");
+    ready[i] = true;
+    round_active = true;
+    Unit& u = units[unit_of[i]];
+    if (--u.pending == 0) unit_done(u);
+  }
+
+  void reset_round() {
+    std::fill(ready.begin(), ready.end(), false);
+    for (Unit& u : units) {
+      u.pending = static_cast<int>(u.plan.params.size());
+      u.work.reset();
+      u.flat_grad = Tensor();
+      u.shard_grad = Tensor();
+    }
+    next_issue = 0;
+    round_active = false;
+  }
+};
+
+}  // namespace ingot::distributed

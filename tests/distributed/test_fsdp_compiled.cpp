@@ -1,0 +1,433 @@
+// Compiled ZeRO-3 (distributed/fsdp_compiled.h, compile/passes/unit_gathers.h): FullyShardedDataParallel traced
+// into the step's one graph over Gloo with 2 and 4 real processes. The same training as eager ZeRO-3, DDP and one
+// process on the whole batch; one gather per unit for the forward (+ one per block for the backward when
+// resharding) and one reduce-scatter per unit in the graph; ~1/N of DDP's bytes held and a lower peak; unit k+1's
+// gather issued while unit k computes and not earlier.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "autograd/ops.h"
+#include "compile/api.h"
+#include "distributed/bootstrap.h"
+#include "distributed/ddp.h"
+#include "distributed/fsdp.h"
+#include "distributed/sampler.h"
+#include "distributed/spawn.h"
+#include "models/tiny_models.h"
+#include "optim/optimizer.h"
+#include "runtime/allocator.h"
+#include "runtime/file_util.h"
+#include "runtime/rng.h"
+
+namespace ingot::distributed {
+namespace {
+
+using namespace std::chrono_literals;
+using ingot::testing::expect_ranks_pass;
+using ingot::testing::is_rank_process;
+using ingot::testing::spawn_ranks;
+
+// Longer timeouts than the eager tests: each rank compiles the step (g++) before its first collective.
+InitOptions quick_init() { return ingot::testing::gloo_test_init(60000ms, 60000ms); }
+
+enum class Mode { OneProcess, Ddp, DdpCompiled, Eager3, Compiled3 };
+
+struct Setup {
+  Mode mode = Mode::Compiled3;
+  bool reshard = true;
+  std::optional<DType> reduce_dtype;
+  int micro = 1;  // micro-batches per step (gradient accumulation)
+  int steps = 4;
+  CompileBackend backend = CompileBackend::Auto;
+
+  // Chainable: run(Mode::Compiled3).keep_after_forward().reduce_in(DType::bf16).
+  Setup& keep_after_forward() { reshard = false; return *this; }
+  Setup& reduce_in(DType d) { reduce_dtype = d; return *this; }
+  Setup& micro_batches(int n) { micro = n; return *this; }
+  Setup& for_steps(int n) { steps = n; return *this; }
+  Setup& node_by_node() { backend = CompileBackend::Eager; return *this; }
+};
+Setup run(Mode m) {
+  Setup s;
+  s.mode = m;
+  return s;
+}
+
+struct Trained {
+  std::vector<double> losses;  // the global batch's mean loss per step
+  std::vector<Tensor> params;  // whole values after training
+  CompileStats stats;
+  size_t units = 0;
+  int64_t held = 0;   // bytes allocated after the last step beyond those before the model existed
+  int64_t peak = 0;   // peak bytes allocated during the last step beyond those before the model existed
+};
+
+int64_t allocated() { return cpu_allocator().stats().allocated_bytes; }
+
+models::GPT2Config config() {
+  models::GPT2Config c = ingot::testing::tiny_gpt2_config();
+  c.n_layer = 3;  // root + 3 blocks: unit k-1, k and k+1 exist for the prefetch order
+  return c;
+}
+
+// Tiny GPT-2 (3 blocks), AdamW, `steps` steps on this rank's rows of a fixed global batch of 4 sequences (one
+// process: all 4), as `micro` micro-batches per step.
+Trained train(const DistributedContext& ctx, const Setup& s, const std::string& cache_dir) {
+  const bool one = s.mode == Mode::OneProcess;
+  const int rank = one ? 0 : ctx.info.rank, world = one ? 1 : ctx.info.world_size;
+  auto [ids, tgt] = ingot::testing::repeating_batch(4 * s.micro, 8);
+  std::vector<Tensor> batch;
+  std::vector<double> weights;
+  for (int m = 0; m < s.micro; ++m) {
+    const RowRange r = batch_shard(4, rank, world);
+    batch.push_back(contiguous(narrow(ids, 0, 4 * m + r.begin, r.end - r.begin)));
+    batch.push_back(contiguous(narrow(tgt, 0, 4 * m + r.begin, r.end - r.begin)));
+    weights.push_back(1.0 / s.micro);
+  }
+  Trained out;
+  const int64_t base = allocated();
+  manual_seed(5);
+  {
+    models::GPT2 model(config());
+    std::unique_ptr<DistributedDataParallel> ddp;
+    std::unique_ptr<FullyShardedDataParallel> fsdp;
+    if (s.mode == Mode::Ddp || s.mode == Mode::DdpCompiled) {
+      DdpOptions o;
+      o.bucket_cap_mb = 8.0 / 1024;
+      o.reduce_dtype = s.reduce_dtype;
+      ddp = std::make_unique<DistributedDataParallel>(model, ctx.group, o);
+    } else if (!one) {
+      FsdpOptions o;
+      o.reshard_after_forward = s.reshard;
+      o.reduce_dtype = s.reduce_dtype;
+      fsdp = std::make_unique<FullyShardedDataParallel>(model, ctx.group, o);
+      out.units = fsdp->layout().size();
+    }
+    optim::AdamW opt(ddp ? ddp->optimizer_params() : fsdp ? fsdp->optimizer_params() : model.parameters(),
+                     optim::AdamWOptions{3e-3, 0.9, 0.95, 1e-8, 0.1});
+    auto step = [&](const std::vector<Tensor>& b) {
+      Tensor total;
+      for (int m = 0; m < s.micro; ++m) {
+        Tensor l = model.loss(b[2 * m], b[2 * m + 1]) * weights[static_cast<size_t>(m)];
+        if (ddp && m + 1 < s.micro) {
+          auto guard = ddp->no_sync();
+          l.backward();
+        } else {
+          l.backward();
+        }
+        if (fsdp) fsdp->synchronize();  // every FSDP backward reduces into the shards' .grad
+        total = total.defined() ? total + l.detach() : l.detach();
+      }
+      if (ddp) ddp->step(opt);
+      else opt.step();
+      if (ddp) ddp->zero_grad();
+      else if (fsdp) fsdp->zero_grad();
+      else model.zero_grad();
+      opt.zero_grad();
+      return std::vector<Tensor>{total};
+    };
+    CompileOptions co;
+    co.cache_dir = cache_dir;
+    co.backend = s.backend;
+    CompiledFunction fn = compile(step, co);
+    const bool compiled = s.mode == Mode::DdpCompiled || s.mode == Mode::Compiled3;
+    for (int i = 0; i < s.steps; ++i) {
+      if (i + 1 == s.steps) cpu_allocator().reset_peak();
+      const Tensor l = (compiled ? fn(batch) : step(batch))[0];
+      if (i + 1 == s.steps) {
+        out.peak = cpu_allocator().stats().peak_allocated_bytes - base;
+        out.held = allocated() - base;
+      }
+      double v = l.item();
+      if (!one) {  // every rank's mean is over an equal share: their mean is the global batch's
+        Tensor t = from_vector(std::vector<double>{v}, {1}, DType::f64);
+        ctx.group->all_reduce(t, ReduceOp::Avg)->wait();
+        v = t.item();
+      }
+      out.losses.push_back(v);
+    }
+    out.stats = fn.stats();
+    if (fsdp) fsdp->unshard();
+    for (const Tensor& p : model.parameters()) out.params.push_back(p.clone_raw());
+  }
+  return out;
+}
+
+void expect_same_training(const Trained& got, const Trained& want, double tol, const std::string& what,
+                          bool weights = true) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], want.losses[i], tol * std::abs(want.losses[i])) << what << ": step " << i;
+  if (!weights) return;
+  ASSERT_EQ(got.params.size(), want.params.size()) << what;
+  for (size_t k = 0; k < want.params.size(); ++k)
+    EXPECT_LE(max_rel_error(got.params[k], want.params[k], 10 * tol, tol), 1.0) << what << ": parameter " << k;
+}
+
+size_t count(const std::string& g, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = g.find(what); p != std::string::npos; p = g.find(what, p + 1)) ++n;
+  return n;
+}
+
+// The printed graph's nodes: outputs, op, inputs and attributes per line, in schedule order.
+struct Line {
+  std::vector<int> outs, ins;
+  std::string op, attrs;
+};
+
+std::vector<Line> parse(const std::string& graph) {
+  std::vector<Line> out;
+  std::istringstream is(graph);
+  std::string text;
+  auto ids = [](const std::string& s) {
+    std::vector<int> v;
+    for (size_t p = s.find('%'); p != std::string::npos; p = s.find('%', p + 1)) v.push_back(std::stoi(s.substr(p + 1)));
+    return v;
+  };
+  while (std::getline(is, text)) {
+    const size_t eq = text.find(" = "), open = text.find('(', eq == std::string::npos ? 0 : eq);
+    if (text.rfind("  %", 0) != 0 || eq == std::string::npos || open == std::string::npos) continue;
+    const size_t close = text.find(')', open);
+    Line l;
+    const std::string lhs = text.substr(0, eq);
+    l.outs = ids(lhs.substr(0, lhs.find(':')));
+    l.op = text.substr(eq + 3, open - eq - 3);
+    if (l.op.find_first_of(" \"") != std::string::npos) continue;  // a graph input's line
+    l.ins = ids(text.substr(open, close - open));
+    const size_t a = text.find(" {", close), b = text.find('}', a == std::string::npos ? close : a);
+    if (a != std::string::npos && b != std::string::npos) l.attrs = text.substr(a + 2, b - a - 2);
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+// A unit gather in the scheduled graph: its start line, and the first and last line that reads its gathered
+// weights (through the narrow/reshape views the trace made of them).
+struct Window {
+  std::string unit;
+  bool regather = false;
+  int start = -1, first = -1, last = -1;
+};
+
+std::vector<Window> windows(const std::vector<Line>& lines) {
+  std::vector<Window> out;
+  for (size_t s = 0; s < lines.size(); ++s) {
+    if (lines[s].op != "all_gather_start" || lines[s].attrs.find("unit=") == std::string::npos) continue;
+    Window w;
+    w.start = static_cast<int>(s);
+    const std::string& a = lines[s].attrs;
+    const size_t u = a.find("unit=") + 5;
+    w.unit = a.substr(u, a.find(',', u) == std::string::npos ? std::string::npos : a.find(',', u) - u);
+    std::map<int, bool> closure{{lines[s].outs[0], true}};
+    for (size_t i = s + 1; i < lines.size(); ++i) {
+      bool reads = false;
+      for (int v : lines[i].ins) reads = reads || closure.count(v);
+      if (!reads) continue;
+      if (lines[i].op == "collective_wait" || lines[i].op == "narrow" || lines[i].op == "reshape") {
+        for (int v : lines[i].outs) closure[v] = true;
+        continue;
+      }
+      if (lines[i].op == "all_gather_start") continue;  // a later gather's ordering token
+      if (w.first < 0) w.first = static_cast<int>(i);
+      w.last = static_cast<int>(i);
+    }
+    out.push_back(w);
+  }
+  return out;
+}
+
+// Tolerances: f32 sums of the same numbers in another order (reduce-scatter chunks vs all-reduce, per-rank means
+// vs one process's whole batch, generated kernels vs eager ones): 1e-4 relative on losses and weights between the
+// data-parallel runs, losses only against one process (AdamW turns the rounding of gradients that are ~0 into
+// whole steps of lr). bf16 reduction: the compiled run follows eager ZeRO-3 reduced in bf16 within 1e-4 and the
+// f32-reduced run within 1e-2.
+void rank_body_trains_like_eager(int world) {
+  auto ctx = init_distributed(quick_init());
+  ASSERT_EQ(ctx.info.world_size, world);
+  const std::string cache = std::getenv("INGOT_TEST_CACHE_DIR");
+  const Trained one = train(ctx, run(Mode::OneProcess), cache);
+  const Trained ddp = train(ctx, run(Mode::Ddp), cache);
+  const Trained eager = train(ctx, run(Mode::Eager3), cache);
+  const Trained comp = train(ctx, run(Mode::Compiled3), cache);
+  const Trained keep = train(ctx, run(Mode::Compiled3).keep_after_forward(), cache);
+  EXPECT_LT(one.losses.back(), one.losses.front() - 0.3) << "the run must actually train";
+  expect_same_training(comp, eager, 1e-4, "compiled ZeRO-3 vs eager ZeRO-3");
+  expect_same_training(comp, ddp, 1e-4, "compiled ZeRO-3 vs eager DDP");
+  expect_same_training(comp, one, 1e-4, "compiled ZeRO-3 vs one process", false);
+  expect_same_training(keep, eager, 1e-4, "compiled ZeRO-3 without resharding vs eager ZeRO-3");
+  EXPECT_EQ(comp.stats.compiles, 1);
+  EXPECT_TRUE(comp.stats.graph_breaks.empty());
+  EXPECT_GT(comp.stats.kernels, 0) << "fused groups run as generated kernels";
+  if (ctx.info.rank == 0)
+    std::printf("[ fsdp     ] world %d: %lld launches, %lld generated kernels (%lld compiled here); losses %.5f -> "
+                "%.5f\n",
+                world, static_cast<long long>(comp.stats.launches), static_cast<long long>(comp.stats.kernels),
+                static_cast<long long>(comp.stats.kernels_generated), comp.losses.front(), comp.losses.back());
+  // Units: the root and 3 blocks. Forward: one gather each; backward: one more per block (the root is kept).
+  ASSERT_EQ(comp.units, 4u);
+  const std::string& g = comp.stats.last_graph;
+  EXPECT_EQ(count(g, "= all_gather_start("), comp.units + 3) << g;
+  EXPECT_EQ(count(g, "regather}"), 2 * 3u) << "the blocks' forward gathers and their backward copies: " << g;
+  EXPECT_EQ(count(g, "= reduce_scatter_start("), comp.units) << g;
+  EXPECT_EQ(count(g, "= all_reduce_start("), 0u) << g;
+  EXPECT_EQ(count(g, "\n  grad none -> "), comp.params.size()) << "no whole gradient leaves the step: " << g;
+  const std::string& k = keep.stats.last_graph;
+  EXPECT_EQ(count(k, "= all_gather_start("), keep.units) << k;
+  EXPECT_EQ(count(k, "= reduce_scatter_start("), keep.units) << k;
+}
+
+TEST(CompiledFsdp, TwoRanksTrainLikeEagerZeroThreeDdpAndOneProcess) {
+  if (is_rank_process()) return rank_body_trains_like_eager(2);
+  TempDir cache("ingot-fsdp-compile-");
+  ingot::testing::SpawnOptions o = ingot::testing::world(2).within(std::chrono::seconds(300));
+  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
+  expect_ranks_pass(spawn_ranks(o));
+}
+
+TEST(CompiledFsdp, FourRanksTrainLikeEagerZeroThreeDdpAndOneProcess) {
+  if (is_rank_process()) return rank_body_trains_like_eager(4);
+  TempDir cache("ingot-fsdp-compile-");
+  ingot::testing::SpawnOptions o = ingot::testing::world(4).within(std::chrono::seconds(400));
+  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
+  expect_ranks_pass(spawn_ranks(o));
+}
+
+// Gradient accumulation (each micro-batch's backward reduce-scatters, the averages add up in the shards' .grad)
+// and reduce_dtype bf16 (the unit's gradient rounded before its reduce-scatter), against eager ZeRO-3.
+TEST(CompiledFsdp, AccumulationAndBf16ReductionFollowEagerZeroThree) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(quick_init());
+    const std::string cache = std::getenv("INGOT_TEST_CACHE_DIR");
+    const Trained eager2 = train(ctx, run(Mode::Eager3).micro_batches(2), cache);
+    const Trained comp2 = train(ctx, run(Mode::Compiled3).micro_batches(2), cache);
+    expect_same_training(comp2, eager2, 1e-4, "two micro-batches: compiled vs eager ZeRO-3");
+    EXPECT_EQ(count(comp2.stats.last_graph, "= reduce_scatter_start("), 2 * comp2.units) << "one per unit and backward";
+    const Trained f32 = train(ctx, run(Mode::Eager3), cache);
+    const Trained eager_bf = train(ctx, run(Mode::Eager3).reduce_in(DType::bf16), cache);
+    const Trained comp_bf = train(ctx, run(Mode::Compiled3).reduce_in(DType::bf16), cache);
+    expect_same_training(comp_bf, eager_bf, 1e-4, "bf16 reduction: compiled vs eager ZeRO-3");
+    expect_same_training(comp_bf, f32, 1e-2, "bf16 reduction vs f32", false);
+    bool differs = false;
+    for (size_t k = 0; k < f32.params.size(); ++k)
+      differs = differs || max_rel_error(comp_bf.params[k], f32.params[k], 1e-7, 1e-9) > 1.0;
+    EXPECT_TRUE(differs) << "the bf16 reduction must round something (else this test checks nothing)";
+    const std::string& g = comp_bf.stats.last_graph;
+    EXPECT_NE(g.find("bf16[") , std::string::npos) << g;
+    return;
+  }
+  TempDir cache("ingot-fsdp-compile-");
+  ingot::testing::SpawnOptions o = ingot::testing::world(2).within(std::chrono::seconds(300));
+  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
+  expect_ranks_pass(spawn_ranks(o));
+}
+
+// Memory, from the CPU allocator on each rank after (and during) a compiled step: compiled DDP holds the weights
+// and AdamW's two moments whole (~3x the weights; the gradients are graph values), compiled ZeRO-3 the shards and
+// their moments (~3/world of the weights, plus the units' padding). The step's peak is lower too: DDP's holds every
+// gradient at once on top, ZeRO-3's a few gathered units and one unit's gradients.
+TEST(CompiledFsdp, HoldsAboutOneNthOfDdpsBytesAndPeaksLower) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(quick_init());
+    const std::string cache = std::getenv("INGOT_TEST_CACHE_DIR");
+    const int world = ctx.info.world_size;
+    const Trained ddp = train(ctx, run(Mode::DdpCompiled).for_steps(3), cache);
+    const Trained z3 = train(ctx, run(Mode::Compiled3).for_steps(3), cache);
+    int64_t weights = 0;
+    for (const Tensor& p : ddp.params) weights += static_cast<int64_t>(p.nbytes());
+    std::printf("[ fsdp     ] world %d: weights %lld B; held after a compiled step: DDP %lld, ZeRO-3 %lld; peak during "
+                "it: DDP %lld, ZeRO-3 %lld; planned arena: DDP %lld, ZeRO-3 %lld\n",
+                world, static_cast<long long>(weights), static_cast<long long>(ddp.held),
+                static_cast<long long>(z3.held), static_cast<long long>(ddp.peak), static_cast<long long>(z3.peak),
+                static_cast<long long>(ddp.stats.planned_peak_bytes),
+                static_cast<long long>(z3.stats.planned_peak_bytes));
+    const double w = static_cast<double>(weights), n = static_cast<double>(world);
+    EXPECT_GT(static_cast<double>(ddp.held), 2.9 * w);
+    EXPECT_LT(static_cast<double>(z3.held), 1.15 * static_cast<double>(ddp.held) / n);
+    EXPECT_GT(static_cast<double>(z3.held), 0.85 * static_cast<double>(ddp.held) / n);
+    EXPECT_LT(z3.peak, ddp.peak);
+    EXPECT_LT(z3.stats.planned_peak_bytes, ddp.stats.planned_peak_bytes);
+    return;
+  }
+  TempDir cache("ingot-fsdp-compile-");
+  ingot::testing::SpawnOptions o = ingot::testing::world(2).within(std::chrono::seconds(300));
+  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
+  expect_ranks_pass(spawn_ranks(o));
+}
+
+// The schedule of a resharding step (compile/passes/unit_gathers.cpp): in the forward, block k+1's gather starts
+// before block k's last reader of its weights and after block k-1's; in the backward the same in reverse order,
+// and no block's backward gather starts before that block's forward ended. Graph structure only: the step runs
+// node by node (CompileBackend::Eager, no code generation).
+TEST(CompiledFsdp, EachUnitsGatherStartsWhileThePreviousUnitComputesAndNotEarlier) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(quick_init());
+    const Trained comp = train(ctx, run(Mode::Compiled3).for_steps(2).node_by_node(), "");
+    const std::string& g = comp.stats.last_graph;
+    std::vector<Window> fwd, bwd;
+    for (const Window& w : windows(parse(g))) {
+      if (w.unit == "root") continue;  // read from the first forward op to the last backward one
+      ASSERT_GE(w.first, 0) << w.unit << " is gathered but never read: " << g;
+      (fwd.size() < 3 ? fwd : bwd).push_back(w);
+    }
+    if (ctx.info.rank == 0)
+      for (const std::vector<Window>* ws : {&fwd, &bwd})
+        for (const Window& w : *ws)
+          std::printf("[ fsdp     ] %s %s: gather starts at op %d, its weights read at ops %d-%d\n", w.unit.c_str(),
+                      ws == &fwd ? "forward" : "backward", w.start, w.first, w.last);
+    ASSERT_EQ(fwd.size(), 3u) << g;
+    ASSERT_EQ(bwd.size(), 3u) << g;
+    std::sort(fwd.begin(), fwd.end(), [](const Window& a, const Window& b) { return a.first < b.first; });
+    std::sort(bwd.begin(), bwd.end(), [](const Window& a, const Window& b) { return a.first < b.first; });
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(fwd[k].unit, "transformer.h." + std::to_string(k));
+      EXPECT_EQ(bwd[k].unit, "transformer.h." + std::to_string(2 - k)) << "the backward runs the blocks in reverse";
+      EXPECT_LT(fwd[k].last, bwd.back().first) << "forward windows end before the backward's";
+    }
+    for (const std::vector<Window>* ws : {&fwd, &bwd})
+      for (size_t k = 1; k < 3; ++k) {
+        const std::vector<Window>& w = *ws;
+        EXPECT_LT(w[k].start, w[k - 1].last) << w[k].unit << "'s gather is prefetched while " << w[k - 1].unit
+                                             << " computes\n" << g;
+        EXPECT_LT(w[k].start, w[k].first) << g;
+        if (k >= 2) {
+          EXPECT_GT(w[k].start, w[k - 2].last) << w[k].unit << "'s gather is not issued before " << w[k - 2].unit
+                                               << " finished\n" << g;
+        }
+      }
+    // Resharding: the backward gathers the last block again only once its forward is over.
+    EXPECT_GT(bwd[0].start, fwd[2].last) << g;
+    // explain's collectives section (compile/explain.h: describe_collectives): every unit's collectives, and what
+    // each overlaps: block 1's forward gather block 0's forward, block 1's reduce-scatter block 0's backward.
+    const std::vector<std::string>& c = comp.stats.collectives;
+    if (ctx.info.rank == 0)
+      for (const std::string& line : c) std::printf("[ explain  ] %s\n", line.c_str());
+    ASSERT_EQ(c.size(), 7u + 4u);
+    auto line_of = [&](const std::string& what) {
+      for (const std::string& l : c)
+        if (l.find(what) != std::string::npos) return l;
+      return std::string();
+    };
+    EXPECT_NE(line_of("all_gather of unit transformer.h.1 (weights for forward").find("overlaps"), std::string::npos);
+    EXPECT_NE(line_of("all_gather of unit transformer.h.1 (weights for forward").find("transformer.h.0 forward"),
+              std::string::npos);
+    EXPECT_NE(line_of("all_gather of unit transformer.h.0 (weights again for backward").find("transformer.h.1 backward"),
+              std::string::npos);
+    EXPECT_NE(line_of("reduce_scatter of unit transformer.h.1").find("transformer.h.0 backward"), std::string::npos);
+    return;
+  }
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(std::chrono::seconds(120))));
+}
+
+}  // namespace
+}  // namespace ingot::distributed
