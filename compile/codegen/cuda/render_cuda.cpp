@@ -1,21 +1,19 @@
-// CUDA rendering of KernelSpecs (see render_cuda.h for the shape of the generated code): the shared printer of
-// render_cuda_core.h and render_kernel(); the kernel kinds are render_cuda_pointwise.cpp and render_cuda_rows.cpp.
+// CUDA rendering of KernelSpecs (see render_cuda.h for the shape of the generated code): the language over the
+// printer core, the planning and printing every kind shares, and render_kernel(); the kernel kinds are
+// render_cuda_pointwise.cpp, render_cuda_rows.cpp and render_cuda_multi_tensor.cpp.
 #include "compile/codegen/cuda/render_cuda.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <set>
-#include <sstream>
 
 #include "compile/codegen/cuda/render_cuda_core.h"
-#include "compile/codegen/common/scalar_math.h"
 #include "runtime/error.h"
 
 namespace ingot::codegen::cuda {
 namespace detail {
 
-const char* storage_type(DType t) {
+const char* Renderer::storage_type(DType t) const {
   switch (t) {
     case DType::f32: return "float";
     case DType::f64: return "double";
@@ -28,7 +26,7 @@ const char* storage_type(DType t) {
 }
 
 // The type a value of dtype t is computed in (kernel_spec.h, "Numerics").
-const char* compute_type(DType t) {
+const char* Renderer::compute_type(DType t) const {
   switch (t) {
     case DType::f32: case DType::bf16: case DType::f16: return "float";
     case DType::f64: return "double";
@@ -39,34 +37,51 @@ const char* compute_type(DType t) {
 }
 
 // CUDA's math functions: expf for float, exp for double.
-std::string fn(const std::string& name, const std::string& T) { return T == "float" ? name + "f" : name; }
+std::string Renderer::math(const std::string& name, const std::string& T) const { return T == "float" ? name + "f" : name; }
 
-std::string sym_str(const SymInt& s) { return s.is_constant() ? std::to_string(s.value) : "s" + std::to_string(s.sym); }
-
-std::string literal(double v, DType t) {
-  if (t == DType::b8) return v != 0 ? "true" : "false";
-  if (!is_floating(t)) {
-    const int64_t i = static_cast<int64_t>(v);
-    if (i == INT64_MIN) return "(-9223372036854775807LL - 1)";
-    return "(" + std::to_string(i) + "LL)";
-  }
-  const bool f = std::string(compute_type(t)) == "float";
-  if (std::isnan(v)) return f ? "__int_as_float(0x7fc00000)" : "__longlong_as_double(0x7ff8000000000000LL)";
-  if (std::isinf(v))
-    return std::string(v < 0 ? "-" : "") + (f ? "__int_as_float(0x7f800000)" : "__longlong_as_double(0x7ff0000000000000LL)");
-  // The value in the compute type, rounded once (to nearest even) as the eager kernels' static_cast<float> of a
-  // scalar, then written exactly as a hex float: a 17-digit decimal with an f suffix is rounded a second time
-  // by the compiler (1 + 2^-24 became 1 + 2^-23, not 1), like the CPU renderer's literal().
-  const double w = f ? static_cast<double>(static_cast<float>(v)) : v;
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%a", w);
-  return f ? "(" + std::string(buf) + "f)" : "(" + std::string(buf) + ")";
+std::string Renderer::int_literal(int64_t v) const {
+  if (v == INT64_MIN) return "(-9223372036854775807LL - 1)";
+  return "(" + std::to_string(v) + "LL)";
 }
 
-bool is_const(const SymInt& s, int64_t v) { return s.is_constant() && s.value == v; }
+std::string Renderer::nan_literal(bool f32) const {
+  return f32 ? "__int_as_float(0x7fc00000)" : "__longlong_as_double(0x7ff8000000000000LL)";
+}
+
+std::string Renderer::inf_literal(bool f32) const {
+  return f32 ? "__int_as_float(0x7f800000)" : "__longlong_as_double(0x7ff0000000000000LL)";
+}
+
+std::string Renderer::float_literal(const std::string& hex, bool f32) const {
+  return f32 ? "(" + hex + "f)" : "(" + hex + ")";
+}
+
+std::string Renderer::pow_expr(const Node& n, const std::string& x, const std::string& y) const {
+  if (!is_floating(n.dtype)) return "(long long)pow((double)" + x + ", (double)" + y + ")";
+  const std::string T = compute_type(n.dtype);
+  return "(" + T + ")" + math("pow", T) + "(" + x + ", " + y + ")";
+}
+
+std::string Renderer::scalar_expr(const Node& n) const {
+  return "(" + std::string(compute_type(n.dtype)) + ")p.c[" + std::to_string(n.arg) + "]";
+}
+
+std::string Renderer::index_expr(const Node& n) const { return "(long long)(" + idx_.at(static_cast<size_t>(n.arg)) + ")"; }
+
+std::string Renderer::header_suffix() const { return ", vector width " + std::to_string(vec_) + ", " + I_ + " indices"; }
+
+std::string Renderer::unary_expr(const Node& n) const {
+  // Math on integers goes through double (CUDA's math functions have no integer overloads).
+  const bool int_math = !is_floating(n.dtype) && n.op != Op::Neg && n.op != Op::Abs && n.op != Op::Square &&
+                        n.op != Op::Relu && n.op != Op::Sign && n.op != Op::Not && n.op != Op::Cast;
+  if (!int_math) return PrinterCore::unary_expr(n);
+  Node d = n;
+  d.dtype = DType::f64;
+  return "(long long)(" + unary_math(d, "(double)" + v(n.a), "double") + ")";
+}
 
 // What a reduction node starts from, in its compute type, and the preamble functor that combines two partials.
-std::string reduce_identity(const Node& n) {
+std::string Renderer::reduce_identity(const Node& n) const {
   const std::string T = compute_type(n.dtype);
   const bool fl = is_floating(n.dtype);
   if (n.op == Op::ReduceSum) return "(" + T + ")0";
@@ -99,7 +114,7 @@ RenderedKernel Renderer::run() {
       break;
     case KernelKind::RowReduction:
       params_struct();
-      if (const size_t sums = column_sums().size(); sums > 0) {  // Note [Column sums in row reductions]
+      if (const size_t sums = phases_.column_sums.size(); sums > 0) {  // Note [Column sums in row reductions]
         row_reduction(kWarp);
         column_finish();
         out.abi.functions = {sym_ + "_warp", "", "", "", sym_ + "_colfin"};
@@ -114,7 +129,7 @@ RenderedKernel Renderer::run() {
       if (out.abi.prefer_columns && splittable()) {
         row_reduction(kColumnsSplit);
         out.abi.functions.push_back(sym_ + "_colsplit");
-        for (const Node& n : k_.nodes) out.abi.split_reductions += is_reduction(n.op) ? 1 : 0;
+        out.abi.split_reductions = static_cast<int>(phases_.reductions.size());
       }
       break;
     case KernelKind::MultiTensor:
@@ -126,75 +141,13 @@ RenderedKernel Renderer::run() {
   return out;
 }
 
-void Renderer::open(const std::string& s) {
-  line(s);
-  ++indent_;
-}
-
-void Renderer::close(const std::string& s) {
-  --indent_;
-  line(s);
-}
-
-std::string Renderer::as(int id, DType t) const {
-  const DType from = k_.nodes[id].dtype;
-  if (std::string(compute_type(from)) == compute_type(t)) return v(id);
-  if (t == DType::b8) return "(" + v(id) + " != 0)";
-  return std::string("(") + compute_type(t) + ")(" + v(id) + ")";
-}
-
-void Renderer::header_comment() {
-  static const char* kinds[] = {"pointwise", "row reduction", "multi-tensor"};
-  std::string dims;
-  for (const SymInt& d : k_.dims) dims += (dims.empty() ? "" : ", ") + sym_str(d);
-  line("// " + (k_.name.empty() ? std::string("kernel") : k_.name) + ": " + kinds[static_cast<int>(k_.kind)] +
-       (k_.kind == KernelKind::MultiTensor ? "" : " over [" + dims + "]") + ", vector width " +
-       std::to_string(vec_) + ", " + I_ + " indices");
-  for (size_t i = 0; i < k_.buffers.size(); ++i) {
-    const Buffer& buf = k_.buffers[i];
-    std::string st;
-    for (const SymInt& s : buf.strides) st += (st.empty() ? "" : ", ") + sym_str(s);
-    line("//   b" + std::to_string(i) + (buf.is_output ? " out " : " in  ") + std::string(dtype_name(buf.dtype)) +
-         (k_.kind == KernelKind::MultiTensor ? "" : " strides [" + st + "]") +
-         (buf.alias_of >= 0 ? " (in place on b" + std::to_string(buf.alias_of) + ")" : "") +
-         (buf.name.empty() ? "" : "  " + buf.name));
-  }
-}
-
-// Which nodes are invariant (constants and scalars only), element level, and in which reduction phase.
-void Renderer::classify() {
-  const size_t n = k_.nodes.size();
-  element_ = element_level_nodes(k_);
-  invariant_.assign(n, false);
-  level_.assign(n, 0);
-  used_.assign(k_.buffers.size(), false);
-  for (const Store& s : k_.stores) used_[s.buffer] = true;
-  for (size_t i = 0; i < n; ++i) {
-    const Node& nd = k_.nodes[i];
-    if (nd.op == Op::Load) used_[nd.arg] = true;
-    if (nd.op == Op::Const || nd.op == Op::Scalar) {
-      invariant_[i] = true;
-      continue;
-    }
-    if (nd.op == Op::Load || nd.op == Op::Index) continue;
-    bool inv = !is_reduction(nd.op) && nd.op != Op::ColumnSum;
-    int lvl = 0;
-    for (int o : {nd.a, nd.b, nd.c}) {
-      if (o < 0) continue;
-      inv = inv && invariant_[o];
-      lvl = std::max(lvl, level_[o]);
-    }
-    invariant_[i] = inv;
-    level_[i] = is_reduction(nd.op) ? lvl + 1 : lvl;
-  }
-}
-
-// Index width and vector plan. The vector path needs every used buffer's innermost stride to be the
-// constant 0 or 1 (1 for outputs) and constant outer strides of unit-stride buffers to be multiples of
-// the width; what is only known at run time (sizes, pointers, symbolic strides) is checked by the kernel.
+// Index width, vector plan and the row phases. The vector path needs every used buffer's innermost stride to be
+// the constant 0 or 1 (1 for outputs) and constant outer strides of unit-stride buffers to be multiples of the
+// width; what is only known at run time (sizes, pointers, symbolic strides) is checked by the kernel.
 void Renderer::plan() {
   I_ = "long long";
   vec_ = 1;
+  if (k_.kind == KernelKind::RowReduction) phases_ = plan_rows();
   if (k_.kind == KernelKind::MultiTensor) {
     size_t min_size = 8;
     for (const Buffer& buf : k_.buffers) min_size = std::min(min_size, itemsize(buf.dtype));
@@ -248,7 +201,6 @@ void Renderer::plan() {
   }
   vec_ = w;
 }
-
 void Renderer::params_struct() {
   line("struct " + sym_ + "_p {");
   line("  void* b[" + std::to_string(k_.buffers.size()) + "];");
@@ -292,7 +244,7 @@ void Renderer::prologue() {
   for (int s : slots) line("const long long s" + std::to_string(s) + " = p.s[" + std::to_string(s) + "];");
   for (size_t d = 0; d < k_.dims.size(); ++d)
     line("const I n" + std::to_string(d) + " = (I)(" + sym_str(k_.dims[d]) + ");");
-  declare_buffers([](int i) { return "p.b[" + std::to_string(i) + "]"; });
+  declare_buffers([](int i) { return "p.b[" + std::to_string(i) + "]"; }, /*used_only=*/true);
   for (size_t i = 0; i < k_.nodes.size(); ++i)
     if (invariant_[i]) emit_node(static_cast<int>(i));
 }
@@ -313,144 +265,27 @@ std::string Renderer::vector_condition(const std::string& inner_size) const {
   return c;
 }
 
-std::string Renderer::load_expr(int buf) const {
-  const std::string x = acc_[buf];
-  switch (k_.buffers[buf].dtype) {
-    case DType::bf16: return "ig_ld_bf16(" + x + ")";
-    case DType::f16: return "ig_ld_f16(" + x + ")";
-    case DType::b8: return "(" + x + " != 0)";
-    case DType::i32: return "(long long)(" + x + ")";
-    default: return x;
+void Renderer::vector_accesses(const std::set<int>& bufs, const std::vector<Store>& outs, const std::string& base,
+                               const std::string& off) {
+  const std::string V = std::to_string(vec_);
+  for (int i : bufs) {
+    const std::string at = b(i) + " + " + base + std::to_string(i) + (off.empty() ? "" : " + " + off);
+    if (row_.unroll && row_.cached[static_cast<size_t>(i)]) {  // Note [Rows kept in registers]
+      acc_[static_cast<size_t>(i)] = "rb" + std::to_string(i) + "[k][j]";
+      continue;
+    }
+    if (unit_[static_cast<size_t>(i)] && !k_.buffers[static_cast<size_t>(i)].is_output) {
+      line("alignas(16) " + std::string(storage_type(k_.buffers[static_cast<size_t>(i)].dtype)) + " vb" +
+           std::to_string(i) + "[" + V + "];");
+      line("ig_ldv<" + V + ">(vb" + std::to_string(i) + ", " + at + ");");
+      acc_[static_cast<size_t>(i)] = "vb" + std::to_string(i) + "[j]";
+    }
   }
-}
-
-std::string Renderer::store_stmt(int buf, int node) const {
-  const DType t = k_.buffers[buf].dtype;
-  const std::string val = as(node, t);
-  std::string rhs;
-  switch (t) {
-    case DType::bf16: rhs = "ig_st_bf16(" + val + ")"; break;
-    case DType::f16: rhs = "ig_st_f16(" + val + ")"; break;
-    default: rhs = std::string("(") + storage_type(t) + ")(" + val + ")"; break;
+  for (const Store& s : outs) {
+    line("alignas(16) " + std::string(storage_type(k_.buffers[static_cast<size_t>(s.buffer)].dtype)) + " vo" +
+         std::to_string(s.buffer) + "[" + V + "];");
+    acc_[static_cast<size_t>(s.buffer)] = "vo" + std::to_string(s.buffer) + "[j]";
   }
-  return acc_[buf] + " = " + rhs + ";";
-}
-
-std::string Renderer::unary_expr(const Node& n) const {
-  // Math on integers goes through double (CUDA's math functions have no integer overloads).
-  const bool int_math = !is_floating(n.dtype) && n.op != Op::Neg && n.op != Op::Abs && n.op != Op::Square &&
-                        n.op != Op::Relu && n.op != Op::Sign && n.op != Op::Not && n.op != Op::Cast;
-  const DType t = int_math ? DType::f64 : n.dtype;
-  const std::string a = int_math ? "(double)" + v(n.a) : as(n.a, t), T = compute_type(t);
-  if (int_math) {
-    Node d = n;
-    d.dtype = DType::f64;
-    return "(long long)(" + unary_math(d, a, T) + ")";
-  }
-  return unary_math(n, a, T);
-}
-
-std::string Renderer::unary_math(const Node& n, const std::string& a, const std::string& T) const {
-  const DType t = n.dtype;
-  const std::string one = "(" + T + ")1";
-  switch (n.op) {
-    case Op::Neg: return "-" + a;
-    case Op::Abs: return is_floating(t) ? fn("fabs", T) + "(" + a + ")" : "(" + a + " < 0 ? -" + a + " : " + a + ")";
-    case Op::Exp: return fn("exp", T) + "(" + a + ")";
-    case Op::Log: return fn("log", T) + "(" + a + ")";
-    case Op::Log1p: return fn("log1p", T) + "(" + a + ")";
-    case Op::Expm1: return fn("expm1", T) + "(" + a + ")";
-    case Op::Sqrt: return fn("sqrt", T) + "(" + a + ")";
-    case Op::Rsqrt: return one + " / " + fn("sqrt", T) + "(" + a + ")";
-    case Op::Reciprocal: return one + " / " + a;
-    case Op::Square: return a + " * " + a;
-    case Op::Sin: return fn("sin", T) + "(" + a + ")";
-    case Op::Cos: return fn("cos", T) + "(" + a + ")";
-    case Op::Tanh: return fn("tanh", T) + "(" + a + ")";
-    case Op::Erf: return fn("erf", T) + "(" + a + ")";
-    case Op::Sigmoid:
-    case Op::Relu:
-    case Op::GeluTanh:
-    case Op::GeluErf:
-    case Op::Silu: return scalar_math_call(n.op, T, a);
-    case Op::Sign: return "(" + T + ")((" + a + " > 0) - (" + a + " < 0))";
-    case Op::Floor: return fn("floor", T) + "(" + a + ")";
-    case Op::Not: return "!" + as(n.a, DType::b8);
-    case Op::Cast:
-      // Narrowing to bf16/f16 rounds (the eager round trip); everything else is a C++ conversion.
-      if (t == DType::bf16) return "ig_round_bf16(" + as(n.a, DType::f32) + ")";
-      if (t == DType::f16) return "ig_round_f16(" + as(n.a, DType::f32) + ")";
-      return a;
-    default: break;
-  }
-  INGOT_INTERNAL_CHECK(false, "render_cuda: unary op ", op_name(n.op));
-  return {};
-}
-
-std::string Renderer::binary_expr(const Node& n) const {
-  DType t = n.dtype;
-  if (is_comparison(n.op)) t = promote(k_.nodes[n.a].dtype, k_.nodes[n.b].dtype);
-  if (n.op == Op::And || n.op == Op::Or) t = DType::b8;
-  const std::string x = as(n.a, t), y = as(n.b, t), T = compute_type(n.dtype);
-  switch (n.op) {
-    case Op::Add: return x + " + " + y;
-    case Op::Sub: return x + " - " + y;
-    case Op::Mul: return x + " * " + y;
-    case Op::Div: return x + " / " + y;
-    case Op::Pow:
-      if (!is_floating(n.dtype)) return "(long long)pow((double)" + x + ", (double)" + y + ")";
-      return "(" + T + ")" + fn("pow", T) + "(" + x + ", " + y + ")";
-    case Op::Max: return "ig_max(" + x + ", " + y + ")";
-    case Op::Min: return "ig_min(" + x + ", " + y + ")";
-    case Op::Eq: return x + " == " + y;
-    case Op::Ne: return x + " != " + y;
-    case Op::Lt: return x + " < " + y;
-    case Op::Le: return x + " <= " + y;
-    case Op::Gt: return x + " > " + y;
-    case Op::Ge: return x + " >= " + y;
-    case Op::And: return x + " && " + y;
-    case Op::Or: return x + " || " + y;
-    case Op::ReluGrad:
-    case Op::SigmoidGrad:
-    case Op::TanhGrad:
-    case Op::SiluGrad:
-    case Op::GeluTanhGrad:
-    case Op::GeluErfGrad: return scalar_math_call(n.op, T, x + ", " + y);
-    default: break;
-  }
-  INGOT_INTERNAL_CHECK(false, "render_cuda: binary op ", op_name(n.op));
-  return {};
-}
-
-// `const T vN = ...;` for a non-reduction node, reading buffers through acc_ and indices through idx_.
-void Renderer::emit_node(int id) {
-  const Node& n = k_.nodes[id];
-  const std::string T = compute_type(n.dtype);
-  std::string rhs;
-  switch (n.op) {
-    case Op::Load: rhs = load_expr(n.arg); break;
-    case Op::Const: rhs = literal(n.value, n.dtype); break;
-    case Op::Scalar: rhs = "(" + T + ")p.c[" + std::to_string(n.arg) + "]"; break;
-    case Op::Index: rhs = "(long long)(" + idx_.at(n.arg) + ")"; break;
-    case Op::Where: rhs = as(n.a, DType::b8) + " ? " + as(n.b, n.dtype) + " : " + as(n.c, n.dtype); break;
-    default: rhs = is_binary(n.op) ? binary_expr(n) : unary_expr(n); break;
-  }
-  line("const " + T + " " + v(id) + " = " + rhs + ";");
-}
-
-// Element-level nodes `roots` need, in topological order (row-level operands are already defined).
-std::vector<int> Renderer::element_closure(const std::vector<int>& roots) const {
-  std::vector<bool> need(k_.nodes.size(), false);
-  for (int r : roots) need[r] = true;
-  for (size_t i = k_.nodes.size(); i-- > 0;) {
-    if (!need[i] || !element_[i] || is_reduction(k_.nodes[i].op)) continue;  // (ColumnSum is not element level)
-    for (int o : {k_.nodes[i].a, k_.nodes[i].b, k_.nodes[i].c})
-      if (o >= 0) need[o] = true;
-  }
-  std::vector<int> out;
-  for (size_t i = 0; i < k_.nodes.size(); ++i)
-    if (need[i] && element_[i] && !invariant_[i] && !is_reduction(k_.nodes[i].op)) out.push_back(static_cast<int>(i));
-  return out;
 }
 
 // i<d> for d < upto from the linear index `lin` (innermost fastest); the innermost one (d == upto - 1)
@@ -497,45 +332,6 @@ std::set<int> Renderer::loaded_by(const std::vector<int>& nodes) const {
 }
 
 }  // namespace detail
-
-namespace {
-
-// Merges adjacent dims that are contiguous in every buffer and drops constant size-1 dims, so a dense n-d
-// pointwise kernel is one long loop (fewer divisions per point, longer vector runs). Only for constant
-// layouts and kernels that never read the Index of a dim (merging would renumber it).
-KernelSpec coalesce_pointwise(KernelSpec k) {
-  if (k.kind != KernelKind::Pointwise) return k;
-  for (const Node& n : k.nodes)
-    if (n.op == Op::Index) return k;
-  for (const SymInt& d : k.dims)
-    if (!d.is_constant()) return k;
-  for (const Buffer& b : k.buffers)
-    for (const SymInt& s : b.strides)
-      if (!s.is_constant()) return k;
-  for (size_t d = 0; d < k.dims.size();) {
-    if (k.dims[d].value == 1 && k.dims.size() > 1) {
-      k.dims.erase(k.dims.begin() + d);
-      for (Buffer& b : k.buffers) b.strides.erase(b.strides.begin() + d);
-    } else {
-      ++d;
-    }
-  }
-  for (size_t d = 0; d + 1 < k.dims.size();) {
-    bool mergeable = true;
-    for (const Buffer& b : k.buffers)
-      mergeable = mergeable && b.strides[d].value == b.strides[d + 1].value * k.dims[d + 1].value;
-    if (!mergeable) {
-      ++d;
-      continue;
-    }
-    k.dims[d + 1].value *= k.dims[d].value;
-    k.dims.erase(k.dims.begin() + d);
-    for (Buffer& b : k.buffers) b.strides.erase(b.strides.begin() + d);
-  }
-  return k;
-}
-
-}  // namespace
 
 RenderedKernel render_kernel(const KernelSpec& spec, const std::string& symbol) {
   spec.validate();

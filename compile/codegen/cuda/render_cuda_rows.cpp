@@ -122,21 +122,18 @@ void Renderer::row_reduction(Variant variant) {
   for (int d = 0; d < L; ++d) rows += (d ? " * " : "") + std::string("n") + std::to_string(d);
   line("const I rows = " + (rows.empty() ? std::string("1") : rows) + ";");
   if (vec_ > 1 && !row_.columns) line("const bool vec = " + vector_condition("n" + std::to_string(L)) + ";");
-  const std::vector<Store> col_sums = column_sums();
+  const std::vector<Store>& col_sums = phases_.column_sums;
   if (!col_sums.empty()) column_sum_setup(col_sums.size());
   acc_.assign(k_.buffers.size(), "");
   idx_.assign(k_.dims.size(), "");
   for (int d = 0; d < L; ++d) idx_[d] = "i" + std::to_string(d);
-  std::vector<int> reds_all;
-  for (size_t i = 0; i < k_.nodes.size(); ++i)
-    if (is_reduction(k_.nodes[i].op)) reds_all.push_back(static_cast<int>(i));
   if (block) {
-    for (int r : reds_all)
+    for (int r : phases_.reductions)
       line("__shared__ " + std::string(compute_type(k_.nodes[r].dtype)) + " sm" + std::to_string(r) + "[32];");
     line("const I tid = threadIdx.x, nt = blockDim.x;");
     open("for (I row = blockIdx.x; row < rows; row += gridDim.x) {");
   } else if (row_.columns) {
-    for (int r : reds_all)
+    for (int r : phases_.reductions)
       line("__shared__ " + std::string(compute_type(k_.nodes[r].dtype)) + " sm" + std::to_string(r) + "[1024];");
     if (split) line("__shared__ bool ig_last;");
     line("const I tid = threadIdx.y, nt = blockDim.y;");
@@ -157,29 +154,19 @@ void Renderer::row_reduction(Variant variant) {
   offsets("r", L);
   point_row();
   if (row_.unroll) load_row();
-  int max_level = 0;
-  for (size_t i = 0; i < k_.nodes.size(); ++i) max_level = std::max(max_level, level_[i]);
-  auto emit_row_nodes = [&](int lvl) {
+  auto emit_row_nodes = [&](const std::vector<int>& nodes) {
     point_row();
-    for (size_t i = 0; i < k_.nodes.size(); ++i)
-      if (!invariant_[i] && !element_[i] && !is_reduction(k_.nodes[i].op) && k_.nodes[i].op != Op::ColumnSum &&
-          level_[i] == lvl)
-        emit_node(static_cast<int>(i));
+    for (int id : nodes) emit_node(id);
   };
-  emit_row_nodes(0);
-  for (int p = 1; p <= max_level; ++p) {
-    std::vector<int> reds, operands;
-    for (int r : reds_all)
-      if (level_[r] == p) {
-        reds.push_back(r);
-        operands.push_back(k_.nodes[r].a);
-      }
+  emit_row_nodes(phases_.phases[0].row_nodes);
+  for (size_t p = 1; p < phases_.phases.size(); ++p) {
+    const std::vector<int>& reds = phases_.phases[p].reductions;
     for (int r : reds) {
       const Node& nr = k_.nodes[r];
       line(std::string(compute_type(nr.dtype)) + " acc" + std::to_string(r) + " = " + reduce_identity(nr) + ";  // " +
            op_name(nr.op));
     }
-    const std::vector<int> closure = element_closure(operands);
+    const std::vector<int>& closure = phases_.phases[p].closure;
     if (split) {
       const std::string nl = "n" + std::to_string(L);
       line("const I cb = (I)((long long)" + nl + " * blockIdx.y / gridDim.y), ce = (I)((long long)" + nl +
@@ -208,18 +195,12 @@ void Renderer::row_reduction(Variant variant) {
                                              : "ig_warp_reduce(" + acc + ", " + f + ")";
       line("const " + std::string(compute_type(nr.dtype)) + " " + v(r) + " = " + combine + ";");
     }
-    emit_row_nodes(p);
+    emit_row_nodes(phases_.phases[p].row_nodes);
   }
-  std::vector<Store> element_stores, row_stores;
-  for (const Store& s : k_.stores) {
-    if (k_.nodes[s.node].op == Op::ColumnSum) continue;
-    (element_buffer(s.buffer) ? element_stores : row_stores).push_back(s);
-  }
+  const std::vector<Store>& element_stores = phases_.element_stores;
+  const std::vector<Store>& row_stores = phases_.row_stores;
   if (!element_stores.empty() || !col_sums.empty()) {
-    std::vector<int> roots;
-    for (const Store& s : element_stores) roots.push_back(s.node);
-    for (const Store& s : col_sums) roots.push_back(k_.nodes[s.node].a);
-    const std::vector<int> closure = element_closure(roots);
+    const std::vector<int>& closure = phases_.epilogue;
     column_loop(closure, element_stores, [&] {
       for (int id : closure) emit_node(id);
       for (const Store& s : element_stores) line((row_.columns ? "if (active) " : "") + store_stmt(s.buffer, s.node));
@@ -277,12 +258,6 @@ void Renderer::load_row() {
 // in warp order and writes one partial row per block to the workspace, and <symbol>_colfin adds the blocks'
 // partials in block order. Every step has a fixed order, so the sums do not depend on scheduling. Only the
 // warp-per-row variant is generated; the launcher caps its grid so that the partials stay small.
-std::vector<Store> Renderer::column_sums() const {
-  std::vector<Store> out;
-  for (const Store& s : k_.stores)
-    if (k_.nodes[s.node].op == Op::ColumnSum) out.push_back(s);
-  return out;
-}
 
 // Column c of a shared row (render_cuda.h, column_sum_row: a padding float after every vector of columns).
 std::string Renderer::padded(const std::string& c) const {
@@ -317,7 +292,7 @@ void Renderer::column_sum_partials(size_t count) {
 // <symbol>_colfin: 32 columns x 32 lanes per block; lane y adds the partials y, y + 32, ... and the lanes are
 // added in order; the total is stored like any output (rounded to the buffer's dtype).
 void Renderer::column_finish() {
-  const std::vector<Store> sums = column_sums();
+  const std::vector<Store>& sums = phases_.column_sums;
   const int L = last();
   const std::string nl = "n" + std::to_string(L);
   open("extern \"C\" __global__ void __launch_bounds__(1024) " + sym_ + "_colfin(const " + sym_ + "_p p) {");
