@@ -46,12 +46,15 @@ export INGOT_TEST_ROOT=$src INGOT_CONFIG_PATH=$src/configs OMP_WAIT_POLICY=passi
 config=$src/bench/configs/llama_8b/config.json
 ckpt=$WORK/ckpt_${LAYERS}l tokens=$WORK/tokens_${BATCH}x${SEQ}.bin
 ref() { python3 "$src/bench/reference/peft_lora.py" --config "$config" --layers "$LAYERS" --seq "$SEQ" "$@"; }
-# The checkpoint and tokens are made whenever they are missing (a fresh machine), whatever steps are named.
-if [[ -f $ckpt/config.json && -f $tokens ]]; then echo "make: reusing $ckpt and $tokens"
+# The checkpoint and tokens are made whenever they are missing (a fresh machine), whatever steps are named; they
+# count as made once written whole (.complete: a call cut off mid-write leaves a config.json before the weights).
+if [[ -f $ckpt/.complete && -f $tokens ]]; then echo "make: reusing $ckpt and $tokens"
 else
   t=$(date +%s)
+  rm -rf "$ckpt"
   ref --make-checkpoint "$ckpt" --make-tokens "$tokens" --rows "$BATCH" > "$out/make.log" 2>&1 \
     || { tail -20 "$out/make.log"; exit 1; }
+  touch "$ckpt/.complete"
   echo "make: $(( $(date +%s) - t )) s, $(du -sh "$ckpt" | cut -f1)"
 fi
 
