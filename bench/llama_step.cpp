@@ -109,6 +109,12 @@ Args parse(int argc, char** argv) {
 }
 
 
+std::string fixed4(double v) {  // as fsdp2_llama.py prints its losses
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", v);
+  return buf;
+}
+
 // --tokens: the whole file as rows of seq + 1 ids.
 std::vector<int32_t> read_token_rows(const std::string& path, int64_t seq, int64_t need) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
@@ -243,7 +249,7 @@ int main(int argc, char** argv) try {
                 "steps |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::string losses;
     for (size_t i = 0; i < t.losses.size() && static_cast<int64_t>(i) < a.losses; ++i)
-      losses += detail::str_cat(i ? " " : "", std::to_string(t.losses[i]).substr(0, 6));
+      losses += detail::str_cat(i ? " " : "", fixed4(t.losses[i]));
     std::printf("| %s | %s | %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.2f | %.2f | %.1f | %s |\n",
                 mode.c_str(), dev.str().c_str(), a.dtype.c_str(), static_cast<long long>(a.batch),
                 static_cast<long long>(a.seq), n_params / 1e6, med, tokens / (med / 1e3), tflops,
