@@ -1,7 +1,8 @@
 // Full fine-tune step benchmark of a Llama-architecture model built from a Hugging Face config.json with random
 // weights (no checkpoint needed: the step's cost does not depend on the weights' values).
 //   bench_llama_step --config bench/configs/llama_1b/config.json [--device cuda|cpu] [--batch 2] [--seq 2048]
-//                    [--steps 20] [--warmup 5] [--dtype bf16|f32] [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs]
+//                    [--steps 20] [--warmup 5] [--dtype bf16|f32]
+//                    [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs]
 //                    [--cache-dir DIR] [--layers N]
 // One step = forward, mean causal-LM cross entropy, backward, fused AdamW (f32 master weights and state),
 // zero_grad, on random tokens: what `ingot run full_finetune` does per optimizer step. bf16 is autocast-style
@@ -57,15 +58,16 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (k == "--help" || k == "-h") {
-      std::printf("usage: bench_llama_step --config CONFIG_JSON [--device auto|cpu|cuda] [--dtype bf16|f32]\n"
-                  "       [--batch N] [--seq N] [--steps N] [--warmup N] [--layers N (override num_hidden_layers)]\n"
-                  "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR]\n"
-                  "       [--params f32|bf16 (bf16: f32 masters)] [--checkpoint HF_DIR] [--tokens INT32_FILE]\n"
-                  "       [--losses K] [--peak-tflops P]\n"
-                  "       under ingot launch: [--timeline] [--bucket-cap-mb MB] [--reduce-dtype f32|bf16]\n"
-                  "       [--zero-stage 0|1|2|3 (3: FSDP, eager)] [--keep-after-forward]\n"
-                  "Prints a table row (median step time, tokens/s, peak memory, first-call time, loss) and, on GPUs, a\n"
-                  "'timing:' line: host time per call, and the step queued back to back and after a 5 ms rest.\n");
+      std::printf(
+          "usage: bench_llama_step --config CONFIG_JSON [--device auto|cpu|cuda] [--dtype bf16|f32]\n"
+          "       [--batch N] [--seq N] [--steps N] [--warmup N] [--layers N (override num_hidden_layers)]\n"
+          "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR]\n"
+          "       [--params f32|bf16 (bf16: f32 masters)] [--checkpoint HF_DIR] [--tokens INT32_FILE]\n"
+          "       [--losses K] [--peak-tflops P]\n"
+          "       under ingot launch: [--timeline] [--bucket-cap-mb MB] [--reduce-dtype f32|bf16]\n"
+          "       [--zero-stage 0|1|2|3 (3: FSDP, eager)] [--keep-after-forward]\n"
+          "Prints a table row (median step time, tokens/s, peak memory, first-call time, loss) and, on GPUs, a\n"
+          "'timing:' line: host time per call, and the step queued back to back and after a 5 ms rest.\n");
       std::exit(0);
     }
     if (k == "--timeline") {
@@ -99,11 +101,15 @@ Args parse(int argc, char** argv) {
     else INGOT_FAIL("bench_llama_step: unknown flag ", k, " (see --help)");
   }
   if (a.config.empty() && !a.checkpoint.empty()) a.config = a.checkpoint + "/config.json";
-  INGOT_CHECK(!a.config.empty(), "bench_llama_step: --config CONFIG_JSON (or --checkpoint DIR) is required (see --help)");
+  INGOT_CHECK(!a.config.empty(),
+              "bench_llama_step: --config CONFIG_JSON (or --checkpoint DIR) is required (see --help)");
   bench::check_ddp_flags("bench_llama_step", a.bucket_cap_mb, a.reduce_dtype);
-  INGOT_CHECK(a.zero_stage >= 0 && a.zero_stage <= 3, "bench_llama_step: --zero-stage must be 0..3, got ", a.zero_stage);
-  INGOT_CHECK(a.params == "f32" || a.params == "bf16", "bench_llama_step: --params must be f32 or bf16, got ", a.params);
-  INGOT_CHECK(a.params == "f32" || a.dtype == "bf16", "bench_llama_step: --params bf16 computes in bf16 (--dtype bf16)");
+  INGOT_CHECK(a.zero_stage >= 0 && a.zero_stage <= 3, "bench_llama_step: --zero-stage must be 0..3, got ",
+              a.zero_stage);
+  INGOT_CHECK(a.params == "f32" || a.params == "bf16", "bench_llama_step: --params must be f32 or bf16, got ",
+              a.params);
+  INGOT_CHECK(a.params == "f32" || a.dtype == "bf16",
+              "bench_llama_step: --params bf16 computes in bf16 (--dtype bf16)");
   INGOT_CHECK(a.peak_tflops > 0, "bench_llama_step: --peak-tflops must be positive, got ", a.peak_tflops);
   return a;
 }
@@ -121,8 +127,8 @@ std::vector<int32_t> read_token_rows(const std::string& path, int64_t seq, int64
   INGOT_CHECK(in, "bench_llama_step: cannot open --tokens file '", path, "'");
   const int64_t bytes = static_cast<int64_t>(in.tellg());
   const int64_t rows = bytes / static_cast<int64_t>(sizeof(int32_t)) / (seq + 1);
-  INGOT_CHECK(rows >= need, "bench_llama_step: ", path, " holds ", rows, " rows of ", seq + 1, " int32 ids, need ", need,
-              " (world x batch)");
+  INGOT_CHECK(rows >= need, "bench_llama_step: ", path, " holds ", rows, " rows of ", seq + 1, " int32 ids, need ",
+              need, " (world x batch)");
   std::vector<int32_t> ids(static_cast<size_t>(rows * (seq + 1)));
   in.seekg(0);
   in.read(reinterpret_cast<char*>(ids.data()), static_cast<std::streamsize>(ids.size() * sizeof(int32_t)));
@@ -152,8 +158,8 @@ int main(int argc, char** argv) try {
   if (!a.checkpoint.empty() && fsdp) slices = std::make_unique<models::HFSliceReader>(*model, hf, a.checkpoint);
   else if (!a.checkpoint.empty()) models::load_hf_weights(*model, hf, a.checkpoint);
   model->to(dev);
+  INGOT_CHECK(a.dtype == "bf16" || a.dtype == "f32", "bench_llama_step: --dtype must be bf16 or f32, got ", a.dtype);
   if (a.dtype == "bf16" && !bf16_params) model->set_compute_dtype(DType::bf16);
-  else INGOT_CHECK(a.dtype == "bf16" || a.dtype == "f32", "bench_llama_step: --dtype must be bf16 or f32, got ", a.dtype);
   std::vector<std::string> names;  // parameter i's name, tied ones once (FullyShardedDataParallel's numbering)
   {
     std::vector<const TensorImpl*> seen;
@@ -166,10 +172,12 @@ int main(int argc, char** argv) try {
   bench::DataParallelStep dp;
   dp.wrap(*model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, /*broadcast=*/!slices);
   if (slices)
-    dp.fsdp->load_shards([&](size_t i, int64_t begin, int64_t end, Tensor& dst) { slices->read(names[i], begin, end, dst); });
+    dp.fsdp->load_shards(
+        [&](size_t i, int64_t begin, int64_t end, Tensor& dst) { slices->read(names[i], begin, end, dst); });
   if (dev.is_cuda()) cuda::synchronize_device(dev.index);
   const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
-  optim::AdamW opt(dp.optimizer_params(model->parameters(), bf16_params), optim::AdamWOptions{2e-5, 0.9, 0.95, 1e-8, 0.0});
+  optim::AdamW opt(dp.optimizer_params(model->parameters(), bf16_params),
+                   optim::AdamWOptions{2e-5, 0.9, 0.95, 1e-8, 0.0});
 
   const int64_t vocab = hf.vocab_size();
   Tensor data = randint(0, vocab, {a.batch, a.seq + 1}, dev);
@@ -202,7 +210,9 @@ int main(int argc, char** argv) try {
   if (a.compile != "none") {
     CompileOptions o;
     const std::optional<CompileMode> mode = parse_compile_mode(a.compile);
-    INGOT_CHECK(mode, "bench_llama_step: --compile must be none, default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs, got ",
+    INGOT_CHECK(mode,
+                "bench_llama_step: --compile must be none, default, reduce-overhead, max-autotune or "
+                "max-autotune-no-cudagraphs, got ",
                 a.compile);
     o.mode = *mode;
     o.cache_dir = a.cache_dir;
@@ -244,9 +254,10 @@ int main(int argc, char** argv) try {
   if (bf16_params) mode += " bf16 params + f32 masters";
   const double tflops = flops / (med / 1e3) / 1e12;
   if (a.losses > 0) {  // fsdp2_llama.py's columns
-    std::printf("| mode | device | dtype | batch x seq per GPU | params | ms/step (median) | tokens/s per GPU | TFLOP/s "
-                "per GPU | MFU | peak mem GB (max over ranks) | first step s | build + shard s | losses of the first "
-                "steps |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "| mode | device | dtype | batch x seq per GPU | params | ms/step (median) | tokens/s per GPU | TFLOP/s "
+        "per GPU | MFU | peak mem GB (max over ranks) | first step s | build + shard s | losses of the first "
+        "steps |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::string losses;
     for (size_t i = 0; i < t.losses.size() && static_cast<int64_t>(i) < a.losses; ++i)
       losses += detail::str_cat(i ? " " : "", fixed4(t.losses[i]));

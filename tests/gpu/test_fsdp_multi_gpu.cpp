@@ -302,7 +302,8 @@ TEST_F(FsdpLaunchOnGpus, ZeroThreeRecipeRunGivesTheLossesOfDdpOnTwoGpus) {
     ASSERT_EQ(one.exit_code, 0) << one.output;
     const std::string got = read_file(path("z3_" + dtype + "/model.safetensors"));
     EXPECT_GT(got.size(), 1000u);
-    EXPECT_TRUE(got == read_file(path("one_" + dtype + "/model.safetensors"))) << "model.safetensors differs, " << dtype;
+    EXPECT_TRUE(got == read_file(path("one_" + dtype + "/model.safetensors")))
+        << "model.safetensors differs, " << dtype;
   }
 }
 
