@@ -24,8 +24,9 @@
 //   no grad (eval)     every unit is freed right after its forward
 // On CUDA with NCCL the eager protocol relies on the process group's ordering (a collective waits for the work
 // queued on its input stream before it writes a freshly allocated unit) and on blocking waits, so nothing is
-// overlapped eagerly. Compiled (ingot::compile of a step using this wrapper): while the step is traced the hooks
-// record each unit's all-gather and reduce-scatter as graph nodes instead (Note [ZeRO-3 in a traced step],
+// overlapped eagerly (run on 2 and 4 H200s: tests/gpu/test_fsdp_multi_gpu.cpp, bench/RESULTS.md 2026-11-26).
+// Compiled (ingot::compile of a step using this wrapper): while the step is traced the hooks record each unit's
+// all-gather and reduce-scatter as graph nodes instead (Note [ZeRO-3 in a traced step],
 // fsdp_compiled.cpp), and the compiler reshards, prefetches one unit ahead and overlaps the reductions.
 // Every backward reduces (gradient accumulation sums into the shards' .grad, there is no no_sync), so every
 // rank must run the same number of backwards using the same parameters. Module::to() and raw reads of a
