@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "autograd/primitive.h"
+#include "autograd/primitive_collective.h"
 #include "distributed/buckets.h"
 #include "runtime/cuda_runtime.h"
 
@@ -15,8 +16,9 @@ namespace {
 // must keep each collective: every rank issues the same ones in the same order). Attributes print nothing
 // rank- or world-size-specific, so every rank of a job traces the same graph text and shares one
 // compile-cache entry. infer() maps one input to one output of numel * out_num / out_den elements (the input's
-// shape when the ratio is 1; ZeRO-1's collectives take flat 1-d buffers).
-class CollectivePrim : public Primitive {
+// shape when the ratio is 1; ZeRO-1's collectives take flat 1-d buffers). Every one is a start but
+// collective_wait (CollectiveStep, autograd/primitive_collective.h: what the scheduler reads).
+class CollectivePrim : public Primitive, public CollectiveStep {
  public:
   CollectivePrim(std::shared_ptr<ProcessGroup> group, int64_t out_num = 1, int64_t out_den = 1)
       : group_(std::move(group)), num_(out_num), den_(out_den) {}
@@ -33,6 +35,7 @@ class CollectivePrim : public Primitive {
   bool differentiable() const override { return false; }
   bool saves_input(size_t) const override { return false; }
   bool equivalent(const Primitive&) const override { return false; }
+  CollectivePhase phase() const override { return CollectivePhase::Start; }
 
  protected:
   std::shared_ptr<ProcessGroup> group_;
@@ -74,6 +77,7 @@ class CollectiveWaitPrim final : public CollectivePrim {
  public:
   CollectiveWaitPrim() : CollectivePrim(nullptr) {}
   std::string_view name() const override { return "collective_wait"; }
+  CollectivePhase phase() const override { return CollectivePhase::Wait; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     std::shared_ptr<Work> work;
     {

@@ -8,6 +8,8 @@
 
 #include <map>
 
+#include "autograd/ops/attrs.h"
+#include "autograd/primitive_collective.h"
 #include "autograd/primitive_multi_tensor.h"
 
 namespace ingot::compiler::passes {
@@ -20,8 +22,8 @@ int32_t source_wait(const Graph& g, int32_t v) {
     const int32_t p = g.values[static_cast<size_t>(v)].producer;
     if (p < 0) return -1;
     const Node& n = g.nodes[static_cast<size_t>(p)];
-    if (n.prim->name() == "collective_wait") return p;
-    const bool passes_through = n.prim->fusion_kind() == FusionKind::View || n.prim->name() == "cast" ||
+    if (is_collective_wait(*n.prim)) return p;
+    const bool passes_through = n.prim->fusion_kind() == FusionKind::View || match<CastAttrs>(*n.prim) ||
                                 n.prim->name() == "clone" || n.prim->name() == "contiguous";
     if (!passes_through || n.inputs.empty()) return -1;
     v = n.inputs[0];

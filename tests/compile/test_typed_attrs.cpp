@@ -6,6 +6,7 @@
 
 #include "autograd/ops.h"
 #include "autograd/ops/attrs.h"
+#include "autograd/primitive_collective.h"
 #include "compile/lower/lowering.h"
 #include "compile/trace/trace.h"
 #include "tests/testing.h"
@@ -88,6 +89,40 @@ TEST(TypedAttrs, EqualityStillSeesEveryDigit) {
   ASSERT_EQ(muls.size(), 3u);
   EXPECT_FALSE(muls[0]->equivalent(*muls[1]));
   EXPECT_TRUE(muls[0]->equivalent(*muls[2]));
+}
+
+// A collective half under a name the compiler has never seen: it declares its phase (autograd/
+// primitive_collective.h), which is all the scheduler reads.
+class NewCollective final : public Primitive, public CollectiveStep {
+ public:
+  explicit NewCollective(CollectivePhase phase) : phase_(phase) {}
+  std::string_view name() const override { return "some_new_collective"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return in; }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return in; }
+  CollectivePhase phase() const override { return phase_; }
+
+ private:
+  CollectivePhase phase_;
+};
+
+TEST(TypedAttrs, TheLoweringReadsWhatOpsDeclareNotTheirNames) {
+  EXPECT_EQ(schedule_class(NewCollective(CollectivePhase::Start)), -1) << "starts go as early as they can";
+  EXPECT_EQ(schedule_class(NewCollective(CollectivePhase::Wait)), 1) << "waits as late";
+  auto fn = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{mul(a[0], 1.0), mul(a[0], 1.0 + 0x1p-52), add(a[0], 0.0), cast(a[0], DType::f32)};
+  };
+  Graph g = trace(fn, {randn({3}, DType::f64)}).graph;
+  const TensorMeta meta{Shape{3}, DType::f64, Device::cpu()};
+  std::vector<const Node*> muls;
+  for (const Node& n : g.nodes)
+    if (n.prim->name() == "mul_scalar") muls.push_back(&n);
+  ASSERT_EQ(muls.size(), 2u);
+  EXPECT_EQ(identity_input(*muls[0]->prim, {meta}, {meta}), 0u) << "x * 1";
+  EXPECT_EQ(identity_input(*muls[1]->prim, {meta}, {meta}), std::nullopt) << "x * (1 + 2^-52)";
+  EXPECT_EQ(identity_input(*only(g, "add_scalar").prim, {meta}, {meta}), 0u) << "x + 0";
+  EXPECT_EQ(schedule_class(*only(g, "add_scalar").prim), 0);
+  EXPECT_TRUE(is_layout_glue(*only(g, "cast").prim));
+  EXPECT_FALSE(is_layout_glue(*only(g, "add_scalar").prim));
 }
 
 }  // namespace

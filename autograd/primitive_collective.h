@@ -1,0 +1,31 @@
+// A collective's half as the compiler sees it: the primitives of distributed/collective_ops.cpp split each
+// collective into a start (issues the communication, returns the buffer being written) and a collective_wait
+// (returns that buffer once it is written), and declare which half they are here, so the scheduler issues starts
+// as early and waits as late as it can (compile/lower/lowering.h: schedule_class) without knowing their names.
+#pragma once
+
+#include "autograd/primitive.h"
+
+namespace ingot {
+
+enum class CollectivePhase { Start, Wait };
+
+class CollectiveStep {
+ public:
+  virtual ~CollectiveStep() = default;
+  virtual CollectivePhase phase() const = 0;
+};
+
+inline const CollectiveStep* as_collective(const Primitive& p) { return dynamic_cast<const CollectiveStep*>(&p); }
+
+// Whether `p` is a collective's start / its wait.
+inline bool is_collective_start(const Primitive& p) {
+  const CollectiveStep* c = as_collective(p);
+  return c && c->phase() == CollectivePhase::Start;
+}
+inline bool is_collective_wait(const Primitive& p) {
+  const CollectiveStep* c = as_collective(p);
+  return c && c->phase() == CollectivePhase::Wait;
+}
+
+}  // namespace ingot
