@@ -16,7 +16,8 @@
 #         bytes per rank; FsdpLaunchOnGpus.*: `ingot launch` zero_stage 3 vs 0 on 2 GPUs); prints each suite's
 #         exit code, the failures and the '[ fsdp nccl ]' memory lines
 #   zero: the price of sharding, GPT-2 124M (bf16 autocast, f32 parameters, 16 x 1024 per GPU) eager on 1 GPU, then
-#         at 2 and 4 GPUs eager DDP, ZeRO-2, ZeRO-3 (resharded after forward, and kept) and compiled DDP / ZeRO-2:
+#         at 2 and 4 GPUs eager DDP, ZeRO-2, ZeRO-3 (resharded after forward, and kept) and compiled DDP / ZeRO-2 /
+#         ZeRO-3 (the units' collectives in the graph):
 #         one '| ingot ...' row each (ms/step, tokens/s per rank, peak memory of rank 0)
 #   fsdp8b: Llama-3-8B-shaped full fine-tune on all GPUs, 2 x 2048 per GPU, bf16 compute over f32 masters, AdamW:
 #         PyTorch FSDP2 eager and + torch.compile per layer (bench/reference/fsdp2_llama.py) and ingot eager ZeRO-3
@@ -176,7 +177,7 @@ if want llama; then
     done
   fi
 fi
-if want zero; then  # the price of sharding: GPT-2 124M, DDP vs ZeRO-2 vs ZeRO-3 (eager), compiled DDP / ZeRO-2 beside
+if want zero; then  # the price of sharding: GPT-2 124M, DDP vs ZeRO-2 vs ZeRO-3, eager and compiled
   gpt2 1 zero_one_1
   for n in 2 4; do
     (( n <= gpus )) || continue
@@ -186,6 +187,7 @@ if want zero; then  # the price of sharding: GPT-2 124M, DDP vs ZeRO-2 vs ZeRO-3
     gpt2 $n zero_z3keep_$n --zero-stage 3 --keep-after-forward
     gpt2 $n zero_ddp_compiled_$n --compile default --timeline
     gpt2 $n zero_z2_compiled_$n --compile default --timeline --zero-stage 2
+    gpt2 $n zero_z3_compiled_$n --compile default --timeline --zero-stage 3
   done
 fi
 if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.compile) vs ingot eager ZeRO-3
