@@ -23,8 +23,9 @@
 #         PyTorch FSDP2 eager and + torch.compile per layer (bench/reference/fsdp2_llama.py) and ingot eager ZeRO-3
 #         (bench_llama_step --zero-stage 3 --params bf16) on the same checkpoint and tokens, one row each in
 #         fsdp2_llama.py's columns with the first 10 losses. The checkpoint (/tmp/ingot-llama8b, ~16 GB) is written
-#         first when missing (minutes: a call of its own; the machine keeps it while warm).
-#         FSDP8B_PARTS picks the runs (default "ingot eager compile").
+#         first when missing (110 s on 4x H200; the machine keeps it while warm). FSDP8B_PARTS picks the runs
+#         (default "ingot eager compile ingot-compiled": 75, 45, 60 s on 4x H200 for the first three, so with the
+#         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default).
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -201,16 +202,17 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
     tail -2 "$out/fsdp8b_make.log"
   fi
   common8="--batch 2 --seq 2048 --steps 10 --warmup 3"
-  for part in ${FSDP8B_PARTS:-ingot eager compile}; do
+  for part in ${FSDP8B_PARTS:-ingot eager compile ingot-compiled}; do
     [[ -f $ck/.complete ]] || { echo "fsdp8b: no checkpoint"; break; }
     want fsdp8b || break
     left=$(( ${DEADLINE:-540} - ($(date +%s) - start) )); t1=$(date +%s)
-    if [[ $part == ingot ]]; then
+    if [[ $part == ingot* ]]; then
+      comp=""; [[ $part == ingot-compiled ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
       timeout $left ingot launch --nproc-per-node gpu --standalone -- bench_llama_step --checkpoint "$ck" \
         --tokens "$tok" --device cuda --dtype bf16 --params bf16 --zero-stage 3 --reduce-dtype f32 $common8 \
-        --losses 10 > "$out/fsdp8b_ingot.log" 2>&1
-      echo "fsdp8b ingot: exit $?, $(( $(date +%s) - t1 )) s"
-      grep -h "^| ingot\|error" "$out/fsdp8b_ingot.log" | tail -3
+        --losses 10 $comp > "$out/fsdp8b_$part.log" 2>&1
+      echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"
+      grep -h "^| ingot\|^compile:\|error" "$out/fsdp8b_$part.log" | tail -4
     else
       timeout $left python3 -m torch.distributed.run --standalone --nproc-per-node $gpus bench/reference/fsdp2_llama.py \
         --config "$cfg8" --checkpoint "$ck" --tokens "$tok" $common8 --modes $part > "$out/fsdp8b_$part.log" 2>&1
