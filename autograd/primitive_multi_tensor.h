@@ -27,9 +27,16 @@ struct MultiTensorKernel {
   double beta1 = 0, beta2 = 0, weight_decay = 0;
 };
 
-class MultiTensorUpdate {
+// An update of several parameters in one primitive: the fuser puts every one of a step in one MultiTensor group
+// (horizontal fusion; compile/lower/lowering.h: is_multi_tensor_update). A MultiTensorUpdate also lowers to one
+// kernel; an update that is only a HorizontalUpdate (SGD's) runs its eager kernel from that group.
+class HorizontalUpdate {
  public:
-  virtual ~MultiTensorUpdate() = default;
+  virtual ~HorizontalUpdate() = default;
+};
+
+class MultiTensorUpdate : public HorizontalUpdate {
+ public:
   virtual size_t tensors() const = 0;
   virtual size_t input_slots() const = 0;
   virtual size_t output_slots() const = 0;
@@ -39,6 +46,8 @@ class MultiTensorUpdate {
   // The kernel for inputs of these dtypes (hyper first), or nullopt with the reason in `why`.
   virtual std::optional<MultiTensorKernel> lower(const std::vector<DType>& input_dtypes, std::string* why) const = 0;
 };
+
+inline bool is_horizontal_update(const Primitive& p) { return dynamic_cast<const HorizontalUpdate*>(&p) != nullptr; }
 
 inline const MultiTensorUpdate* as_multi_tensor_update(const Primitive& p) {
   return dynamic_cast<const MultiTensorUpdate*>(&p);

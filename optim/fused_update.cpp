@@ -67,7 +67,7 @@ class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate {
   kernels::AdamWArgs a_;
 };
 
-class SgdUpdatePrim final : public Primitive {
+class SgdUpdatePrim final : public Primitive, public HorizontalUpdate {
  public:
   SgdUpdatePrim(size_t n, int64_t row, const kernels::SgdArgs& a) : n_(n), row_(row), a_(a) {}
   std::string_view name() const override { return "sgd_update"; }

@@ -2,10 +2,11 @@
 
 #include "autograd/ops/attrs.h"
 #include "autograd/primitive_collective.h"
+#include "autograd/primitive_multi_tensor.h"
 
 namespace ingot::compiler {
 
-bool is_multi_tensor_update(const Primitive& p) { return p.name() == "adamw_update" || p.name() == "sgd_update"; }
+bool is_multi_tensor_update(const Primitive& p) { return is_horizontal_update(p); }
 
 bool is_layout_glue(const Primitive& p) {
   return p.fusion_kind() == FusionKind::View || match<CatAttrs>(p) || match<CastAttrs>(p);

@@ -9,6 +9,7 @@
 #include "autograd/primitive_collective.h"
 #include "compile/lower/lowering.h"
 #include "compile/trace/trace.h"
+#include "optim/fused_update.h"
 #include "tests/testing.h"
 
 namespace ingot::compiler {
@@ -123,6 +124,10 @@ TEST(TypedAttrs, TheLoweringReadsWhatOpsDeclareNotTheirNames) {
   EXPECT_EQ(schedule_class(*only(g, "add_scalar").prim), 0);
   EXPECT_TRUE(is_layout_glue(*only(g, "cast").prim));
   EXPECT_FALSE(is_layout_glue(*only(g, "add_scalar").prim));
+  // The optimizers' updates declare they fuse horizontally (HorizontalUpdate, autograd/primitive_multi_tensor.h).
+  EXPECT_TRUE(is_multi_tensor_update(*optim::make_adamw_update(2, 0, {})));
+  EXPECT_TRUE(is_multi_tensor_update(*optim::make_sgd_update(2, 0, {})));
+  EXPECT_FALSE(is_multi_tensor_update(*only(g, "cast").prim));
 }
 
 }  // namespace
