@@ -163,10 +163,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
     m.register_forward_hook([weak, u, is_root, reshard](const Tensor& out) -> Tensor {
       auto s = weak.lock();
       if (!s || !s->active) return Tensor();
-      if (trace_observer() != nullptr) {
-        fsdp_traced::forward_done(*s, u, grad_enabled() && out.requires_grad());
-        return Tensor();
-      }
+      if (trace_observer() != nullptr) return fsdp_traced::forward_done(weak, u, reshard && !is_root, out);
       Unit& unit = s->units[u];
       // No backward follows a forward without gradients (eval): nothing needs the weights any more.
       if (!grad_enabled() || !out.requires_grad()) {
@@ -184,7 +181,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
   for (size_t i = 0; i < st->params.size(); ++i)
     st->params[i].register_post_accumulate_grad_hook([weak, i](Tensor&) {
       auto s = weak.lock();
-      if (s && s->active && trace_observer() == nullptr) s->on_grad(i);  // traced: synchronize() reduces
+      if (!s || !s->active) return;
+      if (trace_observer() != nullptr) fsdp_traced::on_grad(*s, i);
+      else s->on_grad(i);
     });
 }
 

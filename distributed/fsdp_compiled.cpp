@@ -10,22 +10,26 @@
 //   forward post-hook  the parameters point at the unit's eager storage again (eager code after the trace sees
 //                      the eager layout); the gathered value stays referenced until the unit's gradients are
 //                      reduced, so its storage (the key the saved aliases are matched by) outlives the backward
-//   synchronize()      per unit, last first (the order eager ZeRO-3 issues them in): the parameters' .grad that
-//                      the trace accumulated, flattened and concatenated in the unit's padded layout, cast to
-//                      reduce_dtype, reduce_scatter_unit_start + wait and cast back: this rank's averaged chunk,
-//                      added into the shard's .grad; the whole .grad tensors are dropped (grad none: no whole
-//                      gradient leaves the step)
+//   backward           once every parameter of a unit has its gradient (post-accumulate hooks; synchronize()
+//                      for the units with parameters that got none): the parameters' .grad that the trace
+//                      accumulated, flattened and concatenated in the unit's padded layout, cast to reduce_dtype,
+//                      reduce_scatter_unit_start + wait and cast back: this rank's averaged chunk, added into the
+//                      shard's .grad; the whole .grad tensors are dropped (grad none: no whole gradient leaves
+//                      the step, and the traced run holds no more of them than eager ZeRO-3)
 // The optimizer then updates the shards (or their f32 masters) exactly as after eager ZeRO-3. No parameter is
 // ever read as a graph input: the compiled step's inputs are the shards, never the whole weights, and its only
 // whole weights are the gathered values, which the executor frees after their last reader.
 // reshard_after_forward: the trace records one gather per unit and forward; the gather is marked regather and
 // compile/passes/unit_gathers.cpp gives the backward readers a gather of their own, and orders every unit
 // gather after the previous unit's (prefetch one unit ahead). The root unit (embeddings, final norm, head) is
-// kept from its forward to its backward, as eagerly. The traced (first) step itself keeps every gathered unit
-// until its reduction, as eager ZeRO-3 with reshard_after_forward=false would.
+// kept from its forward to its backward, as eagerly. The traced (first) step itself runs eagerly and holds what
+// eager ZeRO-3 holds: a resharded unit's gathered bytes are freed after its forward and gathered again (a plain
+// collective) by an identity on its output before its backward (fsdp_unit_boundary, which unit_gathers removes
+// from the graph).
 #include "distributed/fsdp_compiled.h"
 
 #include "autograd/ops.h"
+#include "autograd/primitive.h"
 #include "distributed/collective_ops.h"
 #include "distributed/fsdp_state.h"
 
@@ -49,37 +53,114 @@ void gather(State& s, size_t unit, bool regather) {
   }
 }
 
-void forward_done(State& s, size_t unit, bool backward_follows) {
-  State::Unit& u = s.units[unit];
+namespace {
+
+// The traced run's gathered bytes of `u` again (the same values: the shards change only in the optimizer step),
+// in the storage the backward's saved aliases point at, keeping its version (Note [Gathered weights keep their
+// version], fsdp_state.h). A plain collective, not a graph node: the graph has its own gather for the backward.
+void regather_traced(State& s, State::Unit& u) {
+  if (!u.traced.defined() || u.traced.storage()->data) return;
+  Storage& st = *u.traced.storage();
+  const uint64_t version = st.version;
+  st.data = allocator_for(st.device).allocate(st.nbytes);
+  Tensor full = u.traced;
+  s.group->all_gather(full, u.shard)->wait();
+  st.version = version;
+}
+
+// Identity on a resharded unit's output in the traced run: its backward gathers the unit's weights again before
+// any of the unit's own backward ops runs (they all receive their gradients through it), as eager ZeRO-3's
+// boundary does. unit_gathers removes it from the graph, where the backward's gather is a node of its own.
+class UnitBoundaryPrim final : public Primitive, public WithAttrs<UnitCollectiveAttrs> {
+ public:
+  UnitBoundaryPrim(std::weak_ptr<State> state, UnitCollectiveAttrs a)
+      : WithAttrs<UnitCollectiveAttrs>(std::move(a)), state_(std::move(state)) {}
+  std::string_view name() const override { return "fsdp_unit_boundary"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[0]}; }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    return {in[0].as_strided(in[0].shape(), in[0].strides(), in[0].offset())};
+  }
+  std::vector<Tensor> vjp(const VjpContext&, const std::vector<Tensor>& cot) const override {
+    if (auto s = state_.lock(); s && s->active) regather_traced(*s, s->units[static_cast<size_t>(attrs_.unit)]);
+    return {cot[0]};
+  }
+  bool saves_input(size_t) const override { return false; }
+  bool equivalent(const Primitive&) const override { return false; }
+  void print_attrs(std::ostream& os) const override { os << "unit=" << attrs_.name; }
+
+ private:
+  std::weak_ptr<State> state_;
+};
+
+}  // namespace
+
+Tensor forward_done(const std::weak_ptr<State>& state, size_t unit, bool regather, const Tensor& out) {
+  const std::shared_ptr<State> s = state.lock();
+  State::Unit& u = s->units[unit];
   for (size_t k = 0; k < u.plan.params.size(); ++k) {
-    Tensor& p = s.params[u.plan.params[k]];
+    Tensor& p = s->params[u.plan.params[k]];
     p.impl()->storage = u.storage;
     p.impl()->offset = u.plan.offsets[k];
   }
-  if (!backward_follows) u.traced = Tensor();
+  if (!grad_enabled() || !out.requires_grad()) {  // no backward follows (an evaluation inside the step)
+    u.traced = Tensor();
+    return Tensor();
+  }
+  if (!regather) return Tensor();
+  u.traced.storage()->data.reset();  // the traced run holds no more gathered units than eager ZeRO-3
+  UnitCollectiveAttrs attrs{static_cast<int32_t>(unit), u.name, true};
+  return apply(std::make_shared<UnitBoundaryPrim>(state, std::move(attrs)), {out})[0];
+}
+
+namespace {
+
+// Starts unit j's reduction: its parameters' .grad (zeros where none) flattened in the unit's padded layout, cast
+// to reduce_dtype, reduce-scattered (synchronize() waits and adds this rank's averaged chunk into the shard's
+// .grad); the whole .grad tensors are dropped (in the traced run too: no more whole gradients than eagerly).
+void reduce_unit(State& s, size_t j) {
+  State::Unit& u = s.units[j];
+  std::vector<Tensor> parts;
+  int64_t used = 0;
+  for (size_t i : u.plan.params) {
+    Tensor& p = s.params[i];
+    const Tensor g = p.grad();
+    parts.push_back(reshape(g.defined() ? g : zeros(p.shape(), u.dtype, u.device), {p.numel()}));
+    used += p.numel();
+  }
+  if (u.plan.padded_numel > used) parts.push_back(zeros({u.plan.padded_numel - used}, u.dtype, u.device));
+  Tensor flat = parts.size() == 1 ? parts[0] : cat(parts, 0);
+  parts.clear();
+  flat = cast(flat, s.options.reduce_dtype.value_or(u.dtype));  // the tensor itself when already that dtype
+  UnitCollectiveAttrs attrs{static_cast<int32_t>(j), u.name, false};
+  u.traced_reduction = reduce_scatter_unit_start(flat, s.group, std::move(attrs));
+  for (size_t i : u.plan.params) s.params[i].zero_grad();
+  u.traced = Tensor();
+  u.pending = -1;  // reduced this round
+}
+
+}  // namespace
+
+void on_grad(State& s, size_t param) {
+  if (s.ready[param]) return;  // a second gradient of a tied parameter: accumulated into the same .grad
+  s.ready[param] = true;
+  State::Unit& u = s.units[s.unit_of[param]];
+  if (--u.pending == 0) reduce_unit(s, s.unit_of[param]);
 }
 
 void synchronize(State& s) {
+  // Units some of whose parameters got no gradient in this backward: reduced now, last first.
+  for (size_t j = s.units.size(); j-- > 0;)
+    if (s.units[j].pending != -1) reduce_unit(s, j);
+  // The waits, recorded after the whole backward: in trace order after every op of the backward, so the
+  // scheduler (which runs ready waits last, in trace order) never lets one block the compute after its start.
   for (size_t j = s.units.size(); j-- > 0;) {
     State::Unit& u = s.units[j];
-    std::vector<Tensor> parts;
-    int64_t used = 0;
-    for (size_t i : u.plan.params) {
-      Tensor& p = s.params[i];
-      const Tensor g = p.grad();
-      parts.push_back(reshape(g.defined() ? g : zeros(p.shape(), u.dtype, u.device), {p.numel()}));
-      used += p.numel();
-    }
-    if (u.plan.padded_numel > used) parts.push_back(zeros({u.plan.padded_numel - used}, u.dtype, u.device));
-    Tensor flat = parts.size() == 1 ? parts[0] : cat(parts, 0);
-    flat = cast(flat, s.options.reduce_dtype.value_or(u.dtype));  // the tensor itself when already that dtype
-    UnitCollectiveAttrs attrs{static_cast<int32_t>(j), u.name, false};
-    const Tensor avg = cast(collective_wait(reduce_scatter_unit_start(flat, s.group, std::move(attrs))), u.dtype);
+    const Tensor avg = cast(collective_wait(u.traced_reduction), u.dtype);
+    u.traced_reduction = Tensor();
     // Gradient accumulation: every backward reduces, its averages add up in the shard's .grad (as eagerly).
     u.shard.set_grad(u.shard.grad().defined() ? add(u.shard.grad(), avg) : avg);
-    for (size_t i : u.plan.params) s.params[i].zero_grad();
-    u.traced = Tensor();
   }
+  s.reset_round();
 }
 
 }  // namespace ingot::distributed::fsdp_traced

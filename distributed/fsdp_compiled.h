@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "distributed/fsdp.h"
 
@@ -14,10 +15,16 @@ namespace ingot::distributed::fsdp_traced {
 // parameters become views of that value. `regather`: the backward gets a gather of its own
 // (reshard_after_forward; compile/passes/unit_gathers.cpp).
 void gather(FullyShardedDataParallel::State& s, size_t unit, bool regather);
-// A unit's forward ended: its parameters point at the eager storage again; the gathered value is kept (saved
-// for the backward) until synchronize() unless `backward_follows` is false.
-void forward_done(FullyShardedDataParallel::State& s, size_t unit, bool backward_follows);
-// After a backward: each unit's gradients reduce-scattered (last unit first) into its shard's .grad.
+// A unit's forward ended with `out`: its parameters point at the eager storage again, and the gathered value is
+// kept (saved for the backward) until synchronize() when a backward follows. `regather` (reshard_after_forward):
+// the traced run frees the gathered bytes now and gathers them again before the unit's backward, through an
+// identity on `out` (returned; undefined otherwise) that compile/passes/unit_gathers.cpp removes from the graph.
+Tensor forward_done(const std::weak_ptr<FullyShardedDataParallel::State>& state, size_t unit, bool regather,
+                    const Tensor& out);
+// Parameter `param` (model.parameters() order) got its gradient: once all of its unit's did, the unit's
+// gradients are reduce-scattered into its shard's .grad.
+void on_grad(FullyShardedDataParallel::State& s, size_t param);
+// After a backward: the units not reduced yet (parameters without a gradient count as zeros), last first.
 void synchronize(FullyShardedDataParallel::State& s);
 
 }  // namespace ingot::distributed::fsdp_traced

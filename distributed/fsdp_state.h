@@ -30,6 +30,7 @@ struct Unit {
   // Compiled ZeRO-3, while a step is traced: the all-gathered flat weights the parameters are views of until
   // their gradients are reduced (Note [ZeRO-3 in a traced step], fsdp_compiled.cpp); undefined otherwise.
   Tensor traced;
+  Tensor traced_reduction;  // compiled ZeRO-3, while tracing: the started reduce-scatter of this round's gradients
 
   Tensor flat() const {
     auto impl = std::make_shared<TensorImpl>();

@@ -156,12 +156,30 @@ bool order_prefetches(Graph& g) {
   return changed;
 }
 
+// The traced run's unit boundaries (identities whose backward gathered a unit again while tracing) carry the
+// unit's attributes and no collective: every reader reads their input instead.
+bool drop_boundaries(Graph& g) {
+  std::vector<bool> drop(g.nodes.size(), false);
+  bool any = false;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (!match<UnitCollectiveAttrs>(*n.prim) || schedule_class(*n.prim) != 0 || n.inputs.size() != 1 ||
+        n.outputs.size() != 1 || n.inputs[0] < 0)
+      continue;
+    g.replace_uses(n.outputs[0], n.inputs[0]);
+    drop[i] = any = true;
+  }
+  if (any) g.rewrite_nodes({}, drop);
+  return any;
+}
+
 }  // namespace
 
 bool unit_gathers(Graph& g, const UnitGathersOptions&) {
+  const bool dropped = drop_boundaries(g);
   const bool split = split_backward_gathers(g);
   const bool ordered = order_prefetches(g);
-  return split || ordered;
+  return dropped || split || ordered;
 }
 
 }  // namespace ingot::compiler::passes

@@ -22,6 +22,8 @@ struct UnitGathersOptions {
 //     previous window's first reader. A start is scheduled early (schedule_class) but only once its token
 //     exists, and a wait late, so unit k+1's gather is issued when unit k's weights arrived (as unit k begins
 //     to compute) and not before: one unit in flight beyond the one computing.
+// (c) no fsdp_unit_boundary node remains (the traced run's identity that gathered a unit again before its
+//     backward; its readers read its input).
 // A graph without unit gathers is unchanged.
 bool unit_gathers(Graph& g, const UnitGathersOptions& o);
 
