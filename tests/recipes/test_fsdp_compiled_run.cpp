@@ -92,5 +92,29 @@ TEST_F(CompiledFsdpRun, Bf16WithMastersAndKeptUnitsFollowsEager) {
                "bf16 compiled vs eager ZeRO-3", 1e-2);
 }
 
+// `ingot explain` of a ZeRO-3 config under `ingot launch` (2 ranks, 2 blocks): the report lists each unit's
+// collectives (forward gathers, the blocks' gathers again for backward, one reduce-scatter per unit) and what each
+// overlaps.
+TEST_F(CompiledFsdpRun, ExplainListsTheUnitsCollectivesAndWhatTheyOverlap) {
+  Result r = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" explain tiny.yaml distributed.zero_stage=3 "
+                "compile.cache_dir=" + path("cache"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* want : {"collectives: ", "all_gather of unit root (weights for forward)",
+                           "all_gather of unit transformer.h.1 (weights for forward, resharded after it)",
+                           "all_gather of unit transformer.h.0 (weights again for backward)",
+                           "reduce_scatter of unit transformer.h.1 (its gradients)", "reduce_scatter of unit root"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  // Block 0's backward gather is prefetched while block 1's backward computes; block 1's reduce-scatter overlaps
+  // block 0's backward.
+  const size_t g = r.output.find("all_gather of unit transformer.h.0 (weights again for backward)");
+  ASSERT_NE(g, std::string::npos);
+  const std::string line = r.output.substr(g, r.output.find('\n', g) - g);
+  EXPECT_NE(line.find("overlaps"), std::string::npos) << line;
+  EXPECT_NE(line.find("transformer.h.1 backward"), std::string::npos) << line;
+  const size_t rs = r.output.find("reduce_scatter of unit transformer.h.1");
+  EXPECT_NE(r.output.substr(rs, r.output.find('\n', rs) - rs).find("transformer.h.0 backward"), std::string::npos)
+      << r.output;
+}
+
 }  // namespace
 }  // namespace ingot::recipes
