@@ -157,8 +157,8 @@ inline distributed::DdpOptions ddp_options(double bucket_cap_mb, const std::stri
 }
 
 // The data parallelism of a benchmark step: DistributedDataParallel (DDP, ZeRO-1, ZeRO-2) or, at zero_stage 3,
-// FullyShardedDataParallel (eager or traced into a compiled step), optionally with f32 master copies of 16-bit parameters (or shards) that
-// the optimizer updates (what `ingot run` does with dtype bf16).
+// FullyShardedDataParallel (eager or traced into a compiled step), optionally with f32 master copies of 16-bit
+// parameters (or shards) that the optimizer updates (what `ingot run` does with dtype bf16).
 struct DataParallelStep {
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
   std::unique_ptr<distributed::FullyShardedDataParallel> fsdp;
