@@ -14,7 +14,8 @@
 #   memory: INGOT_LOGS=memory for GPT-2 default mode on 1 and 2 GPUs (what is alive at the peak)
 #   fsdp: the eager ZeRO-2/3 tests on NCCL (FsdpOnGpus.*: vs one GPU and DDP, reshard on/off, f32/bf16 reduction,
 #         bytes per rank; FsdpLaunchOnGpus.*: `ingot launch` zero_stage 3 vs 0 on 2 GPUs); prints each suite's
-#         exit code, the failures and the '[ fsdp nccl ]' memory lines
+#         exit code, the failures and the '[ fsdp nccl ]' memory lines; CompiledFsdpOnGpus.*: compiled ZeRO-3 vs eager
+#         (tests/gpu/test_fsdp_compiled_gpu.cpp: reshard on/off, f32/bf16 reduction, bf16 masters, reduce-overhead)
 #   zero: the price of sharding, GPT-2 124M (bf16 autocast, f32 parameters, 16 x 1024 per GPU) eager on 1 GPU, then
 #         at 2 and 4 GPUs eager DDP, ZeRO-2, ZeRO-3 (resharded after forward, and kept) and compiled DDP / ZeRO-2 /
 #         ZeRO-3 (the units' collectives in the graph):
@@ -64,9 +65,9 @@ if want tests; then
 fi
 
 if want fsdp; then  # eager ZeRO-2/3 on NCCL (tests/gpu/test_fsdp_multi_gpu.cpp)
-  for f in 'FsdpOnGpus.*' 'FsdpLaunchOnGpus.*'; do
+  for f in 'FsdpOnGpus.*' 'FsdpLaunchOnGpus.*' 'CompiledFsdpOnGpus.*'; do
     log="$out/test_${f%%.*}.log"
-    (cd $src && INGOT_CRASH_BACKTRACE=1 timeout 400 ingot_tests --gtest_filter="$f" > "$log" 2>&1); echo "== $f: exit $?"
+    (cd $src && INGOT_CRASH_BACKTRACE=1 timeout 600 ingot_tests --gtest_filter="$f" > "$log" 2>&1); echo "== $f: exit $?"
     grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|^\[       OK|^\[ fsdp|Failure|Expected|Which is|error" "$log" | head -40
   done
 fi
