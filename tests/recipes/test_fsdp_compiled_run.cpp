@@ -92,6 +92,25 @@ TEST_F(CompiledFsdpRun, Bf16WithMastersAndKeptUnitsFollowsEager) {
                "bf16 compiled vs eager ZeRO-3", 1e-2);
 }
 
+// Full fine-tuning of the tiny Llama 3 fixture (its HF checkpoint read shard-wise into the shards, DecoderBlock
+// units): compiled ZeRO-3 follows eager ZeRO-3 on 2 ranks and exports its HF weights from the shards.
+TEST_F(CompiledFsdpRun, LlamaFullFinetuneFollowsEager) {
+  const std::string src = INGOT_SOURCE_DIR;
+  const std::string cfg = "'" + src + "/configs/llama_full_finetune.yaml' device=cpu max_steps=4 train.log_every=1 "
+                          "model.path=" + src + "/tests/fixtures/hf/llama3_tiny tokenizer.path=" + src +
+                          "/tests/fixtures/data/tokenizer data.path=" + src + "/tests/fixtures/data/kjv_instruct.jsonl "
+                          "logging.plot=false train.eval_every=0 distributed.zero_stage=3";
+  Result eager = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" run " + cfg + " output_dir=eager");
+  ASSERT_EQ(eager.exit_code, 0) << eager.output;
+  Result comp = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" run " + cfg + " output_dir=comp" + compiled());
+  ASSERT_EQ(comp.exit_code, 0) << comp.output;
+  EXPECT_NE(comp.output.find("the slices of its shards only"), std::string::npos) << comp.output;
+  EXPECT_NE(comp.output.find("compile | 1 graph(s), 0 break(s), 0 recompile(s)"), std::string::npos) << comp.output;
+  expect_close(train_losses(path("comp/metrics.jsonl")), train_losses(path("eager/metrics.jsonl")),
+               "Llama full fine-tune: compiled vs eager ZeRO-3");
+  EXPECT_TRUE(std::ifstream(path("comp/hf/config.json")).good()) << comp.output;
+}
+
 // `ingot explain` of a ZeRO-3 config under `ingot launch` (2 ranks, 2 blocks): the report lists each unit's
 // collectives (forward gathers, the blocks' gathers again for backward, one reduce-scatter per unit) and what each
 // overlaps.
