@@ -37,8 +37,28 @@ namespace ingot::distributed::fsdp_traced {
 
 using State = FullyShardedDataParallel::State;
 
+namespace {
+
+// The traced run's gathered bytes of `u` again (the same values: the shards change only in the optimizer step),
+// in the storage the backward's saved aliases point at, keeping its version (Note [Gathered weights keep their
+// version], fsdp_state.h). A plain collective, not a graph node: the graph has its own gather for the backward.
+void regather_traced(State& s, State::Unit& u) {
+  if (!u.traced.defined() || u.traced.storage()->data) return;
+  Storage& st = *u.traced.storage();
+  const uint64_t version = st.version;
+  st.data = allocator_for(st.device).allocate(st.nbytes);
+  Tensor full = u.traced;
+  s.group->all_gather(full, u.shard)->wait();
+  st.version = version;
+}
+
+}  // namespace
+
 void gather(State& s, size_t unit, bool regather) {
   State::Unit& u = s.units[unit];
+  // A second forward of the unit before its reduction (two forwards, one backward) reads the same gathered value,
+  // whose bytes the first forward's end freed in the traced run.
+  if (u.traced.defined()) regather_traced(s, u);
   if (!u.traced.defined()) {
     UnitCollectiveAttrs attrs{static_cast<int32_t>(unit), u.name, regather};
     u.traced = collective_wait(all_gather_unit_start(u.shard, s.group, std::move(attrs)));
@@ -54,19 +74,6 @@ void gather(State& s, size_t unit, bool regather) {
 }
 
 namespace {
-
-// The traced run's gathered bytes of `u` again (the same values: the shards change only in the optimizer step),
-// in the storage the backward's saved aliases point at, keeping its version (Note [Gathered weights keep their
-// version], fsdp_state.h). A plain collective, not a graph node: the graph has its own gather for the backward.
-void regather_traced(State& s, State::Unit& u) {
-  if (!u.traced.defined() || u.traced.storage()->data) return;
-  Storage& st = *u.traced.storage();
-  const uint64_t version = st.version;
-  st.data = allocator_for(st.device).allocate(st.nbytes);
-  Tensor full = u.traced;
-  s.group->all_gather(full, u.shard)->wait();
-  st.version = version;
-}
 
 // Identity on a resharded unit's output in the traced run: its backward gathers the unit's weights again before
 // any of the unit's own backward ops runs (they all receive their gradients through it), as eager ZeRO-3's

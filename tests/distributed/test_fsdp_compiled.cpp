@@ -50,6 +50,7 @@ struct Setup {
   int steps = 4;
   CompileBackend backend = CompileBackend::Auto;
   bool eager_first = false;  // the first step eagerly (the optimizer state exists before the compiled call traces)
+  bool one_backward = false;  // the micro-batches' losses summed and differentiated once (two forwards, one backward)
 
   // Chainable: run(Mode::Compiled3).keep_after_forward().reduce_in(DType::bf16).
   Setup& keep_after_forward() { reshard = false; return *this; }
@@ -58,6 +59,7 @@ struct Setup {
   Setup& for_steps(int n) { steps = n; return *this; }
   Setup& node_by_node() { backend = CompileBackend::Eager; return *this; }
   Setup& first_step_eager() { eager_first = true; return *this; }
+  Setup& summed_before_backward() { one_backward = true; return *this; }
 };
 Setup run(Mode m) {
   Setup s;
@@ -120,7 +122,16 @@ Trained train(const DistributedContext& ctx, const Setup& s, const std::string& 
                      optim::AdamWOptions{3e-3, 0.9, 0.95, 1e-8, 0.1});
     auto step = [&](const std::vector<Tensor>& b) {
       Tensor total;
-      for (int m = 0; m < s.micro; ++m) {
+      if (s.one_backward) {
+        for (int m = 0; m < s.micro; ++m) {
+          Tensor l = model.loss(b[2 * m], b[2 * m + 1]) * weights[static_cast<size_t>(m)];
+          total = total.defined() ? total + l : l;
+        }
+        total.backward();
+        if (fsdp) fsdp->synchronize();
+        total = total.detach();
+      }
+      for (int m = 0; m < (s.one_backward ? 0 : s.micro); ++m) {
         Tensor l = model.loss(b[2 * m], b[2 * m + 1]) * weights[static_cast<size_t>(m)];
         if (ddp && m + 1 < s.micro) {
           auto guard = ddp->no_sync();
@@ -308,8 +319,9 @@ TEST(CompiledFsdp, FourRanksTrainLikeEagerZeroThreeDdpAndOneProcess) {
   expect_ranks_pass(spawn_ranks(o));
 }
 
-// Gradient accumulation (each micro-batch's backward reduce-scatters, the averages add up in the shards' .grad)
-// and reduce_dtype bf16 (the unit's gradient rounded before its reduce-scatter), against eager ZeRO-3.
+// Gradient accumulation (each micro-batch's backward reduce-scatters, the averages add up in the shards' .grad),
+// two forwards before one backward (the traced run gathers a resharded unit's bytes again for the second), and
+// reduce_dtype bf16 (the unit's gradient rounded before its reduce-scatter), against eager ZeRO-3.
 TEST(CompiledFsdp, AccumulationAndBf16ReductionFollowEagerZeroThree) {
   if (is_rank_process()) {
     auto ctx = init_distributed(quick_init());
@@ -317,6 +329,11 @@ TEST(CompiledFsdp, AccumulationAndBf16ReductionFollowEagerZeroThree) {
     const Trained eager2 = train(ctx, run(Mode::Eager3).micro_batches(2), cache);
     const Trained comp2 = train(ctx, run(Mode::Compiled3).micro_batches(2), cache);
     expect_same_training(comp2, eager2, 1e-4, "two micro-batches: compiled vs eager ZeRO-3");
+    // Two forwards before one backward: each unit's weights are read by both forwards and gathered once for them.
+    const Trained eager_sum = train(ctx, run(Mode::Eager3).micro_batches(2).summed_before_backward(), cache);
+    const Trained comp_sum = train(ctx, run(Mode::Compiled3).micro_batches(2).summed_before_backward(), cache);
+    expect_same_training(comp_sum, eager_sum, 1e-4, "two forwards, one backward: compiled vs eager ZeRO-3");
+    expect_same_training(comp_sum, eager2, 1e-4, "two forwards, one backward vs a backward each");
     EXPECT_EQ(count(comp2.stats.last_graph, "= reduce_scatter_start("), 2 * comp2.units) << "one per unit and backward";
     const Trained f32 = train(ctx, run(Mode::Eager3), cache);
     const Trained eager_bf = train(ctx, run(Mode::Eager3).reduce_in(DType::bf16), cache);
