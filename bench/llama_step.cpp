@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/nn/layers.h"
 #include "bench/step_bench.h"
 #include "compile/api.h"
 #include "distributed/bootstrap.h"
@@ -151,7 +152,14 @@ int main(int argc, char** argv) try {
   INGOT_CHECK(hf.arch == models::HFConfig::Arch::Llama, "bench_llama_step: ", a.config,
               ": model_type must be llama, mistral or qwen2, got ", hf.model_type);
   if (a.layers > 0) hf.llama.num_hidden_layers = a.layers;
-  std::shared_ptr<models::CausalLM> model = models::make_causal_lm(hf);
+  std::shared_ptr<models::CausalLM> model;
+  {
+    // A checkpoint writes every parameter (ZeRO-3: its shards' slices): built undrawn in the parameters' dtype
+    // (Note [Parameters made to be overwritten]); random weights otherwise, drawn in f32.
+    std::optional<nn::SkipInit> skip;
+    if (!a.checkpoint.empty()) skip.emplace(bf16_params ? DType::bf16 : DType::f32);
+    model = models::make_causal_lm(hf);
+  }
   if (bf16_params) model->to(DType::bf16);  // on the CPU first: the device never holds the f32 model
   // ZeRO-3 reads its shards' slices after wrapping; anything else loads the whole checkpoint here.
   std::unique_ptr<models::HFSliceReader> slices;

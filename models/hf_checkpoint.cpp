@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "autograd/nn/layers.h"
 #include "autograd/nn/lora.h"
 #include "runtime/file_util.h"
 #include "runtime/safetensors.h"
@@ -274,8 +275,12 @@ HFModel load_hf_model(const std::string& dir, DType dtype) {
               "load_hf_model: dtype must be f32, bf16, f16 or f64, got ", dtype_name(dtype));
   HFModel m;
   m.config = load_hf_config(dir);
-  m.model = make_causal_lm(m.config);
-  if (dtype != DType::f32) m.model->to(dtype);
+  {
+    // Note [Parameters made to be overwritten]: built in `dtype`, undrawn; load_hf_weights writes every parameter.
+    nn::SkipInit skip(dtype);
+    m.model = make_causal_lm(m.config);
+  }
+  if (dtype != DType::f32) m.model->to(dtype);  // buffers (RoPE tables) and anything a model made itself
   load_hf_weights(*m.model, m.config, dir);
   m.model->eval();  // as transformers' from_pretrained
   return m;

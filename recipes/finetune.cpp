@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "autograd/nn/layers.h"
 #include "models/hf_checkpoint.h"
 #include "models/peft.h"
 #include "models/qlora.h"
@@ -218,6 +219,7 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   models::HFModel hf;
   if (shard_wise) {
     hf.config = models::load_hf_config(s.model.path);
+    nn::SkipInit skip(DType::f32);  // Note [Parameters made to be overwritten]: the slices or a resume fill them
     hf.model = models::make_causal_lm(hf.config);
   } else {
     // LoRA loads straight into the compute dtype: the frozen base never exists in f32 (on the device that would

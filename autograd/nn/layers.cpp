@@ -2,12 +2,38 @@
 
 #include <cmath>
 
+#include "runtime/rng.h"
+
 namespace ingot::nn {
 namespace {
 
-Tensor normal_init(const Shape& shape, double std) { return randn(shape, DType::f32, Device::cpu(), 0.0, std); }
+thread_local const SkipInit* t_skip_init = nullptr;
+
+// Note [Parameters made to be overwritten]: an uninitialized parameter in place of a drawn one, the generator
+// advanced as the draw would have advanced it.
+Tensor skipped_draw(const Shape& shape) {
+  default_generator(Device::cpu()).reserve(static_cast<uint64_t>(numel(shape)));
+  return empty(shape, t_skip_init->dtype());
+}
+
+Tensor normal_init(const Shape& shape, double std) {
+  if (t_skip_init) return skipped_draw(shape);
+  return randn(shape, DType::f32, Device::cpu(), 0.0, std);
+}
+Tensor uniform_init(const Shape& shape, double bound) {
+  if (t_skip_init) return skipped_draw(shape);
+  return rand(shape, DType::f32, Device::cpu(), -bound, bound);
+}
+Tensor filled(const Shape& shape, double value) {
+  if (t_skip_init) return empty(shape, t_skip_init->dtype());
+  return value == 0.0 ? zeros(shape) : ones(shape);
+}
 
 }  // namespace
+
+SkipInit::SkipInit(DType dtype) : dtype_(dtype), outer_(t_skip_init) { t_skip_init = this; }
+SkipInit::~SkipInit() { t_skip_init = outer_; }
+const SkipInit* SkipInit::active() { return t_skip_init; }
 
 // Linear ---------------------------------------------------------------------------------------------------
 
@@ -17,12 +43,12 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, std::option
               " out=", out_features);
   if (init_std) {
     weight_ = register_parameter("weight", normal_init({out_, in_}, *init_std));
-    if (bias) bias_ = register_parameter("bias", zeros({out_}));
+    if (bias) bias_ = register_parameter("bias", filled({out_}, 0.0));
   } else {
     // PyTorch's kaiming_uniform_(a=sqrt(5)) reduces to U(-1/sqrt(in), 1/sqrt(in)); the bias uses the same bound.
     double bound = 1.0 / std::sqrt(static_cast<double>(in_));
-    weight_ = register_parameter("weight", rand({out_, in_}, DType::f32, Device::cpu(), -bound, bound));
-    if (bias) bias_ = register_parameter("bias", rand({out_}, DType::f32, Device::cpu(), -bound, bound));
+    weight_ = register_parameter("weight", uniform_init({out_, in_}, bound));
+    if (bias) bias_ = register_parameter("bias", uniform_init({out_}, bound));
   }
 }
 
@@ -44,14 +70,14 @@ Tensor Embedding::forward(const Tensor& ids) { return embedding(weight_, ids); }
 
 LayerNorm::LayerNorm(int64_t dim, double eps, bool affine) : eps_(eps) {
   if (affine) {
-    weight_ = register_parameter("weight", ones({dim}));
-    bias_ = register_parameter("bias", zeros({dim}));
+    weight_ = register_parameter("weight", filled({dim}, 1.0));
+    bias_ = register_parameter("bias", filled({dim}, 0.0));
   }
 }
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight_, bias_, eps_); }
 
-RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) { weight_ = register_parameter("weight", ones({dim})); }
+RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) { weight_ = register_parameter("weight", filled({dim}, 1.0)); }
 
 Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight_, eps_); }
 
