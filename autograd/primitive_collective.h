@@ -9,11 +9,14 @@
 namespace ingot {
 
 enum class CollectivePhase { Start, Wait };
+// What a start communicates (a wait communicates nothing: None).
+enum class CollectiveOp { None, AllReduce, ReduceScatter, AllGather };
 
 class CollectiveStep {
  public:
   virtual ~CollectiveStep() = default;
   virtual CollectivePhase phase() const = 0;
+  virtual CollectiveOp op() const { return CollectiveOp::None; }
 };
 
 inline const CollectiveStep* as_collective(const Primitive& p) { return dynamic_cast<const CollectiveStep*>(&p); }
@@ -26,6 +29,11 @@ inline bool is_collective_start(const Primitive& p) {
 inline bool is_collective_wait(const Primitive& p) {
   const CollectiveStep* c = as_collective(p);
   return c && c->phase() == CollectivePhase::Wait;
+}
+// Whether `p` starts an all-gather (ZeRO-1's parameter gather, a ZeRO-3 unit's weights).
+inline bool is_all_gather_start(const Primitive& p) {
+  const CollectiveStep* c = as_collective(p);
+  return c && c->phase() == CollectivePhase::Start && c->op() == CollectiveOp::AllGather;
 }
 
 }  // namespace ingot

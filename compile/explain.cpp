@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "autograd/ops/attrs.h"
+#include "autograd/primitive_collective.h"
 #include "compile/ir/graph.h"
 #include "compile/lower/lowering.h"
 
@@ -38,13 +39,13 @@ std::vector<std::string> describe_collectives(const Graph& g) {
       if (v >= 0) readers[static_cast<size_t>(v)].push_back(static_cast<int32_t>(i));
   auto wait_of = [&](size_t s) -> int32_t {
     for (int32_t r : readers[static_cast<size_t>(g.nodes[s].outputs[0])])
-      if (g.nodes[static_cast<size_t>(r)].prim->name() == "collective_wait") return r;
+      if (is_collective_wait(*g.nodes[static_cast<size_t>(r)].prim)) return r;
     return -1;
   };
   // Which unit's weights each node reads (through the views of a unit gather's result).
   for (size_t s = 0; s < n; ++s) {
     const UnitCollectiveAttrs* a = match<UnitCollectiveAttrs>(*g.nodes[s].prim);
-    if (!a || g.nodes[s].prim->name() != "all_gather_start") continue;
+    if (!a || !is_all_gather_start(*g.nodes[s].prim)) continue;
     const int32_t w = wait_of(s);
     if (w < 0) continue;
     std::vector<int32_t> work{g.nodes[static_cast<size_t>(w)].outputs[0]};
@@ -80,9 +81,11 @@ std::vector<std::string> describe_collectives(const Graph& g) {
     line << "op " << s << ": " << kind;
     if (const UnitCollectiveAttrs* a = match<UnitCollectiveAttrs>(*start.prim)) {
       line << " of unit " << a->name;
-      if (kind == "all_gather") line << (start.forward ? " (weights for forward" : " (weights again for backward")
-                                     << (a->regather && start.forward ? ", resharded after it)" : ")");
-      else line << " (its gradients)";
+      if (is_all_gather_start(*start.prim))
+        line << (start.forward ? " (weights for forward" : " (weights again for backward")
+             << (a->regather && start.forward ? ", resharded after it)" : ")");
+      else
+        line << " (its gradients)";
     } else {
       line << " of " << value_meta_str(g, start.inputs[0]);
     }

@@ -60,6 +60,7 @@ class AllReduceStartPrim final : public CollectivePrim {
  public:
   using CollectivePrim::CollectivePrim;
   std::string_view name() const override { return "all_reduce_start"; }
+  CollectiveOp op() const override { return CollectiveOp::AllReduce; }
   std::optional<size_t> reusable_input() const override { return 0; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return start(in[0].clone_raw()); }
   std::vector<Tensor> eval_into(const std::vector<Tensor>&, const Tensor& into) const override { return start(into); }
@@ -102,6 +103,7 @@ class ReduceScatterStartPrim : public CollectivePrim {
  public:
   explicit ReduceScatterStartPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, 1, g->size()) {}
   std::string_view name() const override { return "reduce_scatter_start"; }
+  CollectiveOp op() const override { return CollectiveOp::ReduceScatter; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     Tensor flat = in[0].contiguous_raw();
     Tensor out = empty({flat.numel() / group_->size()}, flat.dtype(), flat.device());
@@ -115,6 +117,7 @@ class AllGatherStartPrim : public CollectivePrim {
  public:
   explicit AllGatherStartPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, g->size(), 1) {}
   std::string_view name() const override { return "all_gather_start"; }
+  CollectiveOp op() const override { return CollectiveOp::AllGather; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     Tensor chunk = in[0].contiguous_raw();
     Tensor out = empty({chunk.numel() * group_->size()}, chunk.dtype(), chunk.device());

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/dtype.h"
+#include "runtime/shape.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -49,6 +50,16 @@ struct PermuteAttrs {
 struct CatAttrs {
   int64_t dim;
 };
+// shape.cpp: reshape and expand, each to `shape` (the output's shape).
+struct ReshapeAttrs {
+  Shape shape;
+};
+struct ExpandAttrs {
+  Shape shape;
+};
+// pointwise.cpp clone and shape.cpp contiguous: a dense copy of the input. Nothing to hold; what the compiler
+// matches (a copy passes a value through unchanged) is the struct itself.
+struct CopyAttrs {};
 // norm.cpp: layer_norm (centered) and rms_norm; weight / bias: whether the op was given them.
 struct NormAttrs {
   bool centered;

@@ -245,6 +245,8 @@ std::optional<MatmulFlags> matmul_flags(const Primitive& p) {
   return m->flags();
 }
 
+bool is_linear(const Primitive& p) { return dynamic_cast<const LinearPrim*>(&p) != nullptr; }
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
   INGOT_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: operands must have at least 1 dim, got ",
               shape_str(a.shape()), " and ", shape_str(b.shape()));

@@ -28,5 +28,7 @@ struct MatmulFlags {
 };
 // The trans flags of a matmul primitive, or nullopt when `p` is not one.
 std::optional<MatmulFlags> matmul_flags(const Primitive& p);
+// Whether `p` is linear's primitive (x [M, K], w [N, K], optional b [N]; autograd/ops.h: linear).
+bool is_linear(const Primitive& p);
 
 }  // namespace ingot

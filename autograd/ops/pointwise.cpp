@@ -260,8 +260,9 @@ class ToDevicePrim final : public Primitive {
   Device to_;
 };
 
-class ClonePrim final : public Primitive, public KernelLowering {
+class ClonePrim final : public Primitive, public WithAttrs<CopyAttrs>, public KernelLowering {
  public:
+  ClonePrim() : WithAttrs({}) {}
   std::string_view name() const override { return "clone"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[0]}; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return {in[0].clone_raw()}; }

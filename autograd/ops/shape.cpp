@@ -69,28 +69,26 @@ Shape infer_reshape(const Shape& from, Shape to, const char* op) {
   return to;
 }
 
-class ReshapePrim final : public Primitive {
+class ReshapePrim final : public Primitive, public WithAttrs<ReshapeAttrs> {
  public:
-  explicit ReshapePrim(Shape shape) : shape_(std::move(shape)) {}
+  explicit ReshapePrim(Shape shape) : WithAttrs({std::move(shape)}) {}
   std::string_view name() const override { return "reshape"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    return {{shape_, in[0].dtype, in[0].device}};
+    return {{attrs_.shape, in[0].dtype, in[0].device}};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     const Tensor& x = in[0];
-    if (auto st = view_strides(x.shape(), x.strides(), shape_)) return {x.as_strided(shape_, *st, x.offset())};
+    const Shape& to = attrs_.shape;
+    if (auto st = view_strides(x.shape(), x.strides(), to)) return {x.as_strided(to, *st, x.offset())};
     Tensor c = x.clone_raw();
-    return {c.as_strided(shape_, contiguous_strides(shape_), c.offset())};
+    return {c.as_strided(to, contiguous_strides(to), c.offset())};
   }
   bool saves_input(size_t) const override { return false; }
   FusionKind fusion_kind() const override { return FusionKind::View; }
-  void print_attrs(std::ostream& os) const override { os << "shape=" << shape_str(shape_); }
+  void print_attrs(std::ostream& os) const override { os << "shape=" << shape_str(attrs_.shape); }
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     return {reshape(g[0], c.input_meta[0].shape)};
   }
-
- private:
-  Shape shape_;
 };
 
 class PermutePrim final : public Primitive, public WithAttrs<PermuteAttrs> {
@@ -193,27 +191,25 @@ std::vector<Tensor> SlicePrim::vjp(const VjpContext& c, const std::vector<Tensor
   return {apply1(std::make_shared<SliceBackwardPrim>(c.input_meta[0].shape, spec_), {g[0]})};
 }
 
-class ExpandPrim final : public Primitive {
+class ExpandPrim final : public Primitive, public WithAttrs<ExpandAttrs> {
  public:
-  explicit ExpandPrim(Shape shape) : shape_(std::move(shape)) {}
+  explicit ExpandPrim(Shape shape) : WithAttrs({std::move(shape)}) {}
   std::string_view name() const override { return "expand"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    return {{shape_, in[0].dtype, in[0].device}};
+    return {{attrs_.shape, in[0].dtype, in[0].device}};
   }
-  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return {in[0].expand_raw(shape_)}; }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return {in[0].expand_raw(attrs_.shape)}; }
   bool saves_input(size_t) const override { return false; }
   FusionKind fusion_kind() const override { return FusionKind::View; }
-  void print_attrs(std::ostream& os) const override { os << "shape=" << shape_str(shape_); }
+  void print_attrs(std::ostream& os) const override { os << "shape=" << shape_str(attrs_.shape); }
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     return {sum_to_shape(g[0], c.input_meta[0].shape)};
   }
-
- private:
-  Shape shape_;
 };
 
-class ContiguousPrim final : public Primitive, public KernelLowering {
+class ContiguousPrim final : public Primitive, public WithAttrs<CopyAttrs>, public KernelLowering {
  public:
+  ContiguousPrim() : WithAttrs({}) {}
   std::string_view name() const override { return "contiguous"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[0]}; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return {in[0].clone_raw()}; }

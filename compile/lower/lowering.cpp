@@ -38,9 +38,8 @@ std::optional<size_t> identity_input(const Primitive& p, const std::vector<Tenso
     if (u->op == UnaryOp::AddScalar && u->alpha == 0.0) return 0;  // +0 and -0
     return std::nullopt;
   }
-  // Ops with no attributes to match: a copy, or a view to the same shape (a no-op).
-  const std::string_view n = p.name();
-  if (n == "clone" || n == "contiguous" || n == "reshape" || n == "expand") return 0;
+  // A copy, or a view to the same shape (a no-op).
+  if (match<CopyAttrs>(p) || match<ReshapeAttrs>(p) || match<ExpandAttrs>(p)) return 0;
   return std::nullopt;
 }
 

@@ -1,9 +1,8 @@
 // What the passes ask of ops: which ops fuse horizontally, where the scheduler places them, which are layout glue,
-// which are identities. Read from what an op declares (its typed attributes, Note [Typed attributes]; a
-// collective's phase, autograd/primitive_collective.h; an optimizer's HorizontalUpdate, autograd/
-// primitive_multi_tensor.h) and by name only for ops that declare nothing of the kind (clone, contiguous, reshape,
-// expand). How an op maps to a kernel expression is the op's own (Note [Ops lower themselves],
-// autograd/kernel_lowering.h).
+// which are identities. Read from what an op declares, never its name: its typed attributes (Note [Typed
+// attributes]; clone and contiguous declare CopyAttrs, reshape and expand their shape), a collective's phase
+// (autograd/primitive_collective.h), an optimizer's HorizontalUpdate (autograd/primitive_multi_tensor.h). How an
+// op maps to a kernel expression is the op's own (Note [Ops lower themselves], autograd/kernel_lowering.h).
 #pragma once
 
 #include <optional>

@@ -9,6 +9,7 @@
 
 #include <map>
 
+#include "autograd/ops/attrs.h"
 #include "autograd/ops/index_fused.h"
 
 namespace ingot::compiler::passes {
@@ -19,7 +20,8 @@ bool accumulate_index_add(Graph& g, const AccumulateIndexAddOptions&) {
   std::vector<bool> drop(g.nodes.size(), false);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& add = g.nodes[i];
-    if (add.prim->name() != "add" || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
+    const BinaryAttrs* b = match<BinaryAttrs>(*add.prim);
+    if (!b || b->op != kernels::BinaryOp::Add || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
     const Value& out = g.values[static_cast<size_t>(add.outputs[0])];
     for (int k = 0; k < 2; ++k) {
       const int32_t scattered = add.inputs[static_cast<size_t>(k)], base = add.inputs[static_cast<size_t>(1 - k)];

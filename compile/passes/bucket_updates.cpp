@@ -23,8 +23,8 @@ int32_t source_wait(const Graph& g, int32_t v) {
     if (p < 0) return -1;
     const Node& n = g.nodes[static_cast<size_t>(p)];
     if (is_collective_wait(*n.prim)) return p;
-    const bool passes_through = n.prim->fusion_kind() == FusionKind::View || match<CastAttrs>(*n.prim) ||
-                                n.prim->name() == "clone" || n.prim->name() == "contiguous";
+    const bool passes_through =
+        n.prim->fusion_kind() == FusionKind::View || match<CastAttrs>(*n.prim) || match<CopyAttrs>(*n.prim);
     if (!passes_through || n.inputs.empty()) return -1;
     v = n.inputs[0];
   }

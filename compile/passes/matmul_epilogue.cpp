@@ -45,7 +45,8 @@ bool fuse_matmul_epilogues(Graph& g, const MatmulEpilogueOptions& o) {
   std::vector<bool> drop(g.nodes.size(), false);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& gelu = g.nodes[i];
-    if (gelu.prim->name() != "gelu_tanh_grad" || gelu.outputs.size() != 1) continue;
+    const BinaryAttrs* grad = match<BinaryAttrs>(*gelu.prim);
+    if (!grad || grad->op != kernels::BinaryOp::GeluTanhGrad || gelu.outputs.size() != 1) continue;
     const int32_t pre = gelu.inputs[0], out = gelu.outputs[0];
     const Value& pv = g.values[static_cast<size_t>(pre)];
     if (!cpu_too && !pv.device.is_cuda()) continue;
@@ -53,7 +54,7 @@ bool fuse_matmul_epilogues(Graph& g, const MatmulEpilogueOptions& o) {
     // dh = [reshape](matmul(a, b)), each read only here.
     int32_t dh = gelu.inputs[1];
     const Node* p = producer(dh);
-    if (p && p->prim->name() == "reshape" && uses[static_cast<size_t>(dh)] == 1) {
+    if (p && match<ReshapeAttrs>(*p->prim) && uses[static_cast<size_t>(dh)] == 1) {
       dh = p->inputs[0];
       p = producer(dh);
     }
@@ -68,7 +69,7 @@ bool fuse_matmul_epilogues(Graph& g, const MatmulEpilogueOptions& o) {
     if (with_dbias) {
       for (size_t r : readers[static_cast<size_t>(out)]) {
         const Node& rn = g.nodes[r];
-        if (rn.prim->name() != "reshape" || shape(rn.outputs[0]) != ms) continue;
+        if (!match<ReshapeAttrs>(*rn.prim) || shape(rn.outputs[0]) != ms) continue;
         for (size_t s : readers[static_cast<size_t>(rn.outputs[0])]) {
           const Node& sn = g.nodes[s];
           const ReduceAttrs* r = match<ReduceAttrs>(*sn.prim);
@@ -98,14 +99,15 @@ bool fuse_matmul_epilogues(Graph& g, const MatmulEpilogueOptions& o) {
   // replaces the linear, which runs first; the GELU's readers all come after the GELU, so after the linear too.
   for (size_t i = 0; forward_gelu && i < g.nodes.size(); ++i) {
     const Node& gelu = g.nodes[i];
-    if (gelu.prim->name() != "gelu_tanh" || gelu.outputs.size() != 1 || replace.count(i)) continue;
+    const UnaryAttrs* act = match<UnaryAttrs>(*gelu.prim);
+    if (!act || act->op != kernels::UnaryOp::GeluTanh || gelu.outputs.size() != 1 || replace.count(i)) continue;
     int32_t pre = gelu.inputs[0];
     const Node* p = producer(pre);
-    if (p && p->prim->name() == "reshape") {
+    if (p && match<ReshapeAttrs>(*p->prim)) {
       pre = p->inputs[0];
       p = producer(pre);
     }
-    if (!p || p->prim->name() != "linear" || p->inputs.size() != 3 || p->inputs[2] < 0) continue;
+    if (!p || !is_linear(*p->prim) || p->inputs.size() != 3 || p->inputs[2] < 0) continue;
     const Value& pv = g.values[static_cast<size_t>(pre)];
     if (!cpu_too && !pv.device.is_cuda()) continue;
     if (pv.dtype != DType::bf16 && pv.dtype != DType::f16 && pv.dtype != DType::f32) continue;
@@ -137,10 +139,10 @@ bool fuse_matmul_epilogues(Graph& g, const MatmulEpilogueOptions& o) {
     std::shared_ptr<Primitive> wide;
     if (eager_column_sum(g, *p)) {
       wide = widened_sum(*p->prim);
-    } else if (p->prim->name() == "matmul" && (cpu_too || pv.device.is_cuda()) &&
-               (pv.dtype == DType::bf16 || pv.dtype == DType::f16) && p->prim->differentiable()) {
-      if (const std::optional<MatmulFlags> mf = matmul_flags(*p->prim))
-        wide = make_matmul_widened(mf->trans_a, mf->trans_b);
+    } else if (const std::optional<MatmulFlags> mf = matmul_flags(*p->prim);
+               mf && (cpu_too || pv.device.is_cuda()) && (pv.dtype == DType::bf16 || pv.dtype == DType::f16) &&
+               p->prim->differentiable()) {
+      wide = make_matmul_widened(mf->trans_a, mf->trans_b);
     }
     if (!wide) continue;
     Node widened = *p;

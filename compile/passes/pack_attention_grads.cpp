@@ -35,7 +35,7 @@ bool pack_attention_grads(Graph& g, const PackAttentionGradsOptions&) {
     for (size_t k = 0; k < 3; ++k) {
       const int32_t piece = cat.inputs[k];
       const Node* reshape = single_use(piece) ? producer(piece) : nullptr;
-      if (!reshape || reshape->prim->name() != "reshape" || !single_use(reshape->inputs[0])) break;
+      if (!reshape || !match<ReshapeAttrs>(*reshape->prim) || !single_use(reshape->inputs[0])) break;
       const Node* permute = producer(reshape->inputs[0]);
       const PermuteAttrs* perm = permute ? match<PermuteAttrs>(*permute->prim) : nullptr;
       if (!perm || perm->dims != std::vector<int64_t>{0, 2, 1, 3} || !single_use(permute->inputs[0])) break;

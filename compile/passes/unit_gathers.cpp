@@ -6,13 +6,14 @@
 #include <map>
 
 #include "autograd/ops/attrs.h"
+#include "autograd/primitive_collective.h"
 #include "compile/lower/lowering.h"
 
 namespace ingot::compiler::passes {
 namespace {
 
 const UnitCollectiveAttrs* unit_gather(const Node& n) {
-  if (n.prim->name() != "all_gather_start") return nullptr;
+  if (!is_all_gather_start(*n.prim)) return nullptr;
   return match<UnitCollectiveAttrs>(*n.prim);
 }
 
@@ -33,7 +34,7 @@ Window window_of(const Graph& g, int32_t start, const std::vector<std::vector<in
   w.in_closure.assign(g.values.size(), false);
   const int32_t out = g.nodes[static_cast<size_t>(start)].outputs[0];
   for (int32_t r : readers[static_cast<size_t>(out)])
-    if (g.nodes[static_cast<size_t>(r)].prim->name() == "collective_wait") w.wait = r;
+    if (is_collective_wait(*g.nodes[static_cast<size_t>(r)].prim)) w.wait = r;
   if (w.wait < 0) return w;
   const bool fwd = g.nodes[static_cast<size_t>(start)].forward;
   w.in_closure[static_cast<size_t>(g.nodes[static_cast<size_t>(w.wait)].outputs[0])] = true;

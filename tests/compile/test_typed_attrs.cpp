@@ -7,7 +7,10 @@
 #include "autograd/ops.h"
 #include "autograd/ops/attrs.h"
 #include "autograd/primitive_collective.h"
+#include "compile/graph_checks.h"
 #include "compile/lower/lowering.h"
+#include "compile/passes/passes.h"
+#include "compile/step_fixture.h"
 #include "compile/trace/trace.h"
 #include "optim/fused_update.h"
 #include "tests/testing.h"
@@ -96,14 +99,16 @@ TEST(TypedAttrs, EqualityStillSeesEveryDigit) {
 // primitive_collective.h), which is all the scheduler reads.
 class NewCollective final : public Primitive, public CollectiveStep {
  public:
-  explicit NewCollective(CollectivePhase phase) : phase_(phase) {}
+  explicit NewCollective(CollectivePhase phase, CollectiveOp op = CollectiveOp::None) : phase_(phase), op_(op) {}
   std::string_view name() const override { return "some_new_collective"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return in; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return in; }
   CollectivePhase phase() const override { return phase_; }
+  CollectiveOp op() const override { return op_; }
 
  private:
   CollectivePhase phase_;
+  CollectiveOp op_;
 };
 
 TEST(TypedAttrs, TheLoweringReadsWhatOpsDeclareNotTheirNames) {
@@ -128,6 +133,78 @@ TEST(TypedAttrs, TheLoweringReadsWhatOpsDeclareNotTheirNames) {
   EXPECT_TRUE(is_multi_tensor_update(*optim::make_adamw_update(2, 0, {})));
   EXPECT_TRUE(is_multi_tensor_update(*optim::make_sgd_update(2, 0, {})));
   EXPECT_FALSE(is_multi_tensor_update(*only(g, "cast").prim));
+}
+
+// An op under a name no pass knows that declares `of`'s attributes and otherwise behaves as `of`: a pass that
+// reads what ops declare treats it as `of`; one that compares names passes it by.
+template <class A>
+class Renamed final : public Primitive, public WithAttrs<A> {
+ public:
+  Renamed(std::shared_ptr<Primitive> of, A a) : WithAttrs<A>(std::move(a)), of_(std::move(of)) {}
+  std::string_view name() const override { return "renamed"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return of_->infer(in); }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return of_->eval(in); }
+  bool differentiable() const override { return of_->differentiable(); }
+  bool saves_input(size_t i) const override { return of_->saves_input(i); }
+  FusionKind fusion_kind() const override { return of_->fusion_kind(); }
+
+ private:
+  std::shared_ptr<Primitive> of_;
+};
+
+template <class A>
+bool rename_if(Node& n) {
+  const A* a = match<A>(*n.prim);
+  if (!a) return false;
+  n.prim = std::make_shared<Renamed<A>>(n.prim, *a);
+  return true;
+}
+
+// Every add, GELU, GELU gradient, reshape, expand, clone and contiguous of a GPT-2 step renamed: the passes that
+// matched those names (accumulate_index_add, matmul_epilogue, pack_attention_grads) rewrite as many nodes as on
+// the step as traced, and the lowering still takes copies and same-shape views for identities.
+TEST(TypedAttrs, ThePassesReadWhatOpsDeclareNotTheirNames) {
+  auto [ids, tgt] = testing::repeating_batch(2, 8);
+  manual_seed(13);
+  auto fn = testing::loss_and_grads(testing::tiny_gpt2());
+  Graph g = trace(fn, {ids, tgt}).graph;
+  int renamed = 0;
+  for (Node& n : g.nodes) {
+    const BinaryAttrs* b = match<BinaryAttrs>(*n.prim);
+    const UnaryAttrs* u = match<UnaryAttrs>(*n.prim);
+    if (b && (b->op == kernels::BinaryOp::Add || b->op == kernels::BinaryOp::GeluTanhGrad))
+      renamed += rename_if<BinaryAttrs>(n);
+    else if (u && u->op == kernels::UnaryOp::GeluTanh)
+      renamed += rename_if<UnaryAttrs>(n);
+    else
+      renamed += rename_if<ReshapeAttrs>(n) || rename_if<ExpandAttrs>(n) || rename_if<CopyAttrs>(n);
+  }
+  ASSERT_GT(renamed, 0);
+  const int layers = 2;
+  ASSERT_EQ(count_nodes(g, "gelu_tanh_grad") + count_nodes(g, "gelu_tanh") + count_nodes(g, "add") +
+                count_nodes(g, "reshape"),
+            0);
+  ASSERT_TRUE(passes::accumulate_index_add(g, {})) << "add";
+  EXPECT_EQ(count_nodes(g, "index_add_accumulate"), 1);
+  ASSERT_TRUE(passes::pack_attention_grads(g, {})) << "reshape";
+  EXPECT_EQ(count_nodes(g, "attention_bwd_packed"), layers);
+  ASSERT_TRUE(passes::fuse_matmul_epilogues(g, {.cpu_too = true, .with_dbias = true}));
+  EXPECT_EQ(count_nodes(g, "matmul_dgelu"), layers) << "gelu_tanh_grad, reshape";
+  EXPECT_EQ(count_nodes(g, "linear_gelu"), layers) << "gelu_tanh, reshape, linear";
+  passes::dce(g, {});
+  g.verify();
+
+  const TensorMeta meta{Shape{2, 3}, DType::f32, Device::cpu()};
+  const Renamed<CopyAttrs> copy(nullptr, {});
+  const Renamed<ReshapeAttrs> view(nullptr, {{2, 3}});
+  const Renamed<ExpandAttrs> expanded(nullptr, {{2, 3}});
+  for (const Primitive* p : std::initializer_list<const Primitive*>{&copy, &view, &expanded})
+    EXPECT_EQ(identity_input(*p, {meta}, {meta}), 0u) << "a copy, a view to the same shape";
+  // A unit's gather is found by what it starts (explain.cpp, unit_gathers.cpp).
+  EXPECT_TRUE(is_all_gather_start(NewCollective(CollectivePhase::Start, CollectiveOp::AllGather)));
+  EXPECT_FALSE(is_all_gather_start(NewCollective(CollectivePhase::Start, CollectiveOp::ReduceScatter)));
+  EXPECT_FALSE(is_all_gather_start(NewCollective(CollectivePhase::Wait)));
+  EXPECT_TRUE(is_collective_wait(NewCollective(CollectivePhase::Wait)));
 }
 
 }  // namespace
