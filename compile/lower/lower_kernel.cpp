@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "autograd/kernel_lowering.h"
+#include "autograd/ops/attrs.h"
 #include "autograd/primitive_multi_tensor.h"
 
 namespace ingot::compiler {
@@ -212,7 +213,7 @@ std::optional<LoweredGroup> lower_parameter_casts(const Graph& g, const FusionGr
   const DType to = g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(fg.nodes[0])].outputs[0])].dtype;
   for (int32_t n : fg.nodes) {
     const Node& node = g.nodes[static_cast<size_t>(n)];
-    if (node.prim->name() != "cast" || g.values[static_cast<size_t>(node.outputs[0])].dtype != to ||
+    if (!match<CastAttrs>(*node.prim) || g.values[static_cast<size_t>(node.outputs[0])].dtype != to ||
         g.values[static_cast<size_t>(node.inputs[0])].dtype != DType::f32) {
       if (why) *why = "a multi-tensor group of casts with mixed dtypes";
       return std::nullopt;
@@ -229,7 +230,7 @@ std::optional<LoweredGroup> lower_parameter_casts(const Graph& g, const FusionGr
 }  // namespace
 
 std::optional<LoweredGroup> lower_group(const Graph& g, const FusionGroup& fg, std::string* why) {
-  if (fg.kind == GroupKind::MultiTensor && g.nodes[static_cast<size_t>(fg.nodes[0])].prim->name() == "cast")
+  if (fg.kind == GroupKind::MultiTensor && match<CastAttrs>(*g.nodes[static_cast<size_t>(fg.nodes[0])].prim))
     return lower_parameter_casts(g, fg, why);
   if (fg.kind == GroupKind::MultiTensor) return lower_update(g, fg, why);
   LoweredGroup lg;

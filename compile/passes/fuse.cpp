@@ -33,7 +33,7 @@ namespace {
 // small kernels of 1-7 us (0.5 ms on an H100 for 124M parameters). As one multi-tensor kernel they are one pass over
 // the parameters. Only casts that would be singleton groups anyway (every reader opaque) are taken.
 bool parameter_cast(const Graph& g, const std::vector<std::vector<int32_t>>& readers, const Node& n) {
-  if (n.prim->name() != "cast" || n.outputs.size() != 1) return false;
+  if (!match<CastAttrs>(*n.prim) || n.outputs.size() != 1) return false;
   const Value& in = g.values[static_cast<size_t>(n.inputs[0])];
   const Value& out = g.values[static_cast<size_t>(n.outputs[0])];
   if (in.producer >= 0 || in.dtype != DType::f32 || !in.device.is_cuda() ||

@@ -8,6 +8,7 @@
 #include "autograd/ops/attrs.h"
 #include "autograd/primitive_collective.h"
 #include "compile/graph_checks.h"
+#include "compile/lower/lower_kernel.h"
 #include "compile/lower/lowering.h"
 #include "compile/passes/passes.h"
 #include "compile/step_fixture.h"
@@ -205,6 +206,32 @@ TEST(TypedAttrs, ThePassesReadWhatOpsDeclareNotTheirNames) {
   EXPECT_FALSE(is_all_gather_start(NewCollective(CollectivePhase::Start, CollectiveOp::ReduceScatter)));
   EXPECT_FALSE(is_all_gather_start(NewCollective(CollectivePhase::Wait)));
   EXPECT_TRUE(is_collective_wait(NewCollective(CollectivePhase::Wait)));
+}
+
+// Note [Parameter casts] with the casts renamed: fuse still makes them one multi-tensor group on CUDA and the
+// lowering still takes that group for parameter casts (compile/passes/fuse.cpp, compile/lower/lower_kernel.cpp).
+TEST(TypedAttrs, ParameterCastsAreFoundByTheirAttributesNotTheirName) {
+  Tensor x = randn({8, 16}), w1 = randn({16, 16}), w2 = randn({16, 16});
+  auto fn = [&](const std::vector<Tensor>& a) {
+    Tensor h = matmul(cast(a[0], DType::bf16), cast(w1, DType::bf16));
+    return std::vector<Tensor>{matmul(h, cast(w2, DType::bf16))};
+  };
+  Graph g = trace(fn, {x}).graph;
+  for (Node& n : g.nodes) rename_if<CastAttrs>(n);
+  ASSERT_EQ(count_nodes(g, "cast"), 0);
+  for (Value& v : g.values) v.device = Device::cuda(0);
+  passes::fuse(g, {passes::pass_target(g)});
+  g.verify();
+  const FusionGroup* multi = nullptr;
+  for (const FusionGroup& fg : g.groups)
+    if (fg.kind == GroupKind::MultiTensor) multi = &fg;
+  ASSERT_NE(multi, nullptr) << g.str();
+  EXPECT_EQ(multi->nodes.size(), 3u);
+  std::string why;
+  const std::optional<LoweredGroup> lg = lower_group(g, *multi, &why);
+  ASSERT_TRUE(lg.has_value()) << why;
+  EXPECT_EQ(lg->spec.name, "cast_params");
+  EXPECT_EQ(lg->tensors, 3u);
 }
 
 }  // namespace
