@@ -2,7 +2,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -25,6 +24,7 @@
 #include "recipes/data_parallel.h"
 #include "recipes/metrics.h"
 #include "recipes/prefetch.h"
+#include "recipes/progress_meter.h"
 #include "recipes/run_outputs.h"
 #include "recipes/sharded_checkpoint.h"
 #include "recipes/train_state.h"
@@ -172,10 +172,6 @@ std::string optimizer_line(const optim::OptimizerSpec& spec, const std::vector<T
   return line + (sharded ? " on this rank\n" : "\n");
 }
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 // Where ranks other than 0 send their progress lines.
 class NullStream : public std::ostream {
  public:
@@ -206,19 +202,6 @@ double evaluate(TrainTask& task, DataParallel* dp) {
   }
   task.model->train();
   return v;
-}
-
-// "40 steps in 0:11", "1 step in 0:01"; a resumed run says which steps this process ran and the total:
-// "steps 21-40 in 0:05 (40 steps in 0:11 in all)"; a finished run resumed: "no step left (40 steps in 0:11)".
-std::string done_steps_text(int64_t steps, int64_t start_step, double this_s, double total_s) {
-  auto count = [](int64_t n) { return std::to_string(n) + (n == 1 ? " step" : " steps"); };
-  if (start_step == 0) return count(steps) + " in " + format_duration(total_s);
-  const std::string all = count(steps) + " in " + format_duration(total_s);
-  if (steps == start_step) return "no step left to train (" + all + ")";
-  const std::string range = steps == start_step + 1 ? "step " + std::to_string(steps)
-                                                     : "steps " + std::to_string(start_step + 1) + "-" +
-                                                           std::to_string(steps);
-  return range + " in " + format_duration(this_s) + " (" + all + " in all)";
 }
 
 void log_compile_stats(const CompiledFunction& compiled, TrainSummary& r, std::ostream& log) {
@@ -475,10 +458,16 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   const double peak = task.flops_per_token > 0 ? peak_flops(run.device.is_cuda(), run.dtype != DType::f32,
                                                             run.peak_tflops)
                                                : 0;
-  double window_loss = 0, train_s = 0;
-  double first_step_s = 0;  // this process's first step: with compile.enabled it traces and compiles
-  int64_t window_steps = 0, window_peak = 0, run_peak = 0, saved_step = start_step;
-  Clock::time_point window_start = Clock::now();
+  int64_t saved_step = start_step;
+  ProgressMeter meter({.start_step = start_step,
+                       .max_steps = run.max_steps,
+                       .log_every = o.log_every,
+                       .tokens_per_step = tokens_per_step,
+                       .flops_per_token = task.flops_per_token,
+                       .peak_flops = peak,
+                       .compiled = compiled.has_value(),
+                       .earlier_train_s = st.train_s},
+                      outputs.get(), log);
 
   // Where the data stands after the batches of the steps done so far: the live position runs one step
   // ahead once the next batch is prefetched (Note [Prefetching the next batch], prefetch.h).
@@ -498,7 +487,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     t.first_loss = r.first_loss;
     t.best_loss = r.best_loss;
     t.last_loss = r.final_loss;
-    t.train_s = st.train_s + train_s;
+    t.train_s = meter.total_train_s();
     if (scaler) {
       t.loss_scale = scaler->scale();
       t.loss_scale_growth_tracker = scaler->growth_tracker();
@@ -598,7 +587,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     }
   } set_aside{outputs.get(), saved_step};
   for (int64_t step = start_step; step < run.max_steps; ++step) {
-    Clock::time_point step_start = Clock::now();
+    meter.begin_step();
     alloc.reset_peak();
     if (outputs) outputs->begin_step(step + 1);
     double lr = sched.at(step);
@@ -617,54 +606,16 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     if (dp) l = dp->mean(l);  // each rank's loss is the mean over its equal share of the global batch
     INGOT_CHECK(std::isfinite(l), "training diverged: the loss is ", l, " at step ", step + 1, " (lr ", lr,
                 "); lower train.lr or set train.grad_clip");
-    double step_s = seconds_since(step_start);
-    train_s += step_s;
-    if (step == start_step) first_step_s = step_s;
+    meter.stop_clock();
     const double grad_norm = out.size() > 1 ? out[1].item() : compiled ? -1 : host_grad_norm;
     const int64_t step_peak = alloc.stats().peak_allocated_bytes;
-    window_peak = std::max(window_peak, step_peak);
-    run_peak = std::max(run_peak, step_peak);
     if (outputs) outputs->end_step(step + 1);
     if (step == 0) r.first_loss = l;
     r.final_loss = l;
     r.best_loss = std::min(r.best_loss, l);
     r.steps = step + 1;
-    window_loss += l;
-    ++window_steps;
-
-    const double rate = tokens_per_step / std::max(step_s, 1e-9);
-    nlohmann::ordered_json rec;
-    rec["kind"] = "train";
-    rec["step"] = step + 1;
-    rec["loss"] = l;
-    rec["lr"] = lr;
-    rec["grad_norm"] = grad_norm >= 0 ? nlohmann::ordered_json(grad_norm) : nlohmann::ordered_json();
-    rec["tokens"] = static_cast<int64_t>(tokens_per_step) * (step + 1);
-    rec["tokens_per_s"] = rate;
-    rec["mfu"] = peak > 0 ? nlohmann::ordered_json(rate * task.flops_per_token / peak) : nlohmann::ordered_json();
-    rec["peak_memory_bytes"] = step_peak;
-    rec["time_s"] = st.train_s + train_s;
-    if (outputs) outputs->log_train(rec.dump(), step + 1, l, lr, grad_norm, rate);
-
-    bool last = step + 1 == run.max_steps;
-    if (step == start_step || (step + 1) % o.log_every == 0 || last) {
-      double window_rate =
-          tokens_per_step * static_cast<double>(window_steps) / std::max(seconds_since(window_start), 1e-9);
-      // A compiled run's first step traces and compiles; its time says nothing about the steps to come.
-      const double timed_steps = static_cast<double>(step + 1 - start_step) - (compiled ? 1 : 0);
-      const double timed_s = train_s - (compiled ? first_step_s : 0);
-      const double eta =
-          timed_steps > 0 ? timed_s / timed_steps * static_cast<double>(run.max_steps - step - 1) : (last ? 0 : -1);
-      double window_mfu = peak > 0 ? window_rate * task.flops_per_token / peak : -1;
-      log << progress_line(step + 1, run.max_steps, window_loss / static_cast<double>(window_steps), lr, grad_norm,
-                           window_rate, window_mfu, static_cast<double>(window_peak), eta)
-          << "\n"
-          << std::flush;
-      window_loss = 0;
-      window_steps = 0;
-      window_peak = 0;
-      window_start = Clock::now();
-    }
+    meter.log_step({.step = step + 1, .loss = l, .lr = lr, .grad_norm = grad_norm, .peak_memory_bytes = step_peak});
+    const bool last = step + 1 == run.max_steps;
     if (task.evaluate && o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
       double v = evaluate(task, dp.get());
       if (outputs) outputs->log_eval(step + 1, v);
@@ -683,16 +634,11 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     }
     if (dp) maybe_kill_for_test(dp->rank(), step + 1);
     if (task.halt_after_steps > 0 && step + 1 - start_step >= task.halt_after_steps) {
-      r.train_s = train_s;
+      r.train_s = meter.this_process_s();
       return r;
     }
   }
-  r.train_s = st.train_s + train_s;
-  const int64_t run_steps = r.steps - start_step;
-  if (run_steps > 0) {
-    r.tokens_per_s = tokens_per_step * static_cast<double>(run_steps) / std::max(train_s, 1e-9);
-    if (peak > 0) r.mfu = *r.tokens_per_s * task.flops_per_token / peak;
-  }
+  meter.summarize(r);
 
   if (task.evaluate) {
     r.val_loss = evaluate(task, dp.get());
@@ -702,7 +648,8 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
                   task.eval_description.c_str(), r.final_loss);
     log << buf;
   }
-  r.peak_memory_bytes = std::max(run_peak, alloc.stats().peak_allocated_bytes);  // the steps' and the eval's
+  // The steps' peak and the eval's.
+  r.peak_memory_bytes = std::max(meter.peak_memory_bytes(), alloc.stats().peak_allocated_bytes);
   if (compiled) log_compile_stats(*compiled, r, log);
 
   // Final artifacts hold f32 weights: in bf16 mode the masters hold the precise values.
@@ -764,12 +711,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   outputs->finish(r);
   write_summary(r, (fs::path(run.output_dir) / "summary.json").string());
 
-  log << "done | " << done_steps_text(r.steps, start_step, train_s, r.train_s) << " | loss ";
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "%.3f -> %.3f | %s tok/s | saved %s\n", r.first_loss, r.final_loss,
-                r.tokens_per_s ? format_count(*r.tokens_per_s).c_str() : "-",
-                r.checkpoints.empty() ? "-" : r.checkpoints.front().c_str());
-  log << buf << std::flush;
+  meter.log_done(r);
   return r;
 }
 
