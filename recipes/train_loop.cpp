@@ -20,13 +20,13 @@
 #include "optim/mixed_precision.h"
 #include "optim/optimizer.h"
 #include "recipes/checkpoint.h"
+#include "recipes/checkpoint_io.h"
 #include "recipes/compiled_step.h"
 #include "recipes/data_parallel.h"
 #include "recipes/metrics.h"
 #include "recipes/prefetch.h"
 #include "recipes/progress_meter.h"
 #include "recipes/run_outputs.h"
-#include "recipes/sharded_checkpoint.h"
 #include "recipes/train_state.h"
 #include "runtime/allocator.h"
 #include "runtime/file_util.h"
@@ -271,25 +271,9 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     scaler = std::make_unique<optim::LossScaler>(optim::LossScalerOptions{.init_scale = o.init_loss_scale});
   const optim::OptimizerSpec spec = optimizer_spec(o);
 
-  // ZeRO-1/2/3 resume through a stand-in optimizer over the whole parameters (what the checkpoint holds), before
-  // DDP or FSDP cuts its shards from the loaded weights; the stand-in's state is then scattered into the shards.
-  // ZeRO-2/3 resuming from a sharded checkpoint reads only this rank's slices instead (after wrapping).
-  TrainState st;
-  std::map<std::string, Tensor> full_opt_state;
-  std::vector<Tensor> full_masters;
-  std::optional<ShardedCheckpoint> shards;
-  if (dp && dp->zero_stage() >= 2 && !run.resume_checkpoint.empty() && is_sharded_checkpoint(run.resume_checkpoint)) {
-    shards = ShardedCheckpoint::open(run.resume_checkpoint);
-    // ZeRO-2 keeps the weights whole on every rank; ZeRO-3 reads its shards of them after wrapping.
-    st = load_sharded_model_state(*shards, model, task.params, /*load_trained=*/dp->zero_stage() == 2);
-  } else if (sharded && !run.resume_checkpoint.empty()) {
-    std::unique_ptr<optim::MasterWeights> m;
-    if (run.dtype != DType::f32) m = std::make_unique<optim::MasterWeights>(task.params);
-    std::unique_ptr<optim::Optimizer> stand_in = optim::make_optimizer(m ? m->master() : task.params, spec);
-    st = load_training_checkpoint(run.resume_checkpoint, model, *stand_in, m.get());
-    full_opt_state = stand_in->state_dict();
-    if (m) full_masters = m->master();
-  }
+  // Resuming ZeRO-1/2/3 reads part of the checkpoint while the parameters are still whole (checkpoint_io.h).
+  CheckpointIO checkpoints(run, task, dp.get(), spec, log);
+  checkpoints.read_before_wrap();
   // Shard-wise weights (TrainTask::weight_slices) on a fresh start: ZeRO-3 ranks read their shards' slices after
   // wrapping (nothing to broadcast); anything else reads every parameter whole before.
   const bool load_slices = task.weight_slices && run.resume_checkpoint.empty();
@@ -339,22 +323,9 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   r.best_loss = std::numeric_limits<double>::infinity();
 
   // Resume before anything is written: a corrupt checkpoint leaves the run directory as it was.
+  checkpoints.attach(opt, masters.get());
+  const TrainState st = checkpoints.resume();
   if (!run.resume_checkpoint.empty()) {
-    if (shards) {
-      dp->load_shards(*shards, model, opt, masters ? masters->master() : std::vector<Tensor>{});
-    } else if (sharded) {
-      opt.load_state_dict(dp->scatter_optimizer_state(full_opt_state));
-      if (masters) {
-        NoGradGuard no_grad;
-        std::vector<Tensor> chunks = dp->scatter_to_chunks(full_masters);
-        for (size_t i = 0; i < chunks.size(); ++i) {
-          Tensor dst = masters->master()[i];
-          dst.copy_(chunks[i]);
-        }
-      }
-    } else {
-      st = load_training_checkpoint(run.resume_checkpoint, model, opt, masters.get());
-    }
     restore_rng(st.rng);
     if (scaler && st.loss_scale > 0) scaler->restore(st.loss_scale, st.loss_scale_growth_tracker);
     task.set_data_position(st.sampler_position);
@@ -496,37 +467,6 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     t.config = run.config_entries;
     return t;
   };
-  // Rank 0 writes; under ZeRO-1 every rank first takes part in gathering the sharded optimizer state
-  // (Note [ZeRO-1 checkpoints hold the full optimizer state], data_parallel.cpp). Under ZeRO-2/3 every rank
-  // writes its own slices (recipes/sharded_checkpoint.h).
-  auto save_checkpoint = [&](int64_t step, double lr) -> std::string {
-    if (!sharded) {
-      if (!is_main) return checkpoint_path(run.output_dir, step);
-      return save_training_checkpoint(run.output_dir, model, opt, masters.get(), make_state(step, lr));
-    }
-    if (dp->zero_stage() >= 2)
-      return dp->save_sharded_checkpoint(run.output_dir, step, model, opt.state_dict(),
-                                         masters ? masters->master() : std::vector<Tensor>{},
-                                         train_state_json(make_state(step, lr)));
-    std::map<std::string, Tensor> state = dp->gather_optimizer_state(opt.state_dict());
-    std::vector<Tensor> gathered_masters;
-    if (masters) gathered_masters = dp->gather_to_params(masters->master());
-    if (!is_main) return checkpoint_path(run.output_dir, step);
-    std::unique_ptr<optim::MasterWeights> m;
-    if (masters) {
-      NoGradGuard no_grad;
-      m = std::make_unique<optim::MasterWeights>(task.params);
-      for (size_t i = 0; i < gathered_masters.size(); ++i) {
-        Tensor dst = m->master()[i];
-        dst.copy_(gathered_masters[i]);
-      }
-    }
-    std::unique_ptr<optim::Optimizer> stand_in = optim::make_optimizer(m ? m->master() : task.params, spec);
-    stand_in->load_state_dict(state);
-    std::string path = save_training_checkpoint(run.output_dir, model, *stand_in, m.get(), make_state(step, lr));
-    return path;
-  };
-
   // One step's micro-batches on the host (inputs, targets per micro-batch) and, under data parallelism with
   // a token-weighted loss, each micro-batch's weight (one collective, in the same order on every rank).
   auto draw_batch = [&] {
@@ -552,24 +492,6 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   };
   BatchPrefetcher prefetch(run.device);
 
-  // Checkpoints past this run's starting point belong to an earlier run in the same output_dir (which
-  // resolve_run lets a fresh run replace only with overwrite_output_dir) or to a future this run has
-  // replaced (resume_from an older step). They go once this run has a checkpoint of its own, or has finished
-  // when it writes none, and the log names each one.
-  bool stale_removed = false;
-  auto remove_stale = [&](const std::string& own) {
-    if (!is_main || stale_removed) return;
-    stale_removed = true;
-    std::error_code rm;
-    for (const auto& [old_step, old_path] : list_checkpoints(run.output_dir)) {
-      if (old_step <= start_step || old_path == own) continue;
-      fs::remove_all(old_path, rm);
-      INGOT_CHECK(!rm, "cannot remove checkpoint '", old_path, "': ", rm.message());
-      log << "checkpoint | removed " << old_path << " ("
-          << (start_step > 0 ? "past the resumed step " + std::to_string(start_step) : "an earlier run's; overwrite_output_dir")
-          << ")\n";
-    }
-  };
   std::error_code ec;
   // Note [Failed runs leave no metrics past their last checkpoint]: a resume continues from the checkpoint,
   // so the steps after it would be logged twice (and a fresh failed run has no model for them at all). When
@@ -624,13 +546,8 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
       log << buf << std::flush;
     }
     if (run.save_every > 0 && ((step + 1) % run.save_every == 0 || last)) {
-      std::string path = save_checkpoint(step + 1, lr);
+      checkpoints.save(make_state(step + 1, lr));
       saved_step = step + 1;
-      remove_stale(path);
-      if (is_main) prune_checkpoints(run.output_dir, run.keep_last);
-      // No rank goes on (or can die) before the checkpoint is complete: a restarted job resumes from it.
-      if (dp) dp->barrier();
-      log << "checkpoint | step " << step + 1 << " | " << path << "\n" << std::flush;
     }
     if (dp) maybe_kill_for_test(dp->rank(), step + 1);
     if (task.halt_after_steps > 0 && step + 1 - start_step >= task.halt_after_steps) {
@@ -659,7 +576,8 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     std::string error;
     if (is_main) {
       try {
-        if (start_step == 0) remove_stale("");  // a fresh run with overwrite_output_dir that saved no checkpoint
+        // A fresh run with overwrite_output_dir that saved no checkpoint.
+        if (start_step == 0) checkpoints.remove_stale("");
         fs::create_directories(run.output_dir, ec);
         INGOT_CHECK(!ec, "cannot create output_dir '", run.output_dir, "': ", ec.message());
       } catch (const std::exception& e) {
@@ -702,7 +620,8 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
       for (size_t i = 0; i < task.params.size(); ++i) task.params[i].copy_(precise[i]);
     }
     if (!is_main) return r;  // rank 0 writes the run's artifacts
-    if (start_step == 0) remove_stale("");  // a fresh run with overwrite_output_dir that saved no checkpoint
+    // A fresh run with overwrite_output_dir that saved no checkpoint.
+    if (start_step == 0) checkpoints.remove_stale("");
     fs::create_directories(run.output_dir, ec);
     INGOT_CHECK(!ec, "cannot create output_dir '", run.output_dir, "': ", ec.message());
     r.checkpoints = task.save_final();
