@@ -14,20 +14,19 @@
 #include <system_error>
 
 #include "compile/explain.h"
-#include "optim/clip.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/mixed_precision.h"
 #include "optim/optimizer.h"
 #include "recipes/checkpoint.h"
 #include "recipes/checkpoint_io.h"
-#include "recipes/compiled_step.h"
 #include "recipes/data_parallel.h"
 #include "recipes/metrics.h"
 #include "recipes/prefetch.h"
 #include "recipes/progress_meter.h"
 #include "recipes/run_outputs.h"
 #include "recipes/train_state.h"
+#include "recipes/train_step.h"
 #include "runtime/allocator.h"
 #include "runtime/file_util.h"
 #include "runtime/kernels/quant8.h"
@@ -345,76 +344,15 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   if (!run.resume_note.empty()) log << "resume | " << run.resume_note << "\n";
   log.flush();
 
-  // The gradient norm before clipping: eager steps always measure it (host_grad_norm); a compiled step
-  // returns it as a second output when it clips (else it is not measured, and not computed).
-  double host_grad_norm = -1;
-  bool skipped_step = false;  // f16: this step's gradients overflowed and the loss scale went down instead
-  // One training step: every micro-batch's forward and backward, clipping, the optimizer update and the
-  // master-weight copies. Compiled, it is traced into one graph on the first call (compile/api.h); the clip
-  // then stays on the device (clip_grad_norm_tensor) instead of reading the norm back to the host.
-  const double inv_accum = 1.0 / static_cast<double>(o.grad_accum);
-  // Under DDP: the micro-steps before the last accumulate locally (no_sync), the last one's backward reduces
-  // the gradient buckets; ZeRO-1/2 then update this rank's shards and all-gather them into the parameters.
-  // ZeRO-3 reduce-scatters every micro-step and updates the shards, which the next forward gathers.
-  // Token weights (data parallel with task.loss_tokens): each micro-batch's rank-local mean is weighed by
-  // world * local / global loss targets, so DDP's average over ranks is the global token mean. They change
-  // every step, so they travel as the batch's last tensor ([grad_accum], inv_accum folded in), an input of
-  // the compiled graph rather than a constant baked into it.
-  // A micro-batch is (inputs, targets) or, with positions, (inputs, targets, positions) in the flat batch.
-  const int64_t per_micro = task.positions ? 3 : 2;
-  auto step_body = [&](const std::vector<Tensor>& batch, bool traced) {
-    Tensor total, norm;
-    const bool weighted = static_cast<int64_t>(batch.size()) > per_micro * o.grad_accum;
-    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      const size_t at = static_cast<size_t>(per_micro * micro);
-      Tensor loss = task.loss({batch[at], batch[at + 1], task.positions ? batch[at + 2] : Tensor()});
-      // Gradients of the mean over micro-batches; with one micro-batch the loss is used as is.
-      Tensor scaled = weighted          ? loss * reshape(narrow(batch.back(), 0, micro, 1), {})
-                      : o.grad_accum > 1 ? loss * inv_accum
-                                         : loss;
-      // f16: backward runs on the loss times the loss scale; the update divides it out again.
-      Tensor backward_of = scaler ? scaled * scaler->scale() : scaled;
-      if (dp) dp->backward(backward_of, micro + 1 == o.grad_accum);
-      else backward_of.backward();
-      total = total.defined() ? total + scaled.detach() : scaled.detach();
-    }
-    if (dp) dp->synchronize();
-    if (masters) masters->copy_grads_to_master();
-    if (traced && o.grad_clip > 0) {
-      // ZeRO-1/2: the norm of every rank's shards, summed across ranks inside the graph.
-      std::function<Tensor(const Tensor&)> global;
-      if (sharded) global = [&](const Tensor& sq) { return dp->sum_tensor(sq); };
-      norm = optim::clip_grad_norm_tensor(opt_params, o.grad_clip, global);
-    } else if (!traced) {
-      const double loss_scale = scaler ? scaler->scale() : 1.0;
-      host_grad_norm = optim::grad_norm(opt_params) / loss_scale;
-      // ZeRO-1/2/3: each rank holds the gradient of its shards only; the global norm sums their squares.
-      if (sharded) host_grad_norm = std::sqrt(dp->sum(host_grad_norm * host_grad_norm));
-      const double clip = o.grad_clip > 0 ? optim::clip_coefficient(host_grad_norm, o.grad_clip) : 1.0;
-      if (clip != 1.0 || scaler) opt.set_grad_scale(clip / loss_scale);
-      // f16: a gradient that overflowed (an inf or NaN norm, the same on every rank) skips the update.
-      skipped_step = scaler && !scaler->update(std::isfinite(host_grad_norm));
-    }
-    if (!skipped_step) opt.step();
-    opt.zero_grad();
-    if (masters) {
-      masters->copy_to_model();
-      model.zero_grad();
-    }
-    if (dp) {
-      dp->after_step();
-      dp->zero_grad();
-    }
-    return norm.defined() ? std::vector<Tensor>{total, norm} : std::vector<Tensor>{total};
-  };
-  std::optional<CompiledFunction> compiled;
-  // Under DDP the bucket all-reduces (ZeRO-1/2: reduce-scatters and all-gathers) are nodes of the compiled
-  // graph (Note [DDP in a traced step], distributed/ddp.cpp).
-  if (run.compile.enabled) {
-    compiled = compile([&](const std::vector<Tensor>& b) { return step_body(b, true); },
-                       compile_options(run.compile));
-    log << "compile | mode " << run.compile.mode << ": the first step traces and compiles the whole training step\n";
-  }
+  // One optimizer step, eager or compiled (recipes/train_step.h).
+  TrainStep train_step({.opts = o,
+                        .task = task,
+                        .dp = dp.get(),
+                        .opt = opt,
+                        .masters = masters.get(),
+                        .scaler = scaler.get(),
+                        .opt_params = opt_params},
+                       run.compile, log);
 
   // Rank 0 alone writes metrics, TensorBoard events, the profile and the plot.
   std::unique_ptr<RunOutputs> outputs;
@@ -436,7 +374,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
                        .tokens_per_step = tokens_per_step,
                        .flops_per_token = task.flops_per_token,
                        .peak_flops = peak,
-                       .compiled = compiled.has_value(),
+                       .compiled = train_step.compiled() != nullptr,
                        .earlier_train_s = st.train_s},
                       outputs.get(), log);
 
@@ -468,7 +406,9 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     return t;
   };
   // One step's micro-batches on the host (inputs, targets per micro-batch) and, under data parallelism with
-  // a token-weighted loss, each micro-batch's weight (one collective, in the same order on every rank).
+  // a token-weighted loss, each micro-batch's weight (one collective, in the same order on every rank), with
+  // 1 / grad_accum folded in as TrainStep::run expects.
+  const double inv_accum = 1.0 / static_cast<double>(o.grad_accum);
   auto draw_batch = [&] {
     std::vector<Tensor> host;
     std::vector<double> local_tokens;
@@ -516,12 +456,11 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     opt.set_lr(lr);
     if (!prefetch.pending()) prefetch.put(draw_batch());
     const std::vector<Tensor> batch = prefetch.take();
-    const double loss_scale = scaler ? scaler->scale() : 0;
-    const std::vector<Tensor> out = compiled ? (*compiled)(batch) : step_body(batch, false);
-    if (skipped_step)
-      log << "f16 | step " << step + 1 << ": the gradients overflowed at loss scale " << loss_scale
+    const TrainStep::Result out = train_step.run(batch);
+    if (out.skipped)
+      log << "f16 | step " << step + 1 << ": the gradients overflowed at loss scale " << out.loss_scale
           << ", so the update is skipped and the scale is now " << scaler->scale() << "\n";
-    const Tensor& loss = out[0];
+    const Tensor& loss = out.loss;
     consumed_position = task.data_position();
     if (step + 1 < run.max_steps) prefetch.put(draw_batch());  // overlaps this step (see prefetch.h)
     double l = loss.item();
@@ -529,7 +468,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     INGOT_CHECK(std::isfinite(l), "training diverged: the loss is ", l, " at step ", step + 1, " (lr ", lr,
                 "); lower train.lr or set train.grad_clip");
     meter.stop_clock();
-    const double grad_norm = out.size() > 1 ? out[1].item() : compiled ? -1 : host_grad_norm;
+    const double grad_norm = out.grad_norm();
     const int64_t step_peak = alloc.stats().peak_allocated_bytes;
     if (outputs) outputs->end_step(step + 1);
     if (step == 0) r.first_loss = l;
@@ -567,7 +506,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   }
   // The steps' peak and the eval's.
   r.peak_memory_bytes = std::max(meter.peak_memory_bytes(), alloc.stats().peak_allocated_bytes);
-  if (compiled) log_compile_stats(*compiled, r, log);
+  if (train_step.compiled()) log_compile_stats(*train_step.compiled(), r, log);
 
   // Final artifacts hold f32 weights: in bf16 mode the masters hold the precise values.
   if (dp && dp->zero_stage() == 3 && task.save_final_sharded) {

@@ -1,8 +1,9 @@
 // The training loop every training recipe shares (pretrain, full_finetune, lora_finetune): AdamW over the
 // parameters a recipe chooses, a warm-up + decay LR schedule, gradient accumulation and clipping, optional bf16
-// compute with f32 master weights, compile.enabled (the whole step traced into one graph, recipes/compiled_step.h),
-// the progress line, metrics.jsonl / TensorBoard / profile / loss plot (recipes/run_outputs.h), training
-// checkpoints with exact resume (recipes/train_state.h), periodic and final evaluation, and the summary JSON.
+// compute with f32 master weights, compile.enabled (the whole step traced into one graph; one step is a TrainStep,
+// recipes/train_step.h), the progress line (recipes/progress_meter.h), metrics.jsonl / TensorBoard / profile /
+// loss plot (recipes/run_outputs.h), training checkpoints with exact resume (recipes/checkpoint_io.h,
+// recipes/train_state.h), periodic and final evaluation, and the summary JSON.
 //
 // A recipe builds its model and data, describes them as a TrainTask, and calls run_training:
 //
@@ -150,8 +151,9 @@ struct TrainTask {
 };
 
 // Trains for run.max_steps optimizer steps (continuing from run.resume_checkpoint when set), evaluates, calls
-// save_final and writes output_dir/summary.json. Progress line every log_every steps (mem: the allocator's peak
-// since the previous line; gnorm: the gradient norm before clipping, left out when not measured):
+// save_final and writes output_dir/summary.json. Progress line (recipes/progress_meter.h) every log_every steps
+// (mem: the allocator's peak since the previous line; gnorm: the gradient norm before clipping, left out when not
+// measured):
 //   step 20/300 | loss 2.345 | lr 3.0e-04 | gnorm 0.84 | 12.3k tok/s | MFU 1.2% | mem peak 12.0 MiB | ETA 0:41
 // Throws ingot::Error on failures (a non-finite loss, unwritable output, a corrupt checkpoint).
 TrainSummary run_training(const RunSettings& run, const TrainOptions& opts, TrainTask& task, std::ostream& log);

@@ -1,0 +1,94 @@
+#include "recipes/train_step.h"
+
+#include <cmath>
+#include <functional>
+#include <ostream>
+
+#include "optim/clip.h"
+#include "recipes/compiled_step.h"
+#include "recipes/data_parallel.h"
+
+namespace ingot::recipes {
+
+TrainStep::TrainStep(const TrainStepParts& parts, const CompileSettings& c, std::ostream& log)
+    : p_(parts), sharded_(parts.dp && parts.dp->sharded()) {
+  // Under DDP the bucket all-reduces (ZeRO-1/2: reduce-scatters and all-gathers) are nodes of the compiled
+  // graph (Note [DDP in a traced step], distributed/ddp.cpp).
+  if (c.enabled) {
+    compiled_ = compile([this](const std::vector<Tensor>& b) { return body(b, true); }, compile_options(c));
+    log << "compile | mode " << c.mode << ": the first step traces and compiles the whole training step\n";
+  }
+}
+
+TrainStep::Result TrainStep::run(const std::vector<Tensor>& batch) {
+  Result r;
+  r.loss_scale = p_.scaler ? p_.scaler->scale() : 0;
+  const std::vector<Tensor> out = compiled_ ? (*compiled_)(batch) : body(batch, false);
+  r.loss = out[0];
+  if (out.size() > 1) r.norm = out[1];
+  // A compiled step never measures the norm on the host (the trace ran body with traced = true).
+  r.host_norm = compiled_ ? -1 : host_norm_;
+  r.skipped = skipped_;
+  return r;
+}
+
+// Under DDP: the micro-steps before the last accumulate locally (no_sync), the last one's backward reduces
+// the gradient buckets; ZeRO-1/2 then update this rank's shards and all-gather them into the parameters.
+// ZeRO-3 reduce-scatters every micro-step and updates the shards, which the next forward gathers.
+// Token weights (data parallel with task.loss_tokens): each micro-batch's rank-local mean is weighed by
+// world * local / global loss targets, so DDP's average over ranks is the global token mean. They change
+// every step, so they travel as the batch's last tensor, an input of the compiled graph rather than a
+// constant baked into it.
+std::vector<Tensor> TrainStep::body(const std::vector<Tensor>& batch, bool traced) {
+  const TrainOptions& o = p_.opts;
+  TrainTask& task = p_.task;
+  DataParallel* dp = p_.dp;
+  optim::LossScaler* scaler = p_.scaler;
+  const double inv_accum = 1.0 / static_cast<double>(o.grad_accum);
+  const int64_t per_micro = task.positions ? 3 : 2;
+  Tensor total, norm;
+  const bool weighted = static_cast<int64_t>(batch.size()) > per_micro * o.grad_accum;
+  for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+    const size_t at = static_cast<size_t>(per_micro * micro);
+    Tensor loss = task.loss({batch[at], batch[at + 1], task.positions ? batch[at + 2] : Tensor()});
+    // Gradients of the mean over micro-batches; with one micro-batch the loss is used as is.
+    Tensor scaled = weighted          ? loss * reshape(narrow(batch.back(), 0, micro, 1), {})
+                    : o.grad_accum > 1 ? loss * inv_accum
+                                       : loss;
+    // f16: backward runs on the loss times the loss scale; the update divides it out again.
+    Tensor backward_of = scaler ? scaled * scaler->scale() : scaled;
+    if (dp) dp->backward(backward_of, micro + 1 == o.grad_accum);
+    else backward_of.backward();
+    total = total.defined() ? total + scaled.detach() : scaled.detach();
+  }
+  if (dp) dp->synchronize();
+  if (p_.masters) p_.masters->copy_grads_to_master();
+  if (traced && o.grad_clip > 0) {
+    // ZeRO-1/2: the norm of every rank's shards, summed across ranks inside the graph.
+    std::function<Tensor(const Tensor&)> global;
+    if (sharded_) global = [dp](const Tensor& sq) { return dp->sum_tensor(sq); };
+    norm = optim::clip_grad_norm_tensor(p_.opt_params, o.grad_clip, global);
+  } else if (!traced) {
+    const double loss_scale = scaler ? scaler->scale() : 1.0;
+    host_norm_ = optim::grad_norm(p_.opt_params) / loss_scale;
+    // ZeRO-1/2/3: each rank holds the gradient of its shards only; the global norm sums their squares.
+    if (sharded_) host_norm_ = std::sqrt(dp->sum(host_norm_ * host_norm_));
+    const double clip = o.grad_clip > 0 ? optim::clip_coefficient(host_norm_, o.grad_clip) : 1.0;
+    if (clip != 1.0 || scaler) p_.opt.set_grad_scale(clip / loss_scale);
+    // f16: a gradient that overflowed (an inf or NaN norm, the same on every rank) skips the update.
+    skipped_ = scaler && !scaler->update(std::isfinite(host_norm_));
+  }
+  if (!skipped_) p_.opt.step();
+  p_.opt.zero_grad();
+  if (p_.masters) {
+    p_.masters->copy_to_model();
+    task.model->zero_grad();
+  }
+  if (dp) {
+    dp->after_step();
+    dp->zero_grad();
+  }
+  return norm.defined() ? std::vector<Tensor>{total, norm} : std::vector<Tensor>{total};
+}
+
+}  // namespace ingot::recipes
