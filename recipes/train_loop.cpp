@@ -247,6 +247,92 @@ void save_module_streamed(const nn::Module& model, const std::vector<Tensor>& pa
     if (param_of[k]) w.fetch(*param_of[k]);
 }
 
+namespace {
+
+// What writing a run's final artifacts needs from run_training.
+struct FinalExport {
+  const RunSettings& run;
+  TrainTask& task;
+  DataParallel* dp;                  // null without data parallelism
+  optim::MasterWeights* masters;     // bf16/f16: the f32 masters, else null
+  CheckpointIO& checkpoints;
+  int64_t start_step;
+  std::ostream& log;
+};
+
+// Rank 0 (or the only process) before writing the final artifacts. Throws when output_dir cannot be made.
+void prepare_output_dir(const FinalExport& e) {
+  // A fresh run with overwrite_output_dir that saved no checkpoint.
+  if (e.start_step == 0) e.checkpoints.remove_stale("");
+  std::error_code ec;
+  fs::create_directories(e.run.output_dir, ec);
+  INGOT_CHECK(!ec, "cannot create output_dir '", e.run.output_dir, "': ", ec.message());
+}
+
+// ZeRO-3 with a streamed save: the weights stay sharded; every rank helps gather them onto rank 0 one
+// parameter at a time (from the f32 master shards in bf16 mode) while rank 0 writes each and drops it.
+// Returns whether this rank is the writer (rank 0), which goes on to the summary.
+bool export_streamed(const FinalExport& e, TrainSummary& r) {
+  DataParallel& dp = *e.dp;
+  const bool is_main = dp.rank() == 0;
+  Allocator& alloc = allocator_for(e.run.device);
+  std::string error;
+  if (is_main) {
+    try {
+      prepare_output_dir(e);
+    } catch (const std::exception& x) {
+      error = x.what();
+    }
+  }
+  if (dp.sum(error.empty() ? 0.0 : 1.0) > 0) {  // the others would wait in the first gather
+    INGOT_CHECK(error.empty(), error);
+    INGOT_FAIL("rank 0 could not prepare output_dir '", e.run.output_dir, "' for the final weights (see its error)");
+  }
+  const std::vector<Tensor> shards = e.masters ? e.masters->master() : dp.optimizer_params();
+  ShardedWeights w;
+  w.writer = is_main;
+  if (e.masters) w.dtype = DType::f32;
+  w.fetch = [&](size_t i) { return dp.gather_param(i, shards); };
+  int64_t largest = 0, whole = 0;
+  for (const Tensor& p : e.task.params) {
+    const int64_t bytes = p.numel() * static_cast<int64_t>(itemsize(w.dtype.value_or(p.dtype())));
+    largest = std::max(largest, bytes);
+    whole += bytes;
+  }
+  const int64_t before = alloc.stats().allocated_bytes;
+  alloc.reset_peak();
+  std::vector<std::string> saved = e.task.save_final_sharded(w);
+  const int64_t held = alloc.stats().peak_allocated_bytes - before;
+  if (!is_main) return false;
+  r.checkpoints = std::move(saved);
+  e.log << "export | ZeRO-3: the final weights were gathered one tensor at a time; rank 0 held at most "
+        << format_bytes(static_cast<double>(held)) << " (" << held << " B) beyond its shards (largest tensor "
+        << format_bytes(static_cast<double>(largest)) << " (" << largest << " B), whole model "
+        << format_bytes(static_cast<double>(whole)) << ")\n";
+  return true;
+}
+
+// Everything else: the model is made whole (ZeRO-3 without a streamed save unshards it on every rank, a
+// collective), given the f32 masters' values, and rank 0 calls task.save_final. Returns whether this rank wrote.
+bool export_whole(const FinalExport& e, TrainSummary& r) {
+  DataParallel* dp = e.dp;
+  if (dp) dp->unshard_model();
+  if (e.masters) {
+    NoGradGuard no_grad;
+    e.task.model->to(DType::f32);
+    // ZeRO-1/2/3: the masters are per-shard; gathered (on every rank: a collective) into per-parameter values.
+    const bool sharded = dp && dp->sharded();
+    std::vector<Tensor> precise = sharded ? dp->gather_to_params(e.masters->master()) : e.masters->master();
+    for (size_t i = 0; i < e.task.params.size(); ++i) e.task.params[i].copy_(precise[i]);
+  }
+  if (dp && dp->rank() != 0) return false;
+  prepare_output_dir(e);
+  r.checkpoints = e.task.save_final();
+  return true;
+}
+
+}  // namespace
+
 TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTask& task, std::ostream& main_log) {
   INGOT_INTERNAL_CHECK(task.model && task.loss && task.next_batch && task.data_position && task.set_data_position &&
                            task.save_final,
@@ -432,7 +518,6 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   };
   BatchPrefetcher prefetch(run.device);
 
-  std::error_code ec;
   // Note [Failed runs leave no metrics past their last checkpoint]: a resume continues from the checkpoint,
   // so the steps after it would be logged twice (and a fresh failed run has no model for them at all). When
   // the loop below throws, they move aside as it unwinds.
@@ -509,62 +594,10 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   if (train_step.compiled()) log_compile_stats(*train_step.compiled(), r, log);
 
   // Final artifacts hold f32 weights: in bf16 mode the masters hold the precise values.
-  if (dp && dp->zero_stage() == 3 && task.save_final_sharded) {
-    // ZeRO-3 with a streamed save: the weights stay sharded; every rank helps gather them onto rank 0 one
-    // parameter at a time (from the f32 master shards in bf16 mode) while rank 0 writes each and drops it.
-    std::string error;
-    if (is_main) {
-      try {
-        // A fresh run with overwrite_output_dir that saved no checkpoint.
-        if (start_step == 0) checkpoints.remove_stale("");
-        fs::create_directories(run.output_dir, ec);
-        INGOT_CHECK(!ec, "cannot create output_dir '", run.output_dir, "': ", ec.message());
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    }
-    if (dp->sum(error.empty() ? 0.0 : 1.0) > 0) {  // the others would wait in the first gather
-      INGOT_CHECK(error.empty(), error);
-      INGOT_FAIL("rank 0 could not prepare output_dir '", run.output_dir, "' for the final weights (see its error)");
-    }
-    const std::vector<Tensor> shards = masters ? masters->master() : dp->optimizer_params();
-    ShardedWeights w;
-    w.writer = is_main;
-    if (masters) w.dtype = DType::f32;
-    w.fetch = [&](size_t i) { return dp->gather_param(i, shards); };
-    int64_t largest = 0, whole = 0;
-    for (const Tensor& p : task.params) {
-      const int64_t bytes = p.numel() * static_cast<int64_t>(itemsize(w.dtype.value_or(p.dtype())));
-      largest = std::max(largest, bytes);
-      whole += bytes;
-    }
-    const int64_t before = alloc.stats().allocated_bytes;
-    alloc.reset_peak();
-    std::vector<std::string> saved = task.save_final_sharded(w);
-    const int64_t held = alloc.stats().peak_allocated_bytes - before;
-    if (!is_main) return r;
-    r.checkpoints = std::move(saved);
-    log << "export | ZeRO-3: the final weights were gathered one tensor at a time; rank 0 held at most "
-        << format_bytes(static_cast<double>(held)) << " (" << held << " B) beyond its shards (largest tensor "
-        << format_bytes(static_cast<double>(largest)) << " (" << largest << " B), whole model "
-        << format_bytes(static_cast<double>(whole)) << ")\n";
-  } else {
-    // ZeRO-3 without a streamed save: the model becomes whole again on every rank (collective).
-    if (dp) dp->unshard_model();
-    if (masters) {
-      NoGradGuard no_grad;
-      model.to(DType::f32);
-      // ZeRO-1/2/3: the masters are per-shard; gathered (on every rank: a collective) into per-parameter values.
-      std::vector<Tensor> precise = sharded ? dp->gather_to_params(masters->master()) : masters->master();
-      for (size_t i = 0; i < task.params.size(); ++i) task.params[i].copy_(precise[i]);
-    }
-    if (!is_main) return r;  // rank 0 writes the run's artifacts
-    // A fresh run with overwrite_output_dir that saved no checkpoint.
-    if (start_step == 0) checkpoints.remove_stale("");
-    fs::create_directories(run.output_dir, ec);
-    INGOT_CHECK(!ec, "cannot create output_dir '", run.output_dir, "': ", ec.message());
-    r.checkpoints = task.save_final();
-  }
+  const FinalExport final_export{run, task, dp.get(), masters.get(), checkpoints, start_step, log};
+  const bool writer = dp && dp->zero_stage() == 3 && task.save_final_sharded ? export_streamed(final_export, r)
+                                                                              : export_whole(final_export, r);
+  if (!writer) return r;  // rank 0 writes the run's artifacts
   for (const auto& [step, path] : list_checkpoints(run.output_dir)) r.training_checkpoints.push_back(path);
   outputs->finish(r);
   write_summary(r, (fs::path(run.output_dir) / "summary.json").string());
