@@ -14,6 +14,7 @@
 
 #include "autograd/ops.h"
 #include "autograd/ops/attention_packed.h"
+#include "autograd/ops/attrs.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -79,9 +80,10 @@ Tensor positions_arg(const std::vector<Tensor>& in, size_t at) {
 }
 
 // Inputs (dout, q, k, v, out, lse[, positions]); outputs (dq, dk, dv).
-class AttentionBwdPrim final : public Primitive {
+class AttentionBwdPrim final : public Primitive, public WithAttrs<AttentionBwdAttrs> {
  public:
-  AttentionBwdPrim(bool causal, double scale) : causal_(causal), scale_(scale) {}
+  AttentionBwdPrim(bool causal, double scale)
+      : WithAttrs<AttentionBwdAttrs>({causal, scale}), causal_(causal), scale_(scale) {}
   std::string_view name() const override { return "attention_bwd"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     return {in[1], in[2], in[3]};
@@ -225,8 +227,8 @@ class AttentionPrim final : public Primitive {
 }  // namespace
 
 std::shared_ptr<Primitive> packed_attention_bwd(const Primitive& bwd) {
-  const auto* p = dynamic_cast<const AttentionBwdPrim*>(&bwd);
-  return p ? std::make_shared<AttentionBwdPackedPrim>(p->causal(), p->scale()) : nullptr;
+  const AttentionBwdAttrs* a = match<AttentionBwdAttrs>(bwd);
+  return a ? std::make_shared<AttentionBwdPackedPrim>(a->causal, a->scale) : nullptr;
 }
 
 Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {

@@ -66,6 +66,12 @@ struct NormAttrs {
   double eps;
   bool weight, bias;
 };
+// attention.cpp: attention_bwd (dq, dk, dv of scaled dot-product attention; attention_packed.h packs them).
+// The packed op (attention_bwd_packed) does not hold it: it is a different op, not a backward to pack.
+struct AttentionBwdAttrs {
+  bool causal;
+  double scale;
+};
 // distributed/collective_ops.cpp: all_gather_unit_start (an FSDP unit's weights gathered) and
 // reduce_scatter_unit_start (its gradients reduced) of compiled ZeRO-3. unit: the unit's index in
 // FullyShardedDataParallel::layout() order; name: its module path ("root", "transformer.h.3"). regather: the

@@ -28,9 +28,12 @@ TensorMeta loss_row_meta(std::string_view op, const TensorMeta& logits, const Te
 }
 
 // dlogits from {dloss, logits, lse, target}.
-class CrossEntropyBwdPrim final : public Primitive {
+class CrossEntropyBwdPrim final : public Primitive, public WithAttrs<CrossEntropyAttrs> {
  public:
-  CrossEntropyBwdPrim(int64_t ignore_index, double label_smoothing) : ignore_(ignore_index), ls_(label_smoothing) {}
+  CrossEntropyBwdPrim(int64_t ignore_index, double label_smoothing)
+      : WithAttrs<CrossEntropyAttrs>({ignore_index, label_smoothing, true}),
+        ignore_(ignore_index),
+        ls_(label_smoothing) {}
   std::string_view name() const override { return "cross_entropy_bwd"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[1]}; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
@@ -48,7 +51,6 @@ class CrossEntropyBwdPrim final : public Primitive {
   void print_attrs(std::ostream& os) const override {
     os << "ignore_index=" << ignore_ << ", label_smoothing=" << ls_;
   }
-  CrossEntropyAttrs attrs() const { return {ignore_, ls_}; }
 
  private:
   int64_t ignore_;
@@ -56,9 +58,12 @@ class CrossEntropyBwdPrim final : public Primitive {
 };
 
 // {logits [N, C], target [N] i64} -> {loss [N], lse [N]}.
-class CrossEntropyPrim final : public Primitive {
+class CrossEntropyPrim final : public Primitive, public WithAttrs<CrossEntropyAttrs> {
  public:
-  CrossEntropyPrim(int64_t ignore_index, double label_smoothing) : ignore_(ignore_index), ls_(label_smoothing) {}
+  CrossEntropyPrim(int64_t ignore_index, double label_smoothing)
+      : WithAttrs<CrossEntropyAttrs>({ignore_index, label_smoothing, false}),
+        ignore_(ignore_index),
+        ls_(label_smoothing) {}
   std::string_view name() const override { return "cross_entropy"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     const TensorMeta row = loss_row_meta(name(), in[0], in[1]);
@@ -76,7 +81,6 @@ class CrossEntropyPrim final : public Primitive {
   void print_attrs(std::ostream& os) const override {
     os << "ignore_index=" << ignore_ << ", label_smoothing=" << ls_;
   }
-  CrossEntropyAttrs attrs() const { return {ignore_, ls_}; }
   // Only the logits get a gradient; the lse output is internal and its cotangent is ignored.
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
     const Tensor& lse = c.outputs[1];
@@ -137,8 +141,7 @@ std::shared_ptr<Primitive> make_cross_entropy_fused(int64_t ignore_index, double
 }
 
 std::optional<CrossEntropyAttrs> cross_entropy_attrs(const Primitive& p) {
-  if (const auto* f = dynamic_cast<const CrossEntropyPrim*>(&p)) return f->attrs();
-  if (const auto* b = dynamic_cast<const CrossEntropyBwdPrim*>(&p)) return b->attrs();
+  if (const CrossEntropyAttrs* a = match<CrossEntropyAttrs>(p)) return *a;
   return std::nullopt;
 }
 

@@ -27,19 +27,21 @@ bool fuse_one(Graph& g) {
   auto value = [&](int32_t v) -> const Value& { return g.values[static_cast<size_t>(v)]; };
   for (size_t f = 0; f < g.nodes.size(); ++f) {
     const Node& fwd = g.nodes[f];
-    if (fwd.prim->name() != "cross_entropy" || fwd.outputs.size() != 2) continue;
+    const CrossEntropyAttrs* ce = match<CrossEntropyAttrs>(*fwd.prim);
+    if (!ce || ce->backward || fwd.outputs.size() != 2) continue;
     const int32_t logits = fwd.inputs[0], target = fwd.inputs[1], loss = fwd.outputs[0], lse = fwd.outputs[1];
     // Walking on from the cross_entropy node marks what depends on it (`moved`), until a backward qualifies.
     std::vector<bool> reached(g.values.size(), false), moved(g.nodes.size(), false);
     reached[static_cast<size_t>(loss)] = reached[static_cast<size_t>(lse)] = true;
     for (size_t b = f + 1; b < g.nodes.size(); ++b) {
       const Node& n = g.nodes[b];
-      const bool pair = n.prim->name() == "cross_entropy_bwd" && n.inputs.size() == 4 && n.inputs[1] == logits &&
-                        n.inputs[2] == lse && n.inputs[3] == target && same_attrs(*fwd.prim, *n.prim);
+      const CrossEntropyAttrs* bwd = match<CrossEntropyAttrs>(*n.prim);
+      const bool pair = bwd && bwd->backward && n.inputs.size() == 4 && n.inputs[1] == logits && n.inputs[2] == lse &&
+                        n.inputs[3] == target && same_attrs(*fwd.prim, *n.prim);
       const int32_t dloss = pair ? n.inputs[0] : -1;
       if (dloss >= 0 && !reached[static_cast<size_t>(dloss)] && value(dloss).dtype == value(loss).dtype &&
           value(dloss).shape == value(loss).shape) {
-        const CrossEntropyAttrs attrs = *cross_entropy_attrs(*fwd.prim);
+        const CrossEntropyAttrs attrs = *ce;
         Node fused = n;  // the backward's forward=false: remat keeps the logits alive until it runs
         fused.prim = make_cross_entropy_fused(attrs.ignore_index, attrs.label_smoothing);
         fused.inputs = {logits, target, dloss};

@@ -41,7 +41,7 @@ bool pack_attention_grads(Graph& g, const PackAttentionGradsOptions&) {
       if (!perm || perm->dims != std::vector<int64_t>{0, 2, 1, 3} || !single_use(permute->inputs[0])) break;
       const int32_t grad = permute->inputs[0];
       const Node* a = producer(grad);
-      if (!a || a->prim->name() != "attention_bwd" || (attn && a != attn) ||
+      if (!a || !match<AttentionBwdAttrs>(*a->prim) || (attn && a != attn) ||
           g.values[static_cast<size_t>(grad)].output_index != static_cast<int32_t>(k))
         break;
       attn = a;

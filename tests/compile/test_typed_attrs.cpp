@@ -6,6 +6,7 @@
 
 #include "autograd/ops.h"
 #include "autograd/ops/attrs.h"
+#include "autograd/ops/loss_fused.h"
 #include "autograd/primitive_collective.h"
 #include "compile/graph_checks.h"
 #include "compile/lower/lower_kernel.h"
@@ -161,9 +162,10 @@ bool rename_if(Node& n) {
   return true;
 }
 
-// Every add, GELU, GELU gradient, reshape, expand, clone and contiguous of a GPT-2 step renamed: the passes that
-// matched those names (accumulate_index_add, matmul_epilogue, pack_attention_grads) rewrite as many nodes as on
-// the step as traced, and the lowering still takes copies and same-shape views for identities.
+// Every add, GELU, GELU gradient, reshape, expand, clone, contiguous, attention backward and cross-entropy (forward
+// and backward) of a GPT-2 step renamed: the passes that matched those names (accumulate_index_add,
+// matmul_epilogue, pack_attention_grads, fuse_cross_entropy) rewrite as many nodes as on the step as traced, and
+// the lowering still takes copies and same-shape views for identities.
 TEST(TypedAttrs, ThePassesReadWhatOpsDeclareNotTheirNames) {
   auto [ids, tgt] = testing::repeating_batch(2, 8);
   manual_seed(13);
@@ -178,20 +180,24 @@ TEST(TypedAttrs, ThePassesReadWhatOpsDeclareNotTheirNames) {
     else if (u && u->op == kernels::UnaryOp::GeluTanh)
       renamed += rename_if<UnaryAttrs>(n);
     else
-      renamed += rename_if<ReshapeAttrs>(n) || rename_if<ExpandAttrs>(n) || rename_if<CopyAttrs>(n);
+      renamed += rename_if<ReshapeAttrs>(n) || rename_if<ExpandAttrs>(n) || rename_if<CopyAttrs>(n) ||
+                 rename_if<AttentionBwdAttrs>(n) || rename_if<CrossEntropyAttrs>(n);
   }
   ASSERT_GT(renamed, 0);
   const int layers = 2;
   ASSERT_EQ(count_nodes(g, "gelu_tanh_grad") + count_nodes(g, "gelu_tanh") + count_nodes(g, "add") +
-                count_nodes(g, "reshape"),
+                count_nodes(g, "reshape") + count_nodes(g, "attention_bwd") + count_nodes(g, "cross_entropy") +
+                count_nodes(g, "cross_entropy_bwd"),
             0);
   ASSERT_TRUE(passes::accumulate_index_add(g, {})) << "add";
   EXPECT_EQ(count_nodes(g, "index_add_accumulate"), 1);
-  ASSERT_TRUE(passes::pack_attention_grads(g, {})) << "reshape";
+  ASSERT_TRUE(passes::pack_attention_grads(g, {})) << "reshape, attention_bwd";
   EXPECT_EQ(count_nodes(g, "attention_bwd_packed"), layers);
   ASSERT_TRUE(passes::fuse_matmul_epilogues(g, {.cpu_too = true, .with_dbias = true}));
   EXPECT_EQ(count_nodes(g, "matmul_dgelu"), layers) << "gelu_tanh_grad, reshape";
   EXPECT_EQ(count_nodes(g, "linear_gelu"), layers) << "gelu_tanh, reshape, linear";
+  ASSERT_TRUE(passes::fuse_cross_entropy(g, {})) << "cross_entropy, cross_entropy_bwd";
+  EXPECT_EQ(count_nodes(g, "cross_entropy_fused"), 1);
   passes::dce(g, {});
   g.verify();
 
