@@ -249,6 +249,62 @@ void save_module_streamed(const nn::Module& model, const std::vector<Tensor>& pa
 
 namespace {
 
+// Wraps the model for data parallelism (dp null: nothing to wrap) and, on a fresh start with shard-wise weights
+// (TrainTask::weight_slices), fills them. Returns the log line saying how much of the weights this process read
+// ("" when it read none), which the banner prints after the task's header.
+std::string load_weights_and_wrap(const RunSettings& run, TrainTask& task, DataParallel* dp) {
+  // Shard-wise weights (TrainTask::weight_slices) on a fresh start: ZeRO-3 ranks read their shards' slices after
+  // wrapping (nothing to broadcast); anything else reads every parameter whole before.
+  const bool load_slices = task.weight_slices && run.resume_checkpoint.empty();
+  const bool slices_into_shards = load_slices && dp && dp->zero_stage() == 3;
+  if (load_slices && !slices_into_shards) {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < task.params.size(); ++i) {
+      Tensor dst = task.params[i].as_strided({task.params[i].numel()}, {1}, task.params[i].offset());
+      task.weight_slices->read(i, 0, task.params[i].numel(), dst);
+    }
+  }
+  if (dp) dp->wrap(*task.model, task.params, /*broadcast=*/!slices_into_shards);
+  if (slices_into_shards) dp->load_weight_shards(task.weight_slices->read);
+  std::string load_note;
+  if (load_slices) {
+    const auto [got, total] = task.weight_slices->bytes();
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "loading | %s read %llu of the weights' %llu bytes (%.1f%%)%s\n",
+                  dp ? "rank 0" : "this process", static_cast<unsigned long long>(got),
+                  static_cast<unsigned long long>(total), total ? 100.0 * static_cast<double>(got) / total : 0.0,
+                  slices_into_shards ? ": the slices of its shards only" : "");
+    load_note = buf;
+  }
+  return load_note;
+}
+
+// One step's micro-batches on the host (inputs, targets per micro-batch) and, under data parallelism with
+// a token-weighted loss, each micro-batch's weight (one collective, in the same order on every rank), with
+// 1 / grad_accum folded in as TrainStep::run expects.
+std::vector<Tensor> draw_batch(const TrainOptions& o, TrainTask& task, DataParallel* dp) {
+  const double inv_accum = 1.0 / static_cast<double>(o.grad_accum);
+  std::vector<Tensor> host;
+  std::vector<double> local_tokens;
+  for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+    MicroBatch b = task.next_batch();
+    INGOT_INTERNAL_CHECK(b.positions.defined() == task.positions, "TrainTask::positions says ", task.positions,
+                         " but a micro-batch ", b.positions.defined() ? "has" : "lacks", " positions");
+    if (dp && task.loss_tokens) local_tokens.push_back(task.loss_tokens(b.targets));
+    host.push_back(b.inputs);
+    host.push_back(b.targets);
+    if (task.positions) host.push_back(b.positions);
+  }
+  if (!local_tokens.empty()) {
+    std::vector<double> global_tokens = dp->sum(local_tokens);  // one collective for every micro-batch
+    std::vector<double> weights(local_tokens.size(), 0.0);
+    for (size_t m = 0; m < local_tokens.size(); ++m)
+      if (global_tokens[m] > 0) weights[m] = inv_accum * dp->world_size() * local_tokens[m] / global_tokens[m];
+    host.push_back(from_vector(weights, {static_cast<int64_t>(weights.size())}, DType::f32));
+  }
+  return host;
+}
+
 // What writing a run's final artifacts needs from run_training.
 struct FinalExport {
   const RunSettings& run;
@@ -359,29 +415,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   // Resuming ZeRO-1/2/3 reads part of the checkpoint while the parameters are still whole (checkpoint_io.h).
   CheckpointIO checkpoints(run, task, dp.get(), spec, log);
   checkpoints.read_before_wrap();
-  // Shard-wise weights (TrainTask::weight_slices) on a fresh start: ZeRO-3 ranks read their shards' slices after
-  // wrapping (nothing to broadcast); anything else reads every parameter whole before.
-  const bool load_slices = task.weight_slices && run.resume_checkpoint.empty();
-  const bool slices_into_shards = load_slices && dp && dp->zero_stage() == 3;
-  if (load_slices && !slices_into_shards) {
-    NoGradGuard no_grad;
-    for (size_t i = 0; i < task.params.size(); ++i) {
-      Tensor dst = task.params[i].as_strided({task.params[i].numel()}, {1}, task.params[i].offset());
-      task.weight_slices->read(i, 0, task.params[i].numel(), dst);
-    }
-  }
-  if (dp) dp->wrap(model, task.params, /*broadcast=*/!slices_into_shards);
-  if (slices_into_shards) dp->load_weight_shards(task.weight_slices->read);
-  std::string load_note;
-  if (load_slices) {
-    const auto [got, total] = task.weight_slices->bytes();
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "loading | %s read %llu of the weights' %llu bytes (%.1f%%)%s\n",
-                  dp ? "rank 0" : "this process", static_cast<unsigned long long>(got),
-                  static_cast<unsigned long long>(total), total ? 100.0 * static_cast<double>(got) / total : 0.0,
-                  slices_into_shards ? ": the slices of its shards only" : "");
-    load_note = buf;
-  }
+  const std::string load_note = load_weights_and_wrap(run, task, dp.get());
   std::vector<Tensor> trained = dp ? dp->optimizer_params() : task.params;
   std::unique_ptr<optim::MasterWeights> masters;
   std::vector<Tensor> opt_params = trained;
@@ -491,31 +525,6 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     t.config = run.config_entries;
     return t;
   };
-  // One step's micro-batches on the host (inputs, targets per micro-batch) and, under data parallelism with
-  // a token-weighted loss, each micro-batch's weight (one collective, in the same order on every rank), with
-  // 1 / grad_accum folded in as TrainStep::run expects.
-  const double inv_accum = 1.0 / static_cast<double>(o.grad_accum);
-  auto draw_batch = [&] {
-    std::vector<Tensor> host;
-    std::vector<double> local_tokens;
-    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      MicroBatch b = task.next_batch();
-      INGOT_INTERNAL_CHECK(b.positions.defined() == task.positions, "TrainTask::positions says ", task.positions,
-                           " but a micro-batch ", b.positions.defined() ? "has" : "lacks", " positions");
-      if (dp && task.loss_tokens) local_tokens.push_back(task.loss_tokens(b.targets));
-      host.push_back(b.inputs);
-      host.push_back(b.targets);
-      if (task.positions) host.push_back(b.positions);
-    }
-    if (!local_tokens.empty()) {
-      std::vector<double> global_tokens = dp->sum(local_tokens);  // one collective for every micro-batch
-      std::vector<double> weights(local_tokens.size(), 0.0);
-      for (size_t m = 0; m < local_tokens.size(); ++m)
-        if (global_tokens[m] > 0) weights[m] = inv_accum * dp->world_size() * local_tokens[m] / global_tokens[m];
-      host.push_back(from_vector(weights, {static_cast<int64_t>(weights.size())}, DType::f32));
-    }
-    return host;
-  };
   BatchPrefetcher prefetch(run.device);
 
   // Note [Failed runs leave no metrics past their last checkpoint]: a resume continues from the checkpoint,
@@ -539,7 +548,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     if (outputs) outputs->begin_step(step + 1);
     double lr = sched.at(step);
     opt.set_lr(lr);
-    if (!prefetch.pending()) prefetch.put(draw_batch());
+    if (!prefetch.pending()) prefetch.put(draw_batch(o, task, dp.get()));
     const std::vector<Tensor> batch = prefetch.take();
     const TrainStep::Result out = train_step.run(batch);
     if (out.skipped)
@@ -547,7 +556,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
           << ", so the update is skipped and the scale is now " << scaler->scale() << "\n";
     const Tensor& loss = out.loss;
     consumed_position = task.data_position();
-    if (step + 1 < run.max_steps) prefetch.put(draw_batch());  // overlaps this step (see prefetch.h)
+    if (step + 1 < run.max_steps) prefetch.put(draw_batch(o, task, dp.get()));  // overlaps this step (see prefetch.h)
     double l = loss.item();
     if (dp) l = dp->mean(l);  // each rank's loss is the mean over its equal share of the global batch
     INGOT_CHECK(std::isfinite(l), "training diverged: the loss is ", l, " at step ", step + 1, " (lr ", lr,
