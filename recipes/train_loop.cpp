@@ -305,6 +305,95 @@ std::vector<Tensor> draw_batch(const TrainOptions& o, TrainTask& task, DataParal
   return host;
 }
 
+optim::LrSchedule lr_schedule(const RunSettings& run, const TrainOptions& o) {
+  optim::LrSchedule sched;
+  sched.kind = optim::LrSchedule::parse_kind(o.lr_schedule);
+  sched.base_lr = o.lr;
+  sched.min_lr = o.min_lr;
+  sched.warmup_steps = o.warmup_steps;
+  sched.total_steps = run.lr_schedule_steps;
+  return sched;
+}
+
+// The summary before any step: what the run is, and no loss yet (best_loss starts above every loss).
+TrainSummary fresh_summary(const RunSettings& run, const TrainTask& task) {
+  TrainSummary r;
+  r.device = run.device.str();
+  r.dtype = std::string(dtype_name(run.dtype));
+  r.output_dir = run.output_dir;
+  r.config_file = run.config_file;
+  r.num_parameters = task.model->num_parameters();
+  r.trainable_parameters = count_elements(task.params);
+  r.best_loss = std::numeric_limits<double>::infinity();
+  return r;
+}
+
+// A resumed run picks up where the checkpoint's process stopped: its RNG, f16 loss scale, data position and
+// loss figures (the weights and optimizer state are CheckpointIO::resume's).
+void continue_from(const TrainState& st, const RunSettings& run, TrainTask& task, optim::LossScaler* scaler,
+                   TrainSummary& r) {
+  restore_rng(st.rng);
+  if (scaler && st.loss_scale > 0) scaler->restore(st.loss_scale, st.loss_scale_growth_tracker);
+  task.set_data_position(st.sampler_position);
+  r.first_loss = st.first_loss;
+  r.best_loss = st.best_loss;
+  r.final_loss = st.last_loss;
+  r.steps = st.step;
+  r.resumed_from = run.resume_checkpoint;
+  r.resumed_from_step = st.step;
+}
+
+// What a checkpoint after `step` records besides the weights and optimizer state.
+struct StepPoint {
+  int64_t step = 0;
+  double lr = 0;                // the step's learning rate
+  int64_t data_position = 0;    // where the data stands after this step's batches (not the prefetched next one)
+  double train_s = 0;           // training time so far, earlier processes included
+  double tokens_per_step = 0;   // over all ranks and micro-batches
+  const optim::LossScaler* scaler = nullptr;  // f16 only
+};
+
+TrainState train_state(const RunSettings& run, const TrainOptions& o, const TrainSummary& r, const StepPoint& at) {
+  TrainState t;
+  t.step = at.step;
+  t.sampler_position = at.data_position;
+  t.tokens_seen = static_cast<int64_t>(at.tokens_per_step) * at.step;
+  t.lr_schedule = o.lr_schedule;
+  t.base_lr = o.lr;
+  t.min_lr = o.min_lr;
+  t.last_lr = at.lr;
+  t.warmup_steps = o.warmup_steps;
+  t.total_steps = run.lr_schedule_steps;
+  t.rng = capture_rng();
+  t.first_loss = r.first_loss;
+  t.best_loss = r.best_loss;
+  t.last_loss = r.final_loss;
+  t.train_s = at.train_s;
+  if (at.scaler) {
+    t.loss_scale = at.scaler->scale();
+    t.loss_scale_growth_tracker = at.scaler->growth_tracker();
+  }
+  t.config_hash = run.config_hash;
+  t.config = run.config_entries;
+  return t;
+}
+
+// Note [Failed runs leave no metrics past their last checkpoint]: a resume continues from the checkpoint, so
+// the steps after it would be logged twice (and a fresh failed run has no model for them at all). When the
+// training loop throws, they move aside as it unwinds.
+struct SetAsideOnFailure {
+  RunOutputs* outputs;
+  const int64_t& saved_step;
+  ~SetAsideOnFailure() {
+    if (!outputs || std::uncaught_exceptions() == 0) return;
+    try {
+      outputs->abandon(saved_step);
+    } catch (const std::exception&) {
+      // The run's own error is the one to report; the records simply stay where they are.
+    }
+  }
+};
+
 // What writing a run's final artifacts needs from run_training.
 struct FinalExport {
   const RunSettings& run;
@@ -425,36 +514,14 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   }
   std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(opt_params, spec);
   optim::Optimizer& opt = *optimizer;
-  optim::LrSchedule sched;
-  sched.kind = optim::LrSchedule::parse_kind(o.lr_schedule);
-  sched.base_lr = o.lr;
-  sched.min_lr = o.min_lr;
-  sched.warmup_steps = o.warmup_steps;
-  sched.total_steps = run.lr_schedule_steps;
+  const optim::LrSchedule sched = lr_schedule(run, o);
 
-  TrainSummary r;
-  r.device = run.device.str();
-  r.dtype = std::string(dtype_name(run.dtype));
-  r.output_dir = run.output_dir;
-  r.config_file = run.config_file;
-  r.num_parameters = model.num_parameters();
-  r.trainable_parameters = count_elements(task.params);
-  r.best_loss = std::numeric_limits<double>::infinity();
+  TrainSummary r = fresh_summary(run, task);
 
   // Resume before anything is written: a corrupt checkpoint leaves the run directory as it was.
   checkpoints.attach(opt, masters.get());
   const TrainState st = checkpoints.resume();
-  if (!run.resume_checkpoint.empty()) {
-    restore_rng(st.rng);
-    if (scaler && st.loss_scale > 0) scaler->restore(st.loss_scale, st.loss_scale_growth_tracker);
-    task.set_data_position(st.sampler_position);
-    r.first_loss = st.first_loss;
-    r.best_loss = st.best_loss;
-    r.final_loss = st.last_loss;
-    r.steps = st.step;
-    r.resumed_from = run.resume_checkpoint;
-    r.resumed_from_step = st.step;
-  }
+  if (!run.resume_checkpoint.empty()) continue_from(st, run, task, scaler.get(), r);
   const int64_t start_step = st.step;
 
   log << task.header << "\n" << load_note << optimizer_line(spec, opt_params, sharded);
@@ -502,46 +569,18 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   // ahead once the next batch is prefetched (Note [Prefetching the next batch], prefetch.h).
   int64_t consumed_position = task.data_position();
   auto make_state = [&](int64_t step, double lr) {
-    TrainState t;
-    t.step = step;
-    t.sampler_position = consumed_position;
-    t.tokens_seen = static_cast<int64_t>(tokens_per_step) * step;
-    t.lr_schedule = o.lr_schedule;
-    t.base_lr = o.lr;
-    t.min_lr = o.min_lr;
-    t.last_lr = lr;
-    t.warmup_steps = o.warmup_steps;
-    t.total_steps = run.lr_schedule_steps;
-    t.rng = capture_rng();
-    t.first_loss = r.first_loss;
-    t.best_loss = r.best_loss;
-    t.last_loss = r.final_loss;
-    t.train_s = meter.total_train_s();
-    if (scaler) {
-      t.loss_scale = scaler->scale();
-      t.loss_scale_growth_tracker = scaler->growth_tracker();
-    }
-    t.config_hash = run.config_hash;
-    t.config = run.config_entries;
-    return t;
+    return train_state(run, o, r,
+                       {.step = step,
+                        .lr = lr,
+                        .data_position = consumed_position,
+                        .train_s = meter.total_train_s(),
+                        .tokens_per_step = tokens_per_step,
+                        .scaler = scaler.get()});
   };
   BatchPrefetcher prefetch(run.device);
 
-  // Note [Failed runs leave no metrics past their last checkpoint]: a resume continues from the checkpoint,
-  // so the steps after it would be logged twice (and a fresh failed run has no model for them at all). When
-  // the loop below throws, they move aside as it unwinds.
-  struct SetAsideOnFailure {
-    RunOutputs* outputs;
-    const int64_t& saved_step;
-    ~SetAsideOnFailure() {
-      if (!outputs || std::uncaught_exceptions() == 0) return;
-      try {
-        outputs->abandon(saved_step);
-      } catch (const std::exception&) {
-        // The run's own error is the one to report; the records simply stay where they are.
-      }
-    }
-  } set_aside{outputs.get(), saved_step};
+  // Note [Failed runs leave no metrics past their last checkpoint] (SetAsideOnFailure).
+  const SetAsideOnFailure set_aside{outputs.get(), saved_step};
   for (int64_t step = start_step; step < run.max_steps; ++step) {
     meter.begin_step();
     alloc.reset_peak();
