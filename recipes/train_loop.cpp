@@ -394,6 +394,34 @@ struct SetAsideOnFailure {
   }
 };
 
+// A validation eval every train.eval_every steps (the last step's is evaluate_at_end's): logged and recorded.
+void evaluate_between_steps(TrainTask& task, DataParallel* dp, int64_t step, RunOutputs* outputs, std::ostream& log) {
+  double v = evaluate(task, dp);
+  if (outputs) outputs->log_eval(step, v);
+  char buf[120];
+  std::snprintf(buf, sizeof buf, "eval | step %lld | val_loss %.3f\n", static_cast<long long>(step), v);
+  log << buf << std::flush;
+}
+
+// The final eval goes into the summary (val_loss) and its line sets it beside the last step's training loss.
+void evaluate_at_end(TrainTask& task, DataParallel* dp, RunOutputs* outputs, TrainSummary& r, std::ostream& log) {
+  r.val_loss = evaluate(task, dp);
+  if (outputs) outputs->log_eval(r.steps, *r.val_loss);
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "eval | val_loss %.3f over %s | train loss %.3f (last step)\n", *r.val_loss,
+                task.eval_description.c_str(), r.final_loss);
+  log << buf;
+}
+
+// The banner's resume lines: where a resumed run continues from and why, and any note about the resume.
+void log_resume(const RunSettings& run, int64_t step, std::ostream& log) {
+  if (!run.resume_checkpoint.empty())
+    log << "resume | " << run.resume_reason << ": continuing after step " << step << " from "
+        << run.resume_checkpoint << "\n";
+  if (!run.resume_note.empty()) log << "resume | " << run.resume_note << "\n";
+  log.flush();
+}
+
 // What writing a run's final artifacts needs from run_training.
 struct FinalExport {
   const RunSettings& run;
@@ -525,11 +553,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   const int64_t start_step = st.step;
 
   log << task.header << "\n" << load_note << optimizer_line(spec, opt_params, sharded);
-  if (!run.resume_checkpoint.empty())
-    log << "resume | " << run.resume_reason << ": continuing after step " << st.step << " from "
-        << run.resume_checkpoint << "\n";
-  if (!run.resume_note.empty()) log << "resume | " << run.resume_note << "\n";
-  log.flush();
+  log_resume(run, st.step, log);
 
   // One optimizer step, eager or compiled (recipes/train_step.h).
   TrainStep train_step({.opts = o,
@@ -610,13 +634,8 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
     r.steps = step + 1;
     meter.log_step({.step = step + 1, .loss = l, .lr = lr, .grad_norm = grad_norm, .peak_memory_bytes = step_peak});
     const bool last = step + 1 == run.max_steps;
-    if (task.evaluate && o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
-      double v = evaluate(task, dp.get());
-      if (outputs) outputs->log_eval(step + 1, v);
-      char buf[120];
-      std::snprintf(buf, sizeof buf, "eval | step %lld | val_loss %.3f\n", static_cast<long long>(step + 1), v);
-      log << buf << std::flush;
-    }
+    if (task.evaluate && o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last)
+      evaluate_between_steps(task, dp.get(), step + 1, outputs.get(), log);
     if (run.save_every > 0 && ((step + 1) % run.save_every == 0 || last)) {
       checkpoints.save(make_state(step + 1, lr));
       saved_step = step + 1;
@@ -629,14 +648,7 @@ TrainSummary run_training(const RunSettings& run, const TrainOptions& o, TrainTa
   }
   meter.summarize(r);
 
-  if (task.evaluate) {
-    r.val_loss = evaluate(task, dp.get());
-    if (outputs) outputs->log_eval(r.steps, *r.val_loss);
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "eval | val_loss %.3f over %s | train loss %.3f (last step)\n", *r.val_loss,
-                  task.eval_description.c_str(), r.final_loss);
-    log << buf;
-  }
+  if (task.evaluate) evaluate_at_end(task, dp.get(), outputs.get(), r, log);
   // The steps' peak and the eval's.
   r.peak_memory_bytes = std::max(meter.peak_memory_bytes(), alloc.stats().peak_allocated_bytes);
   if (train_step.compiled()) log_compile_stats(*train_step.compiled(), r, log);
