@@ -178,31 +178,10 @@ void AdamW8bit::step() {
   }
 }
 
-// AdamW::traced_step's grouping and host bookkeeping (`advance` re-runs it before each replay of the graph).
+// AdamW's grouping and host bookkeeping (Optimizer::traced_step_groups: re-run before each replay of the graph).
 void AdamW8bit::traced_step() {
   TraceObserver* obs = trace_observer();
-  std::map<int64_t, std::vector<size_t>> by_step;
-  for (size_t i : params_with_grad()) {
-    if (!has_state(i, "step")) state_[i]["step"] = from_vector_i64({0}, {});
-    by_step[*state_[i]["step"].data<int64_t>() + 1].push_back(i);
-  }
-  std::vector<std::vector<size_t>> groups;
-  for (auto& [t, idx] : by_step) groups.push_back(idx);
-  auto advance = [this, groups]() {
-    const double scale = begin_step();
-    Tensor hyper = empty({static_cast<int64_t>(groups.size()), 3}, DType::f64);
-    double* h = hyper.data<double>();
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-      int64_t t = 0;
-      for (size_t i : groups[gi]) t = ++*state_[i]["step"].data<int64_t>();
-      h[gi * 3] = lr_;
-      h[gi * 3 + 1] = static_cast<double>(t);
-      h[gi * 3 + 2] = scale;
-    }
-    return hyper;
-  };
-  Tensor hyper = advance();
-  obs->on_host_input(hyper, advance);
+  const auto [groups, hyper] = traced_step_groups();
   kernels::AdamWArgs fixed;
   fixed.beta1 = opts_.beta1;
   fixed.beta2 = opts_.beta2;

@@ -2,6 +2,7 @@
 
 #include <charconv>
 
+#include "autograd/primitive.h"
 #include "runtime/kernels/quant8.h"
 
 namespace ingot::optim {
@@ -51,6 +52,32 @@ double Optimizer::begin_step() {
   grad_scale_ = 1.0;
   ++step_count_;
   return s;
+}
+
+Optimizer::TracedGroups Optimizer::traced_step_groups() {
+  std::map<int64_t, std::vector<size_t>> by_step;
+  for (size_t i : params_with_grad()) {
+    if (!has_state(i, "step")) state_[i]["step"] = from_vector_i64({0}, {});
+    by_step[*state_[i]["step"].data<int64_t>() + 1].push_back(i);
+  }
+  std::vector<std::vector<size_t>> groups;
+  for (auto& [t, idx] : by_step) groups.push_back(idx);
+  auto advance = [this, groups]() {
+    const double scale = begin_step();
+    Tensor hyper = empty({static_cast<int64_t>(groups.size()), 3}, DType::f64);
+    double* h = hyper.data<double>();
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      int64_t t = 0;
+      for (size_t i : groups[gi]) t = ++*state_[i]["step"].data<int64_t>();
+      h[gi * 3] = lr_;
+      h[gi * 3 + 1] = static_cast<double>(t);
+      h[gi * 3 + 2] = scale;
+    }
+    return hyper;
+  };
+  Tensor hyper = advance();
+  trace_observer()->on_host_input(hyper, advance);
+  return {std::move(groups), hyper};
 }
 
 std::map<std::string, Tensor> Optimizer::state_dict() const {

@@ -47,6 +47,15 @@ class Optimizer {
   bool has_state(size_t index, const std::string& name) const;
   // Consumes the one-shot grad scale and bumps the step counter; call once per step().
   double begin_step();
+  // Under a trace (optim/fused_update.h), for optimizers with a per-parameter "step" state (AdamW, AdamW8bit):
+  // the parameters with a gradient grouped by the step each is about to take, and `hyper`, f64 [groups, 3] of
+  // {lr, that step, grad scale} per group, recorded as a host input whose producer redoes this bookkeeping (step
+  // counters, one-shot grad scale, current lr) before each replay of the graph. Call once per traced step().
+  struct TracedGroups {
+    std::vector<std::vector<size_t>> groups;
+    Tensor hyper;
+  };
+  TracedGroups traced_step_groups();
 
   std::vector<Tensor> params_;
   double lr_;
