@@ -64,22 +64,6 @@ void quant8_quantize(const float* x, int64_t n, const float* map, uint8_t* codes
   }
 }
 
-AdamW8bitConsts adamw8bit_consts(const kernels::AdamWArgs& args) {
-  INGOT_CHECK(args.step >= 1, "adamw8bit_multi: step is 1-based, got ", args.step);
-  AdamW8bitConsts c;
-  c.lr = static_cast<float>(args.lr);
-  c.b1 = static_cast<float>(args.beta1);
-  c.b2 = static_cast<float>(args.beta2);
-  c.one_minus_b1 = 1.0f - c.b1;
-  c.one_minus_b2 = 1.0f - c.b2;
-  c.eps = static_cast<float>(args.eps);
-  c.decay = static_cast<float>(1.0 - args.lr * args.weight_decay);
-  c.scale = static_cast<float>(args.grad_scale);
-  c.bc1 = static_cast<float>(1.0 - std::pow(args.beta1, static_cast<double>(args.step)));
-  c.bc2 = static_cast<float>(1.0 - std::pow(args.beta2, static_cast<double>(args.step)));
-  return c;
-}
-
 void check_adamw8bit_operands(size_t i, const Tensor& p, const Tensor& g, const Tensor& m_codes, const Tensor& m_absmax,
                               const Tensor& v_codes, const Tensor& v_absmax) {
   INGOT_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), "adamw8bit_multi: parameter ", i,

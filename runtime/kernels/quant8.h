@@ -66,11 +66,6 @@ void quant8_quantize(const float* x, int64_t n, const float* map, uint8_t* codes
 // x'[0..n) from codes and absmax.
 void quant8_dequantize(const uint8_t* codes, const float* absmax, int64_t n, const float* map, float* out);
 
-// The f32 constants of one adamw8bit_multi call, computed on the host once (as adamw_multi's).
-struct AdamW8bitConsts {
-  float lr, b1, b2, one_minus_b1, one_minus_b2, eps, decay, scale, bc1, bc2;
-};
-AdamW8bitConsts adamw8bit_consts(const kernels::AdamWArgs& args);
 // adamw8bit_multi's operand checks for parameter i (kernel_list.inc); user-facing errors name the operand.
 void check_adamw8bit_operands(size_t i, const Tensor& p, const Tensor& g, const Tensor& m_codes, const Tensor& m_absmax,
                               const Tensor& v_codes, const Tensor& v_absmax);

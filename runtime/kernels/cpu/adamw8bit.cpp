@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/kernels/adamw_consts.h"
 #include "runtime/kernels/cpu/loops.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/quant8.h"
@@ -19,7 +20,7 @@ void adamw8bit_multi(const std::vector<Tensor>& params, const std::vector<Tensor
   INGOT_INTERNAL_CHECK(grads.size() == params.size() && m_codes.size() == params.size() &&
                        m_absmax.size() == params.size() && v_codes.size() == params.size() &&
                        v_absmax.size() == params.size());
-  const AdamW8bitConsts c = adamw8bit_consts(args);
+  const AdamWConsts c = kernels::adamw_consts(args, "adamw8bit_multi");
   check_quant8_map(signed_map, "signed");
   check_quant8_map(unsigned_map, "unsigned");
   const float* map1 = signed_map.data<float>();

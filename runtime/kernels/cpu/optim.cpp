@@ -5,6 +5,7 @@
 // params [n] f32, grads [n] any float dtype, state [n] f32, all contiguous and of equal shape per index.
 #include <cmath>
 
+#include "runtime/kernels/adamw_consts.h"
 #include "runtime/kernels/cpu/loops.h"
 #include "runtime/kernels/kernels.h"
 
@@ -28,12 +29,7 @@ void adamw_multi(const std::vector<Tensor>& params, const std::vector<Tensor>& g
                  const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq, const AdamWArgs& args) {
   INGOT_INTERNAL_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() &&
                        exp_avg_sq.size() == params.size());
-  INGOT_CHECK(args.step >= 1, "adamw_multi: step is 1-based, got ", args.step);
-  const float lr = static_cast<float>(args.lr), b1 = static_cast<float>(args.beta1),
-              b2 = static_cast<float>(args.beta2), eps = static_cast<float>(args.eps),
-              decay = static_cast<float>(1.0 - args.lr * args.weight_decay), scale = static_cast<float>(args.grad_scale);
-  const float bc1 = static_cast<float>(1.0 - std::pow(args.beta1, static_cast<double>(args.step)));
-  const float bc2 = static_cast<float>(1.0 - std::pow(args.beta2, static_cast<double>(args.step)));
+  const AdamWConsts c = adamw_consts(args, "adamw_multi");
   for (size_t i = 0; i < params.size(); ++i) {
     check_slot("adamw_multi", i, params[i], grads[i], {&exp_avg[i], &exp_avg_sq[i]});
     float* p = params[i].data<float>();
@@ -45,12 +41,12 @@ void adamw_multi(const std::vector<Tensor>& params, const std::vector<Tensor>& g
       const T* g = grads[i].data<T>();
 #pragma omp parallel for schedule(static) if (n >= kParallelGrain)
       for (int64_t j = 0; j < n; ++j) {
-        float gj = load_one<float>(g + j) * scale;
-        float mj = b1 * m[j] + (1.0f - b1) * gj;
-        float vj = b2 * v[j] + (1.0f - b2) * gj * gj;
+        float gj = load_one<float>(g + j) * c.scale;
+        float mj = c.b1 * m[j] + c.one_minus_b1 * gj;
+        float vj = c.b2 * v[j] + c.one_minus_b2 * gj * gj;
         m[j] = mj;
         v[j] = vj;
-        p[j] = p[j] * decay - lr * (mj / bc1) / (std::sqrt(vj / bc2) + eps);
+        p[j] = p[j] * c.decay - c.lr * (mj / c.bc1) / (std::sqrt(vj / c.bc2) + c.eps);
       }
     });
   }

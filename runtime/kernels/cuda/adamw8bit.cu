@@ -10,6 +10,7 @@
 // never an FMA), with the same host-side constants, and the same search: CPU and GPU agree bit for bit.
 // Memory bound: per element it reads 4 (p) + 2..4 (g) + 2 (codes) bytes and writes 4 + 2.
 //   p [n] f32, g [n] any float dtype, codes i32 [ceil(n / 4)] (bytes), absmax f32 [ceil(n / 256)], maps f32 [256].
+#include "runtime/kernels/adamw_consts.h"
 #include "runtime/kernels/cuda/common.cuh"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/quant8.h"
@@ -27,7 +28,7 @@ static_assert(kBlock == 256, "the maps are staged one value a thread");
 __global__ void adamw8bit_kernel(float* __restrict__ p, const void* __restrict__ g, DType g_dtype,
                                  uint8_t* __restrict__ q1, float* __restrict__ a1, uint8_t* __restrict__ q2,
                                  float* __restrict__ a2, const float* __restrict__ map1, const float* __restrict__ map2,
-                                 int64_t n, AdamW8bitConsts c) {
+                                 int64_t n, AdamWConsts c) {
   __shared__ float s1[256], s2[256];
   s1[threadIdx.x] = map1[threadIdx.x];
   s2[threadIdx.x] = map2[threadIdx.x];
@@ -87,7 +88,7 @@ void adamw8bit_multi(const std::vector<Tensor>& params, const std::vector<Tensor
   INGOT_INTERNAL_CHECK(grads.size() == params.size() && m_codes.size() == params.size() &&
                        m_absmax.size() == params.size() && v_codes.size() == params.size() &&
                        v_absmax.size() == params.size());
-  const AdamW8bitConsts c = adamw8bit_consts(args);
+  const AdamWConsts c = kernels::adamw_consts(args, "adamw8bit_multi");
   if (params.empty()) return;
   check_quant8_map(signed_map, "signed");
   check_quant8_map(unsigned_map, "unsigned");

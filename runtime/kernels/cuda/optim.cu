@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/allocator.h"
+#include "runtime/kernels/adamw_consts.h"
 #include "runtime/kernels/cuda/common.cuh"
 #include "runtime/kernels/kernels.h"
 
@@ -37,10 +38,6 @@ struct Slot {
 struct Chunk {
   int64_t slot;
   int64_t start;
-};
-
-struct AdamWConsts {
-  float lr, b1, b2, one_minus_b1, one_minus_b2, eps, decay, scale, bc1, bc2;
 };
 
 struct SgdConsts {
@@ -150,20 +147,8 @@ void adamw_multi(const std::vector<Tensor>& params, const std::vector<Tensor>& g
                  const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq, const AdamWArgs& args) {
   INGOT_INTERNAL_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() &&
                        exp_avg_sq.size() == params.size());
-  INGOT_CHECK(args.step >= 1, "adamw_multi: step is 1-based, got ", args.step);
+  const AdamWConsts c = adamw_consts(args, "adamw_multi");  // the CPU kernel's constants
   if (params.empty()) return;
-  // The same constants, computed the same way, as the CPU kernel.
-  AdamWConsts c;
-  c.lr = static_cast<float>(args.lr);
-  c.b1 = static_cast<float>(args.beta1);
-  c.b2 = static_cast<float>(args.beta2);
-  c.one_minus_b1 = 1.0f - c.b1;
-  c.one_minus_b2 = 1.0f - c.b2;
-  c.eps = static_cast<float>(args.eps);
-  c.decay = static_cast<float>(1.0 - args.lr * args.weight_decay);
-  c.scale = static_cast<float>(args.grad_scale);
-  c.bc1 = static_cast<float>(1.0 - std::pow(args.beta1, static_cast<double>(args.step)));
-  c.bc2 = static_cast<float>(1.0 - std::pow(args.beta2, static_cast<double>(args.step)));
   std::vector<Slot> slots;
   for (size_t i = 0; i < params.size(); ++i) {
     check_slot("adamw_multi", i, params[i], grads[i], {&exp_avg[i], &exp_avg_sq[i]});
