@@ -133,10 +133,15 @@ def make_checkpoint(args, cfg):
     model.save_pretrained(args.make_checkpoint, safe_serialization=True)
     print(f"wrote {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters (bf16) to {args.make_checkpoint}")
     if args.make_tokens:
-        g = torch.Generator().manual_seed(4321)
-        ids = torch.randint(0, cfg.vocab_size, (args.rows, args.seq + 1), generator=g, dtype=torch.int32)
-        ids.numpy().tofile(args.make_tokens)
-        print(f"wrote {args.rows} rows of {args.seq + 1} token ids (int32) to {args.make_tokens}")
+        write_tokens(args, cfg)
+
+
+def write_tokens(args, cfg):
+    """args.rows rows of args.seq + 1 random int32 token ids (seed 4321) into args.make_tokens: the --tokens format."""
+    g = torch.Generator().manual_seed(4321)
+    ids = torch.randint(0, cfg.vocab_size, (args.rows, args.seq + 1), generator=g, dtype=torch.int32)
+    ids.numpy().tofile(args.make_tokens)
+    print(f"wrote {args.rows} rows of {args.seq + 1} token ids (int32) to {args.make_tokens}")
 
 
 def main():

@@ -121,10 +121,7 @@ def make_checkpoint(args, cfg):
         torch.set_default_dtype(torch.float32)
     torch.cuda.empty_cache()
     if args.make_tokens:
-        g = torch.Generator().manual_seed(4321)
-        ids = torch.randint(0, cfg.vocab_size, (args.rows, args.seq + 1), generator=g, dtype=torch.int32)
-        ids.numpy().tofile(args.make_tokens)
-        print(f"wrote {args.rows} rows of {args.seq + 1} token ids (int32) to {args.make_tokens}")
+        fsdp2_llama.write_tokens(args, cfg)
 
 
 def main():
