@@ -27,6 +27,7 @@
 #include "runtime/device.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
+#include "tests/gpu/multi_gpu.h"
 #include "tests/shell.h"
 
 namespace ingot::distributed {
@@ -37,24 +38,6 @@ using ingot::testing::expect_ranks_pass;
 using ingot::testing::is_rank_process;
 using ingot::testing::spawn_ranks;
 namespace fs = std::filesystem;
-
-// Skips unless NCCL is built and `n` GPUs are visible.
-#define INGOT_REQUIRE_GPUS(n)                                                                                \
-  do {                                                                                                       \
-    if (!nccl_available()) GTEST_SKIP() << "built without NCCL (CPU-only build); runs on a multi-GPU machine"; \
-    if (cuda_device_count() < (n))                                                                           \
-      GTEST_SKIP() << "needs " << (n) << " CUDA devices, found " << cuda_device_count()                       \
-                   << "; runs on the lent nvidia-h100-x4 / h200-x4 (scripts/device_dist.sh)";                 \
-  } while (0)
-
-InitOptions nccl_init() {
-  InitOptions o;
-  o.backend = "nccl";
-  o.timeout = 60000ms;
-  o.store_timeout = 60000ms;
-  o.connect_timeout = 60000ms;
-  return o;
-}
 
 struct TrainRun {
   std::vector<double> losses;

@@ -25,6 +25,7 @@
 #include "runtime/allocator.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
+#include "tests/gpu/multi_gpu.h"
 
 namespace ingot::distributed {
 namespace {
@@ -33,23 +34,6 @@ using namespace std::chrono_literals;
 using ingot::testing::expect_ranks_pass;
 using ingot::testing::is_rank_process;
 using ingot::testing::spawn_ranks;
-
-#define INGOT_REQUIRE_GPUS(n)                                                                                \
-  do {                                                                                                       \
-    if (!nccl_available()) GTEST_SKIP() << "built without NCCL (CPU-only build); runs on a multi-GPU machine"; \
-    if (cuda_device_count() < (n))                                                                           \
-      GTEST_SKIP() << "needs " << (n) << " CUDA devices, found " << cuda_device_count()                       \
-                   << "; runs on the lent nvidia-h100-x2 / x4";                                               \
-  } while (0)
-
-InitOptions nccl_init() {
-  InitOptions o;
-  o.backend = "nccl";
-  o.timeout = 120000ms;
-  o.store_timeout = 120000ms;
-  o.connect_timeout = 60000ms;
-  return o;
-}
 
 struct Setup {
   bool compiled = true;
@@ -145,7 +129,7 @@ size_t count(const std::string& g, const std::string& what) {
 // and weights (the DDP GPU tests' bound); bf16 weights with f32 masters: 2e-2 (bf16 rounding of the activations
 // in fused kernels vs per eager op).
 void rank_body() {
-  auto ctx = init_distributed(nccl_init());
+  auto ctx = init_distributed(nccl_init(std::chrono::seconds(120)));
   const Device dev(DeviceType::cuda, ctx.info.local_rank);
   const std::string cache = std::getenv("INGOT_TEST_CACHE_DIR");
   for (bool reshard : {true, false})
@@ -174,7 +158,7 @@ void rank_body() {
 }
 
 void rank_body_reduce_overhead() {
-  auto ctx = init_distributed(nccl_init());
+  auto ctx = init_distributed(nccl_init(std::chrono::seconds(120)));
   const Device dev(DeviceType::cuda, ctx.info.local_rank);
   const std::string cache = std::getenv("INGOT_TEST_CACHE_DIR");
   Setup e{.compiled = false, .reshard = true, .reduce_dtype = std::nullopt, .bf16_masters = false,
