@@ -27,6 +27,8 @@
 #         first when missing (110 s on 4x H200; the machine keeps it while warm). FSDP8B_PARTS picks the runs
 #         (default "ingot eager compile ingot-compiled": 75, 45, 60 s on 4x H200 for the first three, so with the
 #         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default).
+#   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
+#   step's world sizes and rows, e.g. ZERO_WORLDS=4 ZERO_ROWS="ddp_compiled z3_compiled")
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -65,9 +67,9 @@ if want tests; then
 fi
 
 if want fsdp; then  # eager ZeRO-2/3 on NCCL (tests/gpu/test_fsdp_multi_gpu.cpp)
-  for f in 'FsdpOnGpus.*' 'FsdpLaunchOnGpus.*' 'CompiledFsdpOnGpus.*'; do
+  for f in ${FSDP_SUITES:-'FsdpOnGpus.*' 'FsdpLaunchOnGpus.*' 'CompiledFsdpOnGpus.*'}; do
     log="$out/test_${f%%.*}.log"
-    (cd $src && INGOT_CRASH_BACKTRACE=1 timeout 600 ingot_tests --gtest_filter="$f" > "$log" 2>&1); echo "== $f: exit $?"
+    (cd $src && INGOT_CRASH_BACKTRACE=1 timeout ${FSDP_TEST_TIMEOUT:-600} ingot_tests --gtest_filter="$f" > "$log" 2>&1); echo "== $f: exit $?"
     grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|^\[       OK|^\[ fsdp|Failure|Expected|Which is|error" "$log" | head -40
   done
 fi
@@ -180,16 +182,24 @@ if want llama; then
   fi
 fi
 if want zero; then  # the price of sharding: GPT-2 124M, DDP vs ZeRO-2 vs ZeRO-3, eager and compiled
-  gpt2 1 zero_one_1
-  for n in 2 4; do
+  # ZERO_WORLDS picks the world sizes (default "2 4"), ZERO_ROWS the rows (default all, in this order).
+  zrows=${ZERO_ROWS:-one ddp z2 z3 z3keep ddp_compiled z2_compiled z3_compiled}
+  zero_row() {  # zero_row N ROW
+    case $2 in
+      ddp) gpt2 $1 zero_ddp_$1 ;;
+      z2) gpt2 $1 zero_z2_$1 --zero-stage 2 ;;
+      z3) gpt2 $1 zero_z3_$1 --zero-stage 3 ;;
+      z3keep) gpt2 $1 zero_z3keep_$1 --zero-stage 3 --keep-after-forward ;;
+      ddp_compiled) gpt2 $1 zero_ddp_compiled_$1 --compile default --timeline ;;
+      z2_compiled) gpt2 $1 zero_z2_compiled_$1 --compile default --timeline --zero-stage 2 ;;
+      z3_compiled) gpt2 $1 zero_z3_compiled_$1 --compile default --timeline --zero-stage 3 ;;
+      z3keep_compiled) gpt2 $1 zero_z3keep_compiled_$1 --compile default --timeline --zero-stage 3 --keep-after-forward ;;
+    esac
+  }
+  [[ " $zrows " == *" one "* ]] && gpt2 1 zero_one_1
+  for n in ${ZERO_WORLDS:-2 4}; do
     (( n <= gpus )) || continue
-    gpt2 $n zero_ddp_$n
-    gpt2 $n zero_z2_$n --zero-stage 2
-    gpt2 $n zero_z3_$n --zero-stage 3
-    gpt2 $n zero_z3keep_$n --zero-stage 3 --keep-after-forward
-    gpt2 $n zero_ddp_compiled_$n --compile default --timeline
-    gpt2 $n zero_z2_compiled_$n --compile default --timeline --zero-stage 2
-    gpt2 $n zero_z3_compiled_$n --compile default --timeline --zero-stage 3
+    for r in $zrows; do [[ $r == one ]] || zero_row $n $r; done
   done
 fi
 if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.compile) vs ingot eager ZeRO-3
