@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cli.h"
 #include "distributed/bootstrap.h"
 #include "runtime/cuda_runtime.h"
 #include "runtime/tensor.h"
@@ -19,21 +20,13 @@ int main(int argc, char** argv) try {
   std::string device = "cuda";
   double min_mb = 1, max_mb = 1024;
   int iters = 20;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      std::printf("usage: ingot launch --nproc-per-node N -- bench_allreduce [--device cuda|cpu] [--min-mb X] "
-                  "[--max-mb X] [--iters N]\n");
-      return 0;
-    }
-    INGOT_CHECK(i + 1 < argc, "bench_allreduce: flag ", k, " needs a value");
-    std::string v = argv[++i];
-    if (k == "--device") device = v;
-    else if (k == "--min-mb") min_mb = std::stod(v);
-    else if (k == "--max-mb") max_mb = std::stod(v);
-    else if (k == "--iters") iters = std::stoi(v);
-    else INGOT_FAIL("bench_allreduce: unknown flag ", k, " (see --help)");
-  }
+  CLI::App app{"All-reduce bandwidth of ingot's process group (f32 sum, sizes doubling from --min-mb to --max-mb).",
+               "bench_allreduce"};
+  app.add_option("--device", device, "cuda (NCCL) or cpu (Gloo)")->capture_default_str();
+  app.add_option("--min-mb", min_mb, "smallest size, MiB")->capture_default_str();
+  app.add_option("--max-mb", max_mb, "largest size, MiB")->capture_default_str();
+  app.add_option("--iters", iters, "timed runs per size (after 5 warm-up)")->capture_default_str();
+  bench::parse_or_exit(app, argc, argv);
   distributed::InitOptions opts;
   opts.backend = device == "cpu" ? "gloo" : "nccl";
   distributed::DistributedContext ctx = distributed::init_distributed(opts);

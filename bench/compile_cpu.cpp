@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bench/cli.h"
 #include "compile/api.h"
 #include "compile/explain.h"
 #include "models/gpt2.h"
@@ -37,25 +38,18 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      std::printf("usage: bench_compile_cpu [--batch N] [--seq N] [--layers N] [--embd N] [--heads N] [--vocab N] "
-                  "[--steps N]\n");
-      std::exit(0);
-    }
-    INGOT_CHECK(i + 1 < argc, "bench_compile_cpu: flag ", k, " needs a value");
-    std::string v = argv[++i];
-    if (k == "--batch") a.batch = std::stoll(v);
-    else if (k == "--seq") a.seq = std::stoll(v);
-    else if (k == "--layers") a.layers = std::stoll(v);
-    else if (k == "--embd") a.embd = std::stoll(v);
-    else if (k == "--heads") a.heads = std::stoll(v);
-    else if (k == "--vocab") a.vocab = std::stoll(v);
-    else if (k == "--steps") a.steps = std::stoll(v);
-    else if (k == "--warm-child") a.warm_child = v;
-    else INGOT_FAIL("bench_compile_cpu: unknown flag ", k, " (see --help)");
-  }
+  CLI::App app{"Compiled vs eager training step of a small GPT on the CPU: step times, cold and warm compile time, launches, peak bytes.",
+               "bench_compile_cpu"};
+  app.add_option("--batch", a.batch, "rows per step")->capture_default_str();
+  app.add_option("--seq", a.seq, "tokens per row")->capture_default_str();
+  app.add_option("--layers", a.layers, "transformer blocks")->capture_default_str();
+  app.add_option("--embd", a.embd, "embedding width")->capture_default_str();
+  app.add_option("--heads", a.heads, "attention heads")->capture_default_str();
+  app.add_option("--vocab", a.vocab, "vocabulary size")->capture_default_str();
+  app.add_option("--steps", a.steps, "timed steps")->capture_default_str();
+  // Internal: the warm-compile child process this program starts on itself, with the cache dir to reuse.
+  app.add_option("--warm-child", a.warm_child)->group("");
+  bench::parse_or_exit(app, argc, argv);
   return a;
 }
 

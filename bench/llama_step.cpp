@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "autograd/nn/layers.h"
+#include "bench/cli.h"
 #include "bench/step_bench.h"
 #include "compile/api.h"
 #include "distributed/bootstrap.h"
@@ -56,51 +57,36 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      std::printf(
-          "usage: bench_llama_step --config CONFIG_JSON [--device auto|cpu|cuda] [--dtype bf16|f32]\n"
-          "       [--batch N] [--seq N] [--steps N] [--warmup N] [--layers N (override num_hidden_layers)]\n"
-          "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR]\n"
-          "       [--params f32|bf16 (bf16: f32 masters)] [--checkpoint HF_DIR] [--tokens INT32_FILE]\n"
-          "       [--losses K] [--peak-tflops P]\n"
-          "       under ingot launch: [--timeline] [--bucket-cap-mb MB] [--reduce-dtype f32|bf16]\n"
-          "       [--zero-stage 0|1|2|3 (3: FSDP, eager)] [--keep-after-forward]\n"
-          "Prints a table row (median step time, tokens/s, peak memory, first-call time, loss) and, on GPUs, a\n"
-          "'timing:' line: host time per call, and the step queued back to back and after a 5 ms rest.\n");
-      std::exit(0);
-    }
-    if (k == "--timeline") {
-      a.timeline = true;
-      continue;
-    }
-    if (k == "--keep-after-forward") {
-      a.keep_after_forward = true;
-      continue;
-    }
-    INGOT_CHECK(i + 1 < argc, "bench_llama_step: flag ", k, " needs a value");
-    std::string v = argv[++i];
-    if (k == "--config") a.config = v;
-    else if (k == "--device") a.device = v;
-    else if (k == "--dtype") a.dtype = v;
-    else if (k == "--batch") a.batch = std::stoll(v);
-    else if (k == "--seq") a.seq = std::stoll(v);
-    else if (k == "--steps") a.steps = std::stoll(v);
-    else if (k == "--warmup") a.warmup = std::stoll(v);
-    else if (k == "--layers") a.layers = std::stoll(v);
-    else if (k == "--compile") a.compile = v;
-    else if (k == "--cache-dir") a.cache_dir = v;
-    else if (k == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
-    else if (k == "--reduce-dtype") a.reduce_dtype = v;
-    else if (k == "--zero-stage") a.zero_stage = std::stoi(v);
-    else if (k == "--params") a.params = v;
-    else if (k == "--checkpoint") a.checkpoint = v;
-    else if (k == "--tokens") a.tokens = v;
-    else if (k == "--losses") a.losses = std::stoll(v);
-    else if (k == "--peak-tflops") a.peak_tflops = std::stod(v);
-    else INGOT_FAIL("bench_llama_step: unknown flag ", k, " (see --help)");
-  }
+  CLI::App app{"Full fine-tune step benchmark of a Llama-architecture model (random weights unless --checkpoint).\n"
+               "Prints a table row (median step time, tokens/s, peak memory, first-call time, loss) and, on GPUs, a\n"
+               "'timing:' line: host time per call, and the step queued back to back and after a 5 ms rest.",
+               "bench_llama_step"};
+  app.add_option("--config", a.config, "Hugging Face config.json of the model (default: --checkpoint's)");
+  app.add_option("--device", a.device, "auto, cpu or cuda")->capture_default_str();
+  app.add_option("--dtype", a.dtype, "bf16 (autocast-style mixed precision) or f32")->capture_default_str();
+  app.add_option("--batch", a.batch, "rows per step (per rank under ingot launch)")->capture_default_str();
+  app.add_option("--seq", a.seq, "tokens per row")->capture_default_str();
+  app.add_option("--steps", a.steps, "timed steps")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed steps first (the first compiles)")->capture_default_str();
+  app.add_option("--layers", a.layers, "override num_hidden_layers (0: the config's)")->capture_default_str();
+  app.add_option("--compile", a.compile, "none, default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs")
+      ->capture_default_str();
+  app.add_option("--cache-dir", a.cache_dir, "compile cache directory");
+  app.add_option("--params", a.params, "f32, or bf16 (bf16 weights, f32 masters)")->capture_default_str();
+  app.add_option("--checkpoint", a.checkpoint, "an HF checkpoint directory to load (ZeRO-3: each rank reads its slices)");
+  app.add_option("--tokens", a.tokens, "int32 token ids in rows of seq + 1 (fsdp2_llama.py --make-tokens)");
+  app.add_option("--losses", a.losses, "print the first K losses in fsdp2_llama.py's columns")->capture_default_str();
+  app.add_option("--peak-tflops", a.peak_tflops, "the GPU's dense bf16 peak, for MFU")->capture_default_str();
+  const std::string dist = "Under ingot launch";
+  app.add_flag("--timeline", a.timeline, "rank 0's communication per step (busy, exposed)")->group(dist);
+  app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket size")->capture_default_str()->group(dist);
+  app.add_option("--reduce-dtype", a.reduce_dtype, "f32 or bf16: the dtype gradients are reduced in")
+      ->capture_default_str()->group(dist);
+  app.add_option("--zero-stage", a.zero_stage, "0 (DDP), 1, 2 or 3 (FSDP; eager or compiled)")
+      ->capture_default_str()->group(dist);
+  app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3: keep a block's weights from forward to backward")
+      ->group(dist);
+  bench::parse_or_exit(app, argc, argv);
   if (a.config.empty() && !a.checkpoint.empty()) a.config = a.checkpoint + "/config.json";
   INGOT_CHECK(!a.config.empty(),
               "bench_llama_step: --config CONFIG_JSON (or --checkpoint DIR) is required (see --help)");

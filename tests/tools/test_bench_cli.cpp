@@ -15,11 +15,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path bench_binary() { return fs::read_symlink("/proc/self/exe").parent_path() / "bench_gpt2_step"; }
+fs::path bench_binary(const std::string& name = "bench_gpt2_step") {
+  return fs::read_symlink("/proc/self/exe").parent_path() / name;
+}
 
-ingot::testing::ShellResult run_bench(const std::string& args) {
+ingot::testing::ShellResult run_bench(const std::string& args, const std::string& name = "bench_gpt2_step") {
   std::string command = "'";  // appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on a + chain
-  command += bench_binary().string();
+  command += bench_binary(name).string();
   command += "' ";
   command += args;
   command += " 2>&1";
@@ -69,6 +71,31 @@ TEST(BenchGpt2Step, EagerRowsAreNotRegionalAndBadFlagsAreNamed) {
   const auto bogus = run_bench("--bogus 1");
   EXPECT_NE(bogus.exit_code, 0);
   EXPECT_NE(bogus.output.find("unknown flag --bogus"), std::string::npos) << bogus.output;
+}
+
+// bench_llama_step, bench_allreduce and bench_compile_cpu parse with CLI11: --help lists every flag, a bad flag or
+// value is named and nothing runs.
+TEST(BenchCli, TheOtherBenchesNameBadFlagsAndListTheirFlags) {
+  for (const char* name : {"bench_llama_step", "bench_allreduce", "bench_compile_cpu"}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(fs::exists(bench_binary(name))) << bench_binary(name);
+    const auto bogus = run_bench("--bogus 1", name);
+    EXPECT_NE(bogus.exit_code, 0);
+    EXPECT_NE(bogus.output.find("--bogus"), std::string::npos) << bogus.output;
+    const auto help = run_bench("--help", name);
+    EXPECT_EQ(help.exit_code, 0) << help.output;
+    EXPECT_NE(help.output.find("Usage: "), std::string::npos) << help.output;
+  }
+  const auto help = run_bench("--help", "bench_llama_step");
+  for (const char* flag : {"--config", "--checkpoint", "--tokens", "--zero-stage", "--keep-after-forward", "--params",
+                           "--reduce-dtype", "--timeline", "--losses", "--peak-tflops", "--compile", "--layers"})
+    EXPECT_NE(help.output.find(flag), std::string::npos) << flag << " missing from --help:\n" << help.output;
+  const auto typo = run_bench("--batch two", "bench_llama_step");
+  EXPECT_NE(typo.exit_code, 0);
+  EXPECT_NE(typo.output.find("--batch"), std::string::npos) << typo.output;
+  const auto stage = run_bench("--config /nonexistent.json --zero-stage 4", "bench_llama_step");
+  EXPECT_NE(stage.exit_code, 0);
+  EXPECT_NE(stage.output.find("--zero-stage must be 0..3, got 4"), std::string::npos) << stage.output;
 }
 
 }  // namespace
