@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "autograd/nn/layers.h"
 #include "autograd/nn/module.h"
 #include "autograd/ops.h"
 #include "autograd/primitive.h"
@@ -19,20 +20,32 @@ using fsdp_detail::Unit;
 
 namespace {
 
-using StatePtr = std::weak_ptr<FullyShardedDataParallel::State>;
+using State = FullyShardedDataParallel::State;
+using StatePtr = std::weak_ptr<State>;
+
+// Note [Parameters without bytes] (fsdp.h): a parameter made by nn::SkipInit without bytes has a shape, a dtype
+// and a device but no data yet.
+bool has_bytes(const Tensor& p) { return p.numel() == 0 || p.storage()->data != nullptr; }
 
 // Identity on a block's output whose backward gathers the block's weights before any of the block's own
-// backward nodes runs (they all receive their gradients through it; the engine runs it first).
+// backward nodes runs (they all receive their gradients through it; the engine runs it first). On the last
+// block's output with tied embeddings (`ends_head`) it runs once the head's backward is done: the embeddings
+// the head read are freed first (Note [Embeddings and head are units], fsdp.h).
 class GatherBeforeBackwardPrim final : public Primitive {
  public:
-  GatherBeforeBackwardPrim(StatePtr state, size_t unit) : state_(std::move(state)), unit_(unit) {}
+  GatherBeforeBackwardPrim(StatePtr state, size_t unit, bool ends_head)
+      : state_(std::move(state)), unit_(unit), ends_head_(ends_head) {}
   std::string_view name() const override { return "fsdp_gather_before_backward"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[0]}; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     return {in[0].as_strided(in[0].shape(), in[0].strides(), in[0].offset())};
   }
   std::vector<Tensor> vjp(const VjpContext&, const std::vector<Tensor>& cot) const override {
-    if (auto s = state_.lock(); s && s->active) s->gather(s->units[unit_]);
+    auto s = state_.lock();
+    if (!s || !s->active) return {cot[0]};
+    if (ends_head_ && s->heads_awaiting_backward > 0 && --s->heads_awaiting_backward == 0)
+      s->release(s->units[*s->embed]);
+    s->gather(s->units[unit_]);
     return {cot[0]};
   }
   bool saves_input(size_t) const override { return false; }
@@ -41,7 +54,125 @@ class GatherBeforeBackwardPrim final : public Primitive {
  private:
   StatePtr state_;
   size_t unit_;
+  bool ends_head_;
 };
+
+enum class Role { Root, Embed, Block, Head };
+
+// The parameters (model.parameters() indices, first names only) of one unit to be, and what it is.
+struct UnitGroup {
+  std::string name;
+  Role role = Role::Root;
+  nn::Module* module = nullptr;  // a block: the module whose forward hooks gather it
+  std::vector<size_t> members;
+};
+
+// Units in forward order (Note [Embeddings and head are units], fsdp.h): the children of every ModuleList not
+// inside another one are the blocks; with blocks, the embedding tables outside them are one unit and the rest
+// (final norm, output projection) another, else everything outside the blocks is the root unit (first).
+std::vector<UnitGroup> unit_groups(nn::Module& model, const std::map<const TensorImpl*, size_t>& index, size_t n) {
+  std::vector<UnitGroup> blocks;
+  auto inside_block = [&](const std::string& name) {
+    for (const UnitGroup& b : blocks)
+      if (name.rfind(b.name + ".", 0) == 0) return true;
+    return false;
+  };
+  for (auto& [name, m] : model.named_modules()) {
+    if (inside_block(name) || !dynamic_cast<nn::ModuleList*>(m.get())) continue;
+    for (auto& [child, c] : m->named_children()) blocks.push_back({name + "." + child, Role::Block, c.get(), {}});
+  }
+  std::vector<bool> claimed(n, false);
+  auto claim = [&](const nn::Module& m, std::vector<size_t>& into) {
+    for (auto& [_, p] : m.named_parameters()) {
+      const size_t i = index.at(p.impl());
+      if (!claimed[i]) into.push_back(i);
+      claimed[i] = true;
+    }
+  };
+  for (UnitGroup& b : blocks) claim(*b.module, b.members);
+  UnitGroup embed{"embeddings", Role::Embed, nullptr, {}};
+  if (!blocks.empty())
+    for (auto& [name, m] : model.named_modules())
+      if (dynamic_cast<nn::Embedding*>(m.get()) && !inside_block(name)) claim(*m, embed.members);
+  const bool split = !embed.members.empty();
+  UnitGroup rest{split ? "head" : "root", split ? Role::Head : Role::Root, nullptr, {}};
+  for (size_t i = 0; i < n; ++i)
+    if (!claimed[i]) rest.members.push_back(i);
+  std::vector<UnitGroup> out;
+  out.push_back(split ? std::move(embed) : std::move(rest));
+  for (UnitGroup& b : blocks) out.push_back(std::move(b));
+  if (split) out.push_back(std::move(rest));
+  return out;
+}
+
+// Tied word embeddings: a head of its own has an output projection shaped like an embedding table ([vocab, dim],
+// as GPT-2's and Llama's lm_head); a head without one multiplies by the embedding table itself.
+bool reads_embeddings(const State& s, const std::vector<UnitGroup>& groups) {
+  for (const UnitGroup& g : groups) {
+    if (g.role != Role::Head) continue;
+    for (size_t i : g.members)
+      for (size_t e : s.units[*s.embed].plan.params)
+        if (s.params[i].shape() == s.params[e].shape()) return false;
+  }
+  return true;
+}
+
+// The hooks: eagerly the units' bytes are gathered and freed; while a step is traced the same points record
+// graph nodes instead (Note [ZeRO-3 in a traced step], fsdp_compiled.cpp).
+void gather_unit(State& s, size_t u, bool regather = false, bool fresh = false) {
+  if (trace_observer() != nullptr) fsdp_traced::gather(s, u, regather, fresh);
+  else s.gather(s.units[u]);
+}
+
+void model_forward_begins(State& s) {
+  s.in_forward = true;
+  if (const std::optional<size_t> u = s.root ? s.root : s.embed) gather_unit(s, *u);
+}
+
+void block_forward_begins(State& s, size_t u, bool reshard) {
+  // A block running outside the model's forward would compute with embeddings that have no bytes.
+  INGOT_CHECK(s.in_forward || (!s.root && !s.embed), "FullyShardedDataParallel: block '", s.units[u].name,
+              "' ran outside the model's forward, or that forward does not run its forward hooks "
+              "(nn::Module::with_forward_hooks, as models::GPT2 and Llama do): the embeddings are not gathered");
+  // The embeddings were looked up; their backward reads no weights. A head still to be differentiated reads
+  // tied ones.
+  if (u == s.first_block && s.embed && s.heads_awaiting_backward == 0) {
+    if (trace_observer() != nullptr) fsdp_traced::put_back(s, *s.embed);
+    else s.release(s.units[*s.embed]);
+  }
+  gather_unit(s, u, reshard);
+}
+
+Tensor block_forward_ends(const StatePtr& weak, State& s, size_t u, bool reshard, const Tensor& out) {
+  const bool grad = grad_enabled() && out.requires_grad();  // else no backward follows (eval)
+  const bool last = u == s.last_block;
+  const bool ends_head = last && s.head_reads_embed && grad && reshard;
+  Tensor replaced;
+  if (trace_observer() != nullptr) {
+    replaced = fsdp_traced::forward_done(weak, u, reshard, out, ends_head);
+  } else if (!grad || reshard) {
+    s.release(s.units[u]);
+    if (grad) replaced = apply(std::make_shared<GatherBeforeBackwardPrim>(weak, u, ends_head), {out})[0];
+  }
+  if (!last) return replaced;
+  // The head begins: kept from its forward until its gradients are reduced (its backward comes right after).
+  if (s.head) gather_unit(s, *s.head);
+  if (s.head_reads_embed) {
+    gather_unit(s, *s.embed, false, /*fresh=*/true);
+    if (grad) ++s.heads_awaiting_backward;
+  }
+  return replaced;
+}
+
+void model_forward_ends(const StatePtr& weak, State& s, const Tensor& out) {
+  s.in_forward = false;
+  const bool grad = grad_enabled() && out.requires_grad();
+  for (const std::optional<size_t> u : {s.root, s.head, s.embed}) {
+    if (!u) continue;
+    if (trace_observer() != nullptr) fsdp_traced::forward_done(weak, *u, false, out);
+    else if (!grad) s.release(s.units[*u]);  // no backward follows (eval): nothing needs the weights any more
+  }
+}
 
 }  // namespace
 
@@ -70,42 +201,24 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
   INGOT_CHECK(!st->params.empty(), "FullyShardedDataParallel: the model has no parameters");
   if (options.broadcast_parameters && group->size() > 1) {
     std::vector<std::shared_ptr<Work>> works;
-    for (Tensor& p : st->params) works.push_back(group->broadcast(p, options.root));
+    for (Tensor& p : st->params)
+      if (has_bytes(p)) works.push_back(group->broadcast(p, options.root));  // Note [Parameters without bytes]
     for (auto& w : works) w->wait();
   }
 
-  // Units: the children of every ModuleList not inside another unit, then the root (what is left).
-  std::vector<std::pair<std::string, nn::Module*>> blocks;
-  for (auto& [name, m] : model.named_modules()) {
-    bool nested = false;
-    for (const auto& [unit_name, _] : blocks) nested = nested || name.rfind(unit_name + ".", 0) == 0;
-    if (nested || !dynamic_cast<nn::ModuleList*>(m.get())) continue;
-    for (auto& [child, c] : m->named_children()) blocks.emplace_back(name + "." + child, c.get());
-  }
-  std::vector<std::vector<size_t>> members(blocks.size() + 1);
-  std::vector<bool> claimed(st->params.size(), false);
-  for (size_t b = 0; b < blocks.size(); ++b)
-    for (auto& [_, p] : blocks[b].second->named_parameters()) {
-      const size_t i = index.at(p.impl());
-      if (claimed[i]) continue;
-      claimed[i] = true;
-      members[b + 1].push_back(i);
-    }
-  for (size_t i = 0; i < st->params.size(); ++i)
-    if (!claimed[i]) members[0].push_back(i);
-
+  const std::vector<UnitGroup> groups = unit_groups(model, index, st->params.size());
   const int world = group->size(), rank = group->rank();
   st->unit_of.assign(st->params.size(), 0);
-  for (size_t k = 0; k < members.size(); ++k) {
-    if (members[k].empty()) continue;  // a root with nothing outside the blocks, or a block without weights
+  for (const UnitGroup& grp : groups) {
+    if (grp.members.empty()) continue;  // a part with no parameters of its own, or a block without weights
     Unit& u = st->units.emplace_back();
-    u.name = k == 0 ? "root" : blocks[k - 1].first;
-    const Tensor& first = st->params[members[k][0]];
+    u.name = grp.name;
+    const Tensor& first = st->params[grp.members[0]];
     u.dtype = first.dtype();
     u.device = first.device();
-    for (size_t i : members[k]) {
+    for (size_t i : grp.members) {
       INGOT_CHECK(st->params[i].dtype() == u.dtype, "FullyShardedDataParallel: unit '", u.name, "' mixes dtypes: '",
-                  st->names[i], "' is ", dtype_name(st->params[i].dtype()), ", '", st->names[members[k][0]], "' is ",
+                  st->names[i], "' is ", dtype_name(st->params[i].dtype()), ", '", st->names[grp.members[0]], "' is ",
                   dtype_name(u.dtype), " (one unit is one flat buffer)");
       u.plan.params.push_back(i);
       u.plan.offsets.push_back(u.plan.numel);
@@ -114,6 +227,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
     }
     u.plan.padded_numel = (u.plan.numel + world - 1) / world * world;
     u.plan.dtype = u.dtype;
+    // One unit's whole weights exist at a time here: a model built without bytes is never whole on this rank.
     u.storage = std::make_shared<Storage>();
     u.storage->nbytes = static_cast<size_t>(u.plan.padded_numel) * itemsize(u.dtype);
     u.storage->device = u.device;
@@ -123,7 +237,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
     // The parameters become views of the unit's storage (same TensorImpl: every handle to them stays valid).
     for (size_t k = 0; k < u.plan.params.size(); ++k) {
       Tensor& p = st->params[u.plan.params[k]];
-      full.as_strided(p.shape(), p.strides(), u.plan.offsets[k]).copy_(p);
+      if (has_bytes(p)) full.as_strided(p.shape(), p.strides(), u.plan.offsets[k]).copy_(p);
       p.impl()->storage = u.storage;
       p.impl()->offset = u.plan.offsets[k];
     }
@@ -132,52 +246,41 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
     u.shard.set_requires_grad(true);
     st->release(u);
     st->plans.push_back(u.plan);
+    const size_t at = st->units.size() - 1;
+    if (grp.role == Role::Root) st->root = at;
+    else if (grp.role == Role::Embed) st->embed = at;
+    else if (grp.role == Role::Head) st->head = at;
+    else {
+      st->first_block = st->first_block.value_or(at);
+      st->last_block = at;
+    }
   }
+  st->head_reads_embed = st->embed && reads_embeddings(*st, groups);
   st->ready.assign(st->params.size(), false);
   st->reset_round();
   state_ = st;
 
-  // Hooks: forward ones on the root module and the blocks, post-accumulate ones on every parameter.
+  // Hooks: forward ones on the model and the blocks, post-accumulate ones on every parameter.
   const StatePtr weak = st;
-  auto unit_index = [&](const std::string& name) {
-    for (size_t u = 0; u < st->units.size(); ++u)
-      if (st->units[u].name == name) return std::optional<size_t>(u);
-    return std::optional<size_t>();
-  };
   const bool reshard = options.reshard_after_forward;
-  const std::optional<size_t> root = unit_index("root");
-  auto hook_unit = [&](nn::Module& m, size_t u, bool is_root) {
-    m.register_forward_pre_hook([weak, u, is_root, root, reshard] {
-      auto s = weak.lock();
-      if (!s || !s->active) return;
-      if (trace_observer() != nullptr) {  // Note [ZeRO-3 in a traced step] (fsdp_compiled.cpp)
-        fsdp_traced::gather(*s, u, reshard && !is_root);
-        return;
-      }
-      // A block running before the root was gathered would compute with embeddings that have no bytes.
-      INGOT_CHECK(is_root || !root || s->units[*root].gathered, "FullyShardedDataParallel: block '", s->units[u].name,
-                  "' ran outside the model's forward, or that forward does not run its forward hooks "
-                  "(nn::Module::with_forward_hooks, as models::GPT2 and Llama do): the root unit is not gathered");
-      s->gather(s->units[u]);
+  model.register_forward_pre_hook([weak] {
+    if (auto s = weak.lock(); s && s->active) model_forward_begins(*s);
+  });
+  model.register_forward_hook([weak](const Tensor& out) -> Tensor {
+    if (auto s = weak.lock(); s && s->active) model_forward_ends(weak, *s, out);
+    return Tensor();
+  });
+  for (const UnitGroup& grp : groups) {
+    if (grp.role != Role::Block || grp.members.empty()) continue;
+    const size_t u = st->unit_of[grp.members[0]];
+    grp.module->register_forward_pre_hook([weak, u, reshard] {
+      if (auto s = weak.lock(); s && s->active) block_forward_begins(*s, u, reshard);
     });
-    m.register_forward_hook([weak, u, is_root, reshard](const Tensor& out) -> Tensor {
+    grp.module->register_forward_hook([weak, u, reshard](const Tensor& out) -> Tensor {
       auto s = weak.lock();
-      if (!s || !s->active) return Tensor();
-      if (trace_observer() != nullptr) return fsdp_traced::forward_done(weak, u, reshard && !is_root, out);
-      Unit& unit = s->units[u];
-      // No backward follows a forward without gradients (eval): nothing needs the weights any more.
-      if (!grad_enabled() || !out.requires_grad()) {
-        s->release(unit);
-        return Tensor();
-      }
-      if (is_root || !reshard) return Tensor();  // kept until its gradients are reduced
-      s->release(unit);
-      return apply(std::make_shared<GatherBeforeBackwardPrim>(weak, u), {out})[0];
+      return s && s->active ? block_forward_ends(weak, *s, u, reshard, out) : Tensor();
     });
-  };
-  if (root) hook_unit(model, *root, true);
-  for (auto& [name, m] : blocks)
-    if (auto u = unit_index(name)) hook_unit(*m, *u, false);
+  }
   for (size_t i = 0; i < st->params.size(); ++i)
     st->params[i].register_post_accumulate_grad_hook([weak, i](Tensor&) {
       auto s = weak.lock();
@@ -221,7 +324,7 @@ void FullyShardedDataParallel::synchronize() {
   }
   NoGradGuard no_grad;
   for (Unit& u : s.units) {
-    Tensor g = u.shard_grad.dtype() == u.dtype ? u.shard_grad : u.shard_grad.to(u.dtype);
+    Tensor g = u.shard_grad.to(s.grad_dtype(u));  // to() of the same dtype is the tensor itself
     // Gradient accumulation: every backward reduces, its averages add up in the shard's .grad.
     u.shard.set_grad(u.shard.grad().defined() ? add(u.shard.grad(), g) : g);
   }
@@ -233,6 +336,9 @@ void FullyShardedDataParallel::zero_grad() {
 }
 
 const std::vector<BucketPlan>& FullyShardedDataParallel::layout() const { return state_->plans; }
+
+int64_t FullyShardedDataParallel::peak_gathered_bytes() const { return state_->peak_gathered_bytes; }
+void FullyShardedDataParallel::reset_peak_gathered_bytes() { state_->peak_gathered_bytes = state_->gathered_bytes; }
 
 void FullyShardedDataParallel::load_shards(
     const std::function<void(size_t param, int64_t begin, int64_t end, Tensor& dst)>& read) {

@@ -11,17 +11,29 @@
 //   }
 //
 // Units: every child of an nn::ModuleList (the transformer blocks of models/) is a unit; the parameters
-// outside them (embeddings, final norm, head: tied in GPT-2, so one unit) form the root unit. A unit's
+// outside them form the embeddings unit and the head unit (Note [Embeddings and head are units]). A unit's
 // parameters become views of one flat storage (its padded layout is a distributed::BucketPlan, rank r owning
 // chunk r, as ZeRO-1's buckets), whose bytes exist only while the unit is gathered:
+//   embeddings         gathered when the model's forward starts, freed when the first block starts (a lookup's
+//                      backward reads no weights, so nothing gathers them for the backward)
 //   block forward      pre-hook: all-gather; post-hook: free again (reshard_after_forward) and put a boundary
 //                      on the output whose backward gathers once more before the block's backward runs
-//   root forward       gathered when the model's forward starts, kept until its gradients are reduced
+//   head               gathered when the last block's forward ends, kept until its gradients are reduced (its
+//                      backward follows at once)
 //   backward           when a unit's last parameter gradient arrived (post-accumulate hooks) its weights are
 //                      freed and its gradients flattened into one buffer (the .grad tensors dropped), which is
 //                      reduce-scattered asynchronously, in unit order from the last to the first (every rank
 //                      issues the same collectives in the same order); the buffer goes once the reduction is done
 //   no grad (eval)     every unit is freed right after its forward
+//
+// Note [Embeddings and head are units]: with blocks, the embedding tables outside them (nn::Embedding: GPT-2's
+// wte and wpe, Llama's embed_tokens) are one unit and everything else outside them (final norm, lm_head) another,
+// so at most one block, or the head, is gathered beside the one computing, never the vocabulary tables all step.
+// Tied word embeddings (GPT-2's head multiplies by wte): the table stays in the embeddings unit, which the head
+// gathers again for its forward and keeps until its backward is done (the last block's boundary frees it). A head
+// is taken to be tied when no parameter of the head unit has the shape of an embedding table (an lm_head is
+// [vocab, dim] like the token table). A model without blocks or without embedding tables keeps one root unit of
+// everything outside the blocks, gathered from its forward until its gradients are reduced.
 // On CUDA with NCCL the eager protocol relies on the process group's ordering (a collective waits for the work
 // queued on its input stream before it writes a freshly allocated unit) and on blocking waits, so nothing is
 // overlapped eagerly (run on 2 and 4 H200s: tests/gpu/test_fsdp_multi_gpu.cpp, bench/RESULTS.md 2026-11-26).
@@ -54,7 +66,15 @@ struct FsdpOptions {
   // false: a block's weights stay gathered from its forward until its gradients are reduced (one all-gather
   // per block and step instead of two, the whole model at the end of the forward).
   bool reshard_after_forward = true;
+  // Note [Parameters without bytes]: parameters built by nn::SkipInit without bytes (shape, dtype and device,
+  // no data) are not broadcast and give their unit zeros: the shards get their values from load_shards() or a
+  // sharded checkpoint. The constructor makes one unit whole at a time, so such a model is never whole on a
+  // rank (tests/distributed/test_zero.cpp).
   // The dtype gradients are reduced in (nullopt: the parameters'), as DdpOptions::reduce_dtype.
+  // Note [Reduced gradients keep their precision]: a reduction wider than the weights (f32 for bf16 weights, what
+  // FSDP2's MixedPrecisionPolicy(reduce_dtype=f32) does) leaves the shards' .grad in that dtype, so the f32
+  // masters' update reads the f32 average itself; rounding it to bf16 first would change the update (by up to
+  // 2^-9 relative per element with SGD, tests/distributed/test_zero.cpp). A narrower one is widened back.
   std::optional<DType> reduce_dtype;
 };
 
@@ -72,9 +92,13 @@ class FullyShardedDataParallel {
   void synchronize();
   void zero_grad();  // drops the shards' .grad
 
-  // Units as bucket plans over model.parameters() indices, in unit order (root first): the layout of the
-  // shards, which sharded checkpoints save and load rank by rank (recipes/sharded_checkpoint.h).
+  // Units as bucket plans over model.parameters() indices, in unit order (embeddings, blocks, head; or root,
+  // blocks): the layout of the shards, which sharded checkpoints save and load rank by rank
+  // (recipes/sharded_checkpoint.h: by parameter, so any layout resumes any other).
   const std::vector<BucketPlan>& layout() const;
+  // Eager: the most bytes of whole unit weights gathered at once since the last reset (padding included).
+  int64_t peak_gathered_bytes() const;
+  void reset_peak_gathered_bytes();
   // Fills this rank's shards from a source of parameter slices (shard-wise loading: models::HFSliceReader reads
   // only their bytes): read(i, begin, end, dst) puts elements [begin, end) of the flattened value of parameter i
   // (model.parameters() order) into dst, a view of the shard in the parameter's dtype. Local, no collective; the

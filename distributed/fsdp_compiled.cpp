@@ -13,16 +13,18 @@
 //   backward           once every parameter of a unit has its gradient (post-accumulate hooks; synchronize()
 //                      for the units with parameters that got none): the parameters' .grad that the trace
 //                      accumulated, flattened and concatenated in the unit's padded layout, cast to reduce_dtype,
-//                      reduce_scatter_unit_start + wait and cast back: this rank's averaged chunk, added into the
-//                      shard's .grad; the whole .grad tensors are dropped (grad none: no whole gradient leaves
-//                      the step, and the traced run holds no more of them than eager ZeRO-3)
+//                      reduce_scatter_unit_start + wait and cast to the shard's gradient dtype (State::grad_dtype):
+//                      this rank's averaged chunk, added into the shard's .grad; the whole .grad tensors are
+//                      dropped (grad none: no whole gradient leaves the step, and the traced run holds no more of
+//                      them than eager ZeRO-3)
 // The optimizer then updates the shards (or their f32 masters) exactly as after eager ZeRO-3. No parameter is
 // ever read as a graph input: the compiled step's inputs are the shards, never the whole weights, and its only
 // whole weights are the gathered values, which the executor frees after their last reader.
 // reshard_after_forward: the trace records one gather per unit and forward; the gather is marked regather and
 // compile/passes/unit_gathers.cpp gives the backward readers a gather of their own, and orders every unit
-// gather after the previous unit's (prefetch one unit ahead). The root unit (embeddings, final norm, head) is
-// kept from its forward to its backward, as eagerly. The traced (first) step itself runs eagerly and holds what
+// gather after the previous unit's (prefetch one unit ahead). The embeddings' gather is read by the lookups only
+// and the head's from its forward to its backward (Note [Embeddings and head are units], fsdp.h); tied
+// embeddings get a second gather for the head (`fresh`), so the first dies after the lookup. The traced (first) step itself runs eagerly and holds what
 // eager ZeRO-3 holds: a resharded unit's gathered bytes are freed after its forward and gathered again (a plain
 // collective) by an identity on its output before its backward (fsdp_unit_boundary, which unit_gathers removes
 // from the graph).
@@ -54,8 +56,12 @@ void regather_traced(State& s, State::Unit& u) {
 
 }  // namespace
 
-void gather(State& s, size_t unit, bool regather) {
+void gather(State& s, size_t unit, bool regather, bool fresh) {
   State::Unit& u = s.units[unit];
+  if (fresh && u.traced.defined()) {
+    u.traced_earlier.push_back(u.traced);
+    u.traced = Tensor();
+  }
   // A second forward of the unit before its reduction (two forwards, one backward) reads the same gathered value,
   // whose bytes the first forward's end freed in the traced run.
   if (u.traced.defined()) regather_traced(s, u);
@@ -75,20 +81,38 @@ void gather(State& s, size_t unit, bool regather) {
 
 namespace {
 
+// Eager code after the trace sees the eager layout.
+void point_at_eager_storage(State& s, State::Unit& u) {
+  for (size_t k = 0; k < u.plan.params.size(); ++k) {
+    Tensor& p = s.params[u.plan.params[k]];
+    p.impl()->storage = u.storage;
+    p.impl()->offset = u.plan.offsets[k];
+  }
+}
+
+// Frees the traced run's bytes of `u`'s gathered value (the graph frees its own after the last reader).
+void free_traced(State::Unit& u) {
+  if (u.traced.defined()) u.traced.storage()->data.reset();
+}
+
 // Identity on a resharded unit's output in the traced run: its backward gathers the unit's weights again before
 // any of the unit's own backward ops runs (they all receive their gradients through it), as eager ZeRO-3's
 // boundary does. unit_gathers removes it from the graph, where the backward's gather is a node of its own.
 class UnitBoundaryPrim final : public Primitive, public WithAttrs<UnitCollectiveAttrs> {
  public:
-  UnitBoundaryPrim(std::weak_ptr<State> state, UnitCollectiveAttrs a)
-      : WithAttrs<UnitCollectiveAttrs>(std::move(a)), state_(std::move(state)) {}
+  UnitBoundaryPrim(std::weak_ptr<State> state, UnitCollectiveAttrs a, bool ends_head)
+      : WithAttrs<UnitCollectiveAttrs>(std::move(a)), state_(std::move(state)), ends_head_(ends_head) {}
   std::string_view name() const override { return "fsdp_unit_boundary"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[0]}; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     return {in[0].as_strided(in[0].shape(), in[0].strides(), in[0].offset())};
   }
   std::vector<Tensor> vjp(const VjpContext&, const std::vector<Tensor>& cot) const override {
-    if (auto s = state_.lock(); s && s->active) regather_traced(*s, s->units[static_cast<size_t>(attrs_.unit)]);
+    auto s = state_.lock();
+    if (!s || !s->active) return {cot[0]};
+    if (ends_head_ && s->heads_awaiting_backward > 0 && --s->heads_awaiting_backward == 0)
+      free_traced(s->units[*s->embed]);
+    regather_traced(*s, s->units[static_cast<size_t>(attrs_.unit)]);
     return {cot[0]};
   }
   bool saves_input(size_t) const override { return false; }
@@ -97,26 +121,31 @@ class UnitBoundaryPrim final : public Primitive, public WithAttrs<UnitCollective
 
  private:
   std::weak_ptr<State> state_;
+  bool ends_head_;
 };
 
 }  // namespace
 
-Tensor forward_done(const std::weak_ptr<State>& state, size_t unit, bool regather, const Tensor& out) {
+void put_back(State& s, size_t unit) {
+  State::Unit& u = s.units[unit];
+  point_at_eager_storage(s, u);
+  free_traced(u);
+}
+
+Tensor forward_done(const std::weak_ptr<State>& state, size_t unit, bool regather, const Tensor& out,
+                    bool ends_head) {
   const std::shared_ptr<State> s = state.lock();
   State::Unit& u = s->units[unit];
-  for (size_t k = 0; k < u.plan.params.size(); ++k) {
-    Tensor& p = s->params[u.plan.params[k]];
-    p.impl()->storage = u.storage;
-    p.impl()->offset = u.plan.offsets[k];
-  }
+  point_at_eager_storage(*s, u);
   if (!grad_enabled() || !out.requires_grad()) {  // no backward follows (an evaluation inside the step)
     u.traced = Tensor();
+    u.traced_earlier.clear();
     return Tensor();
   }
   if (!regather) return Tensor();
-  u.traced.storage()->data.reset();  // the traced run holds no more gathered units than eager ZeRO-3
+  free_traced(u);  // the traced run holds no more gathered units than eager ZeRO-3
   UnitCollectiveAttrs attrs{static_cast<int32_t>(unit), u.name, true};
-  return apply(std::make_shared<UnitBoundaryPrim>(state, std::move(attrs)), {out})[0];
+  return apply(std::make_shared<UnitBoundaryPrim>(state, std::move(attrs), ends_head), {out})[0];
 }
 
 namespace {
@@ -142,6 +171,7 @@ void reduce_unit(State& s, size_t j) {
   u.traced_reduction = reduce_scatter_unit_start(flat, s.group, std::move(attrs));
   for (size_t i : u.plan.params) s.params[i].zero_grad();
   u.traced = Tensor();
+  u.traced_earlier.clear();
   u.pending = -1;  // reduced this round
 }
 
@@ -162,7 +192,7 @@ void synchronize(State& s) {
   // scheduler (which runs ready waits last, in trace order) never lets one block the compute after its start.
   for (size_t j = s.units.size(); j-- > 0;) {
     State::Unit& u = s.units[j];
-    const Tensor avg = cast(collective_wait(u.traced_reduction), u.dtype);
+    const Tensor avg = cast(collective_wait(u.traced_reduction), s.grad_dtype(u));
     u.traced_reduction = Tensor();
     // Gradient accumulation: every backward reduces, its averages add up in the shard's .grad (as eagerly).
     u.shard.set_grad(u.shard.grad().defined() ? add(u.shard.grad(), avg) : avg);

@@ -13,14 +13,19 @@ namespace ingot::distributed::fsdp_traced {
 
 // A unit's forward begins: its flat weights are all-gathered from the shards as a graph value and its
 // parameters become views of that value. `regather`: the backward gets a gather of its own
-// (reshard_after_forward; compile/passes/unit_gathers.cpp).
-void gather(FullyShardedDataParallel::State& s, size_t unit, bool regather);
+// (reshard_after_forward; compile/passes/unit_gathers.cpp). `fresh`: a new gather even if this round has one
+// (tied embeddings gathered again for the head, so the first gathered value dies after the lookup).
+void gather(FullyShardedDataParallel::State& s, size_t unit, bool regather, bool fresh = false);
+// The embeddings were looked up: their parameters point at the eager storage again and the traced run frees
+// its gathered bytes (the graph frees its value after its last reader).
+void put_back(FullyShardedDataParallel::State& s, size_t unit);
 // A unit's forward ended with `out`: its parameters point at the eager storage again, and the gathered value is
 // kept (saved for the backward) until synchronize() when a backward follows. `regather` (reshard_after_forward):
 // the traced run frees the gathered bytes now and gathers them again before the unit's backward, through an
-// identity on `out` (returned; undefined otherwise) that compile/passes/unit_gathers.cpp removes from the graph.
+// identity on `out` (returned; undefined otherwise) that compile/passes/unit_gathers.cpp removes from the graph;
+// `ends_head` (the last block, tied embeddings): that identity also frees the embeddings' bytes the head read.
 Tensor forward_done(const std::weak_ptr<FullyShardedDataParallel::State>& state, size_t unit, bool regather,
-                    const Tensor& out);
+                    const Tensor& out, bool ends_head = false);
 // Parameter `param` (model.parameters() order) got its gradient: once all of its unit's did, the unit's
 // gradients are reduce-scattered into its shard's .grad.
 void on_grad(FullyShardedDataParallel::State& s, size_t param);

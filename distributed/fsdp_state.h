@@ -2,7 +2,9 @@
 // shared by fsdp.cpp (eager hooks) and fsdp_compiled.cpp (the same units inside a traced step).
 #pragma once
 
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,9 @@ struct Unit {
   // Compiled ZeRO-3, while a step is traced: the all-gathered flat weights the parameters are views of until
   // their gradients are reduced (Note [ZeRO-3 in a traced step], fsdp_compiled.cpp); undefined otherwise.
   Tensor traced;
+  // The unit's earlier gathered values of this round (tied embeddings gathered again for the head), kept
+  // referenced until the reduction for the same reason as `traced`.
+  std::vector<Tensor> traced_earlier;
   Tensor traced_reduction;  // compiled ZeRO-3, while tracing: the started reduce-scatter of this round's gradients
 
   Tensor flat() const {
@@ -52,8 +57,16 @@ struct FullyShardedDataParallel::State {
   std::vector<std::string> names;
   std::vector<size_t> unit_of;
   std::vector<bool> ready;  // per parameter: its gradient was flattened into its unit's buffer this round
-  std::vector<Unit> units;  // root first, then the blocks in forward order
+  std::vector<Unit> units;  // in forward order: embeddings (or root), the blocks, the head
   std::vector<BucketPlan> plans;
+  // The units outside the blocks (Note [Embeddings and head are units], fsdp.h): either `root`, or `embed` and
+  // `head` (each unset when it has no parameters).
+  std::optional<size_t> root, embed, head;
+  bool head_reads_embed = false;  // tied embeddings: the head's forward and backward read `embed` too
+  std::optional<size_t> first_block, last_block;
+  bool in_forward = false;        // between the model's forward hooks
+  int heads_awaiting_backward = 0;  // tied: head forwards of this round whose backward has not run yet
+  int64_t gathered_bytes = 0, peak_gathered_bytes = 0;  // eager: the units' whole weights that have bytes
   size_t next_issue = 0;    // reductions are issued from the last unit to the first
   bool round_active = false;
   bool active = true;       // false after unshard(): every hook is quiet
@@ -69,11 +82,22 @@ struct FullyShardedDataParallel::State {
     group->all_gather(full, u.shard)->wait();
     u.storage->version = version;
     u.gathered = true;
+    gathered_bytes += static_cast<int64_t>(u.storage->nbytes);
+    peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
   }
 
   void release(Unit& u) {
+    if (u.gathered) gathered_bytes -= static_cast<int64_t>(u.storage->nbytes);
     u.storage->data.reset();
     u.gathered = false;
+  }
+
+  // The dtype of a shard's .grad: the reduction's when it is wider than the weights' (reduce_dtype f32 with bf16
+  // weights), so the f32 average reaches the f32 masters' update unrounded, as FSDP2 keeps it; else the weights'
+  // (a bf16 reduction of f32 weights is widened back). Note [Reduced gradients keep their precision].
+  DType grad_dtype(const Unit& u) const {
+    const DType reduce = options.reduce_dtype.value_or(u.dtype);
+    return itemsize(reduce) > itemsize(u.dtype) ? reduce : u.dtype;
   }
 
   // Every parameter of `u` has its gradient: the weights are no longer needed, the gradients are flattened
@@ -125,6 +149,7 @@ struct FullyShardedDataParallel::State {
     }
     next_issue = 0;
     round_active = false;
+    heads_awaiting_backward = 0;
   }
 };
 

@@ -125,7 +125,9 @@ void DataParallel::wrap(nn::Module& model, const std::vector<Tensor>& params, bo
     dist::FsdpOptions o;
     o.broadcast_parameters = broadcast;
     o.reshard_after_forward = m.run.distributed.reshard_after_forward;
-    o.reduce_dtype = reduce_dtype;
+    // f32 unless bf16 was asked for, as FSDP2's MixedPrecisionPolicy(reduce_dtype=f32): a bf16 run's gradients
+    // reach its f32 master shards unrounded (Note [Reduced gradients keep their precision], fsdp.h).
+    o.reduce_dtype = reduce_dtype.value_or(DType::f32);
     m.fsdp = std::make_unique<dist::FullyShardedDataParallel>(model, m.ctx.group, o);
     m.plans = m.fsdp->layout();
     return;

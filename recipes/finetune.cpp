@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <system_error>
 
@@ -15,6 +16,7 @@
 #include "models/qlora.h"
 #include "recipes/data_parallel.h"
 #include "recipes/metrics.h"
+#include "recipes/sharded_checkpoint.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
 
@@ -219,7 +221,13 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
   models::HFModel hf;
   if (shard_wise) {
     hf.config = models::load_hf_config(s.model.path);
-    nn::SkipInit skip(DType::f32);  // Note [Parameters made to be overwritten]: the slices or a resume fill them
+    // Note [Parameters made to be overwritten]: the slices or a resume fill them. Without bytes (the model is
+    // never whole on a rank: Note [Parameters without bytes], distributed/fsdp.h) unless a whole checkpoint is
+    // resumed, which is read into the whole model before it is sharded.
+    const bool into_shards = run.resume_checkpoint.empty() || is_sharded_checkpoint(run.resume_checkpoint);
+    std::optional<nn::SkipInit> skip;
+    if (into_shards) skip.emplace(run.dtype, run.device);
+    else skip.emplace(DType::f32);
     hf.model = models::make_causal_lm(hf.config);
   } else {
     // LoRA loads straight into the compute dtype: the frozen base never exists in f32 (on the device that would

@@ -21,6 +21,7 @@
 #include "recipes/checkpoint.h"
 #include "recipes/checkpoint_io.h"
 #include "recipes/data_parallel.h"
+#include "recipes/export_streamed.h"
 #include "recipes/metrics.h"
 #include "recipes/prefetch.h"
 #include "recipes/progress_meter.h"
@@ -474,7 +475,9 @@ bool export_streamed(const FinalExport& e, TrainSummary& r) {
   }
   const int64_t before = alloc.stats().allocated_bytes;
   alloc.reset_peak();
-  std::vector<std::string> saved = e.task.save_final_sharded(w);
+  // Note [A failed export stops every rank] (export_streamed.h).
+  std::vector<std::string> saved = save_streamed_with_status(
+      w, [&](const std::vector<double>& v) { return dp.sum(v); }, e.run.output_dir, e.task.save_final_sharded);
   const int64_t held = alloc.stats().peak_allocated_bytes - before;
   if (!is_main) return false;
   r.checkpoints = std::move(saved);

@@ -13,7 +13,7 @@ thread_local const SkipInit* t_skip_init = nullptr;
 // advanced as the draw would have advanced it.
 Tensor skipped_draw(const Shape& shape) {
   default_generator(Device::cpu()).reserve(static_cast<uint64_t>(numel(shape)));
-  return empty(shape, t_skip_init->dtype());
+  return t_skip_init->make(shape);
 }
 
 Tensor normal_init(const Shape& shape, double std) {
@@ -25,15 +25,30 @@ Tensor uniform_init(const Shape& shape, double bound) {
   return rand(shape, DType::f32, Device::cpu(), -bound, bound);
 }
 Tensor filled(const Shape& shape, double value) {
-  if (t_skip_init) return empty(shape, t_skip_init->dtype());
+  if (t_skip_init) return t_skip_init->make(shape);
   return value == 0.0 ? zeros(shape) : ones(shape);
 }
 
 }  // namespace
 
 SkipInit::SkipInit(DType dtype) : dtype_(dtype), outer_(t_skip_init) { t_skip_init = this; }
+SkipInit::SkipInit(DType dtype, Device on) : dtype_(dtype), no_bytes_on_(on), outer_(t_skip_init) {
+  t_skip_init = this;
+}
 SkipInit::~SkipInit() { t_skip_init = outer_; }
 const SkipInit* SkipInit::active() { return t_skip_init; }
+
+Tensor SkipInit::make(const Shape& shape) const {
+  if (!no_bytes_on_) return empty(shape, dtype_);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>();
+  impl->storage->nbytes = static_cast<size_t>(numel(shape)) * itemsize(dtype_);
+  impl->storage->device = *no_bytes_on_;
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype_;
+  return Tensor(impl);
+}
 
 // Linear ---------------------------------------------------------------------------------------------------
 

@@ -21,14 +21,21 @@ namespace ingot::nn {
 class SkipInit {
  public:
   explicit SkipInit(DType dtype = DType::f32);
+  // Parameters without bytes: a shape, `dtype` and device `on` but no data at all, for ZeRO-3, which gives them
+  // storage one unit at a time and fills its shards from a checkpoint (Note [Parameters without bytes],
+  // distributed/fsdp.h), so the model is never whole on a rank. Nothing may read them before that.
+  SkipInit(DType dtype, Device on);
   ~SkipInit();
   SkipInit(const SkipInit&) = delete;
   SkipInit& operator=(const SkipInit&) = delete;
   DType dtype() const { return dtype_; }
   static const SkipInit* active();  // the innermost guard of this thread, or null
+  // An uninitialized parameter of `shape` (without bytes when the guard says so).
+  Tensor make(const Shape& shape) const;
 
  private:
   DType dtype_;
+  std::optional<Device> no_bytes_on_;
   const SkipInit* outer_;
 };
 

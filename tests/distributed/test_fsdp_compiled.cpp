@@ -290,16 +290,17 @@ void rank_body_trains_like_eager(int world) {
                 "%.5f\n",
                 world, static_cast<long long>(comp.stats.launches), static_cast<long long>(comp.stats.kernels),
                 static_cast<long long>(comp.stats.kernels_generated), comp.losses.front(), comp.losses.back());
-  // Units: the root and 3 blocks. Forward: one gather each; backward: one more per block (the root is kept).
-  ASSERT_EQ(comp.units, 4u);
+  // Units: the embeddings, 3 blocks and the head. Forward: one gather each, and the tied embeddings once more
+  // for the head; backward: one more per block (the head is kept, the lookups' backward reads no weights).
+  ASSERT_EQ(comp.units, 5u);
   const std::string& g = comp.stats.last_graph;
-  EXPECT_EQ(count(g, "= all_gather_start("), comp.units + 3) << g;
+  EXPECT_EQ(count(g, "= all_gather_start("), comp.units + 1 + 3) << g;
   EXPECT_EQ(count(g, "regather}"), 2 * 3u) << "the blocks' forward gathers and their backward copies: " << g;
   EXPECT_EQ(count(g, "= reduce_scatter_start("), comp.units) << g;
   EXPECT_EQ(count(g, "= all_reduce_start("), 0u) << g;
   EXPECT_EQ(count(g, "\n  grad none -> "), comp.params.size()) << "no whole gradient leaves the step: " << g;
   const std::string& k = keep.stats.last_graph;
-  EXPECT_EQ(count(k, "= all_gather_start("), keep.units) << k;
+  EXPECT_EQ(count(k, "= all_gather_start("), keep.units + 1) << k;
   EXPECT_EQ(count(k, "= reduce_scatter_start("), keep.units) << k;
 }
 
@@ -407,16 +408,20 @@ TEST(CompiledFsdp, HoldsAboutOneNthOfDdpsBytesAndPeaksLowerOnFourRanks) {
 
 // The schedule of a resharding step (compile/passes/unit_gathers.cpp): in the forward, block k+1's gather starts
 // before block k's last reader of its weights and after block k-1's; in the backward the same in reverse order,
-// and no block's backward gather starts before that block's forward ended. Graph structure only: the step runs
+// and no block's backward gather starts before that block's forward ended; the embeddings' and the head's gathers
+// read only where those are used. Graph structure only: the step runs
 // node by node (CompileBackend::Eager, no code generation).
 TEST(CompiledFsdp, EachUnitsGatherStartsWhileThePreviousUnitComputesAndNotEarlier) {
   if (is_rank_process()) {
     auto ctx = init_distributed(quick_init());
     const Trained comp = train(ctx, run(Mode::Compiled3).for_steps(2).node_by_node(), "");
     const std::string& g = comp.stats.last_graph;
-    std::vector<Window> fwd, bwd;
+    std::vector<Window> fwd, bwd, embed, head;
     for (const Window& w : windows(parse(g))) {
-      if (w.unit == "root") continue;  // read from the first forward op to the last backward one
+      if (w.unit == "embeddings" || w.unit == "head") {
+        (w.unit == "head" ? head : embed).push_back(w);
+        continue;
+      }
       ASSERT_GE(w.first, 0) << w.unit << " is gathered but never read: " << g;
       (fwd.size() < 3 ? fwd : bwd).push_back(w);
     }
@@ -447,12 +452,23 @@ TEST(CompiledFsdp, EachUnitsGatherStartsWhileThePreviousUnitComputesAndNotEarlie
       }
     // Resharding: the backward gathers the last block again only once its forward is over.
     EXPECT_GT(bwd[0].start, fwd[2].last) << g;
+    // Note [Embeddings and head are units]: the embeddings' gathered weights die with the lookups, before block 0
+    // computes; the head's are read from the last block's end to the head's backward; tied GPT-2 gathers the
+    // embeddings again for the head, read there only, before the last block's backward.
+    ASSERT_EQ(embed.size(), 2u) << g;
+    ASSERT_EQ(head.size(), 1u) << g;
+    std::sort(embed.begin(), embed.end(), [](const Window& a, const Window& b) { return a.first < b.first; });
+    EXPECT_LT(embed[0].last, fwd[0].first) << g;
+    EXPECT_GT(head[0].first, fwd[2].last) << g;
+    EXPECT_LT(head[0].last, bwd[0].first) << g;
+    EXPECT_GT(embed[1].first, fwd[2].last) << g;
+    EXPECT_LT(embed[1].last, bwd[0].first) << g;
     // explain's collectives section (compile/explain.h: describe_collectives): every unit's collectives, and what
     // each overlaps: block 1's forward gather block 0's forward, block 1's reduce-scatter block 0's backward.
     const std::vector<std::string>& c = comp.stats.collectives;
     if (ctx.info.rank == 0)
       for (const std::string& line : c) std::printf("[ explain  ] %s\n", line.c_str());
-    ASSERT_EQ(c.size(), 7u + 4u);
+    ASSERT_EQ(c.size(), 9u + 5u);
     auto line_of = [&](const std::string& what) {
       for (const std::string& l : c)
         if (l.find(what) != std::string::npos) return l;

@@ -1,19 +1,24 @@
 // ZeRO-2 (DistributedDataParallel zero_stage 2) and ZeRO-3 (FullyShardedDataParallel) in eager mode over Gloo
-// with 3 real processes: the same losses and weights as plain DDP and as one process, and per-rank bytes of
-// weights, gradients and optimizer state about 1/world of DDP's, read from the CPU allocator.
+// with 2-4 real processes: the same losses and weights as plain DDP and as one process, and per-rank bytes of
+// weights, gradients and optimizer state about 1/world of DDP's, read from the CPU allocator. ZeRO-3: the
+// embeddings and the head are units gathered only where used, an f32 reduction reaches f32 masters unrounded,
+// and a model built without bytes is sharded one unit at a time.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 
+#include "autograd/nn/layers.h"
 #include "autograd/ops.h"
+#include "compile/api.h"
 #include "distributed/bootstrap.h"
 #include "distributed/ddp.h"
 #include "distributed/fsdp.h"
 #include "distributed/sampler.h"
 #include "distributed/spawn.h"
 #include "models/tiny_models.h"
+#include "optim/mixed_precision.h"
 #include "optim/optimizer.h"
 #include "runtime/allocator.h"
 #include "runtime/rng.h"
@@ -143,9 +148,9 @@ TEST(ZeroStages, TwoAndThreeTrainLikeDdpAndOneProcessWithAboutOneNthOfTheBytes) 
   expect_ranks_pass(spawn_ranks(ingot::testing::world(3).within(std::chrono::seconds(60))));
 }
 
-// The unit protocol, counted in collectives: a step of the 2-block model all-gathers the root once and each
-// block twice (before its forward and again before its backward), or once with reshard_after_forward false,
-// and reduce-scatters each of the 3 units once. Outside forward and backward no weight has bytes; a forward
+// The unit protocol, counted in collectives: a step of the 2-block model all-gathers the embeddings once, each
+// block twice (before its forward and again before its backward), or once with reshard_after_forward false, the
+// head once and the tied embeddings once more for the head, and reduce-scatters each of the 4 units once. Outside forward and backward no weight has bytes; a forward
 // without gradients (eval) frees every unit again and gives the loss of the whole model.
 TEST(ZeroStages, ThreeGathersEachUnitBeforeUseAndFreesItAfter) {
   if (is_rank_process()) {
@@ -164,7 +169,7 @@ TEST(ZeroStages, ThreeGathersEachUnitBeforeUseAndFreesItAfter) {
       FsdpOptions o;
       o.reshard_after_forward = reshard;
       FullyShardedDataParallel fsdp(model, ctx.group, o);
-      ASSERT_EQ(fsdp.layout().size(), 3u) << "root + 2 blocks";
+      ASSERT_EQ(fsdp.layout().size(), 4u) << "embeddings + 2 blocks + head";
       auto all_freed = [&] {
         for (const Tensor& p : model.parameters())
           if (p.data_ptr() != nullptr) return false;
@@ -174,7 +179,9 @@ TEST(ZeroStages, ThreeGathersEachUnitBeforeUseAndFreesItAfter) {
       const int64_t before = ctx.group->next_seq();
       model.loss(ids, tgt).backward();
       fsdp.synchronize();
-      EXPECT_EQ(ctx.group->next_seq() - before, reshard ? 1 + 2 * 2 + 3 : 1 + 2 + 3) << "reshard " << reshard;
+      // Gathers: the embeddings, each block (twice when resharding), the head and the tied embeddings again for
+      // it; one reduce-scatter per unit.
+      EXPECT_EQ(ctx.group->next_seq() - before, reshard ? 1 + 2 * 2 + 2 + 4 : 1 + 2 + 2 + 4) << "reshard " << reshard;
       EXPECT_TRUE(all_freed());
       double l = 0;
       {
@@ -189,5 +196,214 @@ TEST(ZeroStages, ThreeGathersEachUnitBeforeUseAndFreesItAfter) {
   expect_ranks_pass(spawn_ranks(ingot::testing::world(2)));
 }
 
+
+int64_t unit_bytes(const BucketPlan& p) { return p.padded_numel * static_cast<int64_t>(itemsize(p.dtype)); }
+
+// This rank's rows of a fixed global batch of 4 sequences.
+std::pair<Tensor, Tensor> rank_rows(const DistributedContext& ctx, bool one) {
+  auto [ids, tgt] = ingot::testing::repeating_batch(4, 8);
+  if (one) return {ids, tgt};
+  const RowRange r = batch_shard(4, ctx.info.rank, ctx.info.world_size);
+  return {contiguous(narrow(ids, 0, r.begin, r.end - r.begin)), contiguous(narrow(tgt, 0, r.begin, r.end - r.begin))};
+}
+
+// The global batch's mean loss of 3 AdamW steps: one process on the whole batch (fsdp null), or ZeRO-3 through
+// `fsdp` (wrapping `model`) on this rank's rows.
+std::vector<double> three_steps(const DistributedContext& ctx, models::CausalLM& model, FullyShardedDataParallel* fsdp) {
+  auto [ids, tgt] = rank_rows(ctx, fsdp == nullptr);
+  optim::AdamW opt(fsdp ? fsdp->optimizer_params() : model.parameters(), optim::AdamWOptions{3e-3, 0.9, 0.95, 1e-8, 0.1});
+  std::vector<double> losses;
+  for (int step = 0; step < 3; ++step) {
+    Tensor l = model.loss(ids, tgt);
+    l.backward();
+    if (fsdp) fsdp->synchronize();
+    opt.step();
+    opt.zero_grad();
+    if (fsdp) fsdp->zero_grad();
+    double v = l.item();
+    if (fsdp) {
+      Tensor t = from_vector(std::vector<double>{v}, {1}, DType::f64);
+      ctx.group->all_reduce(t, ReduceOp::Avg)->wait();
+      v = t.item();
+    }
+    losses.push_back(v);
+  }
+  return losses;
+}
+
+// Note [Embeddings and head are units] (fsdp.h): GPT-2 (tied: its head multiplies by wte) and Llama (an lm_head
+// of its own) each get an embeddings unit, a unit per block and a head unit. A step then holds at most one block's
+// weights, or the head's with (tied) the embeddings, gathered at once: the unit accounting's peak is exactly that,
+// below the old root unit (embeddings + head, gathered all step) beside a block. Losses as one process's (2e-5
+// relative, as above).
+TEST(ZeroStages, ThreeGathersTheEmbeddingsAndTheHeadOnlyWhereTheyAreUsed) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(ingot::testing::gloo_test_init());
+    for (const bool tied : {true, false}) {
+      SCOPED_TRACE(tied ? "GPT-2 (tied embeddings)" : "Llama (lm_head of its own)");
+      auto build = [&]() -> std::unique_ptr<models::CausalLM> {
+        manual_seed(5);
+        if (tied) return std::make_unique<models::GPT2>(ingot::testing::tiny_gpt2_config());
+        return std::make_unique<models::Llama>(ingot::testing::tiny_llama_config());
+      };
+      const std::vector<double> single = three_steps(ctx, *build(), nullptr);
+      std::unique_ptr<models::CausalLM> model = build();
+      FullyShardedDataParallel fsdp(*model, ctx.group);
+      fsdp.reset_peak_gathered_bytes();
+      const std::vector<double> sharded = three_steps(ctx, *model, &fsdp);
+      const int64_t peak = fsdp.peak_gathered_bytes();
+      const std::vector<BucketPlan>& plans = fsdp.layout();
+      for (size_t i = 0; i < single.size(); ++i)
+        EXPECT_NEAR(sharded[i], single[i], 2e-5 * std::abs(single[i])) << "step " << i;
+      ASSERT_EQ(plans.size(), 4u) << "embeddings, 2 blocks, head";
+      const int64_t embed = unit_bytes(plans.front()), head = unit_bytes(plans.back());
+      const int64_t block = std::max(unit_bytes(plans[1]), unit_bytes(plans[2]));
+      const int64_t expected = tied ? std::max(block, embed + head) : std::max({embed, block, head});
+      if (ctx.info.rank == 0)
+        std::printf("[ zero     ] %s: units embeddings %lld B, block %lld B, head %lld B; gathered at once at most "
+                    "%lld B (a root unit beside a block: %lld B)\n",
+                    tied ? "gpt2" : "llama", static_cast<long long>(embed), static_cast<long long>(block),
+                    static_cast<long long>(head), static_cast<long long>(peak),
+                    static_cast<long long>(embed + head + block));
+      EXPECT_EQ(peak, expected);
+      EXPECT_LT(peak, embed + head + block);
+    }
+    return;
+  }
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2)));
+}
+
+// Note [Reduced gradients keep their precision] (fsdp.h): bf16 weights, gradients reduced in f32, f32 masters
+// updated by SGD with lr 1 (the update is the gradient itself). The reference is the f32 mean of every rank's bf16
+// gradients of the same weights on its rows (a plain model per rank, an f32 all-reduce): the masters after the
+// step are the masters minus it (1e-6 of the gradient's largest element), eagerly and compiled (node by node),
+// while the masters minus its bf16 rounding, which the shards' .grad used to hold, are far from that.
+void rank_body_f32_gradients_reach_the_masters() {
+  auto ctx = init_distributed(ingot::testing::gloo_test_init(std::chrono::milliseconds(60000)));
+  auto [ids, tgt] = rank_rows(ctx, false);
+  auto build = [] {
+    manual_seed(5);
+    auto m = std::make_unique<models::GPT2>(ingot::testing::tiny_gpt2_config());
+    m->to(DType::bf16);
+    return m;
+  };
+  // The reference: this rank's bf16 gradients in f32, averaged over the ranks in f32.
+  std::vector<Tensor> reference;
+  {
+    auto plain = build();
+    plain->loss(ids, tgt).backward();
+    for (const Tensor& p : plain->parameters()) {
+      Tensor g = p.grad().to(DType::f32).clone_raw();
+      ctx.group->all_reduce(g, ReduceOp::Avg)->wait();
+      reference.push_back(g);
+    }
+  }
+  for (const bool compiled : {false, true}) {
+    SCOPED_TRACE(compiled ? "compiled" : "eager");
+    auto model = build();
+    FsdpOptions o;
+    o.reduce_dtype = DType::f32;
+    FullyShardedDataParallel fsdp(*model, ctx.group, o);
+    optim::MasterWeights masters(fsdp.optimizer_params());
+    std::vector<Tensor> before;
+    for (const Tensor& m : masters.master()) before.push_back(m.clone_raw());
+    optim::SGD opt(masters.master(), optim::SGDOptions{.lr = 1.0});
+    auto step = [&](const std::vector<Tensor>& b) {
+      Tensor l = model->loss(b[0], b[1]);
+      l.backward();
+      fsdp.synchronize();
+      masters.copy_grads_to_master();
+      opt.step();
+      opt.zero_grad();
+      masters.copy_to_model();
+      fsdp.zero_grad();
+      return std::vector<Tensor>{l.detach()};
+    };
+    CompileOptions co;
+    co.backend = CompileBackend::Eager;
+    CompiledFunction fn = compile(step, co);
+    if (compiled) fn({ids, tgt});
+    else step({ids, tgt});
+    double worst = 0, rounded = 0;
+    for (size_t i = 0; i < reference.size(); ++i) {
+      const Tensor was = fsdp.gather_param(i, before), now = fsdp.gather_param(i, masters.master());
+      if (ctx.info.rank != 0) continue;
+      const Tensor& g = reference[i];
+      const Tensor want = sub(was, g), old_path = sub(was, g.to(DType::bf16).to(DType::f32));
+      const double scale = std::max(1e-12, amax(abs(g)).item());
+      worst = std::max(worst, amax(abs(sub(now, want))).item() / scale);
+      rounded = std::max(rounded, amax(abs(sub(old_path, want))).item() / scale);
+    }
+    if (ctx.info.rank != 0) continue;
+    std::printf("[ zero     ] %s: the masters moved by the f32 mean gradient within %.2g (of its largest element); "
+                "by its bf16 rounding they would be %.2g away\n", compiled ? "compiled" : "eager", worst, rounded);
+    EXPECT_LT(worst, 1e-6);
+    EXPECT_GT(rounded, 1e-4) << "bf16 rounding must change the update, else this test checks nothing";
+  }
+}
+
+TEST(ZeroStages, ThreeKeepsAnF32ReducedGradientUnroundedForTheF32Masters) {
+  if (is_rank_process()) return rank_body_f32_gradients_reach_the_masters();
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(std::chrono::seconds(120))));
+}
+
+// Note [Parameters without bytes] (fsdp.h): a Llama built under nn::SkipInit without bytes and sharded makes one
+// unit whole at a time, so the set-up (build, wrap, load every rank's slices) never allocates more than the
+// shards plus the largest unit (+ 5%): below 45% of the whole model's bytes on 4 ranks, 70% on 2 (a block, the
+// largest unit of this 8-block model, is ~1/9 of it). Its training then equals that of the same weights built whole and broadcast.
+void rank_body_never_whole() {
+  auto ctx = init_distributed(ingot::testing::gloo_test_init());
+  const int world = ctx.info.world_size;
+  models::LlamaConfig cfg = ingot::testing::tiny_llama_config();
+  cfg.num_hidden_layers = 8;
+  manual_seed(5);
+  models::Llama whole(cfg);
+  std::vector<Tensor> values;  // what a checkpoint would hold
+  int64_t model_bytes = 0;
+  for (const Tensor& p : whole.parameters()) {
+    values.push_back(p.clone_raw());
+    model_bytes += static_cast<int64_t>(p.nbytes());
+  }
+  FsdpOptions no_broadcast;
+  no_broadcast.broadcast_parameters = false;
+  const int64_t base = allocated();
+  cpu_allocator().reset_peak();
+  std::unique_ptr<models::Llama> built;
+  {
+    nn::SkipInit skip(DType::f32, Device::cpu());
+    built = std::make_unique<models::Llama>(cfg);
+  }
+  FullyShardedDataParallel fsdp(*built, ctx.group, no_broadcast);
+  fsdp.load_shards([&](size_t i, int64_t begin, int64_t end, Tensor& dst) {
+    dst.copy_(narrow(reshape(values[i], {values[i].numel()}), 0, begin, end - begin));
+  });
+  const int64_t setup_peak = cpu_allocator().stats().peak_allocated_bytes - base;
+  int64_t shards = 0, largest = 0;
+  for (const BucketPlan& p : fsdp.layout()) {
+    shards += unit_bytes(p) / world;
+    largest = std::max(largest, unit_bytes(p));
+  }
+  const double fraction = world >= 4 ? 0.45 : 0.7;
+  if (ctx.info.rank == 0)
+    std::printf("[ zero     ] world %d: set-up peak %lld B for a model of %lld B (shards %lld B, largest unit %lld B)\n",
+                world, static_cast<long long>(setup_peak), static_cast<long long>(model_bytes),
+                static_cast<long long>(shards), static_cast<long long>(largest));
+  EXPECT_LE(static_cast<double>(setup_peak), 1.05 * static_cast<double>(shards + largest));
+  EXPECT_LT(static_cast<double>(setup_peak), fraction * static_cast<double>(model_bytes));
+  const std::vector<double> got = three_steps(ctx, *built, &fsdp);
+  FullyShardedDataParallel broadcast(whole, ctx.group);
+  const std::vector<double> want = three_steps(ctx, whole, &broadcast);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i;
+}
+
+TEST(ZeroStages, ThreeShardsAModelBuiltWithoutBytesOneUnitAtATime) {
+  if (is_rank_process()) return rank_body_never_whole();
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2)));
+}
+
+TEST(ZeroStages, ThreeShardsAModelBuiltWithoutBytesOneUnitAtATimeOnFourRanks) {
+  if (is_rank_process()) return rank_body_never_whole();
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(4).within(std::chrono::seconds(60))));
+}
 }  // namespace
 }  // namespace ingot::distributed

@@ -118,10 +118,12 @@ TEST_F(CompiledFsdpRun, ExplainListsTheUnitsCollectivesAndWhatTheyOverlap) {
   Result r = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" explain tiny.yaml distributed.zero_stage=3 "
                 "compile.cache_dir=" + path("cache"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* want : {"collectives: ", "all_gather of unit root (weights for forward)",
+  for (const char* want : {"collectives: ", "all_gather of unit embeddings (weights for forward)",
                            "all_gather of unit transformer.h.1 (weights for forward, resharded after it)",
                            "all_gather of unit transformer.h.0 (weights again for backward)",
-                           "reduce_scatter of unit transformer.h.1 (its gradients)", "reduce_scatter of unit root"})
+                           "all_gather of unit head (weights for forward)",
+                           "reduce_scatter of unit transformer.h.1 (its gradients)",
+                           "reduce_scatter of unit embeddings", "reduce_scatter of unit head"})
     EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
   // Block 0's backward gather is prefetched while block 1's backward computes; block 1's reduce-scatter overlaps
   // block 0's backward.
