@@ -141,9 +141,12 @@ int main(int argc, char** argv) try {
   std::shared_ptr<models::CausalLM> model;
   {
     // A checkpoint writes every parameter (ZeRO-3: its shards' slices): built undrawn in the parameters' dtype
-    // (Note [Parameters made to be overwritten]); random weights otherwise, drawn in f32.
+    // (Note [Parameters made to be overwritten]), under ZeRO-3 without bytes on the device (Note [Parameters
+    // without bytes], distributed/fsdp.h: the model is never whole on a rank); random weights otherwise, in f32.
     std::optional<nn::SkipInit> skip;
-    if (!a.checkpoint.empty()) skip.emplace(bf16_params ? DType::bf16 : DType::f32);
+    const DType param_dtype = bf16_params ? DType::bf16 : DType::f32;
+    if (!a.checkpoint.empty() && fsdp) skip.emplace(param_dtype, dev);
+    else if (!a.checkpoint.empty()) skip.emplace(param_dtype);
     model = models::make_causal_lm(hf);
   }
   if (bf16_params) model->to(DType::bf16);  // on the CPU first: the device never holds the f32 model

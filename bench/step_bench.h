@@ -186,6 +186,8 @@ struct DataParallelStep {
     std::vector<Tensor> p = fsdp ? fsdp->optimizer_params() : ddp ? ddp->optimizer_params() : params;
     if (!f32_masters) return p;
     masters = std::make_unique<optim::MasterWeights>(p);
+    // ZeRO-3: no bf16 shards beside the masters (Note [Shards cast from their masters], distributed/fsdp.h).
+    if (fsdp) fsdp->gather_from_masters(masters->master());
     return masters->master();
   }
   // After the backward: the reduction, the update (through the masters) and zero_grad.

@@ -135,14 +135,29 @@ void print_unit(std::ostream& os, const UnitCollectiveAttrs& a) {
 
 class AllGatherUnitStartPrim final : public AllGatherStartPrim, public WithAttrs<UnitCollectiveAttrs> {
  public:
-  AllGatherUnitStartPrim(std::shared_ptr<ProcessGroup> g, UnitCollectiveAttrs a)
-      : AllGatherStartPrim(std::move(g)), WithAttrs<UnitCollectiveAttrs>(std::move(a)) {}
+  AllGatherUnitStartPrim(std::shared_ptr<ProcessGroup> g, UnitCollectiveAttrs a, std::optional<DType> as)
+      : AllGatherStartPrim(std::move(g)), WithAttrs<UnitCollectiveAttrs>(std::move(a)), as_(as) {}
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     INGOT_CHECK(!in.empty(), name(), ": expected a shard");
-    return AllGatherStartPrim::infer({in[0]});
+    std::vector<TensorMeta> out = AllGatherStartPrim::infer({in[0]});
+    if (as_) out[0].dtype = *as_;
+    return out;
   }
-  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return AllGatherStartPrim::eval({in[0]}); }
-  void print_attrs(std::ostream& os) const override { print_unit(os, attrs_); }
+  // The cast copy lives until the collective read it (the process group keeps its input): one shard's bytes.
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    if (!as_ || in[0].dtype() == *as_) return AllGatherStartPrim::eval({in[0]});
+    Tensor cast_shard = empty(in[0].shape(), *as_, in[0].device());
+    cast_shard.copy_(in[0]);
+    return AllGatherStartPrim::eval({cast_shard});
+  }
+  void print_attrs(std::ostream& os) const override {
+    os << "unit=" << attrs_.name;
+    if (as_) os << ", as " << dtype_name(*as_);
+    if (attrs_.regather) os << ", regather";
+  }
+
+ private:
+  std::optional<DType> as_;
 };
 
 class ReduceScatterUnitStartPrim final : public ReduceScatterStartPrim, public WithAttrs<UnitCollectiveAttrs> {
@@ -172,9 +187,10 @@ Tensor all_gather_start(const Tensor& chunk, std::shared_ptr<ProcessGroup> group
   return apply_collective<AllGatherStartPrim>("all_gather_start", chunk, std::move(group));
 }
 
-Tensor all_gather_unit_start(const Tensor& shard, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit) {
+Tensor all_gather_unit_start(const Tensor& shard, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit,
+                             std::optional<DType> as) {
   INGOT_CHECK(group != nullptr, "all_gather_unit_start: no process group");
-  return ingot::apply(std::make_shared<AllGatherUnitStartPrim>(std::move(group), std::move(unit)), {shard})[0];
+  return ingot::apply(std::make_shared<AllGatherUnitStartPrim>(std::move(group), std::move(unit), as), {shard})[0];
 }
 
 Tensor reduce_scatter_unit_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "autograd/ops/attrs.h"
 #include "distributed/process_group.h"
@@ -34,8 +35,11 @@ Tensor all_gather(const Tensor& chunk, std::shared_ptr<ProcessGroup> group);
 // their typed attributes (autograd/ops/attrs.h: UnitCollectiveAttrs), so the compiler can tell a unit's gathers
 // apart (compile/passes/unit_gathers.cpp gives the backward its own gather and orders the prefetches) and
 // explain can list them. Inputs of an all_gather_unit_start after the first are ordering tokens: the start runs
-// once they exist and reads nothing of them.
-Tensor all_gather_unit_start(const Tensor& shard, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit);
+// once they exist and reads nothing of them. `as`: the shard is cast to that dtype just before it is gathered
+// (a f32 master shard gathered as bf16 weights: Note [Shards cast from their masters], distributed/fsdp.h); the
+// gathered value has that dtype.
+Tensor all_gather_unit_start(const Tensor& shard, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit,
+                             std::optional<DType> as = std::nullopt);
 Tensor reduce_scatter_unit_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit);
 
 }  // namespace ingot::distributed

@@ -13,6 +13,7 @@
 #include "autograd/primitive.h"
 #include "distributed/fsdp_compiled.h"
 #include "distributed/fsdp_state.h"
+#include "runtime/allocator_census.h"
 
 namespace ingot::distributed {
 
@@ -242,7 +243,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
       p.impl()->offset = u.plan.offsets[k];
     }
     const int64_t chunk = u.plan.padded_numel / world;
-    u.shard = full.as_strided({chunk}, {1}, rank * chunk).clone_raw();
+    {
+      const census::Owner owner("ZeRO-3: shards");
+      u.shard = full.as_strided({chunk}, {1}, rank * chunk).clone_raw();
+    }
     u.shard.set_requires_grad(true);
     st->release(u);
     st->plans.push_back(u.plan);
@@ -298,6 +302,23 @@ std::vector<Tensor> FullyShardedDataParallel::optimizer_params() const {
   return out;
 }
 
+void FullyShardedDataParallel::gather_from_masters(const std::vector<Tensor>& masters) {
+  State& s = *state_;
+  INGOT_CHECK(masters.size() == s.units.size(), "FullyShardedDataParallel::gather_from_masters: ", masters.size(),
+              " masters given for ", s.units.size(), " units");
+  for (size_t k = 0; k < s.units.size(); ++k) {
+    Unit& u = s.units[k];
+    const Tensor& m = masters[k];
+    INGOT_CHECK(m.defined() && m.dtype() == DType::f32 && m.numel() == u.shard.numel() && m.is_contiguous() &&
+                    m.device() == u.device,
+                "FullyShardedDataParallel::gather_from_masters: unit '", u.name, "' needs a contiguous f32 master of ",
+                u.shard.numel(), " elements on ", u.device.str(), " (optimizer_params()'s layout)");
+    INGOT_CHECK(!u.gathered, "FullyShardedDataParallel::gather_from_masters: unit '", u.name, "' is gathered");
+    u.master = m;
+    u.shard.storage()->data.reset();
+  }
+}
+
 void FullyShardedDataParallel::synchronize() {
   State& s = *state_;
   INGOT_CHECK(s.active, "FullyShardedDataParallel: synchronize() after unshard()");
@@ -344,6 +365,9 @@ void FullyShardedDataParallel::load_shards(
     const std::function<void(size_t param, int64_t begin, int64_t end, Tensor& dst)>& read) {
   State& s = *state_;
   INGOT_CHECK(s.active, "FullyShardedDataParallel: load_shards() after unshard()");
+  INGOT_CHECK(s.units.empty() || !s.units[0].master.defined(),
+              "FullyShardedDataParallel: load_shards() after gather_from_masters(): the shards hold no values, load "
+              "before making the masters (Note [Shards cast from their masters])");
   const int world = s.group->size(), rank = s.group->rank();
   NoGradGuard no_grad;
   for (Unit& u : s.units) {

@@ -92,6 +92,14 @@ class FullyShardedDataParallel {
   void synchronize();
   void zero_grad();  // drops the shards' .grad
 
+  // Note [Shards cast from their masters]: with f32 masters of the shards (optim::MasterWeights over
+  // optimizer_params(), same layout), each unit's gathers read its master, cast to the unit's dtype just before
+  // the all-gather (eagerly a temporary; compiled, inside all_gather_unit_start), and the shards lose their bytes:
+  // no bf16 copy of the weights beside the f32 masters, as FSDP2's MixedPrecisionPolicy(param_dtype=bf16) keeps
+  // f32 shards only. The same weights: the shards were always the masters rounded (MasterWeights::copy_to_model,
+  // which skips shards without bytes). Afterwards the shards keep their shapes and take gradients, but hold no
+  // values: read the masters instead (a checkpoint's weights are the masters rounded); load_shards() refuses.
+  void gather_from_masters(const std::vector<Tensor>& masters);
   // Units as bucket plans over model.parameters() indices, in unit order (embeddings, blocks, head; or root,
   // blocks): the layout of the shards, which sharded checkpoints save and load rank by rank
   // (recipes/sharded_checkpoint.h: by parameter, so any layout resumes any other).

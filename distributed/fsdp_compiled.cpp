@@ -50,7 +50,7 @@ void regather_traced(State& s, State::Unit& u) {
   const uint64_t version = st.version;
   st.data = allocator_for(st.device).allocate(st.nbytes);
   Tensor full = u.traced;
-  s.group->all_gather(full, u.shard)->wait();
+  s.group->all_gather(full, s.gather_source(u))->wait();
   st.version = version;
 }
 
@@ -67,7 +67,10 @@ void gather(State& s, size_t unit, bool regather, bool fresh) {
   if (u.traced.defined()) regather_traced(s, u);
   if (!u.traced.defined()) {
     UnitCollectiveAttrs attrs{static_cast<int32_t>(unit), u.name, regather};
-    u.traced = collective_wait(all_gather_unit_start(u.shard, s.group, std::move(attrs)));
+    // Note [Shards cast from their masters] (fsdp.h): the master is the input, cast inside the start.
+    u.traced = u.master.defined()
+                   ? collective_wait(all_gather_unit_start(u.master, s.group, std::move(attrs), u.dtype))
+                   : collective_wait(all_gather_unit_start(u.shard, s.group, std::move(attrs)));
   }
   for (size_t k = 0; k < u.plan.params.size(); ++k) {
     Tensor& p = s.params[u.plan.params[k]];

@@ -10,6 +10,7 @@
 
 #include "autograd/ops.h"
 #include "distributed/fsdp.h"
+#include "runtime/allocator_census.h"
 
 namespace ingot::distributed {
 
@@ -25,6 +26,9 @@ struct Unit {
   DType dtype = DType::f32;
   Device device;
   Tensor shard;                  // this rank's chunk of the flat weights: a leaf the optimizer updates
+  // Note [Shards cast from their masters] (fsdp.h): the f32 master of `shard` its gathers are cast from, when the
+  // shard itself has no bytes (gather_from_masters); undefined otherwise.
+  Tensor master;
   Tensor flat_grad, shard_grad;  // this round's whole flattened gradient (until reduced) and this rank's average
   std::shared_ptr<Work> work;
   int pending = 0;    // parameters still without a gradient this round
@@ -77,13 +81,22 @@ struct FullyShardedDataParallel::State {
   void gather(Unit& u) {
     if (u.gathered) return;
     const uint64_t version = u.storage->version;
+    const census::Owner owner("ZeRO-3: gathered unit weights (eager)");
     u.storage->data = allocator_for(u.device).allocate(u.storage->nbytes);
     Tensor full = u.flat();
-    group->all_gather(full, u.shard)->wait();
+    group->all_gather(full, gather_source(u))->wait();
     u.storage->version = version;
     u.gathered = true;
     gathered_bytes += static_cast<int64_t>(u.storage->nbytes);
     peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
+  }
+
+  // What a gather of `u` reads: its shard, or its master cast to the unit's dtype just before (a temporary).
+  Tensor gather_source(const Unit& u) const {
+    if (!u.master.defined()) return u.shard;
+    Tensor cast_shard = empty(u.shard.shape(), u.dtype, u.device);
+    cast_shard.copy_(u.master);
+    return cast_shard;
   }
 
   void release(Unit& u) {
@@ -104,6 +117,7 @@ struct FullyShardedDataParallel::State {
   // (zeros for parameters without one) and dropped.
   void unit_done(Unit& u) {
     release(u);
+    const census::Owner owner("ZeRO-3: flattened unit gradients (eager)");
     const DType reduce = options.reduce_dtype.value_or(u.dtype);
     u.flat_grad = zeros({u.plan.padded_numel}, reduce, u.device);
     for (size_t k = 0; k < u.plan.params.size(); ++k) {

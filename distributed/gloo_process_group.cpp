@@ -22,6 +22,7 @@
 
 #include "autograd/ops.h"
 #include "distributed/process_group.h"
+#include "runtime/allocator_census.h"
 
 namespace ingot::distributed {
 
@@ -217,6 +218,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void run_worker() {
+    const census::Owner owner("collectives: the Gloo worker's buffers");  // Note [Allocation census]
     while (true) {
       Task task;
       {

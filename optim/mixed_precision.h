@@ -23,7 +23,8 @@ class MasterWeights {
   // Points each master's .grad at its model parameter's .grad (no copy: the optimizer kernels read any
   // float grad dtype); a model parameter without a gradient leaves its master without one.
   void copy_grads_to_master();
-  // Rounds the masters into the model parameters (in place; the model's handles stay valid).
+  // Rounds the masters into the model parameters (in place; the model's handles stay valid). Parameters without
+  // bytes are skipped: ZeRO-3 shards gathered from their masters (Note [Shards cast from their masters], fsdp.h).
   void copy_to_model();
 
  private:

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "runtime/allocator_census.h"
 #include "runtime/error.h"
 
 namespace ingot {
@@ -16,11 +17,14 @@ class CpuAllocator final : public Allocator {
     size_t rounded = (nbytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (!p) INGOT_FAIL("out of CPU memory allocating ", nbytes, " bytes");
-    int64_t now = allocated_.fetch_add(static_cast<int64_t>(rounded)) + static_cast<int64_t>(rounded);
+    const int64_t before = allocated_.fetch_add(static_cast<int64_t>(rounded));
+    const int64_t now = before + static_cast<int64_t>(rounded);
+    census::on_allocate(Device::cpu(), p, static_cast<int64_t>(rounded), before);
     int64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {}
     ++num_allocs_;
     return std::shared_ptr<void>(p, [this, rounded](void* q) {
+      census::on_free(Device::cpu(), q, static_cast<int64_t>(rounded));
       std::free(q);
       allocated_.fetch_sub(static_cast<int64_t>(rounded));
     });

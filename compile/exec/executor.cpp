@@ -7,6 +7,7 @@
 
 #include "compile/logs.h"
 #include "runtime/allocator.h"
+#include "runtime/allocator_census.h"
 
 namespace ingot::compiler {
 
@@ -176,11 +177,33 @@ void run_step_profiled(const Executable& exe, size_t i, std::vector<Tensor>& env
   else prof.end_op(first, ins, outs);
 }
 
-// INGOT_LOGS=memory: where in the step the allocator of the graph's device held the most, and what was alive.
+// INGOT_LOGS=memory: where in the step the allocator of the graph's device held the most, and what was alive;
+// then the census of that allocator's peak (Note [Allocation census], runtime/allocator_census.h): the graph
+// inputs are named by what they are when bound, the bytes made during the run by their step's values after it
+// ran, so what holds the rest shows as the census's other owners.
 class MemoryWatch {
  public:
-  explicit MemoryWatch(const Graph& g) : g_(g), alloc_(&allocator_for(compute_device(g).value_or(Device::cpu()))) {}
-  void after(size_t step, const std::vector<Tensor>& env) {
+  MemoryWatch(const Graph& g, const std::vector<Tensor>& env)
+      : g_(g), dev_(compute_device(g).value_or(Device::cpu())), alloc_(&allocator_for(dev_)),
+        running_(kRunning) {
+    census::reset_peak(dev_);
+    std::vector<bool> written(g.inputs.size(), false);
+    for (const WriteBack& w : g.writebacks) written[static_cast<size_t>(w.input)] = true;
+    for (size_t k = 0; k < g.inputs.size(); ++k) {
+      const GraphInput& in = g.inputs[k];
+      const Tensor& t = env[static_cast<size_t>(in.value)];
+      if (!t.defined() || !t.storage()) continue;
+      inputs_.insert(t.storage().get());
+      census::attribute(*t.storage(), input_owner(in, written[k], t.dtype()));
+    }
+  }
+  void after(size_t step, const Executable& exe, const std::vector<Tensor>& env) {
+    name_values(step, exe, env);
+    const int64_t census_peak = census::at_peak(dev_).peak_bytes;
+    if (census_peak > census_peak_) {
+      census_peak_ = census_peak;
+      census_step_ = step;
+    }
     const int64_t now = alloc_->stats().allocated_bytes;
     if (now <= peak_) return;
     peak_ = now;
@@ -201,11 +224,8 @@ class MemoryWatch {
       const int32_t p = g_.values[static_cast<size_t>(v)].producer;
       if (p >= 0 && g_.nodes[static_cast<size_t>(p)].forward) saved += bytes;
     }
-    const ExecStep& s = exe.steps[step_];
     std::ostringstream os;
-    os << "memory: peak " << peak_ / 1e6 << " MB allocated after step " << step_ << " ("
-       << (s.kernel && s.group >= 0 ? g_.groups[static_cast<size_t>(s.group)].name
-                                    : std::string(g_.nodes[static_cast<size_t>(s.node)].prim->name()))
+    os << "memory: peak " << peak_ / 1e6 << " MB allocated after step " << step_ << " (" << step_name(exe, step_)
        << "); graph values alive there: " << total / 1e6 << " MB in " << live.size() << " buffers, " << saved / 1e6
        << " MB made by the forward";
     for (size_t i = 0; i < live.size() && i < 12; ++i) {
@@ -215,15 +235,95 @@ class MemoryWatch {
          << (p >= 0 ? std::string(g_.nodes[static_cast<size_t>(p)].prim->name()) : std::string("input"))
          << (p >= 0 && g_.nodes[static_cast<size_t>(p)].forward ? " (forward)" : "");
     }
+    if (census::on()) {
+      os << "\n" << census::format(census::at_peak(dev_), dev_);
+      if (census_step_) os << "\n  (reached during step " << *census_step_ << ", " << step_name(exe, *census_step_) << ")";
+    }
     log(LogKind::Memory, os.str());
   }
 
+  // Values this step releases whose bytes something outside the graph still holds (a collective in flight, a
+  // .grad handed out, the caller) are that holder's from now on: the census tells them from live graph values.
+  void releasing(const std::vector<int32_t>& release, const std::vector<Tensor>& env) const {
+    if (!census::on()) return;
+    std::set<int32_t> going(release.begin(), release.end());
+    for (int32_t r : release) {
+      const Tensor& t = env[static_cast<size_t>(r)];
+      if (!t.defined() || !t.storage() || inputs_.count(t.storage().get())) continue;
+      const Storage* st = t.storage().get();
+      // Per impl of the storage in env: env's handles to it, and all of them.
+      std::map<const TensorImpl*, std::pair<long, long>> handles;
+      bool stays = false;
+      for (size_t v = 0; v < env.size() && !stays; ++v) {
+        if (!env[v].defined() || env[v].storage().get() != st) continue;
+        stays = !going.count(static_cast<int32_t>(v));
+        auto& [in_env, all] = handles[env[v].impl()];
+        ++in_env;
+        all = env[v].impl_ptr().use_count();
+      }
+      if (stays) continue;
+      long outside = t.storage().use_count() - static_cast<long>(handles.size());
+      for (const auto& [impl, n] : handles) outside += n.second - n.first;
+      if (outside > 0) census::attribute(*t.storage(), kHeldOutside);
+    }
+  }
+
  private:
+  static constexpr const char* kRunning = "compiled step: made by the running step, or held outside the graph";
+  static constexpr const char* kHeldOutside =
+      "compiled step: released by the graph, still held outside it (collectives in flight, the caller)";
+
+  static std::string input_owner(const GraphInput& in, bool written, DType dtype) {
+    switch (in.role) {
+      case InputRole::Arg: return "graph inputs: the step's arguments";
+      case InputRole::Constant:
+      case InputRole::Host: return "graph inputs: constants";
+      case InputRole::Captured: break;
+    }
+    if (in.grad_of) return "graph inputs: gradients (.grad)";
+    return std::string(written ? "graph inputs updated by the step (weights, shards, masters, optimizer state): "
+                               : "graph inputs read only: ") +
+           std::string(dtype_name(dtype));
+  }
+
+  std::string step_name(const Executable& exe, size_t step) const {
+    const ExecStep& s = exe.steps[step];
+    return s.kernel && s.group >= 0 ? g_.groups[static_cast<size_t>(s.group)].name
+                                    : std::string(g_.nodes[static_cast<size_t>(s.node)].prim->name());
+  }
+
+  // The blocks step `step` made for its values (not views of inputs or of earlier values) get their owner.
+  void name_values(size_t step, const Executable& exe, const std::vector<Tensor>& env) const {
+    if (!census::on()) return;
+    const auto [begin, end] = step_node_range(exe, step);
+    for (size_t n = begin; n < end; ++n) {
+      const Node& node = g_.nodes[n];
+      for (int32_t v : node.outputs) {
+        const Tensor& t = env[static_cast<size_t>(v)];
+        if (!t.defined() || !t.storage() || inputs_.count(t.storage().get()) ||
+            census::owner_of(*t.storage()) != kRunning)
+          continue;
+        const std::string_view op = node.prim->name();
+        const char* owner = op.rfind("all_gather", 0) == 0 ? "graph values: gathered unit weights"
+                            : op.rfind("reduce_scatter", 0) == 0 || op.rfind("all_reduce", 0) == 0
+                                ? "graph values: collectives' results"
+                            : node.forward ? "graph values: made by the forward"
+                                           : "graph values: made by the backward and the update";
+        census::attribute(*t.storage(), owner);
+      }
+    }
+  }
+
   const Graph& g_;
+  Device dev_;
   Allocator* alloc_;
+  census::Owner running_;  // what the run allocates is the running step's until named
+  std::set<const Storage*> inputs_;
   int64_t peak_ = -1;
   size_t step_ = 0;
   std::vector<std::pair<int64_t, int32_t>> live_;
+  int64_t census_peak_ = -1;
+  std::optional<size_t> census_step_;
 };
 
 }  // namespace
@@ -234,16 +334,18 @@ std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& ar
   std::vector<Tensor> env = bind_inputs(g, args, &captured);
   OpProfilerHook* prof = op_profiler_hook();
   std::optional<MemoryWatch> watch;
-  if (log_on(LogKind::Memory)) watch.emplace(g);
+  if (log_on(LogKind::Memory)) watch.emplace(g, env);
   for (size_t i = 0; i < exe.steps.size(); ++i) {
     const ExecStep& s = exe.steps[i];
     if (prof) run_step_profiled(exe, i, env, *prof);
     else run_step(g, s, env);
-    if (watch) watch->after(i, env);
+    if (watch) watch->after(i, exe, env);
+    if (watch) watch->releasing(s.release, env);
     for (int32_t v : s.release) env[static_cast<size_t>(v)] = Tensor();
   }
-  if (watch) watch->report(exe);
-  return finish(g, env, captured);
+  std::vector<Tensor> outs = finish(g, env, captured);
+  if (watch) watch->report(exe);  // after finish: its write-backs and .grads count too
+  return outs;
 }
 
 }  // namespace ingot::compiler

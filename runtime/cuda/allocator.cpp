@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "runtime/allocator.h"
+#include "runtime/allocator_census.h"
 #include "runtime/cuda/check.h"
 
 namespace ingot {
@@ -84,6 +85,7 @@ class CudaCachingAllocator final : public Allocator {
     }
     split(b, size, pool);
     b->allocated = true;
+    census::on_allocate(Device::cuda(device_), b->ptr, static_cast<int64_t>(b->size), stats_.allocated_bytes);
     stats_.allocated_bytes += static_cast<int64_t>(b->size);
     stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
     ++stats_.num_allocs;
@@ -155,6 +157,7 @@ class CudaCachingAllocator final : public Allocator {
 
   void release(Block* b) {
     std::lock_guard<std::mutex> g(mu_);
+    census::on_free(Device::cuda(device_), b->ptr, static_cast<int64_t>(b->size));
     stats_.allocated_bytes -= static_cast<int64_t>(b->size);
     b->allocated = false;
     FreeSet& pool = b->small ? free_small_ : free_large_;
