@@ -1,6 +1,7 @@
 #include <atomic>
 #include <sstream>
 
+#include "autograd/checkpoint.h"
 #include "autograd/node.h"
 
 namespace ingot {
@@ -112,6 +113,7 @@ std::vector<Tensor> apply(std::shared_ptr<Primitive> p, const std::vector<Tensor
     impl->grad_fn = node;
     impl->output_nr = static_cast<int>(k);
   }
+  detail::checkpoint_on_record(*node);
   return outs;
 }
 

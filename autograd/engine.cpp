@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/checkpoint.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "runtime/kernels/kernels.h"
@@ -104,6 +105,7 @@ void Tensor::backward(const Tensor& grad, bool retain_graph) const {
     for (const Tensor& c : cot) any_cot = any_cot || c.defined();
     std::vector<Tensor> grads(node->next.size());
     if (any_cot) {
+      if (node->region) detail::checkpoint_restore(*node, retain_graph);
       for (size_t i = 0; i < node->ctx.inputs.size(); ++i) {
         const Tensor& s = node->ctx.inputs[i];
         INGOT_CHECK(!s.defined() || s.version() == node->saved_versions[i], "backward: input ", i, " of ",

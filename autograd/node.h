@@ -11,6 +11,7 @@
 namespace ingot {
 
 struct Node;
+struct CheckpointRegion;  // autograd/checkpoint.cpp
 
 struct Edge {
   std::shared_ptr<Node> fn;          // producer node, or null
@@ -27,6 +28,10 @@ struct Node {
   std::vector<uint64_t> saved_versions;  // version of each saved input when recorded
   uint64_t seq = 0;                      // creation order; backward runs newest first among ready nodes
   bool released = false;                 // saved tensors freed after a backward without retain_graph
+  // Set when recorded inside checkpoint(): ctx holds no saved tensors until the region recomputes them
+  // (Note [Checkpoint regions], autograd/checkpoint.h); region_index is this node's place in the region.
+  std::shared_ptr<CheckpointRegion> region;
+  size_t region_index = 0;
   std::source_location loc;
 };
 

@@ -35,6 +35,8 @@ Tensor relu(const Tensor& a);
 Tensor gelu(const Tensor& a, bool approximate_tanh = true);
 Tensor silu(const Tensor& a);
 Tensor relu2(const Tensor& a);  // relu(a)^2 (squared ReLU: Primer, modded-nanogpt)
+// silu(a) * b as one op (SwiGLU): a and b of one shape and floating dtype; its backward keeps a and b only.
+Tensor silu_mul(const Tensor& a, const Tensor& b);
 Tensor sin(const Tensor& a);
 Tensor cos(const Tensor& a);
 Tensor square(const Tensor& a);

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "autograd/checkpoint.h"
+
 namespace ingot::models {
 
 // Follows transformers' _compute_default_rope_parameters / _compute_linear_scaling_rope_parameters /
@@ -161,9 +163,20 @@ DecoderMLP::DecoderMLP(const DecoderConfig& c) {
   }
 }
 
+// Note [SwiGLU eager and traced]: an eager step computes silu(a) * b as one silu_mul (one kernel, and its backward
+// keeps a and b but not silu(a)); a traced step records silu and mul as before, which the compiler fuses itself and
+// whose saved values its passes (remat, the memory plan) already manage, so compiled steps and their generated
+// kernels are what they were.
+namespace {
+Tensor swiglu(const Tensor& a, const Tensor& b) {
+  if (trace_observer() || a.shape() != b.shape() || a.dtype() != b.dtype()) return mul(silu(a), b);
+  return silu_mul(a, b);
+}
+}  // namespace
+
 Tensor DecoderMLP::forward(const Tensor& x) {
   if (c_fc_) return dropout_->forward(c_proj_->forward(gelu(c_fc_->forward(x), /*approximate_tanh=*/true)));
-  return down_proj_->forward(mul(silu(gate_proj_->forward(x)), up_proj_->forward(x)));
+  return down_proj_->forward(swiglu(gate_proj_->forward(x), up_proj_->forward(x)));
 }
 
 DecoderBlock::DecoderBlock(const DecoderConfig& cfg) {
@@ -185,11 +198,31 @@ Tensor DecoderBlock::norm(int which, const Tensor& x) {
   return (which == 1 ? rms1_ : rms2_)->forward(x);
 }
 
+Tensor DecoderBlock::body(const Tensor& x, KVCache* cache, size_t layer, const Tensor& positions) {
+  Tensor h = add(x, attn_->forward(norm(1, x), cache, layer, positions));
+  return add(h, mlp_->forward(norm(2, h)));
+}
+
 Tensor DecoderBlock::forward(const Tensor& x, KVCache* cache, size_t layer, const Tensor& positions) {
+  // Inside the hooks: a sharded unit's weights are gathered around the forward, and again for its backward
+  // (distributed/fsdp.h), which is when the region is recomputed.
   return with_forward_hooks([&] {
-    Tensor h = add(x, attn_->forward(norm(1, x), cache, layer, positions));
-    return add(h, mlp_->forward(norm(2, h)));
+    if (!checkpointing_ || cache) return body(x, cache, layer, positions);
+    return checkpoint([this, layer, positions](const std::vector<Tensor>& in) {
+             return std::vector<Tensor>{body(in[0], nullptr, layer, positions)};
+           },
+                      {x})[0];
   });
+}
+
+int64_t set_block_checkpointing(nn::Module& model, bool on) {
+  int64_t n = 0;
+  for (auto& [name, m] : model.named_modules())
+    if (auto* b = dynamic_cast<DecoderBlock*>(m.get())) {
+      b->set_checkpointing(on);
+      ++n;
+    }
+  return n;
 }
 
 }  // namespace ingot::models

@@ -97,14 +97,24 @@ class DecoderBlock : public nn::Module {
  public:
   explicit DecoderBlock(const DecoderConfig& cfg);
   Tensor forward(const Tensor& x, KVCache* cache = nullptr, size_t layer = 0, const Tensor& positions = Tensor());
+  // Activation checkpointing: a training forward keeps only the block's input for the backward, which runs the
+  // block's forward again (autograd/checkpoint.h; traced, the compiled step does the same).
+  void set_checkpointing(bool on) { checkpointing_ = on; }
 
  private:
   Tensor norm(int which, const Tensor& x);
+  Tensor body(const Tensor& x, KVCache* cache, size_t layer, const Tensor& positions);
+
+  bool checkpointing_ = false;
 
   std::shared_ptr<nn::LayerNorm> ln1_, ln2_;
   std::shared_ptr<nn::RMSNorm> rms1_, rms2_;
   std::shared_ptr<Attention> attn_;
   std::shared_ptr<DecoderMLP> mlp_;
 };
+
+// Turns activation checkpointing on or off for every DecoderBlock under `model` (the model's
+// `activation_checkpointing: blocks`); returns how many blocks it set.
+int64_t set_block_checkpointing(nn::Module& model, bool on);
 
 }  // namespace ingot::models

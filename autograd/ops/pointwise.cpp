@@ -368,6 +368,71 @@ class Relu2Prim final : public FormulaPrim {
   }
 };
 
+// silu_mul(a, b) = silu(a) * b, SwiGLU's product (the Llama MLP's) as one op: one eager kernel where silu and mul
+// launch two, and a backward that keeps a and b (silu_mul_bwd computes silu(a) again) where the pair keeps a,
+// silu(a) and b. Its backward is one op with both gradients.
+TensorMeta silu_mul_meta(const std::vector<TensorMeta>& in, const char* op) {
+  for (size_t i = 1; i < in.size(); ++i)
+    INGOT_CHECK(in[i].shape == in[0].shape && in[i].dtype == in[0].dtype, op, ": expected operands of one shape and ",
+                "dtype, got ", dtype_name(in[0].dtype), shape_str(in[0].shape), " and ", dtype_name(in[i].dtype),
+                shape_str(in[i].shape));
+  INGOT_CHECK(is_floating(in[0].dtype), op, ": expected floating operands, got ", dtype_name(in[0].dtype));
+  return in[0];
+}
+
+class SiluMulBwdPrim final : public Primitive, public KernelLowering {
+ public:
+  std::string_view name() const override { return "silu_mul_bwd"; }
+  // dy, a, b -> da, db
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const TensorMeta m = silu_mul_meta(in, "silu_mul_bwd");
+    return {m, m};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    if (out[0].numel() > 0)
+      INGOT_KERNEL_CALL(in[0].device(), silu_mul_bwd, out[0], out[1], in[0].contiguous_raw(), in[1].contiguous_raw(),
+                        in[2].contiguous_raw());
+    return out;
+  }
+  bool differentiable() const override { return false; }
+  FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
+  std::vector<int> lower(LowerContext& cx) const override {
+    codegen::KernelSpec& k = cx.spec();
+    const int dy = cx.input(0), a = cx.input(1), b = cx.input(2);
+    return {k.binary(KOp::SiluGrad, a, k.binary(KOp::Mul, dy, b)), k.binary(KOp::Mul, k.unary(KOp::Silu, a), dy)};
+  }
+};
+
+class SiluMulPrim final : public Primitive, public KernelLowering {
+ public:
+  std::string_view name() const override { return "silu_mul"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    return {silu_mul_meta(in, "silu_mul")};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    if (out[0].numel() > 0) INGOT_KERNEL_CALL(in[0].device(), silu_mul_fwd, out[0], in[0], in[1]);
+    return out;
+  }
+  // da reads a and b; db reads a only.
+  bool saves_input_given(size_t i, const std::vector<bool>& needs_grad) const override {
+    return needs_grad[0] || (i == 0 && needs_grad[1]);
+  }
+  FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    if (!c.needs_grad[0]) return {Tensor(), mul(silu(c.inputs[0]), g[0])};
+    std::vector<Tensor> d =
+        apply(std::make_shared<SiluMulBwdPrim>(), {cast(g[0], c.input_meta[0].dtype), c.inputs[0], c.inputs[1]});
+    if (!c.needs_grad[1]) d[1] = Tensor();
+    return d;
+  }
+  std::vector<int> lower(LowerContext& cx) const override {
+    codegen::KernelSpec& k = cx.spec();
+    return {k.binary(KOp::Mul, k.unary(KOp::Silu, cx.input(0)), cx.input(1))};
+  }
+};
+
 Tensor unary(UnaryOp op, const Tensor& x, double alpha = 0.0) {
   return apply1(std::make_shared<UnaryPrim>(op, alpha), {x});
 }
@@ -406,6 +471,7 @@ Tensor gelu(const Tensor& a, bool approximate_tanh) {
 }
 Tensor silu(const Tensor& a) { return unary(UnaryOp::Silu, a); }
 Tensor relu2(const Tensor& a) { return apply1(std::make_shared<Relu2Prim>(), {a}); }
+Tensor silu_mul(const Tensor& a, const Tensor& b) { return apply1(std::make_shared<SiluMulPrim>(), {a, b}); }
 Tensor sin(const Tensor& a) { return unary(UnaryOp::Sin, a); }
 Tensor cos(const Tensor& a) { return unary(UnaryOp::Cos, a); }
 Tensor square(const Tensor& a) { return unary(UnaryOp::Square, a); }

@@ -9,6 +9,7 @@
 //   - while a compiled step is traced, the (seed, offset) tensor is a host input of the graph whose producer
 //     reserves the same draws again: every replay draws a fresh mask and advances the generator exactly as
 //     the eager step would, so compiled and eager runs (and resumed ones) see the same masks.
+#include "autograd/checkpoint.h"
 #include "autograd/ops.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/rng.h"
@@ -77,8 +78,13 @@ Tensor dropout(const Tensor& a, double p, bool training) {
   INGOT_CHECK(is_floating(a.dtype()), "dropout: input must be floating, got ", dtype_name(a.dtype()));
   const Device dev = a.device();
   const int64_t n = a.numel();
-  Tensor draws = reserve_draws(dev, n);
-  if (TraceObserver* obs = trace_observer()) obs->on_host_input(draws, [dev, n] { return reserve_draws(dev, n); });
+  // A checkpointed region's recomputation reuses its forward's draws (autograd/checkpoint.h): the same mask, and
+  // no second host input while tracing.
+  Tensor draws = checkpoint_replay([&] {
+    Tensor d = reserve_draws(dev, n);
+    if (TraceObserver* obs = trace_observer()) obs->on_host_input(d, [dev, n] { return reserve_draws(dev, n); });
+    return d;
+  });
   return apply1(std::make_shared<DropoutPrim>(p), {a, draws});
 }
 

@@ -176,6 +176,7 @@ uint64_t Graph::structural_hash() const {
     h = mix_str(h, exact_attrs(*n.prim));  // Note [Exact attributes]
     for (int32_t i : n.inputs) h = mix(h, static_cast<uint64_t>(i + 1));
     for (int32_t o : n.outputs) meta(values[static_cast<size_t>(o)]);
+    if (n.recomputed) h = mix(h, 0x7265636f6d70ull);  // CSE treats them apart (Note [Recomputed nodes])
   }
   for (int32_t o : outputs) h = mix(h, static_cast<uint64_t>(o));
   for (const WriteBack& w : writebacks) h = mix(mix(h, static_cast<uint64_t>(w.input)), static_cast<uint64_t>(w.value));

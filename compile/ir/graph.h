@@ -63,7 +63,13 @@ struct Node {
   std::source_location loc;     // the user's call site (reports, errors)
   int32_t group = -1;           // fusion group (compile/passes/fuse.cpp), -1 = runs alone
   bool forward = false;         // recorded with grad mode on (the forward); backward and update run without
+  bool recomputed = false;      // Note [Recomputed nodes]
 };
+
+// Note [Recomputed nodes]: a checkpointed region's forward ops run again inside the backward (autograd/checkpoint.h)
+// and are traced there: backward nodes (forward = false) marked recomputed. They apply the same primitives to the
+// same inputs as the forward nodes they repeat, so CSE would merge them back and undo the checkpoint; it merges a
+// recomputed node only with another recomputed one. Test: tests/autograd/test_checkpoint.cpp (ActivationCheckpoint.*).
 
 struct GraphInput {
   int32_t value = -1;

@@ -1,5 +1,6 @@
 // Common-subexpression elimination (invariant: cse.h). Sound because nodes are pure; ops with hidden state are
-// not equivalent (dropout's seed/offset are attributes).
+// not equivalent (dropout's seed/offset are attributes). Recomputed nodes merge only among themselves (Note
+// [Recomputed nodes], compile/ir/graph.h).
 #include "compile/passes/cse.h"
 
 #include <map>
@@ -14,7 +15,7 @@ bool cse(Graph& g, const CseOptions&) {
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     Node& node = g.nodes[n];
     std::ostringstream key;
-    key << node.prim->name() << "|" << exact_attrs(*node.prim);
+    key << node.prim->name() << "|" << exact_attrs(*node.prim) << (node.recomputed ? "|recomputed" : "");
     for (int32_t i : node.inputs) key << "|" << i;
     auto& cands = seen[key.str()];
     bool merged = false;

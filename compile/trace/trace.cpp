@@ -2,6 +2,7 @@
 
 #include <mutex>
 
+#include "autograd/checkpoint.h"
 #include "autograd/ops.h"
 #include "compile/trace/tracer.h"
 
@@ -55,7 +56,8 @@ void Tracer::on_apply(const std::shared_ptr<Primitive>& p, const std::vector<Ten
   for (const Tensor& t : inputs) ins.push_back(t.defined() ? value_of(t, p->name(), loc) : -1);
   const int32_t n = g_.add_node(p, std::move(ins), metas_of(outputs), loc);
   Node& node = g_.nodes[static_cast<size_t>(n)];
-  node.forward = grad_enabled();
+  node.recomputed = recomputing();  // Note [Recomputed nodes]: grad mode is on, but they run in the backward
+  node.forward = grad_enabled() && !node.recomputed;
   for (size_t k = 0; k < outputs.size(); ++k) bind(outputs[k], node.outputs[k]);
 }
 

@@ -85,6 +85,8 @@ const std::vector<OpCase>& op_list() {
         unary("rsqrt", rsqrt, true), unary("abs", abs), unary("tanh", tanh), unary("sigmoid", sigmoid),
         unary("relu", relu), unary("silu", silu), unary("sin", sin), unary("cos", cos),
         unary("reciprocal", reciprocal, true), unary("square", square), unary("relu2", relu2),
+        {"silu_mul", [](DType dt) { return V{normal({3, 5}, dt), normal({3, 5}, dt)}; },
+         [](const V& x) { return V{silu_mul(x[0], x[1])}; }},
         {"gelu_tanh", [](DType dt) { return V{normal({3, 5}, dt)}; }, [](const V& x) { return V{gelu(x[0], true)}; }},
         {"gelu_erf", [](DType dt) { return V{normal({3, 5}, dt)}; }, [](const V& x) { return V{gelu(x[0], false)}; }},
         {"pow_scalar", [](DType dt) { return V{positive({3, 5}, dt)}; }, [](const V& x) { return V{pow(x[0], 2.5)}; }},

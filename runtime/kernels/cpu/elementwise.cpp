@@ -1,5 +1,6 @@
-// CPU elementwise kernels: fill, copy (with dtype conversion), unary, binary, where. Operands may have any
-// strides; the chunked driver in loops.h does the walking.
+// CPU elementwise kernels: fill, copy (with dtype conversion), unary, binary, where, and SwiGLU's silu_mul forward
+// and backward. Operands may have any strides (silu_mul_bwd's: contiguous); the chunked driver in loops.h does the
+// walking.
 #include <cmath>
 
 #include "runtime/kernels/cpu/loops.h"
@@ -159,6 +160,47 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
   };
   if (needs_double({out.dtype(), a.dtype(), b.dtype()})) elementwise<double, 3>(out, {&cond, &a, &b}, body);
   else elementwise<float, 3>(out, {&cond, &a, &b}, body);
+}
+
+void silu_mul_fwd(const Tensor& out, const Tensor& a, const Tensor& b) {
+  auto body = [](auto* o, const auto* const* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) o[i] = ig_math::silu(x[0][i]) * x[1][i];
+  };
+  if (needs_double({out.dtype()})) elementwise<double, 2>(out, {&a, &b}, body);
+  else elementwise<float, 2>(out, {&a, &b}, body);
+}
+
+namespace {
+
+// Two outputs, so not the one-output elementwise driver: contiguous chunks loaded into Acc buffers.
+template <typename Acc>
+void silu_mul_bwd_typed(const Tensor& da, const Tensor& db, const Tensor& dy, const Tensor& a, const Tensor& b) {
+  const int64_t n = a.numel(), chunks = (n + kChunk - 1) / kChunk;
+  auto at = [](const Tensor& t, int64_t i) { return static_cast<char*>(t.data_ptr()) + i * itemsize(t.dtype()); };
+#pragma omp parallel if (n >= kParallelGrain)
+  {
+    alignas(64) Acc va[kChunk], vb[kChunk], vdy[kChunk], ga[kChunk], gb[kChunk];
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t start = c * kChunk, m = std::min(kChunk, n - start);
+      load_strided<Acc>(a.dtype(), at(a, start), 1, m, va);
+      load_strided<Acc>(b.dtype(), at(b, start), 1, m, vb);
+      load_strided<Acc>(dy.dtype(), at(dy, start), 1, m, vdy);
+      for (int64_t i = 0; i < m; ++i) {
+        ga[i] = ig_math::silu_grad(va[i], vdy[i] * vb[i]);
+        gb[i] = ig_math::silu(va[i]) * vdy[i];
+      }
+      if (da.defined()) store_strided<Acc>(da.dtype(), at(da, start), 1, m, ga);
+      if (db.defined()) store_strided<Acc>(db.dtype(), at(db, start), 1, m, gb);
+    }
+  }
+}
+
+}  // namespace
+
+void silu_mul_bwd(const Tensor& da, const Tensor& db, const Tensor& dy, const Tensor& a, const Tensor& b) {
+  if (needs_double({a.dtype()})) silu_mul_bwd_typed<double>(da, db, dy, a, b);
+  else silu_mul_bwd_typed<float>(da, db, dy, a, b);
 }
 
 }  // namespace ingot::kernels::cpu

@@ -1,5 +1,6 @@
 // CUDA elementwise kernels: fill, copy (with dtype conversion), unary, binary, where, over operands of any
-// strides (stride 0 = broadcast) and any mix of dtypes.
+// strides (stride 0 = broadcast) and any mix of dtypes; and SwiGLU's silu_mul forward (the same driver) and
+// backward (two outputs: its own kernel over contiguous operands of one dtype).
 //
 // Approach: the host collapses the operands' dims (dropping size-1 dims, merging dims that are contiguous in
 // every operand) into at most kMaxDims dims and passes sizes, strides, pointers and dtypes by value in one
@@ -222,6 +223,23 @@ struct WhereFn {
   __device__ A operator()(const A (&x)[3]) const { return x[0] != A(0) ? x[1] : x[2]; }
 };
 
+template <typename A>
+struct SiluMulFn {
+  __device__ A operator()(const A (&x)[2]) const { return ig_math::silu(x[0]) * x[1]; }
+};
+
+// da, db (either may be null), dy, a, b: n contiguous elements of T each.
+template <typename T>
+__global__ void silu_mul_bwd_kernel(T* da, T* db, const T* dy, const T* a, const T* b, int64_t n) {
+  using A = acc_t<T>;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const A x = to_acc<A>(a[i]), y = to_acc<A>(b[i]), g = to_acc<A>(dy[i]);
+    if (da) da[i] = from_acc<T>(ig_math::silu_grad(x, g * y));
+    if (db) db[i] = from_acc<T>(ig_math::silu(x) * g);
+  }
+}
+
 }  // namespace
 
 // ---- launchers ------------------------------------------------------------------------------------------------
@@ -325,6 +343,26 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
     launch<double, 4>("where", {&out, &cond, &a, &b}, WhereFn<double>{});
   else
     launch<float, 4>("where", {&out, &cond, &a, &b}, WhereFn<float>{});
+}
+
+void silu_mul_fwd(const Tensor& out, const Tensor& a, const Tensor& b) {
+  check_same_device("silu_mul", {&out, &a, &b});
+  if (needs_double({out.dtype()})) launch<double, 3>("silu_mul", {&out, &a, &b}, SiluMulFn<double>{});
+  else launch<float, 3>("silu_mul", {&out, &a, &b}, SiluMulFn<float>{});
+}
+
+void silu_mul_bwd(const Tensor& da, const Tensor& db, const Tensor& dy, const Tensor& a, const Tensor& b) {
+  check_same_device("silu_mul_bwd", {&da, &db, &dy, &a, &b});
+  const int64_t n = a.numel();
+  if (n == 0) return;
+  LaunchContext ctx(a);
+  dispatch_float(a.dtype(), "silu_mul_bwd", [&](auto tag) {
+    using T = decltype(tag);
+    auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; };
+    silu_mul_bwd_kernel<T><<<grid_for(n, kBlock, ctx.device), kBlock, 0, ctx.stream>>>(
+        ptr(da), ptr(db), ptr(dy), ptr(a), ptr(b), n);
+  });
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace ingot::kernels::cuda
