@@ -251,6 +251,7 @@ TrainSummary run_finetune(const FinetuneSettings& s, std::ostream& log) {
     if (s.lora) adapted = nn::apply_lora(model, s.lora_config);  // freezes every other parameter
   }
   model.set_tensor_names();
+  if (s.train.checkpoint_blocks) models::set_block_checkpointing(model, true);  // train.activation_checkpointing
 
   TrainTask task;
   task.model = &model;

@@ -128,6 +128,7 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   mc.dropout = s.dropout;
   auto model = std::make_shared<models::GPT2>(mc);
   model->to(run.device);
+  if (o.checkpoint_blocks) models::set_block_checkpointing(*model, true);  // train.activation_checkpointing
 
   TrainTask task;
   task.model = model.get();

@@ -9,14 +9,19 @@
 # from metrics.jsonl, its allocator's per-step peak, with the first step's beside it), the first step's seconds
 # and the losses of the first steps (with BATCH rows every step trains on the same batch: they compare one to one).
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
-#   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [ingot_eager] [memory] [budget]
+#   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [ingot_eager] [memory] [budget] [long] [long_eager]
+#                          [long_plain]
 #                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, peft,
-#                              budget, ingot_eager, peft_eager, memory while DEADLINE allows)
+#                              budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while DEADLINE
+#                              allows)
 #   peft: peft + torch.compile; peft_eager: peft eager
 #   memory: ingot compiled with INGOT_LOGS=memory (what is alive at the peak), 2 steps
 #   qlora: ingot compiled with lora.quantize_base=nf4 (the frozen base in NF4, block 64, double-quantized absmax)
 #   budget: ingot compiled with compile.memory_budget=$BUDGET (default 0.5: cheap saved values, the SwiGLU's silu,
 #           are recomputed in the backward)
+#   long: ingot compiled at batch 1 x $LONG_SEQ (default 8192) with train.activation_checkpointing=blocks (each
+#         decoder block keeps its input only and runs its forward again in the backward), on a row of random ids
+#         made on the device; long_eager: the same eagerly; long_plain: compiled without checkpointing (may not fit)
 # Environment: LAYERS (decoder layers, default 32: the 8B shape), BATCH (2), SEQ (2048), STEPS (timed, 5), WARMUP
 # (3, the first included), WORK (/tmp/ingot-lora), DEADLINE (540 s), INGOT_EXTRA (more key=value for ingot runs).
 set -uo pipefail
@@ -101,6 +106,25 @@ want peft && peft compile
 want budget && ingot_run "budget_${BUDGET:-0.5}" compile.enabled=true compile.memory_budget="${BUDGET:-0.5}"
 want ingot_eager && ingot_run eager compile.enabled=false
 want peft_eager && peft eager
+LONG_SEQ=${LONG_SEQ:-8192}
+long_tokens=$WORK/tokens_1x${LONG_SEQ}.bin
+long_run() {  # long_run NAME key=value...: batch 1 x LONG_SEQ on its own token row (fsdp2_llama.write_tokens)
+  if [[ ! -f $long_tokens ]]; then
+    python3 - "$src/bench/reference" "$config" "$LONG_SEQ" "$long_tokens" > "$out/long_tokens.log" 2>&1 <<'EOF2' \
+      || { tail -5 "$out/long_tokens.log"; return 0; }
+import json, sys, types
+sys.path.insert(0, sys.argv[1])
+import fsdp2_llama
+cfg = types.SimpleNamespace(vocab_size=json.load(open(sys.argv[2]))["vocab_size"])
+fsdp2_llama.write_tokens(types.SimpleNamespace(rows=1, seq=int(sys.argv[3]), make_tokens=sys.argv[4]), cfg)
+EOF2
+  fi
+  local name=$1; shift
+  ingot_run "$name" data.path="$long_tokens" data.seq_len="$LONG_SEQ" train.batch_size=1 "$@"
+}
+want long && long_run "long_${LONG_SEQ}_ckpt" compile.enabled=true train.activation_checkpointing=blocks
+want long_eager && long_run "long_${LONG_SEQ}_ckpt_eager" compile.enabled=false train.activation_checkpointing=blocks
+want long_plain && long_run "long_${LONG_SEQ}_plain" compile.enabled=true
 if want memory; then
   (cd "$src" && INGOT_LOGS=memory timeout 300 ingot run bench/configs/llama_8b/lora_finetune.yaml model.path="$ckpt" \
     data.path="$tokens" data.seq_len="$SEQ" train.batch_size="$BATCH" max_steps=2 output_dir="$WORK/run_memory" \

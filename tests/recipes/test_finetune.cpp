@@ -83,6 +83,16 @@ class Finetune : public ::testing::Test {
       if (p.kind == "train") l.push_back(p.value);
     return l;
   }
+  // The allocator peak of each training step (metrics.jsonl's peak_memory_bytes).
+  std::vector<int64_t> step_peaks(const std::string& out) {
+    std::vector<int64_t> peaks;
+    std::ifstream f(dir_.file(out + "/metrics.jsonl"));
+    for (std::string line; std::getline(f, line);) {
+      nlohmann::json rec = nlohmann::json::parse(line);
+      if (rec.value("kind", "") == "train") peaks.push_back(rec.at("peak_memory_bytes").get<int64_t>());
+    }
+    return peaks;
+  }
   // A ConfigError from resolving `c` (empty when there is none).
   static std::string resolve_error(const Config& c) {
     try {
@@ -306,15 +316,6 @@ TEST_F(Finetune, LoraOnTokenRowsStartsFromTheBaseModelsLossOverThoseRows) {
 // compile.memory_budget applies to LoRA steps: under 0.5 the SwiGLU's silu is recomputed in the backward instead
 // of saved (the compiled steps' allocator peak after the first, traced step drops), the losses stay the same.
 TEST_F(Finetune, LoraMemoryBudgetLowersTheCompiledStepsPeakWithTheSameLosses) {
-  auto step_peaks = [&](const std::string& out) {
-    std::vector<int64_t> peaks;
-    std::ifstream f(dir_.file(out + "/metrics.jsonl"));
-    for (std::string line; std::getline(f, line);) {
-      nlohmann::json rec = nlohmann::json::parse(line);
-      if (rec.value("kind", "") == "train") peaks.push_back(rec.at("peak_memory_bytes").get<int64_t>());
-    }
-    return peaks;
-  };
   const std::vector<std::string> common = {"max_steps=3", "compile.enabled=true", "compile.cache_dir=" + dir_.file("cache"),
                                            "lora.target_modules=[q_proj, k_proj, v_proj, o_proj]"};
   std::vector<std::string> half = common;
@@ -328,6 +329,76 @@ TEST_F(Finetune, LoraMemoryBudgetLowersTheCompiledStepsPeakWithTheSameLosses) {
   EXPECT_LE(halved[2], whole[2] - 2 * 4 * 48 * 128 * 4) << whole[2] << " vs " << halved[2];
   const std::vector<double> lw = losses("whole"), lh = losses("half");
   for (size_t i = 0; i < lw.size(); ++i) EXPECT_NEAR(lh[i], lw[i], 1e-6 * lw[i]) << "step " << i + 1;
+}
+
+// train.activation_checkpointing: blocks (autograd/checkpoint.h): each decoder block keeps only its input for the
+// backward and runs its forward again there, eagerly and in the compiled step. The losses stay (eager bit for bit:
+// the same ops on the same values), every step's peak drops, and a value other than none / blocks names the key.
+TEST_F(Finetune, LoraBlockCheckpointingKeepsTheLossesAndLowersEveryStepsPeak) {
+  const std::vector<std::string> common = {"max_steps=3", "compile.cache_dir=" + dir_.file("cache"),
+                                           "lora.target_modules=[q_proj, k_proj, v_proj, o_proj]"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return extra;
+  };
+  run(config("lora_finetune", "llama_tiny", "eager", with({})));
+  run(config("lora_finetune", "llama_tiny", "eager_ckpt", with({"train.activation_checkpointing=blocks"})));
+  run(config("lora_finetune", "llama_tiny", "compiled", with({"compile.enabled=true"})));
+  run(config("lora_finetune", "llama_tiny", "compiled_ckpt",
+             with({"compile.enabled=true", "train.activation_checkpointing=blocks"})));
+  EXPECT_EQ(losses("eager_ckpt"), losses("eager"));
+  const std::vector<double> lc = losses("compiled"), lk = losses("compiled_ckpt");
+  ASSERT_EQ(lk.size(), 3u);
+  for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lk[i], lc[i], 1e-6 * lc[i]) << "step " << i + 1;
+  for (const char* pair : {"eager", "compiled"}) {
+    const std::vector<int64_t> plain = step_peaks(pair), ckpt = step_peaks(std::string(pair) + "_ckpt");
+    ASSERT_EQ(ckpt.size(), 3u);
+    // The traced first step too: it runs the checkpointed blocks eagerly.
+    for (size_t i = 0; i < 3; ++i) EXPECT_LT(ckpt[i], plain[i]) << pair << " step " << i + 1;
+  }
+  std::string bad;
+  try {
+    config("lora_finetune", "llama_tiny", "bad", with({"train.activation_checkpointing=layers"}));
+  } catch (const std::exception& e) {
+    bad = e.what();
+  }
+  EXPECT_NE(bad.find("train.activation_checkpointing"), std::string::npos) << bad;
+}
+
+// Issue 24's long-context shape on the CPU at a tiny size: LoRA on one row of 8192 tokens with checkpointed blocks
+// (RoPE tables, the token rows and attention at T = 8192, none limited by a fixed size), eagerly, starting from the
+// base model's loss over that row. The fixture's config allows 64 positions, so a copy says 8192.
+TEST_F(Finetune, LoraOnOneRowOf8192TokensWithCheckpointedBlocks) {
+  const int64_t seq = 8192;
+  const fs::path model = dir_.file("llama_8k");
+  fs::copy(std::string(kFixtures) + "llama_tiny", model, fs::copy_options::recursive);
+  {
+    nlohmann::json c = nlohmann::json::parse(std::ifstream(model / "config.json"));
+    c["max_position_embeddings"] = seq;
+    std::ofstream(model / "config.json") << c.dump(2);
+  }
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i <= seq; ++i) ids.push_back(static_cast<int32_t>((i * 131 + 7) % 509));
+  const std::string path = dir_.file("row.bin");
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * sizeof(int32_t)));
+  }
+  TrainSummary r = run(config("lora_finetune", "llama_tiny", "long",
+                              {"model.path=" + model.string(), "data.format=token_rows", "data.path=" + path,
+                               "data.seq_len=8192", "data.packing=false", "train.batch_size=1", "max_steps=1",
+                               "train.warmup_steps=0", "lora.merge_on_export=false",
+                               "lora.target_modules=[q_proj, k_proj, v_proj, o_proj]",
+                               "train.activation_checkpointing=blocks"}));
+  EXPECT_EQ(r.steps, 1);
+  models::HFModel base = models::load_hf_model(model.string());
+  std::vector<int64_t> in(ids.begin(), ids.end() - 1), tgt(ids.begin() + 1, ids.end());
+  double want;
+  {
+    NoGradGuard no_grad;
+    want = base.model->loss(from_vector_i64(in, {1, seq}), from_vector_i64(tgt, {1, seq})).item();
+  }
+  EXPECT_NEAR(r.first_loss, want, 1e-5 * want) << log_.str();
 }
 
 TEST_F(Finetune, Bf16LoraKeepsTheExactBaseWeightsInTheMergedExport) {
