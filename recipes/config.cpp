@@ -502,9 +502,12 @@ ConfigReader::ConfigReader(const Config& cfg, ConfigErrors& errors) : cfg_(cfg),
 bool ConfigReader::listed(std::string_view key) const { return cfg_.schema()->find(key) != nullptr; }
 
 template <class T, class Getter>
-T ConfigReader::read(std::string_view key, Getter getter) const {
+T ConfigReader::read(std::string_view key, ConfigType type, Getter getter) const {
   const ConfigKey* k = cfg_.schema()->find(key);
   INGOT_INTERNAL_CHECK(k, "ConfigReader: '", key, "' is read but the schema does not list it");
+  INGOT_INTERNAL_CHECK(k->type == type, "ConfigReader: '", key, "' is read as type '", config_type_name(type),
+                       "' but the schema declares '", config_type_name(k->type), "'");
+  cfg_.read_keys_.emplace(key);
   try {
     return (cfg_.*getter)(key);
   } catch (const ConfigError& e) {
@@ -517,10 +520,15 @@ T ConfigReader::read(std::string_view key, Getter getter) const {
   return (d.*getter)(key);
 }
 
-int64_t ConfigReader::i64(std::string_view key) const { return read<int64_t>(key, &Config::get_int); }
-double ConfigReader::f64(std::string_view key) const { return read<double>(key, &Config::get_double); }
-bool ConfigReader::flag(std::string_view key) const { return read<bool>(key, &Config::get_bool); }
-std::string ConfigReader::str(std::string_view key) const { return read<std::string>(key, &Config::get_string); }
+int64_t ConfigReader::i64(std::string_view key) const { return read<int64_t>(key, ConfigType::Int, &Config::get_int); }
+double ConfigReader::f64(std::string_view key) const { return read<double>(key, ConfigType::Float, &Config::get_double); }
+bool ConfigReader::flag(std::string_view key) const { return read<bool>(key, ConfigType::Bool, &Config::get_bool); }
+std::string ConfigReader::str(std::string_view key) const {
+  return read<std::string>(key, ConfigType::String, &Config::get_string);
+}
+std::vector<std::string> ConfigReader::list(std::string_view key) const {
+  return read<std::vector<std::string>>(key, ConfigType::StringList, &Config::get_string_list);
+}
 
 void Config::remove(std::string_view path) {
   std::string key(path);

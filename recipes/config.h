@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,8 +104,9 @@ class ConfigErrors {
 
 // Typed reads for a settings resolver, from a config validated against its schema. A value that cannot be read
 // (the schema check already reported it) is recorded in `errors` and the key's schema default returned, so one
-// pass reports every mistake at once. The default is the schema's alone: no read restates one, and reading a
-// key the schema does not list is an internal error (so a key is defined, with its default, in one place).
+// pass reports every mistake at once. The schema entry is the key's only definition: no read restates a
+// default, and reading a key the schema does not list, or as another type than the schema's (i64 for Int,
+// f64 for Float, flag for Bool, str for String, list for StringList), is an internal error.
 class ConfigReader {
  public:
   // `cfg` must have been validated (Config::validate keeps its schema).
@@ -113,12 +115,13 @@ class ConfigReader {
   double f64(std::string_view key) const;
   bool flag(std::string_view key) const;
   std::string str(std::string_view key) const;
+  std::vector<std::string> list(std::string_view key) const;
   // Whether the schema lists `key`: for keys only some recipes have (model.adapter, data.packing).
   bool listed(std::string_view key) const;
 
  private:
   template <class T, class Getter>
-  T read(std::string_view key, Getter getter) const;
+  T read(std::string_view key, ConfigType type, Getter getter) const;
   const Config& cfg_;
   ConfigErrors& errors_;
 };
@@ -161,6 +164,9 @@ class Config {
 
   bool has(std::string_view path) const;
   const Value& value(std::string_view path) const;  // throws ConfigError when absent
+  // Every key a ConfigReader has read from this config, so tests can check that each key a schema declares
+  // is read by its recipe.
+  const std::set<std::string, std::less<>>& read_keys() const { return read_keys_; }
   int64_t get_int(std::string_view path) const;
   double get_double(std::string_view path) const;  // integers are accepted
   bool get_bool(std::string_view path) const;      // true/false/yes/no/on/off
@@ -179,6 +185,8 @@ class Config {
   std::string file_;
   std::map<std::string, Value, std::less<>> values_;
   std::shared_ptr<const ConfigSchema> schema_;
+  friend class ConfigReader;
+  mutable std::set<std::string, std::less<>> read_keys_;
 };
 
 }  // namespace ingot::recipes

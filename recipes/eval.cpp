@@ -43,15 +43,12 @@ EvalSettings resolve_eval(const Config& cfg, ConfigErrors& errors) {
   s.model = resolve_model_source(cfg, errors);
   s.data = resolve_data(cfg, s.model.config, errors);
   check_tokenizer_and_data(cfg, s.model, s.data, errors);
-  try {
-    s.dtype = parse_dtype(cfg.get_string("dtype"));
-    s.batch_size = cfg.get_int("eval.batch_size");
-    s.max_batches = cfg.get_int("eval.max_batches");
-    s.task = cfg.get_string("eval.task");
-    s.max_new_tokens = cfg.get_int("eval.max_new_tokens");
-  } catch (const ConfigError&) {
-    // Reported by the schema check.
-  }
+  const ConfigReader rd(cfg, errors);
+  s.dtype = parse_dtype(rd.str("dtype"));
+  s.batch_size = rd.i64("eval.batch_size");
+  s.max_batches = rd.i64("eval.max_batches");
+  s.task = rd.str("eval.task");
+  s.max_new_tokens = rd.i64("eval.max_new_tokens");
   // The task's file is read now, so that `ingot validate` names a malformed line.
   if (s.task != "perplexity" && !errors.has_error_for("data.path") && !errors.has_error_for("eval.task")) {
     try {

@@ -37,7 +37,7 @@ struct FinetuneSettings {
   TrainOptions train;
   int64_t epochs = 0;  // > 0: the run lasts this many passes over the data (max_steps is not used)
   nn::LoRAConfig lora_config;
-  bool merge_on_export = true;
+  bool merge_on_export = false;  // lora.merge_on_export (LoRA only: a full fine-tune always exports the model)
   bool quantize_base_nf4 = false;  // lora.quantize_base: nf4 (models/qlora.h)
   int64_t max_shard_bytes = 0;
   // As PretrainSettings::halt_after_steps: stop after this many steps as if the process died (tests).

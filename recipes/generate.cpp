@@ -44,21 +44,18 @@ GenerateSettings resolve_generate(const Config& cfg, ConfigErrors& errors) {
   GenerateSettings s;
   s.device = resolve_device(cfg, errors);
   s.model = resolve_model_source(cfg, errors);
-  try {
-    s.dtype = parse_dtype(cfg.get_string("dtype"));
-    s.prompt = cfg.get_string("generate.prompt");
-    s.chat_template = cfg.get_string("generate.chat_template");
-    s.options.max_new_tokens = cfg.get_int("generate.max_new_tokens");
-    s.options.do_sample = cfg.get_bool("generate.do_sample");
-    s.options.temperature = cfg.get_double("generate.temperature");
-    s.options.top_k = cfg.get_int("generate.top_k");
-    s.options.top_p = cfg.get_double("generate.top_p");
-    s.options.use_cache = cfg.get_bool("generate.use_cache");
-    s.options.seed = static_cast<uint64_t>(cfg.get_int("seed"));
-    s.skip_special_tokens = cfg.get_bool("generate.skip_special_tokens");
-  } catch (const ConfigError&) {
-    // Reported by the schema check.
-  }
+  const ConfigReader rd(cfg, errors);
+  s.dtype = parse_dtype(rd.str("dtype"));
+  s.prompt = rd.str("generate.prompt");
+  s.chat_template = rd.str("generate.chat_template");
+  s.options.max_new_tokens = rd.i64("generate.max_new_tokens");
+  s.options.do_sample = rd.flag("generate.do_sample");
+  s.options.temperature = rd.f64("generate.temperature");
+  s.options.top_k = rd.i64("generate.top_k");
+  s.options.top_p = rd.f64("generate.top_p");
+  s.options.use_cache = rd.flag("generate.use_cache");
+  s.options.seed = static_cast<uint64_t>(rd.i64("seed"));
+  s.skip_special_tokens = rd.flag("generate.skip_special_tokens");
   if (cfg.has("generate.prompt") && !errors.has_error_for("generate.prompt") && s.prompt.empty())
     errors.fail(cfg, "generate.prompt", "is empty; give the text to continue");
   check_chat_template(cfg, s.model, "generate.chat_template", s.chat_template, errors);

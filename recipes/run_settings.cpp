@@ -30,12 +30,7 @@ void add_device_keys(ConfigSchema& s) {
 }
 
 Device resolve_device(const Config& cfg, ConfigErrors& errors) {
-  std::string dev = "cpu";
-  try {
-    dev = cfg.get_string("device");
-  } catch (const ConfigError& e) {
-    errors.add_exception("device", cfg.has("device") ? cfg.origin("device") : ConfigOrigin{}, e);
-  }
+  const std::string dev = ConfigReader(cfg, errors).str("device");
   Device device = Device::cpu();
   try {
     device = parse_device(dev);
@@ -59,6 +54,78 @@ Device resolve_device(const Config& cfg, ConfigErrors& errors) {
   }
   return device;
 }
+
+namespace {
+
+// compile.*: the compiler's options (compile/api.h). Like every key that says how a run goes rather than what a
+// step computes, none enters the resume hash.
+void add_compile_keys(ConfigSchema& s) {
+  using T = ConfigType;
+  using K = ConfigKey;
+  s.add(K::of(T::Bool, "compile.enabled", "false",
+              "trace forward, backward and the optimizer update into one compiled graph")
+            .not_in_config_hash());
+  s.add(K::of(T::String, "compile.mode", "default",
+              "compiler mode (GPU: reduce-overhead replays CUDA graphs; max-autotune tunes kernels and replays them)")
+            .one_of({"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"})
+            .not_in_config_hash());
+  s.add(K::of(T::Bool, "compile.fullgraph", "false", "fail at a graph break instead of splitting the graph")
+            .not_in_config_hash());
+  s.add(K::of(T::Bool, "compile.dynamic", "false", "treat batch and sequence sizes as symbolic").not_in_config_hash());
+  s.add(K::of(T::Float, "compile.memory_budget", "1.0",
+              "fraction of activations kept for backward (< 1: recompute the rest, activation checkpointing)")
+            .at_least(0)
+            .at_most(1)
+            .not_in_config_hash());
+  s.add(K::of(T::String, "compile.cache_dir", "", "compile cache directory (empty: the compiler's default)")
+            .not_in_config_hash());
+}
+
+// distributed.*: DDP's and FSDP's options (recipes/data_parallel.h); not in the resume hash either (a resume may
+// change the number of ranks or the ZeRO stage: checkpoints hold the whole state).
+void add_distributed_keys(ConfigSchema& s) {
+  using T = ConfigType;
+  using K = ConfigKey;
+  s.add(K::of(T::String, "distributed.backend", "auto",
+              "process group of a data-parallel run (`ingot launch`, mpirun): auto = nccl on CUDA, gloo on CPU")
+            .one_of({"auto", "nccl", "gloo"})
+            .not_in_config_hash());
+  s.add(K::of(T::Float, "distributed.bucket_cap_mb", "25",
+              "DDP gradient bucket size in MiB (gradients are averaged across ranks bucket by bucket)")
+            .at_least(0.001)
+            .not_in_config_hash());
+  s.add(K::of(T::String, "distributed.reduce_dtype", "f32",
+              "dtype gradients are averaged in: f32, or bf16 (half the bytes on the wire, as PyTorch's "
+              "bf16_compress_hook; the average is widened back before the optimizer)")
+            .one_of({"f32", "bf16"})
+            .not_in_config_hash());
+  s.add(K::of(T::Int, "distributed.zero_stage", "0",
+              "0: plain DDP, 1: shard the optimizer state across ranks (ZeRO-1), 2: and the gradients (ZeRO-2), "
+              "3: and the weights, gathered per transformer block when used (ZeRO-3); checkpoints hold "
+              "the whole state")
+            .at_least(0)
+            .at_most(3)
+            .not_in_config_hash());
+  s.add(K::of(T::Bool, "distributed.reshard_after_forward", "true",
+              "zero_stage 3: free a block's gathered weights after its forward and gather them again for its "
+              "backward (false: keep them until its gradients are reduced; one all-gather less, more memory)")
+            .not_in_config_hash());
+  s.add(K::of(T::Bool, "distributed.overlap", "true",
+              "reduce each bucket during backward as soon as it fills (false: after the whole backward)")
+            .not_in_config_hash());
+  s.add(K::of(T::Float, "distributed.timeout_s", "0",
+              "seconds a collective may take before it fails naming the missing ranks (0: ingot launch "
+              "--collective-timeout, else 600)")
+            .at_least(0)
+            .not_in_config_hash());
+  s.add(K::of(T::Float, "distributed.init_timeout_s", "0",
+              "seconds ranks wait for each other to check in at start and at barriers (0: ingot launch "
+              "--init-timeout, else 300)")
+            .at_least(0)
+            .not_in_config_hash());
+}
+
+}  // namespace
 
 void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string& output_dir) {
   using T = ConfigType;
@@ -106,60 +173,8 @@ void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string&
   s.add(K::of(T::Int, "profile.top_k", "15", "rows of the top-ops table printed at the end")
             .at_least(1)
             .not_in_config_hash());
-  s.add(K::of(T::Bool, "compile.enabled", "false",
-              "trace forward, backward and the optimizer update into one compiled graph")
-            .not_in_config_hash());
-  s.add(K::of(T::String, "compile.mode", "default",
-              "compiler mode (GPU: reduce-overhead replays CUDA graphs; max-autotune tunes kernels and replays them)")
-            .one_of({"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"})
-            .not_in_config_hash());
-  s.add(K::of(T::Bool, "compile.fullgraph", "false", "fail at a graph break instead of splitting the graph")
-            .not_in_config_hash());
-  s.add(K::of(T::Bool, "compile.dynamic", "false", "treat batch and sequence sizes as symbolic").not_in_config_hash());
-  s.add(K::of(T::Float, "compile.memory_budget", "1.0",
-              "fraction of activations kept for backward (< 1: recompute the rest, activation checkpointing)")
-            .at_least(0)
-            .at_most(1)
-            .not_in_config_hash());
-  s.add(K::of(T::String, "compile.cache_dir", "", "compile cache directory (empty: the compiler's default)")
-            .not_in_config_hash());
-  s.add(K::of(T::String, "distributed.backend", "auto",
-              "process group of a data-parallel run (`ingot launch`, mpirun): auto = nccl on CUDA, gloo on CPU")
-            .one_of({"auto", "nccl", "gloo"})
-            .not_in_config_hash());
-  s.add(K::of(T::Float, "distributed.bucket_cap_mb", "25",
-              "DDP gradient bucket size in MiB (gradients are averaged across ranks bucket by bucket)")
-            .at_least(0.001)
-            .not_in_config_hash());
-  s.add(K::of(T::String, "distributed.reduce_dtype", "f32",
-              "dtype gradients are averaged in: f32, or bf16 (half the bytes on the wire, as PyTorch's "
-              "bf16_compress_hook; the average is widened back before the optimizer)")
-            .one_of({"f32", "bf16"})
-            .not_in_config_hash());
-  s.add(K::of(T::Int, "distributed.zero_stage", "0",
-              "0: plain DDP, 1: shard the optimizer state across ranks (ZeRO-1), 2: and the gradients (ZeRO-2), "
-              "3: and the weights, gathered per transformer block when used (ZeRO-3); checkpoints hold "
-              "the whole state")
-            .at_least(0)
-            .at_most(3)
-            .not_in_config_hash());
-  s.add(K::of(T::Bool, "distributed.reshard_after_forward", "true",
-              "zero_stage 3: free a block's gathered weights after its forward and gather them again for its "
-              "backward (false: keep them until its gradients are reduced; one all-gather less, more memory)")
-            .not_in_config_hash());
-  s.add(K::of(T::Bool, "distributed.overlap", "true",
-              "reduce each bucket during backward as soon as it fills (false: after the whole backward)")
-            .not_in_config_hash());
-  s.add(K::of(T::Float, "distributed.timeout_s", "0",
-              "seconds a collective may take before it fails naming the missing ranks (0: ingot launch "
-              "--collective-timeout, else 600)")
-            .at_least(0)
-            .not_in_config_hash());
-  s.add(K::of(T::Float, "distributed.init_timeout_s", "0",
-              "seconds ranks wait for each other to check in at start and at barriers (0: ingot launch "
-              "--init-timeout, else 300)")
-            .at_least(0)
-            .not_in_config_hash());
+  add_compile_keys(s);
+  add_distributed_keys(s);
 }
 
 namespace {
@@ -184,9 +199,9 @@ std::string lr_text(double lr) {
 // Note [Resuming with a different max_steps]: cosine and linear schedules are fitted to max_steps, so a
 // resume that changes it would make the LR jump. That is refused unless the config says how to go on:
 // `keep` runs the checkpoint's schedule to its end (min_lr afterwards), `stretch` refits it to max_steps.
-void check_resume_schedule(const TrainState& st, const Config& cfg, ConfigErrors& errors, RunSettings& s) {
+void check_resume_schedule(const TrainState& st, const std::string& policy, const Config& cfg, ConfigErrors& errors,
+                           RunSettings& s) {
   if (st.total_steps == s.max_steps || st.lr_schedule == "constant") return;
-  const std::string policy = ConfigReader(cfg, errors).str("resume_schedule");
   const std::string then = std::to_string(st.total_steps), now = std::to_string(s.max_steps);
   const std::string next = std::to_string(st.step + 1);
   if (policy == "keep") {
@@ -283,11 +298,11 @@ int64_t restart_count_from_env() {
   return n;
 }
 
-RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
-  RunSettings s;
-  const ConfigReader rd(cfg, errors);
+namespace {
 
-  s.recipe = rd.str("recipe");
+// recipe, config file, device and this process's place in a data-parallel job: under a job, one GPU per rank.
+void resolve_placement_and_device(const Config& cfg, ConfigErrors& errors, RunSettings& s) {
+  s.recipe = ConfigReader(cfg, errors).str("recipe");
   s.config_file = cfg.file();
   s.resolved_yaml = cfg.to_yaml();
   s.device = resolve_device(cfg, errors);
@@ -306,11 +321,11 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
                   "local rank " + std::to_string(s.local_rank) + " has no GPU of its own: only " +
                       std::to_string(visible) + " CUDA device(s) are visible (launch at most that many workers per node)");
   }
-  std::string dt = rd.str("dtype");
-  s.dtype = dt == "bf16" ? DType::bf16 : dt == "f16" ? DType::f16 : DType::f32;
-  s.max_steps = rd.i64("max_steps");
-  s.lr_schedule_steps = s.max_steps;
-  s.seed = static_cast<uint64_t>(rd.i64("seed"));
+}
+
+// output_dir, checkpoint.*, logging.* and profile.*: where the run writes and what it records.
+void resolve_outputs(const Config& cfg, ConfigErrors& errors, RunSettings& s) {
+  const ConfigReader rd(cfg, errors);
   s.output_dir = rd.str("output_dir");
   if (s.output_dir.empty()) errors.fail(cfg, "output_dir", "must not be empty");
   s.save_every = rd.i64("checkpoint.save_every");
@@ -334,39 +349,49 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
     errors.fail(cfg, "profile.start_step",
                 "step " + std::to_string(s.profile.start_step) + " is after the last step (max_steps = " +
                     std::to_string(s.max_steps) + "), so nothing would be profiled");
+}
+
+// compile.* (dtype is resolved: f16 cannot be compiled).
+void resolve_compile(const Config& cfg, ConfigErrors& errors, RunSettings& s) {
+  const ConfigReader rd(cfg, errors);
   s.compile.enabled = rd.flag("compile.enabled");
   s.compile.mode = rd.str("compile.mode");
   s.compile.fullgraph = rd.flag("compile.fullgraph");
   s.compile.dynamic = rd.flag("compile.dynamic");
   s.compile.memory_budget = rd.f64("compile.memory_budget");
-  // The budget is a pass of the compiler (remat); train.activation_checkpointing is what works eagerly too.
+  // Activation checkpointing is a pass of the compiler (remat); an eager step keeps every activation.
   if (s.compile.memory_budget < 1 && !s.compile.enabled && !errors.has_error_for("compile.memory_budget"))
     errors.fail(cfg, "compile.memory_budget",
                 cfg.value("compile.memory_budget").text +
                     " recomputes activations in a compiled step only, and compile.enabled is false; set "
-                    "compile.enabled=true (or train.activation_checkpointing=blocks, which works eagerly too)");
+                    "compile.enabled=true (eager runs keep every activation: there is no eager checkpointing)");
   s.compile.cache_dir = rd.str("compile.cache_dir");
-  s.distributed.backend = rd.str("distributed.backend");
-  s.distributed.bucket_cap_mb = rd.f64("distributed.bucket_cap_mb");
-  s.distributed.reduce_dtype = rd.str("distributed.reduce_dtype");
-  s.distributed.zero_stage = rd.i64("distributed.zero_stage");
-  s.distributed.reshard_after_forward = rd.flag("distributed.reshard_after_forward");
   // The loss scaler decides on the host whether a step is applied, which a compiled step cannot replay.
   if (s.dtype == DType::f16 && s.compile.enabled && !errors.has_error_for("dtype"))
     errors.fail(cfg, "dtype",
                 "f16 trains with dynamic loss scaling, which skips overflowing steps on the host: set "
                 "compile.enabled=false, or use dtype=bf16 (no loss scaling needed) to compile the step");
-  s.distributed.overlap = rd.flag("distributed.overlap");
-  s.distributed.timeout_s =
-      timeout_setting(cfg, errors, "distributed.timeout_s", "INGOT_COLLECTIVE_TIMEOUT_S", s.distributed.timeout_s);
-  s.distributed.init_timeout_s =
-      timeout_setting(cfg, errors, "distributed.init_timeout_s", "INGOT_INIT_TIMEOUT_S", s.distributed.init_timeout_s);
-  s.config_entries = training_config_entries(cfg);
-  s.config_hash = config_hash(s.config_entries);
+}
 
-  // Resuming.
-  std::string from = rd.str("resume_from");
-  bool resume = rd.flag("resume");
+void resolve_distributed(const Config& cfg, ConfigErrors& errors, DistributedSettings& d) {
+  const ConfigReader rd(cfg, errors);
+  d.backend = rd.str("distributed.backend");
+  d.bucket_cap_mb = rd.f64("distributed.bucket_cap_mb");
+  d.reduce_dtype = rd.str("distributed.reduce_dtype");
+  d.zero_stage = rd.i64("distributed.zero_stage");
+  d.reshard_after_forward = rd.flag("distributed.reshard_after_forward");
+  d.overlap = rd.flag("distributed.overlap");
+  d.timeout_s = timeout_setting(cfg, errors, "distributed.timeout_s", "INGOT_COLLECTIVE_TIMEOUT_S", d.timeout_s);
+  d.init_timeout_s =
+      timeout_setting(cfg, errors, "distributed.init_timeout_s", "INGOT_INIT_TIMEOUT_S", d.init_timeout_s);
+}
+
+// The checkpoint a run continues from: resume_from, or with resume: true (or a launcher's restart) the latest
+// one in output_dir. Sets s.resume_checkpoint and its reason, or a note when there is none yet.
+void find_resume_checkpoint(const Config& cfg, ConfigErrors& errors, RunSettings& s) {
+  const ConfigReader rd(cfg, errors);
+  const std::string from = rd.str("resume_from");
+  const bool resume = rd.flag("resume");
   int64_t restarts = 0;
   try {
     restarts = restart_count_from_env();
@@ -395,46 +420,73 @@ RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
     }
     // A restarted job that never reached its first checkpoint simply starts over.
   }
+}
+
+// Note [A fresh run never deletes another run's checkpoints silently]: they are replaced only when the user
+// says so (overwrite_output_dir); otherwise the run stops before anything is written.
+void check_fresh_output_dir(const Config& cfg, ConfigErrors& errors, const RunSettings& s) {
+  std::vector<std::pair<int64_t, std::string>> earlier = list_checkpoints(s.output_dir);
+  if (earlier.empty() || s.overwrite_output_dir) return;
+  std::string names;
+  for (const auto& [step, path] : earlier) names += (names.empty() ? "" : ", ") + fs::path(path).filename().string();
+  errors.fail(cfg, "output_dir",
+              "'" + s.output_dir + "' holds checkpoints of an earlier run (" + names + " in " +
+                  checkpoints_dir(s.output_dir) + "), which a fresh run would replace; continue that run with "
+                  "resume=true, start over with overwrite_output_dir=true (they are deleted once this run "
+                  "has a checkpoint of its own, or at its end), or choose a new output_dir");
+}
+
+// The checkpoint's state.json against this config: the same math (config hash), and a max_steps that leaves
+// something to train, or a resume_schedule (`policy`) saying how the LR schedule goes on.
+void check_resume_state(const Config& cfg, ConfigErrors& errors, const std::string& policy, RunSettings& s) {
+  const std::string from = ConfigReader(cfg, errors).str("resume_from");
+  const std::string state_path = (fs::path(s.resume_checkpoint) / "state.json").string();
+  try {
+    TrainState st = parse_train_state(read_file(state_path), state_path);
+    check_resume_config(st, cfg, s.resume_checkpoint);
+    // train.epochs (fine-tuning) replaces max_steps once the data is loaded; these checks follow max_steps.
+    const bool by_epochs = cfg.has("train.epochs") && cfg.value("train.epochs").text != "0";
+    if (!by_epochs && st.step > s.max_steps) {
+      errors.fail(cfg, "max_steps",
+                  std::to_string(s.max_steps) + " is before the checkpoint's step " + std::to_string(st.step) + " (" +
+                      s.resume_checkpoint + "); raise max_steps, or start over in a new output_dir");
+    } else if (!by_epochs && st.step == s.max_steps) {
+      s.resume_note = "the run already finished its " + std::to_string(s.max_steps) +
+                      " steps, so there is nothing to train (raise max_steps to train longer; start over with "
+                      "overwrite_output_dir=true or a new output_dir); evaluating and writing the final outputs again";
+    } else if (!by_epochs) {
+      check_resume_schedule(st, policy, cfg, errors, s);
+    }
+  } catch (const ConfigError& e) {
+    errors.add(cfg.has("resume_from") && !from.empty() ? cfg.origin("resume_from") : ConfigOrigin{}, e.what());
+  } catch (const Error& e) {
+    errors.fail(cfg, from.empty() ? "resume" : "resume_from",
+                "cannot read the checkpoint's training state: " + std::string(e.what()));
+  }
+}
+
+}  // namespace
+
+RunSettings resolve_run(const Config& cfg, ConfigErrors& errors) {
+  RunSettings s;
+  const ConfigReader rd(cfg, errors);
+  resolve_placement_and_device(cfg, errors, s);
+  std::string dt = rd.str("dtype");
+  s.dtype = dt == "bf16" ? DType::bf16 : dt == "f16" ? DType::f16 : DType::f32;
+  s.max_steps = rd.i64("max_steps");
+  s.lr_schedule_steps = s.max_steps;
+  s.seed = static_cast<uint64_t>(rd.i64("seed"));
+  resolve_outputs(cfg, errors, s);
+  resolve_compile(cfg, errors, s);
+  resolve_distributed(cfg, errors, s.distributed);
+  s.config_entries = training_config_entries(cfg);
+  s.config_hash = config_hash(s.config_entries);
+
+  find_resume_checkpoint(cfg, errors, s);
   s.overwrite_output_dir = rd.flag("overwrite_output_dir");
-  if (s.resume_checkpoint.empty() && !errors.has_error_for("output_dir")) {
-    // Note [A fresh run never deletes another run's checkpoints silently]: they are replaced only when the
-    // user says so (overwrite_output_dir); otherwise the run stops before anything is written.
-    std::vector<std::pair<int64_t, std::string>> earlier = list_checkpoints(s.output_dir);
-    if (!earlier.empty() && !s.overwrite_output_dir) {
-      std::string names;
-      for (const auto& [step, path] : earlier) names += (names.empty() ? "" : ", ") + fs::path(path).filename().string();
-      errors.fail(cfg, "output_dir",
-                  "'" + s.output_dir + "' holds checkpoints of an earlier run (" + names + " in " +
-                      checkpoints_dir(s.output_dir) + "), which a fresh run would replace; continue that run with "
-                      "resume=true, start over with overwrite_output_dir=true (they are deleted once this run "
-                      "has a checkpoint of its own, or at its end), or choose a new output_dir");
-    }
-  }
-  if (!s.resume_checkpoint.empty()) {
-    const std::string state_path = (fs::path(s.resume_checkpoint) / "state.json").string();
-    try {
-      TrainState st = parse_train_state(read_file(state_path), state_path);
-      check_resume_config(st, cfg, s.resume_checkpoint);
-      // train.epochs (fine-tuning) replaces max_steps once the data is loaded; these checks follow max_steps.
-      const bool by_epochs = cfg.has("train.epochs") && cfg.value("train.epochs").text != "0";
-      if (!by_epochs && st.step > s.max_steps) {
-        errors.fail(cfg, "max_steps",
-                    std::to_string(s.max_steps) + " is before the checkpoint's step " + std::to_string(st.step) +
-                        " (" + s.resume_checkpoint + "); raise max_steps, or start over in a new output_dir");
-      } else if (!by_epochs && st.step == s.max_steps) {
-        s.resume_note = "the run already finished its " + std::to_string(s.max_steps) +
-                        " steps, so there is nothing to train (raise max_steps to train longer; start over with "
-                        "overwrite_output_dir=true or a new output_dir); evaluating and writing the final outputs again";
-      } else if (!by_epochs) {
-        check_resume_schedule(st, cfg, errors, s);
-      }
-    } catch (const ConfigError& e) {
-      errors.add(cfg.has("resume_from") && !from.empty() ? cfg.origin("resume_from") : ConfigOrigin{}, e.what());
-    } catch (const Error& e) {
-      errors.fail(cfg, from.empty() ? "resume" : "resume_from",
-                  "cannot read the checkpoint's training state: " + std::string(e.what()));
-    }
-  }
+  const std::string resume_schedule = rd.str("resume_schedule");
+  if (s.resume_checkpoint.empty() && !errors.has_error_for("output_dir")) check_fresh_output_dir(cfg, errors, s);
+  if (!s.resume_checkpoint.empty()) check_resume_state(cfg, errors, resume_schedule, s);
   return s;
 }
 

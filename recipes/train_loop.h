@@ -57,16 +57,17 @@ struct TrainDefaults {
 // nesterov.
 void add_train_keys(ConfigSchema& s, const TrainDefaults& d);
 
-// The train.* section as typed values.
+// The train.* section as typed values. Their defaults are the schema's (add_train_keys), which
+// resolve_train_options reads; the initializers below are neutral values (no accumulation, no clipping, no
+// decay) for code that builds options by hand, such as tests of one step, not a second set of defaults.
 struct TrainOptions {
-  int64_t batch_size = 1, grad_accum = 1, warmup_steps = 0, log_every = 10, eval_every = 0, eval_batches = 0;
-  double lr = 0, min_lr = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.95, grad_clip = 0;
-  std::string lr_schedule = "cosine";
-  std::string optimizer = "adamw";  // optimizer.name: adamw, sgd or lion
+  int64_t batch_size = 1, grad_accum = 1, warmup_steps = 0, log_every = 1, eval_every = 0, eval_batches = 0;
+  double lr = 0, min_lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, grad_clip = 0;
+  std::string lr_schedule = "constant";
+  std::string optimizer;            // optimizer.name: adamw, adamw8bit, sgd or lion
   double momentum = 0;              // optimizer.momentum (sgd)
   bool nesterov = false;            // optimizer.nesterov (sgd)
-  double init_loss_scale = 65536;   // train.init_loss_scale (dtype f16)
-  bool checkpoint_blocks = false;   // train.activation_checkpointing: blocks (models::set_block_checkpointing)
+  double init_loss_scale = 1;       // train.init_loss_scale (dtype f16)
 };
 
 // Reads the keys add_train_keys adds; problems (min_lr > lr, eval_every without eval_batches, an optimizer.* key

@@ -293,6 +293,27 @@ TEST(ConfigReader, ReadingAKeyTheSchemaDoesNotListIsAnInternalError) {
   }
 }
 
+// The schema's type is the key's type: a resolver reading train.lr (a number) as an integer would truncate it.
+TEST(ConfigReader, ReadingAKeyAsAnotherTypeThanTheSchemasIsAnInternalError) {
+  Config c = Config::parse("data: {path: t.txt}\n", "q.yaml");
+  c.validate(test_schema());
+  ConfigErrors errors;
+  const ConfigReader rd(c, errors);
+  try {
+    rd.i64("train.lr");
+    FAIL() << "expected an internal error";
+  } catch (const ConfigError& e) {
+    FAIL() << "a read of the wrong type is ingot's bug, not the user's: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'train.lr' is read as type 'integer' but the schema declares 'number'"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(rd.str("compile.enabled"), Error);
+  EXPECT_THROW(rd.list("seed"), Error);
+  EXPECT_TRUE(errors.empty());
+}
+
 TEST(ConfigReader, NeedsAValidatedConfig) {
   Config c = Config::parse("seed: 1\n", "q.yaml");
   ConfigErrors errors;

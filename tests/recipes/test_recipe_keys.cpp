@@ -47,6 +47,22 @@ TEST(RecipeKeys, ResolvingReadsOnlyKeysTheSchemaLists) {
   }
 }
 
+// The other half of "defined once": a key the schema declares (with a default and help text that `ingot run
+// --help` shows) but no resolver reads would be a setting that silently does nothing.
+TEST(RecipeKeys, EveryKeyTheSchemaDeclaresIsReadByItsRecipe) {
+  for (const Recipe& r : all_recipes()) {
+    Config c = Config::defaults(r.schema());
+    ConfigErrors errors;
+    c.validate(r.schema(), errors);
+    r.check(c, errors);
+    for (const ConfigKey& k : r.schema().keys()) {
+      // The registry reads `recipe` to choose the recipe (recipes/registry.h); eval and generate need no more.
+      if (k.path == "recipe" && (r.name == "eval" || r.name == "generate")) continue;
+      EXPECT_TRUE(c.read_keys().count(k.path)) << r.name << ": " << k.path << " is declared but never read";
+    }
+  }
+}
+
 // The bug this guards against: the schema said train.grad_clip 1.0 and train.min_lr 1e-4 while the reader's own
 // fallbacks said 0 and 0.
 TEST(RecipeKeys, AnUnreadableTrainValueResolvesToTheSchemaDefault) {
