@@ -359,12 +359,12 @@ void resolve_compile(const Config& cfg, ConfigErrors& errors, RunSettings& s) {
   s.compile.fullgraph = rd.flag("compile.fullgraph");
   s.compile.dynamic = rd.flag("compile.dynamic");
   s.compile.memory_budget = rd.f64("compile.memory_budget");
-  // Activation checkpointing is a pass of the compiler (remat); an eager step keeps every activation.
+  // The budget is a pass of the compiler (remat); train.activation_checkpointing is what works eagerly too.
   if (s.compile.memory_budget < 1 && !s.compile.enabled && !errors.has_error_for("compile.memory_budget"))
     errors.fail(cfg, "compile.memory_budget",
                 cfg.value("compile.memory_budget").text +
                     " recomputes activations in a compiled step only, and compile.enabled is false; set "
-                    "compile.enabled=true (eager runs keep every activation: there is no eager checkpointing)");
+                    "compile.enabled=true (or train.activation_checkpointing=blocks, which works eagerly too)");
   s.compile.cache_dir = rd.str("compile.cache_dir");
   // The loss scaler decides on the host whether a step is applied, which a compiled step cannot replay.
   if (s.dtype == DType::f16 && s.compile.enabled && !errors.has_error_for("dtype"))

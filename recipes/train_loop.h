@@ -68,6 +68,7 @@ struct TrainOptions {
   double momentum = 0;              // optimizer.momentum (sgd)
   bool nesterov = false;            // optimizer.nesterov (sgd)
   double init_loss_scale = 1;       // train.init_loss_scale (dtype f16)
+  bool checkpoint_blocks = false;   // train.activation_checkpointing: blocks (models::set_block_checkpointing)
 };
 
 // Reads the keys add_train_keys adds; problems (min_lr > lr, eval_every without eval_batches, an optimizer.* key
