@@ -1,5 +1,5 @@
 // Dead-code elimination. Invariant afterwards: every remaining node has an output that reaches a root (a
-// function output, a write-back or a grad out). Test: tests/compile/test_passes.cpp (Dce.*).
+// function output, a write-back or a grad out). Test: tests/compile/passes/test_passes.cpp (Dce.*).
 #pragma once
 
 #include "compile/passes/pass.h"

@@ -4,7 +4,7 @@
 // leading dims) with the same inputs and the original output values, and when dy came from a single-input
 // pointwise node (the cast of an autocast matmul's gradient) the dw/db node reads its own copy of that node.
 // Run after the last cse, which would merge the copy back.
-// Test: tests/compile/test_norm_bwd.cpp (DecomposeNormBwd.*).
+// Test: tests/compile/passes/test_norm_bwd.cpp (DecomposeNormBwd.*).
 #pragma once
 
 #include "compile/passes/pass.h"

@@ -9,7 +9,7 @@
 //                 input (a parameter) to bf16 / f16 that only non-fusible ops read (Note [Parameter casts]).
 // Groups never create a cycle between groups, so they can be scheduled contiguously (schedule.h). Groups list
 // their inputs (values read from outside) and outputs (values read outside or roots). View and Opaque nodes stay
-// alone, and so does an eager_column_sum. Test: tests/compile/test_passes.cpp (Fuse.*).
+// alone, and so does an eager_column_sum. Test: tests/compile/passes/test_passes.cpp (Fuse.*).
 #pragma once
 
 #include "compile/passes/pass.h"

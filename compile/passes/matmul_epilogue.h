@@ -5,7 +5,7 @@
 // With forward_gelu, no gelu_tanh reads (directly or through one reshape) a linear with a bias: each such pair is
 // one linear_gelu node. And no cast to f32 reads a bf16 / f16 matmul that nothing else reads: the pair is one
 // widened matmul (so is an eager column sum's, fuse.h's eager_column_sum).
-// Test: tests/compile/test_matmul_epilogue.cpp.
+// Test: tests/compile/passes/test_matmul_epilogue.cpp.
 #pragma once
 
 #include "compile/passes/pass.h"

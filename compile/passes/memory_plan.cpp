@@ -6,7 +6,7 @@
 // logits, which reach the loss through a reshape) continues that buffer. Blocks are reused best-fit once dead.
 // The executor allocates each value from the caching allocator; the arena size is the planned peak, reported
 // (CompileStats, INGOT_LOGS=schedule) next to the sum-of-live-bytes peak it approximates.
-// Test: tests/compile/test_passes.cpp (MemoryPlan.*), tests/compile/test_buffer_reuse.cpp.
+// Test: tests/compile/passes/test_passes.cpp (MemoryPlan.*), tests/compile/exec/test_buffer_reuse.cpp.
 #include "compile/passes/memory_plan.h"
 
 #include <map>

@@ -1,6 +1,6 @@
 // Memory planning, an analysis of the scheduled graph: the size of one arena in which every intermediate buffer
 // gets a place, two buffers overlapping only if their live ranges are disjoint, blocks reused best-fit once dead.
-// Test: tests/compile/test_passes.cpp (MemoryPlan.*), tests/compile/test_buffer_reuse.cpp.
+// Test: tests/compile/passes/test_passes.cpp (MemoryPlan.*), tests/compile/exec/test_buffer_reuse.cpp.
 #pragma once
 
 #include <cstdint>

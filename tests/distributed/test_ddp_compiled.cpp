@@ -10,8 +10,8 @@
 #include "compile/api.h"
 #include "distributed/bootstrap.h"
 #include "distributed/ddp.h"
+#include "distributed/compiled_ranks.h"
 #include "distributed/sampler.h"
-#include "distributed/spawn.h"
 #include "models/tiny_models.h"
 #include "optim/optimizer.h"
 #include "runtime/file_util.h"
@@ -21,12 +21,12 @@ namespace ingot::distributed {
 namespace {
 
 using namespace std::chrono_literals;
-using ingot::testing::expect_ranks_pass;
 using ingot::testing::is_rank_process;
-using ingot::testing::spawn_ranks;
+using ingot::testing::join_compiled_ranks;
+using ingot::testing::run_compiled_ranks;
 
 // Longer timeouts than the other DDP tests: each rank compiles the step (g++) before its first collective.
-InitOptions quick_init() { return ingot::testing::gloo_test_init(20000ms, 20000ms); }
+constexpr auto kRankTimeout = 20s;
 
 struct DdpRun {
   std::vector<double> losses;
@@ -72,8 +72,7 @@ DdpRun train(const DistributedContext& ctx, bool compiled, const std::string& ca
 
 TEST(CompiledDdp, AllReducesAreGraphNodesAndTrainingFollowsEagerDdp) {
   if (is_rank_process()) {
-    auto ctx = init_distributed(quick_init());
-    const std::string cache = std::string(std::getenv("INGOT_TEST_CACHE_DIR"));
+    const auto [ctx, cache] = join_compiled_ranks(kRankTimeout);
     DdpRun eager = train(ctx, false, cache), comp = train(ctx, true, cache);
     ASSERT_GT(eager.buckets, 2u) << "the test needs several buckets";
     for (size_t i = 0; i < eager.losses.size(); ++i)
@@ -109,10 +108,7 @@ TEST(CompiledDdp, AllReducesAreGraphNodesAndTrainingFollowsEagerDdp) {
                 static_cast<long long>(comp.stats.kernels), static_cast<long long>(comp.stats.kernels_generated));
     return;
   }
-  TempDir cache("ingot-ddp-compile-");
-  ingot::testing::SpawnOptions o = ingot::testing::world(2).within(std::chrono::seconds(120));
-  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
-  expect_ranks_pass(spawn_ranks(o));
+  run_compiled_ranks(2, 120s);
 }
 
 // ZeRO-1 compiled: a reduce_scatter_start node per bucket feeds this rank's shard update, an all_gather_start
@@ -122,8 +118,7 @@ TEST(CompiledDdp, AllReducesAreGraphNodesAndTrainingFollowsEagerDdp) {
 // so compiled ZeRO-1 already is ZeRO-2 in memory terms; only eager DDP keeps them whole between steps.
 TEST(CompiledDdp, ZeroOneAndTwoReduceScatterAndAllGatherInTheGraphLikeEager) {
   if (is_rank_process()) {
-    auto ctx = init_distributed(quick_init());
-    const std::string cache = std::string(std::getenv("INGOT_TEST_CACHE_DIR"));
+    const auto [ctx, cache] = join_compiled_ranks(kRankTimeout);
     DdpRun eager = train(ctx, false, cache, 1), comp = train(ctx, true, cache, 1);
     DdpRun eager2 = train(ctx, false, cache, 2), comp2 = train(ctx, true, cache, 2);
     for (size_t i = 0; i < eager.losses.size(); ++i) {
@@ -155,18 +150,14 @@ TEST(CompiledDdp, ZeroOneAndTwoReduceScatterAndAllGatherInTheGraphLikeEager) {
     EXPECT_EQ(count("\n  grad none -> "), eager.params.size()) << g;
     return;
   }
-  TempDir cache("ingot-ddp-compile-");
-  ingot::testing::SpawnOptions o = ingot::testing::world(2).within(std::chrono::seconds(120));
-  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
-  expect_ranks_pass(spawn_ranks(o));
+  run_compiled_ranks(2, 120s);
 }
 
 // distributed.reduce_dtype bf16: gradients rounded to bf16 before the reduction (half the bytes) and widened
 // back for the optimizer. Compiled follows eager exactly; both stay within bf16's rounding of f32 reduction.
 TEST(CompiledDdp, Bf16ReductionFollowsEagerAndStaysNearTheF32Reduction) {
   if (is_rank_process()) {
-    auto ctx = init_distributed(quick_init());
-    const std::string cache = std::string(std::getenv("INGOT_TEST_CACHE_DIR"));
+    const auto [ctx, cache] = join_compiled_ranks(kRankTimeout);
     DdpRun f32 = train(ctx, false, cache), eager = train(ctx, false, cache, 0, DType::bf16),
            comp = train(ctx, true, cache, 0, DType::bf16);
     for (size_t i = 0; i < eager.losses.size(); ++i) {
@@ -184,10 +175,7 @@ TEST(CompiledDdp, Bf16ReductionFollowsEagerAndStaysNearTheF32Reduction) {
     EXPECT_NE(g.find("bf16"), std::string::npos) << "the buckets are reduced in bf16: " << g;
     return;
   }
-  TempDir cache("ingot-ddp-compile-");
-  ingot::testing::SpawnOptions o = ingot::testing::world(2).within(std::chrono::seconds(120));
-  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
-  expect_ranks_pass(spawn_ranks(o));
+  run_compiled_ranks(2, 120s);
 }
 
 }  // namespace

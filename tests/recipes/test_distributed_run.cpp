@@ -169,7 +169,7 @@ TEST_F(DistributedRun, ZeroOneResumesFromAGatheredCheckpointAfterAKill) {
 }
 
 // ZeRO-2 and ZeRO-3 train like one process (1e-5 relative, as plain DDP: the same f32 sums in another order).
-// ZeRO-3's checkpoints are sharded (every rank writes its slices: tests/distributed/test_sharded_checkpoint.cpp),
+// ZeRO-3's checkpoints are sharded (every rank writes its slices: tests/recipes/test_sharded_checkpoint.cpp),
 // and one written by 4 ranks resumes under 2 ranks with ZeRO-3 and in one process, each continuing with the
 // uninterrupted run's losses (compiled ZeRO-3: tests/recipes/test_fsdp_compiled_run.cpp).
 TEST_F(DistributedRun, ZeroTwoAndThreeTrainLikeOneProcessAndAFourRankCheckpointResumesUnderTwoAndOne) {

@@ -10,7 +10,7 @@
 #include "compile/cache/compile_cache.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
-#include "tests/compile/test_codegen_util.h"
+#include "tests/compile/codegen/test_codegen_util.h"
 
 namespace ingot::cache {
 namespace {

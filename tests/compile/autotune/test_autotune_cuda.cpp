@@ -13,7 +13,7 @@
 
 #include "compile/step_fixture.h"
 #include "runtime/file_util.h"
-#include "tests/compile/test_codegen_cuda_util.h"
+#include "tests/compile/codegen/test_codegen_cuda_util.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/testing.h"
 

@@ -3,7 +3,7 @@
 // and odd-sized inputs in f32, bf16, f16 and f64 (vector and scalar paths).
 #include <gtest/gtest.h>
 
-#include "tests/compile/test_codegen_cuda_util.h"
+#include "tests/compile/codegen/test_codegen_cuda_util.h"
 
 namespace ingot::codegen {
 namespace {

@@ -13,7 +13,7 @@
 #include "runtime/cuda_runtime.h"
 #include "runtime/file_util.h"
 #include "runtime/kernels/kernels.h"
-#include "tests/compile/test_codegen_cuda_util.h"
+#include "tests/compile/codegen/test_codegen_cuda_util.h"
 
 namespace ingot::codegen {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/compile/test_codegen_util.h"
+#include "tests/compile/codegen/test_codegen_util.h"
 #include "tests/testing.h"
 
 #ifdef INGOT_WITH_CUDA_CODEGEN

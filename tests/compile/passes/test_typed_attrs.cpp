@@ -1,7 +1,7 @@
 // Typed attributes (Note [Typed attributes], autograd/primitive.h): the compiler reads an op's attributes
 // through match<A>, never through printed text. The structs hold what the op was built with (dims wrapped and
 // sorted, the exact scalar), match is null for other ops, and the passes that used to compare printed text
-// still find their patterns (tests/compile/test_matmul_epilogue.cpp, test_pack_attention_grads.cpp).
+// still find their patterns (tests/compile/passes/test_matmul_epilogue.cpp, test_pack_attention_grads.cpp).
 #include <gtest/gtest.h>
 
 #include "autograd/ops.h"

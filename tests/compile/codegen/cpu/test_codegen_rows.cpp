@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "tests/compile/test_codegen_util.h"
+#include "tests/compile/codegen/test_codegen_util.h"
 
 namespace ingot::codegen {
 namespace {

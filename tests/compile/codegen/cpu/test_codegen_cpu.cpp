@@ -8,7 +8,7 @@
 #include "compile/codegen/common/scalar_math.h"
 #include "runtime/file_util.h"
 #include "runtime/kernels/kernels.h"
-#include "tests/compile/test_codegen_util.h"
+#include "tests/compile/codegen/test_codegen_util.h"
 
 namespace ingot::codegen {
 namespace {
