@@ -18,11 +18,10 @@
 
 #include "autograd/ops.h"
 #include "compile/api.h"
-#include "distributed/bootstrap.h"
+#include "distributed/compiled_ranks.h"
 #include "distributed/ddp.h"
 #include "distributed/fsdp.h"
 #include "distributed/sampler.h"
-#include "distributed/spawn.h"
 #include "models/tiny_models.h"
 #include "optim/optimizer.h"
 #include "runtime/allocator.h"
@@ -33,12 +32,12 @@ namespace ingot::distributed {
 namespace {
 
 using namespace std::chrono_literals;
-using ingot::testing::expect_ranks_pass;
 using ingot::testing::is_rank_process;
-using ingot::testing::spawn_ranks;
+using ingot::testing::join_compiled_ranks;
+using ingot::testing::run_compiled_ranks;
 
 // Longer timeouts than the eager tests: each rank compiles the step (g++) before its first collective.
-InitOptions quick_init() { return ingot::testing::gloo_test_init(60000ms, 60000ms); }
+constexpr auto kRankTimeout = 60s;
 
 enum class Mode { OneProcess, Ddp, DdpCompiled, Eager3, Compiled3 };
 
@@ -269,9 +268,8 @@ std::vector<Window> windows(const std::vector<Line>& lines) {
 // whole steps of lr). bf16 reduction: the compiled run follows eager ZeRO-3 reduced in bf16 within 1e-4 and the
 // f32-reduced run within 1e-2.
 void rank_body_trains_like_eager(int world) {
-  auto ctx = init_distributed(quick_init());
+  const auto [ctx, cache] = join_compiled_ranks(kRankTimeout);
   ASSERT_EQ(ctx.info.world_size, world);
-  const std::string cache = std::getenv("INGOT_TEST_CACHE_DIR");
   const Trained one = train(ctx, run(Mode::OneProcess), cache);
   const Trained ddp = train(ctx, run(Mode::Ddp), cache);
   const Trained eager = train(ctx, run(Mode::Eager3), cache);
@@ -306,18 +304,12 @@ void rank_body_trains_like_eager(int world) {
 
 TEST(CompiledFsdp, TwoRanksTrainLikeEagerZeroThreeDdpAndOneProcess) {
   if (is_rank_process()) return rank_body_trains_like_eager(2);
-  TempDir cache("ingot-fsdp-compile-");
-  ingot::testing::SpawnOptions o = ingot::testing::world(2).within(std::chrono::seconds(300));
-  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
-  expect_ranks_pass(spawn_ranks(o));
+  run_compiled_ranks(2, 300s);
 }
 
 TEST(CompiledFsdp, FourRanksTrainLikeEagerZeroThreeDdpAndOneProcess) {
   if (is_rank_process()) return rank_body_trains_like_eager(4);
-  TempDir cache("ingot-fsdp-compile-");
-  ingot::testing::SpawnOptions o = ingot::testing::world(4).within(std::chrono::seconds(400));
-  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
-  expect_ranks_pass(spawn_ranks(o));
+  run_compiled_ranks(4, 400s);
 }
 
 // Gradient accumulation (each micro-batch's backward reduce-scatters, the averages add up in the shards' .grad),
@@ -325,8 +317,7 @@ TEST(CompiledFsdp, FourRanksTrainLikeEagerZeroThreeDdpAndOneProcess) {
 // reduce_dtype bf16 (the unit's gradient rounded before its reduce-scatter), against eager ZeRO-3.
 TEST(CompiledFsdp, AccumulationAndBf16ReductionFollowEagerZeroThree) {
   if (is_rank_process()) {
-    auto ctx = init_distributed(quick_init());
-    const std::string cache = std::getenv("INGOT_TEST_CACHE_DIR");
+    const auto [ctx, cache] = join_compiled_ranks(kRankTimeout);
     const Trained eager2 = train(ctx, run(Mode::Eager3).micro_batches(2), cache);
     const Trained comp2 = train(ctx, run(Mode::Compiled3).micro_batches(2), cache);
     expect_same_training(comp2, eager2, 1e-4, "two micro-batches: compiled vs eager ZeRO-3");
@@ -349,10 +340,7 @@ TEST(CompiledFsdp, AccumulationAndBf16ReductionFollowEagerZeroThree) {
     EXPECT_NE(g.find("bf16[") , std::string::npos) << g;
     return;
   }
-  TempDir cache("ingot-fsdp-compile-");
-  ingot::testing::SpawnOptions o = ingot::testing::world(2).within(std::chrono::seconds(300));
-  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
-  expect_ranks_pass(spawn_ranks(o));
+  run_compiled_ranks(2, 300s);
 }
 
 // Memory, from the CPU allocator on each rank after (and during) a compiled step: compiled DDP holds the weights
@@ -360,8 +348,7 @@ TEST(CompiledFsdp, AccumulationAndBf16ReductionFollowEagerZeroThree) {
 // their moments (~3/world of the weights, plus the units' padding). The step's peak is lower too: DDP's holds every
 // gradient at once on top, ZeRO-3's a few gathered units and one unit's gradients.
 void rank_body_memory() {
-  auto ctx = init_distributed(quick_init());
-  const std::string cache = std::getenv("INGOT_TEST_CACHE_DIR");
+  const auto [ctx, cache] = join_compiled_ranks(kRankTimeout);
   const int world = ctx.info.world_size;
   const Trained ddp = train(ctx, run(Mode::DdpCompiled).for_steps(3), cache);
   const Trained z3 = train(ctx, run(Mode::Compiled3).for_steps(3), cache);
@@ -392,18 +379,12 @@ void rank_body_memory() {
 
 TEST(CompiledFsdp, HoldsAboutOneNthOfDdpsBytesAndPeaksLower) {
   if (is_rank_process()) return rank_body_memory();
-  TempDir cache("ingot-fsdp-compile-");
-  ingot::testing::SpawnOptions o = ingot::testing::world(2).within(std::chrono::seconds(300));
-  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
-  expect_ranks_pass(spawn_ranks(o));
+  run_compiled_ranks(2, 300s);
 }
 
 TEST(CompiledFsdp, HoldsAboutOneNthOfDdpsBytesAndPeaksLowerOnFourRanks) {
   if (is_rank_process()) return rank_body_memory();
-  TempDir cache("ingot-fsdp-compile-");
-  ingot::testing::SpawnOptions o = ingot::testing::world(4).within(std::chrono::seconds(400));
-  o.env["INGOT_TEST_CACHE_DIR"] = cache.path();
-  expect_ranks_pass(spawn_ranks(o));
+  run_compiled_ranks(4, 400s);
 }
 
 // The schedule of a resharding step (compile/passes/unit_gathers.cpp): in the forward, block k+1's gather starts
@@ -413,7 +394,7 @@ TEST(CompiledFsdp, HoldsAboutOneNthOfDdpsBytesAndPeaksLowerOnFourRanks) {
 // node by node (CompileBackend::Eager, no code generation).
 TEST(CompiledFsdp, EachUnitsGatherStartsWhileThePreviousUnitComputesAndNotEarlier) {
   if (is_rank_process()) {
-    auto ctx = init_distributed(quick_init());
+    const auto ctx = join_compiled_ranks(kRankTimeout).ctx;
     const Trained comp = train(ctx, run(Mode::Compiled3).for_steps(2).node_by_node(), "");
     const std::string& g = comp.stats.last_graph;
     std::vector<Window> fwd, bwd, embed, head;
@@ -484,7 +465,7 @@ TEST(CompiledFsdp, EachUnitsGatherStartsWhileThePreviousUnitComputesAndNotEarlie
         << "a reduce-scatter overlaps the rest of the backward";
     return;
   }
-  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(std::chrono::seconds(120))));
+  run_compiled_ranks(2, 120s);
 }
 
 }  // namespace
