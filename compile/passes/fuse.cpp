@@ -140,6 +140,91 @@ int32_t sibling_group(const Graph& g, const Grouping& gr, const std::vector<std:
   return -1;
 }
 
+// Note [Parameter casts]: the casts of parameters that feed matmuls, as one group when there are several, all of
+// one output dtype (node ids, ascending); else none.
+std::vector<int32_t> grouped_parameter_casts(const Graph& g) {
+  std::vector<std::vector<int32_t>> all_readers(g.values.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (int32_t v : g.nodes[i].inputs)
+      if (v >= 0) all_readers[static_cast<size_t>(v)].push_back(static_cast<int32_t>(i));
+  std::vector<int32_t> param_casts;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (parameter_cast(g, all_readers, g.nodes[i])) param_casts.push_back(static_cast<int32_t>(i));
+  for (int32_t n : param_casts)
+    if (g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(n)].outputs[0])].dtype !=
+        g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(param_casts[0])].outputs[0])].dtype)
+      param_casts.clear();
+  if (param_casts.size() < 2) param_casts.clear();
+  return param_casts;
+}
+
+// The group of one of node n's producers that n joins (first producer first), or -1: a pointwise node joins a
+// group of its own output shape (chain) or, as an epilogue, a reduction group whose row shape it has; a reduction
+// takes a pointwise group producing its input as its prologue.
+int32_t join_producer_group(const Graph& g, Grouping& gr, int32_t n, FusionKind fk) {
+  const Node& node = g.nodes[static_cast<size_t>(n)];
+  for (int32_t v : node.inputs) {
+    const int32_t p = gr.producer_node(v);
+    if (p < 0) continue;
+    const int32_t G = gr.group_of[static_cast<size_t>(p)];
+    if (G < 0 || gr.kind[static_cast<size_t>(G)] == GroupKind::MultiTensor) continue;
+    const Shape& gs = gr.shape[static_cast<size_t>(G)];
+    bool fits = false;
+    if (fk == FusionKind::Pointwise) {
+      fits = same_output_shapes(g, node, gs);
+    } else if (!gr.has_reduction[static_cast<size_t>(G)]) {
+      const Value& in0 = g.values[static_cast<size_t>(node.inputs[0])];
+      fits = in0.producer >= 0 && gr.group_of[static_cast<size_t>(in0.producer)] == G && trace_shape(in0.shape) == gs;
+    }
+    if (!fits || !gr.can_join(n, G)) continue;
+    gr.group_of[static_cast<size_t>(n)] = G;
+    if (fk == FusionKind::Reduction) {
+      gr.has_reduction[static_cast<size_t>(G)] = true;
+      gr.kind[static_cast<size_t>(G)] = GroupKind::RowReduction;
+    }
+    return G;
+  }
+  return -1;
+}
+
+// The grouping written into the graph: each node's group, and each group's nodes, boundary values and name.
+void materialize_groups(Graph& g, const Grouping& gr) {
+  const size_t ngroups = gr.first.size();
+  g.groups.resize(ngroups);
+  for (size_t G = 0; G < ngroups; ++G) {
+    g.groups[G].id = static_cast<int32_t>(G);
+    g.groups[G].kind = gr.kind[G];
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const int32_t G = gr.group_of[i];
+    g.nodes[i].group = G;
+    if (G >= 0) g.groups[static_cast<size_t>(G)].nodes.push_back(static_cast<int32_t>(i));
+  }
+  std::vector<std::set<int32_t>> readers(g.values.size());  // groups (or -1 - node) reading each value
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (int32_t v : g.nodes[i].inputs)
+      if (v >= 0)
+        readers[static_cast<size_t>(v)].insert(gr.group_of[i] >= 0 ? gr.group_of[i] : -1 - static_cast<int32_t>(i));
+  for (FusionGroup& fg : g.groups) {
+    std::set<int32_t> ins, outs;
+    for (int32_t n : fg.nodes) {
+      for (int32_t v : g.nodes[static_cast<size_t>(n)].inputs) {
+        if (v < 0) continue;
+        const int32_t p = g.values[static_cast<size_t>(v)].producer;
+        if (p < 0 || gr.group_of[static_cast<size_t>(p)] != fg.id) ins.insert(v);
+      }
+      for (int32_t v : g.nodes[static_cast<size_t>(n)].outputs) {
+        bool outside = g.is_root(v);
+        for (int32_t r : readers[static_cast<size_t>(v)]) outside = outside || r != fg.id;
+        if (outside) outs.insert(v);
+      }
+    }
+    fg.inputs.assign(ins.begin(), ins.end());
+    fg.outputs.assign(outs.begin(), outs.end());
+    fg.name = group_name(g, fg);
+  }
+}
+
 }  // namespace
 
 bool fuse(Graph& g, const FuseOptions& o) {
@@ -149,19 +234,7 @@ bool fuse(Graph& g, const FuseOptions& o) {
   Grouping gr(g);
   std::vector<std::vector<int32_t>> readers_before(g.values.size());  // nodes seen so far reading each value
   int32_t multi = -1, casts = -1;
-  std::vector<std::vector<int32_t>> all_readers(g.values.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (int32_t v : g.nodes[i].inputs)
-      if (v >= 0) all_readers[static_cast<size_t>(v)].push_back(static_cast<int32_t>(i));
-  // Note [Parameter casts]: one group when there are several, all of one output dtype.
-  std::vector<int32_t> param_casts;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (cuda && parameter_cast(g, all_readers, g.nodes[i])) param_casts.push_back(static_cast<int32_t>(i));
-  for (int32_t n : param_casts)
-    if (g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(n)].outputs[0])].dtype !=
-        g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(param_casts[0])].outputs[0])].dtype)
-      param_casts.clear();
-  if (param_casts.size() < 2) param_casts.clear();
+  const std::vector<int32_t> param_casts = cuda ? grouped_parameter_casts(g) : std::vector<int32_t>{};
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const int32_t n = static_cast<int32_t>(i);
     const Node& node = g.nodes[i];
@@ -183,34 +256,7 @@ bool fuse(Graph& g, const FuseOptions& o) {
     const FusionKind fk = cuda && column_sum_norm_bwd(g, node) ? FusionKind::Reduction : node.prim->fusion_kind();
     if (fk != FusionKind::Pointwise && fk != FusionKind::Reduction) continue;
     if (cuda && eager_column_sum(g, node)) continue;
-    // Candidate groups: those of this node's producers, first producer first.
-    int32_t joined = -1;
-    for (int32_t v : node.inputs) {
-      const int32_t p = gr.producer_node(v);
-      if (p < 0) continue;
-      const int32_t G = gr.group_of[static_cast<size_t>(p)];
-      if (G < 0 || gr.kind[static_cast<size_t>(G)] == GroupKind::MultiTensor) continue;
-      const Shape& gs = gr.shape[static_cast<size_t>(G)];
-      bool fits = false;
-      if (fk == FusionKind::Pointwise) {
-        // A pointwise node joins a group of its own output shape (chain) or, as an epilogue, a reduction
-        // group whose row shape it has.
-        fits = same_output_shapes(g, node, gs);
-      } else if (!gr.has_reduction[static_cast<size_t>(G)]) {
-        // A reduction takes a pointwise group producing its input as its prologue.
-        const Value& in0 = g.values[static_cast<size_t>(node.inputs[0])];
-        fits = in0.producer >= 0 && gr.group_of[static_cast<size_t>(in0.producer)] == G &&
-               trace_shape(in0.shape) == gs;
-      }
-      if (!fits || !gr.can_join(n, G)) continue;
-      gr.group_of[i] = G;
-      if (fk == FusionKind::Reduction) {
-        gr.has_reduction[static_cast<size_t>(G)] = true;
-        gr.kind[static_cast<size_t>(G)] = GroupKind::RowReduction;
-      }
-      joined = G;
-      break;
-    }
+    int32_t joined = join_producer_group(g, gr, n, fk);
     if (joined < 0 && fk == FusionKind::Pointwise) {
       joined = sibling_group(g, gr, readers_before, n);
       if (joined >= 0) gr.group_of[i] = joined;
@@ -223,41 +269,8 @@ bool fuse(Graph& g, const FuseOptions& o) {
       gr.new_group(n, GroupKind::Pointwise, out_shape(g, node));
     }
   }
-  // Materialize the groups with their boundary values.
-  const size_t ngroups = gr.first.size();
-  g.groups.resize(ngroups);
-  for (size_t G = 0; G < ngroups; ++G) {
-    g.groups[G].id = static_cast<int32_t>(G);
-    g.groups[G].kind = gr.kind[G];
-  }
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const int32_t G = gr.group_of[i];
-    g.nodes[i].group = G;
-    if (G >= 0) g.groups[static_cast<size_t>(G)].nodes.push_back(static_cast<int32_t>(i));
-  }
-  std::vector<std::set<int32_t>> readers(g.values.size());  // groups (or -1 - node) reading each value
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (int32_t v : g.nodes[i].inputs)
-      if (v >= 0) readers[static_cast<size_t>(v)].insert(gr.group_of[i] >= 0 ? gr.group_of[i] : -1 - static_cast<int32_t>(i));
-  for (FusionGroup& fg : g.groups) {
-    std::set<int32_t> ins, outs;
-    for (int32_t n : fg.nodes) {
-      for (int32_t v : g.nodes[static_cast<size_t>(n)].inputs) {
-        if (v < 0) continue;
-        const int32_t p = g.values[static_cast<size_t>(v)].producer;
-        if (p < 0 || gr.group_of[static_cast<size_t>(p)] != fg.id) ins.insert(v);
-      }
-      for (int32_t v : g.nodes[static_cast<size_t>(n)].outputs) {
-        bool outside = g.is_root(v);
-        for (int32_t r : readers[static_cast<size_t>(v)]) outside = outside || r != fg.id;
-        if (outside) outs.insert(v);
-      }
-    }
-    fg.inputs.assign(ins.begin(), ins.end());
-    fg.outputs.assign(outs.begin(), outs.end());
-    fg.name = group_name(g, fg);
-  }
-  return ngroups > 0;
+  materialize_groups(g, gr);
+  return !g.groups.empty();
 }
 
 }  // namespace ingot::compiler::passes

@@ -171,139 +171,164 @@ std::vector<bool> element_level_nodes(const KernelSpec& k) {
   return el;
 }
 
-void KernelSpec::validate() const {
-  auto fail_prefix = [&] { return "[codegen] kernel '" + name + "': "; };
-  const size_t nd = dims.size();
-  if (kind == KernelKind::RowReduction)
-    INGOT_CHECK(nd >= 1, fail_prefix(), "a row reduction needs at least one dim (the reduced one), got none");
-  if (kind == KernelKind::MultiTensor)
-    INGOT_CHECK(nd == 0, fail_prefix(), "a multi-tensor kernel has no dims (sizes come at run time), got ", nd);
-  auto check_sym = [&](const SymInt& s, const std::string& what) {
-    if (s.is_constant()) {
-      INGOT_CHECK(s.value >= 0, fail_prefix(), what, " is negative: ", s.value);
-    } else {
-      INGOT_CHECK(kind != KernelKind::MultiTensor, fail_prefix(), what, " uses sym slot ", s.sym,
-                  " but multi-tensor kernels have no sym slots of their own");
-      INGOT_CHECK(s.sym < num_syms, fail_prefix(), what, " uses sym slot ", s.sym, " but num_syms is ", num_syms);
-    }
-  };
-  for (size_t d = 0; d < nd; ++d) check_sym(dims[d], "dim " + std::to_string(d));
-  // Note [Column sums in row reductions]: the buffers stored from ColumnSum nodes (column outputs).
-  std::vector<bool> column_out(buffers.size(), false);
-  for (const Store& s : stores)
-    if (s.buffer >= 0 && s.buffer < static_cast<int>(buffers.size()) && s.node >= 0 &&
-        s.node < static_cast<int>(nodes.size()) && nodes[s.node].op == Op::ColumnSum)
+namespace {
+
+// The checks of KernelSpec::validate, each naming the kernel (prefix) and what it found broken.
+
+void check_sym(const KernelSpec& k, const std::string& prefix, const SymInt& s, const std::string& what) {
+  if (s.is_constant()) {
+    INGOT_CHECK(s.value >= 0, prefix, what, " is negative: ", s.value);
+  } else {
+    INGOT_CHECK(k.kind != KernelKind::MultiTensor, prefix, what, " uses sym slot ", s.sym,
+                " but multi-tensor kernels have no sym slots of their own");
+    INGOT_CHECK(s.sym < k.num_syms, prefix, what, " uses sym slot ", s.sym, " but num_syms is ", k.num_syms);
+  }
+}
+
+void check_dims(const KernelSpec& k, const std::string& prefix) {
+  const size_t nd = k.dims.size();
+  if (k.kind == KernelKind::RowReduction)
+    INGOT_CHECK(nd >= 1, prefix, "a row reduction needs at least one dim (the reduced one), got none");
+  if (k.kind == KernelKind::MultiTensor)
+    INGOT_CHECK(nd == 0, prefix, "a multi-tensor kernel has no dims (sizes come at run time), got ", nd);
+  for (size_t d = 0; d < nd; ++d) check_sym(k, prefix, k.dims[d], "dim " + std::to_string(d));
+}
+
+// Note [Column sums in row reductions]: the buffers stored from ColumnSum nodes (column outputs).
+std::vector<bool> column_outputs(const KernelSpec& k) {
+  std::vector<bool> column_out(k.buffers.size(), false);
+  for (const Store& s : k.stores)
+    if (s.buffer >= 0 && s.buffer < static_cast<int>(k.buffers.size()) && s.node >= 0 &&
+        s.node < static_cast<int>(k.nodes.size()) && k.nodes[s.node].op == Op::ColumnSum)
       column_out[s.buffer] = true;
-  for (size_t b = 0; b < buffers.size(); ++b) {
-    const Buffer& buf = buffers[b];
-    const std::string what = "buffer " + std::to_string(b) + " ('" + buf.name + "')";
-    const size_t want = kind == KernelKind::MultiTensor ? 0 : nd;
-    INGOT_CHECK(buf.strides.size() == want, fail_prefix(), what, " has ", buf.strides.size(), " strides, expected ",
-                want);
-    for (size_t d = 0; d < buf.strides.size(); ++d) {
-      // Negative strides are legal index maps (a flip), so only syms are range-checked here.
-      if (!buf.strides[d].is_constant()) check_sym(buf.strides[d], what + " stride " + std::to_string(d));
-    }
-    if (buf.alias_of >= 0) {
-      INGOT_CHECK(buf.is_output, fail_prefix(), what, " is an input but has alias_of set");
-      INGOT_CHECK(buf.alias_of < static_cast<int>(buffers.size()) && !buffers[buf.alias_of].is_output, fail_prefix(),
-                  what, " aliases buffer ", buf.alias_of, ", which is not an input");
-      const Buffer& in = buffers[buf.alias_of];
-      INGOT_CHECK(in.strides == buf.strides && in.dtype == buf.dtype, fail_prefix(), what,
-                  " is in place on buffer ", buf.alias_of, " but their dtype or index map differ");
-    }
-    if (column_out[b]) {
-      for (size_t d = 0; d + 1 < nd; ++d)
-        INGOT_CHECK(buf.strides[d].is_constant() && buf.strides[d].value == 0, fail_prefix(), what,
-                    " holds column sums but its stride along row dim ", d, " is not 0");
-      INGOT_CHECK(!(buf.strides[nd - 1].is_constant() && buf.strides[nd - 1].value == 0) && buf.alias_of < 0,
-                  fail_prefix(), what, " holds column sums but is not a dense column output");
-    } else if (buf.is_output && kind != KernelKind::MultiTensor) {
-      // A broadcast output would be written by several points (a race); only RowReduction's row outputs,
-      // with a 0 stride on the last dim, are written once per row by construction.
-      for (size_t d = 0; d < nd; ++d) {
-        const bool row_out_dim = kind == KernelKind::RowReduction && d + 1 == nd;
-        const SymInt& s = buf.strides[d];
-        const bool unit_dim = dims[d].is_constant() && dims[d].value <= 1;
-        INGOT_CHECK(row_out_dim || unit_dim || !(s.is_constant() && s.value == 0), fail_prefix(), what,
-                    " is an output broadcast along dim ", d, " (stride 0): several points would write one element");
-      }
+  return column_out;
+}
+
+void check_buffer(const KernelSpec& k, const std::string& prefix, size_t b, bool column_out) {
+  const size_t nd = k.dims.size();
+  const Buffer& buf = k.buffers[b];
+  const std::string what = "buffer " + std::to_string(b) + " ('" + buf.name + "')";
+  const size_t want = k.kind == KernelKind::MultiTensor ? 0 : nd;
+  INGOT_CHECK(buf.strides.size() == want, prefix, what, " has ", buf.strides.size(), " strides, expected ", want);
+  for (size_t d = 0; d < buf.strides.size(); ++d) {
+    // Negative strides are legal index maps (a flip), so only syms are range-checked here.
+    if (!buf.strides[d].is_constant()) check_sym(k, prefix, buf.strides[d], what + " stride " + std::to_string(d));
+  }
+  if (buf.alias_of >= 0) {
+    INGOT_CHECK(buf.is_output, prefix, what, " is an input but has alias_of set");
+    INGOT_CHECK(buf.alias_of < static_cast<int>(k.buffers.size()) && !k.buffers[buf.alias_of].is_output, prefix,
+                what, " aliases buffer ", buf.alias_of, ", which is not an input");
+    const Buffer& in = k.buffers[buf.alias_of];
+    INGOT_CHECK(in.strides == buf.strides && in.dtype == buf.dtype, prefix, what, " is in place on buffer ",
+                buf.alias_of, " but their dtype or index map differ");
+  }
+  if (column_out) {
+    for (size_t d = 0; d + 1 < nd; ++d)
+      INGOT_CHECK(buf.strides[d].is_constant() && buf.strides[d].value == 0, prefix, what,
+                  " holds column sums but its stride along row dim ", d, " is not 0");
+    INGOT_CHECK(!(buf.strides[nd - 1].is_constant() && buf.strides[nd - 1].value == 0) && buf.alias_of < 0, prefix,
+                what, " holds column sums but is not a dense column output");
+  } else if (buf.is_output && k.kind != KernelKind::MultiTensor) {
+    // A broadcast output would be written by several points (a race); only RowReduction's row outputs,
+    // with a 0 stride on the last dim, are written once per row by construction.
+    for (size_t d = 0; d < nd; ++d) {
+      const bool row_out_dim = k.kind == KernelKind::RowReduction && d + 1 == nd;
+      const SymInt& s = buf.strides[d];
+      const bool unit_dim = k.dims[d].is_constant() && k.dims[d].value <= 1;
+      INGOT_CHECK(row_out_dim || unit_dim || !(s.is_constant() && s.value == 0), prefix, what,
+                  " is an output broadcast along dim ", d, " (stride 0): several points would write one element");
     }
   }
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const Node& n = nodes[i];
-    const std::string what = "node " + std::to_string(i) + " (" + op_name(n.op) + ")";
-    const int arity = op_arity(n.op);
-    const int ops[3] = {n.a, n.b, n.c};
-    for (int j = 0; j < 3; ++j) {
-      if (j < arity) {
-        INGOT_CHECK(ops[j] >= 0 && ops[j] < static_cast<int>(i), fail_prefix(), what, " operand ", j, " is ", ops[j],
-                    ": operands must be earlier nodes");
-        INGOT_CHECK(nodes[ops[j]].op != Op::ColumnSum, fail_prefix(), what, " reads column sum ", ops[j],
-                    "; column sums may only be stored");
-      }
-      else
-        INGOT_CHECK(ops[j] == -1, fail_prefix(), what, " has ", arity, " operands but operand ", j, " is set");
+}
+
+void check_node(const KernelSpec& k, const std::string& prefix, size_t i) {
+  const Node& n = k.nodes[i];
+  const std::string what = "node " + std::to_string(i) + " (" + op_name(n.op) + ")";
+  const int arity = op_arity(n.op);
+  const int ops[3] = {n.a, n.b, n.c};
+  for (int j = 0; j < 3; ++j) {
+    if (j < arity) {
+      INGOT_CHECK(ops[j] >= 0 && ops[j] < static_cast<int>(i), prefix, what, " operand ", j, " is ", ops[j],
+                  ": operands must be earlier nodes");
+      INGOT_CHECK(k.nodes[ops[j]].op != Op::ColumnSum, prefix, what, " reads column sum ", ops[j],
+                  "; column sums may only be stored");
+    } else {
+      INGOT_CHECK(ops[j] == -1, prefix, what, " has ", arity, " operands but operand ", j, " is set");
     }
-    switch (n.op) {
-      case Op::Load:
-        INGOT_CHECK(n.arg >= 0 && n.arg < static_cast<int>(buffers.size()) && !buffers[n.arg].is_output,
-                    fail_prefix(), what, " reads buffer ", n.arg, ", which is not an input");
-        INGOT_CHECK(n.dtype == buffers[n.arg].dtype, fail_prefix(), what, " has dtype ", dtype_name(n.dtype),
-                    " but buffer ", n.arg, " is ", dtype_name(buffers[n.arg].dtype));
-        break;
-      case Op::Scalar:
-        INGOT_CHECK(n.arg >= 0 && n.arg < num_scalars, fail_prefix(), what, " reads scalar slot ", n.arg,
-                    " but num_scalars is ", num_scalars);
-        break;
-      case Op::Index: {
-        const int ndim = kind == KernelKind::MultiTensor ? 1 : static_cast<int>(nd);
-        INGOT_CHECK(n.arg >= 0 && n.arg < ndim, fail_prefix(), what, " indexes dim ", n.arg, " of ", ndim);
-        INGOT_CHECK(n.dtype == DType::i64, fail_prefix(), what, " must be i64");
-        break;
-      }
-      case Op::Where:
-        INGOT_CHECK(nodes[n.a].dtype == DType::b8, fail_prefix(), what, " condition must be b8, got ",
-                    dtype_name(nodes[n.a].dtype));
-        break;
-      case Op::ColumnSum:
-        INGOT_CHECK(kind == KernelKind::RowReduction, fail_prefix(), what, " is a column sum in a ", kind_name(kind),
+  }
+  switch (n.op) {
+    case Op::Load:
+      INGOT_CHECK(n.arg >= 0 && n.arg < static_cast<int>(k.buffers.size()) && !k.buffers[n.arg].is_output, prefix,
+                  what, " reads buffer ", n.arg, ", which is not an input");
+      INGOT_CHECK(n.dtype == k.buffers[n.arg].dtype, prefix, what, " has dtype ", dtype_name(n.dtype), " but buffer ",
+                  n.arg, " is ", dtype_name(k.buffers[n.arg].dtype));
+      break;
+    case Op::Scalar:
+      INGOT_CHECK(n.arg >= 0 && n.arg < k.num_scalars, prefix, what, " reads scalar slot ", n.arg,
+                  " but num_scalars is ", k.num_scalars);
+      break;
+    case Op::Index: {
+      const int ndim = k.kind == KernelKind::MultiTensor ? 1 : static_cast<int>(k.dims.size());
+      INGOT_CHECK(n.arg >= 0 && n.arg < ndim, prefix, what, " indexes dim ", n.arg, " of ", ndim);
+      INGOT_CHECK(n.dtype == DType::i64, prefix, what, " must be i64");
+      break;
+    }
+    case Op::Where:
+      INGOT_CHECK(k.nodes[n.a].dtype == DType::b8, prefix, what, " condition must be b8, got ",
+                  dtype_name(k.nodes[n.a].dtype));
+      break;
+    case Op::ColumnSum:
+      INGOT_CHECK(k.kind == KernelKind::RowReduction, prefix, what, " is a column sum in a ", kind_name(k.kind),
+                  " kernel");
+      INGOT_CHECK(n.dtype == DType::f32 || n.dtype == DType::bf16 || n.dtype == DType::f16, prefix, what, " sums ",
+                  dtype_name(n.dtype), " values; column sums take bf16, f16 or f32");
+      break;
+    default:
+      if (is_reduction(n.op)) {
+        INGOT_CHECK(k.kind == KernelKind::RowReduction, prefix, what, " is a reduction in a ", kind_name(k.kind),
                     " kernel");
-        INGOT_CHECK(n.dtype == DType::f32 || n.dtype == DType::bf16 || n.dtype == DType::f16, fail_prefix(), what,
-                    " sums ", dtype_name(n.dtype), " values; column sums take bf16, f16 or f32");
-        break;
-      default:
-        if (is_reduction(n.op)) {
-          INGOT_CHECK(kind == KernelKind::RowReduction, fail_prefix(), what, " is a reduction in a ", kind_name(kind),
-                      " kernel");
-          INGOT_CHECK(n.dtype != DType::b8, fail_prefix(), what, " cannot reduce b8 values");
-        }
-        break;
-    }
+        INGOT_CHECK(n.dtype != DType::b8, prefix, what, " cannot reduce b8 values");
+      }
+      break;
   }
-  INGOT_CHECK(!stores.empty(), fail_prefix(), "stores nothing");
-  const std::vector<bool> el = element_level_nodes(*this);
-  std::vector<int> stored(buffers.size(), 0);
-  for (const Store& s : stores) {
-    INGOT_CHECK(s.buffer >= 0 && s.buffer < static_cast<int>(buffers.size()) && buffers[s.buffer].is_output,
-                fail_prefix(), "store into buffer ", s.buffer, ", which is not an output");
-    INGOT_CHECK(s.node >= 0 && s.node < static_cast<int>(nodes.size()), fail_prefix(), "store into buffer ", s.buffer,
+}
+
+void check_stores(const KernelSpec& k, const std::string& prefix, const std::vector<bool>& column_out) {
+  INGOT_CHECK(!k.stores.empty(), prefix, "stores nothing");
+  const size_t nd = k.dims.size();
+  const std::vector<bool> el = element_level_nodes(k);
+  std::vector<int> stored(k.buffers.size(), 0);
+  for (const Store& s : k.stores) {
+    INGOT_CHECK(s.buffer >= 0 && s.buffer < static_cast<int>(k.buffers.size()) && k.buffers[s.buffer].is_output,
+                prefix, "store into buffer ", s.buffer, ", which is not an output");
+    INGOT_CHECK(s.node >= 0 && s.node < static_cast<int>(k.nodes.size()), prefix, "store into buffer ", s.buffer,
                 " of node ", s.node, ", which does not exist");
-    INGOT_CHECK(++stored[s.buffer] == 1, fail_prefix(), "buffer ", s.buffer, " ('", buffers[s.buffer].name,
-                "') is stored twice");
-    INGOT_CHECK(column_out[s.buffer] == (nodes[s.node].op == Op::ColumnSum), fail_prefix(), "buffer ", s.buffer,
-                " ('", buffers[s.buffer].name, "') stores node ", s.node, ": a column output takes column sums only");
-    if (kind == KernelKind::RowReduction && !column_out[s.buffer]) {
-      const SymInt& cs = buffers[s.buffer].strides[nd - 1];
+    const std::string& name = k.buffers[s.buffer].name;
+    INGOT_CHECK(++stored[s.buffer] == 1, prefix, "buffer ", s.buffer, " ('", name, "') is stored twice");
+    INGOT_CHECK(column_out[s.buffer] == (k.nodes[s.node].op == Op::ColumnSum), prefix, "buffer ", s.buffer, " ('",
+                name, "') stores node ", s.node, ": a column output takes column sums only");
+    if (k.kind == KernelKind::RowReduction && !column_out[s.buffer]) {
+      const SymInt& cs = k.buffers[s.buffer].strides[nd - 1];
       const bool row_output = cs.is_constant() && cs.value == 0;
-      INGOT_CHECK(!row_output || !el[s.node], fail_prefix(), "buffer ", s.buffer, " ('", buffers[s.buffer].name,
+      INGOT_CHECK(!row_output || !el[s.node], prefix, "buffer ", s.buffer, " ('", name,
                   "') is a row output (last-dim stride 0) but node ", s.node,
                   " depends on the reduced dim; reduce it first");
     }
   }
-  for (size_t b = 0; b < buffers.size(); ++b)
-    INGOT_CHECK(!buffers[b].is_output || stored[b] == 1, fail_prefix(), "output buffer ", b, " ('", buffers[b].name,
+  for (size_t b = 0; b < k.buffers.size(); ++b)
+    INGOT_CHECK(!k.buffers[b].is_output || stored[b] == 1, prefix, "output buffer ", b, " ('", k.buffers[b].name,
                 "') is never stored");
+}
+
+}  // namespace
+
+void KernelSpec::validate() const {
+  const std::string prefix = "[codegen] kernel '" + name + "': ";
+  check_dims(*this, prefix);
+  const std::vector<bool> column_out = column_outputs(*this);
+  for (size_t b = 0; b < buffers.size(); ++b) check_buffer(*this, prefix, b, column_out[b]);
+  for (size_t i = 0; i < nodes.size(); ++i) check_node(*this, prefix, i);
+  check_stores(*this, prefix, column_out);
 }
 
 // --- canonical form and identity -------------------------------------------------------------------------

@@ -8,8 +8,10 @@
 
 namespace ingot::codegen::cpu {
 
-std::string render_preamble() {
-  return R"(// ingot generated kernels: plain C++17 + OpenMP, one extern "C" function per kernel. Math goes through
+namespace {
+
+// The header, and libgomp's one function the kernels call.
+constexpr const char* kHeader = R"(// ingot generated kernels: plain C++17 + OpenMP, one extern "C" function per kernel. Math goes through
 // compiler builtins; the headers are <stdint.h> and the ops' scalar math, runtime/kernels/scalar_math.h (the
 // eager kernels' own formulas), which the codegen writes next to this file.
 #include <stdint.h>
@@ -17,7 +19,10 @@ std::string render_preamble() {
 
 extern "C" int omp_get_max_threads(void);  // from libgomp (omp.h is not needed for one declaration)
 
-#if defined(INGOT_JIT_MVEC) && defined(__x86_64__)
+)";
+
+// Vector math: glibc's libmvec versions of the math functions the loops call.
+constexpr const char* kVectorMath = R"(#if defined(INGOT_JIT_MVEC) && defined(__x86_64__)
 // glibc's libmvec has vector versions of these; declaring them `omp declare simd` (what math.h does only
 // under -ffast-math, which we do not use: it assumes no NaN/inf and sets flush-to-zero process-wide) lets
 // the loops that call them vectorize.
@@ -49,14 +54,20 @@ double erf(double);
 }
 #endif
 
-// Max and min that propagate NaN (as the eager reductions do), also when OpenMP combines lanes and threads;
+)";
+
+// OpenMP reductions that propagate NaN.
+constexpr const char* kNanReductions = R"(// Max and min that propagate NaN (as the eager reductions do), also when OpenMP combines lanes and threads;
 // the accumulator starts at the identity, so the original value is a valid initializer.
 #pragma omp declare reduction(ig_max : float, double, int64_t : \
     omp_out = (omp_in != omp_in || omp_in > omp_out) ? omp_in : omp_out) initializer(omp_priv = omp_orig)
 #pragma omp declare reduction(ig_min : float, double, int64_t : \
     omp_out = (omp_in != omp_in || omp_in < omp_out) ? omp_in : omp_out) initializer(omp_priv = omp_orig)
 
-namespace {
+)";
+
+// bf16 and f16 loads, stores and rounding.
+constexpr const char* kConversions = R"(namespace {
 
 // bf16 is the top half of an f32; rounding to nearest even, NaN kept quiet.
 inline float ig_ld_bf16(uint16_t h) {
@@ -119,6 +130,11 @@ inline float ig_round_f16(float f) { return ig_ld_f16(ig_st_f16(f)); }
 
 }  // namespace
 )";
+
+}  // namespace
+
+std::string render_preamble() {
+  return std::string(kHeader) + kVectorMath + kNanReductions + kConversions;
 }
 
 const std::string& renderer_fingerprint() {

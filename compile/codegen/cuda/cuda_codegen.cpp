@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "compile/cache/compile_cache.h"
+#include "compile/codegen/common/batch.h"
 #include "compile/codegen/cuda/driver_api.h"
 #include "compile/codegen/cuda/nvrtc_jit.h"
 #include "runtime/cuda_runtime.h"
@@ -166,184 +167,221 @@ void CudaKernel::operator()(void* const* bufs, const int64_t* syms, const double
   launch(bufs, syms, scalars, config, nullptr);
 }
 
-void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* scalars, const LaunchConfig& cfg,
-                        void* stream) const {
-  INGOT_CHECK(loaded != nullptr, "[codegen] kernel '", symbol, "' was not compiled");
-  ensure_context(device);
-  CUstream st = static_cast<CUstream>(stream ? stream : ingot::cuda::current_stream(device).handle);
-  const int sms = multiprocessors(device);
-  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(cfg.waves) * sms);
-  const int block = std::clamp(cfg.block_threads / 32 * 32, 32, 1024);
+namespace {
+
+// One launch of a loaded kernel: its stream, the device's limits, and the parameter block (8-byte slots) that
+// every generated function takes as its one argument.
+struct Launcher {
+  const CudaKernel& k;
+  CUstream stream;
+  int sms;
+  int64_t cap;  // the grid of grid-stride loops: cfg.waves waves of the device's SMs
+  int block;
+  uint64_t flags;  // bit 0: take the vector path where the kernel has one
   std::vector<uint64_t> params;
-  auto push_double = [&](double d) {
+
+  Launcher(const CudaKernel& kernel, const LaunchConfig& cfg, void* s)
+      : k(kernel),
+        stream(static_cast<CUstream>(s ? s : ingot::cuda::current_stream(kernel.device).handle)),
+        sms(multiprocessors(kernel.device)),
+        cap(std::max<int64_t>(1, static_cast<int64_t>(cfg.waves) * sms)),
+        block(std::clamp(cfg.block_threads / 32 * 32, 32, 1024)),
+        flags(cfg.vectorize ? 1 : 0) {}
+
+  void push_double(double d) {
     uint64_t u;
     std::memcpy(&u, &d, 8);
     params.push_back(u);
-  };
-  auto launch_fn = [&](CUfunction fn, int64_t grid, int threads, int threads_y = 1, int64_t grid_y = 1,
-                       unsigned shared_bytes = 0) {
+  }
+  void push_scalars(const double* scalars) {
+    for (int i = 0; i < k.abi.scalar_slots; ++i) push_double(i < k.abi.num_scalars ? scalars[i] : 0.0);
+  }
+  void run(CUfunction fn, int64_t grid, int threads, int threads_y = 1, int64_t grid_y = 1,
+           unsigned shared_bytes = 0) {
     void* args[] = {params.data()};
     check_cu(driver::api().launch_kernel(fn, static_cast<unsigned>(grid), static_cast<unsigned>(grid_y), 1,
                                          static_cast<unsigned>(threads), static_cast<unsigned>(threads_y), 1,
-                                         shared_bytes, st, args, nullptr),
-             "cuLaunchKernel", symbol);
-  };
-  const uint64_t flags = cfg.vectorize ? 1 : 0;
+                                         shared_bytes, stream, args, nullptr),
+             "cuLaunchKernel", k.symbol);
+  }
+};
 
-  if (abi.kind == KernelKind::MultiTensor) {
-    const int64_t T = syms[0];
-    const int V = std::max(1, abi.vector_width);
-    // Chunks small enough for four blocks per SM: a short list (an update of 0.9M elements, as for adapters or
-    // the norms alone) in 64K-element chunks ran 62 blocks, each looping alone: 95 us on an H200, 10 us in 434.
-    int64_t total = 0;
-    for (int64_t t = 0; t < T; ++t) total += syms[1 + t];
-    const int64_t fill = std::max<int64_t>(ceil_div(total, 4 * static_cast<int64_t>(sms)), 8 * block);
-    const int64_t chunk = ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1), fill), V) * V;
-    // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
-    std::vector<uint64_t> table;
-    std::vector<uint64_t> chunks;
-    for (int64_t t = 0; t < T; ++t) {
-      for (int b = 0; b < abi.num_buffers; ++b)
-        table.push_back(reinterpret_cast<uint64_t>(bufs[t * abi.num_buffers + b]));
-      const int64_t n = syms[1 + t];
-      table.push_back(static_cast<uint64_t>(n));
-      for (int64_t s = 0; s < n; s += chunk) {
-        chunks.push_back(static_cast<uint64_t>(t));
-        chunks.push_back(static_cast<uint64_t>(s));
-      }
+// The device copy of a multi-tensor table, uploaded once per distinct content (LoadedKernel::tables).
+CUdeviceptr upload_table(LoadedKernel& loaded, const std::vector<uint64_t>& table, CUstream st,
+                         const std::string& symbol) {
+  const std::string_view bytes(reinterpret_cast<const char*>(table.data()), table.size() * 8);
+  const uint64_t h = cache::hash_bytes(bytes) ^ (cache::hash_bytes(bytes, 1) << 1);
+  std::lock_guard<std::mutex> lock(loaded.mu);
+  auto it = loaded.tables.find(h);
+  if (it != loaded.tables.end()) return it->second;
+  // Tables only pile up when the pointers keep changing (outputs not updated in place): past a bound, wait for
+  // every launch that may still read them, then start over.
+  if (loaded.tables.size() >= kMaxTables) {
+    check_cu(driver::api().ctx_synchronize(), "cuCtxSynchronize (multi-tensor tables)", symbol);
+    for (auto& [key, ptr] : loaded.tables) driver::api().mem_free(ptr);
+    loaded.tables.clear();
+    loaded.table_bytes.clear();
+  }
+  CUdeviceptr dev = 0;
+  check_cu(driver::api().mem_alloc(&dev, bytes.size()), "cuMemAlloc (multi-tensor table)", symbol);
+  // On the launch stream: a synchronous cuMemcpyHtoD from pageable memory runs on the legacy stream and may
+  // return before the DMA lands, so a kernel on ingot's (non-blocking) stream could read a half-written table.
+  // The source stays alive with the table: a graph capture records the copy and replays it from these bytes (a
+  // launch captured on the first call of a multi-tensor cast crashed at replay when they were a local vector).
+  const std::vector<uint64_t>& kept = loaded.table_bytes[h] = table;
+  check_cu(driver::api().memcpy_htod_async(dev, kept.data(), bytes.size(), st),
+           "cuMemcpyHtoDAsync (multi-tensor table)", symbol);
+  loaded.tables[h] = dev;
+  return dev;
+}
+
+void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, const double* scalars,
+                         const LaunchConfig& cfg) {
+  const KernelAbi& abi = L.k.abi;
+  const int64_t T = syms[0];
+  const int V = std::max(1, abi.vector_width);
+  // Chunks small enough for four blocks per SM: a short list (an update of 0.9M elements, as for adapters or
+  // the norms alone) in 64K-element chunks ran 62 blocks, each looping alone: 95 us on an H200, 10 us in 434.
+  int64_t total = 0;
+  for (int64_t t = 0; t < T; ++t) total += syms[1 + t];
+  const int64_t fill = std::max<int64_t>(ceil_div(total, 4 * static_cast<int64_t>(L.sms)), 8 * L.block);
+  const int64_t chunk = ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1), fill), V) * V;
+  // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
+  std::vector<uint64_t> table;
+  std::vector<uint64_t> chunks;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int b = 0; b < abi.num_buffers; ++b)
+      table.push_back(reinterpret_cast<uint64_t>(bufs[t * abi.num_buffers + b]));
+    const int64_t n = syms[1 + t];
+    table.push_back(static_cast<uint64_t>(n));
+    for (int64_t s = 0; s < n; s += chunk) {
+      chunks.push_back(static_cast<uint64_t>(t));
+      chunks.push_back(static_cast<uint64_t>(s));
     }
-    const int64_t num_chunks = static_cast<int64_t>(chunks.size() / 2);
-    if (num_chunks == 0) return;
-    table.insert(table.end(), chunks.begin(), chunks.end());
-    const std::string_view bytes(reinterpret_cast<const char*>(table.data()), table.size() * 8);
-    const uint64_t h = cache::hash_bytes(bytes) ^ (cache::hash_bytes(bytes, 1) << 1);
-    CUdeviceptr dev = 0;
-    {
-      std::lock_guard<std::mutex> lock(loaded->mu);
-      auto it = loaded->tables.find(h);
-      if (it != loaded->tables.end()) {
-        dev = it->second;
-      } else {
-        // Tables only pile up when the pointers keep changing (outputs not updated in place): past a bound,
-        // wait for every launch that may still read them, then start over.
-        if (loaded->tables.size() >= kMaxTables) {
-          check_cu(driver::api().ctx_synchronize(), "cuCtxSynchronize (multi-tensor tables)", symbol);
-          for (auto& [key, ptr] : loaded->tables) driver::api().mem_free(ptr);
-          loaded->tables.clear();
-          loaded->table_bytes.clear();
-        }
-        check_cu(driver::api().mem_alloc(&dev, bytes.size()), "cuMemAlloc (multi-tensor table)", symbol);
-        // On the launch stream: a synchronous cuMemcpyHtoD from pageable memory runs on the legacy stream
-        // and may return before the DMA lands, so a kernel on ingot's (non-blocking) stream could read a
-        // half-written table. The source stays alive with the table: a graph capture records the copy and
-        // replays it from these bytes (a launch captured on the first call of a multi-tensor cast crashed
-        // at replay when they were a local vector).
-        const std::vector<uint64_t>& kept = loaded->table_bytes[h] = table;
-        check_cu(driver::api().memcpy_htod_async(dev, kept.data(), bytes.size(), st),
-                 "cuMemcpyHtoDAsync (multi-tensor table)", symbol);
-        loaded->tables[h] = dev;
-      }
+  }
+  const int64_t num_chunks = static_cast<int64_t>(chunks.size() / 2);
+  if (num_chunks == 0) return;
+  table.insert(table.end(), chunks.begin(), chunks.end());
+  const CUdeviceptr dev = upload_table(*L.k.loaded, table, L.stream, L.k.symbol);
+  L.params.push_back(static_cast<uint64_t>(dev));
+  L.params.push_back(static_cast<uint64_t>(T));
+  L.params.push_back(static_cast<uint64_t>(num_chunks));
+  L.params.push_back(static_cast<uint64_t>(chunk));
+  L.push_scalars(scalars);
+  L.params.push_back(L.flags);
+  L.run(L.k.loaded->fns[0], std::min<int64_t>(num_chunks, L.cap * 4), L.block);
+}
+
+void launch_pointwise(Launcher& L, const int64_t* syms, const LaunchConfig& cfg) {
+  int64_t total = 1;
+  for (const SymInt& d : L.k.abi.dims) total *= eval(d, syms);
+  if (total == 0) return;
+  const int64_t per_thread = cfg.vectorize ? L.k.abi.vector_width : 1;
+  L.run(L.k.loaded->fns[0], std::clamp<int64_t>(ceil_div(ceil_div(total, per_thread), L.block), 1, L.cap), L.block);
+}
+
+// Note [Column sums in row reductions] (render_cuda_rows.cpp): the _warp function with each warp's shared rows,
+// at most kColumnSumBlocksPerSM blocks per SM so that the per-block partials stay small (GPT-2's 768 columns: 528
+// blocks of 8 warps on an H100 is 3.2 MB for dw and db), then _colfin over the columns.
+void launch_column_sums(Launcher& L, int64_t rows, int64_t cols) {
+  constexpr int kColumnSumBlocksPerSM = 4;
+  const KernelAbi& abi = L.k.abi;
+  LoadedKernel& loaded = *L.k.loaded;
+  const int64_t row_bytes = static_cast<int64_t>(abi.column_sums) * column_sum_row(cols, abi.vector_width) * 4;
+  INGOT_CHECK(row_bytes <= kColumnSumSharedBytes, "[codegen] kernel '", L.k.symbol, "': ", abi.column_sums,
+              " column sums of ", cols, " columns need ", row_bytes, " bytes of shared memory per warp (at most ",
+              kColumnSumSharedBytes, ")");
+  const int warps = static_cast<int>(std::clamp<int64_t>(
+      std::min<int64_t>(L.block / 32, kColumnSumSharedBytes / row_bytes), 1, kWarpRowMaxThreads / 32));
+  const int64_t parts = std::clamp<int64_t>(ceil_div(rows, warps), 1, int64_t{kColumnSumBlocksPerSM} * L.sms);
+  {
+    std::lock_guard<std::mutex> lock(loaded.mu);
+    loaded.grow_ws(static_cast<size_t>(row_bytes * parts), "cuMemAlloc (column-sum partials)", L.k.symbol);
+    L.params[L.params.size() - 2] = static_cast<uint64_t>(loaded.ws);
+  }
+  L.params.back() = static_cast<uint64_t>(parts);
+  L.run(loaded.fns[0], parts, warps * 32, 1, 1, static_cast<unsigned>(row_bytes * warps));
+  L.run(loaded.fns[4], ceil_div(cols, 32), 32, 32);
+}
+
+// A transposed reduction: tiles of cfg.col_rows rows, their columns split over the block's y threads and, when the
+// tiles alone leave SMs idle, over blocks (_colsplit).
+void launch_columns(Launcher& L, int64_t rows, int64_t cols, const LaunchConfig& cfg) {
+  LoadedKernel& loaded = *L.k.loaded;
+  const int x = std::clamp(cfg.col_rows, 1, 1024);
+  int y = cfg.col_splits;
+  if (y <= 0) {  // about 8 columns per thread, a power of two
+    y = 1;
+    while (y * 2 * x <= 1024 && y * 8 < cols) y *= 2;
+  }
+  y = std::clamp(y, 1, 1024 / x);
+  const int64_t tiles = ceil_div(rows, x);
+  // Note [Split column reductions]: split when the tiles alone leave SMs idle, keeping >= 16 columns per
+  // thread in each split.
+  int64_t splits = cfg.col_grid_splits;
+  if (splits <= 0) splits = tiles >= 2 * L.sms ? 1 : std::min(ceil_div(2 * L.sms, tiles), cols / (16 * y));
+  splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(cols, 65535));
+  if (splits > 1 && loaded.fns[3] != nullptr && tiles <= kSplitCounterBytes / 4) {
+    const size_t need = static_cast<size_t>(kSplitCounterBytes + L.k.abi.split_reductions * splits * rows * 8);
+    std::lock_guard<std::mutex> lock(loaded.mu);
+    if (loaded.grow_ws(need, "cuMemAlloc (split-reduction workspace)", L.k.symbol)) {
+      // Counters start at zero; every launch leaves them at zero.
+      const cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(loaded.ws), 0,
+                                            static_cast<size_t>(kSplitCounterBytes),
+                                            static_cast<cudaStream_t>(L.stream));
+      INGOT_CHECK(e == cudaSuccess, "[codegen] cannot clear the workspace of '", L.k.symbol, "': ",
+                  cudaGetErrorString(e));
     }
-    params.push_back(static_cast<uint64_t>(dev));
-    params.push_back(static_cast<uint64_t>(T));
-    params.push_back(static_cast<uint64_t>(num_chunks));
-    params.push_back(static_cast<uint64_t>(chunk));
-    for (int k = 0; k < abi.scalar_slots; ++k) push_double(k < abi.num_scalars ? scalars[k] : 0.0);
-    params.push_back(flags);
-    launch_fn(loaded->fns[0], std::min<int64_t>(num_chunks, cap * 4), block);
+    L.params[L.params.size() - 2] = static_cast<uint64_t>(loaded.ws);
+    L.run(loaded.fns[3], tiles, x, y, splits);
     return;
   }
+  L.run(loaded.fns[2], std::clamp<int64_t>(tiles, 1, L.cap * 8), x, y);
+}
 
-  for (int b = 0; b < abi.num_buffers; ++b) params.push_back(reinterpret_cast<uint64_t>(bufs[b]));
-  for (int k = 0; k < abi.sym_slots; ++k) params.push_back(static_cast<uint64_t>(k < abi.num_syms ? syms[k] : 0));
-  for (int k = 0; k < abi.scalar_slots; ++k) push_double(k < abi.num_scalars ? scalars[k] : 0.0);
-  params.push_back(flags);
-  if (abi.kind == KernelKind::RowReduction) {
-    params.push_back(0);  // ws, set below when _colsplit or column sums run
-    params.push_back(0);  // parts (column sums)
-  }
-
-  if (abi.kind == KernelKind::Pointwise) {
-    int64_t total = 1;
-    for (const SymInt& d : abi.dims) total *= eval(d, syms);
-    if (total == 0) return;
-    const int64_t per_thread = cfg.vectorize ? abi.vector_width : 1;
-    launch_fn(loaded->fns[0], std::clamp<int64_t>(ceil_div(ceil_div(total, per_thread), block), 1, cap), block);
-    return;
-  }
-
-  // RowReduction
+void launch_rows(Launcher& L, const int64_t* syms, const LaunchConfig& cfg) {
+  const KernelAbi& abi = L.k.abi;
   int64_t rows = 1;
   for (size_t d = 0; d + 1 < abi.dims.size(); ++d) rows *= eval(abi.dims[d], syms);
   const int64_t cols = eval(abi.dims.back(), syms);
   if (rows == 0) return;
-  if (abi.column_sums > 0) {
-    // Note [Column sums in row reductions] (render_cuda_rows.cpp): the _warp function with each warp's shared rows,
-    // at most kColumnSumBlocksPerSM blocks per SM so that the per-block partials stay small (GPT-2's 768
-    // columns: 528 blocks of 8 warps on an H100 is 3.2 MB for dw and db), then _colfin over the columns.
-    constexpr int kColumnSumBlocksPerSM = 4;
-    const int64_t row_bytes = static_cast<int64_t>(abi.column_sums) * column_sum_row(cols, abi.vector_width) * 4;
-    INGOT_CHECK(row_bytes <= kColumnSumSharedBytes, "[codegen] kernel '", symbol, "': ", abi.column_sums,
-                " column sums of ", cols, " columns need ", row_bytes, " bytes of shared memory per warp (at most ",
-                kColumnSumSharedBytes, ")");
-    const int warps = static_cast<int>(std::clamp<int64_t>(
-        std::min<int64_t>(block / 32, kColumnSumSharedBytes / row_bytes), 1, kWarpRowMaxThreads / 32));
-    const int64_t parts = std::clamp<int64_t>(ceil_div(rows, warps), 1, int64_t{kColumnSumBlocksPerSM} * sms);
-    {
-      std::lock_guard<std::mutex> lock(loaded->mu);
-      loaded->grow_ws(static_cast<size_t>(row_bytes * parts), "cuMemAlloc (column-sum partials)", symbol);
-      params[params.size() - 2] = static_cast<uint64_t>(loaded->ws);
-    }
-    params.back() = static_cast<uint64_t>(parts);
-    launch_fn(loaded->fns[0], parts, warps * 32, 1, 1, static_cast<unsigned>(row_bytes * warps));
-    launch_fn(loaded->fns[4], ceil_div(cols, 32), 32, 32);
-    return;
-  }
+  if (abi.column_sums > 0) return launch_column_sums(L, rows, cols);
   LaunchConfig::Rows how = cfg.rows;
   if (how == LaunchConfig::Rows::Auto)
     how = abi.prefer_columns && rows > 1 ? LaunchConfig::Rows::Columns
           : cols <= cfg.warp_row_max_cols ? LaunchConfig::Rows::WarpPerRow
                                           : LaunchConfig::Rows::BlockPerRow;
-  if (how == LaunchConfig::Rows::Columns) {
-    const int x = std::clamp(cfg.col_rows, 1, 1024);
-    int y = cfg.col_splits;
-    if (y <= 0) {  // about 8 columns per thread, a power of two
-      y = 1;
-      while (y * 2 * x <= 1024 && y * 8 < cols) y *= 2;
-    }
-    y = std::clamp(y, 1, 1024 / x);
-    const int64_t tiles = ceil_div(rows, x);
-    // Note [Split column reductions]: split when the tiles alone leave SMs idle, keeping >= 16 columns per
-    // thread in each split.
-    int64_t splits = cfg.col_grid_splits;
-    if (splits <= 0) splits = tiles >= 2 * sms ? 1 : std::min(ceil_div(2 * sms, tiles), cols / (16 * y));
-    splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(cols, 65535));
-    if (splits > 1 && loaded->fns[3] != nullptr && tiles <= kSplitCounterBytes / 4) {
-      const size_t need = static_cast<size_t>(kSplitCounterBytes + abi.split_reductions * splits * rows * 8);
-      std::lock_guard<std::mutex> lock(loaded->mu);
-      if (loaded->grow_ws(need, "cuMemAlloc (split-reduction workspace)", symbol)) {
-        // Counters start at zero; every launch leaves them at zero.
-        const cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(loaded->ws), 0,
-                                              static_cast<size_t>(kSplitCounterBytes), static_cast<cudaStream_t>(st));
-        INGOT_CHECK(e == cudaSuccess, "[codegen] cannot clear the workspace of '", symbol, "': ", cudaGetErrorString(e));
-      }
-      params[params.size() - 2] = static_cast<uint64_t>(loaded->ws);
-      launch_fn(loaded->fns[3], tiles, x, y, splits);
-      return;
-    }
-    launch_fn(loaded->fns[2], std::clamp<int64_t>(tiles, 1, cap * 8), x, y);
-  } else if (how == LaunchConfig::Rows::WarpPerRow) {
-    const int threads = std::min(block, kWarpRowMaxThreads);  // Note [Warp-per-row launch bounds]
-    launch_fn(loaded->fns[0], std::clamp<int64_t>(ceil_div(rows, threads / 32), 1, cap), threads);
-  } else {
-    int threads = cfg.row_block_threads;
-    if (threads <= 0) {  // about 4 vector groups per thread, 64..1024 threads
-      const int64_t want = ceil_div(cols, 4 * std::max(1, abi.vector_width));
-      threads = static_cast<int>(std::clamp<int64_t>(ceil_div(want, 32) * 32, 64, 1024));
-    }
-    threads = std::clamp(threads / 32 * 32, 32, 1024);
-    launch_fn(loaded->fns[1], std::clamp<int64_t>(rows, 1, cap * 8), threads);
+  if (how == LaunchConfig::Rows::Columns) return launch_columns(L, rows, cols, cfg);
+  if (how == LaunchConfig::Rows::WarpPerRow) {
+    const int threads = std::min(L.block, kWarpRowMaxThreads);  // Note [Warp-per-row launch bounds]
+    L.run(L.k.loaded->fns[0], std::clamp<int64_t>(ceil_div(rows, threads / 32), 1, L.cap), threads);
+    return;
   }
+  int threads = cfg.row_block_threads;
+  if (threads <= 0) {  // about 4 vector groups per thread, 64..1024 threads
+    const int64_t want = ceil_div(cols, 4 * std::max(1, abi.vector_width));
+    threads = static_cast<int>(std::clamp<int64_t>(ceil_div(want, 32) * 32, 64, 1024));
+  }
+  threads = std::clamp(threads / 32 * 32, 32, 1024);
+  L.run(L.k.loaded->fns[1], std::clamp<int64_t>(rows, 1, L.cap * 8), threads);
+}
+
+}  // namespace
+
+void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* scalars, const LaunchConfig& cfg,
+                        void* stream) const {
+  INGOT_CHECK(loaded != nullptr, "[codegen] kernel '", symbol, "' was not compiled");
+  ensure_context(device);
+  Launcher L(*this, cfg, stream);
+  if (abi.kind == KernelKind::MultiTensor) return launch_multi_tensor(L, bufs, syms, scalars, cfg);
+  for (int b = 0; b < abi.num_buffers; ++b) L.params.push_back(reinterpret_cast<uint64_t>(bufs[b]));
+  for (int k = 0; k < abi.sym_slots; ++k) L.params.push_back(static_cast<uint64_t>(k < abi.num_syms ? syms[k] : 0));
+  L.push_scalars(scalars);
+  L.params.push_back(L.flags);
+  if (abi.kind == KernelKind::Pointwise) return launch_pointwise(L, syms, cfg);
+  L.params.push_back(0);  // ws, set by a launch of _colsplit or column sums
+  L.params.push_back(0);  // parts (column sums)
+  launch_rows(L, syms, cfg);
 }
 
 CudaCodegen::CudaCodegen(CudaCodegenOptions options) : options_(std::move(options)) {
@@ -365,44 +403,55 @@ CudaKernel CudaCodegen::compile(const KernelSpec& spec, CodegenStats* stats) {
   return compile(std::vector<KernelSpec>{spec}, stats).front();
 }
 
-std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& specs, CodegenStats* stats,
-                                             const ProgressFn& progress) {
-  std::lock_guard<std::mutex> lock(mu_);
-  CodegenStats st;
-  st.kernels_requested = static_cast<int64_t>(specs.size());
-  const int device = ingot::cuda::current_device();
-  ensure_context(device);
-  const int arch = arch_of(device);
-  const std::string target = "sm_" + std::to_string(arch) + " " + nvrtc_version() + " " + renderer_fingerprint();
+namespace {
+
+// A kernel of the batch that neither this process nor the disk cache has.
+struct Pending {
+  size_t spec;
+  std::string key, symbol;
+  RenderedKernel rendered;
+  int program = -1;
+};
+
+using KernelTable = std::map<std::pair<int, std::string>, CudaKernel>;
+
+// One CudaCodegen::compile call: the device and target it compiles for, its disk cache and the cubins loaded from
+// it, the table it fills and the counts it reports.
+struct Batch {
+  const CudaCodegenOptions& options;
+  KernelTable& table;
+  CodegenStats& st;
+  int device = 0, arch = 0;
+  std::string target;
   std::optional<cache::CompileCache> disk;
-  if (options_.use_disk_cache) disk.emplace(options_.cache_dir);
-  auto disk_key = [&](const std::string& key) { return std::string(kEntryKind) + "\n" + target + "\n" + key; };
-  auto make = [&](const std::string& symbol, const KernelAbi& abi, const std::shared_ptr<Module>& m) {
+  std::map<std::string, std::shared_ptr<Module>> modules;  // cubin file -> module, within this call
+  std::optional<FileLock> lock;  // held from the second lookup until the batch is published
+
+  Batch(const CudaCodegenOptions& o, KernelTable& t, CodegenStats& s, int dev)
+      : options(o), table(t), st(s), device(dev), arch(arch_of(dev)) {
+    target = "sm_" + std::to_string(arch) + " " + nvrtc_version() + " " + renderer_fingerprint();
+    if (options.use_disk_cache) disk.emplace(options.cache_dir);
+  }
+
+  std::string disk_key(const std::string& key) const { return std::string(kEntryKind) + "\n" + target + "\n" + key; }
+
+  CudaKernel make(const std::string& symbol, const KernelAbi& abi, const std::shared_ptr<Module>& m) const {
     CudaKernel k;
     k.symbol = symbol;
     k.abi = abi;
     k.device = device;
-    k.config = options_.launch;
+    k.config = options.launch;
     k.loaded = std::make_shared<LoadedKernel>();
     k.loaded->module = m;
     for (size_t f = 0; f < abi.functions.size() && f < std::size(k.loaded->fns); ++f)
       if (!abi.functions[f].empty())
-        check_cu(driver::api().module_get_function(&k.loaded->fns[f], m->handle, abi.functions[f].c_str()), "cuModuleGetFunction",
-               abi.functions[f] + "' in '" + m->name);
+        check_cu(driver::api().module_get_function(&k.loaded->fns[f], m->handle, abi.functions[f].c_str()),
+                 "cuModuleGetFunction", abi.functions[f] + "' in '" + m->name);
     return k;
-  };
-
-  // 1. keys; what this process already has; what the disk cache has.
-  auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::string> keys(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    specs[i].validate();
-    keys[i] = specs[i].structural_key();
   }
-  st.emit_s += seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
-  std::map<std::string, std::shared_ptr<Module>> modules;  // cubin file -> module, within this call
-  auto from_disk = [&](const std::string& key) {
+
+  // A kernel from the disk cache into the table; false when there is no usable entry.
+  bool from_disk(const std::string& key) {
     if (!disk) return false;
     auto e = disk->get(disk_key(key), kEntryKind);
     std::string symbol;
@@ -411,7 +460,7 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
     try {
       std::shared_ptr<Module>& m = modules[e->files[0]];
       if (!m) m = load_module(read_file(disk->file_path(e->files[0])), e->files[0]);
-      table_[{device, key}] = make(symbol, abi, m);
+      table[{device, key}] = make(symbol, abi, m);
       ++st.disk_hits;
       return true;
     } catch (const Error& err) {  // an unloadable cubin is a miss like any other bad entry
@@ -419,97 +468,73 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
       std::fprintf(stderr, "ingot: warning: ignoring cached CUDA kernels: %s; recompiling\n", err.what());
       return false;
     }
-  };
-  struct Pending {
-    size_t spec;
-    std::string key, symbol;
-    RenderedKernel rendered;
-    int program = -1;
-  };
-  std::vector<Pending> pending;
-  std::map<std::string, size_t> pending_index;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    if (table_.count({device, keys[i]}) || pending_index.count(keys[i])) {
-      ++st.memory_hits;
-      continue;
-    }
-    if (from_disk(keys[i])) continue;
-    pending_index[keys[i]] = pending.size();
-    pending.push_back(Pending{i, keys[i], specs[i].symbol(), {}, -1});
   }
-  // The ranks of a job trace the same graph and miss the same kernels at once: the first to take the batch's
-  // lock compiles, the others wait and then find everything in the cache.
-  std::optional<FileLock> batch_lock;
-  if (disk && !pending.empty()) {
+
+  // The distinct kernels that neither this process nor the disk cache has, in the order of their first spec.
+  std::vector<Pending> missing(const std::vector<KernelSpec>& specs, const std::vector<std::string>& keys) {
+    std::vector<Pending> pending;
+    std::set<std::string> seen;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (table.count({device, keys[i]}) || seen.count(keys[i])) {
+        ++st.memory_hits;
+        continue;
+      }
+      if (from_disk(keys[i])) continue;
+      seen.insert(keys[i]);
+      pending.push_back(Pending{i, keys[i], specs[i].symbol(), {}, -1});
+    }
+    // The ranks of a job trace the same graph and miss the same kernels at once: the first to take the batch's
+    // lock compiles, the others wait and then find everything in the cache.
+    if (!disk || pending.empty()) return pending;
     std::string batch_id = target;
     for (const Pending& p : pending) batch_id += "\n" + p.key;
-    batch_lock.emplace(options_.cache_dir + "/locks/cuda-" + cache::hex64(cache::hash_bytes(batch_id)) + ".lock");
+    lock.emplace(options.cache_dir + "/locks/cuda-" + cache::hex64(cache::hash_bytes(batch_id)) + ".lock");
     std::vector<Pending> still;
     for (Pending& p : pending)
       if (!from_disk(p.key)) still.push_back(std::move(p));
-    pending = std::move(still);
+    return still;
   }
-  st.load_s += seconds_since(t0);
-  const int64_t distinct = static_cast<int64_t>(std::set<std::string>(keys.begin(), keys.end()).size());
-  int64_t ready = distinct - static_cast<int64_t>(pending.size());
-  if (progress) progress(ready, distinct);
 
-  if (!pending.empty()) {
-    // 2. render, balanced over at most max_parallel programs (largest kernels first).
-    t0 = std::chrono::steady_clock::now();
+  // Each pending kernel rendered and placed in one of at most max_parallel NVRTC programs.
+  std::vector<NvrtcProgram> render_programs(const std::vector<KernelSpec>& specs, std::vector<Pending>& pending) const {
     for (Pending& p : pending) p.rendered = render_kernel(specs[p.spec], p.symbol);
-    const int programs = std::min<int>(options_.max_parallel, static_cast<int>(pending.size()));
+    const int programs = std::min<int>(options.max_parallel, static_cast<int>(pending.size()));
     std::vector<NvrtcProgram> progs(programs);
-    std::vector<size_t> prog_size(programs, 0);
     for (int u = 0; u < programs; ++u) {
       progs[u].name = "ingot_kernels_" + std::to_string(u) + ".cu";
       progs[u].source = render_preamble();
     }
     std::vector<size_t> order(pending.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return pending[a].rendered.source.size() > pending[b].rendered.source.size();
-    });
-    for (size_t p : order) {
-      const int u = static_cast<int>(std::min_element(prog_size.begin(), prog_size.end()) - prog_size.begin());
+    for (auto [p, u] : balance_units(order, programs, [&](size_t k) { return pending[k].rendered.source.size(); })) {
       pending[p].program = u;
-      prog_size[u] += pending[p].rendered.source.size();
       progs[u].source += "\n" + pending[p].rendered.source;
     }
-    st.emit_s += seconds_since(t0);
+    return progs;
+  }
 
-    // 3. NVRTC, programs side by side.
-    t0 = std::chrono::steady_clock::now();
-    std::vector<int64_t> per_program(programs, 0);
-    for (const Pending& p : pending) ++per_program[p.program];
-    const std::vector<std::string> cubins = compile_cubins(progs, arch, options_.max_parallel, [&](size_t u) {
-      ready += per_program[u];
-      if (progress) progress(ready, distinct);
-    });
-    st.compiler_s += seconds_since(t0);
-    st.compiler_processes += programs;
-    st.compiled += static_cast<int64_t>(pending.size());
-
-    // 4. load, publish to the cache, one entry per kernel.
-    t0 = std::chrono::steady_clock::now();
+  // The cubins loaded and published to the cache; one table and cache entry per kernel.
+  void publish(const std::vector<Pending>& pending, const std::vector<std::string>& cubins) {
+    const size_t programs = cubins.size();
     std::vector<std::shared_ptr<Module>> mods(programs);
     std::vector<std::string> names(programs);
     bool cache_ok = disk.has_value();
-    for (int u = 0; u < programs; ++u) {
+    for (size_t u = 0; u < programs; ++u) {
       // Named by content: equal names mean equal cubins, whichever process wrote them.
-      names[u] = "cuda-" + cache::hex64(cache::hash_bytes(cubins[u])) + "-" + cache::hex64(cache::hash_bytes(cubins[u], 1)) + ".cubin";
+      names[u] = "cuda-" + cache::hex64(cache::hash_bytes(cubins[u])) + "-" +
+                 cache::hex64(cache::hash_bytes(cubins[u], 1)) + ".cubin";
       mods[u] = load_module(cubins[u], names[u]);
       if (!cache_ok) continue;
       try {
         disk->put_file(names[u], cubins[u]);
       } catch (const Error& e) {  // a full or read-only cache costs the warm start, not the run
         std::fprintf(stderr, "ingot: warning: cannot store compiled CUDA kernels in the cache '%s': %s\n",
-                     options_.cache_dir.c_str(), e.what());
+                     options.cache_dir.c_str(), e.what());
         cache_ok = false;
       }
     }
     for (const Pending& p : pending) {
-      table_[{device, p.key}] = make(p.symbol, p.rendered.abi, mods[p.program]);
+      table[{device, p.key}] = make(p.symbol, p.rendered.abi, mods[p.program]);
       if (!cache_ok) continue;
       try {
         disk->put(disk_key(p.key),
@@ -519,6 +544,52 @@ std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& spec
         cache_ok = false;
       }
     }
+  }
+};
+
+}  // namespace
+
+std::vector<CudaKernel> CudaCodegen::compile(const std::vector<KernelSpec>& specs, CodegenStats* stats,
+                                             const ProgressFn& progress) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CodegenStats st;
+  st.kernels_requested = static_cast<int64_t>(specs.size());
+  const int device = ingot::cuda::current_device();
+  ensure_context(device);
+  Batch batch(options_, table_, st, device);
+
+  // 1. keys; what this process already has; what the disk cache has.
+  auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::string> keys = validated_keys(specs);
+  st.emit_s += seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  std::vector<Pending> pending = batch.missing(specs, keys);
+  st.load_s += seconds_since(t0);
+  const int64_t distinct = distinct_keys(keys);
+  int64_t ready = distinct - static_cast<int64_t>(pending.size());
+  if (progress) progress(ready, distinct);
+
+  if (!pending.empty()) {
+    // 2. render, balanced over at most max_parallel programs (largest kernels first).
+    t0 = std::chrono::steady_clock::now();
+    const std::vector<NvrtcProgram> progs = batch.render_programs(specs, pending);
+    st.emit_s += seconds_since(t0);
+
+    // 3. NVRTC, programs side by side.
+    t0 = std::chrono::steady_clock::now();
+    std::vector<int64_t> per_program(progs.size(), 0);
+    for (const Pending& p : pending) ++per_program[p.program];
+    const std::vector<std::string> cubins = compile_cubins(progs, batch.arch, options_.max_parallel, [&](size_t u) {
+      ready += per_program[u];
+      if (progress) progress(ready, distinct);
+    });
+    st.compiler_s += seconds_since(t0);
+    st.compiler_processes += static_cast<int64_t>(progs.size());
+    st.compiled += static_cast<int64_t>(pending.size());
+
+    // 4. load, publish to the cache, one entry per kernel.
+    t0 = std::chrono::steady_clock::now();
+    batch.publish(pending, cubins);
     st.load_s += seconds_since(t0);
   }
 

@@ -97,6 +97,9 @@ class Renderer : public PrinterCore {
   bool prefer_columns() const;
   RowPlan plan_row(Variant variant) const;
   void row_reduction(Variant variant);
+  void open_rows(Variant variant);
+  void reduce_phase(size_t p, Variant variant);
+  void row_outputs();
   void open_row_chunks();
   void load_row();
   std::string padded(const std::string& c) const;

@@ -10,12 +10,17 @@
 
 namespace ingot::codegen::cuda {
 
-std::string render_preamble() {
-  return R"(// ingot generated CUDA kernels (NVRTC): one parameter struct and one or two extern "C" __global__
+namespace {
+
+// The header.
+constexpr const char* kHeader = R"(// ingot generated CUDA kernels (NVRTC): one parameter struct and one or two extern "C" __global__
 // functions per kernel. The pointwise ops' formulas are runtime/kernels/scalar_math.h's, the eager kernels' own.
 #include "ingot_scalar_math.h"
 
-// bf16 is the top half of an f32; rounding to nearest even, NaN kept quiet (as the CPU backend).
+)";
+
+// bf16 and f16 loads, stores and rounding.
+constexpr const char* kConversions = R"(// bf16 is the top half of an f32; rounding to nearest even, NaN kept quiet (as the CPU backend).
 __device__ __forceinline__ float ig_ld_bf16(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
 __device__ __forceinline__ unsigned short ig_st_bf16(float f) {
   const unsigned int u = __float_as_uint(f);
@@ -36,7 +41,10 @@ __device__ __forceinline__ unsigned short ig_st_f16(float f) {
 }
 __device__ __forceinline__ float ig_round_f16(float f) { return ig_ld_f16(ig_st_f16(f)); }
 
-// Max and min that propagate NaN (as the eager kernels do), in every combining order.
+)";
+
+// NaN-propagating max and min, the reductions' functors and the warp shuffles.
+constexpr const char* kMaxMin = R"(// Max and min that propagate NaN (as the eager kernels do), in every combining order.
 template <typename T> __device__ __forceinline__ T ig_max(T a, T b) { return (b != b || b > a) ? b : a; }
 template <typename T> __device__ __forceinline__ T ig_min(T a, T b) { return (b != b || b < a) ? b : a; }
 __device__ __forceinline__ long long ig_max(long long a, long long b) { return b > a ? b : a; }
@@ -50,7 +58,10 @@ __device__ __forceinline__ double ig_shfl_xor(double v, int m) { return __shfl_x
 __device__ __forceinline__ long long ig_shfl_xor(long long v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 __device__ __forceinline__ bool ig_shfl_xor(bool v, int m) { return __shfl_xor_sync(0xffffffffu, (int)v, m) != 0; }
 
-// Butterfly: every lane ends with the warp's value, combined in the same order on every lane.
+)";
+
+// Warp, block and column reductions.
+constexpr const char* kReductions = R"(// Butterfly: every lane ends with the warp's value, combined in the same order on every lane.
 template <typename T, typename F> __device__ __forceinline__ T ig_warp_reduce(T v, F f) {
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) v = f(v, ig_shfl_xor(v, m));
@@ -80,7 +91,10 @@ template <typename T, typename F> __device__ __forceinline__ T ig_col_reduce(T v
   return r;
 }
 
-// N consecutive elements in 16-byte (or narrower) transactions; `s` is aligned to min(16, N * sizeof(T)).
+)";
+
+// Vector loads and stores.
+constexpr const char* kVectors = R"(// N consecutive elements in 16-byte (or narrower) transactions; `s` is aligned to min(16, N * sizeof(T)).
 struct __align__(16) ig_v16 { unsigned int x, y, z, w; };
 struct __align__(8) ig_v8 { unsigned int x, y; };
 template <int N, typename T> __device__ __forceinline__ void ig_ldv(T (&d)[N], const T* s) {
@@ -110,6 +124,11 @@ template <int N, typename T> __device__ __forceinline__ void ig_stv(T* d, const 
   }
 }
 )";
+
+}  // namespace
+
+std::string render_preamble() {
+  return std::string(kHeader) + kConversions + kMaxMin + kReductions + kVectors;
 }
 
 const std::string& renderer_fingerprint() {

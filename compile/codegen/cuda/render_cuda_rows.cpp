@@ -117,7 +117,6 @@ void Renderer::row_reduction(Variant variant) {
                                  : std::string("__launch_bounds__(1024)");
   open("extern \"C\" __global__ void " + bounds + " " + sym_ + suffix[variant] + "(const " + sym_ + "_p p) {");
   prologue();
-  const bool block = variant == kBlock, split = variant == kColumnsSplit;
   std::string rows;
   for (int d = 0; d < L; ++d) rows += (d ? " * " : "") + std::string("n") + std::to_string(d);
   line("const I rows = " + (rows.empty() ? std::string("1") : rows) + ";");
@@ -127,12 +126,31 @@ void Renderer::row_reduction(Variant variant) {
   acc_.assign(k_.buffers.size(), "");
   idx_.assign(k_.dims.size(), "");
   for (int d = 0; d < L; ++d) idx_[d] = "i" + std::to_string(d);
-  if (block) {
+  open_rows(variant);
+  decompose("row", L, "", "");
+  offsets("r", L);
+  point_row();
+  if (row_.unroll) load_row();
+  point_row();
+  for (int id : phases_.phases[0].row_nodes) emit_node(id);
+  for (size_t p = 1; p < phases_.phases.size(); ++p) reduce_phase(p, variant);
+  row_outputs();
+  close();
+  if (!col_sums.empty()) column_sum_partials(col_sums.size());
+  close();
+  row_ = RowPlan{};
+}
+
+// The reductions' shared memory and the loop over the rows this warp (kWarp), block (kBlock) or tile of rows
+// (kColumns, kColumnsSplit) computes, left open with `row` set.
+void Renderer::open_rows(Variant variant) {
+  if (variant == kBlock) {
     for (int r : phases_.reductions)
       line("__shared__ " + std::string(compute_type(k_.nodes[r].dtype)) + " sm" + std::to_string(r) + "[32];");
     line("const I tid = threadIdx.x, nt = blockDim.x;");
     open("for (I row = blockIdx.x; row < rows; row += gridDim.x) {");
   } else if (row_.columns) {
+    const bool split = variant == kColumnsSplit;
     for (int r : phases_.reductions)
       line("__shared__ " + std::string(compute_type(k_.nodes[r].dtype)) + " sm" + std::to_string(r) + "[1024];");
     if (split) line("__shared__ bool ig_last;");
@@ -150,53 +168,58 @@ void Renderer::row_reduction(Variant variant) {
     line("const I tid = threadIdx.x & 31, nt = 32, warps = blockDim.x >> 5;");
     open("for (I row = (I)blockIdx.x * warps + (threadIdx.x >> 5); row < rows; row += (I)gridDim.x * warps) {");
   }
-  decompose("row", L, "", "");
-  offsets("r", L);
-  point_row();
-  if (row_.unroll) load_row();
-  auto emit_row_nodes = [&](const std::vector<int>& nodes) {
-    point_row();
-    for (int id : nodes) emit_node(id);
-  };
-  emit_row_nodes(phases_.phases[0].row_nodes);
-  for (size_t p = 1; p < phases_.phases.size(); ++p) {
-    const std::vector<int>& reds = phases_.phases[p].reductions;
-    for (int r : reds) {
-      const Node& nr = k_.nodes[r];
-      line(std::string(compute_type(nr.dtype)) + " acc" + std::to_string(r) + " = " + reduce_identity(nr) + ";  // " +
-           op_name(nr.op));
-    }
-    const std::vector<int>& closure = phases_.phases[p].closure;
-    if (split) {
-      const std::string nl = "n" + std::to_string(L);
-      line("const I cb = (I)((long long)" + nl + " * blockIdx.y / gridDim.y), ce = (I)((long long)" + nl +
-           " * (blockIdx.y + 1) / gridDim.y);");
-      col_begin_ = "cb";
-      col_end_ = "ce";
-    }
-    column_loop(closure, {}, [&] {
-      for (int id : closure) emit_node(id);
-      for (int r : reds) {
-        const Node& nr = k_.nodes[r];
-        const std::string acc = "acc" + std::to_string(r), x = as(nr.a, nr.dtype);
-        if (nr.op == Op::ReduceSum) line(acc + " += " + x + ";");
-        else line(acc + " = " + (nr.op == Op::ReduceMax ? "ig_max(" : "ig_min(") + acc + ", " + x + ");");
-      }
-    });
-    col_begin_.clear();
-    col_end_.clear();
-    if (split) split_combine(reds);
-    for (int r : reds) {
-      const Node& nr = k_.nodes[r];
-      const std::string f = reduce_functor(nr.op);
-      const std::string acc = "acc" + std::to_string(r);
-      const std::string combine = block      ? "ig_block_reduce(" + acc + ", " + f + ", sm" + std::to_string(r) + ")"
-                                  : row_.columns ? "ig_col_reduce(" + acc + ", " + f + ", sm" + std::to_string(r) + ")"
-                                             : "ig_warp_reduce(" + acc + ", " + f + ")";
-      line("const " + std::string(compute_type(nr.dtype)) + " " + v(r) + " = " + combine + ";");
-    }
-    emit_row_nodes(phases_.phases[p].row_nodes);
+}
+
+// Phase p: its reductions accumulated over the row's columns (this block's range under kColumnsSplit), combined
+// across the threads of the row, then the row-level nodes that read them.
+void Renderer::reduce_phase(size_t p, Variant variant) {
+  const int L = last();
+  const bool split = variant == kColumnsSplit;
+  const std::vector<int>& reds = phases_.phases[p].reductions;
+  for (int r : reds) {
+    const Node& nr = k_.nodes[r];
+    line(std::string(compute_type(nr.dtype)) + " acc" + std::to_string(r) + " = " + reduce_identity(nr) + ";  // " +
+         op_name(nr.op));
   }
+  const std::vector<int>& closure = phases_.phases[p].closure;
+  if (split) {
+    const std::string nl = "n" + std::to_string(L);
+    line("const I cb = (I)((long long)" + nl + " * blockIdx.y / gridDim.y), ce = (I)((long long)" + nl +
+         " * (blockIdx.y + 1) / gridDim.y);");
+    col_begin_ = "cb";
+    col_end_ = "ce";
+  }
+  column_loop(closure, {}, [&] {
+    for (int id : closure) emit_node(id);
+    for (int r : reds) {
+      const Node& nr = k_.nodes[r];
+      const std::string acc = "acc" + std::to_string(r), x = as(nr.a, nr.dtype);
+      if (nr.op == Op::ReduceSum) line(acc + " += " + x + ";");
+      else line(acc + " = " + (nr.op == Op::ReduceMax ? "ig_max(" : "ig_min(") + acc + ", " + x + ");");
+    }
+  });
+  col_begin_.clear();
+  col_end_.clear();
+  if (split) split_combine(reds);
+  for (int r : reds) {
+    const Node& nr = k_.nodes[r];
+    const std::string f = reduce_functor(nr.op);
+    const std::string acc = "acc" + std::to_string(r);
+    const std::string sm = ", sm" + std::to_string(r) + ")";
+    const std::string combine = variant == kBlock ? "ig_block_reduce(" + acc + ", " + f + sm
+                                : row_.columns    ? "ig_col_reduce(" + acc + ", " + f + sm
+                                                  : "ig_warp_reduce(" + acc + ", " + f + ")";
+    line("const " + std::string(compute_type(nr.dtype)) + " " + v(r) + " = " + combine + ";");
+  }
+  point_row();
+  for (int id : phases_.phases[p].row_nodes) emit_node(id);
+}
+
+// The row's outputs: element outputs and column sums in one more pass over the columns, then the row outputs
+// (one thread of the row stores them).
+void Renderer::row_outputs() {
+  const int L = last();
+  const std::vector<Store>& col_sums = phases_.column_sums;
   const std::vector<Store>& element_stores = phases_.element_stores;
   const std::vector<Store>& row_stores = phases_.row_stores;
   if (!element_stores.empty() || !col_sums.empty()) {
@@ -205,8 +228,8 @@ void Renderer::row_reduction(Variant variant) {
       for (int id : closure) emit_node(id);
       for (const Store& s : element_stores) line((row_.columns ? "if (active) " : "") + store_stmt(s.buffer, s.node));
       for (size_t j = 0; j < col_sums.size(); ++j)
-        line("ig_cs" + std::to_string(j) + "[" + padded(idx_[L]) + "] += " + as(k_.nodes[col_sums[j].node].a, DType::f32) +
-             ";");
+        line("ig_cs" + std::to_string(j) + "[" + padded(idx_[L]) + "] += " +
+             as(k_.nodes[col_sums[j].node].a, DType::f32) + ";");
     });
   }
   if (!row_stores.empty()) {
@@ -215,10 +238,6 @@ void Renderer::row_reduction(Variant variant) {
     for (const Store& s : row_stores) line(store_stmt(s.buffer, s.node));
     close();
   }
-  close();
-  if (!col_sums.empty()) column_sum_partials(col_sums.size());
-  close();
-  row_ = RowPlan{};
 }
 
 // Opens the loop over this lane's row_.chunks chunks of the row (chunk k starts at column c) and its bound
