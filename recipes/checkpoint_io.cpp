@@ -44,6 +44,7 @@ TrainState CheckpointIO::resume() {
   if (run_.resume_checkpoint.empty()) return {};
   TrainState st = read_state_;
   if (shards_) {
+    // A bf16 ZeRO-3 run's shards hold no bytes (DataParallel::gather_from_masters): the masters alone are read.
     dp_->load_shards(*shards_, *task_.model, *opt_, masters_ ? masters_->master() : std::vector<Tensor>{});
   } else if (sharded_) {
     // The stand-in's whole state and masters, cut into this rank's shards.

@@ -43,6 +43,7 @@ struct DataParallel::Impl {
   std::vector<dist::BucketPlan> plans;  // the shards' layout: DDP's buckets (checked against it) or FSDP's units
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   std::unique_ptr<dist::FullyShardedDataParallel> fsdp;  // ZeRO-3 instead of ddp
+  bool from_masters = false;  // ZeRO-3: the shards hold no bytes (gather_from_masters)
 
   int64_t chunk(const dist::BucketPlan& p) const { return p.padded_numel / ctx.group->size(); }
   double reduce(double v, dist::ReduceOp op) {
@@ -150,6 +151,14 @@ void DataParallel::load_weight_shards(const std::function<void(size_t, int64_t, 
   INGOT_INTERNAL_CHECK(impl_->fsdp, "load_weight_shards: ZeRO-3 only");
   impl_->fsdp->load_shards(read);
 }
+
+void DataParallel::gather_from_masters(const std::vector<Tensor>& masters) {
+  INGOT_INTERNAL_CHECK(impl_->fsdp, "gather_from_masters: ZeRO-3 only");
+  impl_->fsdp->gather_from_masters(masters);
+  impl_->from_masters = true;
+}
+
+bool DataParallel::weights_from_masters() const { return impl_->from_masters; }
 
 std::vector<Tensor> DataParallel::optimizer_params() const {
   return impl_->fsdp ? impl_->fsdp->optimizer_params() : impl_->ddp->optimizer_params();
@@ -373,6 +382,14 @@ std::string DataParallel::save_sharded_checkpoint(const std::string& output_dir,
   s.names = trained_names(model, m.params, &s.aliases);
   for (const Tensor& p : m.params) s.shapes.push_back(p.shape());
   s.weights = optimizer_params();  // the shards: ZeRO-3's weights, ZeRO-2's copies of this rank's chunks
+  if (m.from_masters) {
+    // Note [Shards cast from their masters] (distributed/fsdp.h): the shards have no bytes; what they would hold
+    // is their masters rounded (as MasterWeights::copy_to_model rounds), so the file is the one bf16 shards make.
+    INGOT_INTERNAL_CHECK(master_chunks.size() == s.weights.size(), "save_sharded_checkpoint: ", master_chunks.size(),
+                         " masters for ", s.weights.size(), " shards");
+    NoGradGuard no_grad;
+    for (size_t b = 0; b < s.weights.size(); ++b) s.weights[b] = cast(master_chunks[b], s.weights[b].dtype());
+  }
   s.optimizer = shard_state;
   s.masters = master_chunks;
   if (s.rank == 0)
@@ -470,7 +487,9 @@ void DataParallel::load_shards(const ShardedCheckpoint& c, const nn::Module& mod
                 shape_str(m.params[p].shape()), " here");
   }
   NoGradGuard no_grad;
-  if (m.fsdp) {
+  // After gather_from_masters the shards hold nothing: the masters read below are the weights (the checkpoint's
+  // weights are those masters rounded, whichever way it was written).
+  if (m.fsdp && !m.from_masters) {
     std::vector<Tensor> shards = m.fsdp->optimizer_params();
     for (size_t b = 0; b < layouts.size(); ++b)
       shards[b].copy_(c.read_chunk(layouts[b], rank(), world_size(), shards[b].dtype(),
@@ -514,6 +533,11 @@ void check_global_batch(const Config& cfg, const RunSettings& run, int64_t batch
               std::to_string(batch_size) + " is the global batch over all ranks and must divide by the world size " +
                   std::to_string(run.world_size) + " (WORLD_SIZE); use a multiple of " +
                   std::to_string(run.world_size));
+}
+
+bool keep_shards_for_test() {
+  const char* v = std::getenv("INGOT_TEST_KEEP_BF16_SHARDS");
+  return v && std::string(v) == "1";
 }
 
 void maybe_kill_for_test(int rank, int64_t step) {

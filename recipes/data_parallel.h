@@ -15,10 +15,11 @@
 // Checkpoints (Note [ZeRO-1 checkpoints hold the full optimizer state]): under DDP and ZeRO-1 rank 0 writes the
 // same files a single process writes, the ZeRO-1 shards' optimizer state (and f32 masters) all-gathered first and
 // stored per parameter under the plain optimizer's names. Under ZeRO-2/3 every rank writes its own slices of the
-// weights, optimizer state and masters (recipes/sharded_checkpoint.h: no rank gathers anything) and rank 0
-// commits them with one index; resuming ZeRO-2/3 from such a checkpoint reads only this rank's slices, under any
-// world size. Either kind resumes under any world size and any stage (whole checkpoints are cut into shards,
-// sharded ones assembled for DDP or one process). Every rank waits on a barrier after a
+// weights, optimizer state and masters (recipes/sharded_checkpoint.h: no rank gathers anything; a bf16 ZeRO-3
+// run holds no bf16 shards, so its weights are written as its f32 masters rounded, the bytes those shards held)
+// and rank 0 commits them with one index; resuming ZeRO-2/3 from such a checkpoint reads only this rank's
+// slices, under any world size. Either kind resumes under any world size and any stage (whole checkpoints are
+// cut into shards, sharded ones assembled for DDP or one process). Every rank waits on a barrier after a
 // save, so a restarted job always finds the newest checkpoint complete. The data position is the global batch
 // index and the RNG streams advance identically on every rank, so rank 0's state.json is every rank's state.
 #pragma once
@@ -62,8 +63,14 @@ class DataParallel {
   // `broadcast` is false (ZeRO-3 whose shards are loaded next: load_weight_shards or load_shards).
   void wrap(nn::Module& model, const std::vector<Tensor>& params, bool broadcast = true);
   // ZeRO-3: fills this rank's weight shards from a reader of parameter slices (FullyShardedDataParallel::
-  // load_shards: this rank reads only its slices). Local.
+  // load_shards: this rank reads only its slices). Local; before gather_from_masters.
   void load_weight_shards(const std::function<void(size_t, int64_t, int64_t, Tensor&)>& read);
+  // ZeRO-3 with f32 masters of the shards (optim::MasterWeights over optimizer_params()): the shards drop their
+  // bytes and each unit's gathers read its master cast to the weights' dtype (Note [Shards cast from their
+  // masters], distributed/fsdp.h). Sharded checkpoints then save the masters rounded as the weights (the bytes the
+  // shards would hold) and resuming fills the masters only. Local; after the shards were filled.
+  void gather_from_masters(const std::vector<Tensor>& masters);
+  bool weights_from_masters() const;  // gather_from_masters was called
   // What the optimizer updates: the parameters, or this rank's flat shards under ZeRO-1/2/3.
   std::vector<Tensor> optimizer_params() const;
   // One micro-step's backward: `sync` false accumulates locally (no_sync), true reduces the buckets as they
@@ -103,14 +110,16 @@ class DataParallel {
   std::vector<Tensor> scatter_to_chunks(const std::vector<Tensor>& per_param) const;
 
   // ZeRO-2/3 sharded checkpoints (recipes/sharded_checkpoint.h); collective. Every rank writes its slices of
-  // the weights (the shards), of `shard_state` (the shards' optimizer state) and of `master_chunks` (f32 masters
-  // of the shards, or none); rank 0 also writes the model's other entries, index.json and `state_json`, then
-  // commits once every rank's files are written and synced. Returns the checkpoint's path.
+  // the weights (the shards, or after gather_from_masters `master_chunks` rounded to the weights' dtype: the
+  // same bytes), of `shard_state` (the shards' optimizer state) and of `master_chunks` (f32 masters of the
+  // shards, or none); rank 0 also writes the model's other entries, index.json and `state_json`, then commits
+  // once every rank's files are written and synced. Returns the checkpoint's path.
   std::string save_sharded_checkpoint(const std::string& output_dir, int64_t step, const nn::Module& model,
                                       const std::map<std::string, Tensor>& shard_state,
                                       const std::vector<Tensor>& master_chunks, const std::string& state_json);
   // Resuming ZeRO-2/3 from a sharded checkpoint of any world size: this rank's chunks of the optimizer state
-  // and masters (and, ZeRO-3, of the weights, into the shards) read from `c`, nothing else.
+  // and masters (and, ZeRO-3 unless the weights come from the masters, of the weights, into the shards) read
+  // from `c`, nothing else.
   void load_shards(const ShardedCheckpoint& c, const nn::Module& model, optim::Optimizer& opt,
                    const std::vector<Tensor>& master_chunks);
 
@@ -122,6 +131,10 @@ class DataParallel {
 
 // train.batch_size is the global micro-batch: it must divide by the world size (an error naming the key).
 void check_global_batch(const Config& cfg, const RunSettings& run, int64_t batch_size, ConfigErrors& errors);
+
+// Test hook: INGOT_TEST_KEEP_BF16_SHARDS=1 keeps ZeRO-3's 16-bit shards beside the f32 masters (the recipes
+// before they called gather_from_masters), so tests can compare the two. False when unset.
+bool keep_shards_for_test();
 
 // Test hook: INGOT_TEST_KILL_AT_STEP=RANK:STEP SIGKILLs that rank right after it completed STEP (and saved any
 // checkpoint of that step), on the launcher's first attempt only (INGOT_RESTART_COUNT 0 or unset).

@@ -193,6 +193,9 @@ bool export_streamed(const FinalExport& e, TrainSummary& r) {
     INGOT_CHECK(error.empty(), error);
     INGOT_FAIL("rank 0 could not prepare output_dir '", e.run.output_dir, "' for the final weights (see its error)");
   }
+  // With masters the shards hold no bytes (DataParallel::gather_from_masters): the masters are the weights,
+  // f32 (an export in a narrower dtype rounds them as the shards were rounded).
+  INGOT_INTERNAL_CHECK(e.masters || !dp.weights_from_masters(), "export_streamed: shards without bytes, no masters");
   const std::vector<Tensor> shards = e.masters ? e.masters->master() : dp.optimizer_params();
   ShardedWeights w;
   w.writer = is_main;

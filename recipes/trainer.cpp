@@ -341,6 +341,14 @@ std::string Trainer::set_up_parameters() {
   if (run_.dtype != DType::f32) {
     masters_ = std::make_unique<optim::MasterWeights>(opt_params_);
     opt_params_ = masters_->master();
+    // ZeRO-3: no 16-bit shards beside the f32 masters; each unit is gathered from its masters, rounded (Note
+    // [Shards cast from their masters], distributed/fsdp.h). The shards were filled above (wrap, shard-wise
+    // loading) and the masters made from them; a resume fills the masters alone (CheckpointIO::resume).
+    if (dp_ && dp_->zero_stage() == 3 && !keep_shards_for_test()) {
+      dp_->gather_from_masters(masters_->master());
+      *log_ << "distributed | ZeRO-3: units are gathered from their f32 master shards cast to "
+            << dtype_name(run_.dtype) << "; no " << dtype_name(run_.dtype) << " shards are kept\n";
+    }
   }
   opt_ = optim::make_optimizer(opt_params_, spec_);
   sched_ = lr_schedule(run_, o_);
