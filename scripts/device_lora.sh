@@ -9,13 +9,14 @@
 # from metrics.jsonl, its allocator's per-step peak, with the first step's beside it), the first step's seconds
 # and the losses of the first steps (with BATCH rows every step trains on the same batch: they compare one to one).
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
-#   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [ingot_eager] [memory] [budget] [long] [long_eager]
-#                          [long_plain]
-#                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, peft,
+#   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [qlora_ckpt] [ckpt] [ingot_eager] [memory] [budget]
+#                          [long] [long_eager] [long_plain]
+#                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, ckpt, peft,
 #                              budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while DEADLINE
 #                              allows)
 #   peft: peft + torch.compile; peft_eager: peft eager
 #   memory: ingot compiled with INGOT_LOGS=memory (what is alive at the peak), 2 steps
+#   qlora_ckpt / ckpt: qlora / ingot with train.activation_checkpointing=blocks (only each block's input kept)
 #   qlora: ingot compiled with lora.quantize_base=nf4 (the frozen base in NF4, block 64, double-quantized absmax)
 #   budget: ingot compiled with compile.memory_budget=$BUDGET (default 0.5: cheap saved values, the SwiGLU's silu,
 #           are recomputed in the backward)
@@ -102,6 +103,8 @@ ingot_run() {  # ingot_run NAME key=value...
 }
 want ingot && ingot_run compiled compile.enabled=true
 want qlora && ingot_run qlora compile.enabled=true lora.quantize_base=nf4
+want qlora_ckpt && ingot_run qlora_ckpt compile.enabled=true lora.quantize_base=nf4 train.activation_checkpointing=blocks
+want ckpt && ingot_run compiled_ckpt compile.enabled=true train.activation_checkpointing=blocks
 want peft && peft compile
 want budget && ingot_run "budget_${BUDGET:-0.5}" compile.enabled=true compile.memory_budget="${BUDGET:-0.5}"
 want ingot_eager && ingot_run eager compile.enabled=false
