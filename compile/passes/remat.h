@@ -3,7 +3,7 @@
 // recomputed right before their first backward reader, largest first, until the bytes kept across the
 // forward/backward boundary are at most budget x the original; backward nodes read the recomputed copies and no
 // chosen value is alive across the boundary. `saved_bytes`, if given, receives the bytes no longer kept.
-// Test: tests/compile/test_passes.cpp (Remat.*).
+// Test: tests/compile/passes/test_passes.cpp (Remat.*).
 #pragma once
 
 #include <cstdint>

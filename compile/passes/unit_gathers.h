@@ -1,6 +1,7 @@
 // unit_gathers: compiled ZeRO-3's gathers of FSDP units' weights (all_gather_start nodes with
 // UnitCollectiveAttrs, distributed/fsdp_compiled.cpp), resharded and prefetched one unit ahead.
-// Test: tests/distributed/test_fsdp_compiled.cpp (CompiledFsdp.*: counts in the graph, schedule order).
+// Tests: tests/compile/passes/test_unit_gathers.cpp (UnitGathers.*: a hand-built graph),
+// tests/distributed/test_fsdp_compiled.cpp (CompiledFsdp.*: counts in the graph, schedule order).
 #pragma once
 
 #include "compile/passes/pass.h"

@@ -89,9 +89,11 @@ TEST_F(QLoRAFinetune, Bf16ComputeOverAnNf4BaseTrainsAndExportsTheCheckpointsOwnW
   EXPECT_EQ(r.steps, 20);
   SafetensorsFile base = SafetensorsFile::open(kModel + "/model.safetensors");
   SafetensorsFile exported = SafetensorsFile::open(dir_.file("bf16/hf/model.safetensors"));
-  for (const std::string& name : base.names())
-    if (name.find("k_proj") != std::string::npos || name.find("mlp") != std::string::npos)
+  for (const std::string& name : base.names()) {
+    if (name.find("k_proj") != std::string::npos || name.find("mlp") != std::string::npos) {
       EXPECT_EQ(exported.get(name).to_vector(), base.get(name).to_vector()) << name << ": not the checkpoint's own";
+    }
+  }
 }
 
 TEST_F(QLoRAFinetune, ResumesFromACheckpointBitwise) {
