@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cli.h"
 #include "bench/step_bench.h"
 #include "compile/api.h"
 #include "distributed/bootstrap.h"
@@ -68,75 +69,44 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      std::printf("usage: bench_gpt2_step [--device auto|cpu|cuda] [--dtype bf16|f32] [--batch N] [--seq N]\n"
-                  "       [--layers N] [--heads N] [--embd N] [--vocab N] [--steps N] [--warmup N]\n"
-                  "       [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs] [--cache-dir DIR] [--profile K]\n"
-                  "       [--profiler-range] [--memory-budget B] [--losses] [--regional] [--peak-tflops P]\n"
-                  "       under ingot launch (DDP): [--bucket-cap-mb MB] [--reduce-dtype f32|bf16] [--zero1]\n"
-                  "       [--one-update] [--timeline] [--ddp (DDP even in a world of one: its cost without peers)]\n"
-                  "       [--zero-stage 0|1|2|3 (3: FSDP, eager)] [--keep-after-forward (ZeRO-3 without resharding)]\n"
-                  "Prints a table row (median step time, tokens/s, TFLOP/s, MFU, peak memory, first call, loss)\n"
-                  "and, on GPUs, a 'timing:' line: host time per call, and the step queued back to back and after a\n"
-                  "5 ms rest.\n");
-      std::exit(0);
-    }
-    if (k == "--profiler-range") {
-      a.profiler_range = true;
-      continue;
-    }
-    if (k == "--regional") {
-      a.regional = true;
-      continue;
-    }
-    if (k == "--losses") {
-      a.losses = true;
-      continue;
-    }
-    if (k == "--timeline") {
-      a.timeline = true;
-      continue;
-    }
-    if (k == "--ddp") {
-      a.ddp_alone = true;
-      continue;
-    }
-    if (k == "--zero1") {
-      a.zero_stage = 1;
-      continue;
-    }
-    if (k == "--keep-after-forward") {
-      a.keep_after_forward = true;
-      continue;
-    }
-    if (k == "--one-update") {
-      a.one_update = true;
-      continue;
-    }
-    INGOT_CHECK(i + 1 < argc, "bench_gpt2_step: flag ", k, " needs a value");
-    std::string v = argv[++i];
-    if (k == "--device") a.device = v;
-    else if (k == "--dtype") a.dtype = v;
-    else if (k == "--batch") a.batch = std::stoll(v);
-    else if (k == "--seq") a.seq = std::stoll(v);
-    else if (k == "--layers") a.layers = std::stoll(v);
-    else if (k == "--heads") a.heads = std::stoll(v);
-    else if (k == "--embd") a.embd = std::stoll(v);
-    else if (k == "--vocab") a.vocab = std::stoll(v);
-    else if (k == "--steps") a.steps = std::stoll(v);
-    else if (k == "--warmup") a.warmup = std::stoll(v);
-    else if (k == "--compile") a.compile = v;
-    else if (k == "--cache-dir") a.cache_dir = v;
-    else if (k == "--profile") a.profile = std::stoll(v);
-    else if (k == "--memory-budget") a.memory_budget = std::stod(v);
-    else if (k == "--peak-tflops") a.peak_tflops = std::stod(v);
-    else if (k == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
-    else if (k == "--reduce-dtype") a.reduce_dtype = v;
-    else if (k == "--zero-stage") a.zero_stage = std::stoi(v);
-    else INGOT_FAIL("bench_gpt2_step: unknown flag ", k, " (see --help)");
-  }
+  CLI::App app{"GPT-2 training step benchmark (random weights and tokens).\n"
+               "Prints a table row (median step time, tokens/s, TFLOP/s, MFU, peak memory, first call, loss)\n"
+               "and, on GPUs, a 'timing:' line: host time per call, and the step queued back to back and after a\n"
+               "5 ms rest.",
+               "bench_gpt2_step"};
+  app.add_option("--device", a.device, "auto, cpu or cuda")->capture_default_str();
+  app.add_option("--dtype", a.dtype, "bf16 (autocast-style over f32 parameters) or f32")->capture_default_str();
+  app.add_option("--batch", a.batch, "rows per step (per rank under ingot launch)")->capture_default_str();
+  app.add_option("--seq", a.seq, "tokens per row")->capture_default_str();
+  app.add_option("--layers", a.layers, "transformer blocks")->capture_default_str();
+  app.add_option("--heads", a.heads, "attention heads")->capture_default_str();
+  app.add_option("--embd", a.embd, "embedding width")->capture_default_str();
+  app.add_option("--vocab", a.vocab, "vocabulary size")->capture_default_str();
+  app.add_option("--steps", a.steps, "timed steps")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed steps first (the first compiles)")->capture_default_str();
+  app.add_option("--compile", a.compile, "none, default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs")
+      ->capture_default_str();
+  app.add_option("--cache-dir", a.cache_dir, "compile cache directory");
+  app.add_option("--profile", a.profile, "after the timed steps, one more step under the op profiler: its K most expensive ops (0: none)")->capture_default_str();
+  app.add_flag("--profiler-range", a.profiler_range, "after the timed steps, one more step between cudaProfilerStart/Stop (ncu --profile-from-start off)");
+  app.add_option("--memory-budget", a.memory_budget, "compile.memory_budget (1: keep every saved value)")
+      ->capture_default_str();
+  app.add_flag("--losses", a.losses, "print every step's loss");
+  app.add_flag("--regional", a.regional, "compile each transformer block as its own region");
+  app.add_option("--peak-tflops", a.peak_tflops, "the GPU's dense bf16 peak, for MFU")->capture_default_str();
+  const std::string dist = "Under ingot launch (DDP)";
+  app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket size")->capture_default_str()->group(dist);
+  app.add_option("--reduce-dtype", a.reduce_dtype, "f32 or bf16: the dtype gradients are reduced in")
+      ->capture_default_str()->group(dist);
+  app.add_flag_callback("--zero1", [&a] { a.zero_stage = 1; }, "ZeRO-1 (the same as --zero-stage 1)")->group(dist);
+  app.add_flag("--one-update", a.one_update, "one optimizer update after every bucket is reduced (not per bucket)")
+      ->group(dist);
+  app.add_flag("--timeline", a.timeline, "rank 0's communication per step (busy, exposed)")->group(dist);
+  app.add_flag("--ddp", a.ddp_alone, "DDP even in a world of one: its cost without peers")->group(dist);
+  app.add_option("--zero-stage", a.zero_stage, "0 (DDP), 1, 2 or 3 (FSDP; eager or compiled)")
+      ->capture_default_str()->group(dist);
+  app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3 without resharding after forward")->group(dist);
+  bench::parse_or_exit(app, argc, argv);
   INGOT_CHECK(a.peak_tflops > 0, "bench_gpt2_step: --peak-tflops must be positive, got ", a.peak_tflops);
   bench::check_ddp_flags("bench_gpt2_step", a.bucket_cap_mb, a.reduce_dtype);
   INGOT_CHECK(a.zero_stage >= 0 && a.zero_stage <= 3, "bench_gpt2_step: --zero-stage must be 0..3, got ", a.zero_stage);
