@@ -17,13 +17,7 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opts) : Optimizer(std::mov
 void AdamW::step() {
   if (trace_observer()) return traced_step();
   const double scale = begin_step();
-  // Parameters grouped by their own step count (all equal unless some missed a step): one launch per group.
-  std::map<int64_t, std::vector<size_t>> groups;
-  for (size_t i : params_with_grad()) {
-    if (!has_state(i, "step")) state_[i]["step"] = from_vector_i64({0}, {});
-    int64_t& t = *state_[i]["step"].data<int64_t>();
-    groups[++t].push_back(i);
-  }
+  const std::map<int64_t, std::vector<size_t>> groups = advance_step_groups();
   for (auto& [t, idx] : groups) {
     std::vector<Tensor> p, g, m, v;
     for (size_t i : idx) {
@@ -32,12 +26,8 @@ void AdamW::step() {
       m.push_back(state(i, "exp_avg"));
       v.push_back(state(i, "exp_avg_sq"));
     }
-    kernels::AdamWArgs args;
+    kernels::AdamWArgs args = adamw_args(opts_);
     args.lr = lr_;
-    args.beta1 = opts_.beta1;
-    args.beta2 = opts_.beta2;
-    args.eps = opts_.eps;
-    args.weight_decay = opts_.weight_decay;
     args.step = t;
     args.grad_scale = scale;
     INGOT_KERNEL_CALL(p[0].device(), adamw_multi, p, g, m, v, args);
@@ -54,11 +44,7 @@ void AdamW::step() {
 void AdamW::traced_step() {
   TraceObserver* obs = trace_observer();
   const auto [groups, hyper] = traced_step_groups();
-  kernels::AdamWArgs fixed;
-  fixed.beta1 = opts_.beta1;
-  fixed.beta2 = opts_.beta2;
-  fixed.eps = opts_.eps;
-  fixed.weight_decay = opts_.weight_decay;
+  const kernels::AdamWArgs fixed = adamw_args(opts_);
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const size_t n = groups[gi].size();
     std::vector<Tensor> in{hyper}, dst;

@@ -139,18 +139,9 @@ void AdamW8bit::load_state_dict(const std::map<std::string, Tensor>& sd) {
 void AdamW8bit::step() {
   if (trace_observer()) return traced_step();
   const double scale = begin_step();
-  std::map<int64_t, std::vector<size_t>> groups;
-  for (size_t i : params_with_grad()) {
-    if (!has_state(i, "step")) state_[i]["step"] = from_vector_i64({0}, {});
-    int64_t& t = *state_[i]["step"].data<int64_t>();
-    groups[++t].push_back(i);
-  }
-  kernels::AdamWArgs args;
+  const std::map<int64_t, std::vector<size_t>> groups = advance_step_groups();
+  kernels::AdamWArgs args = adamw_args(opts_);
   args.lr = lr_;
-  args.beta1 = opts_.beta1;
-  args.beta2 = opts_.beta2;
-  args.eps = opts_.eps;
-  args.weight_decay = opts_.weight_decay;
   args.grad_scale = scale;
   for (auto& [t, idx] : groups) {
     args.step = t;
@@ -182,11 +173,7 @@ void AdamW8bit::step() {
 void AdamW8bit::traced_step() {
   TraceObserver* obs = trace_observer();
   const auto [groups, hyper] = traced_step_groups();
-  kernels::AdamWArgs fixed;
-  fixed.beta1 = opts_.beta1;
-  fixed.beta2 = opts_.beta2;
-  fixed.eps = opts_.eps;
-  fixed.weight_decay = opts_.weight_decay;
+  const kernels::AdamWArgs fixed = adamw_args(opts_);
   // Writes each output back into the persistent tensor it updates.
   auto write_back = [obs](const std::vector<Tensor>& dst, const std::vector<Tensor>& out) {
     for (size_t k = 0; k < dst.size(); ++k) {

@@ -3,9 +3,19 @@
 #include <charconv>
 
 #include "autograd/primitive.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/kernels/quant8.h"
 
 namespace ingot::optim {
+
+kernels::AdamWArgs adamw_args(const AdamWOptions& o) {
+  kernels::AdamWArgs a;
+  a.beta1 = o.beta1;
+  a.beta2 = o.beta2;
+  a.eps = o.eps;
+  a.weight_decay = o.weight_decay;
+  return a;
+}
 
 Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -52,6 +62,15 @@ double Optimizer::begin_step() {
   grad_scale_ = 1.0;
   ++step_count_;
   return s;
+}
+
+std::map<int64_t, std::vector<size_t>> Optimizer::advance_step_groups() {
+  std::map<int64_t, std::vector<size_t>> groups;
+  for (size_t i : params_with_grad()) {
+    if (!has_state(i, "step")) state_[i]["step"] = from_vector_i64({0}, {});
+    groups[++*state_[i]["step"].data<int64_t>()].push_back(i);
+  }
+  return groups;
 }
 
 Optimizer::TracedGroups Optimizer::traced_step_groups() {

@@ -14,6 +14,10 @@
 
 #include "runtime/tensor.h"
 
+namespace ingot::kernels {
+struct AdamWArgs;
+}
+
 namespace ingot::optim {
 
 class Optimizer {
@@ -47,6 +51,10 @@ class Optimizer {
   bool has_state(size_t index, const std::string& name) const;
   // Consumes the one-shot grad scale and bumps the step counter; call once per step().
   double begin_step();
+  // Outside a trace, for optimizers with a per-parameter "step" state (AdamW, AdamW8bit): advances the step count of
+  // every parameter with a gradient and groups them by the step each now takes (all equal unless some missed a
+  // step), so each group is one kernel launch with its own bias correction.
+  std::map<int64_t, std::vector<size_t>> advance_step_groups();
   // Under a trace (optim/fused_update.h), for optimizers with a per-parameter "step" state (AdamW, AdamW8bit):
   // the parameters with a gradient grouped by the step each is about to take, and `hyper`, f64 [groups, 3] of
   // {lr, that step, grad scale} per group, recorded as a host input whose producer redoes this bookkeeping (step
@@ -67,6 +75,9 @@ class Optimizer {
 struct AdamWOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
 };
+// The kernel arguments an AdamW update (f32 or 8-bit, eager or traced) takes from its options; lr, step and grad
+// scale are left at their defaults for the caller to set (eager) or to come from the host input (traced).
+kernels::AdamWArgs adamw_args(const AdamWOptions& o);
 
 // Decoupled weight decay Adam (Loshchilov & Hutter), the math of torch.optim.AdamW. Bias correction uses
 // each parameter's own step count (its "step" state), as PyTorch does when a parameter misses a step.
