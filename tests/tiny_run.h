@@ -5,8 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "runtime/file_util.h"
@@ -49,5 +53,23 @@ class TinyRun : public ::testing::Test {
   int n_layer_;
   TempDir dir_;
 };
+
+// The train losses of a run's metrics.jsonl by step. each_step_once: a step logged twice fails the test (a fresh
+// run or an exact resume logs every step once); false keeps the last record of a step (runs resumed from an
+// earlier checkpoint log its later steps again).
+inline std::map<int64_t, double> train_losses(const std::string& metrics, bool each_step_once = true) {
+  std::ifstream in(metrics);
+  std::map<int64_t, double> out;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["kind"] != "train") continue;
+    const int64_t step = j["step"].get<int64_t>();
+    if (each_step_once) {
+      EXPECT_EQ(out.count(step), 0u) << "step " << step << " logged twice in " << metrics;
+    }
+    out[step] = j["loss"].get<double>();
+  }
+  return out;
+}
 
 }  // namespace ingot::testing

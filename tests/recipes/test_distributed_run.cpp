@@ -25,6 +25,8 @@
 namespace ingot::recipes {
 namespace {
 
+using ingot::testing::train_losses;
+
 namespace fs = std::filesystem;
 
 using Result = ingot::testing::ShellResult;  // stdout and stderr together
@@ -34,21 +36,6 @@ std::string slurp(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-// Train losses of metrics.jsonl by step; a step logged twice fails the test.
-std::map<int64_t, double> train_losses(const std::string& metrics) {
-  std::map<int64_t, double> out;
-  std::istringstream in(slurp(metrics));
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j["kind"] != "train") continue;
-    int64_t step = j["step"].get<int64_t>();
-    EXPECT_EQ(out.count(step), 0u) << "step " << step << " logged twice in " << metrics;
-    out[step] = j["loss"].get<double>();
-  }
-  return out;
 }
 
 void expect_same_losses(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want,

@@ -73,7 +73,9 @@ TEST(ExportStreamed, AWriterFailingStopsEveryRankPromptlyWithAnErrorNamingTheFil
     std::string error = export_into(ctx, blocked);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_NE(error.find("model.safetensors"), std::string::npos) << "rank " << ctx.info.rank << ": " << error;
-    if (ctx.info.rank != 0) EXPECT_NE(error.find("rank 0 failed to write the final weights"), std::string::npos) << error;
+    if (ctx.info.rank != 0) {
+      EXPECT_NE(error.find("rank 0 failed to write the final weights"), std::string::npos) << error;
+    }
     EXPECT_LT(s, 20.0) << "rank " << ctx.info.rank << " waited for the process group's timeout";
     if (ctx.info.rank == 0) {
       EXPECT_TRUE(fs::exists(blocked + "/keep")) << "the directory in the way is left alone";
@@ -97,7 +99,9 @@ TEST(ExportStreamed, AWriterFailingStopsEveryRankPromptlyWithAnErrorNamingTheFil
     // And a healthy export still works (the status exchanges cost one all-reduce per tensor).
     error = export_into(ctx, dir + "/mid/model.safetensors");
     EXPECT_EQ(error, "");
-    if (ctx.info.rank == 0) EXPECT_TRUE(fs::exists(mid));
+    if (ctx.info.rank == 0) {
+      EXPECT_TRUE(fs::exists(mid));
+    }
     return;
   }
   TempDir dir("ingot-export-fail-");

@@ -17,21 +17,9 @@
 namespace ingot::recipes {
 namespace {
 
-using Result = ingot::testing::ShellResult;
+using ingot::testing::train_losses;
 
-std::map<int64_t, double> train_losses(const std::string& metrics) {
-  std::ifstream in(metrics);
-  std::map<int64_t, double> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j["kind"] != "train") continue;
-    const int64_t step = j["step"].get<int64_t>();
-    EXPECT_EQ(out.count(step), 0u) << "step " << step << " logged twice in " << metrics;
-    out[step] = j["loss"].get<double>();
-  }
-  return out;
-}
+using Result = ingot::testing::ShellResult;
 
 // Compiled vs eager: the same f32 math with generated kernels summing in another order, 1e-4 relative.
 void expect_close(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, const std::string& what,

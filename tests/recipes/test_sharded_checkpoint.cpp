@@ -25,6 +25,9 @@
 namespace ingot::recipes {
 namespace {
 
+// Called with each_step_once false, as before: a killed or resumed run may log a step again.
+using ingot::testing::train_losses;
+
 namespace fs = std::filesystem;
 
 std::string slurp(const std::string& path) {
@@ -186,18 +189,6 @@ TEST(ShardedCheckpoint, AMissingOrChangedShardFileIsAnErrorNamingIt) {
 
 using Result = ingot::testing::ShellResult;  // stdout and stderr together
 
-// Train losses of metrics.jsonl by step.
-std::map<int64_t, double> train_losses(const std::string& metrics) {
-  std::map<int64_t, double> out;
-  std::istringstream in(slurp(metrics));
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
-
 std::map<int64_t, double> after(const std::map<int64_t, double>& losses, int64_t step) {
   std::map<int64_t, double> out;
   for (const auto& [s, l] : losses)
@@ -238,7 +229,7 @@ class ShardedRun : public ingot::testing::TinyRun {
 TEST_F(ShardedRun, FourRanksWriteAndTheCheckpointResumesExactlyOnFourAndWithTheSameLossesOnTwoAndOne) {
   Result ref = single("ref");
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
-  const std::map<int64_t, double> want = after(train_losses(path("ref/metrics.jsonl")), 3);
+  const std::map<int64_t, double> want = after(train_losses(path("ref/metrics.jsonl"), false), 3);
   Result z3 = launch(4, "z3", "distributed.zero_stage=3 checkpoint.save_every=3 checkpoint.keep_last=0");
   ASSERT_EQ(z3.exit_code, 0) << z3.output;
   const std::string ckpt = path("z3/checkpoints/step_00000003");
@@ -254,19 +245,19 @@ TEST_F(ShardedRun, FourRanksWriteAndTheCheckpointResumesExactlyOnFourAndWithTheS
   EXPECT_EQ(index["world_size"], 4);
   EXPECT_EQ(index["zero_stage"], 3);
 
-  const std::map<int64_t, double> z3_rest = after(train_losses(path("z3/metrics.jsonl")), 3);
+  const std::map<int64_t, double> z3_rest = after(train_losses(path("z3/metrics.jsonl"), false), 3);
   Result four = launch(4, "on4", "distributed.zero_stage=3 resume_from=" + ckpt);
   ASSERT_EQ(four.exit_code, 0) << four.output;
-  expect_losses(train_losses(path("on4/metrics.jsonl")), z3_rest, 0, "resumed on the same 4 ranks");
+  expect_losses(train_losses(path("on4/metrics.jsonl"), false), z3_rest, 0, "resumed on the same 4 ranks");
   Result two = launch(2, "on2", "distributed.zero_stage=3 resume_from=" + ckpt);
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  expect_losses(train_losses(path("on2/metrics.jsonl")), want, 1e-5, "ZeRO-3 on 4 resumed by ZeRO-3 on 2");
+  expect_losses(train_losses(path("on2/metrics.jsonl"), false), want, 1e-5, "ZeRO-3 on 4 resumed by ZeRO-3 on 2");
   Result two_z2 = launch(2, "on2_z2", "distributed.zero_stage=2 distributed.bucket_cap_mb=0.004 resume_from=" + ckpt);
   ASSERT_EQ(two_z2.exit_code, 0) << two_z2.output;
-  expect_losses(train_losses(path("on2_z2/metrics.jsonl")), want, 1e-5, "ZeRO-3 on 4 resumed by ZeRO-2 on 2");
+  expect_losses(train_losses(path("on2_z2/metrics.jsonl"), false), want, 1e-5, "ZeRO-3 on 4 resumed by ZeRO-2 on 2");
   Result one = single("on1", "resume_from=" + ckpt);
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  expect_losses(train_losses(path("on1/metrics.jsonl")), want, 1e-5, "ZeRO-3 on 4 resumed in one process");
+  expect_losses(train_losses(path("on1/metrics.jsonl"), false), want, 1e-5, "ZeRO-3 on 4 resumed in one process");
 
   // ZeRO-2 with several buckets writes sharded checkpoints too, and ZeRO-3 resumes them exactly on the same N.
   Result z2 = launch(2, "z2", "distributed.zero_stage=2 distributed.bucket_cap_mb=0.004 checkpoint.save_every=3");
@@ -275,7 +266,7 @@ TEST_F(ShardedRun, FourRanksWriteAndTheCheckpointResumesExactlyOnFourAndWithTheS
   EXPECT_EQ(nlohmann::json::parse(slurp(path("z2/checkpoints/step_00000003/index.json")))["zero_stage"], 2);
   Result z2_z3 = launch(2, "z2_z3", "distributed.zero_stage=3 resume_from=" + path("z2/checkpoints/step_00000003"));
   ASSERT_EQ(z2_z3.exit_code, 0) << z2_z3.output;
-  expect_losses(train_losses(path("z2_z3/metrics.jsonl")), want, 1e-5, "ZeRO-2 on 2 resumed by ZeRO-3 on 2");
+  expect_losses(train_losses(path("z2_z3/metrics.jsonl"), false), want, 1e-5, "ZeRO-2 on 2 resumed by ZeRO-3 on 2");
 }
 
 TEST_F(ShardedRun, AKilledRankAtStageThreeRestartsFromTheShardedCheckpointWithTheUninterruptedLosses) {
@@ -289,7 +280,7 @@ TEST_F(ShardedRun, AKilledRankAtStageThreeRestartsFromTheShardedCheckpointWithTh
   EXPECT_NE(r.output.find("resume | INGOT_RESTART_COUNT=1: continuing after step 2"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("all 2 worker(s) succeeded (attempt 1)"), std::string::npos) << r.output;
   EXPECT_TRUE(is_sharded_checkpoint(path("killed/checkpoints/step_00000006")));
-  expect_losses(train_losses(path("killed/metrics.jsonl")), train_losses(path("ref/metrics.jsonl")), 0,
+  expect_losses(train_losses(path("killed/metrics.jsonl"), false), train_losses(path("ref/metrics.jsonl"), false), 0,
                 "restarted vs uninterrupted, both ZeRO-3 on 2 ranks");
 }
 
@@ -354,7 +345,7 @@ TEST_F(ShardedRun, ZeroThreeFullFinetuneReadsOnlyItsSlicesOfTheHfCheckpointAndTr
   ASSERT_EQ(z3.exit_code, 0) << z3.output;
   EXPECT_NE(z3.output.find("loading | rank 0 read "), std::string::npos) << z3.output;
   EXPECT_NE(z3.output.find("bytes (50.0%): the slices of its shards only"), std::string::npos) << z3.output;
-  expect_losses(train_losses(path("z3/metrics.jsonl")), train_losses(path("one/metrics.jsonl")), 1e-5,
+  expect_losses(train_losses(path("z3/metrics.jsonl"), false), train_losses(path("one/metrics.jsonl"), false), 1e-5,
                 "ZeRO-3 full fine-tune on 2 ranks vs 1 process");
   const double v1 = nlohmann::json::parse(slurp(path("one/summary.json")))["val_loss"].get<double>();
   const double v3 = nlohmann::json::parse(slurp(path("z3/summary.json")))["val_loss"].get<double>();
@@ -366,7 +357,7 @@ TEST_F(ShardedRun, ZeroThreeFullFinetuneReadsOnlyItsSlicesOfTheHfCheckpointAndTr
                       path("z3/checkpoints/step_00000002"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(resumed.output.find("loading |"), std::string::npos) << "a resume reads the checkpoint only";
-  expect_losses(train_losses(path("resumed/metrics.jsonl")), after(train_losses(path("z3/metrics.jsonl")), 2), 0,
+  expect_losses(train_losses(path("resumed/metrics.jsonl"), false), after(train_losses(path("z3/metrics.jsonl"), false), 2), 0,
                 "resumed on the same 2 ranks");
 }
 

@@ -35,26 +35,14 @@
 namespace ingot::recipes {
 namespace {
 
+using ingot::testing::train_losses;
+
 namespace fs = std::filesystem;
 using Result = ingot::testing::ShellResult;
 
 constexpr const char* kKeepShards = "INGOT_TEST_KEEP_BF16_SHARDS=1";
 constexpr const char* kFromMasters =
     "distributed | ZeRO-3: units are gathered from their f32 master shards cast to bf16; no bf16 shards are kept";
-
-std::map<int64_t, double> train_losses(const std::string& metrics) {
-  std::ifstream in(metrics);
-  std::map<int64_t, double> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j["kind"] != "train") continue;
-    const int64_t step = j["step"].get<int64_t>();
-    EXPECT_EQ(out.count(step), 0u) << "step " << step << " logged twice in " << metrics;
-    out[step] = j["loss"].get<double>();
-  }
-  return out;
-}
 
 std::map<int64_t, double> after(const std::map<int64_t, double>& losses, int64_t step) {
   std::map<int64_t, double> out;
