@@ -23,7 +23,10 @@ export LD_LIBRARY_PATH="$multi:$multi/openblas-pthread:${LD_LIBRARY_PATH:-}"
 # The tree of a point: head's code paths with the point's patch applied.
 make_tree() {  # make_tree POINT DIR
   rm -rf "$2"; mkdir -p "$2"
-  (cd "$head" && tar cf - --exclude=tests/fixtures --exclude=data $code_paths configs scripts) | tar xf - -C "$2"
+  # The newest point: .device/bisect/head.tar.xz when present (`git archive HEAD -- <paths> configs scripts`: a commit,
+  # not a working tree that others are editing), else the carried checkout.
+  if [[ -f $head/.device/bisect/head.tar.xz ]]; then tar xJf "$head/.device/bisect/head.tar.xz" -C "$2"
+  else (cd "$head" && tar cf - --exclude=tests/fixtures --exclude=data $code_paths configs scripts) | tar xf - -C "$2"; fi
   [[ $1 == head ]] && return 0
   python3 -c 'import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' "$head/.device/bisect/$1.patch.xz" \
     | (cd "$2" && patch -p1 -s -E) || { echo "patch $1 failed"; return 1; }
