@@ -39,8 +39,13 @@
 // on an event recorded in the capture, the NCCL kernel and the end event become graph nodes, and the
 // collective_wait's stream wait joins the comm stream back. Such a Work is complete on the host at once (its
 // kernels run at every replay, not now) and never reaches the watchdog, whose event queries would touch a
-// capture; block_stream always adds the stream wait, so the capture's dependency edge exists. Buffers are
-// the graph's, kept by the replay runner, not by the Work.
+// capture; block_stream always adds the stream wait, so the capture's dependency edge exists. The Work keeps its
+// tensors until that wait on the producer stream, as outside a capture (Note [Released at the wait]): the
+// capture's allocations come from the producer stream's pool, and a block the graph frees while the NCCL node
+// still reads it would be handed to a later node of the capture that writes it concurrently at every replay.
+// The compiled step frees a reduce-scatter's input right after its start (the start is its last reader in the
+// graph): with the tensors dropped at issue, reduce-overhead ZeRO-3 reduced the head unit's gradient from a
+// block that the next backward kernels overwrote (2 H200s, losses off by 1e-3 from the fourth step).
 //
 // Note [Comm stream priority]
 // Collectives run on a stream of the highest priority the device offers: when a bucket's reduction is ready,
@@ -124,6 +129,7 @@ class NcclWork final : public Work {
     if (on_wait) on_wait(static_cast<cudaStream_t>(stream.handle));
     if (captured) {  // Note [Collectives in CUDA graphs]
       CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.handle), end_, 0));
+      if (stream.handle == producer_.handle && stream.device == producer_.device) release();
       return;
     }
     if (is_completed()) {
@@ -458,8 +464,7 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     if (slot >= 0) record_timing(timeline_.ends[static_cast<size_t>(slot)], stream_);
     CUDA_CHECK(cudaEventRecord(work->end_, stream_));
-    if (work->captured) {  // Note [Collectives in CUDA graphs]
-      work->release();
+    if (work->captured) {  // Note [Collectives in CUDA graphs]: kept until the wait, never watched
       recorder_.update(seq, FlightRecorder::State::Completed);
       work->finish();
       return work;

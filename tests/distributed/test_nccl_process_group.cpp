@@ -7,9 +7,11 @@
 
 #include "autograd/ops.h"
 #include "distributed/bootstrap.h"
+#include "distributed/collective_ops.h"
 #include "distributed/ddp.h"
 #include "distributed/process_group.h"
 #include "distributed/spawn.h"
+#include "runtime/cuda_runtime.h"
 #include "runtime/device.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
@@ -93,6 +95,49 @@ TEST(NcclProcessGroup, CollectivesOnTwoGpusAgreeWithTheRankwiseFormulas) {
   }
   INGOT_REQUIRE_TWO_GPUS();
   expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(60000ms)));
+}
+
+// Note [Collectives in CUDA graphs] (distributed/nccl_process_group.cpp): a captured reduce-scatter whose input
+// the caller drops right after the start (as the compiled step does: the start is the input's last reader) keeps
+// that block until its wait joins the comm stream back, so a later allocation of the capture cannot take it and
+// overwrite it while the NCCL node reads it at every replay. One rank on one GPU: the block reuse is the same.
+TEST(NcclProcessGroup, ACapturedCollectiveKeepsItsInputUntilItsWait) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(nccl_init());
+    const Device dev(DeviceType::cuda, ctx.info.local_rank);
+    const int64_t n = 1 << 16;
+    const Tensor want = rank_tensor(0, n, DType::f32, Device::cpu());
+    const cuda::Stream prev = cuda::current_stream(dev.index);
+    const cuda::Stream s = cuda::create_stream(dev.index);
+    cuda::set_current_stream(s);
+    const Tensor src = want.to(dev);
+    cuda::synchronize_stream(s);
+    {
+      // A block of the input's size cached on the capture's stream, as in a compiled step's steady state.
+      Tensor warm = empty({n}, DType::f32, dev);
+    }
+    cuda::begin_capture(s);
+    Tensor in = src.clone_raw();
+    const void* in_block = in.data_ptr();
+    Tensor pending = reduce_scatter_start(in, ctx.group);
+    in = Tensor();
+    Tensor later = empty({n}, DType::f32, dev);
+    later.fill_(-7.0);
+    const void* later_block = later.data_ptr();
+    Tensor out = collective_wait(pending);
+    void* exec = cuda::end_capture(s);
+    EXPECT_NE(later_block, in_block) << "a block the captured reduce-scatter reads was reused before its wait";
+    for (int replay = 0; replay < 3; ++replay) cuda::launch_graph(exec, s);
+    cuda::synchronize_stream(s);
+    const Tensor got = out.to(Device::cpu());
+    for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(got.item_at(i), want.item_at(i)) << i;
+    cuda::destroy_graph(exec);
+    cuda::set_current_stream(prev);
+    return;
+  }
+  if (!nccl_available()) GTEST_SKIP() << "built without NCCL (CPU-only build); runs on the GPU machine";
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a CUDA device; runs on the lent GPU machine";
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(1).within(60000ms)));
 }
 
 TEST(NcclProcessGroup, DdpOnGpusGivesTheGradientsOfTheFullBatchOnTheCpu) {
