@@ -9,11 +9,11 @@
 # from metrics.jsonl, its allocator's per-step peak, with the first step's beside it), the first step's seconds
 # and the losses of the first steps (with BATCH rows every step trains on the same batch: they compare one to one).
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
-#   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [qlora_ckpt] [ckpt] [ingot_eager] [memory] [budget]
-#                          [long] [long_eager] [long_plain]
-#                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, ckpt, peft,
-#                              budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while DEADLINE
-#                              allows)
+#   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [qlora_ckpt] [ckpt] [text50] [ingot_eager] [memory]
+#                          [budget] [long] [long_eager] [long_plain]
+#                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, ckpt,
+#                              text50, peft, budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while
+#                              DEADLINE allows)
 #   peft: peft + torch.compile; peft_eager: peft eager
 #   memory: ingot compiled with INGOT_LOGS=memory (what is alive at the peak), 2 steps
 #   qlora_ckpt / ckpt: qlora / ingot with train.activation_checkpointing=blocks (only each block's input kept)
@@ -23,8 +23,22 @@
 #   long: ingot compiled at batch 1 x $LONG_SEQ (default 8192) with train.activation_checkpointing=blocks (each
 #         decoder block keeps its input only and runs its forward again in the backward), on a row of random ids
 #         made on the device; long_eager: the same eagerly; long_plain: compiled without checkpointing (may not fit)
+#   text50: the issue's QLoRA target "loss within 2% of bf16 LoRA after 50 steps on real text": bf16 LoRA and QLoRA
+#           (nf4), both compiled, TEXT_STEPS (50) steps of BATCH x SEQ rows of real English (KJV) tokenized with the
+#           Llama 3 tokenizer, read from TEXT_TOKENS (.device/text50_tokens.bin.xz, or an uncompressed .bin). One
+#           pass over its rows: a different batch every step, in the same order in both runs (the loader's shuffle
+#           is seeded by the config's seed), constant lr as the config has it. Prints a line per run (losses at
+#           steps 1, 10, 25, 50 and the mean of the last 5) and `text50: qlora/bf16 loss after 50 steps = X`.
+#           The token file is made on a CPU machine, where data/ holds the tokenizer and the text
+#           (scripts/get_tokenizers.sh, scripts/get_data.sh; the tokenizer.json is too large to travel):
+#             cmake --build build-ft --target bench_token_rows -j2 && build-ft/bin/bench_token_rows \
+#               --tokenizer data/tokenizers/llama3 --text data/kjv.txt --seq 2048 --rows 100 \
+#               --out .device/text50_tokens.bin && xz -9f .device/text50_tokens.bin
+#           (100 rows of 2049 int32 ids, BOS then consecutive KJV text from Genesis 1:1: 819,600 bytes, 158 KB
+#           as xz); carry .device/text50_tokens.bin.xz. Rows must be TEXT_STEPS x BATCH of SEQ + 1 ids.
 # Environment: LAYERS (decoder layers, default 32: the 8B shape), BATCH (2), SEQ (2048), STEPS (timed, 5), WARMUP
-# (3, the first included), WORK (/tmp/ingot-lora), DEADLINE (540 s), INGOT_EXTRA (more key=value for ingot runs).
+# (3, the first included), WORK (/tmp/ingot-lora), DEADLINE (540 s), INGOT_EXTRA (more key=value for ingot runs),
+# INGOT_BUILD (a build directory with bin/ingot already built: nothing is built; a CPU dry run uses it).
 set -uo pipefail
 final="${OUT:-out}"; mkdir -p "$final"
 out=$(mktemp -d /tmp/ingot-lora-logs.XXXX)
@@ -44,10 +58,14 @@ for snap in .device/src.tar.xz .device/src.tgz; do
   if [[ -f $snap ]]; then src=/tmp/ingot-src; rm -rf $src; mkdir -p $src; tar xf $snap -C $src; break; fi
 done
 t0=$(date +%s)
-scripts/device_build.sh "$src" /tmp/ingot-build ingot > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+build=${INGOT_BUILD:-/tmp/ingot-build}
+if [[ -n ${INGOT_BUILD:-} ]]; then echo "build: using $build/bin/ingot (INGOT_BUILD)"
+else
+  scripts/device_build.sh "$src" "$build" ingot > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+fi
 multi=/opt/deps/usr/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH="$multi:$multi/openblas-pthread:${LD_LIBRARY_PATH:-}" PATH="/tmp/ingot-build/bin:$PATH"
+export LD_LIBRARY_PATH="$multi:$multi/openblas-pthread:${LD_LIBRARY_PATH:-}" PATH="$build/bin:$PATH"
 export INGOT_TEST_ROOT=$src INGOT_CONFIG_PATH=$src/configs OMP_WAIT_POLICY=passive
 
 config=$src/bench/configs/llama_8b/config.json
@@ -105,6 +123,58 @@ want ingot && ingot_run compiled compile.enabled=true
 want qlora && ingot_run qlora compile.enabled=true lora.quantize_base=nf4
 want qlora_ckpt && ingot_run qlora_ckpt compile.enabled=true lora.quantize_base=nf4 train.activation_checkpointing=blocks
 want ckpt && ingot_run compiled_ckpt compile.enabled=true train.activation_checkpointing=blocks
+TEXT_STEPS=${TEXT_STEPS:-50} TEXT_TOKENS=${TEXT_TOKENS:-.device/text50_tokens.bin.xz}
+# text50_row NAME METRICS [BF16_METRICS]: the run's losses at steps 1, 10, 25, TEXT_STEPS (and the mean of the
+# last 5), its tokens/s and peak; with BF16_METRICS also the ratio of its last losses to bf16's.
+text50_row() {
+  python3 - "$TEXT_STEPS" "$@" <<'EOF'
+import json, statistics, sys
+steps, name, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+def train_records(p):
+    recs = [json.loads(l) for l in open(p) if l.strip()]
+    return [r for r in recs if r.get("kind") == "train"]
+recs = train_records(path)
+if len(recs) < steps:
+    print(f"text50 {name}: only {len(recs)} of {steps} steps logged")
+    sys.exit(0)
+loss = [r["loss"] for r in recs[:steps]]
+at = ", ".join(f"{s}: {loss[s - 1]:.4f}" for s in sorted({1, 10, 25, steps}) if s <= steps)
+last5 = statistics.mean(loss[-5:])
+rate = statistics.median(r["tokens_per_s"] for r in recs[1:steps]) if steps > 1 else recs[0]["tokens_per_s"]
+peak = max(r["peak_memory_bytes"] for r in recs[:steps])
+print(f"text50 {name}: loss at steps {at}; mean of steps {max(1, steps - 4)}-{steps}: {last5:.4f} "
+      f"({rate:.0f} tokens/s median after the first step, peak {peak / 1e9:.2f} GB)")
+if len(sys.argv) > 4:
+    ref = [r["loss"] for r in train_records(sys.argv[4])[:steps]]
+    if len(ref) == steps:
+        print(f"text50: qlora/bf16 loss after {steps} steps = {loss[-1] / ref[-1]:.4f} (target within 2%; "
+              f"mean of steps {max(1, steps - 4)}-{steps}: {last5 / statistics.mean(ref[-5:]):.4f})")
+EOF
+}
+text50_run() {  # text50_run NAME key=value...: TEXT_STEPS compiled steps on the text rows
+  local name=$1; shift
+  (cd "$src" && timeout 400 ingot run bench/configs/llama_8b/lora_finetune.yaml model.path="$ckpt" \
+    data.path="$text_tokens" data.seq_len="$SEQ" train.batch_size="$BATCH" max_steps="$TEXT_STEPS" \
+    output_dir="$WORK/run_text50_$name" compile.enabled=true compile.cache_dir=/tmp/ingot-lora-cache "$@" \
+    ${INGOT_EXTRA:-}) > "$out/text50_$name.log" 2>&1 || { tail -8 "$out/text50_$name.log"; return 1; }
+  cp "$WORK/run_text50_$name/metrics.jsonl" "$out/text50_$name.metrics.jsonl"
+}
+if want text50; then
+  text_tokens=$WORK/text50_tokens_${SEQ}.bin
+  rm -f "$text_tokens"  # never an earlier call's rows when TEXT_TOKENS is missing
+  if [[ $TEXT_TOKENS == *.xz ]]; then xz -dc "$TEXT_TOKENS" > "$text_tokens"; else cp "$TEXT_TOKENS" "$text_tokens"; fi
+  if [[ ! -s $text_tokens ]]; then echo "text50: no tokens in $TEXT_TOKENS (see this script's header to make them)"
+  else
+    rows=$(( $(stat -c %s "$text_tokens") / 4 / (SEQ + 1) ))
+    (( rows >= TEXT_STEPS * BATCH )) \
+      || echo "text50: $TEXT_TOKENS has $rows rows of $((SEQ + 1)) ids, fewer than $TEXT_STEPS x $BATCH: rows repeat"
+    if text50_run bf16; then
+      text50_row "bf16 LoRA" "$WORK/run_text50_bf16/metrics.jsonl"
+      text50_run qlora lora.quantize_base=nf4 \
+        && text50_row "QLoRA nf4" "$WORK/run_text50_qlora/metrics.jsonl" "$WORK/run_text50_bf16/metrics.jsonl"
+    fi
+  fi
+fi
 want peft && peft compile
 want budget && ingot_run "budget_${BUDGET:-0.5}" compile.enabled=true compile.memory_budget="${BUDGET:-0.5}"
 want ingot_eager && ingot_run eager compile.enabled=false
