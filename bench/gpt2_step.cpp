@@ -25,7 +25,9 @@
 // With --compile the bucket all-reduces are nodes of the compiled step's graph (distributed/collective_ops.h).
 // DDP flags: --bucket-cap-mb MB, --reduce-dtype f32|bf16, --zero1, --one-update (one optimizer update after all
 // reductions instead of the default one per bucket after its own reduction: CompileOptions::bucket_updates),
-// --timeline (rank 0's communication per step from CUDA events: busy, exposed, compute; a 'timeline:' line).
+// --timeline (rank 0's communication per step from CUDA events: busy, exposed, compute; a 'timeline:' line),
+// --sm-carveout N (the compute kernels leave N SMs to NCCL's: Note [SM carve-out], runtime/sm_budget.h; the row
+// says " carveout N", also when INGOT_SM_CARVEOUT set it).
 // Sharding: --zero-stage 1|2|3 (--zero1 is --zero-stage 1); 3 is FullyShardedDataParallel (eager, or with
 // --compile its units' collectives in the graph: distributed/fsdp_compiled.h), with --keep-after-forward for
 // reshard_after_forward false. With f32 parameters (--dtype bf16 computes in
@@ -65,6 +67,8 @@ struct Args {
   double bucket_cap_mb = 25.0;
   std::string reduce_dtype = "f32";
   double memory_budget = 1.0, peak_tflops = 989.4;
+  int sm_carveout = 0;
+  const CLI::Option* sm_carveout_flag = nullptr;
 };
 
 Args parse(int argc, char** argv) {
@@ -106,6 +110,7 @@ Args parse(int argc, char** argv) {
   app.add_option("--zero-stage", a.zero_stage, "0 (DDP), 1, 2 or 3 (FSDP; eager or compiled)")
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3 without resharding after forward")->group(dist);
+  a.sm_carveout_flag = bench::add_sm_carveout_flag(app, a.sm_carveout, dist);
   bench::parse_or_exit(app, argc, argv);
   INGOT_CHECK(a.peak_tflops > 0, "bench_gpt2_step: --peak-tflops must be positive, got ", a.peak_tflops);
   bench::check_ddp_flags("bench_gpt2_step", a.bucket_cap_mb, a.reduce_dtype);
@@ -122,6 +127,7 @@ int main(int argc, char** argv) try {
   bench::BenchWorld w = bench::join_world(a.device, a.ddp_alone);
   const int rank = w.rank;
   const Device dev = w.dev;
+  bench::apply_sm_carveout(a.sm_carveout_flag, a.sm_carveout, dev);
   std::optional<distributed::DistributedContext>& dist = w.dist;
   manual_seed(1234 + static_cast<uint64_t>(rank));
   models::GPT2Config cfg;
@@ -177,6 +183,7 @@ int main(int argc, char** argv) try {
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, a.one_update, !a.keep_after_forward);
+  mode += bench::carveout_label();
   std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | MFU | peak mem GB | "
               "first call s | loss first->last |\n",
               static_cast<long long>(a.steps));

@@ -10,7 +10,7 @@
 // bench/reference/hf_llama.py runs transformers' LlamaForCausalLM the same way for comparison.
 // Under `ingot launch --nproc-per-node N` (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel (NCCL),
 // --batch is per rank, and rank 0 prints the row (tokens/s per rank); --timeline adds rank 0's communication
-// per step (busy, exposed), as bench_gpt2_step does.
+// per step (busy, exposed), and --sm-carveout N leaves N SMs to NCCL's kernels, as bench_gpt2_step does.
 // Sharding: --zero-stage 1|2|3 (3: FullyShardedDataParallel, eager or compiled; --keep-after-forward for
 // reshard_after_forward false); --params bf16 holds the weights (ZeRO-3: their shards, gathered in bf16) in bf16
 // with f32 masters the optimizer updates, as `ingot run full_finetune dtype=bf16` and FSDP2's
@@ -53,6 +53,8 @@ struct Args {
   double peak_tflops = 989.4;
   double bucket_cap_mb = 25.0;
   std::string reduce_dtype = "f32";
+  int sm_carveout = 0;
+  const CLI::Option* sm_carveout_flag = nullptr;
 };
 
 Args parse(int argc, char** argv) {
@@ -86,6 +88,7 @@ Args parse(int argc, char** argv) {
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3: keep a block's weights from forward to backward")
       ->group(dist);
+  a.sm_carveout_flag = bench::add_sm_carveout_flag(app, a.sm_carveout, dist);
   bench::parse_or_exit(app, argc, argv);
   if (a.config.empty() && !a.checkpoint.empty()) a.config = a.checkpoint + "/config.json";
   INGOT_CHECK(!a.config.empty(),
@@ -130,6 +133,7 @@ int main(int argc, char** argv) try {
   bench::BenchWorld w = bench::join_world(a.device);
   const int rank = w.rank;
   const Device dev = w.dev;
+  bench::apply_sm_carveout(a.sm_carveout_flag, a.sm_carveout, dev);
   std::optional<distributed::DistributedContext>& dist = w.dist;
   const bool fsdp = dist && a.zero_stage == 3, bf16_params = a.params == "bf16";
   manual_seed(1234 + static_cast<uint64_t>(rank));
@@ -248,6 +252,7 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, false, !a.keep_after_forward);
+  mode += bench::carveout_label();
   if (bf16_params) mode += " bf16 params + f32 masters";
   const double tflops = flops / (med / 1e3) / 1e12;
   if (a.losses > 0) {  // fsdp2_llama.py's columns

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cli.h"
 #include "compile/api.h"
 #include "distributed/bootstrap.h"
 #include "distributed/ddp.h"
@@ -20,6 +21,7 @@
 #include "runtime/device.h"
 #include "runtime/allocator.h"
 #include "runtime/cuda_runtime.h"
+#include "runtime/sm_budget.h"
 #include "runtime/tensor.h"
 
 namespace ingot::bench {
@@ -222,6 +224,23 @@ inline void optimizer_step(distributed::DistributedDataParallel* ddp, optim::Opt
     opt.step();
     opt.zero_grad();
   }
+}
+
+// --sm-carveout N (Note [SM carve-out], runtime/sm_budget.h), both benchmarks: the SMs the compute kernels leave
+// to NCCL's. Set process-wide before any kernel runs when the flag is given (otherwise INGOT_SM_CARVEOUT or none),
+// and checked against the GPU at once, so a carve-out that leaves no SMs fails before the model is built.
+inline CLI::Option* add_sm_carveout_flag(CLI::App& app, int& sms, const std::string& group) {
+  return app.add_option("--sm-carveout", sms, "SMs left to communication kernels (0: none; default INGOT_SM_CARVEOUT)")
+      ->group(group);
+}
+inline void apply_sm_carveout(const CLI::Option* flag, int sms, Device dev) {
+  if (flag->count() > 0) set_sm_carveout(sms, "--sm-carveout");
+  sm_carveout();  // a bad INGOT_SM_CARVEOUT fails here
+  if (dev.is_cuda()) usable_sms(dev.index);
+}
+// The row label's carve-out part (" carveout 8"); "" without one.
+inline std::string carveout_label() {
+  return sm_carveout() > 0 ? " carveout " + std::to_string(sm_carveout()) : std::string();
 }
 
 // The row label's data-parallel part (" DDP x4 reduce bf16 cap 100 MB", " ZeRO-3 x4"); "" without a world.

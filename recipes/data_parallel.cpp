@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +20,7 @@
 #include "recipes/sharded_checkpoint.h"
 #include "runtime/cuda_runtime.h"
 #include "runtime/file_util.h"
+#include "runtime/sm_budget.h"
 
 namespace ingot::recipes {
 
@@ -77,6 +80,12 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
   INGOT_CHECK(w.world_size == run.world_size && w.rank == run.rank, "distributed: the process group says rank ",
               w.rank, " of ", w.world_size, " but the environment said rank ", run.rank, " of ", run.world_size);
   if (w.world_size == 1) return nullptr;
+  // Note [SM carve-out] (runtime/sm_budget.h): set only where collectives run beside the kernels; usable_sms
+  // checks it against the GPU (an error naming the key when it leaves no SMs).
+  if (run.device.is_cuda() && run.distributed.sm_carveout > 0)
+    set_sm_carveout(static_cast<int>(std::min<int64_t>(run.distributed.sm_carveout, INT_MAX)),
+                    "distributed.sm_carveout");
+  const int usable = run.device.is_cuda() ? usable_sms(run.device.index) : 0;
   if (w.rank == 0) {
     static const char* const kStages[] = {"DDP", "DDP + ZeRO-1 (optimizer state sharded)",
                                           "DDP + ZeRO-2 (gradients and optimizer state sharded)",
@@ -92,6 +101,9 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
       log << ", buckets of " << run.distributed.bucket_cap_mb << " MiB";
     log << (run.distributed.reduce_dtype != "f32" ? ", averaged in " + run.distributed.reduce_dtype : "")
         << (run.distributed.overlap || fsdp ? ", reduced during backward" : ", reduced after backward") << "\n";
+    if (sm_carveout() > 0)
+      log << "distributed | compute kernels plan for " << usable << " SMs, leaving " << sm_carveout()
+          << " to communication (" << sm_carveout_source() << ")\n";
     if (run.compile.enabled && fsdp)
       log << "distributed | compile.enabled: the units' all-gathers and reduce-scatters are nodes of the compiled "
              "step, each unit's gather prefetched while the unit before it computes\n";

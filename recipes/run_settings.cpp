@@ -113,6 +113,11 @@ void add_distributed_keys(ConfigSchema& s) {
   s.add(K::of(T::Bool, "distributed.overlap", "true",
               "reduce each bucket during backward as soon as it fills (false: after the whole backward)")
             .not_in_config_hash());
+  s.add(K::of(T::Int, "distributed.sm_carveout", "0",
+              "SMs the compute kernels leave to NCCL's beside them in a data-parallel run on GPUs (cuBLASLt's SM "
+              "count target, the persistent kernels' grids; 0: INGOT_SM_CARVEOUT, else none)")
+            .at_least(0)
+            .not_in_config_hash());
   s.add(K::of(T::Float, "distributed.timeout_s", "0",
               "seconds a collective may take before it fails naming the missing ranks (0: ingot launch "
               "--collective-timeout, else 600)")
@@ -381,6 +386,7 @@ void resolve_distributed(const Config& cfg, ConfigErrors& errors, DistributedSet
   d.zero_stage = rd.i64("distributed.zero_stage");
   d.reshard_after_forward = rd.flag("distributed.reshard_after_forward");
   d.overlap = rd.flag("distributed.overlap");
+  d.sm_carveout = rd.i64("distributed.sm_carveout");
   d.timeout_s = timeout_setting(cfg, errors, "distributed.timeout_s", "INGOT_COLLECTIVE_TIMEOUT_S", d.timeout_s);
   d.init_timeout_s =
       timeout_setting(cfg, errors, "distributed.init_timeout_s", "INGOT_INIT_TIMEOUT_S", d.init_timeout_s);

@@ -45,6 +45,8 @@ struct DistributedSettings {
   int64_t zero_stage = 0;  // 0 (DDP) to 3 (FSDP)
   bool reshard_after_forward = true;  // zero_stage 3
   bool overlap = true;
+  // SMs left to communication kernels (Note [SM carve-out], runtime/sm_budget.h); 0: INGOT_SM_CARVEOUT, else none.
+  int64_t sm_carveout = 0;
   // Seconds: a collective that takes longer fails naming the op and the ranks that never joined; ranks wait
   // this long for each other at start-up and in store barriers (checkpoint saves). Resolved from the config,
   // else `ingot launch --collective-timeout / --init-timeout` (INGOT_COLLECTIVE_TIMEOUT_S, INGOT_INIT_TIMEOUT_S).

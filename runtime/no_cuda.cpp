@@ -4,6 +4,7 @@
 #include "runtime/kernels/cuda/gemm_sm90.h"
 #include "runtime/kernels/cuda/hopper.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/sm_budget.h"
 
 namespace ingot {
 
@@ -23,6 +24,7 @@ void Event::wait(Stream) { no_cuda("cuda::Event::wait"); }
 float Event::elapsed_ms(const Event&) const { no_cuda("cuda::Event::elapsed_ms"); }
 void set_device(int) { no_cuda("cuda::set_device"); }
 int current_device() { no_cuda("cuda::current_device"); }
+int multiprocessor_count(int) { no_cuda("cuda::multiprocessor_count"); }
 Stream create_stream(int) { no_cuda("cuda::create_stream"); }
 void destroy_stream(Stream) { no_cuda("cuda::destroy_stream"); }
 Stream current_stream(int) { no_cuda("cuda::current_stream"); }

@@ -6,7 +6,7 @@
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
-#                          [fsdp] [zero] [fsdp8b]  (default: tests bench torch)
+#                          [fsdp] [zero] [fsdp8b] [carveout]  (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
 #   bucket: the per-bucket optimizer updates test, 3 runs
@@ -29,6 +29,9 @@
 #         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
 #   step's world sizes and rows, e.g. ZERO_WORLDS=4 ZERO_ROWS="ddp_compiled z3_compiled")
+#   carveout: the SM carve-out (Note [SM carve-out], runtime/sm_budget.h): its GPU tests (CudaSmCarveout.*), then
+#         GPT-2 compiled default at 1 GPU and at all GPUs (with the timeline) for each N of CARVEOUTS (default
+#         "0 8 16"), `--sm-carveout N`: one '| ingot ... carveout N' row each (no suffix for 0)
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -115,7 +118,7 @@ bench="--device cuda --dtype bf16 --batch 16 --seq 1024 --steps 20 --warmup 5 --
 row() { grep -h "^| ingot" "$1" | tail -1; grep -h "^timeline:" "$1" | tail -1; }
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
-  want bench || want variants || want memory || want peak || want zero || return 0
+  want bench || want variants || want memory || want peak || want zero || want carveout || return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   if (( n == 1 )); then CUDA_VISIBLE_DEVICES=$vis timeout 200 bench_gpt2_step $bench "$@" > "$out/$name.log" 2>&1
   else CUDA_VISIBLE_DEVICES=$vis timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_gpt2_step $bench "$@" \
@@ -157,6 +160,15 @@ fi
 if want memory; then  # where default-mode DDP's peak comes from: the allocator's peak and what was alive, per call
   INGOT_LOGS=memory gpt2 1 memory_1 --compile default
   INGOT_LOGS=memory gpt2 2 memory_2 --compile default
+fi
+if want carveout; then  # compute kernels that leave N SMs to NCCL's, 1 GPU and all GPUs
+  (cd $src && CUDA_VISIBLE_DEVICES=0 timeout 120 ingot_tests --gtest_filter='CudaSmCarveout.*:SmBudget.*' \
+    > "$out/test_carveout.log" 2>&1); echo "== CudaSmCarveout.*:SmBudget.*: exit $?"
+  grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure|Expected|Which is" "$out/test_carveout.log" | head -12
+  for c in ${CARVEOUTS:-0 8 16}; do
+    gpt2 1 carveout_${c}_1 --compile default --sm-carveout $c
+    (( gpus > 1 )) && gpt2 $gpus carveout_${c}_$gpus --compile default --timeline --sm-carveout $c
+  done
 fi
 if want llama; then
   # ~1B Llama full fine-tune (bench/configs/llama_1b), 2 x 2048 tokens per GPU; DDP x4 also with 100 MB buckets in bf16.

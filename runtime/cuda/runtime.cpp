@@ -1,6 +1,7 @@
 // runtime/cuda_runtime.h on the CUDA runtime API: device selection, streams, events, copies, and the
 // error reporting behind CUDA_CHECK / CUBLAS_CHECK.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "runtime/cuda/check.h"
 #include "runtime/cuda/graph_nodes.h"
 #include "runtime/device.h"
+#include "runtime/sm_budget.h"
 
 namespace ingot {
 
@@ -104,6 +106,18 @@ int current_device() {
   int d = 0;
   CUDA_CHECK(cudaGetDevice(&d));
   return d;
+}
+
+int multiprocessor_count(int device) {
+  check_device(device, "multiprocessor_count");
+  // Asked on every kernel launch that sizes its grid by it (runtime/sm_budget.h): one query per device.
+  static std::vector<std::atomic<int>> known(static_cast<size_t>(cuda_device_count()));
+  std::atomic<int>& n = known[static_cast<size_t>(device)];
+  if (int v = n.load(std::memory_order_relaxed); v > 0) return v;
+  int v = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
+  n.store(v);
+  return v;
 }
 
 Stream create_stream(int device) {

@@ -279,6 +279,22 @@ TEST_F(Resume, CollectiveAndCheckInTimeoutsComeFromTheConfigElseTheLauncher) {
   EXPECT_NE(bad.find("environment INGOT_COLLECTIVE_TIMEOUT_S='soon': expected seconds > 0"), std::string::npos) << bad;
 }
 
+// Note [SM carve-out] (runtime/sm_budget.h): the config's carve-out, applied when a data-parallel run starts on
+// GPUs; a negative one is refused naming the key (one that leaves the GPU no SMs is refused there, naming it too:
+// CudaSmCarveout.ACarveOutLeavingNoSmsIsRefusedNamingItsSource).
+TEST_F(Resume, SmCarveoutComesFromTheConfigAndANegativeOneNamesTheKey) {
+  EXPECT_EQ(resolve_pretrain(config("s")).run.distributed.sm_carveout, 0);
+  EXPECT_EQ(resolve_pretrain(config("s", {"distributed.sm_carveout=16"})).run.distributed.sm_carveout, 16);
+  std::string bad;
+  try {
+    resolve_pretrain(config("s", {"distributed.sm_carveout=-1"}));
+  } catch (const ConfigError& e) {
+    bad = e.what();
+  }
+  EXPECT_NE(bad.find("distributed.sm_carveout"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("expected an integer >= 0, got '-1'"), std::string::npos) << bad;
+}
+
 TEST_F(Resume, ACorruptCheckpointIsRefusedNamingTheFileAndNothingIsWritten) {
   std::ostringstream log;
   PretrainSettings s = resolve_pretrain(config("c", {"checkpoint.save_every=4"}));

@@ -73,6 +73,39 @@ TEST(BenchGpt2Step, EagerRowsAreNotRegionalAndBadFlagsAreNamed) {
   EXPECT_NE(bogus.output.find("--bogus"), std::string::npos) << bogus.output;
 }
 
+// Note [SM carve-out] (runtime/sm_budget.h): --sm-carveout, else INGOT_SM_CARVEOUT, is named in the row (so a
+// RESULTS row says it), and a bad one stops the bench before any step with an error naming where it came from.
+TEST(BenchGpt2Step, SmCarveoutIsNamedInTheRowAndABadOneIsRefused) {
+  ASSERT_TRUE(fs::exists(bench_binary())) << bench_binary();
+  const auto flag = run_bench(std::string(kTiny) + " --sm-carveout 8");
+  ASSERT_EQ(flag.exit_code, 0) << flag.output;
+  EXPECT_EQ(row_cells(flag.output, "ingot eager carveout 8").size(), 12u) << flag.output;
+  auto with_env = [](const std::string& value, const std::string& args) {
+    std::string command = "INGOT_SM_CARVEOUT=" + value + " '";
+    command += bench_binary().string();
+    command += "' ";
+    command += args;
+    command += " 2>&1";
+    return ingot::testing::run_shell(command);
+  };
+  const auto env = with_env("4", kTiny);
+  ASSERT_EQ(env.exit_code, 0) << env.output;
+  EXPECT_EQ(row_cells(env.output, "ingot eager carveout 4").size(), 12u) << env.output;
+  const auto flag_wins = with_env("4", std::string(kTiny) + " --sm-carveout 0");
+  ASSERT_EQ(flag_wins.exit_code, 0) << flag_wins.output;
+  EXPECT_EQ(row_cells(flag_wins.output, "ingot eager").size(), 12u) << "--sm-carveout 0 turns it off: "
+                                                                     << flag_wins.output;
+  const auto bad_env = with_env("x", kTiny);
+  EXPECT_NE(bad_env.exit_code, 0);
+  EXPECT_NE(bad_env.output.find("INGOT_SM_CARVEOUT='x': expected an SM carve-out"), std::string::npos)
+      << bad_env.output;
+  EXPECT_EQ(bad_env.output.find("| ingot"), std::string::npos) << "refused before any step: " << bad_env.output;
+  const auto negative = run_bench(std::string(kTiny) + " --sm-carveout -1");
+  EXPECT_NE(negative.exit_code, 0);
+  EXPECT_NE(negative.output.find("--sm-carveout=-1: expected an SM carve-out >= 0"), std::string::npos)
+      << negative.output;
+}
+
 // Every bench parses with CLI11: --help lists every flag, a bad flag or
 // value is named and nothing runs.
 TEST(BenchCli, EveryBenchNamesBadFlagsAndListsItsFlags) {
@@ -88,7 +121,8 @@ TEST(BenchCli, EveryBenchNamesBadFlagsAndListsItsFlags) {
   }
   const auto help = run_bench("--help", "bench_llama_step");
   for (const char* flag : {"--config", "--checkpoint", "--tokens", "--zero-stage", "--keep-after-forward", "--params",
-                           "--reduce-dtype", "--timeline", "--losses", "--peak-tflops", "--compile", "--layers"})
+                           "--reduce-dtype", "--timeline", "--losses", "--peak-tflops", "--compile", "--layers",
+                           "--sm-carveout"})
     EXPECT_NE(help.output.find(flag), std::string::npos) << flag << " missing from --help:\n" << help.output;
   const auto typo = run_bench("--batch two", "bench_llama_step");
   EXPECT_NE(typo.exit_code, 0);

@@ -17,6 +17,7 @@
 #include "compile/logs.h"
 #include "runtime/cuda_runtime.h"
 #include "runtime/error.h"
+#include "runtime/sm_budget.h"
 
 namespace ingot::autotune {
 
@@ -82,8 +83,9 @@ std::string cuda_device_id(int device) {
   cudaRuntimeGetVersion(&runtime);
   std::string name = prop.name;
   std::replace_if(name.begin(), name.end(), [](char c) { return c == '\t' || c == '\n' || c == '\r'; }, ' ');
+  // Winners timed with an SM carve-out go to a database of their own (Note [SM carve-out], runtime/sm_budget.h).
   return detail::str_cat(name, " sm_", prop.major, prop.minor, " cudart ", runtime, " ", codegen::cuda::nvrtc_version(),
-                         " ", kernels::cuda::blas_version());
+                         " ", kernels::cuda::blas_version(), sm_budget_key(prop.multiProcessorCount));
 }
 
 std::vector<LaunchConfig> launch_candidates(const KernelAbi& abi, const LaunchConfig& base) {

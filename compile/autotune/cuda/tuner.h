@@ -34,7 +34,8 @@
 
 namespace ingot::autotune {
 
-// "<GPU name> sm_<cc> cudart <v> <nvrtc v> cublasLt <v>": what the database file is keyed by.
+// "<GPU name> sm_<cc> cudart <v> <nvrtc v> cublasLt <v>[ sm_target <SMs>]": what the database file is keyed by
+// (sm_target: the SMs left by an SM carve-out, runtime/sm_budget.h).
 std::string cuda_device_id(int device);
 
 // The launch configurations timed for a kernel with this ABI, the heuristic `base` first (no duplicates):

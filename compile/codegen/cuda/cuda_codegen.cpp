@@ -26,6 +26,7 @@
 #include "runtime/cuda_runtime.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
+#include "runtime/sm_budget.h"
 
 namespace ingot::codegen::cuda {
 
@@ -55,18 +56,6 @@ void ensure_context(int device) {
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaFree(nullptr);  // creates the primary context if needed
   INGOT_CHECK(e == cudaSuccess, "[codegen] cannot make cuda:", device, " current: ", cudaGetErrorString(e));
-}
-
-int multiprocessors(int device) {
-  static std::mutex mu;
-  static std::map<int, int> count;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = count.find(device);
-  if (it != count.end()) return it->second;
-  int n = 0;
-  const cudaError_t e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-  INGOT_CHECK(e == cudaSuccess, "[codegen] cannot query cuda:", device, ": ", cudaGetErrorString(e));
-  return count[device] = std::max(1, n);
 }
 
 int arch_of(int device) {
@@ -174,8 +163,8 @@ namespace {
 struct Launcher {
   const CudaKernel& k;
   CUstream stream;
-  int sms;
-  int64_t cap;  // the grid of grid-stride loops: cfg.waves waves of the device's SMs
+  int sms;      // the SMs launches plan for: all but the carve-out left to communication (Note [SM carve-out])
+  int64_t cap;  // the grid of grid-stride loops: cfg.waves waves of those SMs
   int block;
   uint64_t flags;  // bit 0: take the vector path where the kernel has one
   std::vector<uint64_t> params;
@@ -183,7 +172,7 @@ struct Launcher {
   Launcher(const CudaKernel& kernel, const LaunchConfig& cfg, void* s)
       : k(kernel),
         stream(static_cast<CUstream>(s ? s : ingot::cuda::current_stream(kernel.device).handle)),
-        sms(multiprocessors(kernel.device)),
+        sms(usable_sms(kernel.device)),
         cap(std::max<int64_t>(1, static_cast<int64_t>(cfg.waves) * sms)),
         block(std::clamp(cfg.block_threads / 32 * 32, 32, 1024)),
         flags(cfg.vectorize ? 1 : 0) {}

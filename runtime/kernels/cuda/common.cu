@@ -65,7 +65,7 @@ double dram_gbps_per_sm(int device) {
 
 unsigned grid_for(int64_t n, int block, int device) {
   int64_t want = ceil_div(n, block);
-  int64_t cap = static_cast<int64_t>(sm_count(device)) * 8;
+  int64_t cap = static_cast<int64_t>(usable_sms(device)) * 8;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(want, cap)));
 }
 

@@ -14,6 +14,7 @@
 
 #include "runtime/cuda/check.h"
 #include "runtime/kernels/cuda/hopper.h"
+#include "runtime/sm_budget.h"
 #include "runtime/tensor.h"
 
 namespace ingot::kernels::cuda {
@@ -113,14 +114,15 @@ struct MaxOp {
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Multiprocessors of `device` (cached): grid-stride kernels launch a few waves of blocks, not one per element.
+// Multiprocessors of `device` (cached). Grids sized by the SM count take ingot::usable_sms(device) instead, the
+// count less the SM carve-out left to communication (Note [SM carve-out], runtime/sm_budget.h).
 int sm_count(int device);
 // The most dynamic shared memory one block may opt in to on `device`, in bytes (cached).
 int shared_bytes_optin(int device);
 // hopper_paths(device): Note [Hopper-only paths], runtime/kernels/cuda/hopper.h.
 // Peak DRAM bandwidth per SM in GB/s, from the memory clock and bus width (H100 SXM ~25, H200 ~37).
 double dram_gbps_per_sm(int device);
-// Blocks for a grid-stride loop over n items with `block` threads each: enough for ~8 blocks per SM at most.
+// Blocks for a grid-stride loop over n items with `block` threads each: enough for ~8 blocks per usable SM at most.
 unsigned grid_for(int64_t n, int block, int device);
 
 // Puts the device of `t` current for the launch and names its current stream:

@@ -591,7 +591,9 @@ bool gelu_gemm(const GeluGemm& g, void* stream_ptr) {
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   int device = -1;
   if (!enabled() || !applies(g) || cudaGetDevice(&device) != cudaSuccess || !available(device)) return false;
-  const int clusters = device_info(device).clusters;
+  // Note [SM carve-out] (runtime/sm_budget.h): the persistent grid keeps to its share of the SMs left beside
+  // communication kernels, so all its CTAs fit in one wave next to theirs.
+  const int clusters = std::max(1, device_info(device).clusters * usable_sms(device) / sm_count(device));
   CUtensorMap ta, tb, tout, taux;
   if (!tensor_map(&ta, g.a, g.m, g.k, kBM, kBK) || !tensor_map(&tout, g.out, g.m, g.n, 64, 64) ||
       !tensor_map(&taux, g.aux, g.m, g.n, 64, 64))

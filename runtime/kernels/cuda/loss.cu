@@ -466,7 +466,8 @@ void cross_entropy_fused(const Tensor& loss, const Tensor& lse, const Tensor& dl
         auto kernel = label_smoothing != 0.0 ? cross_entropy_fused_staged_kernel<T, I, true>
                                              : cross_entropy_fused_staged_kernel<T, I, false>;
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        const int64_t grid = std::min<int64_t>(rows, sm_count(L.device));
+        // Persistent: one CTA per usable SM (Note [SM carve-out]).
+        const int64_t grid = std::min<int64_t>(rows, usable_sms(L.device));
         kernel<<<static_cast<unsigned>(grid), kStagedThreads, smem, L.stream>>>(
             loss.data_ptr(), lse.data_ptr(), loss.dtype(), lse.dtype(), dlogits.data<T>(), logits.data<T>(),
             target.data<I>(), dloss.data_ptr(), dloss.dtype(), rows, static_cast<int>(C), ignore_index,

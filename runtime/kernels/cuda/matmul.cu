@@ -36,6 +36,7 @@ constexpr int kTimedRuns = 5;  // per candidate algorithm, after one warm-up; th
 thread_local MatmulTuner* t_tuner = nullptr;
 
 struct DeviceBlas {
+  int device = 0;
   cublasLtHandle_t lt = nullptr;
   cublasHandle_t blas = nullptr;
   std::map<cudaStream_t, void*> workspaces;
@@ -50,6 +51,7 @@ DeviceBlas& device_blas(int device) {
   DeviceBlas*& d = all[device];
   if (!d) {
     auto* fresh = new DeviceBlas;
+    fresh->device = device;
     CUBLAS_CHECK(cublasLtCreate(&fresh->lt));
     CUBLAS_CHECK(cublasCreate(&fresh->blas));
     d = fresh;
@@ -235,12 +237,21 @@ struct Epilogue {
   int64_t aux_ld = 0;
 };
 
+// Note [SM carve-out] (runtime/sm_budget.h): with a carve-out, cuBLASLt's heuristic picks, and its kernel runs
+// on, the SMs left beside communication kernels; without one the attribute stays unset (the device's count).
+void set_sm_target(cublasLtMatmulDesc_t op, int32_t target) {
+  if (target > 0)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)));
+}
+
 // Returns false when cuBLASLt has no algorithm for this problem.
 bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, float alpha, float beta, const void* a,
                const void* b, void* c, const Epilogue& e = {}) {
   const cudaDataType_t t = cuda_type(dt);
   LtDescs x;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&x.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const int total_sms = sm_count(d.device);
+  set_sm_target(x.op, sm_count_target(total_sms));
   if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e.kind, sizeof(e.kind)));
     if (e.bias)
@@ -281,7 +292,7 @@ bool lt_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, floa
                                             " bcast=", g.step_a == 0, g.step_b == 0, " t=", g.trans_a, g.trans_b,
                                             " beta0=", beta == 0.0f, " align=", al_a, ",", al_b, ",", al_c,
                                             " epilogue=", static_cast<int>(e.kind),
-                                            g.widened ? " out=f32" : "");
+                                            g.widened ? " out=f32" : "", sm_budget_key(total_sms));
     tuned = tuned_algo(*t_tuner, sig, d, x, stream, w, g, dt, alpha, beta, a, b, c);
   }
   cublasLtMatmulHeuristicResult_t result{};
@@ -300,6 +311,7 @@ void blas_matmul(DeviceBlas& d, cudaStream_t stream, const Gemm& g, DType dt, do
                  const void* a, const void* b, void* c) {
   std::lock_guard<std::mutex> lk(d.mu);
   CUBLAS_CHECK(cublasSetStream(d.blas, stream));
+  CUBLAS_CHECK(cublasSetSmCountTarget(d.blas, sm_count_target(sm_count(d.device))));  // Note [SM carve-out]
   const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int n = static_cast<int>(g.n), m = static_cast<int>(g.m), k = static_cast<int>(g.k);
   const int lda = static_cast<int>(g.lda()), ldb = static_cast<int>(g.ldb());
@@ -475,5 +487,23 @@ MatmulTuningScope::MatmulTuningScope(MatmulTuner* tuner) : previous_(t_tuner) { 
 MatmulTuningScope::~MatmulTuningScope() { t_tuner = previous_; }
 
 std::string blas_version() { return "cublasLt " + std::to_string(cublasLtGetVersion()); }
+
+int matmul_desc_sm_count_target(int total_sms) {
+  cublasLtMatmulDesc_t op = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  int32_t target = -1;
+  size_t written = 0;
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  try {
+    set_sm_target(op, sm_count_target(total_sms));
+    st = cublasLtMatmulDescGetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target), &written);
+  } catch (...) {
+    cublasLtMatmulDescDestroy(op);
+    throw;
+  }
+  cublasLtMatmulDescDestroy(op);
+  CUBLAS_CHECK(st);
+  return target;
+}
 
 }  // namespace ingot::kernels::cuda

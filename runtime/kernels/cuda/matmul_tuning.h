@@ -48,4 +48,9 @@ class MatmulTuningScope {
 // "cublasLt <version>": part of the autotune database's device id.
 std::string blas_version();
 
+// The CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET a matmul descriptor gets on a GPU of `total_sms` under the carve-out
+// now (Note [SM carve-out], runtime/sm_budget.h), read back from a descriptor set up as every product's is:
+// 0 (unset) without a carve-out. Needs no GPU; the tests' seam.
+int matmul_desc_sm_count_target(int total_sms);
+
 }  // namespace ingot::kernels::cuda

@@ -204,7 +204,7 @@ __global__ void combine_segments_kernel(ReduceOp op, const State<Acc>* partials,
 
 // Segments so that `units` blocks become about four waves, each segment holding at least kMinSegment items.
 int segments_for(int64_t units, int64_t items_per_row, int64_t n, int device) {
-  const int64_t want = 4 * static_cast<int64_t>(sm_count(device));
+  const int64_t want = 4 * static_cast<int64_t>(usable_sms(device));
   if (units >= want) return 1;
   int64_t by_size = std::max<int64_t>(1, n * items_per_row / kMinSegment);
   return static_cast<int>(std::min<int64_t>({ceil_div(want, units), by_size, 1024}));
@@ -318,8 +318,8 @@ void colsum(const Tensor& out, const Tensor& in, int64_t n, int64_t inner) {
   LaunchContext ctx(out);
   const int64_t tiles = ceil_div(inner, 32 * 8);
   // About six blocks of 256 threads per SM, at least 64 rows each.
-  const int64_t splits = std::clamp<int64_t>(ceil_div(6 * static_cast<int64_t>(sm_count(ctx.device)), tiles), 1,
-                                             std::min<int64_t>(ceil_div(n, 64), 65535));
+  const int64_t blocks = 6 * static_cast<int64_t>(usable_sms(ctx.device));
+  const int64_t splits = std::clamp<int64_t>(ceil_div(blocks, tiles), 1, std::min<int64_t>(ceil_div(n, 64), 65535));
   const int64_t rows_per_split = ceil_div(n, splits);
   std::shared_ptr<void> scratch = allocator_for(out.device()).allocate(sizeof(float) * static_cast<size_t>(splits * inner));
   float* part = static_cast<float*>(scratch.get());
