@@ -31,7 +31,8 @@
 #   step's world sizes and rows, e.g. ZERO_WORLDS=4 ZERO_ROWS="ddp_compiled z3_compiled")
 #   carveout: the SM carve-out (Note [SM carve-out], runtime/sm_budget.h): its GPU tests (CudaSmCarveout.*), then
 #         GPT-2 compiled default at 1 GPU and at all GPUs (with the timeline) for each N of CARVEOUTS (default
-#         "0 8 16"), `--sm-carveout N`: one '| ingot ... carveout N' row each (no suffix for 0)
+#         "0 8 16"), `--sm-carveout N`: one '| ingot ... carveout N' row each (no suffix for 0); CARVEOUT_CTAS=1
+#         adds for each N > 0 the all-GPU row with NCCL_MAX_CTAS=N (NCCL's CTAs held to the SMs left to them)
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -168,6 +169,10 @@ if want carveout; then  # compute kernels that leave N SMs to NCCL's, 1 GPU and 
   for c in ${CARVEOUTS:-0 8 16}; do
     gpt2 1 carveout_${c}_1 --compile default --sm-carveout $c
     (( gpus > 1 )) && gpt2 $gpus carveout_${c}_$gpus --compile default --timeline --sm-carveout $c
+    if [[ -n ${CARVEOUT_CTAS:-} ]] && (( gpus > 1 && c > 0 )); then  # NCCL held to the SMs left to it
+      echo "NCCL_MAX_CTAS=$c:"
+      NCCL_MAX_CTAS=$c gpt2 $gpus carveout_${c}_ctas_$gpus --compile default --timeline --sm-carveout $c
+    fi
   done
 fi
 if want llama; then
