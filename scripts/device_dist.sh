@@ -26,7 +26,8 @@
 #         fsdp2_llama.py's columns with the first 10 losses. The checkpoint (/tmp/ingot-llama8b, ~16 GB) is written
 #         first when missing (110 s on 4x H200; the machine keeps it while warm). FSDP8B_PARTS picks the runs
 #         (default "ingot eager compile ingot-compiled": 75, 45, 60 s on 4x H200 for the first three, so with the
-#         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default).
+#         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default; a part
+#         ending in +coN runs with --sm-carveout N; ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
 #   step's world sizes and rows, e.g. ZERO_WORLDS=4 ZERO_ROWS="ddp_compiled z3_compiled")
 #   carveout: the SM carve-out (Note [SM carve-out], runtime/sm_budget.h): its GPU tests (CudaSmCarveout.*), then
@@ -235,12 +236,21 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
     want fsdp8b || break
     left=$(( ${DEADLINE:-540} - ($(date +%s) - start) )); t1=$(date +%s)
     if [[ $part == ingot* ]]; then
-      comp=""; [[ $part == ingot-compiled ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
+      # A part may end in +coN: the same run with --sm-carveout N (Note [SM carve-out], runtime/sm_budget.h).
+      comp=""; [[ $part == ingot-compiled* ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
+      [[ $part == *+co* ]] && comp="$comp --sm-carveout ${part##*+co}"
+      # ingot-memory: compiled, 2 steps under INGOT_LOGS=memory (the allocation census at rank 0's peak).
+      c8=$common8
+      if [[ $part == ingot-memory ]]; then
+        comp="--compile default --cache-dir /tmp/ingot-dist-cache"; c8="--batch 2 --seq 2048 --steps 2 --warmup 1"
+        export INGOT_LOGS=memory
+      fi
       timeout $left ingot launch --nproc-per-node gpu --standalone -- bench_llama_step --checkpoint "$ck" \
-        --tokens "$tok" --device cuda --dtype bf16 --params bf16 --zero-stage 3 --reduce-dtype f32 $common8 \
+        --tokens "$tok" --device cuda --dtype bf16 --params bf16 --zero-stage 3 --reduce-dtype f32 $c8 \
         --losses 10 $comp > "$out/fsdp8b_$part.log" 2>&1
-      echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"
+      echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"; unset INGOT_LOGS
       grep -h "^| ingot\|^compile:\|error" "$out/fsdp8b_$part.log" | tail -4
+      [[ $part == ingot-memory ]] && grep -h -A12 "census of cuda:0" "$out/fsdp8b_$part.log" | tail -13
     else
       timeout $left python3 -m torch.distributed.run --standalone --nproc-per-node $gpus bench/reference/fsdp2_llama.py \
         --config "$cfg8" --checkpoint "$ck" --tokens "$tok" $common8 --modes $part > "$out/fsdp8b_$part.log" 2>&1
