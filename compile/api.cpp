@@ -67,6 +67,7 @@ uint64_t CompileOptions::hash() const {
   mix(static_cast<uint64_t>(memory_budget * 1e6));
   mix(split_update);
   mix(bucket_updates);
+  mix(static_cast<uint64_t>(unit_reduction_lag));
   // Passes left out for a diagnosis (compile/pipeline.cpp) make another artifact.
   if (const char* skipped = std::getenv("INGOT_SKIP_PASSES"))
     for (const char* c = skipped; *c; ++c) mix(static_cast<unsigned char>(*c));

@@ -80,6 +80,10 @@ struct CompileOptions {
   // ones reduce, so no wait is exposed (GPT-2 124M DDP x4 on H200: 33.03 -> 32.56 ms, exposed 0.81 -> 0.00 ms,
   // bench/RESULTS.md 2026-11-26); exact against eager DDP on CPUs and on 2 GPUs (tests/gpu/test_ddp_multi_gpu.cpp).
   bool bucket_updates = true;
+  // Compiled ZeRO-3: a unit's gradient reduce-scatter is waited for, and its whole flattened input released, once
+  // the reduce-scatter this many units later is issued (compile/passes/unit_reductions.h), so at most lag + 1
+  // units' inputs are alive at once; 0 waits for all of them at the end of the backward, where the trace put them.
+  int unit_reduction_lag = 1;
   bool disable = false;        // run eagerly, never trace
   Stance stance = Stance::Default;
   std::string name = "step";   // for logs and explain

@@ -37,9 +37,14 @@ std::vector<std::string> describe_collectives(const Graph& g) {
   for (size_t i = 0; i < n; ++i)
     for (int32_t v : g.nodes[i].inputs)
       if (v >= 0) readers[static_cast<size_t>(v)].push_back(static_cast<int32_t>(i));
+  // A start's own wait reads its buffer first; another wait may read it after as an ordering token
+  // (compile/passes/unit_reductions.h).
   auto wait_of = [&](size_t s) -> int32_t {
-    for (int32_t r : readers[static_cast<size_t>(g.nodes[s].outputs[0])])
-      if (is_collective_wait(*g.nodes[static_cast<size_t>(r)].prim)) return r;
+    const int32_t out = g.nodes[s].outputs[0];
+    for (int32_t r : readers[static_cast<size_t>(out)]) {
+      const Node& x = g.nodes[static_cast<size_t>(r)];
+      if (is_collective_wait(*x.prim) && x.inputs[0] == out) return r;
+    }
     return -1;
   };
   // Which unit's weights each node reads (through the views of a unit gather's result).

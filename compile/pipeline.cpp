@@ -25,6 +25,7 @@
 #include "compile/lower/lower_kernel.h"
 #include "compile/passes/passes.h"
 #include "compile/passes/unit_gathers.h"
+#include "compile/passes/unit_reductions.h"
 
 namespace ingot::autotune {
 class CudaSession;  // max-autotune on CUDA (compile/autotune/cuda/tuner.h)
@@ -202,6 +203,8 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("remat", g, [&](Graph& x) { return passes::remat(x, {target, opts.memory_budget}); });
   // Compiled ZeRO-3: the backward's own unit gathers and the prefetch order (after remat, whose copies read them).
   run_pass("unit_gathers", g, [&](Graph& x) { return passes::unit_gathers(x, {target}); });
+  run_pass("unit_reductions", g,
+           [&](Graph& x) { return passes::unit_reductions(x, {target, opts.unit_reduction_lag}); });
   run_pass("dce", g, [&](Graph& x) { return passes::dce(x, {target}); });
   run_pass("split_update", g, [&](Graph& x) { return passes::split_update(x, {target, opts.split_update ? 0.0 : 1.0}); });
   // Per-bucket updates need the update between graphs to wait only for its bucket; under CUDA graphs the

@@ -73,12 +73,20 @@ class AllReduceStartPrim final : public CollectivePrim {
   }
 };
 
-// Waits for the collective that writes its input (any of the starts above and below).
+// Waits for the collective that writes its first input (any of the starts above and below). Inputs after the
+// first are ordering tokens (compile/passes/unit_reductions.h adds them): infer and eval look at the first only.
 class CollectiveWaitPrim final : public CollectivePrim {
  public:
   CollectiveWaitPrim() : CollectivePrim(nullptr) {}
   std::string_view name() const override { return "collective_wait"; }
   CollectivePhase phase() const override { return CollectivePhase::Wait; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    INGOT_CHECK(!in.empty(), name(), ": expected the buffer of a collective in flight");
+    return {in[0]};
+  }
+  // The result is the collective's buffer itself: the memory plan (compile/passes/memory_plan.cpp) continues that
+  // buffer instead of placing a second one where the wait runs.
+  std::optional<size_t> reusable_input() const override { return 0; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     std::shared_ptr<Work> work;
     {

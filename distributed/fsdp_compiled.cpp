@@ -13,7 +13,8 @@
 //   backward           once every parameter of a unit has its gradient (post-accumulate hooks; synchronize()
 //                      for the units with parameters that got none): the parameters' .grad that the trace
 //                      accumulated, flattened and concatenated in the unit's padded layout, cast to reduce_dtype,
-//                      reduce_scatter_unit_start + wait and cast to the shard's gradient dtype (State::grad_dtype):
+//                      reduce_scatter_unit_start + wait (compile/passes/unit_reductions.h: once a later unit's
+//                      reduce-scatter started) and cast to the shard's gradient dtype (State::grad_dtype):
 //                      this rank's averaged chunk, added into the shard's .grad; the whole .grad tensors are
 //                      dropped (grad none: no whole gradient leaves the step, and the traced run holds no more of
 //                      them than eager ZeRO-3)
@@ -193,6 +194,8 @@ void synchronize(State& s) {
     if (s.units[j].pending != -1) reduce_unit(s, j);
   // The waits, recorded after the whole backward: in trace order after every op of the backward, so the
   // scheduler (which runs ready waits last, in trace order) never lets one block the compute after its start.
+  // compile/passes/unit_reductions.cpp then moves each to just after a later unit's start, which releases the
+  // unit's flattened gradient there (Note [Unit reductions are waited for a unit later]).
   for (size_t j = s.units.size(); j-- > 0;) {
     State::Unit& u = s.units[j];
     const Tensor avg = cast(collective_wait(u.traced_reduction), s.grad_dtype(u));

@@ -3,7 +3,8 @@
 // where eager has it. Groups are acyclic by fuse.h's invariant.
 // Collectives (compile/lower/lowering.h: schedule_class) bend the order: a collective's start, and the views and
 // concatenations whose results only feed starts (a bucket's flatten and concatenation), go before other
-// ready work; a wait goes after all other ready work. A gradient bucket is then reduced while
+// ready work; a wait goes after all other ready work (one holding an ordering token as early as a start:
+// unit_reductions.h). A gradient bucket is then reduced while
 // the rest of the backward runs, and the optimizer waits for it last.
 #include "compile/passes/schedule.h"
 
@@ -47,7 +48,12 @@ bool schedule(Graph& g, const ScheduleOptions&) {
   std::vector<int> cls(units, 0);
   for (size_t u = 0; u < units; ++u)
     for (int32_t m : members[u]) {
-      const int c = schedule_class(*g.nodes[static_cast<size_t>(m)].prim);
+      const Node& node = g.nodes[static_cast<size_t>(m)];
+      int c = schedule_class(*node.prim);
+      // A wait given a later collective as its token (Note [Unit reductions are waited for a unit later],
+      // unit_reductions.h) releases its collective's input there; as a plain late wait it would run only once
+      // nothing else is ready, at the backward's end.
+      if (c > 0 && node.inputs.size() > 1) c = -1;
       if (c != 0) cls[u] = c;
     }
   bool any_early = false;

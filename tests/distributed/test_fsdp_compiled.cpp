@@ -50,6 +50,7 @@ struct Setup {
   CompileBackend backend = CompileBackend::Auto;
   bool eager_first = false;  // the first step eagerly (the optimizer state exists before the compiled call traces)
   bool one_backward = false;  // the micro-batches' losses summed and differentiated once (two forwards, one backward)
+  int lag = 1;  // CompileOptions::unit_reduction_lag
 
   // Chainable: run(Mode::Compiled3).keep_after_forward().reduce_in(DType::bf16).
   Setup& keep_after_forward() { reshard = false; return *this; }
@@ -59,6 +60,7 @@ struct Setup {
   Setup& node_by_node() { backend = CompileBackend::Eager; return *this; }
   Setup& first_step_eager() { eager_first = true; return *this; }
   Setup& summed_before_backward() { one_backward = true; return *this; }
+  Setup& reductions_waited_after(int units) { lag = units; return *this; }
 };
 Setup run(Mode m) {
   Setup s;
@@ -152,6 +154,7 @@ Trained train(const DistributedContext& ctx, const Setup& s, const std::string& 
     CompileOptions co;
     co.cache_dir = cache_dir;
     co.backend = s.backend;
+    co.unit_reduction_lag = s.lag;
     CompiledFunction fn = compile(step, co);
     const bool compiled = s.mode == Mode::DdpCompiled || s.mode == Mode::Compiled3;
     for (int i = 0; i < s.steps; ++i) {
@@ -461,8 +464,77 @@ TEST(CompiledFsdp, EachUnitsGatherStartsWhileThePreviousUnitComputesAndNotEarlie
     EXPECT_NE(line_of("all_gather of unit transformer.h.0 (weights again for backward").find("transformer.h.1 backward"),
               std::string::npos);
     EXPECT_NE(line_of("reduce_scatter of unit transformer.h.1").find("transformer.h.0 backward"), std::string::npos);
-    EXPECT_NE(line_of("reduce_scatter of unit transformer.h.2").find("transformer.h.0 backward"), std::string::npos)
-        << "a reduce-scatter overlaps the rest of the backward";
+    // Note [Unit reductions are waited for a unit later]: block 2's reduce-scatter overlaps block 1's backward
+    // and is waited for once block 1's reduce-scatter started, before block 0's backward.
+    EXPECT_NE(line_of("reduce_scatter of unit transformer.h.2").find("transformer.h.1 backward"), std::string::npos);
+    EXPECT_EQ(line_of("reduce_scatter of unit transformer.h.2").find("transformer.h.0 backward"), std::string::npos);
+    return;
+  }
+  run_compiled_ranks(2, 120s);
+}
+
+// The unit reduce-scatters of the scheduled graph, in schedule order: the start's line, its input value, and the
+// line of its own wait (the collective_wait whose first input is the start's result; a later input is a token).
+struct Reduction {
+  std::string unit;
+  int start = -1, wait = -1, input = -1;
+};
+
+std::vector<Reduction> reductions(const std::vector<Line>& lines) {
+  std::vector<Reduction> out;
+  for (size_t s = 0; s < lines.size(); ++s) {
+    if (lines[s].op != "reduce_scatter_start" || lines[s].attrs.find("unit=") == std::string::npos) continue;
+    Reduction r;
+    r.unit = lines[s].attrs.substr(lines[s].attrs.find("unit=") + 5);
+    r.start = static_cast<int>(s);
+    r.input = lines[s].ins.at(0);
+    for (size_t i = s + 1; i < lines.size() && r.wait < 0; ++i)
+      if (lines[i].op == "collective_wait" && !lines[i].ins.empty() && lines[i].ins[0] == lines[s].outs.at(0))
+        r.wait = static_cast<int>(i);
+    out.push_back(r);
+  }
+  return out;
+}
+
+// Note [Unit reductions are waited for a unit later] (compile/passes/unit_reductions.h) on the traced step: each
+// unit's reduce-scatter is waited for right after the next unit's starts, never right after its own, so at most
+// two units' flattened gradients (the starts' inputs, which the collectives hold until their waits) are alive at
+// any op of the schedule. With CompileOptions::unit_reduction_lag 0 every wait comes after the whole backward and
+// all five are alive at once. The same losses and weights either way. Node by node (no code generation).
+TEST(CompiledFsdp, EachUnitsReduceScatterIsWaitedForOnceTheNextUnitsStarts) {
+  if (is_rank_process()) {
+    const auto ctx = join_compiled_ranks(kRankTimeout).ctx;
+    const Trained bounded = train(ctx, run(Mode::Compiled3).for_steps(2).node_by_node(), "");
+    const Trained at_end = train(ctx, run(Mode::Compiled3).for_steps(2).node_by_node().reductions_waited_after(0), "");
+    expect_same_training(bounded, at_end, 1e-12, "reduce-scatters waited a unit later vs at the backward's end");
+    auto most_alive = [](const std::vector<Reduction>& rs, size_t ops) {
+      int most = 0;
+      for (size_t i = 0; i < ops; ++i) {
+        int alive = 0;
+        for (const Reduction& r : rs) alive += r.start <= static_cast<int>(i) && static_cast<int>(i) < r.wait;
+        most = std::max(most, alive);
+      }
+      return most;
+    };
+    const std::vector<Line> lines = parse(bounded.stats.last_graph);
+    const std::vector<Reduction> rs = reductions(lines);
+    ASSERT_EQ(rs.size(), bounded.units) << bounded.stats.last_graph;
+    for (size_t k = 0; k < rs.size(); ++k) {
+      ASSERT_GE(rs[k].wait, 0) << rs[k].unit << " is never waited for";
+      if (ctx.info.rank == 0)
+        std::printf("[ fsdp     ] reduce-scatter of %s: starts at op %d, waited at op %d\n", rs[k].unit.c_str(),
+                    rs[k].start, rs[k].wait);
+      if (k + 1 < rs.size()) {
+        EXPECT_EQ(rs[k].wait, rs[k + 1].start + 1) << rs[k].unit << " is waited for right after " << rs[k + 1].unit
+                                                   << "'s start\n" << bounded.stats.last_graph;
+      }
+      EXPECT_GT(rs[k].wait, rs[k].start + 1) << "a wait never directly follows its own start";
+    }
+    EXPECT_EQ(rs.front().unit, "head") << "the head's gradients are complete first";
+    EXPECT_LE(most_alive(rs, lines.size()), 2) << bounded.stats.last_graph;
+    const std::vector<Line> end_lines = parse(at_end.stats.last_graph);
+    EXPECT_EQ(most_alive(reductions(end_lines), end_lines.size()), static_cast<int>(at_end.units))
+        << at_end.stats.last_graph;
     return;
   }
   run_compiled_ranks(2, 120s);
