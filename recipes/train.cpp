@@ -6,10 +6,12 @@
 #include <sstream>
 #include <system_error>
 
+#include "autograd/nn/layers.h"
 #include "models/gpt2.h"
 #include "recipes/data.h"
 #include "recipes/data_parallel.h"
 #include "recipes/metrics.h"
+#include "recipes/sharded_checkpoint.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
 
@@ -107,6 +109,47 @@ std::pair<Tensor, Tensor> inputs_and_targets(const Tensor& window) {
 
 }  // namespace
 
+PretrainModel build_pretrain_model(const PretrainSettings& s, int64_t vocab_size) {
+  const RunSettings& run = s.run;
+  manual_seed(run.seed);
+  models::GPT2Config mc;
+  mc.vocab_size = vocab_size;
+  mc.n_positions = s.block_size;
+  mc.n_embd = s.n_embd;
+  mc.n_layer = s.n_layer;
+  mc.n_head = s.n_head;
+  mc.dropout = s.dropout;
+  PretrainModel out;
+  // As full fine-tuning's shard-wise build (recipes/finetune.cpp): a whole checkpoint is read into a whole model.
+  const bool shard_wise = run.distributed.zero_stage == 3 && (run.world_size > 1 || run.mpi) &&
+                          (run.resume_checkpoint.empty() || is_sharded_checkpoint(run.resume_checkpoint));
+  if (!shard_wise) {
+    out.model = std::make_shared<models::GPT2>(mc);
+    out.model->to(run.device);
+    return out;
+  }
+  // Built in the run's dtype, as the training loop would cast it (Module::to); the generator moves as if drawn,
+  // so dropout draws what it draws in any other run.
+  std::vector<nn::DeferredInit> inits;
+  uint64_t total = 0;
+  {
+    nn::SkipInit skip(run.dtype, run.device);
+    out.model = std::make_shared<models::GPT2>(mc);
+    for (const Tensor& p : out.model->parameters()) {
+      inits.push_back(skip.deferred(p));
+      total += p.nbytes();
+    }
+  }
+  auto drawn = std::make_shared<uint64_t>(0);
+  out.initial_values = TrainTask::WeightSlices{
+      [inits = std::move(inits), drawn](size_t i, int64_t begin, int64_t end, Tensor& dst) {
+        inits.at(i).fill(begin, end, dst);
+        *drawn += dst.nbytes();
+      },
+      [drawn, total] { return std::make_pair(*drawn, total); }, /*drawn=*/true};
+  return out;
+}
+
 TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   const RunSettings& run = s.run;
   const TrainOptions& o = s.train;
@@ -118,16 +161,9 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
     val_batches = std::make_unique<BatchSampler>(data, Split::Val, o.batch_size, s.block_size, run.seed, run.rank,
                                                  run.world_size);
 
-  manual_seed(run.seed);
-  models::GPT2Config mc;
-  mc.vocab_size = data.vocab_size();
-  mc.n_positions = s.block_size;
-  mc.n_embd = s.n_embd;
-  mc.n_layer = s.n_layer;
-  mc.n_head = s.n_head;
-  mc.dropout = s.dropout;
-  auto model = std::make_shared<models::GPT2>(mc);
-  model->to(run.device);
+  PretrainModel built = build_pretrain_model(s, data.vocab_size());
+  const std::shared_ptr<models::GPT2> model = built.model;
+  const models::GPT2Config& mc = model->config();
   if (o.checkpoint_blocks) models::set_block_checkpointing(*model, true);  // train.activation_checkpointing
 
   TrainTask task;
@@ -151,6 +187,7 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
     };
     task.eval_description = std::to_string(o.eval_batches) + " batches";
   }
+  task.weight_slices = std::move(built.initial_values);
   task.tokens_per_step = static_cast<double>(o.batch_size * s.block_size * o.grad_accum);
   const int64_t n_embedding = mc.vocab_size * s.n_embd + s.block_size * s.n_embd;
   task.flops_per_token =

@@ -18,9 +18,12 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "models/gpt2.h"
 #include "recipes/config.h"
 #include "recipes/run_settings.h"
 #include "recipes/train_loop.h"
@@ -52,6 +55,18 @@ struct PretrainSettings {
 // in `errors`; the one-argument form throws them all as one ConfigError.
 PretrainSettings resolve_pretrain(const Config& cfg, ConfigErrors& errors);
 PretrainSettings resolve_pretrain(const Config& cfg);
+
+// The pretrain model: a GPT-2 of `s`'s sizes over `vocab_size` tokens on the run's device, its weights drawn
+// from run.seed. ZeRO-3 with several ranks builds it without bytes (Note [Parameters without bytes],
+// distributed/fsdp.h) unless a whole (not sharded) checkpoint is to be resumed into it; `initial_values` then
+// draws any slice of the weights a one-process run draws, bit for bit (Note [Initial values drawn later],
+// autograd/nn/layers.h), and the training loop fills each rank's shards with it after wrapping (one unit whole at
+// a time), so no rank ever holds the whole model.
+struct PretrainModel {
+  std::shared_ptr<models::GPT2> model;
+  std::optional<TrainTask::WeightSlices> initial_values;
+};
+PretrainModel build_pretrain_model(const PretrainSettings& s, int64_t vocab_size);
 
 // Trains (recipes/train_loop.h), evaluates on the validation split, saves the run directory described above.
 // Throws ingot::Error on failures (a non-finite loss, unwritable output, a corrupt checkpoint), leaving

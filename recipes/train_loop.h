@@ -138,14 +138,18 @@ struct TrainTask {
   // the model whole. Called on every rank (see ShardedWeights; rank 0 alone writes). Empty: ZeRO-3 runs unshard
   // the model on every rank and call save_final.
   std::function<std::vector<std::string>(const ShardedWeights& w)> save_final_sharded;
-  // Shard-wise weight loading (ZeRO-3 fine-tuning, models::HFSliceReader): when set, the recipe built the model
+  // Shard-wise weight loading (ZeRO-3 fine-tuning, models::HFSliceReader; ZeRO-3 pretraining draws its initial
+  // weights this way, build_pretrain_model in recipes/train.h): when set, the recipe built the model
   // without its weights and the loop fills them before the first step of a fresh run (a resume loads the
   // checkpoint instead): each rank only its shards' slices, or every parameter whole without data parallelism.
   // read(i, begin, end, dst) puts elements [begin, end) of parameter i's (task.params order) flattened value
-  // into dst; bytes() says how many bytes this process read and how many the whole weights take.
+  // into dst; bytes() says how many bytes this process read and how many the whole weights take. `drawn`: the
+  // values are a fresh random initialization (ZeRO-3 pretraining: Note [Initial values drawn later],
+  // autograd/nn/layers.h), not a checkpoint's, which the log line says.
   struct WeightSlices {
     std::function<void(size_t param, int64_t begin, int64_t end, Tensor& dst)> read;
     std::function<std::pair<uint64_t, uint64_t>()> bytes;
+    bool drawn = false;
   };
   std::optional<WeightSlices> weight_slices;
   // Stops after this many completed steps as if the process had died there (no final eval, artifacts or

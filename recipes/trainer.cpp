@@ -126,8 +126,10 @@ std::string load_weights_and_wrap(const RunSettings& run, TrainTask& task, DataP
   if (load_slices) {
     const auto [got, total] = task.weight_slices->bytes();
     char buf[160];
-    std::snprintf(buf, sizeof buf, "loading | %s read %llu of the weights' %llu bytes (%.1f%%)%s\n",
-                  dp ? "rank 0" : "this process", static_cast<unsigned long long>(got),
+    const bool drawn = task.weight_slices->drawn;
+    std::snprintf(buf, sizeof buf, "%s | %s %s %llu of the weights' %llu bytes (%.1f%%)%s\n",
+                  drawn ? "init" : "loading", dp ? "rank 0" : "this process", drawn ? "drew" : "read",
+                  static_cast<unsigned long long>(got),
                   static_cast<unsigned long long>(total), total ? 100.0 * static_cast<double>(got) / total : 0.0,
                   slices_into_shards ? ": the slices of its shards only" : "");
     load_note = buf;

@@ -2,34 +2,51 @@
 
 #include <cmath>
 
+#include "autograd/primitive.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/rng.h"
 
 namespace ingot::nn {
 namespace {
 
-thread_local const SkipInit* t_skip_init = nullptr;
+thread_local SkipInit* t_skip_init = nullptr;
 
 // Note [Parameters made to be overwritten]: an uninitialized parameter in place of a drawn one, the generator
-// advanced as the draw would have advanced it.
-Tensor skipped_draw(const Shape& shape) {
-  default_generator(Device::cpu()).reserve(static_cast<uint64_t>(numel(shape)));
-  return t_skip_init->make(shape);
+// advanced as the draw would have advanced it, and the draw kept (Note [Initial values drawn later]).
+Tensor skipped_draw(const Shape& shape, DeferredInit::Kind kind, double a, double b) {
+  Generator& g = default_generator(Device::cpu());
+  const uint64_t offset = g.reserve(static_cast<uint64_t>(numel(shape)));
+  return t_skip_init->make(shape, DeferredInit{kind, a, b, g.seed(), offset});
 }
 
 Tensor normal_init(const Shape& shape, double std) {
-  if (t_skip_init) return skipped_draw(shape);
+  if (t_skip_init) return skipped_draw(shape, DeferredInit::Kind::Normal, 0.0, std);
   return randn(shape, DType::f32, Device::cpu(), 0.0, std);
 }
 Tensor uniform_init(const Shape& shape, double bound) {
-  if (t_skip_init) return skipped_draw(shape);
+  if (t_skip_init) return skipped_draw(shape, DeferredInit::Kind::Uniform, -bound, bound);
   return rand(shape, DType::f32, Device::cpu(), -bound, bound);
 }
 Tensor filled(const Shape& shape, double value) {
-  if (t_skip_init) return t_skip_init->make(shape);
+  if (t_skip_init) return t_skip_init->make(shape, DeferredInit{DeferredInit::Kind::Fill, value, 0.0, 0, 0});
   return value == 0.0 ? zeros(shape) : ones(shape);
 }
 
 }  // namespace
+
+void DeferredInit::fill(int64_t begin, int64_t end, Tensor& dst) const {
+  INGOT_CHECK(begin >= 0 && end >= begin && dst.numel() == end - begin && dst.is_contiguous(),
+              "DeferredInit::fill: elements [", begin, ", ", end, ") into a contiguous tensor of as many, got ",
+              shape_str(dst.shape()));
+  if (begin == end) return;
+  NoGradGuard no_grad;
+  Tensor v = empty({end - begin}, DType::f32, Device::cpu());
+  // The layer's draw started at `offset`; its element begin + i is the counter-based draw at offset + begin + i.
+  if (kind == Kind::Normal) kernels::cpu::rand_normal(v, seed, offset + static_cast<uint64_t>(begin), a, b);
+  else if (kind == Kind::Uniform) kernels::cpu::rand_uniform(v, seed, offset + static_cast<uint64_t>(begin), a, b);
+  else v.fill_(a);
+  dst.copy_(v.to(dst.device()).to(dst.dtype()));
+}
 
 SkipInit::SkipInit(DType dtype) : dtype_(dtype), outer_(t_skip_init) { t_skip_init = this; }
 SkipInit::SkipInit(DType dtype, Device on) : dtype_(dtype), no_bytes_on_(on), outer_(t_skip_init) {
@@ -38,16 +55,28 @@ SkipInit::SkipInit(DType dtype, Device on) : dtype_(dtype), no_bytes_on_(on), ou
 SkipInit::~SkipInit() { t_skip_init = outer_; }
 const SkipInit* SkipInit::active() { return t_skip_init; }
 
-Tensor SkipInit::make(const Shape& shape) const {
-  if (!no_bytes_on_) return empty(shape, dtype_);
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>();
-  impl->storage->nbytes = static_cast<size_t>(numel(shape)) * itemsize(dtype_);
-  impl->storage->device = *no_bytes_on_;
-  impl->shape = shape;
-  impl->strides = contiguous_strides(shape);
-  impl->dtype = dtype_;
-  return Tensor(impl);
+Tensor SkipInit::make(const Shape& shape, const DeferredInit& init) {
+  Tensor t;
+  if (!no_bytes_on_) {
+    t = empty(shape, dtype_);
+  } else {
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = std::make_shared<Storage>();
+    impl->storage->nbytes = static_cast<size_t>(numel(shape)) * itemsize(dtype_);
+    impl->storage->device = *no_bytes_on_;
+    impl->shape = shape;
+    impl->strides = contiguous_strides(shape);
+    impl->dtype = dtype_;
+    t = Tensor(impl);
+  }
+  deferred_[t.impl()] = init;
+  return t;
+}
+
+const DeferredInit& SkipInit::deferred(const Tensor& p) const {
+  const auto it = deferred_.find(p.impl());
+  INGOT_CHECK(it != deferred_.end(), "SkipInit::deferred: '", p.name(), "' was not made under this guard");
+  return it->second;
 }
 
 // Linear ---------------------------------------------------------------------------------------------------

@@ -6,11 +6,27 @@
 // unset means PyTorch's default for the layer (Linear: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias).
 #pragma once
 
+#include <map>
 #include <optional>
 
 #include "autograd/nn/module.h"
 
 namespace ingot::nn {
+
+// Note [Initial values drawn later]: what a layer would have put into a parameter that a SkipInit left without
+// values: its draw (the CPU generator's seed and the offset the draw reserved) or its fill. Philox is counter-based
+// (runtime/rng.h: element i of a draw is a function of seed and offset + i alone), so any slice of the value can be
+// drawn later, by itself, bit-identical to the same elements of the whole draw: ZeRO-3 pretraining draws each
+// rank's shards only, and the model is never whole on a rank (recipes/train.cpp).
+struct DeferredInit {
+  enum class Kind { Normal, Uniform, Fill };
+  Kind kind = Kind::Fill;
+  double a = 0, b = 0;  // Normal: mean, std; Uniform: low, high; Fill: the value in `a`
+  uint64_t seed = 0, offset = 0;  // Normal, Uniform: where the layer's draw started
+  // Elements [begin, end) of the flattened value, made as the layer makes it (f32 on the CPU) and then moved and
+  // cast into `dst` (end - begin elements, any device and dtype) as Module::to moves and casts a whole model.
+  void fill(int64_t begin, int64_t end, Tensor& dst) const;
+};
 
 // Note [Parameters made to be overwritten]: while a SkipInit is alive on this thread, the layers make their
 // parameters uninitialized in `dtype` instead of drawing or filling them: a model built only to have a checkpoint
@@ -30,13 +46,17 @@ class SkipInit {
   SkipInit& operator=(const SkipInit&) = delete;
   DType dtype() const { return dtype_; }
   static const SkipInit* active();  // the innermost guard of this thread, or null
-  // An uninitialized parameter of `shape` (without bytes when the guard says so).
-  Tensor make(const Shape& shape) const;
+  // An uninitialized parameter of `shape` (without bytes when the guard says so); `init` is what the layer would
+  // have put into it, kept for deferred() (Note [Initial values drawn later]).
+  Tensor make(const Shape& shape, const DeferredInit& init);
+  // The initial value a layer skipped for parameter `p`, made while this guard was the innermost one.
+  const DeferredInit& deferred(const Tensor& p) const;
 
  private:
   DType dtype_;
   std::optional<Device> no_bytes_on_;
-  const SkipInit* outer_;
+  SkipInit* outer_;
+  std::map<const TensorImpl*, DeferredInit> deferred_;
 };
 
 // y = x @ W^T + b; W [out, in], b [out].

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "autograd/nn/layers.h"
+#include "autograd/ops.h"
 #include "models/hf_checkpoint.h"
 #include "models/hf_config.h"
 #include "runtime/allocator.h"
@@ -85,6 +86,38 @@ TEST(SkipInit, LoadedModelsEqualDrawnThenCastOnesAndBf16LoadsHoldNoF32Copy) {
         EXPECT_TRUE(same_bytes(got.at(n), t)) << n;
       }
       if (dt == DType::bf16) EXPECT_LT(peak, f32_bytes) << "peak " << peak << " B during a bf16 load";
+    }
+  }
+}
+
+// Note [Initial values drawn later] (autograd/nn/layers.h): every parameter a guard skipped can be drawn later in
+// slices, alone and in any order, each equal byte for byte to the same elements of the model drawn whole (normal
+// weights, PyTorch-default uniform Linear weights and biases, ones and zeros), also cast to bf16.
+TEST(SkipInit, SkippedParametersDrawAnySliceLaterAsTheWholeDrawWouldHave) {
+  const models::HFConfig cfg = models::load_hf_config(fixture("gpt2_tiny"));
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    manual_seed(9);
+    auto drawn = models::make_causal_lm(cfg);
+    nn::Linear plain(6, 5);  // U(-1/sqrt(6), 1/sqrt(6)) weight and bias
+    drawn->to(dt);
+    plain.to(dt);
+    manual_seed(9);
+    nn::SkipInit skip(dt, Device::cpu());
+    auto skipped = models::make_causal_lm(cfg);
+    nn::Linear later(6, 5);
+    std::vector<Tensor> want = drawn->parameters(), got = skipped->parameters();
+    for (const Tensor& p : plain.parameters()) want.push_back(p);
+    for (const Tensor& p : later.parameters()) got.push_back(p);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = got.size(); i-- > 0;) {  // last first: nothing depends on the order of the draws
+      const int64_t n = got[i].numel(), cut = n / 3;
+      Tensor a = empty({cut}, dt), b = empty({n - cut}, dt);
+      skip.deferred(got[i]).fill(cut, n, b);
+      skip.deferred(got[i]).fill(0, cut, a);
+      const Tensor flat = reshape(want[i], {n});
+      EXPECT_TRUE(same_bytes(a, narrow(flat, 0, 0, cut))) << want[i].name();
+      EXPECT_TRUE(same_bytes(b, narrow(flat, 0, cut, n - cut))) << want[i].name();
     }
   }
 }

@@ -173,6 +173,9 @@ TEST_F(DistributedRun, ZeroTwoAndThreeTrainLikeOneProcessAndAFourRankCheckpointR
                            "transformer block, gathered for forward and again for backward"),
             std::string::npos)
       << z3.output;
+  // The model was never whole on a rank: each drew only its shards' slices of the initial weights (the bit-level
+  // check: tests/recipes/test_pretrain_shard_init.cpp).
+  EXPECT_NE(z3.output.find("init | rank 0 drew "), std::string::npos) << z3.output;
   expect_same_losses(train_losses(path("z3/metrics.jsonl")), want, "ZeRO-3 on 4 workers vs 1 process");
   const auto v_ref = nlohmann::json::parse(slurp(path("ref/summary.json")))["val_loss"].get<double>();
   const auto v_z3 = nlohmann::json::parse(slurp(path("z3/summary.json")))["val_loss"].get<double>();
