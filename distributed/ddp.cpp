@@ -27,6 +27,10 @@ struct Bucket {
   DType dtype = DType::f32;
   Device device;
   Tensor shard, shard_grad;      // ZeRO-1/2: this rank's chunk of the parameters and of the averaged gradient
+  // ZeRO-1/2: the dtype of the shard's .grad: the reduction's when it is wider than the parameters' (f32 for bf16
+  // weights), so f32 masters of the shard update from the f32 average itself, as ZeRO-3 keeps it (Note [Reduced
+  // gradients keep their precision], fsdp.h); else the parameters' (a bf16 reduction of f32 weights is widened).
+  DType grad_dtype = DType::f32;
   Tensor gathered;               // ZeRO-1/2, eager: all-gather output, same layout as `flat` (made at first use)
   int pending = 0;               // gradients still missing this round
   std::shared_ptr<Work> work;
@@ -188,6 +192,7 @@ void DistributedDataParallel::init(std::vector<Tensor> params, std::vector<std::
       b.gathered = Tensor();  // a compiled step gathers into graph values: no whole copy kept beside it
       b.shard.set_requires_grad(true);  // the optimizer takes leaves; the shard's .grad is set by synchronize()
       b.shard_grad = zeros({chunk}, reduce, p0.device());
+      b.grad_dtype = itemsize(reduce) > itemsize(p0.dtype()) ? reduce : p0.dtype();
     }
   }
   st->ready.assign(params.size(), false);
@@ -247,7 +252,7 @@ void DistributedDataParallel::synchronize_traced() {
     Tensor flat = parts.size() == 1 ? parts[0] : cat(parts, 0);
     flat = cast(flat, b.dtype);  // cast() of a tensor already in that dtype is the tensor itself
     if (s.zero1) {
-      publish_grad(b.shard, cast(reduce_scatter_avg(flat, group_), b.shard.dtype()));
+      publish_grad(b.shard, cast(reduce_scatter_avg(flat, group_), b.grad_dtype));
       continue;
     }
     const Tensor avg = cast(collective_wait(all_reduce_start(flat, group_)), grad_dtype);
@@ -301,7 +306,7 @@ void DistributedDataParallel::synchronize() {
   }
   for (Bucket& b : s.buckets) {
     if (s.zero1) {
-      b.shard.set_grad(b.shard_grad.to(b.shard.dtype()));  // to() of the same dtype is the tensor itself
+      b.shard.set_grad(b.shard_grad.to(b.grad_dtype));  // to() of the same dtype is the tensor itself
       if (s.zero2) b.flat = Tensor();
       continue;
     }

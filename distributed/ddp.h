@@ -50,7 +50,9 @@ struct DdpOptions {
   int zero_stage = 0;  // 0 (plain), 1 or 2; see above
   // The dtype gradients are averaged in (nullopt: the gradients' own). bf16 halves the bytes on the wire, as
   // PyTorch's bf16_compress_hook: each gradient is rounded to bf16 before the reduction and the average is
-  // widened back to the parameter's dtype before the optimizer reads it.
+  // widened back to the parameter's dtype before the optimizer reads it. ZeRO-1/2: a reduction wider than the
+  // parameters (f32 for bf16 weights) leaves the shards' .grad in that dtype, so f32 masters of the shards update
+  // from the f32 average, as ZeRO-3 (Note [Reduced gradients keep their precision], fsdp.h).
   std::optional<DType> reduce_dtype;
 };
 

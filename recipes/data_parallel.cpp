@@ -148,7 +148,10 @@ void DataParallel::wrap(nn::Module& model, const std::vector<Tensor>& params, bo
   dist::DdpOptions o;
   o.bucket_cap_mb = m.run.distributed.bucket_cap_mb;
   o.zero_stage = zero_stage();
-  o.reduce_dtype = reduce_dtype;
+  // ZeRO-1/2 as ZeRO-3 above: f32 unless bf16 was asked for, and the shards' .grad keep the f32 average for
+  // their f32 masters (Note [Reduced gradients keep their precision], fsdp.h). Plain DDP reduces in the
+  // gradients' own dtype: its average lands in the weights' .grad, in their dtype whatever it was reduced in.
+  o.reduce_dtype = sharded() ? reduce_dtype.value_or(DType::f32) : reduce_dtype;
   m.ddp = std::make_unique<dist::DistributedDataParallel>(params, m.ctx.group, o);
   std::vector<dist::BucketParam> infos;
   for (const Tensor& p : params) infos.push_back({p.numel(), p.dtype()});

@@ -95,8 +95,9 @@ void add_distributed_keys(ConfigSchema& s) {
             .at_least(0.001)
             .not_in_config_hash());
   s.add(K::of(T::String, "distributed.reduce_dtype", "f32",
-              "dtype gradients are averaged in: f32, or bf16 (half the bytes on the wire, as PyTorch's "
-              "bf16_compress_hook; the average is widened back before the optimizer)")
+              "dtype gradients are averaged in: f32 (ZeRO-1/2/3 keep the f32 average of 16-bit weights' gradients "
+              "for the f32 masters; plain DDP averages them in their own dtype), or bf16 (half the bytes on the "
+              "wire, as PyTorch's bf16_compress_hook; the average is widened back before the optimizer)")
             .one_of({"f32", "bf16"})
             .not_in_config_hash());
   s.add(K::of(T::Int, "distributed.zero_stage", "0",

@@ -1,8 +1,8 @@
 // ZeRO-2 (DistributedDataParallel zero_stage 2) and ZeRO-3 (FullyShardedDataParallel) in eager mode over Gloo
 // with 2-4 real processes: the same losses and weights as plain DDP and as one process, and per-rank bytes of
 // weights, gradients and optimizer state about 1/world of DDP's, read from the CPU allocator. ZeRO-3: the
-// embeddings and the head are units gathered only where used, an f32 reduction reaches f32 masters unrounded,
-// and a model built without bytes is sharded one unit at a time.
+// embeddings and the head are units gathered only where used, and a model built without bytes is sharded one
+// unit at a time. ZeRO-1, 2 and 3: an f32 reduction reaches f32 masters unrounded, eager and compiled.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +13,7 @@
 #include "autograd/ops.h"
 #include "compile/api.h"
 #include "distributed/bootstrap.h"
+#include "distributed/buckets.h"
 #include "distributed/ddp.h"
 #include "distributed/fsdp.h"
 #include "distributed/sampler.h"
@@ -277,9 +278,37 @@ TEST(ZeroStages, ThreeGathersTheEmbeddingsAndTheHeadOnlyWhereTheyAreUsed) {
 // updated by SGD with lr 1 (the update is the gradient itself). The reference is the f32 mean of every rank's bf16
 // gradients of the same weights on its rows (a plain model per rank, an f32 all-reduce): the masters after the
 // step are the masters minus it (1e-6 of the gradient's largest element), eagerly and compiled (node by node),
-// while the masters minus its bf16 rounding, which the shards' .grad used to hold, are far from that.
-void rank_body_f32_gradients_reach_the_masters() {
-  auto ctx = init_distributed(ingot::testing::gloo_test_init(std::chrono::milliseconds(60000)));
+// while the masters minus its bf16 rounding, which the shards' .grad used to hold, are far from that. ZeRO-3
+// compares whole parameters gathered from the masters on rank 0; ZeRO-1/2 (DistributedDataParallel, whose shards
+// are chunks of gradient buckets) compare each rank's chunk of the reference laid out as the buckets.
+
+// The masters moved from `was` to `now` where `was - g` is wanted: how far they are from it, and how far the bf16
+// rounding of g would put them, both relative to g's largest element (maxima kept in `worst`, `rounded`).
+void measure_move(const Tensor& was, const Tensor& now, const Tensor& g, double& worst, double& rounded) {
+  const Tensor want = sub(was, g), old_path = sub(was, g.to(DType::bf16).to(DType::f32));
+  const double scale = std::max(1e-12, amax(abs(g)).item());
+  worst = std::max(worst, amax(abs(sub(now, want))).item() / scale);
+  rounded = std::max(rounded, amax(abs(sub(old_path, want))).item() / scale);
+}
+
+// This rank's chunk of each bucket of the f32 gradients `grads` (model.parameters() order), as ZeRO-1/2 shard them.
+std::vector<Tensor> bucket_chunks(const std::vector<Tensor>& grads, double cap_mb, const DistributedContext& ctx) {
+  std::vector<BucketParam> infos;
+  for (const Tensor& g : grads) infos.push_back({g.numel(), DType::bf16});  // the weights' dtype plans the buckets
+  std::vector<Tensor> chunks;
+  for (const BucketPlan& plan : plan_buckets(infos, cap_mb * 1024 * 1024, ctx.info.world_size)) {
+    Tensor flat = zeros({plan.padded_numel}, DType::f32, Device::cpu());
+    for (size_t k = 0; k < plan.params.size(); ++k) {
+      const Tensor& g = grads[plan.params[k]];
+      flat.as_strided(g.shape(), contiguous_strides(g.shape()), plan.offsets[k]).copy_(g);
+    }
+    const int64_t chunk = plan.padded_numel / ctx.info.world_size;
+    chunks.push_back(contiguous(narrow(flat, 0, ctx.info.rank * chunk, chunk)));
+  }
+  return chunks;
+}
+
+void f32_gradients_reach_the_masters(const DistributedContext& ctx, int stage) {
   auto [ids, tgt] = rank_rows(ctx, false);
   auto build = [] {
     manual_seed(5);
@@ -298,25 +327,42 @@ void rank_body_f32_gradients_reach_the_masters() {
       reference.push_back(g);
     }
   }
+  constexpr double kCapMb = 8.0 / 1024;  // several buckets
   for (const bool compiled : {false, true}) {
     SCOPED_TRACE(compiled ? "compiled" : "eager");
     auto model = build();
-    FsdpOptions o;
-    o.reduce_dtype = DType::f32;
-    FullyShardedDataParallel fsdp(*model, ctx.group, o);
-    optim::MasterWeights masters(fsdp.optimizer_params());
+    std::unique_ptr<FullyShardedDataParallel> fsdp;
+    std::unique_ptr<DistributedDataParallel> ddp;
+    if (stage == 3) {
+      FsdpOptions o;
+      o.reduce_dtype = DType::f32;
+      fsdp = std::make_unique<FullyShardedDataParallel>(*model, ctx.group, o);
+    } else {
+      DdpOptions o;
+      o.bucket_cap_mb = kCapMb;
+      o.zero_stage = stage;
+      o.reduce_dtype = DType::f32;
+      ddp = std::make_unique<DistributedDataParallel>(model->parameters(), ctx.group, o);
+    }
+    optim::MasterWeights masters(fsdp ? fsdp->optimizer_params() : ddp->optimizer_params());
     std::vector<Tensor> before;
     for (const Tensor& m : masters.master()) before.push_back(m.clone_raw());
     optim::SGD opt(masters.master(), optim::SGDOptions{.lr = 1.0});
     auto step = [&](const std::vector<Tensor>& b) {
       Tensor l = model->loss(b[0], b[1]);
       l.backward();
-      fsdp.synchronize();
+      if (fsdp) fsdp->synchronize();
+      else ddp->synchronize();
       masters.copy_grads_to_master();
       opt.step();
       opt.zero_grad();
       masters.copy_to_model();
-      fsdp.zero_grad();
+      if (fsdp) {
+        fsdp->zero_grad();
+      } else {
+        ddp->after_step();
+        ddp->zero_grad();
+      }
       return std::vector<Tensor>{l.detach()};
     };
     CompileOptions co;
@@ -325,25 +371,42 @@ void rank_body_f32_gradients_reach_the_masters() {
     if (compiled) fn({ids, tgt});
     else step({ids, tgt});
     double worst = 0, rounded = 0;
-    for (size_t i = 0; i < reference.size(); ++i) {
-      const Tensor was = fsdp.gather_param(i, before), now = fsdp.gather_param(i, masters.master());
+    if (fsdp) {
+      for (size_t i = 0; i < reference.size(); ++i) {
+        const Tensor was = fsdp->gather_param(i, before), now = fsdp->gather_param(i, masters.master());
+        if (ctx.info.rank == 0) measure_move(was, now, reference[i], worst, rounded);
+      }
       if (ctx.info.rank != 0) continue;
-      const Tensor& g = reference[i];
-      const Tensor want = sub(was, g), old_path = sub(was, g.to(DType::bf16).to(DType::f32));
-      const double scale = std::max(1e-12, amax(abs(g)).item());
-      worst = std::max(worst, amax(abs(sub(now, want))).item() / scale);
-      rounded = std::max(rounded, amax(abs(sub(old_path, want))).item() / scale);
+    } else {
+      const std::vector<Tensor> chunks = bucket_chunks(reference, kCapMb, ctx);
+      ASSERT_EQ(chunks.size(), before.size()) << "one master per bucket";
+      ASSERT_GT(chunks.size(), 2u) << "the test needs several buckets";
+      for (size_t b = 0; b < chunks.size(); ++b) measure_move(before[b], masters.master()[b], chunks[b], worst, rounded);
     }
-    if (ctx.info.rank != 0) continue;
-    std::printf("[ zero     ] %s: the masters moved by the f32 mean gradient within %.2g (of its largest element); "
-                "by its bf16 rounding they would be %.2g away\n", compiled ? "compiled" : "eager", worst, rounded);
+    std::printf("[ zero     ] stage %d, rank %d, %s: the masters moved by the f32 mean gradient within %.2g (of its "
+                "largest element); by its bf16 rounding they would be %.2g away\n",
+                stage, ctx.info.rank, compiled ? "compiled" : "eager", worst, rounded);
     EXPECT_LT(worst, 1e-6);
     EXPECT_GT(rounded, 1e-4) << "bf16 rounding must change the update, else this test checks nothing";
   }
 }
 
 TEST(ZeroStages, ThreeKeepsAnF32ReducedGradientUnroundedForTheF32Masters) {
-  if (is_rank_process()) return rank_body_f32_gradients_reach_the_masters();
+  if (is_rank_process())
+    return f32_gradients_reach_the_masters(
+        init_distributed(ingot::testing::gloo_test_init(std::chrono::milliseconds(60000))), 3);
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(std::chrono::seconds(120))));
+}
+
+TEST(ZeroStages, OneAndTwoKeepAnF32ReducedGradientUnroundedForTheF32Masters) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(ingot::testing::gloo_test_init(std::chrono::milliseconds(60000)));
+    for (const int stage : {1, 2}) {
+      SCOPED_TRACE("ZeRO-" + std::to_string(stage));
+      f32_gradients_reach_the_masters(ctx, stage);
+    }
+    return;
+  }
   expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(std::chrono::seconds(120))));
 }
 
