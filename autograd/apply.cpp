@@ -31,6 +31,16 @@ std::vector<Tensor> Primitive::vjp(const VjpContext&, const std::vector<Tensor>&
   INGOT_FAIL(name(), ": backward is not implemented for this op");
 }
 
+void Primitive::eval_to(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs) const {
+  const std::vector<Tensor> made = eval(inputs);
+  INGOT_INTERNAL_CHECK(made.size() == outs.size(), name(), ": eval_to given ", outs.size(), " outputs, made ",
+                       made.size());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    Tensor out = outs[i];  // a handle: the copy writes the caller's buffer
+    if (out.defined() && made[i].data_ptr() != out.data_ptr()) out.copy_(made[i]);
+  }
+}
+
 bool Primitive::equivalent(const Primitive& other) const {
   return name() == other.name() && exact_attrs(*this) == exact_attrs(other);
 }

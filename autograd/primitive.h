@@ -71,6 +71,12 @@ class Primitive {
     (void)into;
     return eval(inputs);
   }
+  // Note [Outputs into given buffers]: an op whose writes_given_outputs() is true computes eval_to(inputs, outs)
+  // into buffers its caller made (contiguous, of the inferred shapes and dtypes, possibly slices of a larger
+  // buffer), so the compiled step can place a gradient straight into its slice of a data-parallel bucket
+  // (compile/passes/bucket_views.h). The default eval_to evaluates and copies.
+  virtual bool writes_given_outputs() const { return false; }
+  virtual void eval_to(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs) const;
   // Input i is read on the host whatever device the other inputs live on (the optimizers' [G, 3] f64 rows of
   // learning rate, step and grad scale): exempt from the same-device check of apply().
   virtual bool host_input(size_t) const { return false; }

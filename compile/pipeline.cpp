@@ -215,6 +215,9 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
     return bucket_updates = opts.bucket_updates && !replays_cuda_graphs(opts.mode) &&
                             passes::split_update_by_bucket(x, {target});
   });
+  // Data parallel: each gradient made in its bucket's buffer, so no concatenation copies it (before fuse, which
+  // must keep the bucket's view alone and the placed producers' values as their groups' outputs).
+  run_pass("bucket_views", g, [&](Graph& x) { return passes::bucket_views(x, {target, generated}); });
   run_pass("fuse", g, [&](Graph& x) { return passes::fuse(x, {target, !opts.split_update && !bucket_updates}); });
   run_pass("schedule", g, [&](Graph& x) { return passes::schedule(x, {target}); });
   g.verify();

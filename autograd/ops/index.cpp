@@ -85,10 +85,17 @@ class IndexAddPrim final : public Primitive {
     return {{shape_, in[1].dtype, in[1].device}};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
-    Tensor out = zeros(shape_, in[1].dtype(), in[1].device());
+    Tensor out = empty(shape_, in[1].dtype(), in[1].device());
+    eval_to(in, {out});
+    return {out};
+  }
+  // An embedding's gradient, written into its slice of a gradient bucket (Note [Outputs into given buffers]).
+  bool writes_given_outputs() const override { return true; }
+  void eval_to(const std::vector<Tensor>& in, const std::vector<Tensor>& outs) const override {
+    Tensor out = outs[0];
+    out.zero_();
     if (in[1].numel() > 0)
       INGOT_KERNEL_CALL(out.device(), index_add, out, in[1].contiguous_raw(), in[0].contiguous_raw(), dim_);
-    return {out};
   }
   bool saves_input(size_t i) const override { return i == 0; }
   void print_attrs(std::ostream& os) const override { os << "shape=" << shape_str(shape_) << ", dim=" << dim_; }
@@ -121,6 +128,15 @@ class IndexAddAccumulatePrim final : public Primitive {
     if (in[2].numel() > 0)
       INGOT_KERNEL_CALL(out.device(), index_add, out, in[2].contiguous_raw(), in[1].contiguous_raw(), dim_);
     return {out};
+  }
+  // A tied embedding's gradient in its bucket slice: the base is copied there unless it already is (its
+  // producer wrote it into the same slice: compile/passes/bucket_views.cpp follows reusable inputs).
+  bool writes_given_outputs() const override { return true; }
+  void eval_to(const std::vector<Tensor>& in, const std::vector<Tensor>& outs) const override {
+    Tensor out = outs[0];
+    if (!(in[0].storage() == out.storage() && in[0].offset() == out.offset() && in[0].is_contiguous()))
+      out.copy_(in[0]);
+    eval_into(in, out);
   }
   bool differentiable() const override { return false; }
   void print_attrs(std::ostream& os) const override { os << "dim=" << dim_; }

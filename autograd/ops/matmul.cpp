@@ -67,10 +67,17 @@ class MatmulPrim final : public Primitive {
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     Tensor out = alloc_outputs(infer(metas_of(in)))[0];
-    if (out.numel() == 0) return {out};
+    eval_to(in, {out});
+    return {out};
+  }
+  // The product writes any contiguous output, a slice of a gradient bucket included (Note [Outputs into given
+  // buffers]).
+  bool writes_given_outputs() const override { return true; }
+  void eval_to(const std::vector<Tensor>& in, const std::vector<Tensor>& outs) const override {
+    const Tensor& out = outs[0];
+    if (out.numel() == 0) return;
     KernelOperand a = kernel_operand(in[0], ta_), b = kernel_operand(in[1], tb_);
     INGOT_KERNEL_CALL(out.device(), matmul, kernel_operand(out, false).t, a.t, b.t, a.trans, b.trans, 1.0, 0.0);
-    return {out};
   }
   void print_attrs(std::ostream& os) const override {
     os << "trans_a=" << ta_ << ", trans_b=" << tb_;

@@ -12,6 +12,7 @@
 #include "autograd/kernel_lowering.h"
 #include "autograd/ops.h"
 #include "autograd/ops/attrs.h"
+#include "autograd/ops/bucket_view.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -264,6 +265,43 @@ class CatPrim final : public Primitive, public WithAttrs<CatAttrs> {
   }
 };
 
+// See autograd/ops/bucket_view.h: cat of 1-d pieces that are usually already where the result wants them.
+class BucketViewPrim final : public Primitive {
+ public:
+  std::string_view name() const override { return "bucket_view"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    INGOT_CHECK(!in.empty(), "bucket_view: expected at least one piece");
+    int64_t n = 0;
+    for (const TensorMeta& m : in) {
+      INGOT_CHECK(m.shape.size() == 1 && m.dtype == in[0].dtype, "bucket_view: expected 1-d pieces of ",
+                  dtype_name(in[0].dtype), ", got ", dtype_name(m.dtype), shape_str(m.shape));
+      n += m.shape[0];
+    }
+    return {{{n}, in[0].dtype, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    const int64_t n = infer(metas_of(in))[0].shape[0];
+    if (adjacent(in, n)) return {in[0].as_strided({n}, {1}, in[0].offset())};
+    return CatPrim(0).eval(in);
+  }
+  bool differentiable() const override { return false; }
+  bool saves_input(size_t) const override { return false; }
+  FusionKind fusion_kind() const override { return FusionKind::View; }
+
+ private:
+  // The pieces lie one after the other in one storage that holds all n elements.
+  static bool adjacent(const std::vector<Tensor>& in, int64_t n) {
+    const std::shared_ptr<Storage>& st = in[0].storage();
+    if (!st) return false;
+    int64_t at = in[0].offset();
+    for (const Tensor& t : in) {
+      if (t.storage() != st || t.offset() != at || !t.is_contiguous()) return false;
+      at += t.numel();
+    }
+    return (in[0].offset() + n) * static_cast<int64_t>(itemsize(in[0].dtype())) <= static_cast<int64_t>(st->nbytes);
+  }
+};
+
 // Views of consecutive pieces of `dim` with the given sizes (one output each).
 class SplitPrim final : public Primitive {
  public:
@@ -440,6 +478,8 @@ Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
   const int64_t d = wrap_dim(dim, ts[0].dim(), "cat");
   return apply1(std::make_shared<CatPrim>(d), ts);
 }
+
+std::shared_ptr<Primitive> make_bucket_view() { return std::make_shared<BucketViewPrim>(); }
 
 Tensor stack(const std::vector<Tensor>& ts, int64_t dim) {
   INGOT_CHECK(!ts.empty(), "stack: expected at least one tensor");

@@ -44,6 +44,10 @@ std::vector<ExecStep> plan_steps(const Graph& g,
     step_of[n] = static_cast<int32_t>(steps.size());
     steps.push_back(std::move(s));
   }
+  for (size_t n = 0; n < g.nodes.size(); ++n)
+    for (int32_t v : g.nodes[n].outputs)
+      if (g.values[static_cast<size_t>(v)].placed_in >= 0)
+        steps[static_cast<size_t>(step_of[n])].placed.push_back(v);
   for (size_t v = 0; v < g.values.size(); ++v)
     if (last[v] >= 0 && !root[v])
       steps[static_cast<size_t>(step_of[static_cast<size_t>(last[v])])].release.push_back(static_cast<int32_t>(v));
@@ -90,14 +94,62 @@ bool dead_after(const std::vector<int32_t>& release, const std::vector<Tensor>& 
   }
   return holders > 0 && st.use_count() == holders;
 }
+
+// Note [Values placed in buckets] (compile/ir/graph.h): value v's slice of its bucket's buffer, which the first
+// placed producer of a run makes (the bucket's own node, later, only views it: compile/passes/bucket_views.h).
+Tensor bucket_slot(const Graph& g, int32_t v, std::vector<Tensor>& env) {
+  const Value& val = g.values[static_cast<size_t>(v)];
+  Tensor& bucket = env[static_cast<size_t>(val.placed_in)];
+  if (!bucket.defined()) {
+    const Value& b = g.values[static_cast<size_t>(val.placed_in)];
+    bucket = empty(trace_shape(b.shape), b.dtype, b.device);
+  }
+  const Shape shape = trace_shape(val.shape);
+  return bucket.as_strided(shape, contiguous_strides(shape), bucket.offset() + val.placed_at);
+}
+
+// Both hold the same elements contiguously from the same place (b is a slot, contiguous).
+bool same_place(const Tensor& a, const Tensor& b) {
+  return a.storage() == b.storage() && a.offset() == b.offset() && a.is_contiguous();
+}
+
+// A node step whose outputs are placed: an op that writes given outputs computes into the slots; any other op
+// (a group that did not lower, an op without eval_to) computes as usual and its result is copied there, so a
+// placed value is always in its slot after its step.
+void run_placed_node(const Graph& g, const ExecStep& s, std::vector<Tensor>& env) {
+  const Node& n = g.nodes[static_cast<size_t>(s.node)];
+  if (!n.prim->writes_given_outputs()) {
+    run_node(n, s.release, env);
+    return;
+  }
+  std::vector<Tensor> ins, outs;
+  for (int32_t v : n.inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
+  for (int32_t o : n.outputs) {
+    const Value& val = g.values[static_cast<size_t>(o)];
+    outs.push_back(val.placed_in >= 0 ? bucket_slot(g, o, env) : empty(trace_shape(val.shape), val.dtype, val.device));
+  }
+  n.prim->eval_to(ins, outs);
+  for (size_t i = 0; i < outs.size(); ++i) env[static_cast<size_t>(n.outputs[i])] = outs[i];
+}
 }  // namespace
 
 void run_step(const Graph& g, const ExecStep& s, std::vector<Tensor>& env) {
   if (s.kernel) {
+    // A generated kernel writes each placed output into the slot found in env (compile/exec/kernel_step.cpp).
+    for (int32_t v : s.placed) env[static_cast<size_t>(v)] = bucket_slot(g, v, env);
     s.kernel(env);
-    return;
+  } else if (!s.placed.empty()) {
+    run_placed_node(g, s, env);
+  } else {
+    run_node(g.nodes[static_cast<size_t>(s.node)], s.release, env);
   }
-  run_node(g.nodes[static_cast<size_t>(s.node)], s.release, env);
+  for (int32_t v : s.placed) {
+    Tensor& t = env[static_cast<size_t>(v)];
+    if (!t.defined()) continue;  // a kernel's member that is not one of its outputs
+    Tensor slot = bucket_slot(g, v, env);
+    if (!same_place(t, slot)) slot.copy_(t);
+    t = slot;
+  }
 }
 
 void run_node(const Node& n, const std::vector<int32_t>& release, std::vector<Tensor>& env) {

@@ -21,6 +21,7 @@ struct ExecStep {
   int32_t group = -1;
   std::function<void(std::vector<Tensor>& env)> kernel;
   std::vector<int32_t> release;  // values dead after this step
+  std::vector<int32_t> placed;   // values it makes in their bucket's buffer (Note [Values placed in buckets])
 };
 
 struct Executable {

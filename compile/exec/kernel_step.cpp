@@ -10,13 +10,14 @@ struct OutMeta {
   Shape shape;
   DType dtype;
   Device device;
+  bool placed = false;  // written into the slot the executor put in env (Note [Values placed in buckets])
 };
 
 std::vector<OutMeta> out_metas(const Graph& g, const std::vector<int32_t>& values) {
   std::vector<OutMeta> outs;
   for (int32_t v : values) {
     const Value& val = g.values[static_cast<size_t>(v)];
-    outs.push_back(OutMeta{v, trace_shape(val.shape), val.dtype, val.device});
+    outs.push_back(OutMeta{v, trace_shape(val.shape), val.dtype, val.device, val.placed_in >= 0});
   }
   return outs;
 }
@@ -114,7 +115,8 @@ KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall
       bufs.push_back(t.data_ptr());
     }
     for (const OutMeta& o : outs) {
-      Tensor t = empty(o.shape, o.dtype, o.device);
+      const Tensor& slot = env[static_cast<size_t>(o.value)];
+      Tensor t = o.placed && slot.defined() ? slot : empty(o.shape, o.dtype, o.device);
       bufs.push_back(t.data_ptr());
       env[static_cast<size_t>(o.value)] = t;
     }

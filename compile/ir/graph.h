@@ -53,6 +53,11 @@ struct Value {
   int32_t producer = -1;  // node id, or -1 for a graph input
   int32_t output_index = 0;
   int32_t input_index = -1;  // index into Graph::inputs when producer < 0
+  // Note [Values placed in buckets]: placed_in >= 0 names a 1-d value (a data-parallel bucket,
+  // compile/passes/bucket_views.h) whose buffer holds this value's elements, contiguous, from element placed_at
+  // on: the executor makes that buffer at the first placed producer and has the producer write there.
+  int32_t placed_in = -1;
+  int64_t placed_at = 0;
 };
 
 struct Node {

@@ -53,6 +53,9 @@ std::string Graph::str() const {
     n.prim->print_attrs(attrs);
     if (!attrs.str().empty()) line << " {" << attrs.str() << "}";
     if (n.group >= 0) line << " [group " << n.group << "]";
+    for (int32_t o : n.outputs)
+      if (const Value& v = values[static_cast<size_t>(o)]; v.placed_in >= 0)
+        line << " [%" << o << " in %" << v.placed_in << " at " << v.placed_at << "]";
     std::string l = line.str();
     os << l;
     if (l.size() < 72) os << std::string(72 - l.size(), ' ');

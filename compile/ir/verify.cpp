@@ -6,7 +6,8 @@
 //     with the value's dtype and shape, at most once per input;
 //   - every node's recorded output metadata agrees with its primitive's infer() on its input metadata
 //     (checked with the traced sizes);
-//   - fusion groups hold each node at most once and nodes name their group.
+//   - fusion groups hold each node at most once and nodes name their group;
+//   - a placed value (Note [Values placed in buckets]) fits its 1-d buffer, whose dtype it has.
 #include <set>
 
 #include "compile/ir/graph.h"
@@ -78,6 +79,17 @@ void Graph::verify() const {
   }
   for (const GradOut& g : grad_outs)
     if (g.value >= 0) root(g.value, "grad out");
+  for (const Value& v : values) {
+    if (v.placed_in < 0) continue;
+    VERIFY(v.placed_in < static_cast<int32_t>(values.size()) && defined[static_cast<size_t>(v.placed_in)] == 1,
+           "%", v.id, " is placed in %", v.placed_in, ", which is not a defined value");
+    const Value& b = values[static_cast<size_t>(v.placed_in)];
+    int64_t n = 1;
+    for (const Dim& d : v.shape) n *= d.value;
+    VERIFY(b.dtype == v.dtype && b.shape.size() == 1 && v.placed_at >= 0 && v.placed_at + n <= b.shape[0].value,
+           "%", v.id, " ", value_meta_str(*this, v.id), " does not fit ", value_meta_str(*this, b.id),
+           " from element ", v.placed_at);
+  }
   std::set<int32_t> grouped;
   for (size_t gi = 0; gi < groups.size(); ++gi)
     for (int32_t n : groups[gi].nodes) {

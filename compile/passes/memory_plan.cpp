@@ -29,11 +29,17 @@ MemoryPlan memory_plan(const Graph& g) {
   // Where each buffer is last read (through views, before any reuse), and which buffers are roots.
   std::vector<int32_t> plain(nv), read_last(nv, -1);
   for (size_t v = 0; v < nv; ++v) plain[v] = static_cast<int32_t>(v);
+  // Note [Values placed in buckets] (compile/ir/graph.h): a bucket's buffer is made by its first placed producer
+  // and holds every placed value; the bucket's own view node is where the bucket value appears.
+  std::vector<bool> bucket(nv, false);
+  for (const Value& v : g.values)
+    if (v.placed_in >= 0) bucket[static_cast<size_t>(v.placed_in)] = true;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     for (int32_t in : n.inputs)
       if (in >= 0) read_last[static_cast<size_t>(plain[static_cast<size_t>(in)])] = static_cast<int32_t>(i);
-    if (n.prim->fusion_kind() == FusionKind::View && !n.inputs.empty() && n.inputs[0] >= 0)
+    if (n.prim->fusion_kind() == FusionKind::View && !n.inputs.empty() && n.inputs[0] >= 0 &&
+        !bucket[static_cast<size_t>(n.outputs[0])])
       for (int32_t o : n.outputs) plain[static_cast<size_t>(o)] = plain[static_cast<size_t>(n.inputs[0])];
   }
   std::vector<bool> root(nv, false);
@@ -52,6 +58,16 @@ MemoryPlan memory_plan(const Graph& g) {
         reuse = b;
     }
     for (int32_t o : n.outputs) {
+      if (const int32_t b = g.values[static_cast<size_t>(o)].placed_in; b >= 0 || bucket[static_cast<size_t>(o)]) {
+        const int32_t in = b >= 0 ? b : o;
+        base[static_cast<size_t>(o)] = in;
+        if (def[static_cast<size_t>(in)] < 0) {
+          const Value& bv = g.values[static_cast<size_t>(in)];
+          def[static_cast<size_t>(in)] = end[static_cast<size_t>(in)] = static_cast<int32_t>(i);
+          bytes[static_cast<size_t>(in)] = numel(trace_shape(bv.shape)) * static_cast<int64_t>(itemsize(bv.dtype));
+        }
+        continue;
+      }
       if (view) {
         base[static_cast<size_t>(o)] = base[static_cast<size_t>(n.inputs[0])];
         continue;

@@ -4,6 +4,7 @@
 
 #include "compile/passes/accumulate_index_add.h"
 #include "compile/passes/bucket_updates.h"
+#include "compile/passes/bucket_views.h"
 #include "compile/passes/cse.h"
 #include "compile/passes/dce.h"
 #include "compile/passes/decompose_norm_bwd.h"
