@@ -196,8 +196,6 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("matmul_epilogues", g, [&](Graph& x) {
     return generated && passes::fuse_matmul_epilogues(x, {.target = target, .with_dbias = true});
   });
-  // After matmul_epilogues, which takes the products it widens to f32 first (LoRA's adds stay in the compute dtype).
-  run_pass("lora_epilogue", g, [&](Graph& x) { return generated && passes::lora_epilogue(x, {target}); });
   run_pass("fuse_cross_entropy", g, [&](Graph& x) { return generated && passes::fuse_cross_entropy(x, {target}); });
   run_pass("pack_attention_grads", g, [&](Graph& x) { return generated && passes::pack_attention_grads(x, {target}); });
   run_pass("accumulate_index_add", g, [&](Graph& x) { return generated && passes::accumulate_index_add(x, {target}); });

@@ -23,11 +23,6 @@ std::shared_ptr<Primitive> make_linear_gelu(Shape shape);
 // operands' dtype: cast(matmul(a, b), f32) in one product (the weight gradients that AdamW reads in f32).
 std::shared_ptr<Primitive> make_matmul_widened(bool trans_a, bool trans_b);
 
-// inputs:  a, b (2-D, as for matmul with the given trans flags), and with accumulate c (shaped `shape`)
-// outputs: alpha * (op(a) @ op(b)) [+ c], shaped `shape` (M * N elements), in one product: beta = 1 over c's buffer
-//          when nothing else reads it (compile/passes/lora_epilogue.cpp: a LoRA branch's scale and sum).
-std::shared_ptr<Primitive> make_matmul_scaled(bool trans_a, bool trans_b, double alpha, bool accumulate, Shape shape);
-
 struct MatmulFlags {
   bool trans_a = false, trans_b = false;
 };

@@ -11,7 +11,6 @@
 #include "compile/passes/functionalize.h"
 #include "compile/passes/fuse.h"
 #include "compile/passes/fuse_cross_entropy.h"
-#include "compile/passes/lora_epilogue.h"
 #include "compile/passes/matmul_epilogue.h"
 #include "compile/passes/memory_plan.h"
 #include "compile/passes/pack_attention_grads.h"
