@@ -2,23 +2,16 @@
 // count target and the cache-key text derived from it. No GPU needed: the SM counts are given.
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 
 #include "runtime/error.h"
 #include "runtime/sm_budget.h"
+#include "testing.h"
 
 namespace ingot {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using ingot::testing::error_of;
 
 TEST(SmBudget, ParsesAnIntegerAtLeastZeroAndNamesWhereABadOneCameFrom) {
   EXPECT_EQ(parse_sm_carveout("0", "INGOT_SM_CARVEOUT"), 0);
