@@ -127,12 +127,9 @@ class NcclWork final : public Work {
   void block_stream(cuda::Stream stream) override {
     cuda::DeviceGuard guard(stream.device);  // Note [Null streams name the current device] (check.h)
     if (on_wait) on_wait(static_cast<cudaStream_t>(stream.handle));
-    if (captured) {  // Note [Collectives in CUDA graphs]
-      CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.handle), end_, 0));
-      if (stream.handle == producer_.handle && stream.device == producer_.device) release();
-      return;
-    }
-    if (is_completed()) {
+    // A captured Work is complete on the host at once, but its wait is a graph edge (Note [Collectives in CUDA
+    // graphs]): only an uncaptured, finished collective needs no stream wait.
+    if (!captured && is_completed()) {
       wait();  // rethrows a failure
       return;
     }
