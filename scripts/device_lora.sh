@@ -15,6 +15,8 @@
 #                              text50, peft, budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while
 #                              DEADLINE allows)
 #   peft: peft + torch.compile; peft_eager: peft eager
+#   autotune / autotune_nocg / overhead: ingot compiled in max-autotune (cuBLASLt candidates timed per product
+#         shape, CUDA graphs), max-autotune-no-cudagraphs, reduce-overhead
 #   memory: ingot compiled with INGOT_LOGS=memory (what is alive at the peak), 2 steps
 #   qlora_ckpt / ckpt: qlora / ingot with train.activation_checkpointing=blocks (only each block's input kept)
 #   qlora: ingot compiled with lora.quantize_base=nf4 (the frozen base in NF4, block 64, double-quantized absmax)
@@ -120,6 +122,9 @@ ingot_run() {  # ingot_run NAME key=value...
   ingot_row "ingot $name" "$WORK/run_$name"
 }
 want ingot && ingot_run compiled compile.enabled=true
+want autotune && ingot_run max_autotune compile.enabled=true compile.mode=max-autotune
+want autotune_nocg && ingot_run max_autotune_nocg compile.enabled=true compile.mode=max-autotune-no-cudagraphs
+want overhead && ingot_run reduce_overhead compile.enabled=true compile.mode=reduce-overhead
 want qlora && ingot_run qlora compile.enabled=true lora.quantize_base=nf4
 want qlora_ckpt && ingot_run qlora_ckpt compile.enabled=true lora.quantize_base=nf4 train.activation_checkpointing=blocks
 want ckpt && ingot_run compiled_ckpt compile.enabled=true train.activation_checkpointing=blocks
