@@ -34,6 +34,10 @@
 #         GPT-2 compiled default at 1 GPU and at all GPUs (with the timeline) for each N of CARVEOUTS (default
 #         "0 8 16"), `--sm-carveout N`: one '| ingot ... carveout N' row each (no suffix for 0); CARVEOUT_CTAS=1
 #         adds for each N > 0 the all-GPU row with NCCL_MAX_CTAS=N (NCCL's CTAs held to the SMs left to them)
+#   llama: ~1B Llama full fine-tune, 1 GPU and DDP x4 (f32 25 MB buckets; bf16 100 MB), and with torch or llama_torch
+#         transformers + torch.compile on 1 GPU and DDP x4 under torchrun (each row sampled when CLOCKS=1)
+#   clocks: GPT-2 compiled default on 1 GPU, DDP in a world of one, DDP at 2 and all GPUs and reduce-overhead at all
+#         GPUs, each with nvidia-smi sampling (CLOCKS=1, below): median SM clock, power and throttle reason per GPU
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -118,13 +122,46 @@ fi
 
 bench="--device cuda --dtype bf16 --batch 16 --seq 1024 --steps 20 --warmup 5 --cache-dir /tmp/ingot-dist-cache"
 row() { grep -h "^| ingot" "$1" | tail -1; grep -h "^timeline:" "$1" | tail -1; }
+# CLOCKS=1: nvidia-smi samples every GPU's SM clock, power and throttle reasons every 100 ms while a row runs
+# (NAME.smi.csv) and prints, for the GPUs the row used, the median SM clock and power over its busy samples
+# (power above half the limit): whether the step slows with peers because the clocks drop (power cap) rather
+# than because kernels share SMs.
+smi_start() {
+  [[ -n ${CLOCKS:-} ]] || return 0
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,power.limit,clocks_throttle_reasons.active \
+    --format=csv,noheader,nounits -lms 100 > "$out/$1.smi.csv" 2>/dev/null &
+  smi_pid=$!
+}
+smi_stop() {  # smi_stop NAME GPUS
+  [[ -n ${CLOCKS:-} ]] || return 0
+  kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null
+  python3 - "$out/$1.smi.csv" "$2" "$1" <<'PY'
+import statistics, sys
+path, n, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rows = [[x.strip() for x in l.split(",")] for l in open(path) if l.count(",") >= 6]
+out = []
+for g in range(n):
+    busy = [r for r in rows if r[1] == str(g) and r[4] not in ("[N/A]", "") and float(r[4]) > 0.5 * float(r[5])]
+    if not busy:
+        out.append(f"gpu{g}: no busy samples"); continue
+    reasons = {}
+    for r in busy: reasons[r[6]] = reasons.get(r[6], 0) + 1
+    top = max(reasons, key=reasons.get)
+    out.append(f"gpu{g}: sm {statistics.median(float(r[2]) for r in busy):.0f} MHz, "
+               f"{statistics.median(float(r[4]) for r in busy):.0f} W of {float(busy[0][5]):.0f}, "
+               f"{len(busy)} busy samples, throttle {top} in {reasons[top]}")
+print(f"clocks {name}: " + "; ".join(out))
+PY
+}
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
-  want bench || want variants || want memory || want peak || want zero || want carveout || return 0
+  want bench || want variants || want memory || want peak || want zero || want carveout || want clocks || return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
+  smi_start "$name"
   if (( n == 1 )); then CUDA_VISIBLE_DEVICES=$vis timeout 200 bench_gpt2_step $bench "$@" > "$out/$name.log" 2>&1
   else CUDA_VISIBLE_DEVICES=$vis timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_gpt2_step $bench "$@" \
       > "$out/$name.log" 2>&1; fi
+  smi_stop "$name" "$n"
   row "$out/$name.log"
 }
 if want bench; then
@@ -140,6 +177,18 @@ if want bench; then
     gpt2 $n default_$n --compile default --timeline
     gpt2 $n ro_$n --compile reduce-overhead --timeline
   done
+fi
+if want clocks; then  # GPT-2 default mode: 1 GPU, DDP in a world of one (no peers), DDP at 2 and all GPUs, sampled
+  CLOCKS=1
+  gpt2 1 clocks_1 --compile default
+  smi_start clocks_ddp1
+  CUDA_VISIBLE_DEVICES=0 timeout 200 ingot launch --nproc-per-node 1 --standalone -- bench_gpt2_step $bench \
+    --compile default --ddp --timeline > "$out/clocks_ddp1.log" 2>&1
+  smi_stop clocks_ddp1 1; row "$out/clocks_ddp1.log"
+  (( gpus >= 2 )) && gpt2 2 clocks_2 --compile default --timeline
+  (( gpus >= 4 )) && gpt2 4 clocks_4 --compile default --timeline
+  (( gpus >= 4 )) && gpt2 4 clocks_ro_4 --compile reduce-overhead --timeline
+  CLOCKS=
 fi
 if want torch; then
   for n in 1 4; do
@@ -180,16 +229,21 @@ if want llama; then
   # ~1B Llama full fine-tune (bench/configs/llama_1b), 2 x 2048 tokens per GPU; DDP x4 also with 100 MB buckets in bf16.
   llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
     --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
+  smi_start llama_1
   CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/llama_1.log" 2>&1
+  smi_stop llama_1 1
   grep -h "^| ingot" "$out/llama_1.log" | tail -1
   if (( gpus >= 4 )); then
+    i=0
     for extra in "" "--bucket-cap-mb 100 --reduce-dtype bf16"; do
+      i=$((i + 1)); smi_start llama_4_$i
       CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama \
-        --timeline $extra > "$out/llama_4.log" 2>&1
-      grep -h "^| ingot\|^timeline" "$out/llama_4.log" | tail -2
+        --timeline $extra > "$out/llama_4_$i.log" 2>&1
+      smi_stop llama_4_$i 4
+      grep -h "^| ingot\|^timeline" "$out/llama_4_$i.log" | tail -2
     done
   fi
-  if want torch; then  # transformers + torch.compile, 1 GPU and DDP x4 under torchrun
+  if want torch || want llama_torch; then  # transformers + torch.compile, 1 GPU and DDP x4 under torchrun
     for n in 1 4; do
       (( n <= gpus )) || continue
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) timeout 300 python3 -m torch.distributed.run --standalone \
