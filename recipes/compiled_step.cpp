@@ -1,5 +1,8 @@
 #include "recipes/compiled_step.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "runtime/error.h"
 
 namespace ingot::recipes {
@@ -12,6 +15,9 @@ CompileOptions compile_options(const CompileSettings& c) {
   o.fullgraph = c.fullgraph;
   o.dynamic = c.dynamic ? DynamicMode::True : DynamicMode::False;
   o.memory_budget = c.memory_budget;
+  // A lag of at least the number of units leaves every wait at the backward's end, as 0 does, so clamping a
+  // huge value to int keeps its meaning.
+  o.unit_reduction_lag = static_cast<int>(std::min<int64_t>(c.unit_reduction_lag, std::numeric_limits<int>::max()));
   o.cache_dir = c.cache_dir;
   o.name = "train_step";
   return o;

@@ -77,6 +77,12 @@ void add_compile_keys(ConfigSchema& s) {
             .at_least(0)
             .at_most(1)
             .not_in_config_hash());
+  s.add(K::of(T::Int, "compile.unit_reduction_lag", "1",
+              "compiled ZeRO-3 (distributed.zero_stage 3): wait for each unit's gradient reduce-scatter this many "
+              "units later, so at most N + 1 units' flattened gradients are alive (0: every wait at the backward's "
+              "end; larger: more overlap, more memory)")
+            .at_least(0)
+            .not_in_config_hash());
   s.add(K::of(T::String, "compile.cache_dir", "", "compile cache directory (empty: the compiler's default)")
             .not_in_config_hash());
 }
@@ -371,6 +377,7 @@ void resolve_compile(const Config& cfg, ConfigErrors& errors, RunSettings& s) {
                 cfg.value("compile.memory_budget").text +
                     " recomputes activations in a compiled step only, and compile.enabled is false; set "
                     "compile.enabled=true (or train.activation_checkpointing=blocks, which works eagerly too)");
+  s.compile.unit_reduction_lag = rd.i64("compile.unit_reduction_lag");
   s.compile.cache_dir = rd.str("compile.cache_dir");
   // The loss scaler decides on the host whether a step is applied, which a compiled step cannot replay.
   if (s.dtype == DType::f16 && s.compile.enabled && !errors.has_error_for("dtype"))

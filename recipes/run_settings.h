@@ -4,7 +4,8 @@
 //   checkpoint:  save_every, keep_last
 //   logging:     tensorboard, plot, peak_tflops
 //   profile:     enabled, start_step, num_steps, top_k
-//   compile:     enabled, mode, fullgraph, dynamic, memory_budget, cache_dir (the compiler's options)
+//   compile:     enabled, mode, fullgraph, dynamic, memory_budget, unit_reduction_lag, cache_dir (the compiler's
+//                options)
 //   distributed: backend, bucket_cap_mb, reduce_dtype, zero_stage, reshard_after_forward, overlap, timeout_s,
 //                init_timeout_s (DDP's and FSDP's options)
 // A recipe's schema is add_run_keys() plus its own model/data/train keys.
@@ -35,6 +36,9 @@ struct CompileSettings {
   std::string mode = "default";  // default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
   bool fullgraph = false, dynamic = false;
   double memory_budget = 1.0;  // fraction of activations kept (< 1 recomputes: activation checkpointing)
+  // Compiled ZeRO-3: each unit's gradient reduce-scatter is waited for this many units later
+  // (CompileOptions::unit_reduction_lag); 0: every wait at the backward's end.
+  int64_t unit_reduction_lag = 1;
   std::string cache_dir;
 };
 

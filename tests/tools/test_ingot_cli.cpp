@@ -694,6 +694,14 @@ TEST_F(IngotCli, AMemoryBudgetWithoutCompileIsAConfigErrorNotASilentNoOp) {
   EXPECT_EQ(run_ingot(dir_.path(), "validate tiny.yaml compile.memory_budget=0.5 compile.enabled=true").exit_code, 0);
 }
 
+TEST_F(IngotCli, ANegativeUnitReductionLagIsAConfigError) {
+  Result r = run_ingot(dir_.path(), "validate tiny.yaml compile.unit_reduction_lag=-1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("compile.unit_reduction_lag: expected an integer >= 0, got '-1'"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(run_ingot(dir_.path(), "validate tiny.yaml compile.unit_reduction_lag=0").exit_code, 0);
+}
+
 TEST_F(IngotCli, MessagesShowTheValueAndSuggestWhatWasMeant) {
   Result r = run_ingot(dir_.path(), "validate tiny.yaml train.lr=1e-4 train.min_lr=3e-4 train.learning_rate=1e-3 "
                                     "dtype=bfloat16");
