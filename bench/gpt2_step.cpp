@@ -30,8 +30,10 @@
 // says " carveout N", also when INGOT_SM_CARVEOUT set it).
 // Sharding: --zero-stage 1|2|3 (--zero1 is --zero-stage 1); 3 is FullyShardedDataParallel (eager, or with
 // --compile its units' collectives in the graph: distributed/fsdp_compiled.h), with --keep-after-forward for
-// reshard_after_forward false. With f32 parameters (--dtype bf16 computes in
-// bf16 from them) every stage all-gathers and updates f32 values; the row's peak memory is rank 0's.
+// reshard_after_forward false, and --unit-reduction-lag N for CompileOptions::unit_reduction_lag (compiled: each
+// unit's reduce-scatter waited for N units later, 0 at the backward's end; the row says " unit lag N" unless 1).
+// With f32 parameters (--dtype bf16 computes in bf16 from them) every stage all-gathers and updates f32 values;
+// the row's peak memory is rank 0's.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -63,7 +65,7 @@ struct Args {
   int64_t profile = 0;
   bool profiler_range = false, losses = false, regional = false;
   bool timeline = false, one_update = false, ddp_alone = false, keep_after_forward = false;
-  int zero_stage = 0;
+  int zero_stage = 0, unit_reduction_lag = 1;
   double bucket_cap_mb = 25.0;
   std::string reduce_dtype = "f32";
   double memory_budget = 1.0, peak_tflops = 989.4;
@@ -110,11 +112,16 @@ Args parse(int argc, char** argv) {
   app.add_option("--zero-stage", a.zero_stage, "0 (DDP), 1, 2 or 3 (FSDP; eager or compiled)")
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3 without resharding after forward")->group(dist);
+  app.add_option("--unit-reduction-lag", a.unit_reduction_lag,
+                 "compiled ZeRO-3: wait for each unit's reduce-scatter N units later (0: at the backward's end)")
+      ->capture_default_str()->group(dist);
   a.sm_carveout_flag = bench::add_sm_carveout_flag(app, a.sm_carveout, dist);
   bench::parse_or_exit(app, argc, argv);
   INGOT_CHECK(a.peak_tflops > 0, "bench_gpt2_step: --peak-tflops must be positive, got ", a.peak_tflops);
   bench::check_ddp_flags("bench_gpt2_step", a.bucket_cap_mb, a.reduce_dtype);
   INGOT_CHECK(a.zero_stage >= 0 && a.zero_stage <= 3, "bench_gpt2_step: --zero-stage must be 0..3, got ", a.zero_stage);
+  INGOT_CHECK(a.unit_reduction_lag >= 0, "bench_gpt2_step: --unit-reduction-lag must be >= 0, got ",
+              a.unit_reduction_lag);
   return a;
 }
 
@@ -164,6 +171,7 @@ int main(int argc, char** argv) try {
     o.memory_budget = a.memory_budget;
     o.regional = a.regional;
     o.bucket_updates = !a.one_update;
+    o.unit_reduction_lag = a.unit_reduction_lag;
     o.name = "gpt2_step";
     compiled = compile(step_fn, o);
   }
@@ -183,6 +191,8 @@ int main(int argc, char** argv) try {
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, a.one_update, !a.keep_after_forward);
+  if (compiled && w.dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
+    mode += " unit lag " + std::to_string(a.unit_reduction_lag);
   mode += bench::carveout_label();
   std::printf("| mode | device | dtype | batch x seq | params | ms/step (median of %lld) | tokens/s | TFLOP/s | MFU | peak mem GB | "
               "first call s | loss first->last |\n",

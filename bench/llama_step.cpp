@@ -12,9 +12,11 @@
 // --batch is per rank, and rank 0 prints the row (tokens/s per rank); --timeline adds rank 0's communication
 // per step (busy, exposed), and --sm-carveout N leaves N SMs to NCCL's kernels, as bench_gpt2_step does.
 // Sharding: --zero-stage 1|2|3 (3: FullyShardedDataParallel, eager or compiled; --keep-after-forward for
-// reshard_after_forward false); --params bf16 holds the weights (ZeRO-3: their shards, gathered in bf16) in bf16
-// with f32 masters the optimizer updates, as `ingot run full_finetune dtype=bf16` and FSDP2's
-// MixedPrecisionPolicy(param_dtype=bf16) do; --reduce-dtype f32 reduces gradients in f32 (FSDP2's reduce_dtype).
+// reshard_after_forward false; compiled, --unit-reduction-lag N waits for each unit's reduce-scatter N units later,
+// CompileOptions::unit_reduction_lag, 0 at the backward's end, and the row says " unit lag N" unless 1);
+// --params bf16 holds the weights (ZeRO-3: their shards, gathered in bf16) in bf16 with f32 masters the optimizer
+// updates, as `ingot run full_finetune dtype=bf16` and FSDP2's MixedPrecisionPolicy(param_dtype=bf16) do;
+// --reduce-dtype f32 reduces gradients in f32 (FSDP2's reduce_dtype).
 // The same weights and tokens as bench/reference/fsdp2_llama.py: --checkpoint DIR (an HF checkpoint; under ZeRO-3
 // each rank reads only its shards' slices, models::HFSliceReader) and --tokens FILE (int32 ids in rows of seq + 1;
 // rank r's rows of call k are (k * world + r) * batch .. + batch - 1, modulo the rows, as the reference reads
@@ -48,7 +50,7 @@ struct Args {
   std::string config, device = "auto", dtype = "bf16", compile = "none", cache_dir, checkpoint, tokens;
   std::string params = "f32";
   int64_t batch = 2, seq = 2048, steps = 20, warmup = 5, layers = 0, losses = 0;
-  int zero_stage = 0;
+  int zero_stage = 0, unit_reduction_lag = 1;
   bool timeline = false, keep_after_forward = false;
   double peak_tflops = 989.4;
   double bucket_cap_mb = 25.0;
@@ -88,6 +90,9 @@ Args parse(int argc, char** argv) {
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3: keep a block's weights from forward to backward")
       ->group(dist);
+  app.add_option("--unit-reduction-lag", a.unit_reduction_lag,
+                 "compiled ZeRO-3: wait for each unit's reduce-scatter N units later (0: at the backward's end)")
+      ->capture_default_str()->group(dist);
   a.sm_carveout_flag = bench::add_sm_carveout_flag(app, a.sm_carveout, dist);
   bench::parse_or_exit(app, argc, argv);
   if (a.config.empty() && !a.checkpoint.empty()) a.config = a.checkpoint + "/config.json";
@@ -96,6 +101,8 @@ Args parse(int argc, char** argv) {
   bench::check_ddp_flags("bench_llama_step", a.bucket_cap_mb, a.reduce_dtype);
   INGOT_CHECK(a.zero_stage >= 0 && a.zero_stage <= 3, "bench_llama_step: --zero-stage must be 0..3, got ",
               a.zero_stage);
+  INGOT_CHECK(a.unit_reduction_lag >= 0, "bench_llama_step: --unit-reduction-lag must be >= 0, got ",
+              a.unit_reduction_lag);
   INGOT_CHECK(a.params == "f32" || a.params == "bf16", "bench_llama_step: --params must be f32 or bf16, got ",
               a.params);
   INGOT_CHECK(a.params == "f32" || a.dtype == "bf16",
@@ -217,6 +224,7 @@ int main(int argc, char** argv) try {
                 a.compile);
     o.mode = *mode;
     o.cache_dir = a.cache_dir;
+    o.unit_reduction_lag = a.unit_reduction_lag;
     o.name = "llama_step";
     compiled = compile(step_fn, o);
   }
@@ -252,6 +260,8 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, false, !a.keep_after_forward);
+  if (compiled && dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
+    mode += " unit lag " + std::to_string(a.unit_reduction_lag);
   mode += bench::carveout_label();
   if (bf16_params) mode += " bf16 params + f32 masters";
   const double tflops = flops / (med / 1e3) / 1e12;

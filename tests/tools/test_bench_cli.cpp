@@ -132,5 +132,49 @@ TEST(BenchCli, EveryBenchNamesBadFlagsAndListsItsFlags) {
   EXPECT_NE(stage.output.find("--zero-stage must be 0..3, got 4"), std::string::npos) << stage.output;
 }
 
+// --unit-reduction-lag N is CompileOptions::unit_reduction_lag of a compiled ZeRO-3 step; a negative one is refused
+// before anything is built.
+TEST(BenchCli, StepBenchesTakeAUnitReductionLagAndRefuseANegativeOne) {
+  for (const std::string name : {"bench_gpt2_step", "bench_llama_step"}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(fs::exists(bench_binary(name))) << bench_binary(name);
+    const auto help = run_bench("--help", name);
+    EXPECT_NE(help.output.find("--unit-reduction-lag"), std::string::npos) << help.output;
+    const std::string config = name == "bench_llama_step" ? "--config /nonexistent.json " : "";
+    const auto negative = run_bench(config + "--unit-reduction-lag -1", name);
+    EXPECT_NE(negative.exit_code, 0);
+    EXPECT_NE(negative.output.find(name + ": --unit-reduction-lag must be >= 0, got -1"),
+              std::string::npos)
+        << negative.output;
+    EXPECT_EQ(negative.output.find("| ingot"), std::string::npos) << "refused before any step: " << negative.output;
+  }
+}
+
+// A compiled ZeRO-3 row says its lag unless it is the default 1 (2 Gloo ranks under `ingot launch`).
+TEST(BenchGpt2Step, ACompiledZero3RowNamesANonDefaultUnitReductionLag) {
+  ASSERT_TRUE(fs::exists(bench_binary("ingot"))) << "build the `ingot` target too";
+  const fs::path cache = fs::temp_directory_path() / ("ingot_bench_lag_" + std::to_string(::getpid()));
+  auto launched = [&](const std::string& lag) {
+    std::string command = "'";
+    command += bench_binary("ingot").string();
+    command += "' launch --nproc-per-node 2 -- '";
+    command += bench_binary().string();
+    command += "' ";
+    command += kTiny;
+    command += " --zero-stage 3 --compile default --cache-dir '";
+    command += cache.string();
+    command += "' --unit-reduction-lag ";
+    command += lag;
+    command += " 2>&1";
+    return ingot::testing::run_shell(command);
+  };
+  const auto lag0 = launched("0"), lag1 = launched("1");
+  fs::remove_all(cache);
+  ASSERT_EQ(lag0.exit_code, 0) << lag0.output;
+  ASSERT_EQ(lag1.exit_code, 0) << lag1.output;
+  EXPECT_EQ(row_cells(lag0.output, "ingot compile default ZeRO-3 x2 unit lag 0").size(), 12u) << lag0.output;
+  EXPECT_EQ(row_cells(lag1.output, "ingot compile default ZeRO-3 x2").size(), 12u) << lag1.output;
+}
+
 }  // namespace
 }  // namespace ingot
