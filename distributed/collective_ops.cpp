@@ -46,6 +46,13 @@ class CollectivePrim : public Primitive, public CollectiveStep {
 std::mutex g_pending_mu;
 std::map<const Storage*, std::shared_ptr<Work>> g_pending;
 
+// A collective with nothing to do (Note [Averages over one rank]): finished before its wait.
+std::shared_ptr<Work> done_work(const char* op) {
+  auto work = std::make_shared<Work>(op, -1);
+  work->finish();
+  return work;
+}
+
 // Registers the work that writes `out` for its collective_wait.
 void register_pending(const Tensor& out, std::shared_ptr<Work> work) {
   std::lock_guard<std::mutex> lock(g_pending_mu);
@@ -56,6 +63,13 @@ void register_pending(const Tensor& out, std::shared_ptr<Work> work) {
 // nothing else holds it (the bucket's concatenation, read by the start alone: Note [Outputs over dead inputs]),
 // so a compiled DDP step does not copy the bucket again before reducing it. Eagerly (or when the input is
 // still read afterwards) it reduces a copy.
+//
+// Note [Averages over one rank]: in a world of one the average of a bucket is the bucket itself, so the start
+// issues nothing and its wait finds the work already done. NCCL would not skip it: ncclAvg over f32 is a
+// pre-multiplied sum, and on one rank NCCL still runs it as a kernel that reads and writes the whole bucket (2x
+// the gradient bytes per step, ~1 GB for GPT-2 124M, on the comm stream beside the backward: the 0.98 ms of
+// "communication" a world of one showed, bench/RESULTS.md 2026-11-26). The graph keeps its starts and waits, so a
+// world of one still runs a data-parallel step's schedule and per-bucket updates (`bench_gpt2_step --ddp`).
 class AllReduceStartPrim final : public CollectivePrim {
  public:
   using CollectivePrim::CollectivePrim;
@@ -68,7 +82,7 @@ class AllReduceStartPrim final : public CollectivePrim {
 
  private:
   std::vector<Tensor> start(Tensor out) const {
-    register_pending(out, reduce_bucket_async(*group_, out));
+    register_pending(out, group_->size() == 1 ? done_work("all_reduce") : reduce_bucket_async(*group_, out));
     return {out};
   }
 };

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <optional>
 
 #include "compile/api.h"
@@ -33,20 +34,24 @@ struct DdpRun {
   std::vector<Tensor> params;
   CompileStats stats;
   size_t buckets = 0;
+  int64_t collectives = 0;  // issued to the process group from DDP's construction to the last step
 };
 
 // Tiny GPT-2, AdamW, 6 steps on this rank's half of a fixed global batch of 4 sequences; small buckets so
-// the model spreads over several all-reduces.
+// the model spreads over several all-reduces. `wrap` false: the same steps without DDP (one process's step).
 DdpRun train(const DistributedContext& ctx, bool compiled, const std::string& cache_dir, int zero_stage = 0,
-             std::optional<DType> reduce_dtype = std::nullopt) {
+             std::optional<DType> reduce_dtype = std::nullopt, bool wrap = true) {
   manual_seed(5);
   models::GPT2 model(ingot::testing::tiny_gpt2_config());
   DdpOptions o;
   o.bucket_cap_mb = 8.0 / 1024;  // 8 KiB: a handful of buckets
   o.zero_stage = zero_stage;
   o.reduce_dtype = reduce_dtype;
-  DistributedDataParallel ddp(model, ctx.group, o);
-  optim::AdamW opt(ddp.optimizer_params(), optim::AdamWOptions{3e-3, 0.9, 0.95, 1e-8, 0.1});
+  const int64_t seq0 = ctx.group->next_seq();
+  std::unique_ptr<DistributedDataParallel> ddp;
+  if (wrap) ddp = std::make_unique<DistributedDataParallel>(model, ctx.group, o);
+  optim::AdamW opt(ddp ? ddp->optimizer_params() : model.parameters(),
+                   optim::AdamWOptions{3e-3, 0.9, 0.95, 1e-8, 0.1});
   auto [ids, tgt] = ingot::testing::repeating_batch(4, 8);
   RowRange r = batch_shard(4, ctx.info.rank, ctx.info.world_size);
   Tensor x = contiguous(narrow(ids, 0, r.begin, r.end - r.begin));
@@ -54,8 +59,13 @@ DdpRun train(const DistributedContext& ctx, bool compiled, const std::string& ca
   auto step = [&](const std::vector<Tensor>& b) {
     Tensor loss = model.loss(b[0], b[1]);
     loss.backward();
-    ddp.step(opt);
-    ddp.zero_grad();
+    if (ddp) {
+      ddp->step(opt);
+      ddp->zero_grad();
+    } else {
+      opt.step();
+      opt.zero_grad();
+    }
     return std::vector<Tensor>{loss};
   };
   CompileOptions co;
@@ -66,7 +76,8 @@ DdpRun train(const DistributedContext& ctx, bool compiled, const std::string& ca
   for (int i = 0; i < 6; ++i) out.losses.push_back((compiled ? fn({x, y}) : step({x, y}))[0].item());
   for (const Tensor& p : model.parameters()) out.params.push_back(p.clone_raw());
   out.stats = fn.stats();
-  out.buckets = ddp.bucket_layout().size();
+  out.buckets = ddp ? ddp->bucket_layout().size() : 0;
+  out.collectives = ctx.group->next_seq() - seq0;
   return out;
 }
 
@@ -176,6 +187,34 @@ TEST(CompiledDdp, Bf16ReductionFollowsEagerAndStaysNearTheF32Reduction) {
     return;
   }
   run_compiled_ranks(2, 120s);
+}
+
+// Note [Averages over one rank] (distributed/collective_ops.cpp): in a world of one a compiled DDP step issues no
+// all-reduce (NCCL would read and write every bucket to multiply it by 1), yet keeps the data-parallel graph (a
+// start and a wait per bucket, per-bucket updates) and trains exactly as the step without DDP.
+TEST(CompiledDdp, AWorldOfOneIssuesNoReductionAndTrainsLikeOneProcess) {
+  if (is_rank_process()) {
+    const auto [ctx, cache] = join_compiled_ranks(kRankTimeout);
+    ASSERT_EQ(ctx.info.world_size, 1);
+    DdpRun alone = train(ctx, true, cache, 0, std::nullopt, false), comp = train(ctx, true, cache);
+    ASSERT_GT(comp.buckets, 2u) << "the test needs several buckets";
+    EXPECT_EQ(comp.collectives, 0) << "the traced and the compiled steps issued collectives in a world of one";
+    for (size_t i = 0; i < alone.losses.size(); ++i) EXPECT_EQ(comp.losses[i], alone.losses[i]) << "step " << i;
+    for (size_t k = 0; k < alone.params.size(); ++k)
+      EXPECT_LE(max_rel_error(comp.params[k], alone.params[k], 1e-6, 1e-7), 1.0) << "parameter " << k;
+    EXPECT_LT(alone.losses.back(), alone.losses.front() - 0.3) << "the run must actually train";
+    const std::string& g = comp.stats.last_graph;
+    auto count = [&](const std::string& what) {
+      size_t n = 0;
+      for (size_t p = g.find(what); p != std::string::npos; p = g.find(what, p + 1)) ++n;
+      return n;
+    };
+    EXPECT_EQ(count("all_reduce_start("), comp.buckets) << g;
+    EXPECT_EQ(count("collective_wait("), comp.buckets) << g;
+    EXPECT_EQ(count("adamw_update("), comp.buckets) << g;
+    return;
+  }
+  run_compiled_ranks(1, 120s);
 }
 
 }  // namespace
