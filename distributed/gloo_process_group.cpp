@@ -23,6 +23,7 @@
 #include "autograd/ops.h"
 #include "distributed/process_group.h"
 #include "runtime/allocator_census.h"
+#include "runtime/kernels/kernels.h"
 
 namespace ingot::distributed {
 
@@ -201,7 +202,9 @@ class GlooProcessGroup final : public ProcessGroup {
         INGOT_FAIL("all_reduce: unsupported dtype ", dtype_name(buf.dtype()));
     }
     gloo::allreduce(o);
-    if (op == ReduceOp::Avg) buf.copy_(mul(buf, 1.0 / size_));
+    // The average scales the sum where it lies: one pass over the buffer and no second buffer of its size (a
+    // bucket: 498 MB for GPT-2 124M), the same kernel and rounding as mul().
+    if (op == ReduceOp::Avg) kernels::cpu::unary(kernels::UnaryOp::MulScalar, buf, buf, 1.0 / size_);
     if (!buf.same(t)) t.copy_(buf);
     t.bump_version();
   }

@@ -11,6 +11,7 @@
 #include "distributed/bootstrap.h"
 #include "distributed/process_group.h"
 #include "distributed/spawn.h"
+#include "runtime/allocator.h"
 #include "runtime/file_util.h"
 
 namespace ingot::distributed {
@@ -74,6 +75,28 @@ TEST(GlooProcessGroup, AllReduceSumAvgMaxAgreeWithTheRankwiseFormulasOnFourRanks
     return;
   }
   expect_ranks_pass(spawn_ranks(ingot::testing::world(4)));
+}
+
+// The average scales the reduced sum in its own buffer: no second buffer the size of the tensor (a DDP bucket) is
+// allocated for it, and the values are the rankwise mean, bit for bit.
+TEST(GlooProcessGroup, AnAverageScalesTheSumInPlaceWithoutASecondBuffer) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(quick_init());
+    const int world = ctx.info.world_size, rank = ctx.info.rank;
+    const int64_t n = 1 << 18;  // 1 MiB of f32
+    Tensor a = rank_tensor(rank, n, DType::f32);
+    const AllocatorStats before = allocator_for(Device::cpu()).stats();
+    ctx.group->all_reduce(a, ReduceOp::Avg)->wait();
+    const AllocatorStats after = allocator_for(Device::cpu()).stats();
+    EXPECT_EQ(after.num_allocs, before.num_allocs) << "the average allocated a buffer of our allocator";
+    for (int64_t i = 0; i < n; i += 997) {
+      float sum = 0;
+      for (int r = 0; r < world; ++r) sum += static_cast<float>(value(r, i));
+      EXPECT_EQ(a.item_at(i), static_cast<double>(sum * static_cast<float>(1.0 / world))) << "i=" << i;
+    }
+    return;
+  }
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2)));
 }
 
 TEST(GlooProcessGroup, ReduceScatterGivesEachRankItsChunkAndAllGatherRebuildsTheWhole) {
