@@ -27,8 +27,7 @@
 #         first when missing (110 s on 4x H200; the machine keeps it while warm). FSDP8B_PARTS picks the runs
 #         (default "ingot eager compile ingot-compiled": 75, 45, 60 s on 4x H200 for the first three, so with the
 #         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default; a part
-#         ending in +coN runs with --sm-carveout N, one ending in +ce with the all-gathers on the copy engines
-#         (INGOT_NCCL_CE_GATHERS=1); ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
+#         ending in +coN runs with --sm-carveout N; ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
 #   step's world sizes and rows, e.g. ZERO_WORLDS=4 ZERO_ROWS="ddp_compiled z3_compiled")
 #   carveout: the SM carve-out (Note [SM carve-out], runtime/sm_budget.h): its GPU tests (CudaSmCarveout.*), then
@@ -39,8 +38,6 @@
 #         transformers + torch.compile on 1 GPU and DDP x4 under torchrun (each row sampled when CLOCKS=1)
 #   clocks: GPT-2 compiled default on 1 GPU, DDP in a world of one, DDP at 2 and all GPUs and reduce-overhead at all
 #         GPUs, each with nvidia-smi sampling (CLOCKS=1, below): median SM clock, power and throttle reason per GPU
-#   ce: copy-engine gathers (Note [Copy-engine gathers]): NcclProcessGroup.CopyEngine* and CompiledFsdpOnGpus.* with
-#         INGOT_NCCL_CE_GATHERS=1, then GPT-2 compiled ZeRO-3 at 4 GPUs without and with them (sampled)
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -86,18 +83,6 @@ if want fsdp; then  # eager ZeRO-2/3 on NCCL (tests/gpu/test_fsdp_multi_gpu.cpp)
   done
 fi
 
-if want ce; then  # Note [Copy-engine gathers]: the window test on 2 GPUs, then compiled ZeRO-3 vs eager with CE gathers
-  for f in 'NcclProcessGroup.CopyEngine*' 'CompiledFsdpOnGpus.*'; do
-    log="$out/test_ce_${f%%.*}.log"
-    (cd $src && INGOT_NCCL_CE_GATHERS=1 INGOT_CRASH_BACKTRACE=1 timeout 240 ingot_tests --gtest_filter="$f" > "$log" 2>&1)
-    echo "== CE $f: exit $?"
-    grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure|Expected|Which is|error" "$log" | head -16
-  done
-  CLOCKS=1
-  gpt2 4 ce_zero3_4 --compile default --timeline --zero-stage 3
-  INGOT_NCCL_CE_GATHERS=1 gpt2 4 ce_zero3_ce_4 --compile default --timeline --zero-stage 3
-  CLOCKS=
-fi
 if want gpu1; then  # the single-GPU suites on cuda:0 (CUDA kernels vs CPU, codegen, compiled GPU steps, models)
   for f in 'CompileCudaStep*:CodegenCuda*' 'Cuda*' 'ModelsCuda*'; do
     log="$out/gpu1_${f%%\**}.log"
@@ -170,8 +155,7 @@ PY
 }
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
-  want bench || want variants || want memory || want peak || want zero || want carveout || want clocks || want ce \
-    || return 0
+  want bench || want variants || want memory || want peak || want zero || want carveout || want clocks || return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   smi_start "$name"
   if (( n == 1 )); then CUDA_VISIBLE_DEVICES=$vis timeout 200 bench_gpt2_step $bench "$@" > "$out/$name.log" 2>&1
@@ -306,18 +290,16 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
     want fsdp8b || break
     left=$(( ${DEADLINE:-540} - ($(date +%s) - start) )); t1=$(date +%s)
     if [[ $part == ingot* ]]; then
-      # A part may end in +coN: the same run with --sm-carveout N (Note [SM carve-out], runtime/sm_budget.h), and
-      # in +ce: the all-gathers on the copy engines (INGOT_NCCL_CE_GATHERS=1, Note [Copy-engine gathers]).
-      ce=0; p=$part; [[ $p == *+ce ]] && { ce=1; p=${p%+ce}; }
-      comp=""; [[ $p == ingot-compiled* ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
-      [[ $p == *+co* ]] && comp="$comp --sm-carveout ${p##*+co}"
+      # A part may end in +coN: the same run with --sm-carveout N (Note [SM carve-out], runtime/sm_budget.h).
+      comp=""; [[ $part == ingot-compiled* ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
+      [[ $part == *+co* ]] && comp="$comp --sm-carveout ${part##*+co}"
       # ingot-memory: compiled, 2 steps under INGOT_LOGS=memory (the allocation census at rank 0's peak).
       c8=$common8
       if [[ $part == ingot-memory ]]; then
         comp="--compile default --cache-dir /tmp/ingot-dist-cache"; c8="--batch 2 --seq 2048 --steps 2 --warmup 1"
         export INGOT_LOGS=memory
       fi
-      INGOT_NCCL_CE_GATHERS=$ce timeout $left ingot launch --nproc-per-node gpu --standalone -- bench_llama_step --checkpoint "$ck" \
+      timeout $left ingot launch --nproc-per-node gpu --standalone -- bench_llama_step --checkpoint "$ck" \
         --tokens "$tok" --device cuda --dtype bf16 --params bf16 --zero-stage 3 --reduce-dtype f32 $c8 \
         --losses 10 $comp > "$out/fsdp8b_$part.log" 2>&1
       echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"; unset INGOT_LOGS
