@@ -36,7 +36,8 @@
 #         adds for each N > 0 the all-GPU row with NCCL_MAX_CTAS=N (NCCL's CTAs held to the SMs left to them)
 #   llama: ~1B Llama full fine-tune, 1 GPU and DDP x4 (f32 25 MB buckets; bf16 100 MB), and with torch or llama_torch
 #         transformers + torch.compile on 1 GPU and DDP x4 under torchrun (each row sampled when CLOCKS=1)
-#   clocks: GPT-2 compiled default on 1 GPU, DDP in a world of one, DDP at 2 and all GPUs and reduce-overhead at all
+#   clocks: CudaOptim.* on GPU 0, then GPT-2 compiled default and reduce-overhead on 1 GPU, DDP in a world of one,
+#         DDP at 2 and all GPUs and reduce-overhead at all
 #         GPUs, each with nvidia-smi sampling (CLOCKS=1, below): median SM clock, power and throttle reason per GPU
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
@@ -179,8 +180,11 @@ if want bench; then
   done
 fi
 if want clocks; then  # GPT-2 default mode: 1 GPU, DDP in a world of one (no peers), DDP at 2 and all GPUs, sampled
+  (cd $src && CUDA_VISIBLE_DEVICES=0 timeout 120 ingot_tests --gtest_filter='CudaOptim.*' > "$out/test_optim.log" 2>&1)
+  echo "== CudaOptim.*: exit $?"; grep -E "^\[  FAILED|^\[  PASSED|Failure" "$out/test_optim.log" | head -6
   CLOCKS=1
   gpt2 1 clocks_1 --compile default
+  gpt2 1 clocks_ro_1 --compile reduce-overhead
   smi_start clocks_ddp1
   CUDA_VISIBLE_DEVICES=0 timeout 200 ingot launch --nproc-per-node 1 --standalone -- bench_gpt2_step $bench \
     --compile default --ddp --timeline > "$out/clocks_ddp1.log" 2>&1

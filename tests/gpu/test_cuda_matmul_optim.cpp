@@ -1,11 +1,18 @@
 // CUDA matmul (cuBLASLt / cuBLAS) and the multi-tensor optimizer kernels against their CPU versions.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include "runtime/cuda_runtime.h"
 #include "runtime/kernels/cuda/gemm_sm90.h"
 #include "runtime/kernels/kernels.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/testing.h"
+#ifdef INGOT_WITH_CUDA
+#include "runtime/cuda/check.h"
+#endif
 
 namespace ingot::testing {
 namespace {
@@ -310,6 +317,50 @@ TEST(CudaOptim, AdamWUpdatesEqualCpuBitForBitOverSteps) {
   expect_equal_lists(s.p_gpu, s.p_cpu, "param");
   expect_equal_lists(s.s1_gpu, s.s1_cpu, "exp_avg");
   expect_equal_lists(s.s2_gpu, s.s2_cpu, "exp_avg_sq");
+}
+
+// Note [Optimizer tables in flight] (runtime/kernels/cuda/optim.cu): updates queue behind work the GPU has not
+// reached without the host waiting for it. The stream is held by a host function that returns only when the gate
+// opens; three updates must be queued before that (with one staging buffer the second update waited for the
+// first one's upload, which waited for the gate: a watchdog thread opens it after 5 s so the test cannot hang).
+// Once the gate opens, the updates equal the CPU's bit for bit.
+TEST(CudaOptim, UpdatesQueueBehindABusyStreamWithoutTheHostWaiting) {
+  INGOT_REQUIRE_CUDA();
+#ifdef INGOT_WITH_CUDA
+  manual_seed(43);
+  OptimState s = make_optim_state();
+  kernels::AdamWArgs args;
+  args.lr = 1e-3;
+  std::atomic<bool> gate{false};
+  const cuda::Stream stream = cuda::current_stream(kGpu.index);
+  CUDA_CHECK(cudaLaunchHostFunc(
+      static_cast<cudaStream_t>(stream.handle),
+      [](void* g) {
+        while (!static_cast<std::atomic<bool>*>(g)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      },
+      &gate));
+  std::thread watchdog([&gate] {
+    for (int i = 0; i < 500 && !gate.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    gate.store(true);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t step = 1; step <= 3; ++step) {
+    args.step = step;
+    kg::adamw_multi(s.p_gpu, s.g_gpu, s.s1_gpu, s.s2_gpu, args);
+  }
+  const bool queued_while_held = !gate.load();
+  const double host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  gate.store(true);
+  watchdog.join();
+  EXPECT_TRUE(queued_while_held) << "the host waited " << host_s << " s for the GPU while queueing three updates";
+  cuda::synchronize_stream(stream);
+  for (int64_t step = 1; step <= 3; ++step) {
+    args.step = step;
+    kc::adamw_multi(s.p_cpu, s.g_cpu, s.s1_cpu, s.s2_cpu, args);
+  }
+  expect_equal_lists(s.p_gpu, s.p_cpu, "param");
+  expect_equal_lists(s.s2_gpu, s.s2_cpu, "exp_avg_sq");
+#endif
 }
 
 TEST(CudaOptim, SgdVariantsEqualCpuBitForBit) {

@@ -2,9 +2,15 @@
 // updates every parameter of the list.
 //
 // Approach: the host cuts each tensor into chunks of kChunk elements and uploads one table of tensor slots
-// (pointers, length, grad dtype) and one of chunks (slot, first element); block b updates chunk b. The table
-// goes through a pinned staging buffer per device, reused once the event recorded after its last upload has
-// passed, so the upload never waits for the GPU to drain (a pageable-memory copy would).
+// (pointers, length, grad dtype) and one of chunks (slot, first element); block b updates chunk b.
+//
+// Note [Optimizer tables in flight]
+// The tables go through pinned staging buffers, kStagingRing per device used in turn, each reused once the event
+// recorded after its last upload has passed: a pageable-memory copy would wait for the GPU to drain, and so did
+// one staging buffer, whose reuse waited for the previous launch's upload to run. A DDP step updates each bucket
+// on its own (13 launches for GPT-2 124M, queued behind the buckets' all-reduces), so the host stopped at every
+// update until the GPU had reached the previous one and the GPU then idled while the host queued the kernels that
+// follow. With the ring the host waits only for the upload of kStagingRing launches ago.
 //
 // Shapes: params [n] f32, grads [n] any float dtype, state [n] f32, contiguous, equal shapes per index.
 // Numerics: the CPU kernels' f32 operations in the same order, each rounded separately (__fmul_rn and
@@ -75,12 +81,18 @@ __global__ void sgd_kernel(const Slot* slots, const Chunk* chunks, SgdConsts c) 
   }
 }
 
-// Pinned host memory for the tables of one device, reused once its previous upload has completed.
-struct Staging {
-  std::mutex mu;
+// Pinned host memory for the tables of one device: kStagingRing buffers, each reused once its previous upload
+// has completed (Note [Optimizer tables in flight]).
+constexpr size_t kStagingRing = 32;
+struct StagingBuffer {
   void* host = nullptr;
   size_t cap = 0;
   cudaEvent_t uploaded = nullptr;
+};
+struct Staging {
+  std::mutex mu;
+  StagingBuffer ring[kStagingRing];
+  size_t next = 0;
 };
 
 Staging& staging(int device) {
@@ -121,19 +133,21 @@ void launch(const char* op, const Tensor& first, const std::vector<Slot>& slots,
   Staging& st = staging(ctx.device);
   {
     std::lock_guard<std::mutex> g(st.mu);
-    if (!st.uploaded) CUDA_CHECK(cudaEventCreateWithFlags(&st.uploaded, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventSynchronize(st.uploaded));  // the previous upload is done with the staging buffer
-    if (st.cap < bytes) {
-      if (st.host) CUDA_CHECK(cudaFreeHost(st.host));
-      st.host = nullptr;
-      st.cap = 0;
-      CUDA_CHECK(cudaMallocHost(&st.host, bytes));
-      st.cap = bytes;
+    StagingBuffer& b = st.ring[st.next];
+    st.next = (st.next + 1) % kStagingRing;
+    if (!b.uploaded) CUDA_CHECK(cudaEventCreateWithFlags(&b.uploaded, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventSynchronize(b.uploaded));  // this buffer's upload of kStagingRing launches ago is done
+    if (b.cap < bytes) {
+      if (b.host) CUDA_CHECK(cudaFreeHost(b.host));
+      b.host = nullptr;
+      b.cap = 0;
+      CUDA_CHECK(cudaMallocHost(&b.host, bytes));
+      b.cap = bytes;
     }
-    std::memcpy(st.host, slots.data(), slot_bytes);
-    std::memcpy(static_cast<char*>(st.host) + slot_bytes, chunks.data(), chunks.size() * sizeof(Chunk));
-    CUDA_CHECK(cudaMemcpyAsync(dev.get(), st.host, bytes, cudaMemcpyHostToDevice, ctx.stream));
-    CUDA_CHECK(cudaEventRecord(st.uploaded, ctx.stream));
+    std::memcpy(b.host, slots.data(), slot_bytes);
+    std::memcpy(static_cast<char*>(b.host) + slot_bytes, chunks.data(), chunks.size() * sizeof(Chunk));
+    CUDA_CHECK(cudaMemcpyAsync(dev.get(), b.host, bytes, cudaMemcpyHostToDevice, ctx.stream));
+    CUDA_CHECK(cudaEventRecord(b.uploaded, ctx.stream));
   }
   const auto* dslots = static_cast<const Slot*>(dev.get());
   const auto* dchunks = reinterpret_cast<const Chunk*>(static_cast<const char*>(dev.get()) + slot_bytes);
