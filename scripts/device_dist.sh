@@ -37,7 +37,7 @@
 #   llama: ~1B Llama full fine-tune, 1 GPU and DDP x4 (f32 25 MB buckets; bf16 100 MB), and with torch or llama_torch
 #         transformers + torch.compile on 1 GPU and DDP x4 under torchrun (each row sampled when CLOCKS=1)
 #   clocks: CudaOptim.* on GPU 0, then GPT-2 compiled default and reduce-overhead on 1 GPU, DDP in a world of one,
-#         DDP at 2 and all GPUs and reduce-overhead at all
+#         DDP at 2 and all GPUs, reduce-overhead and 100 MB bf16 buckets at all
 #         GPUs, each with nvidia-smi sampling (CLOCKS=1, below): median SM clock, power and throttle reason per GPU
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
@@ -191,7 +191,8 @@ if want clocks; then  # GPT-2 default mode: 1 GPU, DDP in a world of one (no pee
   smi_stop clocks_ddp1 1; row "$out/clocks_ddp1.log"
   (( gpus >= 2 )) && gpt2 2 clocks_2 --compile default --timeline
   (( gpus >= 4 )) && gpt2 4 clocks_4 --compile default --timeline
-  (( gpus >= 4 )) && gpt2 4 clocks_ro_4 --compile reduce-overhead --timeline
+  (( gpus >= 2 )) && gpt2 $gpus clocks_ro_$gpus --compile reduce-overhead --timeline
+  (( gpus >= 2 )) && gpt2 $gpus clocks_bf16_$gpus --compile default --timeline --bucket-cap-mb 100 --reduce-dtype bf16
   CLOCKS=
 fi
 if want torch; then
