@@ -1,6 +1,7 @@
 """All-reduce bandwidth of PyTorch's NCCL process group, measured like bench_allreduce (bench/allreduce.cpp):
 f32 sum all-reduce of each size (doubling), median over --iters after 5 warm-up runs, CUDA events around the
-collective on the current stream. algbw = bytes / time; busbw = algbw * 2 (n - 1) / n. Rank 0 prints the table.
+collective on the current stream, and back to back (--iters collectives in a row between one pair of events,
+divided). algbw = bytes / time; busbw = algbw * 2 (n - 1) / n. Rank 0 prints the table.
    torchrun --standalone --nproc-per-node N bench/reference/torch_allreduce.py [--min-mb 32] [--max-mb 1024]
 """
 import argparse, os, statistics
@@ -21,7 +22,8 @@ def main():
     dist.init_process_group("nccl", device_id=dev)
     world, rank = dist.get_world_size(), dist.get_rank()
     if rank == 0:
-        print("| bytes | ranks | device | median ms | algbw GB/s | busbw GB/s |\n|---|---|---|---|---|---|")
+        print("| bytes | ranks | device | median ms | algbw GB/s | busbw GB/s | back-to-back ms | back-to-back busbw GB/s |"
+              "\n|---|---|---|---|---|---|---|---|")
     mb = a.min_mb
     while mb <= a.max_mb:
         n = int(mb * (1 << 20) / 4)
@@ -38,8 +40,17 @@ def main():
         med = sorted(times)[len(times) // 2]
         nbytes = n * 4
         algbw = nbytes / (med / 1e3) / 1e9
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for it in range(a.iters):
+            dist.all_reduce(t)
+        e1.record()
+        e1.synchronize()
+        b2b = e0.elapsed_time(e1) / a.iters
+        b2b_bus = nbytes / (b2b / 1e3) / 1e9 * 2 * (world - 1) / world
         if rank == 0:
-            print(f"| {nbytes} | {world} | cuda:{local} (torch) | {med:.3f} | {algbw:.1f} | {algbw * 2 * (world - 1) / world:.1f} |")
+            print(f"| {nbytes} | {world} | cuda:{local} (torch) | {med:.3f} | {algbw:.1f} | {algbw * 2 * (world - 1) / world:.1f} "
+                  f"| {b2b:.3f} | {b2b_bus:.1f} |")
         mb *= 2
     dist.destroy_process_group()
 
