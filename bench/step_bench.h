@@ -39,6 +39,7 @@ struct StepTimes {
   double first_loss = 0, last_loss = 0;
   std::vector<double> losses;  // every step of the main loop, warm-up included
   double first_call_s = 0;  // compiled: trace + compile + the first step (cold or warm cache)
+  int64_t first_peak_bytes = 0;  // GPU: the allocator's peak from the caller's last reset through the first step
   double median_ms() const { return median(ms); }
 };
 
@@ -79,6 +80,7 @@ inline StepTimes time_steps(Device dev, int64_t warmup, int64_t steps, const std
     // (and holds what eager holds), which no later step repeats.
     if (s == 0) {
       r.first_loss = r.last_loss;
+      if (dev.is_cuda()) r.first_peak_bytes = allocator_for(dev).stats().peak_allocated_bytes;
       allocator_for(dev).reset_peak();
     }
     if (s >= warmup) {

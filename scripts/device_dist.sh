@@ -308,13 +308,13 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
         --tokens "$tok" --device cuda --dtype bf16 --params bf16 --zero-stage 3 --reduce-dtype f32 $c8 \
         --losses 10 $comp > "$out/fsdp8b_$part.log" 2>&1
       echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"; unset INGOT_LOGS
-      grep -h "^| ingot\|^compile:\|error" "$out/fsdp8b_$part.log" | tail -4
+      grep -h "^| ingot\|^compile:\|^first step\|error" "$out/fsdp8b_$part.log" | tail -5
       [[ $part == ingot-memory ]] && grep -h -A12 "census of cuda:0" "$out/fsdp8b_$part.log" | tail -13
     else
       timeout $left python3 -m torch.distributed.run --standalone --nproc-per-node $gpus bench/reference/fsdp2_llama.py \
         --config "$cfg8" --checkpoint "$ck" --tokens "$tok" $common8 --modes $part > "$out/fsdp8b_$part.log" 2>&1
       echo "fsdp8b torch $part: exit $?, $(( $(date +%s) - t1 )) s"
-      grep -h "^| transformers\|Error" "$out/fsdp8b_$part.log" | tail -3
+      grep -h "^| transformers\|^first step\|Error" "$out/fsdp8b_$part.log" | tail -4
     fi
   done
 fi

@@ -99,6 +99,7 @@ def run(mode, args, cfg, world, rank):
     t0 = time.perf_counter()
     losses = [step().item()]
     first_s = time.perf_counter() - t0
+    first_peak = torch.cuda.max_memory_allocated() / 1e9  # the first step's (compile included), printed below
     torch.cuda.reset_peak_memory_stats()  # steady-state peak, as bench_llama_step reports it
     times = []
     for i in range(args.warmup - 1 + args.steps):
@@ -116,13 +117,15 @@ def run(mode, args, cfg, world, rank):
     # 6 FLOPs per weight and token (forward + both backward products) plus causal attention's QK^T and PV.
     flops = tokens * (6 * n + 6 * cfg.num_hidden_layers * args.seq * cfg.num_attention_heads * hd)
     tflops = flops / med / 1e9
-    peak = torch.tensor([torch.cuda.max_memory_allocated() / 1e9], device="cuda")
+    peak = torch.tensor([torch.cuda.max_memory_allocated() / 1e9, first_peak], device="cuda")
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     name = ("transformers FSDP2" if mode == "eager" else "transformers FSDP2 + torch.compile per layer") + f" x{world}"
     if rank == 0:
         print(f"| {name} | cuda:0 | bf16 | {args.batch} x {args.seq} | {n / 1e6:.1f}M | {med:.2f} | "
-              f"{tokens / med * 1e3:.0f} | {tflops:.1f} | {100 * tflops / args.peak_tflops:.1f}% | {peak.item():.2f} | "
+              f"{tokens / med * 1e3:.0f} | {tflops:.1f} | {100 * tflops / args.peak_tflops:.1f}% | {peak[0].item():.2f} | "
               f"{first_s:.2f} | {build_s:.1f} | {' '.join(f'{l:.4f}' for l in losses[:10])} |", flush=True)
+        print(f"first step: peak {peak[1].item():.2f} GB (max over ranks; the table's peak is the later steps')",
+              flush=True)
     del model, opt
     torch.cuda.empty_cache()
 
