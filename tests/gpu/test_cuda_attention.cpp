@@ -253,7 +253,8 @@ TEST(CudaAttention, CudnnSelectionRejectsUnsupportedDTypesWithAClearError) {
 TEST(CudaRope, ForwardAndInverseMatchCpuAndWorkInPlace) {
   INGOT_REQUIRE_CUDA();
   manual_seed(203);
-  const Shape shapes[] = {{1, 1, 1, 2}, {2, 3, 5, 8}, {1, 4, 17, 64}, {2, 2, 33, 6}};
+  // D = 8, 64, 128: the vectorized path (half a multiple of 16 bytes); D = 2, 6: the scalar one.
+  const Shape shapes[] = {{1, 1, 1, 2}, {2, 3, 5, 8}, {1, 4, 17, 64}, {2, 2, 33, 6}, {2, 3, 37, 128}};
   for (DType dt : kFloatDTypes) {
     for (const Shape& s : shapes) {
       const int64_t T = s[2], half = s[3] / 2;
@@ -284,21 +285,23 @@ TEST(CudaRope, ForwardAndInverseMatchCpuAndWorkInPlace) {
 TEST(CudaRope, PerRowTablesMatchCpu) {
   INGOT_REQUIRE_CUDA();
   manual_seed(207);
-  const Shape s{2, 3, 9, 8};
-  Operand theta = rand_operand({2, 9, 4}, DType::f64, 3.0);
-  std::vector<double> cv, sv;
-  for (double t : theta.cpu.to_vector()) {
-    cv.push_back(std::cos(t));
-    sv.push_back(std::sin(t));
-  }
-  Tensor cos = from_vector(cv, {2, 9, 4}, DType::f32), sin = from_vector(sv, {2, 9, 4}, DType::f32);
-  for (DType dt : kFloatDTypes) {
-    Operand x = rand_operand(s, dt);
-    Tensor ref = empty(s, dt), out = poisoned(s, dt, kGpu);
-    kc::rope(ref, x.cpu, cos, sin, false);
-    kg::rope(out, x.gpu, cos.to(kGpu), sin.to(kGpu), false);
-    Tol t = tol_for(dt);
-    EXPECT_LE(max_rel_error(out, ref, t.rtol, 10 * t.atol), 1.0) << dtype_name(dt);
+  for (const Shape& s : {Shape{2, 3, 9, 8}, Shape{2, 3, 9, 128}}) {  // the scalar and the vectorized paths
+    const int64_t half = s[3] / 2;
+    Operand theta = rand_operand({2, 9, half}, DType::f64, 3.0);
+    std::vector<double> cv, sv;
+    for (double t : theta.cpu.to_vector()) {
+      cv.push_back(std::cos(t));
+      sv.push_back(std::sin(t));
+    }
+    Tensor cos = from_vector(cv, {2, 9, half}, DType::f32), sin = from_vector(sv, {2, 9, half}, DType::f32);
+    for (DType dt : kFloatDTypes) {
+      Operand x = rand_operand(s, dt);
+      Tensor ref = empty(s, dt), out = poisoned(s, dt, kGpu);
+      kc::rope(ref, x.cpu, cos, sin, false);
+      kg::rope(out, x.gpu, cos.to(kGpu), sin.to(kGpu), false);
+      Tol t = tol_for(dt);
+      EXPECT_LE(max_rel_error(out, ref, t.rtol, 10 * t.atol), 1.0) << dtype_name(dt) << " " << shape_str(s);
+    }
   }
 }
 

@@ -80,6 +80,38 @@ __global__ void rope_kernel(T* out, const T* x, const void* cos, const void* sin
   }
 }
 
+// The same rotation, V consecutive pairs per thread as 16-byte loads and stores (V = 8 for 2-byte types, 4 for
+// f32) with f32 tables: one index division per V pairs instead of three 64-bit ones per pair, which made the scalar
+// kernel ~5x slower than its bytes (8B Llama LoRA on an H100: 128 calls, 9.0 of 288 ms; bench/RESULTS.md
+// 2026-11-26). Same arithmetic per element as rope_kernel. Needs half % V == 0 and 16-byte aligned x, out.
+template <typename T, int V>
+__global__ void rope_vec_kernel(T* out, const T* x, const float* cos, const float* sin, int64_t T_len, int64_t half,
+                                int64_t groups, int64_t rows_per_batch, bool inverse) {
+  using A = acc_t<T>;
+  static_assert(sizeof(T) * V == 16, "one 16-byte vector per half row");
+  struct alignas(16) Vec {
+    T v[V];
+  };
+  const int64_t per_row = half / V;
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = g / per_row, i0 = (g - row * per_row) * V;
+    const int64_t t = (rows_per_batch > 0 ? row / rows_per_batch * T_len : 0) + row % T_len;
+    const int64_t base = row * 2 * half + i0;
+    const Vec a = *reinterpret_cast<const Vec*>(x + base), b = *reinterpret_cast<const Vec*>(x + base + half);
+    Vec oa, ob;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const A c = cos[t * half + i0 + k];
+      const A sn = inverse ? -A(sin[t * half + i0 + k]) : A(sin[t * half + i0 + k]);
+      const A av = to_acc<A>(a.v[k]), bv = to_acc<A>(b.v[k]);
+      oa.v[k] = from_acc<T>(av * c - bv * sn);
+      ob.v[k] = from_acc<T>(bv * c + av * sn);
+    }
+    *reinterpret_cast<Vec*>(out + base) = oa;
+    *reinterpret_cast<Vec*>(out + base + half) = ob;
+  }
+}
+
 // attention forward ---------------------------------------------------------------------------------------------
 
 // Grid (ceil(T / Br), B * Hq), block 32 * warps. Shared: Q [Br][D], K [32][D + 1], V [32][D] in A.
@@ -579,11 +611,24 @@ void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& s
   const int64_t pairs = x.numel() / 2;
   if (pairs == 0) return;
   LaunchContext L(x);
+  const int64_t rows_per_batch = per_row ? x.size(1) * T_len : 0;
   dispatch_float(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+    if constexpr (sizeof(T) <= 4) {
+      if (cos.dtype() == DType::f32 && sin.dtype() == DType::f32 && half % V == 0 && aligned) {
+        const int64_t groups = pairs / V;
+        rope_vec_kernel<T, V><<<grid_for(groups, 256, L.device), 256, 0, L.stream>>>(
+            out.data<T>(), x.data<T>(), cos.data<float>(), sin.data<float>(), T_len, half, groups, rows_per_batch,
+            inverse);
+        CUDA_CHECK_LAUNCH();
+        return;
+      }
+    }
     rope_kernel<T><<<grid_for(pairs, 256, L.device), 256, 0, L.stream>>>(out.data<T>(), x.data<T>(), cos.data_ptr(), sin.data_ptr(),
-                                               cos.dtype(), T_len, half, pairs,
-                                               per_row ? x.size(1) * T_len : 0, inverse);
+                                               cos.dtype(), T_len, half, pairs, rows_per_batch, inverse);
     CUDA_CHECK_LAUNCH();
   });
 }
