@@ -374,9 +374,12 @@ void rank_body_memory() {
   // weights freed after its forward, gathered again before its backward), not the whole model. (Traced after an
   // eager step, so that both find the optimizer state allocated.) Measured on 2 ranks: 620 KB vs 565 KB (the
   // trace's .grad clones); 749 KB while the traced run kept every unit gathered and every .grad until the end.
+  // Since Gloo averages in place (c6671d5: no temporary as large as the bucket) both are lower and the eager step
+  // more so: 581 vs 504 KB on 2 ranks, 386 vs 333 KB on 4 (1.15-1.16, and the Gloo worker's timing moves either by
+  // a few hundred bytes), so the bound is 1.25: the whole-model regression it guards against held ~1.33-1.49x.
   std::printf("[ fsdp     ] world %d: traced step peak %lld B, an eager ZeRO-3 step's %lld B\n", world,
               static_cast<long long>(traced.first_peak), static_cast<long long>(eager.peak));
-  EXPECT_LT(static_cast<double>(traced.first_peak), 1.15 * static_cast<double>(eager.peak));
+  EXPECT_LT(static_cast<double>(traced.first_peak), 1.25 * static_cast<double>(eager.peak));
   EXPECT_LT(z3.stats.planned_peak_bytes, ddp.stats.planned_peak_bytes);
 }
 
