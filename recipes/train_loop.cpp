@@ -207,7 +207,7 @@ bool export_streamed(const FinalExport& e, TrainSummary& r) {
     largest = std::max(largest, bytes);
     whole += bytes;
   }
-  const int64_t before = alloc.stats().allocated_bytes;
+  const int64_t before = alloc.stats().in_use_bytes();
   alloc.reset_peak();
   // Note [A failed export stops every rank] (export_streamed.h).
   std::vector<std::string> saved = save_streamed_with_status(

@@ -4,8 +4,9 @@
 // With the census on (INGOT_LOGS naming memory or all, read at the first allocation, or census::start()), every
 // allocator records each live block's bytes (as it counts them: CPU requests rounded to 64 bytes, CUDA blocks as
 // handed out) and its owner, keeps the bytes per owner, and copies those sums whenever its allocated bytes reach a
-// new high since census::reset_peak(). So the census at the peak sums to the allocator's peak exactly; what it
-// tells is how the owners were named:
+// new high since census::reset_peak(). So the census at the peak sums to the allocator's peak exactly (while no
+// pool is held for CUDA graphs: their free bytes, AllocatorStats::graph_pool_bytes, count in the allocator's peak
+// and not in the census); what it tells is how the owners were named:
 //   - a block belongs, when allocated, to the innermost census::Owner scope of the allocating thread ("other"
 //     outside any);
 //   - a holder that takes a block over names it again (census::attribute): the compiled step's executor names its

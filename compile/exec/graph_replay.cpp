@@ -1,6 +1,7 @@
 #include "compile/exec/graph_replay.h"
 
 #include "compile/logs.h"
+#include "runtime/allocator.h"
 
 namespace ingot::compiler {
 namespace {
@@ -96,6 +97,8 @@ void GraphReplay::drop_capture() {
   statics_.clear();
   captured_.clear();
   captured_ptrs_.clear();
+  if (pool_held_) allocator_for(device_).release_pool(stream_);
+  pool_held_ = false;
 }
 
 size_t GraphReplay::graphs() const {
@@ -127,6 +130,8 @@ bool GraphReplay::still_valid(const std::vector<Tensor>& args) const {
 std::vector<Tensor> GraphReplay::capture(const std::vector<Tensor>& args) {
   const Graph& g = exe_->graph;
   if (!stream_.handle) stream_ = cuda::create_stream(device_.index);
+  if (!pool_held_) allocator_for(device_).hold_pool(stream_);
+  pool_held_ = true;
   const cuda::Stream caller = cuda::current_stream(device_.index);
   for (const Tensor& a : args) statics_.push_back(a.clone_raw());  // on the caller's stream and pool
   std::vector<Tensor> env;

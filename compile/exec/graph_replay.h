@@ -16,7 +16,10 @@
 //   (runtime/cuda/allocator.cpp). Intermediates freed during capture go back to the private stream's pool, so
 //   nothing outside the graphs (eager work runs on the device's current stream) can be given memory a later
 //   replay writes. Results are cloned on the caller's stream after the replay, so what the caller keeps never
-//   lives in the private pool either.
+//   lives in the private pool either. The pool is held (Allocator::hold_pool) from the start of a capture until the
+//   graphs are dropped: its free bytes, which every replay writes, count as in use in the allocator's stats and peak
+//   (so a replayed step's printed peak is the memory it holds, not only what the allocator has handed out), and its
+//   segments are not given back to the system (Note [Pools held for CUDA graphs], runtime/pool_accounting.h).
 //
 // A capture that fails (an op that cannot be captured) ends the capture, finishes the call step by step and
 // leaves this runner disabled with the reason: later calls run the executable normally.
@@ -71,6 +74,7 @@ class GraphReplay {
   std::vector<Tensor> env_;         // kept values at their captured addresses
   std::set<const Storage*> captured_;
   std::vector<const void*> captured_ptrs_;  // captured inputs' data pointers at capture time
+  bool pool_held_ = false;                  // the private stream's pool, from a capture until drop_capture
 };
 
 }  // namespace ingot::compiler

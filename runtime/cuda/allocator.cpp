@@ -14,8 +14,11 @@
 //   the next allocation on that stream: its kernels are queued after the pending ones. Blocks are never handed
 //   to another stream; a request on a stream with nothing cached makes a new segment.
 //
-// Out of memory: the allocator releases every fully free segment (empty_cache) and tries once more, then throws
-// an ingot::Error naming the request and the memory held.
+// Note [Pools held for CUDA graphs] (runtime/pool_accounting.h): the pool of a stream that CUDA graphs were captured
+// on counts whole in the stats while held, and keeps its segments.
+//
+// Out of memory: the allocator releases every fully free segment not held for CUDA graphs (empty_cache) and tries
+// once more, then throws an ingot::Error naming the request and the memory held.
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
@@ -25,6 +28,7 @@
 #include "runtime/allocator.h"
 #include "runtime/allocator_census.h"
 #include "runtime/cuda/check.h"
+#include "runtime/pool_accounting.h"
 
 namespace ingot {
 namespace {
@@ -85,26 +89,34 @@ class CudaCachingAllocator final : public Allocator {
     }
     split(b, size, pool);
     b->allocated = true;
-    census::on_allocate(Device::cuda(device_), b->ptr, static_cast<int64_t>(b->size), stats_.allocated_bytes);
-    stats_.allocated_bytes += static_cast<int64_t>(b->size);
-    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
-    ++stats_.num_allocs;
+    census::on_allocate(Device::cuda(device_), b->ptr, static_cast<int64_t>(b->size), acct_.stats().allocated_bytes);
+    acct_.allocate(stream, static_cast<int64_t>(b->size));
     return std::shared_ptr<void>(b->ptr, [this, b](void*) { release(b); });
   }
 
   AllocatorStats stats() const override {
     std::lock_guard<std::mutex> g(mu_);
-    return stats_;
+    return acct_.stats();
   }
 
   void reset_peak() override {
     std::lock_guard<std::mutex> g(mu_);
-    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+    acct_.reset_peak();
   }
 
   void empty_cache() override {
     std::lock_guard<std::mutex> g(mu_);
     free_cached_segments();
+  }
+
+  void hold_pool(cuda::Stream s) override {
+    std::lock_guard<std::mutex> g(mu_);
+    acct_.hold(s.handle);
+  }
+
+  void release_pool(cuda::Stream s) override {
+    std::lock_guard<std::mutex> g(mu_);
+    acct_.release(s.handle);
   }
 
  private:
@@ -122,14 +134,16 @@ class CudaCachingAllocator final : public Allocator {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
+      const AllocatorStats& st = acct_.stats();
       INGOT_FAIL("CUDA out of memory on cuda:", device_, " allocating ", requested, " bytes (", mib(requested),
-                 ", a ", mib(static_cast<int64_t>(seg)), " segment); ingot holds ", mib(stats_.reserved_bytes),
-                 " of which ", mib(stats_.allocated_bytes), " in use; the device has ",
+                 ", a ", mib(static_cast<int64_t>(seg)), " segment); ingot holds ", mib(st.reserved_bytes),
+                 " of which ", mib(st.in_use_bytes()), " in use",
+                 st.graph_pool_bytes > 0 ? " (" + mib(st.graph_pool_bytes) + " of it held for CUDA graphs)" : "",
+                 "; the device has ",
                  mib(static_cast<int64_t>(free_b)), " free of ", mib(static_cast<int64_t>(total_b)));
     }
     CUDA_CHECK(err);
-    stats_.reserved_bytes += static_cast<int64_t>(seg);
-    ++stats_.num_system_allocs;
+    acct_.reserve(stream, static_cast<int64_t>(seg));
     auto* b = new Block;
     b->ptr = static_cast<char*>(p);
     b->size = seg;
@@ -158,7 +172,7 @@ class CudaCachingAllocator final : public Allocator {
   void release(Block* b) {
     std::lock_guard<std::mutex> g(mu_);
     census::on_free(Device::cuda(device_), b->ptr, static_cast<int64_t>(b->size));
-    stats_.allocated_bytes -= static_cast<int64_t>(b->size);
+    acct_.allocate(b->stream, -static_cast<int64_t>(b->size));
     b->allocated = false;
     FreeSet& pool = b->small ? free_small_ : free_large_;
     if (b->prev && !b->prev->allocated) {
@@ -181,18 +195,19 @@ class CudaCachingAllocator final : public Allocator {
     pool.insert(b);
   }
 
-  // Returns every segment with no block in use to the driver. Called with mu_ held.
+  // Returns every segment with no block in use to the driver, except those of pools held for CUDA graphs (their
+  // replays write them). Called with mu_ held.
   void free_cached_segments() {
     cuda::DeviceGuard guard(device_);
     for (FreeSet* pool : {&free_small_, &free_large_}) {
       for (auto it = pool->begin(); it != pool->end();) {
         Block* b = *it;
-        if (b->prev || b->next) {
+        if (b->prev || b->next || acct_.held(b->stream)) {
           ++it;
           continue;
         }
         CUDA_CHECK(cudaFree(b->ptr));
-        stats_.reserved_bytes -= static_cast<int64_t>(b->size);
+        acct_.reserve(b->stream, -static_cast<int64_t>(b->size));
         it = pool->erase(it);
         delete b;
       }
@@ -202,7 +217,7 @@ class CudaCachingAllocator final : public Allocator {
   const int device_;
   mutable std::mutex mu_;
   FreeSet free_small_, free_large_;
-  AllocatorStats stats_;
+  PoolAccounting acct_;
 };
 
 }  // namespace

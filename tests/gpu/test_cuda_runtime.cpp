@@ -1,5 +1,5 @@
 // The CUDA runtime pieces: device count, copies, streams and events, and the caching allocator (reuse, stream
-// separation, splitting and merging, statistics, empty_cache, out-of-memory errors).
+// separation, splitting and merging, statistics, pools held for CUDA graphs, empty_cache, out-of-memory errors).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -267,6 +267,41 @@ TEST(CudaAllocator, BlocksFreedOnOneStreamAreNotHandedToAnother) {
   }
   cuda::set_current_stream(saved);
   { EXPECT_EQ(a.allocate(4096).get(), on_default); }
+  cuda::destroy_stream(s);
+}
+
+// Note [Pools held for CUDA graphs]: while held, a stream's pool counts whole in the stats (CUDA graphs captured on it
+// write its free blocks) and keeps its segments through empty_cache.
+TEST(CudaAllocator, AHeldPoolCountsWholeAndKeepsItsSegments) {
+  INGOT_REQUIRE_CUDA();
+  Allocator& a = cuda_allocator(0);
+  a.empty_cache();
+  cuda::Stream s = cuda::create_stream(0);
+  const cuda::Stream saved = cuda::current_stream(0);
+  const AllocatorStats s0 = a.stats();
+  a.hold_pool(s);
+  EXPECT_EQ(a.stats().graph_pool_bytes, s0.graph_pool_bytes) << "nothing in the new stream's pool yet";
+  cuda::set_current_stream(s);
+  { auto x = a.allocate(5 << 20); }  // a 20 MiB segment of s's pool, free again
+  const AllocatorStats s1 = a.stats();
+  EXPECT_EQ(s1.allocated_bytes, s0.allocated_bytes);
+  EXPECT_EQ(s1.reserved_bytes - s0.reserved_bytes, 20 << 20);
+  EXPECT_EQ(s1.graph_pool_bytes - s0.graph_pool_bytes, 20 << 20);
+  EXPECT_GE(s1.peak_allocated_bytes, s1.in_use_bytes());
+  a.reset_peak();
+  EXPECT_EQ(a.stats().peak_allocated_bytes, s1.in_use_bytes());
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes, s1.reserved_bytes) << "a held pool keeps its segments";
+  {
+    auto y = a.allocate(3 << 20);  // from the held pool's free bytes: in use either way
+    EXPECT_EQ(a.stats().allocated_bytes - s1.allocated_bytes, 3 << 20);
+    EXPECT_EQ(a.stats().in_use_bytes(), s1.in_use_bytes());
+  }
+  cuda::set_current_stream(saved);
+  a.release_pool(s);
+  EXPECT_EQ(a.stats().graph_pool_bytes, s0.graph_pool_bytes);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes, s0.reserved_bytes) << "released, its free segment is given back";
   cuda::destroy_stream(s);
 }
 
