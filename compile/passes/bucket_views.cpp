@@ -24,21 +24,24 @@ int64_t numel_of(const Value& v) {
   return n;
 }
 
-bool all_reduce_start(const Primitive& p) {
+// An all-reduce start, or with `reduce_scatters` a reduce-scatter start too.
+bool reduction_start(const Primitive& p, bool reduce_scatters) {
   const CollectiveStep* c = as_collective(p);
-  return c && c->phase() == CollectivePhase::Start && c->op() == CollectiveOp::AllReduce;
+  return c && c->phase() == CollectivePhase::Start &&
+         (c->op() == CollectiveOp::AllReduce || (reduce_scatters && c->op() == CollectiveOp::ReduceScatter));
 }
 
-// Whether the cat's result is all-reduced, as itself or through one cast (DDP's reduce_dtype). ZeRO's
-// reduce-scatters are left alone: there the bucket, made at its first gradient, would be alive through more of
-// the backward than the separate gradients were (compiled ZeRO-3's planned peak rose 2%).
-bool feeds_all_reduce(const Graph& g, int32_t flat, const std::vector<std::vector<int32_t>>& readers) {
+// Whether the cat's result is reduced, as itself or through one cast (DDP's and ZeRO's reduce_dtype). ZeRO's
+// reduce-scatters only with BucketViewOptions::reduce_scatters: there the bucket, made at its first gradient, would
+// be alive through more of the backward than the separate gradients were (compiled ZeRO-3's planned peak rose 2%).
+bool feeds_reduction(const Graph& g, int32_t flat, const std::vector<std::vector<int32_t>>& readers,
+                     bool reduce_scatters) {
   for (int32_t r : readers[static_cast<size_t>(flat)]) {
     const Node& n = g.nodes[static_cast<size_t>(r)];
-    if (all_reduce_start(*n.prim)) return true;
+    if (reduction_start(*n.prim, reduce_scatters)) return true;
     if (match<CastAttrs>(*n.prim))
       for (int32_t r2 : readers[static_cast<size_t>(n.outputs[0])])
-        if (all_reduce_start(*g.nodes[static_cast<size_t>(r2)].prim)) return true;
+        if (reduction_start(*g.nodes[static_cast<size_t>(r2)].prim, reduce_scatters)) return true;
   }
   return false;
 }
@@ -94,7 +97,7 @@ bool bucket_views(Graph& g, const BucketViewOptions& o) {
     if (!along || along->dim != 0 || cat.inputs.size() < 2 || cat.outputs.size() != 1) continue;
     const int32_t flat = cat.outputs[0];
     const Value& out = g.values[static_cast<size_t>(flat)];
-    if (out.shape.size() != 1 || out.shape[0].is_symbolic() || !feeds_all_reduce(g, flat, readers)) continue;
+    if (out.shape.size() != 1 || out.shape[0].is_symbolic() || !feeds_reduction(g, flat, readers, o.reduce_scatters)) continue;
     std::vector<std::pair<std::vector<int32_t>, int64_t>> places;  // a piece's chain, its first element
     std::set<int32_t> taken;
     int64_t at = 0;

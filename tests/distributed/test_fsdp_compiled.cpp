@@ -346,6 +346,27 @@ TEST(CompiledFsdp, AccumulationAndBf16ReductionFollowEagerZeroThree) {
   run_compiled_ranks(2, 300s);
 }
 
+// BucketViewOptions::reduce_scatters (INGOT_ZERO_BUCKET_VIEWS=1, compile/passes/bucket_views.h): a unit's gradients
+// are made in its reduce-scatter input, so no concatenation copies them, and training follows eager ZeRO-3. Off by
+// default: the input lives through more of the backward (not yet measured on GPUs).
+TEST(CompiledFsdp, UnitGradientsMadeInTheirReduceScatterInputFollowEagerZeroThree) {
+  if (is_rank_process()) {
+    const auto [ctx, cache] = join_compiled_ranks(kRankTimeout);
+    const Trained eager = train(ctx, run(Mode::Eager3), cache);
+    const Trained plain = train(ctx, run(Mode::Compiled3), cache);
+    setenv("INGOT_ZERO_BUCKET_VIEWS", "1", 1);
+    const Trained viewed = train(ctx, run(Mode::Compiled3), cache);
+    unsetenv("INGOT_ZERO_BUCKET_VIEWS");
+    expect_same_training(viewed, eager, 1e-4, "unit gradients in their reduce-scatter input vs eager ZeRO-3");
+    const std::string &g = viewed.stats.last_graph, &p = plain.stats.last_graph;
+    EXPECT_EQ(count(p, "= bucket_view("), 0u) << "off by default: " << p;
+    EXPECT_GE(count(g, "= bucket_view("), 1u) << g;
+    EXPECT_LT(count(g, "= cat("), count(p, "= cat(")) << g;
+    return;
+  }
+  run_compiled_ranks(2, 300s);
+}
+
 // Memory, from the CPU allocator on each rank after (and during) a compiled step: compiled DDP holds the weights
 // and AdamW's two moments whole (~3x the weights; the gradients are graph values), compiled ZeRO-3 the shards and
 // their moments (~3/world of the weights, plus the units' padding). The step's peak is lower too: DDP's holds every
