@@ -258,8 +258,9 @@ int main(int argc, char** argv) try {
   if (dist && a.losses > 0) {  // the maximum over ranks (every rank takes part)
     Tensor p = from_vector(std::vector<double>{peak_gb, first_peak_gb}, {2}, DType::f64, dev);
     dist->group->all_reduce(p, distributed::ReduceOp::Max)->wait();
-    peak_gb = p.item_at(0);
-    first_peak_gb = p.item_at(1);
+    const Tensor h = p.to(Device::cpu());
+    peak_gb = h.item_at(0);
+    first_peak_gb = h.item_at(1);
   }
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
