@@ -216,18 +216,6 @@ struct DataParallelStep {
   }
 };
 
-// The end of a benchmark step: DDP's reduction, update and zero_grad when the model is wrapped, else the
-// optimizer's own.
-inline void optimizer_step(distributed::DistributedDataParallel* ddp, optim::Optimizer& opt) {
-  if (ddp) {
-    ddp->step(opt);
-    ddp->zero_grad();
-  } else {
-    opt.step();
-    opt.zero_grad();
-  }
-}
-
 // --sm-carveout N (Note [SM carve-out], runtime/sm_budget.h), both benchmarks: the SMs the compute kernels leave
 // to NCCL's. Set process-wide before any kernel runs when the flag is given (otherwise INGOT_SM_CARVEOUT or none),
 // and checked against the GPU at once, so a carve-out that leaves no SMs fails before the model is built.

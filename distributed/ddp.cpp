@@ -364,6 +364,16 @@ void DistributedDataParallel::zero_grad() {
     if (b.shard.defined()) b.shard.zero_grad();
 }
 
+void step_and_zero_grad(DistributedDataParallel* ddp, optim::Optimizer& opt) {
+  if (ddp) {
+    ddp->step(opt);
+    ddp->zero_grad();
+  } else {
+    opt.step();
+    opt.zero_grad();
+  }
+}
+
 std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout() const {
   std::vector<std::vector<size_t>> out;
   for (const Bucket& b : state_->buckets) out.push_back(b.params);

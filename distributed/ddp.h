@@ -107,4 +107,8 @@ class DistributedDataParallel {
   std::shared_ptr<State> state_;  // shared with the hooks, which hold it weakly
 };
 
+// The end of a step in a loop whose model may or may not be wrapped: DDP's step (reduction, update) and zero_grad
+// when `ddp` is set, else the optimizer's own step and zero_grad.
+void step_and_zero_grad(DistributedDataParallel* ddp, optim::Optimizer& opt);
+
 }  // namespace ingot::distributed

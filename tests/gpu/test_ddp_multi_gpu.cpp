@@ -71,13 +71,7 @@ TrainRun train(Device dev, std::shared_ptr<ProcessGroup> group, int rank, int wo
   auto step = [&](const std::vector<Tensor>& b) {
     Tensor loss = model.loss(b[0], b[1]);
     loss.backward();
-    if (ddp) {
-      ddp->step(opt);
-      ddp->zero_grad();
-    } else {
-      opt.step();
-      opt.zero_grad();
-    }
+    step_and_zero_grad(ddp.get(), opt);
     return std::vector<Tensor>{loss};
   };
   CompileOptions co;
