@@ -16,16 +16,14 @@
 #include "compile/ir/graph.h"
 #include "compile/passes/schedule.h"
 #include "compile/passes/unit_gathers.h"
+#include "tests/compile/passes/collective_stand_ins.h"
 
 namespace ingot::compiler {
 namespace {
 
 // Stand-ins for distributed/collective_ops.cpp's primitives: the pass knows them only by what they declare.
-class PrimBase : public Primitive {
- public:
-  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[0]}; }
-  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return {in[0]}; }
-};
+using stand_ins::PrimBase;
+using stand_ins::Wait;
 
 // all_gather_unit_start (one rank: the gathered value is the shard); ordering tokens follow the shard.
 class GatherStart final : public PrimBase, public CollectiveStep, public WithAttrs<UnitCollectiveAttrs> {
@@ -34,12 +32,6 @@ class GatherStart final : public PrimBase, public CollectiveStep, public WithAtt
   std::string_view name() const override { return "all_gather_start"; }
   CollectivePhase phase() const override { return CollectivePhase::Start; }
   CollectiveOp op() const override { return CollectiveOp::AllGather; }
-};
-
-class Wait final : public PrimBase, public CollectiveStep {
- public:
-  std::string_view name() const override { return "collective_wait"; }
-  CollectivePhase phase() const override { return CollectivePhase::Wait; }
 };
 
 // A parameter's view of the gathered value (narrow + reshape in the traced step).

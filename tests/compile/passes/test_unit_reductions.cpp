@@ -17,16 +17,14 @@
 #include "compile/ir/graph.h"
 #include "compile/passes/schedule.h"
 #include "compile/passes/unit_reductions.h"
+#include "tests/compile/passes/collective_stand_ins.h"
 
 namespace ingot::compiler {
 namespace {
 
 // Stand-ins for distributed/collective_ops.cpp's primitives: the pass knows them only by what they declare.
-class PrimBase : public Primitive {
- public:
-  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override { return {in[0]}; }
-  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return {in[0]}; }
-};
+using stand_ins::PrimBase;
+using stand_ins::Wait;
 
 // ZeRO-1's bucket reduce_scatter_start (no unit), and reduce_scatter_unit_start (its unit in typed attributes).
 class ReduceStart : public PrimBase, public CollectiveStep {
@@ -39,12 +37,6 @@ class ReduceStart : public PrimBase, public CollectiveStep {
 class UnitReduceStart final : public ReduceStart, public WithAttrs<UnitCollectiveAttrs> {
  public:
   explicit UnitReduceStart(UnitCollectiveAttrs a) : WithAttrs<UnitCollectiveAttrs>(std::move(a)) {}
-};
-
-class Wait final : public PrimBase, public CollectiveStep {
- public:
-  std::string_view name() const override { return "collective_wait"; }
-  CollectivePhase phase() const override { return CollectivePhase::Wait; }
 };
 
 // A unit's backward (reading the previous unit's output gradient) or the flatten of its gradients.
