@@ -115,6 +115,13 @@ inline Tensor leaf(Tensor t) {
   return t;
 }
 
+// How many times `what` occurs in `text` (overlapping ones too): nodes of a printed graph, lines of a source.
+inline size_t count_occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 // The message of the ingot::Error that `f` throws; a test failure (and "") when it throws none.
 inline std::string error_of(const std::function<void()>& f) {
   try {

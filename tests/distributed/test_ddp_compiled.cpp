@@ -17,11 +17,13 @@
 #include "optim/optimizer.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
+#include "tests/testing.h"
 
 namespace ingot::distributed {
 namespace {
 
 using namespace std::chrono_literals;
+using ingot::testing::count_occurrences;
 using ingot::testing::is_rank_process;
 using ingot::testing::join_compiled_ranks;
 using ingot::testing::run_compiled_ranks;
@@ -138,11 +140,7 @@ TEST(CompiledDdp, ZeroOneAndTwoReduceScatterAndAllGatherInTheGraphLikeEager) {
     EXPECT_LT(eager.losses.back(), eager.losses.front() - 0.3) << "the run must actually train";
     EXPECT_TRUE(comp.stats.graph_breaks.empty());
     const std::string& g = comp.stats.last_graph;
-    auto count = [&](const std::string& what) {
-      size_t n = 0;
-      for (size_t p = g.find(what); p != std::string::npos; p = g.find(what, p + 1)) ++n;
-      return n;
-    };
+    auto count = [&](const std::string& what) { return count_occurrences(g, what); };
     EXPECT_EQ(count("reduce_scatter_start("), eager.buckets);
     EXPECT_EQ(count("all_gather_start("), eager.buckets);
     EXPECT_EQ(count("collective_wait("), 2 * eager.buckets);
@@ -198,11 +196,7 @@ TEST(CompiledDdp, AWorldOfOneIssuesNoReductionAndTrainsLikeOneProcess) {
       EXPECT_LE(max_rel_error(comp.params[k], alone.params[k], 1e-6, 1e-7), 1.0) << "parameter " << k;
     EXPECT_LT(alone.losses.back(), alone.losses.front() - 0.3) << "the run must actually train";
     const std::string& g = comp.stats.last_graph;
-    auto count = [&](const std::string& what) {
-      size_t n = 0;
-      for (size_t p = g.find(what); p != std::string::npos; p = g.find(what, p + 1)) ++n;
-      return n;
-    };
+    auto count = [&](const std::string& what) { return count_occurrences(g, what); };
     EXPECT_EQ(count("all_reduce_start("), comp.buckets) << g;
     EXPECT_EQ(count("collective_wait("), comp.buckets) << g;
     EXPECT_EQ(count("adamw_update("), comp.buckets) << g;

@@ -27,11 +27,13 @@
 #include "runtime/allocator.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
+#include "tests/testing.h"
 
 namespace ingot::distributed {
 namespace {
 
 using namespace std::chrono_literals;
+using ingot::testing::count_occurrences;
 using ingot::testing::is_rank_process;
 using ingot::testing::join_compiled_ranks;
 using ingot::testing::run_compiled_ranks;
@@ -192,11 +194,6 @@ void expect_same_training(const Trained& got, const Trained& want, double tol, c
     EXPECT_LE(max_rel_error(got.params[k], want.params[k], 10 * tol, tol), 1.0) << what << ": parameter " << k;
 }
 
-size_t count(const std::string& g, const std::string& what) {
-  size_t n = 0;
-  for (size_t p = g.find(what); p != std::string::npos; p = g.find(what, p + 1)) ++n;
-  return n;
-}
 
 // The printed graph's nodes: outputs, op, inputs and attributes per line, in schedule order.
 struct Line {
@@ -295,14 +292,16 @@ void rank_body_trains_like_eager(int world) {
   // for the head; backward: one more per block (the head is kept, the lookups' backward reads no weights).
   ASSERT_EQ(comp.units, 5u);
   const std::string& g = comp.stats.last_graph;
-  EXPECT_EQ(count(g, "= all_gather_start("), comp.units + 1 + 3) << g;
-  EXPECT_EQ(count(g, "regather}"), 2 * 3u) << "the blocks' forward gathers and their backward copies: " << g;
-  EXPECT_EQ(count(g, "= reduce_scatter_start("), comp.units) << g;
-  EXPECT_EQ(count(g, "= all_reduce_start("), 0u) << g;
-  EXPECT_EQ(count(g, "\n  grad none -> "), comp.params.size()) << "no whole gradient leaves the step: " << g;
+  EXPECT_EQ(count_occurrences(g, "= all_gather_start("), comp.units + 1 + 3) << g;
+  EXPECT_EQ(count_occurrences(g, "regather}"), 2 * 3u)
+      << "the blocks' forward gathers and their backward copies: " << g;
+  EXPECT_EQ(count_occurrences(g, "= reduce_scatter_start("), comp.units) << g;
+  EXPECT_EQ(count_occurrences(g, "= all_reduce_start("), 0u) << g;
+  EXPECT_EQ(count_occurrences(g, "\n  grad none -> "), comp.params.size())
+      << "no whole gradient leaves the step: " << g;
   const std::string& k = keep.stats.last_graph;
-  EXPECT_EQ(count(k, "= all_gather_start("), keep.units + 1) << k;
-  EXPECT_EQ(count(k, "= reduce_scatter_start("), keep.units) << k;
+  EXPECT_EQ(count_occurrences(k, "= all_gather_start("), keep.units + 1) << k;
+  EXPECT_EQ(count_occurrences(k, "= reduce_scatter_start("), keep.units) << k;
 }
 
 TEST(CompiledFsdp, TwoRanksTrainLikeEagerZeroThreeDdpAndOneProcess) {
@@ -329,7 +328,8 @@ TEST(CompiledFsdp, AccumulationAndBf16ReductionFollowEagerZeroThree) {
     const Trained comp_sum = train(ctx, run(Mode::Compiled3).micro_batches(2).summed_before_backward(), cache);
     expect_same_training(comp_sum, eager_sum, 1e-4, "two forwards, one backward: compiled vs eager ZeRO-3");
     expect_same_training(comp_sum, eager2, 1e-4, "two forwards, one backward vs a backward each");
-    EXPECT_EQ(count(comp2.stats.last_graph, "= reduce_scatter_start("), 2 * comp2.units) << "one per unit and backward";
+    EXPECT_EQ(count_occurrences(comp2.stats.last_graph, "= reduce_scatter_start("), 2 * comp2.units)
+        << "one per unit and backward";
     const Trained f32 = train(ctx, run(Mode::Eager3), cache);
     const Trained eager_bf = train(ctx, run(Mode::Eager3).reduce_in(DType::bf16), cache);
     const Trained comp_bf = train(ctx, run(Mode::Compiled3).reduce_in(DType::bf16), cache);
@@ -359,9 +359,9 @@ TEST(CompiledFsdp, UnitGradientsMadeInTheirReduceScatterInputFollowEagerZeroThre
     unsetenv("INGOT_ZERO_BUCKET_VIEWS");
     expect_same_training(viewed, eager, 1e-4, "unit gradients in their reduce-scatter input vs eager ZeRO-3");
     const std::string &g = viewed.stats.last_graph, &p = plain.stats.last_graph;
-    EXPECT_EQ(count(p, "= bucket_view("), 0u) << "off by default: " << p;
-    EXPECT_GE(count(g, "= bucket_view("), 1u) << g;
-    EXPECT_LT(count(g, "= cat("), count(p, "= cat(")) << g;
+    EXPECT_EQ(count_occurrences(p, "= bucket_view("), 0u) << "off by default: " << p;
+    EXPECT_GE(count_occurrences(g, "= bucket_view("), 1u) << g;
+    EXPECT_LT(count_occurrences(g, "= cat("), count_occurrences(p, "= cat(")) << g;
     return;
   }
   run_compiled_ranks(2, 300s);

@@ -14,6 +14,7 @@
 #include "runtime/file_util.h"
 #include "runtime/kernels/kernels.h"
 #include "tests/compile/codegen/test_codegen_cuda_util.h"
+#include "tests/testing.h"
 
 namespace ingot::codegen {
 namespace {
@@ -26,6 +27,7 @@ TEST(CodegenCudaRows, NeedsACudaBuild) {
 #else
 
 using namespace ingot::codegen::testing;
+using ingot::testing::count_occurrences;
 constexpr DType kDTypes[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
 
 DType stat_type(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
@@ -269,11 +271,6 @@ TEST(CodegenCudaRows, ColumnSumsRenderOnlyTheWarpVariantAndCompileWithoutAGpu) {
 // phase. Both compile with NVRTC.
 TEST(CodegenCudaRows, RowsKeptInRegistersLoadOncePerRowAndBoundTheWarpFunction) {
   const int arch = cuda_available() ? cuda::device_arch(0) : 90;
-  auto count = [](const std::string& text, const std::string& what) {
-    size_t n = 0;
-    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-    return n;
-  };
   auto function = [](const std::string& source, const std::string& name) {
     const size_t begin = source.find(name + "(const");
     const size_t end = source.find("extern \"C\"", begin);
@@ -286,13 +283,13 @@ TEST(CodegenCudaRows, RowsKeptInRegistersLoadOncePerRowAndBoundTheWarpFunction) 
             std::string::npos);
   EXPECT_NE(r.source.find("__launch_bounds__(1024) lnf_block("), std::string::npos);
   EXPECT_NE(warp.find("rb0[3][8];"), std::string::npos) << warp;
-  EXPECT_EQ(count(warp, "ig_ldv<8>(rb0[k]"), 1u) << "x loaded once per row";
-  EXPECT_EQ(count(warp, "ig_ldv<8>(vb0"), 0u) << "no phase loads x again";
-  EXPECT_EQ(count(block, "rb0["), 0u) << "only the warp-per-row function caches rows";
+  EXPECT_EQ(count_occurrences(warp, "ig_ldv<8>(rb0[k]"), 1u) << "x loaded once per row";
+  EXPECT_EQ(count_occurrences(warp, "ig_ldv<8>(vb0"), 0u) << "no phase loads x again";
+  EXPECT_EQ(count_occurrences(block, "rb0["), 0u) << "only the warp-per-row function caches rows";
 
   const cuda::RenderedKernel wide = cuda::render_kernel(layer_norm_fwd_spec(DType::bf16, 64, 4096, 1e-5), "lnw");
   EXPECT_NE(wide.source.find("__launch_bounds__(1024) lnw_warp("), std::string::npos);
-  EXPECT_EQ(count(wide.source, "rb0["), 0u) << "16 chunks per lane: too many registers";
+  EXPECT_EQ(count_occurrences(wide.source, "rb0["), 0u) << "16 chunks per lane: too many registers";
 
   const std::vector<std::string> cubins = cuda::compile_cubins(
       {{"rows.cu", cuda::render_preamble() + "\n" + r.source + "\n" + wide.source}}, arch, 1);
