@@ -75,8 +75,9 @@ struct CompileOptions {
   // gradients die early (lower peak), at the cost of one update launch per parameter instead of one in all.
   bool split_update = false;
   // Data parallel: one optimizer update per gradient bucket, each waiting only for its bucket's reduction
-  // (compile/passes/bucket_updates.cpp), instead of one update after all of them. Modes without CUDA graphs;
-  // a graph without collectives is unchanged. On by default: the updates of the first buckets run while the last
+  // (compile/passes/bucket_updates.cpp), instead of one update after all of them; under CUDA graphs too when the
+  // updates are generated CUDA kernels (they read their learning rate from device memory inside the graph, Note
+  // [Scalars read from the device], compile/exec/graph_replay.h). A graph without collectives is unchanged. On by default: the updates of the first buckets run while the last
   // ones reduce, so no wait is exposed (GPT-2 124M DDP x4 on H200: 33.03 -> 32.56 ms, exposed 0.81 -> 0.00 ms,
   // bench/RESULTS.md 2026-11-26); exact against eager DDP on CPUs and on 2 GPUs (tests/gpu/test_ddp_multi_gpu.cpp).
   bool bucket_updates = true;

@@ -100,9 +100,9 @@ bool buffers_on(const Graph& g, const LoweredGroup& lg, Device dev) {
 
 // Lowers every fusion group it can and compiles the kernels in one batch for `dev` (the CPU's C++ codegen or
 // the CUDA codegen); returns the executor steps' kernels.
-std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, Device dev, const CompileOptions& opts,
-                                                 CompileStats& stats, [[maybe_unused]] autotune::CudaSession* tuning) {
-  std::map<int32_t, KernelStepFn> fns;
+std::map<int32_t, GroupKernel> generate_kernels(const Graph& g, Device dev, const CompileOptions& opts,
+                                                CompileStats& stats, [[maybe_unused]] autotune::CudaSession* tuning) {
+  std::map<int32_t, GroupKernel> fns;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<LoweredGroup> lowered;
   std::vector<int32_t> ids;
@@ -131,6 +131,7 @@ std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, Device dev, con
       log(LogKind::Progress, "compiling '" + opts.name + detail::str_cat("': codegen, kernels ", done, "/", total));
     };
   std::vector<KernelCall> kernels;
+  std::vector<DeviceScalarsCall> device_calls;  // CUDA multi-tensor kernels: the launch reading device scalars
   std::vector<std::string> sources;  // INGOT_LOGS=output_code only
   const bool show_code = log_on(LogKind::OutputCode);
   if (dev.is_cpu()) {
@@ -156,6 +157,11 @@ std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, Device dev, con
     ingot::cuda::set_device(previous);
     for (codegen::cuda::CudaKernel& k : compiled) {
       if (show_code) sources.push_back(codegen::cuda::render_kernel(specs[kernels.size()], k.symbol).source);
+      device_calls.resize(kernels.size() + 1);
+      if (k.abi.kind == codegen::KernelKind::MultiTensor)
+        device_calls.back() = [k](void* const* bufs, const int64_t* syms, const double* device_scalars) {
+          k.launch_reading_device_scalars(bufs, syms, device_scalars);
+        };
       kernels.emplace_back(std::move(k));
     }
 #else
@@ -170,7 +176,9 @@ std::map<int32_t, KernelStepFn> generate_kernels(const Graph& g, Device dev, con
   stats.kernels_generated += cs.compiled;
   stats.kernels_reused += cs.memory_hits + cs.disk_hits;
   stats.kernels_disk_hits += cs.disk_hits;
-  for (size_t i = 0; i < lowered.size(); ++i) fns[ids[i]] = make_kernel_step(g, lowered[i], kernels[i]);
+  device_calls.resize(kernels.size());
+  for (size_t i = 0; i < lowered.size(); ++i)
+    fns[ids[i]] = make_kernel_step(g, lowered[i], kernels[i], device_calls[i]);
   return fns;
 }
 
@@ -207,12 +215,18 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
            [&](Graph& x) { return passes::unit_reductions(x, {target, opts.unit_reduction_lag}); });
   run_pass("dce", g, [&](Graph& x) { return passes::dce(x, {target}); });
   run_pass("split_update", g, [&](Graph& x) { return passes::split_update(x, {target, opts.split_update ? 0.0 : 1.0}); });
-  // Per-bucket updates need the update between graphs to wait only for its bucket; under CUDA graphs the
-  // update (a host step: its learning rate is a host value) ends a graph, and a graph cannot end with a
-  // collective of the next one in flight, so those modes keep one update after every wait.
+  // Per-bucket updates under CUDA graphs need every update inside the graph: a generated CUDA update reads its
+  // learning rate from device memory there (Note [Scalars read from the device], compile/exec/graph_replay.h).
+  // One run between graphs would end a graph with a collective of the next one in flight, so without generated
+  // CUDA kernels those modes keep one update after every wait.
+#ifdef INGOT_WITH_CUDA_CODEGEN
+  const bool updates_in_graphs = generated && target.is_cuda();
+#else
+  const bool updates_in_graphs = false;
+#endif
   bool bucket_updates = false;
   run_pass("split_update_by_bucket", g, [&](Graph& x) {
-    return bucket_updates = opts.bucket_updates && !replays_cuda_graphs(opts.mode) &&
+    return bucket_updates = opts.bucket_updates && (!replays_cuda_graphs(opts.mode) || updates_in_graphs) &&
                             passes::split_update_by_bucket(x, {target});
   });
   // Data parallel: each gradient made in its bucket's buffer, so no concatenation copies it (before fuse, which
@@ -241,7 +255,7 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   }
   stats.time.passes_ms += ms_since(t0);
   auto exe = std::make_shared<Executable>();
-  std::map<int32_t, KernelStepFn> kernels;
+  std::map<int32_t, GroupKernel> kernels;
   std::shared_ptr<autotune::CudaSession> tuning;
   if (opts.backend != CompileBackend::Eager)
     // Values on two GPUs run op by op through the eager kernels.

@@ -11,8 +11,7 @@
 
 namespace ingot::compiler {
 
-std::vector<ExecStep> plan_steps(const Graph& g,
-                                 const std::map<int32_t, std::function<void(std::vector<Tensor>&)>>& group_kernels) {
+std::vector<ExecStep> plan_steps(const Graph& g, const std::map<int32_t, GroupKernel>& group_kernels) {
   std::vector<ExecStep> steps;
   std::vector<int32_t> last(g.values.size(), -1);
   for (size_t n = 0; n < g.nodes.size(); ++n)
@@ -39,7 +38,8 @@ std::vector<ExecStep> plan_steps(const Graph& g,
     s.node = static_cast<int32_t>(n);
     if (k != group_kernels.end()) {
       s.group = G;
-      s.kernel = k->second;
+      s.kernel = k->second.run;
+      s.host_scalars = k->second.host_scalars;
     }
     step_of[n] = static_cast<int32_t>(steps.size());
     steps.push_back(std::move(s));

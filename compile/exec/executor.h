@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <utility>
 #include <vector>
@@ -15,11 +16,29 @@
 
 namespace ingot::compiler {
 
+// A generated kernel whose only host reads are scalars it computes from host inputs (the fused AdamW update: its
+// learning rate, bias corrections and grad scale): a CUDA graph can capture it reading them from device memory
+// that is refreshed before every replay (Note [Scalars read from the device], compile/exec/graph_replay.h).
+struct HostScalars {
+  size_t count = 0;  // doubles
+  // The scalars of this call, on the host, from env's host inputs (what the kernel is otherwise passed).
+  std::function<void(const std::vector<Tensor>& env, double* out)> compute;
+  // The step, its kernel reading the `count` scalars at `device_scalars` (device memory) when it runs.
+  std::function<void(std::vector<Tensor>& env, const double* device_scalars)> run;
+};
+
+// A compiled group's step: how it runs, and (optional) how it runs reading its scalars from the device.
+struct GroupKernel {
+  std::function<void(std::vector<Tensor>& env)> run;
+  std::shared_ptr<const HostScalars> host_scalars;
+};
+
 // One step of the executable: a node, or a fused group run by `kernel` (which reads and writes env).
 struct ExecStep {
   int32_t node = -1;
   int32_t group = -1;
   std::function<void(std::vector<Tensor>& env)> kernel;
+  std::shared_ptr<const HostScalars> host_scalars;  // set when the kernel can read its scalars from the device
   std::vector<int32_t> release;  // values dead after this step
   std::vector<int32_t> placed;   // values it makes in their bucket's buffer (Note [Values placed in buckets])
 };
@@ -32,8 +51,7 @@ struct Executable {
 
 // Steps with liveness: one per node, except that a fusion group with an entry in `group_kernels` runs as one
 // step (its members must be contiguous: compile/passes/schedule.cpp).
-std::vector<ExecStep> plan_steps(
-    const Graph& g, const std::map<int32_t, std::function<void(std::vector<Tensor>&)>>& group_kernels = {});
+std::vector<ExecStep> plan_steps(const Graph& g, const std::map<int32_t, GroupKernel>& group_kernels = {});
 // Runs the executable on the caller's args (already checked against the graph's signature).
 std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args);
 

@@ -1,6 +1,7 @@
 #include "compile/exec/graph_replay.h"
 
 #include "compile/logs.h"
+#include "runtime/error.h"
 #include "runtime/allocator.h"
 
 namespace ingot::compiler {
@@ -58,20 +59,29 @@ GraphReplay::GraphReplay(std::shared_ptr<const Executable> exe) : exe_(std::move
   for (int32_t o : g.outputs) keep_[static_cast<size_t>(o)] = true;
   for (const WriteBack& w : g.writebacks) keep_[static_cast<size_t>(w.value)] = true;
   host_step_.assign(exe_->steps.size(), false);
+  scalar_offset_.assign(exe_->steps.size(), kNoScalars);
   step_outputs_.resize(exe_->steps.size());
   for (size_t i = 0; i < exe_->steps.size(); ++i) {
     const auto [b, e] = step_node_range(*exe_, i);
     bool host = false;
+    // A step that reads host inputs only through its scalars reads them from the device instead (Note [Scalars
+    // read from the device]).
+    const bool device_scalars = exe_->steps[i].host_scalars != nullptr;
     for (size_t n = b; n < e; ++n) {
-      for (int32_t v : g.nodes[n].inputs)
-        if (v >= 0 && (host_value[static_cast<size_t>(v)] || !g.values[static_cast<size_t>(v)].device.is_cuda()))
-          host = true;
+      for (int32_t v : g.nodes[n].inputs) {
+        if (v < 0 || (device_scalars && host_value[static_cast<size_t>(v)])) continue;
+        if (host_value[static_cast<size_t>(v)] || !g.values[static_cast<size_t>(v)].device.is_cuda()) host = true;
+      }
       for (int32_t v : g.nodes[n].outputs) {
         if (!g.values[static_cast<size_t>(v)].device.is_cuda()) host = true;
         step_outputs_[i].push_back(v);
       }
     }
     host_step_[i] = host;
+    if (!host && device_scalars) {
+      scalar_offset_[i] = scalar_count_;
+      scalar_count_ += exe_->steps[i].host_scalars->count;
+    }
     if (!host) continue;
     for (size_t n = b; n < e; ++n) {
       for (int32_t v : g.nodes[n].inputs)
@@ -87,6 +97,33 @@ GraphReplay::~GraphReplay() {
     cuda::synchronize_stream(stream_);
     cuda::destroy_stream(stream_);
   }
+  for (ScalarStaging& st : staging_)
+    if (st.host) cuda::host_free_pinned(st.host);
+}
+
+void GraphReplay::upload_scalars(const std::vector<Tensor>& env) {
+  if (scalar_count_ == 0) return;
+  ScalarStaging& st = staging_[next_staging_];
+  next_staging_ = (next_staging_ + 1) % staging_.size();
+  if (!st.host) {
+    st.host = static_cast<double*>(cuda::host_alloc_pinned(scalar_count_ * sizeof(double)));
+    const int previous = cuda::current_device();
+    cuda::set_device(device_.index);  // events belong to the device whose stream records them
+    st.copied = std::make_unique<cuda::Event>();
+    cuda::set_device(previous);
+  }
+  st.copied->synchronize();  // its copy of staging_.size() calls ago has run: the buffer is free
+  for (size_t i = 0; i < exe_->steps.size(); ++i)
+    if (scalar_offset_[i] != kNoScalars) exe_->steps[i].host_scalars->compute(env, st.host + scalar_offset_[i]);
+  cuda::copy_to_device_async(scalars_dev_.data_ptr(), st.host, scalar_count_ * sizeof(double), stream_);
+  st.copied->record(stream_);
+}
+
+void GraphReplay::capture_step(size_t k, std::vector<Tensor>& env) {
+  const ExecStep& s = exe_->steps[k];
+  if (scalar_offset_[k] == kNoScalars) return run_step(exe_->graph, s, env);
+  INGOT_CHECK(s.placed.empty(), "reduce-overhead: a step reading device scalars places values in buckets");
+  s.host_scalars->run(env, static_cast<const double*>(scalars_dev_.data_ptr()) + scalar_offset_[k]);
 }
 
 void GraphReplay::drop_capture() {
@@ -94,6 +131,7 @@ void GraphReplay::drop_capture() {
   for (Segment& s : segments_) cuda::destroy_graph(s.exec);
   segments_.clear();
   env_.clear();
+  scalars_dev_ = Tensor();
   statics_.clear();
   captured_.clear();
   captured_ptrs_.clear();
@@ -139,6 +177,11 @@ std::vector<Tensor> GraphReplay::capture(const std::vector<Tensor>& args) {
     join(caller, stream_);
     StreamScope scope(stream_);
     env = bind_inputs(g, statics_, &captured_);
+    if (scalar_count_ > 0) {
+      // Allocated before any capture, on the private stream; it lives, at this address, as long as the graphs.
+      scalars_dev_ = empty(Shape{static_cast<int64_t>(scalar_count_)}, DType::f64, device_);
+      upload_scalars(env);
+    }
     std::string failure;
     auto release = [&](size_t b, size_t e) {
       for (size_t k = b; k < e; ++k)
@@ -163,7 +206,7 @@ std::vector<Tensor> GraphReplay::capture(const std::vector<Tensor>& args) {
         try {
           cuda::begin_capture(stream_);
           for (size_t k = i; k < j; ++k) {
-            run_step(g, exe_->steps[k], env);
+            capture_step(k, env);
             release(k, k + 1);
           }
           void* exec = cuda::end_capture(stream_);
@@ -212,6 +255,7 @@ std::vector<Tensor> GraphReplay::replay(const std::vector<Tensor>& args) {
     StreamScope scope(stream_);
     for (const GraphInput& in : g.inputs)
       if (in.role == InputRole::Host) env_[static_cast<size_t>(in.value)] = in.produce().detach();
+    upload_scalars(env_);
     for (const Segment& s : segments_) {
       if (s.exec) {
         cuda::launch_graph(s.exec, stream_);

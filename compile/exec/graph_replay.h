@@ -21,10 +21,22 @@
 //   (so a replayed step's printed peak is the memory it holds, not only what the allocator has handed out), and its
 //   segments are not given back to the system (Note [Pools held for CUDA graphs], runtime/pool_accounting.h).
 //
+// Note [Scalars read from the device]
+//   The fused AdamW update's scalars (learning rate, bias corrections, grad scale) change every call, and a
+//   kernel's arguments are frozen into a graph. Its kernel can instead read them from device memory
+//   (ExecStep::host_scalars, compile/exec/kernel_step.cpp): the capture launches it pointed at a slot of one
+//   device buffer, and every call, before the graphs launch, computes the scalars on the host exactly as the
+//   uncaptured step would (same doubles), stages them in pinned memory and copies them into that buffer on the
+//   private stream. So the update is inside the graph: a step of forward, backward and update is one graph, and
+//   a data-parallel step can update each bucket as soon as its reduction is done (CompileOptions::bucket_updates),
+//   which between graphs it could not (a graph cannot end with a collective of the next one in flight). The
+//   pinned buffers are a ring whose slot is rewritten only once the copy that read it has run.
+//
 // A capture that fails (an op that cannot be captured) ends the capture, finishes the call step by step and
 // leaves this runner disabled with the reason: later calls run the executable normally.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <set>
 #include <string>
@@ -60,6 +72,16 @@ class GraphReplay {
   std::vector<Tensor> results(const std::vector<Tensor>& env);
   bool still_valid(const std::vector<Tensor>& args) const;
   void drop_capture();
+  // Computes the device-scalar steps' scalars from env's host inputs and copies them to scalars_dev_ (stream_).
+  void upload_scalars(const std::vector<Tensor>& env);
+  // Step k inside a capture: a device-scalar step reads its slot of scalars_dev_; any other step runs as usual.
+  void capture_step(size_t k, std::vector<Tensor>& env);
+
+  static constexpr size_t kNoScalars = static_cast<size_t>(-1);
+  struct ScalarStaging {
+    double* host = nullptr;                // pinned, scalar_count_ doubles
+    std::unique_ptr<cuda::Event> copied;  // recorded after the copy that read it
+  };
 
   std::shared_ptr<const Executable> exe_;
   Device device_;
@@ -75,6 +97,11 @@ class GraphReplay {
   std::set<const Storage*> captured_;
   std::vector<const void*> captured_ptrs_;  // captured inputs' data pointers at capture time
   bool pool_held_ = false;                  // the private stream's pool, from a capture until drop_capture
+  std::vector<size_t> scalar_offset_;       // per exec step: its slot in scalars_dev_, or kNoScalars
+  size_t scalar_count_ = 0;                 // doubles in scalars_dev_
+  Tensor scalars_dev_;                      // the device-scalar steps' scalars, refreshed before every launch
+  std::array<ScalarStaging, 4> staging_;
+  size_t next_staging_ = 0;
 };
 
 }  // namespace ingot::compiler

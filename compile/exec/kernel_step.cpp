@@ -1,6 +1,8 @@
 #include "compile/exec/kernel_step.h"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 
 namespace ingot::compiler {
 namespace {
@@ -40,28 +42,29 @@ bool in_place_ok(const Graph& g, int32_t node_index, int32_t in_value, int32_t o
 
 }  // namespace
 
-KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall kernel) {
+GroupKernel make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall kernel, DeviceScalarsCall device_call) {
   if (lg.spec.kind == codegen::KernelKind::MultiTensor && lg.hyper_value < 0) {
     // Note [Parameter casts]: inputs and outputs are one slot each, per tensor; outputs are fresh buffers.
     const std::vector<OutMeta> outs = out_metas(g, lg.outputs);
     const std::vector<int32_t> inputs = lg.inputs;
-    return [inputs, outs, kernel](std::vector<Tensor>& env) {
-      std::vector<int64_t> syms{static_cast<int64_t>(inputs.size())};
-      std::vector<void*> bufs;
-      std::vector<Tensor> keep;
-      for (size_t t = 0; t < inputs.size(); ++t) {
-        Tensor in = env[static_cast<size_t>(inputs[t])];
-        if (!in.is_contiguous()) in = in.contiguous_raw();
-        Tensor out = empty(outs[t].shape, outs[t].dtype, outs[t].device);
-        syms.push_back(in.numel());
-        bufs.push_back(in.data_ptr());
-        bufs.push_back(out.data_ptr());
-        keep.push_back(in);
-        env[static_cast<size_t>(outs[t].value)] = out;
-      }
-      const double no_scalars = 0;
-      kernel(bufs.data(), syms.data(), &no_scalars);
-    };
+    return {[inputs, outs, kernel](std::vector<Tensor>& env) {
+              std::vector<int64_t> syms{static_cast<int64_t>(inputs.size())};
+              std::vector<void*> bufs;
+              std::vector<Tensor> keep;
+              for (size_t t = 0; t < inputs.size(); ++t) {
+                Tensor in = env[static_cast<size_t>(inputs[t])];
+                if (!in.is_contiguous()) in = in.contiguous_raw();
+                Tensor out = empty(outs[t].shape, outs[t].dtype, outs[t].device);
+                syms.push_back(in.numel());
+                bufs.push_back(in.data_ptr());
+                bufs.push_back(out.data_ptr());
+                keep.push_back(in);
+                env[static_cast<size_t>(outs[t].value)] = out;
+              }
+              const double no_scalars = 0;
+              kernel(bufs.data(), syms.data(), &no_scalars);
+            },
+            nullptr};
   }
   if (lg.spec.kind == codegen::KernelKind::MultiTensor) {
     const size_t n = lg.tensors;
@@ -74,12 +77,19 @@ KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall
         inplace[s * n + t] = in_place_ok(g, node_index, lg.inputs[1 + in_slot * n + t], lg.outputs[s * n + t]);
       }
     const LoweredGroup meta = lg;  // ids and hyper-parameters only are read below
-    return [meta, kernel, inplace, n](std::vector<Tensor>& env) {
+    constexpr size_t kScalars = 5;
+    // The kernel's scalars from this call's hyper-parameter row: computed on the host either way, so a kernel
+    // that reads them from device memory gets the same doubles as one passed them.
+    auto compute = [meta](const std::vector<Tensor>& env, double* out) {
       const Tensor& hyper = env[static_cast<size_t>(meta.hyper_value)];
       const double* h = hyper.data<double>() + meta.hyper_row * 3;
       const double lr = h[0], step = h[1], scale = h[2];
-      const double scalars[5] = {lr, 1.0 - lr * meta.weight_decay, scale, 1.0 - std::pow(meta.beta1, step),
-                                 1.0 - std::pow(meta.beta2, step)};
+      const double scalars[kScalars] = {lr, 1.0 - lr * meta.weight_decay, scale, 1.0 - std::pow(meta.beta1, step),
+                                        1.0 - std::pow(meta.beta2, step)};
+      std::copy(scalars, scalars + kScalars, out);
+    };
+    // Gathers the buffers and calls `launch` with them (in place where the graph allows, else into copies).
+    auto run = [meta, inplace, n](std::vector<Tensor>& env, const std::function<void(void* const*, const int64_t*)>& launch) {
       std::vector<int64_t> syms{static_cast<int64_t>(n)};
       std::vector<void*> bufs;
       std::vector<Tensor> outs(3 * n);
@@ -98,13 +108,29 @@ KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall
         for (size_t s = 0; s < 4; ++s) bufs.push_back(in[s].data_ptr());
         for (size_t s = 0; s < 3; ++s) bufs.push_back(outs[s * n + t].data_ptr());
       }
-      kernel(bufs.data(), syms.data(), scalars);
+      launch(bufs.data(), syms.data());
       for (size_t k = 0; k < 3 * n; ++k) env[static_cast<size_t>(meta.outputs[k])] = outs[k];
     };
+    GroupKernel step;
+    step.run = [compute, run, kernel](std::vector<Tensor>& env) {
+      double scalars[kScalars];
+      compute(env, scalars);
+      run(env, [&](void* const* bufs, const int64_t* syms) { kernel(bufs, syms, scalars); });
+    };
+    if (device_call) {
+      auto hs = std::make_shared<HostScalars>();
+      hs->count = kScalars;
+      hs->compute = compute;
+      hs->run = [run, device_call](std::vector<Tensor>& env, const double* device_scalars) {
+        run(env, [&](void* const* bufs, const int64_t* syms) { device_call(bufs, syms, device_scalars); });
+      };
+      step.host_scalars = std::move(hs);
+    }
+    return step;
   }
   const std::vector<OutMeta> outs = out_metas(g, lg.outputs);
   const std::vector<int32_t> inputs = lg.inputs;
-  return [inputs, outs, kernel](std::vector<Tensor>& env) {
+  return {[inputs, outs, kernel](std::vector<Tensor>& env) {
     std::vector<void*> bufs;
     std::vector<Tensor> keep;
     keep.reserve(inputs.size());
@@ -123,7 +149,7 @@ KernelStepFn make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall
     const int64_t no_syms = 0;
     const double no_scalars = 0;
     kernel(bufs.data(), &no_syms, &no_scalars);
-  };
+  }, nullptr};
 }
 
 }  // namespace ingot::compiler

@@ -46,7 +46,7 @@ struct TrainRun {
   size_t buckets = 0;
 };
 
-enum class Mode { Eager, Default, ReduceOverhead, DefaultBucketUpdates };
+enum class Mode { Eager, Default, ReduceOverhead, DefaultBucketUpdates, ReduceOverheadBucketUpdates };
 
 // Tiny GPT-2 in f32 on `dev`, AdamW, 5 steps; with a group, DDP over this rank's rows of a fixed global batch of 8
 // sequences, else (group == nullptr) one GPU on the whole batch. Small buckets: several reductions per step.
@@ -75,8 +75,9 @@ TrainRun train(Device dev, std::shared_ptr<ProcessGroup> group, int rank, int wo
     return std::vector<Tensor>{loss};
   };
   CompileOptions co;
-  co.mode = mode == Mode::ReduceOverhead ? CompileMode::ReduceOverhead : CompileMode::Default;
-  co.bucket_updates = mode == Mode::DefaultBucketUpdates;
+  const bool ro = mode == Mode::ReduceOverhead || mode == Mode::ReduceOverheadBucketUpdates;
+  co.mode = ro ? CompileMode::ReduceOverhead : CompileMode::Default;
+  co.bucket_updates = mode == Mode::DefaultBucketUpdates || mode == Mode::ReduceOverheadBucketUpdates;
   co.cache_dir = std::getenv("INGOT_TEST_CACHE_DIR");
   CompiledFunction fn = compile(step, co);
   TrainRun out;
@@ -186,6 +187,26 @@ TEST(DdpOnGpus, PerBucketUpdatesFollowEagerDdpOnTwoGpus) {
     const TrainRun by_bucket = train(dev, ctx.group, ctx.info.rank, ctx.info.world_size, Mode::DefaultBucketUpdates);
     EXPECT_EQ(count(by_bucket.stats.last_graph, "adamw_update("), eager.buckets) << "one update per bucket";
     expect_same_training(by_bucket, eager, 1e-4, "per-bucket updates vs eager DDP");
+    return;
+  }
+  INGOT_REQUIRE_GPUS(2);
+  spawn_compiled_ddp(2);
+}
+
+// The same under reduce-overhead: every update inside the one CUDA graph, reading its step-dependent scalars from
+// device memory (Note [Scalars read from the device]), each after its own bucket's captured all-reduce.
+TEST(DdpOnGpus, PerBucketUpdatesInsideCudaGraphsFollowEagerDdpOnTwoGpus) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(nccl_init());
+    const Device dev(DeviceType::cuda, ctx.info.local_rank);
+    const TrainRun eager = train(dev, ctx.group, ctx.info.rank, ctx.info.world_size, Mode::Eager);
+    const TrainRun ro =
+        train(dev, ctx.group, ctx.info.rank, ctx.info.world_size, Mode::ReduceOverheadBucketUpdates);
+    EXPECT_EQ(count(ro.stats.last_graph, "adamw_update("), eager.buckets) << "one update per bucket";
+    EXPECT_EQ(ro.stats.cuda_graph_fallback, "");
+    EXPECT_EQ(ro.stats.cuda_graphs, 1) << "forward, backward, all-reduces and updates in one graph";
+    EXPECT_EQ(ro.stats.cuda_graph_host_steps, 0);
+    expect_same_training(ro, eager, 1e-4, "per-bucket updates in CUDA graphs vs eager DDP");
     return;
   }
   INGOT_REQUIRE_GPUS(2);

@@ -225,7 +225,7 @@ CUdeviceptr upload_table(LoadedKernel& loaded, const std::vector<uint64_t>& tabl
 }
 
 void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, const double* scalars,
-                         const LaunchConfig& cfg) {
+                         const double* device_scalars, const LaunchConfig& cfg) {
   const KernelAbi& abi = L.k.abi;
   const int64_t T = syms[0];
   const int V = std::max(1, abi.vector_width);
@@ -256,8 +256,13 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
   L.params.push_back(static_cast<uint64_t>(T));
   L.params.push_back(static_cast<uint64_t>(num_chunks));
   L.params.push_back(static_cast<uint64_t>(chunk));
-  L.push_scalars(scalars);
+  if (device_scalars) {
+    L.push_scalars(std::vector<double>(static_cast<size_t>(L.k.abi.scalar_slots), 0.0).data());
+  } else {
+    L.push_scalars(scalars);
+  }
   L.params.push_back(L.flags);
+  L.params.push_back(reinterpret_cast<uint64_t>(device_scalars));  // cs: null reads c
   L.run(L.k.loaded->fns[0], std::min<int64_t>(num_chunks, L.cap * 4), L.block);
 }
 
@@ -357,12 +362,22 @@ void launch_rows(Launcher& L, const int64_t* syms, const LaunchConfig& cfg) {
 
 }  // namespace
 
+void CudaKernel::launch_reading_device_scalars(void* const* bufs, const int64_t* syms,
+                                               const double* device_scalars) const {
+  INGOT_CHECK(abi.kind == KernelKind::MultiTensor && device_scalars != nullptr, "[codegen] kernel '", symbol,
+              "': only a multi-tensor kernel reads its scalars from device memory");
+  INGOT_CHECK(loaded != nullptr, "[codegen] kernel '", symbol, "' was not compiled");
+  ensure_context(device);
+  Launcher L(*this, config, nullptr);
+  launch_multi_tensor(L, bufs, syms, nullptr, device_scalars, config);
+}
+
 void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* scalars, const LaunchConfig& cfg,
                         void* stream) const {
   INGOT_CHECK(loaded != nullptr, "[codegen] kernel '", symbol, "' was not compiled");
   ensure_context(device);
   Launcher L(*this, cfg, stream);
-  if (abi.kind == KernelKind::MultiTensor) return launch_multi_tensor(L, bufs, syms, scalars, cfg);
+  if (abi.kind == KernelKind::MultiTensor) return launch_multi_tensor(L, bufs, syms, scalars, nullptr, cfg);
   for (int b = 0; b < abi.num_buffers; ++b) L.params.push_back(reinterpret_cast<uint64_t>(bufs[b]));
   for (int k = 0; k < abi.sym_slots; ++k) L.params.push_back(static_cast<uint64_t>(k < abi.num_syms ? syms[k] : 0));
   L.push_scalars(scalars);

@@ -46,6 +46,10 @@ class CudaKernel {
   // autotuner times.
   void launch(void* const* bufs, const int64_t* syms, const double* scalars, const LaunchConfig& cfg,
               void* stream = nullptr) const;
+  // A multi-tensor kernel reading its scalars from `device_scalars` (num_scalars doubles in device memory)
+  // instead of taking them as arguments: a CUDA graph that captures this launch replays it with whatever the
+  // buffer holds then (Note [Scalars read from the device], compile/exec/graph_replay.h).
+  void launch_reading_device_scalars(void* const* bufs, const int64_t* syms, const double* device_scalars) const;
 
   // The workspace _colsplit launches have needed so far (0: the kernel never split its columns).
   size_t split_workspace_bytes() const;

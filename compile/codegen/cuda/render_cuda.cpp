@@ -63,7 +63,11 @@ std::string Renderer::pow_expr(const Node& n, const std::string& x, const std::s
 }
 
 std::string Renderer::scalar_expr(const Node& n) const {
-  return "(" + std::string(compute_type(n.dtype)) + ")p.c[" + std::to_string(n.arg) + "]";
+  const std::string i = std::to_string(n.arg), T = compute_type(n.dtype);
+  // A multi-tensor kernel may read its scalars from device memory (p.cs, Note [Scalars read from the device],
+  // compile/exec/graph_replay.h); its scalar nodes are loop invariants, read once per thread.
+  if (k_.kind == KernelKind::MultiTensor) return "(" + T + ")(p.cs ? p.cs[" + i + "] : p.c[" + i + "])";
+  return "(" + T + ")p.c[" + i + "]";
 }
 
 std::string Renderer::index_expr(const Node& n) const { return "(long long)(" + idx_.at(static_cast<size_t>(n.arg)) + ")"; }

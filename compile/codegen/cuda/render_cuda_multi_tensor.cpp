@@ -1,6 +1,7 @@
 // MultiTensor kernels of the CUDA renderer (render_cuda_core.h): ONE launch for the whole list; the host uploads a
 // table of tensors followed by (tensor, start) chunks, and each block walks chunks, vectorized when the chunk's
-// pointers are aligned (render_cuda.h).
+// pointers are aligned (render_cuda.h). The scalars come in the parameters (c) or, when cs is set, from device
+// memory: what lets a CUDA graph replay an optimizer update whose learning rate changes every step.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@ void Renderer::multi_tensor() {
   line("  long long num_tensors, num_chunks, chunk;");
   line("  double c[" + std::to_string(std::max(1, k_.num_scalars)) + "];");
   line("  long long flags;");
+  line("  const double* cs;");  // null: the scalars are c; else they are read here, on the device
   line("};");
   open("extern \"C\" __global__ void __launch_bounds__(1024) " + sym_ + "(const " + sym_ + "_p p) {");
   line("typedef long long I;");

@@ -252,6 +252,45 @@ TEST(CodegenCuda, IdenticalKernelsCompileOnceAndAnEmptyLaunchIsANoOp) {
   EXPECT_EQ(sum(abs(host(out))).item(), 0.0);
 }
 
+// A multi-tensor kernel launched to read its scalars from device memory (what a CUDA graph captures for the
+// optimizer update, Note [Scalars read from the device]) computes what the launch passed the same scalars does,
+// bit for bit, and a later launch sees what the buffer holds then.
+TEST(CodegenCuda, MultiTensorKernelReadsItsScalarsFromDeviceMemory) {
+  INGOT_REQUIRE_CUDA();
+  const auto kernels = cuda_codegen().compile({scale_all_spec(DType::f32), scale_all_spec(DType::bf16)});
+  for (size_t d = 0; d < 2; ++d) {
+    const DType dt = d == 0 ? DType::f32 : DType::bf16;
+    SCOPED_TRACE(dtype_name(dt));
+    const std::vector<int64_t> sizes = {1000, 33, 70001};  // several chunks, and an odd tail
+    std::vector<Tensor> in, by_arg, by_device;
+    std::vector<void*> arg_bufs, device_bufs;
+    std::vector<int64_t> syms{static_cast<int64_t>(sizes.size())};
+    for (int64_t n : sizes) {
+      in.push_back(randn({n}, DType::f64).to(dt).to(kGpu));
+      by_arg.push_back(zeros({n}, dt, kGpu));
+      by_device.push_back(zeros({n}, dt, kGpu));
+      arg_bufs.insert(arg_bufs.end(), {in.back().data_ptr(), by_arg.back().data_ptr()});
+      device_bufs.insert(device_bufs.end(), {in.back().data_ptr(), by_device.back().data_ptr()});
+      syms.push_back(n);
+    }
+    const double scale = 0.7371;
+    Tensor scalars = full({1}, scale, DType::f64).to(kGpu);
+    kernels[d](arg_bufs.data(), syms.data(), &scale);
+    kernels[d].launch_reading_device_scalars(device_bufs.data(), syms.data(),
+                                             static_cast<const double*>(scalars.data_ptr()));
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const Tensor diff = sub(host(by_device[t]).to(DType::f64), host(by_arg[t]).to(DType::f64));
+      EXPECT_EQ(sum(abs(diff)).item(), 0.0) << "tensor " << t << ": not bit-equal to the launch passed the scalar";
+      EXPECT_TENSOR_CLOSE(host(by_arg[t]), mul(host(in[t]).to(DType::f64), scale).to(dt), dt);
+    }
+    scalars.copy_(full({1}, -2.0, DType::f64));  // the same launch reads the new value
+    kernels[d].launch_reading_device_scalars(device_bufs.data(), syms.data(),
+                                             static_cast<const double*>(scalars.data_ptr()));
+    for (size_t t = 0; t < sizes.size(); ++t)
+      EXPECT_TENSOR_CLOSE(host(by_device[t]), mul(host(in[t]).to(DType::f64), -2.0).to(dt), dt);
+  }
+}
+
 #endif
 
 }  // namespace
