@@ -1,5 +1,7 @@
 #include "compile/exec/graph_replay.h"
 
+#include <cstdlib>
+
 #include "compile/logs.h"
 #include "runtime/error.h"
 #include "runtime/allocator.h"
@@ -65,8 +67,10 @@ GraphReplay::GraphReplay(std::shared_ptr<const Executable> exe) : exe_(std::move
     const auto [b, e] = step_node_range(*exe_, i);
     bool host = false;
     // A step that reads host inputs only through its scalars reads them from the device instead (Note [Scalars
-    // read from the device]).
-    const bool device_scalars = exe_->steps[i].host_scalars != nullptr;
+    // read from the device]). INGOT_GRAPH_HOST_SCALARS=1 runs such steps between the graphs as before: an A/B
+    // switch for measurements (with per-bucket updates on several GPUs the capture then fails and the step runs
+    // without graphs; compare with --one-update).
+    const bool device_scalars = exe_->steps[i].host_scalars != nullptr && !std::getenv("INGOT_GRAPH_HOST_SCALARS");
     for (size_t n = b; n < e; ++n) {
       for (int32_t v : g.nodes[n].inputs) {
         if (v < 0 || (device_scalars && host_value[static_cast<size_t>(v)])) continue;
