@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "runtime/cuda_runtime.h"
 #include "runtime/device.h"
 
 namespace ingot::distributed {
@@ -135,6 +136,12 @@ DistributedContext init_distributed(const InitOptions& options) {
     INGOT_CHECK(n > 0, "distributed bootstrap: backend nccl needs a CUDA device, none is visible");
     // One GPU per local rank; a launcher that pins each worker to one GPU leaves exactly one visible.
     po.device = w.local_rank % n;
+    // The rank's GPU becomes the thread's current device (what torch.cuda.set_device(local_rank) does in a torchrun
+    // script): a worker that sees every GPU of the node (`ingot launch --nproc-per-node 2`) otherwise kept device 0
+    // current, and a call on a legacy default stream (null handle) then acts on GPU 0's stream (Note [Null streams
+    // name the current device], runtime/cuda/check.h): bench_gpt2_step's DDP hung on 2 H100s that way, eager too,
+    // while the recipes (which set it themselves) and `--nproc-per-node gpu` (one GPU visible) ran.
+    cuda::set_device(po.device);
     ctx.group = new_nccl_group(ctx.store, w.rank, w.world_size, po);
   } else {
     INGOT_CHECK(backend == "gloo", "distributed bootstrap: backend must be gloo, nccl or auto, got '", backend, "'");

@@ -24,6 +24,7 @@
 #include "distributed/spawn.h"
 #include "models/tiny_models.h"
 #include "optim/optimizer.h"
+#include "runtime/cuda_runtime.h"
 #include "runtime/device.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
@@ -213,6 +214,17 @@ TEST(DdpOnGpus, PerBucketUpdatesInsideCudaGraphsFollowEagerDdpOnTwoGpus) {
   spawn_compiled_ddp(2);
 }
 
+// Every rank's GPU is its current device after an NCCL init, also when the rank sees every GPU of the node.
+TEST(DdpOnGpus, NcclInitMakesEachRanksGpuCurrent) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(nccl_init());
+    EXPECT_EQ(ingot::cuda::current_device(), ctx.info.local_rank);
+    return;
+  }
+  INGOT_REQUIRE_GPUS(2);
+  spawn_compiled_ddp(2);
+}
+
 TEST(DdpOnGpus, CompiledDdpFollowsEagerDdpAndOneGpuOnFourGpus) {
   if (is_rank_process()) return rank_body_compiled_ddp();
   INGOT_REQUIRE_GPUS(4);
@@ -277,6 +289,22 @@ TEST_F(LaunchOnGpus, AKilledGpuWorkerRestartsTheJobFromTheNewestCheckpoint) {
   EXPECT_NE(r.output.find("continuing after step 2"), std::string::npos) << r.output;
   expect_same_losses(train_losses(path("killed/metrics.jsonl")), train_losses(path("ref/metrics.jsonl")), 1e-5,
                      "restarted vs uninterrupted on GPUs");
+}
+
+// The step benchmark under `ingot launch --nproc-per-node 2` (each worker sees both GPUs, as under torchrun):
+// eager and compiled DDP finish. It hung after the NCCL init while a worker's current device stayed GPU 0
+// (distributed/bootstrap.cpp); `--nproc-per-node gpu` (one GPU visible per worker) ran.
+TEST_F(LaunchOnGpus, StepBenchmarkRunsWithEveryGpuVisibleToEveryWorker) {
+  INGOT_REQUIRE_GPUS(2);
+  ASSERT_TRUE(fs::exists(bin_dir() / "bench_gpt2_step")) << "build the `bench_gpt2_step` target too";
+  for (const char* mode : {"none", "default"}) {
+    auto r = sh("CUDA_VISIBLE_DEVICES=0,1 timeout 120 \"$INGOT\" launch --nproc-per-node 2 -- '" +
+                (bin_dir() / "bench_gpt2_step").string() +
+                "' --device cuda --batch 2 --seq 32 --layers 1 --heads 2 --embd 32 --vocab 128 --steps 2 --warmup 1"
+                " --compile " + mode);
+    ASSERT_EQ(r.exit_code, 0) << mode << "\n" << r.output;
+    EXPECT_NE(r.output.find("DDP x2 |"), std::string::npos) << r.output;
+  }
 }
 
 TEST_F(LaunchOnGpus, TwoLaunchersOfTwoGpusEachTrainLikeOneLauncherOfFour) {
