@@ -3,9 +3,10 @@
 //
 // Note [What is captured]
 //   Steps run in the executable's order on a private stream. Maximal runs of steps that read no host value
-//   become one CUDA graph each; a step that reads a host input (the optimizer's hyper-parameter rows: learning
-//   rate and step count change every call, and kernel arguments are frozen into a graph) runs normally between
-//   the graphs, every call. The first call after the warm-up captures (and computes: each graph is launched as
+//   become one CUDA graph each; a step that reads a host input runs normally between the graphs, every call,
+//   except the optimizer update, whose hyper-parameter row (learning rate and step count change every call, and
+//   kernel arguments are frozen into a graph) its kernel reads from device memory (Note [Scalars read from the
+//   device]). The first call after the warm-up captures (and computes: each graph is launched as
 //   soon as it is captured); later calls copy the args into the static input buffers, re-produce the host
 //   inputs and launch. Values the normally-run steps read or write, the graph's results and its inputs stay
 //   allocated for the life of the capture, at the addresses the graphs were captured with; a normal step that
