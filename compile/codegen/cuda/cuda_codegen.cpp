@@ -144,6 +144,9 @@ struct LoadedKernel {
   // The host bytes of each table, kept as long as it: under a CUDA graph capture (reduce-overhead) the upload
   // is captured as a memcpy node that reads them again at every replay.
   std::map<uint64_t, std::vector<uint64_t>> table_bytes;
+  // Tables a captured launch uses (uploaded in the capture, or found by it): a graph reads them at every replay,
+  // for as long as it lives, so the flush past kMaxTables never frees them (Note [Tables of captured launches]).
+  std::set<uint64_t> captured_tables;
 };
 
 size_t CudaKernel::split_workspace_bytes() const {
@@ -195,21 +198,41 @@ struct Launcher {
   }
 };
 
+// Note [Tables of captured launches]
+// Tables pile up when a kernel's pointers keep changing (outputs not updated in place, several compiled steps or
+// shapes sharing the kernel), so past kMaxTables the uploaded ones are freed after a device synchronize. A
+// captured CUDA graph, though, keeps reading its tables (and re-copying them from their host bytes) at every
+// replay, long after the synchronize: freed, a later replay would read pointers from reused memory. So a table
+// that a capturing stream uploads or finds is pinned: it is never flushed (they are few: one per captured launch),
+// and no flush happens during a capture (a device synchronize is not allowed there).
+bool stream_capturing(CUstream st) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(static_cast<cudaStream_t>(st), &status) == cudaSuccess &&
+         status != cudaStreamCaptureStatusNone;
+}
+
 // The device copy of a multi-tensor table, uploaded once per distinct content (LoadedKernel::tables).
 CUdeviceptr upload_table(LoadedKernel& loaded, const std::vector<uint64_t>& table, CUstream st,
                          const std::string& symbol) {
   const std::string_view bytes(reinterpret_cast<const char*>(table.data()), table.size() * 8);
   const uint64_t h = cache::hash_bytes(bytes) ^ (cache::hash_bytes(bytes, 1) << 1);
+  const bool capturing = stream_capturing(st);
   std::lock_guard<std::mutex> lock(loaded.mu);
+  if (capturing) loaded.captured_tables.insert(h);
   auto it = loaded.tables.find(h);
   if (it != loaded.tables.end()) return it->second;
-  // Tables only pile up when the pointers keep changing (outputs not updated in place): past a bound, wait for
-  // every launch that may still read them, then start over.
-  if (loaded.tables.size() >= kMaxTables) {
+  const size_t pinned = std::min(loaded.captured_tables.size(), loaded.tables.size());
+  if (!capturing && loaded.tables.size() - pinned >= kMaxTables) {
     check_cu(driver::api().ctx_synchronize(), "cuCtxSynchronize (multi-tensor tables)", symbol);
-    for (auto& [key, ptr] : loaded.tables) driver::api().mem_free(ptr);
-    loaded.tables.clear();
-    loaded.table_bytes.clear();
+    for (auto t = loaded.tables.begin(); t != loaded.tables.end();) {
+      if (loaded.captured_tables.count(t->first)) {
+        ++t;
+        continue;
+      }
+      driver::api().mem_free(t->second);
+      loaded.table_bytes.erase(t->first);
+      t = loaded.tables.erase(t);
+    }
   }
   CUdeviceptr dev = 0;
   check_cu(driver::api().mem_alloc(&dev, bytes.size()), "cuMemAlloc (multi-tensor table)", symbol);

@@ -3,6 +3,7 @@
 // and odd-sized inputs in f32, bf16, f16 and f64 (vector and scalar paths).
 #include <gtest/gtest.h>
 
+#include "runtime/cuda_runtime.h"
 #include "tests/compile/codegen/test_codegen_cuda_util.h"
 
 namespace ingot::codegen {
@@ -289,6 +290,44 @@ TEST(CodegenCuda, MultiTensorKernelReadsItsScalarsFromDeviceMemory) {
     for (size_t t = 0; t < sizes.size(); ++t)
       EXPECT_TENSOR_CLOSE(host(by_device[t]), mul(host(in[t]).to(DType::f64), -2.0).to(dt), dt);
   }
+}
+
+// A CUDA graph that captured a multi-tensor launch replays it correctly after later launches of the same kernel
+// uploaded enough distinct tables (fresh output buffers each time) to flush the uploaded ones: the captured
+// launch's table is pinned (Note [Tables of captured launches]).
+TEST(CodegenCuda, ACapturedMultiTensorLaunchSurvivesTheTableFlush) {
+  INGOT_REQUIRE_CUDA();
+  const cuda::CudaKernel k = cuda_codegen().compile(scale_all_spec(DType::f32));
+  Tensor in = randn({5000}, DType::f64).to(DType::f32).to(kGpu);
+  Tensor out = zeros({5000}, DType::f32, kGpu);
+  std::vector<int64_t> syms{1, 5000};
+  const double scale = 3.0;
+  ingot::cuda::Stream s = ingot::cuda::create_stream(0);
+  ingot::cuda::synchronize_device(0);
+  {
+    void* bufs[] = {in.data_ptr(), out.data_ptr()};
+    ingot::cuda::begin_capture(s);
+    k.launch(bufs, syms.data(), &scale, k.config, s.handle);
+    void* exec = ingot::cuda::end_capture(s);
+    // 100 launches with distinct outputs: more distinct tables than kMaxTables (64), so the others are flushed.
+    std::vector<Tensor> others;
+    for (int i = 0; i < 100; ++i) {
+      others.push_back(zeros({5000}, DType::f32, kGpu));
+      void* other_bufs[] = {in.data_ptr(), others.back().data_ptr()};
+      const double other_scale = -1.0;
+      k(other_bufs, syms.data(), &other_scale);
+    }
+    ingot::cuda::synchronize_device(0);
+    others.clear();
+    // Memory the flushed tables lived in may be handed out again: fill some with garbage first.
+    std::vector<Tensor> junk;
+    for (int i = 0; i < 8; ++i) junk.push_back(full({1 << 16}, -7.0, DType::f64, kGpu));
+    ingot::cuda::launch_graph(exec, s);
+    ingot::cuda::synchronize_stream(s);
+    ingot::cuda::destroy_graph(exec);
+  }
+  ingot::cuda::destroy_stream(s);
+  EXPECT_TENSOR_CLOSE(host(out), mul(host(in).to(DType::f64), scale).to(DType::f32), DType::f32);
 }
 
 #endif
