@@ -177,39 +177,34 @@ TEST(DdpOnGpus, CompiledDefaultModeFollowsEagerDdpOnTwoGpus) {
   spawn_compiled_ddp(2);
 }
 
-// One optimizer update per bucket (CompileOptions::bucket_updates), each after its own collective_wait. Exact on
-// CPUs (CompiledDdp.* in tests/distributed); on GPUs it drifted while the device-side waits of rank 1 went to
-// cuda:0's stream (Note [Null streams name the current device], runtime/cuda/check.h).
-TEST(DdpOnGpus, PerBucketUpdatesFollowEagerDdpOnTwoGpus) {
-  if (is_rank_process()) {
-    auto ctx = init_distributed(nccl_init());
-    const Device dev(DeviceType::cuda, ctx.info.local_rank);
-    const TrainRun eager = train(dev, ctx.group, ctx.info.rank, ctx.info.world_size, Mode::Eager);
-    const TrainRun by_bucket = train(dev, ctx.group, ctx.info.rank, ctx.info.world_size, Mode::DefaultBucketUpdates);
-    EXPECT_EQ(count(by_bucket.stats.last_graph, "adamw_update("), eager.buckets) << "one update per bucket";
-    expect_same_training(by_bucket, eager, 1e-4, "per-bucket updates vs eager DDP");
-    return;
+// One optimizer update per bucket (CompileOptions::bucket_updates), each after its own collective_wait, against
+// eager DDP: in default mode, and under reduce-overhead with every update inside the one CUDA graph, reading its
+// step-dependent scalars from device memory (Note [Scalars read from the device]) after its bucket's captured
+// all-reduce. Exact on CPUs (CompiledDdp.* in tests/distributed); on GPUs default mode drifted while the
+// device-side waits of rank 1 went to cuda:0's stream (Note [Null streams name the current device],
+// runtime/cuda/check.h).
+void rank_body_per_bucket_updates(Mode mode) {
+  auto ctx = init_distributed(nccl_init());
+  const Device dev(DeviceType::cuda, ctx.info.local_rank);
+  const TrainRun eager = train(dev, ctx.group, ctx.info.rank, ctx.info.world_size, Mode::Eager);
+  const TrainRun by_bucket = train(dev, ctx.group, ctx.info.rank, ctx.info.world_size, mode);
+  EXPECT_EQ(count(by_bucket.stats.last_graph, "adamw_update("), eager.buckets) << "one update per bucket";
+  if (mode == Mode::ReduceOverheadBucketUpdates) {
+    EXPECT_EQ(by_bucket.stats.cuda_graph_fallback, "");
+    EXPECT_EQ(by_bucket.stats.cuda_graphs, 1) << "forward, backward, all-reduces and updates in one graph";
+    EXPECT_EQ(by_bucket.stats.cuda_graph_host_steps, 0);
   }
+  expect_same_training(by_bucket, eager, 1e-4, "per-bucket updates vs eager DDP");
+}
+
+TEST(DdpOnGpus, PerBucketUpdatesFollowEagerDdpOnTwoGpus) {
+  if (is_rank_process()) return rank_body_per_bucket_updates(Mode::DefaultBucketUpdates);
   INGOT_REQUIRE_GPUS(2);
   spawn_compiled_ddp(2);
 }
 
-// The same under reduce-overhead: every update inside the one CUDA graph, reading its step-dependent scalars from
-// device memory (Note [Scalars read from the device]), each after its own bucket's captured all-reduce.
 TEST(DdpOnGpus, PerBucketUpdatesInsideCudaGraphsFollowEagerDdpOnTwoGpus) {
-  if (is_rank_process()) {
-    auto ctx = init_distributed(nccl_init());
-    const Device dev(DeviceType::cuda, ctx.info.local_rank);
-    const TrainRun eager = train(dev, ctx.group, ctx.info.rank, ctx.info.world_size, Mode::Eager);
-    const TrainRun ro =
-        train(dev, ctx.group, ctx.info.rank, ctx.info.world_size, Mode::ReduceOverheadBucketUpdates);
-    EXPECT_EQ(count(ro.stats.last_graph, "adamw_update("), eager.buckets) << "one update per bucket";
-    EXPECT_EQ(ro.stats.cuda_graph_fallback, "");
-    EXPECT_EQ(ro.stats.cuda_graphs, 1) << "forward, backward, all-reduces and updates in one graph";
-    EXPECT_EQ(ro.stats.cuda_graph_host_steps, 0);
-    expect_same_training(ro, eager, 1e-4, "per-bucket updates in CUDA graphs vs eager DDP");
-    return;
-  }
+  if (is_rank_process()) return rank_body_per_bucket_updates(Mode::ReduceOverheadBucketUpdates);
   INGOT_REQUIRE_GPUS(2);
   spawn_compiled_ddp(2);
 }
