@@ -142,6 +142,9 @@ inline BenchWorld join_world(const std::string& device, bool alone = false) {
   }
   w.dev = parse_device(device);
   if (w.dist && w.dev.is_cuda() && cuda_device_count() > 1) w.dev = Device::cuda(w.dist->info.local_rank);
+  // The benchmark's GPU is the current device (timing events are made on the current device, and a legacy stream's
+  // null handle names it: Note [Null streams name the current device]), as a recipe run makes it.
+  if (w.dev.is_cuda()) cuda::set_device(w.dev.index);
   return w;
 }
 
