@@ -52,6 +52,10 @@
 // its kernels are scheduled before the compute kernels queued behind it, so the communication starts as soon
 // as its gradients exist instead of after whichever backward kernels fill the GPU then.
 //
+// INGOT_COMM_STREAM_PRIORITY=low gives the comm stream the lowest priority instead: an A/B switch for measuring
+// whether NCCL's kernels, scheduled ahead of the compute queued behind them, are what slows the compute beside
+// them (issue 21); unset or "high", the default above.
+//
 // Note [Step timeline]
 // timeline_begin_step / timeline_end_step (benchmarks) record timing events around every collective on the
 // comm stream, and on the waiting stream where a collective_wait is reached, each step. Exposed
@@ -64,7 +68,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -80,6 +86,15 @@ namespace ingot::distributed {
 bool nccl_available() { return true; }
 
 namespace {
+
+// Whether the comm stream gets the lowest priority (Note [Comm stream priority]): INGOT_COMM_STREAM_PRIORITY=low;
+// unset, empty or "high" keeps the highest; anything else is an error naming the variable.
+bool comm_stream_low_priority() {
+  const char* v = std::getenv("INGOT_COMM_STREAM_PRIORITY");
+  if (v == nullptr || std::string(v).empty() || std::string(v) == "high") return false;
+  INGOT_CHECK(std::string(v) == "low", "INGOT_COMM_STREAM_PRIORITY must be 'high' or 'low', got '", v, "'");
+  return true;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -214,6 +229,7 @@ class NcclProcessGroup final : public ProcessGroup {
       : ProcessGroup(std::move(store), rank, size, std::move(options)) {
     int n = cuda_device_count();
     INGOT_CHECK(n > 0, "nccl group '", options_.name, "': no CUDA device is visible");
+    const bool low_priority = comm_stream_low_priority();  // checked before anything is made
     if (options_.device < 0) CUDA_CHECK(cudaGetDevice(&options_.device));
     device_ = options_.device;
     INGOT_CHECK(device_ < n, "nccl group '", options_.name, "': device ", device_, " does not exist (", n, " visible)");
@@ -253,7 +269,7 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     int least = 0, greatest = 0;  // Note [Comm stream priority]
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, low_priority ? least : greatest));
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     watchdog_ = std::thread([this] { run_watchdog(); });
   }

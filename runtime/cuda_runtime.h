@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace ingot::cuda {
 
@@ -34,6 +35,10 @@ int current_device();
 Stream create_stream(int device);      // non-blocking
 void destroy_stream(Stream s);
 Stream current_stream(int device);     // the stream eager kernels of `device` launch on
+// A stream's scheduling priority, and the range `device` offers as {lowest, highest} (CUDA: lower numbers are
+// higher priorities).
+int stream_priority(Stream s);
+std::pair<int, int> stream_priority_range(int device);
 void set_current_stream(Stream s);
 void synchronize_stream(Stream s);
 void synchronize_device(int device);

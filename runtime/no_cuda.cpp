@@ -30,6 +30,8 @@ void destroy_stream(Stream) { no_cuda("cuda::destroy_stream"); }
 Stream current_stream(int) { no_cuda("cuda::current_stream"); }
 void set_current_stream(Stream) { no_cuda("cuda::set_current_stream"); }
 void synchronize_stream(Stream) { no_cuda("cuda::synchronize_stream"); }
+int stream_priority(Stream) { no_cuda("cuda::stream_priority"); }
+std::pair<int, int> stream_priority_range(int) { no_cuda("cuda::stream_priority_range"); }
 void begin_capture(Stream) { no_cuda("cuda::begin_capture"); }
 bool is_capturing(Stream) { return false; }
 void* end_capture(Stream) { no_cuda("cuda::end_capture"); }

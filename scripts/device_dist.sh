@@ -6,7 +6,7 @@
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
-#                          [fsdp] [zero] [fsdp8b] [carveout]  (default: tests bench torch)
+#                          [fsdp] [zero] [fsdp8b] [carveout] [clocks] [priority]  (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
 #   bucket: the per-bucket optimizer updates test, 3 runs
@@ -40,6 +40,9 @@
 #   clocks: CudaOptim.* on GPU 0, then GPT-2 compiled default and reduce-overhead on 1 GPU, DDP in a world of one,
 #         DDP at 2 and all GPUs, reduce-overhead and 100 MB bf16 buckets at all
 #         GPUs, each with nvidia-smi sampling (CLOCKS=1, below): median SM clock, power and throttle reason per GPU
+#   priority: GPT-2 compiled default and reduce-overhead at all GPUs with the comm stream at the lowest priority
+#         (INGOT_COMM_STREAM_PRIORITY=low) and at the highest (the default), alternating, two rounds, with the timeline;
+#         the 1-GPU default row first: whether NCCL's kernels scheduled ahead of the compute slow it (issue 21)
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -157,7 +160,8 @@ PY
 }
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
-  want bench || want variants || want memory || want peak || want zero || want carveout || want clocks || return 0
+  want bench || want variants || want memory || want peak || want zero || want carveout || want clocks || want priority ||
+    return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   smi_start "$name"
   if (( n == 1 )); then CUDA_VISIBLE_DEVICES=$vis timeout 200 bench_gpt2_step $bench "$@" > "$out/$name.log" 2>&1
@@ -202,6 +206,15 @@ if want torch; then
     CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) timeout 300 python3 -m torch.distributed.run --standalone \
       --nproc-per-node $n bench/reference/torch_gpt2.py --batch 16 --modes compile > "$out/torch_$n.log" 2>&1
     grep "^| torch" "$out/torch_$n.log" | tail -1
+  done
+fi
+if want priority; then  # the comm stream's priority: lowest vs highest (Note [Comm stream priority])
+  gpt2 1 prio_1 --compile default
+  for r in a b; do
+    for p in low high; do
+      INGOT_COMM_STREAM_PRIORITY=$p gpt2 $gpus prio_${p}_${r}_$gpus --compile default --timeline
+      INGOT_COMM_STREAM_PRIORITY=$p gpt2 $gpus prio_ro_${p}_${r}_$gpus --compile reduce-overhead --timeline
+    done
   done
 fi
 if want variants; then

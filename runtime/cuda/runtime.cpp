@@ -149,6 +149,20 @@ void begin_capture(Stream s) {
   CUDA_CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(s.handle), cudaStreamCaptureModeRelaxed));
 }
 
+int stream_priority(Stream s) {
+  DeviceGuard g(s.device);
+  int p = 0;
+  CUDA_CHECK(cudaStreamGetPriority(static_cast<cudaStream_t>(s.handle), &p));
+  return p;
+}
+
+std::pair<int, int> stream_priority_range(int device) {
+  DeviceGuard g(device);
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  return {least, greatest};
+}
+
 bool is_capturing(Stream s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(s.handle), &st));

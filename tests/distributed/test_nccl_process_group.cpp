@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <cmath>
 
 #include "autograd/ops.h"
@@ -138,6 +140,30 @@ TEST(NcclProcessGroup, ACapturedCollectiveKeepsItsInputUntilItsWait) {
   if (!nccl_available()) GTEST_SKIP() << "built without NCCL (CPU-only build); runs on the GPU machine";
   if (cuda_device_count() < 1) GTEST_SKIP() << "needs a CUDA device; runs on the lent GPU machine";
   expect_ranks_pass(spawn_ranks(ingot::testing::world(1).within(60000ms)));
+}
+
+// INGOT_COMM_STREAM_PRIORITY (an A/B switch, Note [Comm stream priority]): "low" gives the comm stream the device's
+// lowest priority, unset the highest; another value is an error naming the variable before anything is made.
+TEST(NcclProcessGroup, CommStreamPriorityFollowsItsSwitchAndRefusesAnUnknownValue) {
+  if (is_rank_process()) {
+    const std::string v = std::getenv("INGOT_COMM_STREAM_PRIORITY") ? std::getenv("INGOT_COMM_STREAM_PRIORITY") : "";
+    if (v == "sideways") {
+      EXPECT_NE(error_of([] { init_distributed(nccl_init()); }).find("INGOT_COMM_STREAM_PRIORITY"), std::string::npos);
+      return;
+    }
+    auto ctx = init_distributed(nccl_init());
+    const auto [least, greatest] = cuda::stream_priority_range(ctx.group->comm_stream().device);
+    EXPECT_EQ(cuda::stream_priority(ctx.group->comm_stream()), v == "low" ? least : greatest)
+        << "INGOT_COMM_STREAM_PRIORITY='" << v << "'";
+    return;
+  }
+  if (!nccl_available()) GTEST_SKIP() << "built without NCCL (CPU-only build); runs on the GPU machine";
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a CUDA device; runs on the lent GPU machine";
+  for (const char* v : {"", "low", "sideways"}) {
+    ingot::testing::SpawnOptions o = ingot::testing::world(1).within(60000ms);
+    if (*v) o.env["INGOT_COMM_STREAM_PRIORITY"] = v;
+    expect_ranks_pass(spawn_ranks(o));
+  }
 }
 
 TEST(NcclProcessGroup, DdpOnGpusGivesTheGradientsOfTheFullBatchOnTheCpu) {
