@@ -3,8 +3,8 @@
 #include <cstdlib>
 
 #include "compile/logs.h"
-#include "runtime/error.h"
 #include "runtime/allocator.h"
+#include "runtime/error.h"
 
 namespace ingot::compiler {
 namespace {
