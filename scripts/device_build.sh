@@ -9,9 +9,26 @@
 # libssl-dev libssl3 libcli11-dev libcairo2-dev libcairo2 libpixman-1-0 libfontconfig1 fontconfig-config libfreetype6
 # libxcb-shm0 libxcb1 libxcb-render0 libxrender1 libx11-6 libx11-data libxext6 libxau6 libxdmcp6 libbsd0 libmd0
 # libexpat1 libbrotli1
+# With BUNDLE=ARCHIVE (made here by scripts/device_bundle.sh) nothing is compiled: the programs are unpacked into
+# BUILD_DIR/bin and their libraries into the folder the device scripts put on LD_LIBRARY_PATH, beside links to the
+# machine's CUDA libraries and to cuDNN and NCCL from PyTorch's pip folders (the binaries name them by soname).
 set -euo pipefail
 src=$1; build=$2; shift 2
-deps=/opt/deps
+deps=${DEPS:-/opt/deps}  # DEPS: another folder, to try the script off the GPU machine
+if [[ -n ${BUNDLE:-} ]]; then
+  multi=$deps/usr/lib/x86_64-linux-gnu
+  mkdir -p "$build/bin" "$multi"
+  tmp=$(mktemp -d); tar xJf "$BUNDLE" -C "$tmp"
+  cp "$tmp"/bin/* "$build/bin/"; cp "$tmp"/lib/* "$multi/"; rm -rf "$tmp"
+  for f in /usr/local/cuda/lib64/lib*.so*; do [[ -e $f ]] && ln -sfn "$f" "$multi/$(basename "$f")"; done
+  nv=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia 2>/dev/null | head -1 || true)
+  for f in "$nv"/cudnn/lib/lib*.so* "$nv"/nccl/lib/lib*.so*; do [[ -e $f ]] && ln -sfn "$f" "$multi/$(basename "$f")"; done
+  for t in "$@"; do [[ -x $build/bin/$t ]] || { echo "device_build: $t is not in $BUNDLE"; exit 1; }; done
+  missing=$(LD_LIBRARY_PATH="$multi:${LD_LIBRARY_PATH:-}" ldd "$build"/bin/* | grep "not found" | sort -u || true)
+  [[ -z $missing ]] || { echo "device_build: still missing: $missing"; exit 1; }
+  echo "device_build: unpacked $BUNDLE into $build (no compile)"
+  exit 0
+fi
 if [[ ! -d $deps/usr ]]; then
   for f in debs/*.deb; do dpkg -x "$f" "$deps"; done
   # Debian's absolute symlinks (libfoo.so -> /usr/lib/...) must point into $deps.

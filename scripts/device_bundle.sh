@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Packs ingot's programs built on this machine (Debian 12, a CUDA build for sm_90) with the shared libraries the
+# GPU machine lacks into one archive, so a device call unpacks it instead of compiling (the build took 80-115 s of
+# device time on every fresh machine, bench/RESULTS.md sixteenth session):
+#   scripts/device_bundle.sh [BUILD_DIR] [ARCHIVE]        (defaults: build, .device/bundle.tar.xz)
+# Carry [".device"] without debs/ (the archive holds the libraries: ~41 MB of the 64 MiB a call may carry) and run
+# the device scripts with BUNDLE=.device/bundle.tar.xz: scripts/device_build.sh then unpacks instead of building.
+# Left out, as the GPU machine has its own: glibc, libstdc++, libgcc, and the CUDA driver, cudart, cuBLAS, cuDNN,
+# NCCL and NVRTC libraries (device_build.sh links the machine's beside the bundled ones). Binaries built here run
+# there: glibc 2.36 here, 2.39 there.
+set -euo pipefail
+build=${1:-build}; archive=${2:-.device/bundle.tar.xz}
+programs=(ingot ingot_tests bench_gpt2_step bench_llama_step bench_allreduce)
+own='linux-vdso|ld-linux|/libc\.so|/libm\.so|/libstdc\+\+|/libgcc_s|/libpthread|/libdl\.so|/librt\.so|/libcuda\.so'
+cuda='/usr/local/cuda|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink'
+stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib"
+for p in "${programs[@]}"; do
+  f=$build/bin/$p
+  [[ -x $f ]] || { echo "device_bundle: $f is missing (ninja -C $build $p)" >&2; exit 1; }
+  cp "$f" "$stage/bin/"
+  ldd "$f" | awk '/=>/ && $3 ~ /^\// {print $3}' | { grep -Ev "$own|$cuda" || true; } |
+    while read -r lib; do cp -Lu "$lib" "$stage/lib/"; done
+done
+mkdir -p "$(dirname "$archive")"
+tar cf - -C "$stage" bin lib | xz -T0 -6 > "$archive.tmp"
+mv "$archive.tmp" "$archive"
+echo "device_bundle: $(ls "$stage/bin" | wc -l) programs, $(ls "$stage/lib" | wc -l) libraries -> $archive ($(du -h "$archive" | cut -f1))"
