@@ -281,6 +281,46 @@ TEST(CudaRope, ForwardAndInverseMatchCpuAndWorkInPlace) {
   }
 }
 
+// Token-major operands (Note [Rope keeps the token-major layout]): x seen as [B, H, T, D] over [B, T, H, D] memory,
+// or over a slice of a fused qkv row (an offset, a wider row stride), into a token-major out: the GPU kernels read
+// and write through the strides (vectorized where every row start is 16-byte aligned, else the scalar kernel)
+// and match the CPU kernel on the contiguous copy.
+TEST(CudaRope, TokenMajorOperandsMatchCpuThroughTheirStrides) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(205);
+  for (DType dt : kFloatDTypes) {
+    for (const int64_t D : {6, 8, 128}) {
+      const int64_t B = 2, T = 9, H = 3, half = D / 2;
+      Operand theta = rand_operand({T, half}, DType::f64, 3.0);
+      std::vector<double> cv, sv;
+      for (double t : theta.cpu.to_vector()) {
+        cv.push_back(std::cos(t));
+        sv.push_back(std::sin(t));
+      }
+      Tensor cos = from_vector(cv, {T, half}, DType::f32), sin = from_vector(sv, {T, half}, DType::f32);
+      // slot 0: a projection [B, T, H * D]; slot 1: the k of a fused [B, T, 3 * H * D] row; slot 2: the same one
+      // element further (misaligned: the scalar kernel).
+      for (int slot = 0; slot < 3; ++slot) {
+        const int64_t width = slot == 0 ? H * D : 3 * H * D, off = slot == 0 ? 0 : H * D + (slot == 2 ? 1 : 0);
+        Operand row = rand_operand({B, T, width + 1}, dt);
+        auto view = [&](const Tensor& t) {
+          return t.as_strided({B, H, T, D}, {T * (width + 1), D, width + 1, 1}, off);
+        };
+        const Tensor x_cpu = view(row.cpu), x_gpu = view(row.gpu);
+        for (bool inverse : {false, true}) {
+          Tensor ref = empty({B, H, T, D}, dt);
+          kc::rope(ref, x_cpu.contiguous_raw(), cos, sin, inverse);
+          Tensor out = poisoned({B, T, H, D}, dt, kGpu).as_strided({B, H, T, D}, {T * H * D, D, H * D, 1}, 0);
+          kg::rope(out, x_gpu, cos.to(kGpu), sin.to(kGpu), inverse);
+          const std::string at = detail::str_cat(dtype_name(dt), " D ", D, " slot ", slot, inverse ? " inverse" : "");
+          Tol t = tol_for(dt);
+          EXPECT_LE(max_rel_error(out.contiguous_raw(), ref, t.rtol, 10 * t.atol), 1.0) << at;
+        }
+      }
+    }
+  }
+}
+
 // Per-row tables [B, T, D/2]: packed documents rotate each row's tokens by their own positions.
 TEST(CudaRope, PerRowTablesMatchCpu) {
   INGOT_REQUIRE_CUDA();

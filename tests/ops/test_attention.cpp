@@ -244,6 +244,49 @@ TEST(Rope, GradientMatchesFiniteDifferences) {
                    {x});
 }
 
+// Note [Rope keeps the token-major layout]: q or k seen as [B, H, T, D] over [B, T, H, D] memory (a projection's
+// view, or a slice of a fused qkv projection) rotate through their strides, into a token-major result whose
+// transpose back to [B, T, H, D] is a view; the values are those of the contiguous input, bit for bit.
+TEST(Rope, TokenMajorInputsGiveTokenMajorResultsEqualToContiguousOnes) {
+  manual_seed(31);
+  const int64_t B = 2, T = 5, H = 3, D = 8;
+  auto [c, s] = rope_tables(T, D, 10000.0, Device::cpu(), 3);
+  auto exact = [](const Tensor& a, const Tensor& b) { return sum(abs(sub(a, b))).item() == 0.0; };
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor proj = randn({B, T, H * D}, DType::f64).to(dt);
+    const Tensor x = transpose(reshape(proj, {B, T, H, D}), 1, 2);
+    ASSERT_FALSE(x.is_contiguous());
+    const Tensor y = rotary_embedding(x, c, s);
+    EXPECT_TRUE(exact(y, rotary_embedding(contiguous(x), c, s)));
+    EXPECT_EQ(y.stride(1), D) << "token-major result";
+    EXPECT_TRUE(transpose(y, 1, 2).is_contiguous());
+    // The k of a fused [q | k | v] projection: strides {T * 3HD, D, 3HD, 1} at an offset, into a dense result.
+    const Tensor qkv = randn({B, T, 3 * H * D}, DType::f64).to(dt);
+    const Tensor k = transpose(reshape(narrow(qkv, 2, H * D, H * D), {B, T, H, D}), 1, 2);
+    const Tensor yk = rotary_embedding(k, c, s);
+    EXPECT_TRUE(exact(yk, rotary_embedding(contiguous(k), c, s)));
+    EXPECT_TRUE(transpose(yk, 1, 2).is_contiguous());
+    // Per-row tables (packed documents) through the same strides.
+    const Tensor pos = from_vector(std::vector<double>{0, 1, 2, 0, 1, 4, 3, 2, 1, 0}, {B, T}, DType::i64);
+    const Tensor pc = embedding(c, pos), ps = embedding(s, pos);
+    EXPECT_TRUE(exact(rotary_embedding(x, pc, ps), rotary_embedding(contiguous(x), pc, ps)));
+  }
+  // A contiguous [B, H, T, D] input keeps giving a contiguous result.
+  EXPECT_TRUE(rotary_embedding(randn({B, H, T, D}), c, s).is_contiguous());
+}
+
+TEST(Rope, GradientThroughATokenMajorViewMatchesFiniteDifferences) {
+  manual_seed(32);
+  auto [c, s] = rope_tables(4, 6, 10000.0, Device::cpu());
+  Tensor p = leaf(randn({2, 4, 3 * 6}, DType::f64));
+  EXPECT_GRADCHECK(
+      [&](const std::vector<Tensor>& v) {
+        return std::vector<Tensor>{rotary_embedding(transpose(reshape(v[0], {2, 4, 3, 6}), 1, 2), c, s)};
+      },
+      {p});
+}
+
 TEST(Rope, MismatchedTablesNameTheOp) {
   auto [c, s] = rope_tables(4, 8, 10000.0, Device::cpu());
   try {

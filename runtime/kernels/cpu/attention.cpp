@@ -166,25 +166,30 @@ void attention_bwd_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 
 template <typename Acc>
 void rope_impl(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
-  const int64_t D = x.shape()[3], T = x.shape()[2], half = D / 2;
-  const int64_t rows = x.numel() / D, rows_per_batch = x.shape()[1] * T;
+  const int64_t H = x.shape()[1], T = x.shape()[2], D = x.shape()[3], half = D / 2;
+  const int64_t rows = x.numel() / D;
   const bool per_row = cos.dim() == 3;
   const float *cp = cos.data<float>(), *sp = sin.data<float>();
   const Acc sign = inverse ? Acc(-1) : Acc(1);
+  const Strides &xs = x.strides(), &os = out.strides();
+  const int64_t isz = static_cast<int64_t>(itemsize(x.dtype()));
+  const char* xp = static_cast<const char*>(x.data_ptr());
+  char* op = static_cast<char*>(out.data_ptr());
 #pragma omp parallel if (x.numel() >= kParallelGrain)
   {
     std::vector<Acc> in(static_cast<size_t>(D)), res(static_cast<size_t>(D));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      load_block(x, r, D, in.data());
-      const int64_t t = (per_row ? (r / rows_per_batch) * T : 0) + r % T;
-      const float *c = cp + t * half, *s = sp + t * half;
+      const int64_t b = r / (H * T), h = r / T % H, t = r % T;
+      load_strided<Acc>(x.dtype(), xp + (b * xs[0] + h * xs[1] + t * xs[2]) * isz, 1, D, in.data());
+      const int64_t tt = (per_row ? b * T : 0) + t;
+      const float *c = cp + tt * half, *s = sp + tt * half;
       for (int64_t i = 0; i < half; ++i) {
         const Acc x1 = in[i], x2 = in[i + half], ci = c[i], si = sign * s[i];
         res[i] = x1 * ci - x2 * si;
         res[i + half] = x2 * ci + x1 * si;
       }
-      store_block(out, r, D, res.data());
+      store_strided<Acc>(out.dtype(), op + (b * os[0] + h * os[1] + t * os[2]) * isz, 1, D, res.data());
     }
   }
 }
@@ -196,7 +201,8 @@ void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
 }  // namespace
 
 void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
-  check_contiguous("rope", {&out, &x, &cos, &sin});
+  check_contiguous("rope", {&cos, &sin});
+  INGOT_INTERNAL_CHECK(x.stride(3) == 1 && out.stride(3) == 1, "rope: x and out need a dense last dim");
   INGOT_INTERNAL_CHECK(cos.dtype() == DType::f32 && sin.dtype() == DType::f32, "rope: tables must be f32");
   if (x.dtype() == DType::f64) rope_impl<double>(out, x, cos, sin, inverse);
   else rope_impl<float>(out, x, cos, sin, inverse);

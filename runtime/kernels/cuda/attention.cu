@@ -62,42 +62,63 @@ __device__ __forceinline__ bool sees(const AttnDims& p, int64_t b, int64_t i, in
 
 // rope --------------------------------------------------------------------------------------------------------
 
-// One thread per rotated pair (i, i + D/2) of one row; reads both before writing, so out may alias x.
+// Where row `row` ((b * H + h) * T + t) of a [B, H, T, D] operand starts, in elements, given its strides of b, h
+// and t (the last dim is dense: Note [Rope keeps the token-major layout], autograd/ops/attention.cpp).
+struct RopeRows {
+  int64_t H, T;
+  int64_t xs[3], os[3];
+  bool contiguous;  // both [B, H, T, D] contiguous: a row starts at row * D, no division
+  __device__ void offsets(int64_t row, int64_t D, int64_t* xo, int64_t* oo) const {
+    if (contiguous) {
+      *xo = *oo = row * D;
+      return;
+    }
+    const int64_t t = row % T, bh = row / T, h = bh % H, b = bh / H;
+    *xo = b * xs[0] + h * xs[1] + t * xs[2];
+    *oo = b * os[0] + h * os[1] + t * os[2];
+  }
+};
+
+// One thread per rotated pair (i, i + D/2) of one row; reads both before writing, so out may alias x (same strides).
 // rows_per_batch = H * T when the tables are per batch row ([B, T, D/2]), 0 for one shared table.
 template <typename T>
-__global__ void rope_kernel(T* out, const T* x, const void* cos, const void* sin, DType cs_dt, int64_t T_len,
+__global__ void rope_kernel(T* out, const T* x, const void* cos, const void* sin, DType cs_dt, RopeRows rr,
                             int64_t half, int64_t pairs, int64_t rows_per_batch, bool inverse) {
   using A = acc_t<T>;
+  const int64_t T_len = rr.T;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < pairs; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = e % half, row = e / half;
     const int64_t t = (rows_per_batch > 0 ? row / rows_per_batch * T_len : 0) + row % T_len;
     const A c = load_dyn<A>(cos, cs_dt, t * half + i);
     const A s = inverse ? -load_dyn<A>(sin, cs_dt, t * half + i) : load_dyn<A>(sin, cs_dt, t * half + i);
-    const int64_t base = row * 2 * half + i;
-    const A a = to_acc<A>(x[base]), b = to_acc<A>(x[base + half]);
-    out[base] = from_acc<T>(a * c - b * s);
-    out[base + half] = from_acc<T>(b * c + a * s);
+    int64_t xo, oo;
+    rr.offsets(row, 2 * half, &xo, &oo);
+    const A a = to_acc<A>(x[xo + i]), b = to_acc<A>(x[xo + i + half]);
+    out[oo + i] = from_acc<T>(a * c - b * s);
+    out[oo + i + half] = from_acc<T>(b * c + a * s);
   }
 }
 
 // The same rotation, V consecutive pairs per thread as 16-byte loads and stores (V = 8 for 2-byte types, 4 for
 // f32) with f32 tables: one index division per V pairs instead of three 64-bit ones per pair, which made the scalar
 // kernel ~5x slower than its bytes (8B Llama LoRA on an H100: 128 calls, 9.0 of 288 ms; bench/RESULTS.md
-// 2026-11-26). Same arithmetic per element as rope_kernel. Needs half % V == 0 and 16-byte aligned x, out.
+// 2026-11-26). Same arithmetic per element as rope_kernel. Needs half % V == 0, 16-byte aligned x and out, and
+// row strides that are multiples of V.
 template <typename T, int V>
-__global__ void rope_vec_kernel(T* out, const T* x, const float* cos, const float* sin, int64_t T_len, int64_t half,
+__global__ void rope_vec_kernel(T* out, const T* x, const float* cos, const float* sin, RopeRows rr, int64_t half,
                                 int64_t groups, int64_t rows_per_batch, bool inverse) {
   using A = acc_t<T>;
   static_assert(sizeof(T) * V == 16, "one 16-byte vector per half row");
   struct alignas(16) Vec {
     T v[V];
   };
-  const int64_t per_row = half / V;
+  const int64_t per_row = half / V, T_len = rr.T;
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = g / per_row, i0 = (g - row * per_row) * V;
     const int64_t t = (rows_per_batch > 0 ? row / rows_per_batch * T_len : 0) + row % T_len;
-    const int64_t base = row * 2 * half + i0;
-    const Vec a = *reinterpret_cast<const Vec*>(x + base), b = *reinterpret_cast<const Vec*>(x + base + half);
+    int64_t xo, oo;
+    rr.offsets(row, 2 * half, &xo, &oo);
+    const Vec a = *reinterpret_cast<const Vec*>(x + xo + i0), b = *reinterpret_cast<const Vec*>(x + xo + i0 + half);
     Vec oa, ob;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -107,8 +128,8 @@ __global__ void rope_vec_kernel(T* out, const T* x, const float* cos, const floa
       oa.v[k] = from_acc<T>(av * c - bv * sn);
       ob.v[k] = from_acc<T>(bv * c + av * sn);
     }
-    *reinterpret_cast<Vec*>(out + base) = oa;
-    *reinterpret_cast<Vec*>(out + base + half) = ob;
+    *reinterpret_cast<Vec*>(out + oo + i0) = oa;
+    *reinterpret_cast<Vec*>(out + oo + i0 + half) = ob;
   }
 }
 
@@ -595,8 +616,9 @@ void fallback_bwd(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Te
 
 void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
   const char* op = "rope";
-  check_cuda_contig(out, op, "out");
-  check_cuda_contig(x, op, "x");
+  check_same_device(op, {&out, &x, &cos, &sin});
+  INGOT_CHECK(x.device().is_cuda() && x.dim() == 4 && out.dim() == 4 && x.stride(3) == 1 && out.stride(3) == 1, op,
+              ": expected CUDA x and out [B, H, T, D] with a dense last dim");
   check_cuda_contig(cos, op, "cos");
   check_cuda_contig(sin, op, "sin");
   INGOT_CHECK(x.dim() == 4 && out.shape() == x.shape() && out.dtype() == x.dtype() && x.size(3) % 2 == 0, op,
@@ -612,23 +634,26 @@ void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& s
   if (pairs == 0) return;
   LaunchContext L(x);
   const int64_t rows_per_batch = per_row ? x.size(1) * T_len : 0;
+  RopeRows rr{x.size(1), T_len, {x.stride(0), x.stride(1), x.stride(2)}, {out.stride(0), out.stride(1), out.stride(2)},
+              x.is_contiguous() && out.is_contiguous()};
   dispatch_float(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / static_cast<int>(sizeof(T));
-    const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+    bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+    for (int k = 0; k < 3; ++k) aligned = aligned && rr.xs[k] % V == 0 && rr.os[k] % V == 0;
     if constexpr (sizeof(T) <= 4) {
       if (cos.dtype() == DType::f32 && sin.dtype() == DType::f32 && half % V == 0 && aligned) {
         const int64_t groups = pairs / V;
         rope_vec_kernel<T, V><<<grid_for(groups, 256, L.device), 256, 0, L.stream>>>(
-            out.data<T>(), x.data<T>(), cos.data<float>(), sin.data<float>(), T_len, half, groups, rows_per_batch,
+            out.data<T>(), x.data<T>(), cos.data<float>(), sin.data<float>(), rr, half, groups, rows_per_batch,
             inverse);
         CUDA_CHECK_LAUNCH();
         return;
       }
     }
     rope_kernel<T><<<grid_for(pairs, 256, L.device), 256, 0, L.stream>>>(out.data<T>(), x.data<T>(), cos.data_ptr(), sin.data_ptr(),
-                                               cos.dtype(), T_len, half, pairs, rows_per_batch, inverse);
+                                               cos.dtype(), rr, half, pairs, rows_per_batch, inverse);
     CUDA_CHECK_LAUNCH();
   });
 }
