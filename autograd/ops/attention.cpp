@@ -20,6 +20,13 @@
 namespace ingot {
 namespace {
 
+// An uninitialized [B, H, T, D] tensor whose memory is in [B, T, H, D] order.
+Tensor empty_bthd(const TensorMeta& m) {
+  const int64_t B = m.shape[0], H = m.shape[1], T = m.shape[2], D = m.shape[3];
+  Tensor t = empty({B, T, H, D}, m.dtype, m.device);
+  return t.as_strided(m.shape, {T * H * D, D, H * D, 1}, t.offset());
+}
+
 // Inputs (x, cos, sin); the tables get no gradient.
 class RopePrim final : public Primitive {
  public:
@@ -50,10 +57,8 @@ class RopePrim final : public Primitive {
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     const TensorMeta m = infer(metas_of(in))[0];
     Tensor x = in[0].stride(3) == 1 ? in[0] : in[0].contiguous_raw();
-    const int64_t B = m.shape[0], H = m.shape[1], T = m.shape[2], D = m.shape[3];
-    const bool token_major = H > 1 && T > 1 && x.stride(1) == D;
-    Tensor out = token_major ? empty({B, T, H, D}, m.dtype, m.device).as_strided(m.shape, {T * H * D, D, H * D, 1}, 0)
-                             : empty(m.shape, m.dtype, m.device);
+    const bool token_major = m.shape[1] > 1 && m.shape[2] > 1 && x.stride(1) == m.shape[3];
+    Tensor out = token_major ? empty_bthd(m) : empty(m.shape, m.dtype, m.device);
     if (out.numel() > 0)
       INGOT_KERNEL_CALL(in[0].device(), rope, out, x, in[1].contiguous_raw(), in[2].contiguous_raw(), inverse_);
     return {out};
@@ -76,13 +81,6 @@ class RopePrim final : public Primitive {
 // permute + reshape on each side are views instead of copies (3 + 1 forward, 4 + 3 backward per layer in GPT-2).
 // The CPU kernels take contiguous [B, H, T, D].
 bool strided_kernels(const Tensor& t) { return t.device().is_cuda(); }
-
-// An uninitialized [B, H, T, D] tensor whose memory is in [B, T, H, D] order.
-Tensor empty_bthd(const TensorMeta& m) {
-  const int64_t B = m.shape[0], H = m.shape[1], T = m.shape[2], D = m.shape[3];
-  Tensor t = empty({B, T, H, D}, m.dtype, m.device);
-  return t.as_strided(m.shape, {T * H * D, D, H * D, 1}, t.offset());
-}
 
 // The kernels' positions argument: i64 [B, T] contiguous, or undefined when the op has no positions input
 // (the input after q, k, v in the forward, after lse in the backward).
