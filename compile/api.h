@@ -77,9 +77,10 @@ struct CompileOptions {
   // Data parallel: one optimizer update per gradient bucket, each waiting only for its bucket's reduction
   // (compile/passes/bucket_updates.cpp), instead of one update after all of them; under CUDA graphs too when the
   // updates are generated CUDA kernels (they read their learning rate from device memory inside the graph, Note
-  // [Scalars read from the device], compile/exec/graph_replay.h). A graph without collectives is unchanged. On by default: the updates of the first buckets run while the last
-  // ones reduce, so no wait is exposed (GPT-2 124M DDP x4 on H200: 33.03 -> 32.56 ms, exposed 0.81 -> 0.00 ms,
-  // bench/RESULTS.md 2026-11-26); exact against eager DDP on CPUs and on 2 GPUs (tests/gpu/test_ddp_multi_gpu.cpp).
+  // [Scalars read from the device], compile/exec/graph_replay.h). A graph without collectives is unchanged. On by
+  // default: the updates of the first buckets run while the last ones reduce, so no wait is exposed (GPT-2 124M
+  // DDP x4 on H200: 33.03 -> 32.56 ms, exposed 0.81 -> 0.00 ms, bench/RESULTS.md 2026-11-26); exact against eager
+  // DDP on CPUs and on 2 GPUs (tests/gpu/test_ddp_multi_gpu.cpp).
   bool bucket_updates = true;
   // Compiled ZeRO-3: a unit's gradient reduce-scatter is waited for, and its whole flattened input released, once
   // the reduce-scatter this many units later is issued (compile/passes/unit_reductions.h), so at most lag + 1

@@ -157,7 +157,7 @@ std::map<int32_t, GroupKernel> generate_kernels(const Graph& g, Device dev, cons
     ingot::cuda::set_device(previous);
     for (codegen::cuda::CudaKernel& k : compiled) {
       if (show_code) sources.push_back(codegen::cuda::render_kernel(specs[kernels.size()], k.symbol).source);
-      device_calls.resize(kernels.size() + 1);
+      device_calls.emplace_back();
       if (k.abi.kind == codegen::KernelKind::MultiTensor)
         device_calls.back() = [k](void* const* bufs, const int64_t* syms, const double* device_scalars) {
           k.launch_reading_device_scalars(bufs, syms, device_scalars);
@@ -176,7 +176,7 @@ std::map<int32_t, GroupKernel> generate_kernels(const Graph& g, Device dev, cons
   stats.kernels_generated += cs.compiled;
   stats.kernels_reused += cs.memory_hits + cs.disk_hits;
   stats.kernels_disk_hits += cs.disk_hits;
-  device_calls.resize(kernels.size());
+  device_calls.resize(kernels.size());  // the CPU's kernels: none
   for (size_t i = 0; i < lowered.size(); ++i)
     fns[ids[i]] = make_kernel_step(g, lowered[i], kernels[i], device_calls[i]);
   return fns;

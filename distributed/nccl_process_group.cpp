@@ -70,10 +70,10 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <deque>
 #include <functional>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 

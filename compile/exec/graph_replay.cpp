@@ -63,14 +63,15 @@ GraphReplay::GraphReplay(std::shared_ptr<const Executable> exe) : exe_(std::move
   host_step_.assign(exe_->steps.size(), false);
   scalar_offset_.assign(exe_->steps.size(), kNoScalars);
   step_outputs_.resize(exe_->steps.size());
+  // Steps that read host inputs only through their scalars read them from the device instead (Note [Scalars read
+  // from the device]). INGOT_GRAPH_HOST_SCALARS=1 runs such steps between the graphs as before: an A/B switch for
+  // measurements (with per-bucket updates on several GPUs the capture then fails and the step runs without graphs;
+  // compare with --one-update).
+  const bool scalars_on_host = std::getenv("INGOT_GRAPH_HOST_SCALARS") != nullptr;
   for (size_t i = 0; i < exe_->steps.size(); ++i) {
     const auto [b, e] = step_node_range(*exe_, i);
     bool host = false;
-    // A step that reads host inputs only through its scalars reads them from the device instead (Note [Scalars
-    // read from the device]). INGOT_GRAPH_HOST_SCALARS=1 runs such steps between the graphs as before: an A/B
-    // switch for measurements (with per-bucket updates on several GPUs the capture then fails and the step runs
-    // without graphs; compare with --one-update).
-    const bool device_scalars = exe_->steps[i].host_scalars != nullptr && !std::getenv("INGOT_GRAPH_HOST_SCALARS");
+    const bool device_scalars = exe_->steps[i].host_scalars != nullptr && !scalars_on_host;
     for (size_t n = b; n < e; ++n) {
       for (int32_t v : g.nodes[n].inputs) {
         if (v < 0 || (device_scalars && host_value[static_cast<size_t>(v)])) continue;

@@ -185,8 +185,9 @@ struct Launcher {
     std::memcpy(&u, &d, 8);
     params.push_back(u);
   }
+  // The scalar slots; zeros where `scalars` is null (a multi-tensor kernel reading them from device memory).
   void push_scalars(const double* scalars) {
-    for (int i = 0; i < k.abi.scalar_slots; ++i) push_double(i < k.abi.num_scalars ? scalars[i] : 0.0);
+    for (int i = 0; i < k.abi.scalar_slots; ++i) push_double(scalars && i < k.abi.num_scalars ? scalars[i] : 0.0);
   }
   void run(CUfunction fn, int64_t grid, int threads, int threads_y = 1, int64_t grid_y = 1,
            unsigned shared_bytes = 0) {
@@ -279,11 +280,7 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
   L.params.push_back(static_cast<uint64_t>(T));
   L.params.push_back(static_cast<uint64_t>(num_chunks));
   L.params.push_back(static_cast<uint64_t>(chunk));
-  if (device_scalars) {
-    L.push_scalars(std::vector<double>(static_cast<size_t>(L.k.abi.scalar_slots), 0.0).data());
-  } else {
-    L.push_scalars(scalars);
-  }
+  L.push_scalars(device_scalars ? nullptr : scalars);
   L.params.push_back(L.flags);
   L.params.push_back(reinterpret_cast<uint64_t>(device_scalars));  // cs: null reads c
   L.run(L.k.loaded->fns[0], std::min<int64_t>(num_chunks, L.cap * 4), L.block);
