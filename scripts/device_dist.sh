@@ -35,8 +35,9 @@
 #         GPT-2 compiled default at 1 GPU and at all GPUs (with the timeline) for each N of CARVEOUTS (default
 #         "0 8 16"), `--sm-carveout N`: one '| ingot ... carveout N' row each (no suffix for 0); CARVEOUT_CTAS=1
 #         adds for each N > 0 the all-GPU row with NCCL_MAX_CTAS=N (NCCL's CTAs held to the SMs left to them)
-#   llama: ~1B Llama full fine-tune, 1 GPU and DDP x4 (f32 25 MB buckets; bf16 100 MB), and with torch or llama_torch
-#         transformers + torch.compile on 1 GPU and DDP x4 under torchrun (each row sampled when CLOCKS=1)
+#   llama: ~1B Llama full fine-tune, 1 GPU and DDP at all GPUs, 4 at most (25 MB buckets, 100 MB, 100 MB in bf16), and
+#         with torch or llama_torch transformers + torch.compile on 1 GPU and DDP x4 under torchrun (each row sampled
+#         when CLOCKS=1)
 #   clocks: CudaOptim.* on GPU 0, then GPT-2 compiled default and reduce-overhead on 1 GPU, DDP in a world of one,
 #         DDP at 2 and all GPUs, reduce-overhead and 100 MB bf16 buckets at all
 #         GPUs, each with nvidia-smi sampling (CLOCKS=1, below): median SM clock, power and throttle reason per GPU
@@ -245,25 +246,25 @@ if want carveout; then  # compute kernels that leave N SMs to NCCL's, 1 GPU and 
   done
 fi
 if want llama; then
-  # ~1B Llama full fine-tune (bench/configs/llama_1b), 2 x 2048 tokens per GPU; DDP x4 also with 100 MB buckets in bf16.
+  # ~1B Llama full fine-tune (bench/configs/llama_1b), 2 x 2048 tokens per GPU.
   llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
     --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
   smi_start llama_1
   CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/llama_1.log" 2>&1
   smi_stop llama_1 1
   grep -h "^| ingot" "$out/llama_1.log" | tail -1
-  if (( gpus >= 4 )); then
-    i=0
-    for extra in "" "--bucket-cap-mb 100 --reduce-dtype bf16"; do
-      i=$((i + 1)); smi_start llama_4_$i
-      CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama \
-        --timeline $extra > "$out/llama_4_$i.log" 2>&1
-      smi_stop llama_4_$i 4
-      grep -h "^| ingot\|^timeline" "$out/llama_4_$i.log" | tail -2
+  if (( gpus >= 2 )); then  # DDP at all GPUs (4 at most): 25 MB buckets (the default), 100 MB, 100 MB in bf16
+    n=$(( gpus >= 4 ? 4 : gpus )) i=0
+    for extra in "" "--bucket-cap-mb 100" "--bucket-cap-mb 100 --reduce-dtype bf16"; do
+      i=$((i + 1)); want llama || break; smi_start llama_${n}_$i
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) timeout 200 ingot launch --nproc-per-node gpu --standalone -- \
+        bench_llama_step $llama --timeline $extra > "$out/llama_${n}_$i.log" 2>&1
+      smi_stop llama_${n}_$i $n
+      grep -h "^| ingot\|^timeline" "$out/llama_${n}_$i.log" | tail -2
     done
   fi
-  if want torch || want llama_torch; then  # transformers + torch.compile, 1 GPU and DDP x4 under torchrun
-    for n in 1 4; do
+  if want torch || want llama_torch; then  # transformers + torch.compile, 1 GPU and DDP at all GPUs (4 at most)
+    for n in 1 $(( gpus >= 4 ? 4 : gpus )); do
       (( n <= gpus )) || continue
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) timeout 300 python3 -m torch.distributed.run --standalone \
         --nproc-per-node $n bench/reference/hf_llama.py --config bench/configs/llama_1b/config.json --steps 10 \
