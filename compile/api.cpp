@@ -71,7 +71,6 @@ uint64_t CompileOptions::hash() const {
   // Passes left out for a diagnosis (compile/pipeline.cpp) make another artifact.
   if (const char* skipped = std::getenv("INGOT_SKIP_PASSES"))
     for (const char* c = skipped; *c; ++c) mix(static_cast<unsigned char>(*c));
-  if (const char* zero = std::getenv("INGOT_ZERO_BUCKET_VIEWS")) mix(std::string(zero) == "1" ? 2 : 3);
   return h;
 }
 

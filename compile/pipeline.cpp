@@ -231,10 +231,7 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   });
   // Data parallel: each gradient made in its bucket's buffer, so no concatenation copies it (before fuse, which
   // must keep the bucket's view alone and the placed producers' values as their groups' outputs).
-  run_pass("bucket_views", g, [&](Graph& x) {
-    const char* zero = std::getenv("INGOT_ZERO_BUCKET_VIEWS");  // an experiment's switch: BucketViewOptions
-    return passes::bucket_views(x, {target, generated, zero && std::string(zero) == "1"});
-  });
+  run_pass("bucket_views", g, [&](Graph& x) { return passes::bucket_views(x, {target, generated}); });
   run_pass("fuse", g, [&](Graph& x) { return passes::fuse(x, {target, !opts.split_update && !bucket_updates}); });
   run_pass("schedule", g, [&](Graph& x) { return passes::schedule(x, {target}); });
   g.verify();

@@ -32,8 +32,9 @@ bool reduction_start(const Primitive& p, bool reduce_scatters) {
 }
 
 // Whether the cat's result is reduced, as itself or through one cast (DDP's and ZeRO's reduce_dtype). ZeRO's
-// reduce-scatters only with BucketViewOptions::reduce_scatters: there the bucket, made at its first gradient, would
-// be alive through more of the backward than the separate gradients were (compiled ZeRO-3's planned peak rose 2%).
+// reduce-scatters only with BucketViewOptions::reduce_scatters (the default): there the bucket, made at its first
+// gradient, is alive through more of the backward than the separate gradients were (compiled ZeRO-3's planned peak
+// rose 2%).
 bool feeds_reduction(const Graph& g, int32_t flat, const std::vector<std::vector<int32_t>>& readers,
                      bool reduce_scatters) {
   for (int32_t r : readers[static_cast<size_t>(flat)]) {

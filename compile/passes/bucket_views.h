@@ -17,11 +17,12 @@ namespace ingot::compiler::passes {
 struct BucketViewOptions {
   Device target = Device::cpu();
   bool generated = true;  // fusion groups become generated kernels (which write where the executor says)
-  // ZeRO's unit reduce-scatter inputs too (the unit's gradients concatenated, then cast to reduce_dtype): off by
-  // default, on with INGOT_ZERO_BUCKET_VIEWS=1 (compile/pipeline.cpp). The bucket, made at its first gradient, lives
-  // through more of the backward (compiled ZeRO-3 GPT-2's planned peak rose 2%), against the unit's concatenation
-  // and cast copies it saves (8B, bf16 gradients reduced in f32: ~2 GB read and written per unit and step).
-  bool reduce_scatters = false;
+  // ZeRO's unit reduce-scatter inputs too (the unit's gradients concatenated, then cast to reduce_dtype). The
+  // bucket, made at its first gradient, lives through more of the backward (compiled ZeRO-3 GPT-2's planned peak rose
+  // 2%), against the unit's concatenation and cast copies it saves (8B, bf16 gradients reduced in f32: ~2 GB read and
+  // written per unit and step): the 8B ZeRO-3 step ran 2.0% faster on 2x H200 and the ~1B Llama's 1.8% on 2x H100
+  // with the same losses and steady peak (bench/RESULTS.md, fifteenth and seventeenth sessions).
+  bool reduce_scatters = true;
 };
 
 bool bucket_views(Graph& g, const BucketViewOptions& o);

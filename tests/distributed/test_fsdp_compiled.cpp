@@ -346,22 +346,18 @@ TEST(CompiledFsdp, AccumulationAndBf16ReductionFollowEagerZeroThree) {
   run_compiled_ranks(2, 300s);
 }
 
-// BucketViewOptions::reduce_scatters (INGOT_ZERO_BUCKET_VIEWS=1, compile/passes/bucket_views.h): a unit's gradients
-// are made in its reduce-scatter input, so no concatenation copies them, and training follows eager ZeRO-3. Off by
-// default: the input lives through more of the backward (not yet measured on GPUs).
+// BucketViewOptions::reduce_scatters (compile/passes/bucket_views.h, on by default): a unit's gradients are made in
+// its reduce-scatter input, so no concatenation copies them, and training follows eager ZeRO-3. ZeRO-3 reduces no
+// whole bucket, so every bucket_view in its graph is a unit's reduce-scatter input: one per unit that has gradients.
 TEST(CompiledFsdp, UnitGradientsMadeInTheirReduceScatterInputFollowEagerZeroThree) {
   if (is_rank_process()) {
     const auto [ctx, cache] = join_compiled_ranks(kRankTimeout);
     const Trained eager = train(ctx, run(Mode::Eager3), cache);
-    const Trained plain = train(ctx, run(Mode::Compiled3), cache);
-    setenv("INGOT_ZERO_BUCKET_VIEWS", "1", 1);
     const Trained viewed = train(ctx, run(Mode::Compiled3), cache);
-    unsetenv("INGOT_ZERO_BUCKET_VIEWS");
     expect_same_training(viewed, eager, 1e-4, "unit gradients in their reduce-scatter input vs eager ZeRO-3");
-    const std::string &g = viewed.stats.last_graph, &p = plain.stats.last_graph;
-    EXPECT_EQ(count_occurrences(p, "= bucket_view("), 0u) << "off by default: " << p;
-    EXPECT_GE(count_occurrences(g, "= bucket_view("), 1u) << g;
-    EXPECT_LT(count_occurrences(g, "= cat("), count_occurrences(p, "= cat(")) << g;
+    const std::string& g = viewed.stats.last_graph;
+    EXPECT_EQ(count_occurrences(g, "= bucket_view("), count_occurrences(g, "= reduce_scatter_start(")) << g;
+    EXPECT_EQ(count_occurrences(g, "= cat("), 0u) << g;
     return;
   }
   run_compiled_ranks(2, 300s);
@@ -401,7 +397,11 @@ void rank_body_memory() {
   std::printf("[ fsdp     ] world %d: traced step peak %lld B, an eager ZeRO-3 step's %lld B\n", world,
               static_cast<long long>(traced.first_peak), static_cast<long long>(eager.peak));
   EXPECT_LT(static_cast<double>(traced.first_peak), 1.25 * static_cast<double>(eager.peak));
-  EXPECT_LT(z3.stats.planned_peak_bytes, ddp.stats.planned_peak_bytes);
+  // The planned arenas: since each unit's gradients are made in its reduce-scatter input (alive from the unit's
+  // first gradient on, BucketViewOptions::reduce_scatters) ZeRO-3's is within 0.2% of DDP's on 2 ranks of this
+  // small model (333,056 vs 332,416 B), below it on 4; a ZeRO-3 arena that held whole weights or gradients of
+  // more than a few units would be well above.
+  EXPECT_LT(static_cast<double>(z3.stats.planned_peak_bytes), 1.02 * static_cast<double>(ddp.stats.planned_peak_bytes));
 }
 
 TEST(CompiledFsdp, HoldsAboutOneNthOfDdpsBytesAndPeaksLower) {
