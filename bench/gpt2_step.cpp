@@ -66,7 +66,7 @@ struct Args {
   bool profiler_range = false, losses = false, regional = false;
   bool timeline = false, one_update = false, ddp_alone = false, keep_after_forward = false;
   int zero_stage = 0, unit_reduction_lag = 1;
-  double bucket_cap_mb = 25.0;
+  double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
   std::string reduce_dtype = "f32";
   double memory_budget = 1.0, peak_tflops = 989.4;
   int sm_carveout = 0;

@@ -53,7 +53,7 @@ struct Args {
   int zero_stage = 0, unit_reduction_lag = 1;
   bool timeline = false, keep_after_forward = false;
   double peak_tflops = 989.4;
-  double bucket_cap_mb = 25.0;
+  double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
   std::string reduce_dtype = "f32";
   int sm_carveout = 0;
   const CLI::Option* sm_carveout_flag = nullptr;

@@ -245,7 +245,7 @@ inline std::string ddp_label(const BenchWorld& w, int zero_stage, const std::str
   if (reduce_dtype != "f32") label += " reduce " + reduce_dtype;
   if (one_update) label += " one-update";
   if (zero_stage == 3 && !reshard_after_forward) label += " kept from forward to backward";
-  if (zero_stage < 3 && bucket_cap_mb != 25.0) label += detail::str_cat(" cap ", bucket_cap_mb, " MB");
+  if (zero_stage < 3 && bucket_cap_mb != distributed::DdpOptions{}.bucket_cap_mb) label += detail::str_cat(" cap ", bucket_cap_mb, " MB");
   return label;
 }
 

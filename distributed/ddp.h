@@ -44,7 +44,9 @@ class Module;
 namespace ingot::distributed {
 
 struct DdpOptions {
-  double bucket_cap_mb = 25.0;
+  // 100 MiB, not PyTorch's 25: fewer, larger reductions slowed the compute beside them less in every DDP step
+  // measured (GPT-2 124M and a ~1B Llama, compiled and eager, 2x H200: bench/RESULTS.md, seventeenth session).
+  double bucket_cap_mb = 100.0;
   bool broadcast_parameters = true;  // copy rank `root`'s parameters to every rank at construction
   int root = 0;
   int zero_stage = 0;  // 0 (plain), 1 or 2; see above

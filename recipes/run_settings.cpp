@@ -96,8 +96,9 @@ void add_distributed_keys(ConfigSchema& s) {
               "process group of a data-parallel run (`ingot launch`, mpirun): auto = nccl on CUDA, gloo on CPU")
             .one_of({"auto", "nccl", "gloo"})
             .not_in_config_hash());
-  s.add(K::of(T::Float, "distributed.bucket_cap_mb", "25",
-              "DDP gradient bucket size in MiB (gradients are averaged across ranks bucket by bucket)")
+  s.add(K::of(T::Float, "distributed.bucket_cap_mb", "100",
+              "DDP gradient bucket size in MiB (gradients are averaged across ranks bucket by bucket; 100, not "
+              "PyTorch's 25: fewer, larger reductions measured faster)")
             .at_least(0.001)
             .not_in_config_hash());
   s.add(K::of(T::String, "distributed.reduce_dtype", "f32",

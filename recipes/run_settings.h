@@ -44,7 +44,7 @@ struct CompileSettings {
 
 struct DistributedSettings {
   std::string backend = "auto";  // auto | nccl | gloo
-  double bucket_cap_mb = 25;
+  double bucket_cap_mb = 100;
   std::string reduce_dtype = "f32";  // f32 | bf16: the dtype gradients are averaged in
   int64_t zero_stage = 0;  // 0 (DDP) to 3 (FSDP)
   bool reshard_after_forward = true;  // zero_stage 3
