@@ -136,6 +136,16 @@ class TraceObserver {
   virtual void on_accumulate_grad(const std::shared_ptr<TensorImpl>& leaf, const Tensor& g) = 0;
   // `dst` (a parameter, optimizer state) was overwritten in place with `src`'s value (already copied).
   virtual void on_assign(const Tensor& dst, const Tensor& src) = 0;
+  // `p` applied to `inputs` with its k-th output written over dsts[k] (one of the inputs: a parameter, optimizer
+  // state) by `run`, which the observer calls after reading the inputs: recorded as on_apply followed by
+  // on_assign(dsts[k], output k), without the outputs' own memory (an optimizer's functional update would hold a
+  // second copy of every parameter and state tensor it updates: Note [Traced updates run in place],
+  // optim/fused_update.h). Returns false without running anything where it cannot (a deferred segment, whose
+  // inputs are not computed yet); the caller then applies `p` and assigns.
+  virtual bool on_apply_over(const std::shared_ptr<Primitive>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
+                             const std::function<void()>&, const std::source_location&) {
+    return false;
+  }
   // `t` holds host-computed values that a replay must recompute with `produce` before every run (learning
   // rate, step count); `produce` may advance host counters (it stands in for the host code that made t).
   virtual void on_host_input(const Tensor& t, std::function<Tensor()> produce) = 0;

@@ -42,7 +42,6 @@ void AdamW::step() {
 // The same grouping and host bookkeeping as step(), recorded so that a replay of the traced graph repeats it
 // (Optimizer::traced_step_groups; optim/fused_update.h).
 void AdamW::traced_step() {
-  TraceObserver* obs = trace_observer();
   const auto [groups, hyper] = traced_step_groups();
   const kernels::AdamWArgs fixed = adamw_args(opts_);
   for (size_t gi = 0; gi < groups.size(); ++gi) {
@@ -52,14 +51,7 @@ void AdamW::traced_step() {
     for (size_t i : groups[gi]) in.push_back(params_[i].grad());
     for (size_t i : groups[gi]) in.push_back(state(i, "exp_avg"));
     for (size_t i : groups[gi]) in.push_back(state(i, "exp_avg_sq"));
-    std::vector<Tensor> out = ingot::apply(make_adamw_update(n, static_cast<int64_t>(gi), fixed), in);
-    for (size_t k = 0; k < n; ++k)
-      for (size_t s : {size_t{0}, size_t{2}, size_t{3}}) {
-        Tensor d = in[1 + s * n + k];
-        const Tensor& v = out[(s == 0 ? 0 : s - 1) * n + k];
-        d.copy_(v);
-        obs->on_assign(d, v);
-      }
+    apply_traced_update(make_adamw_update(n, static_cast<int64_t>(gi), fixed), in);
   }
 }
 

@@ -13,13 +13,25 @@ const double* hyper_row(const Tensor& hyper, int64_t row, const char* op) {
   return hyper.data<double>() + row * 3;
 }
 
-std::vector<Tensor> fresh_copies(const std::vector<Tensor>& in, size_t from, size_t n) {
+// in[from, from + n): fresh copies to update (the functional eval), or the tensors themselves (in place).
+std::vector<Tensor> operands(const std::vector<Tensor>& in, size_t from, size_t n, bool in_place) {
   std::vector<Tensor> out;
-  for (size_t k = 0; k < n; ++k) out.push_back(in[from + k].defined() ? in[from + k].clone_raw() : Tensor());
+  for (size_t k = 0; k < n; ++k)
+    out.push_back(in_place || !in[from + k].defined() ? in[from + k] : in[from + k].clone_raw());
   return out;
 }
 
-class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate {
+// An update primitive that can also run over its inputs (Note [Traced updates run in place], fused_update.h).
+class InPlaceUpdate {
+ public:
+  virtual ~InPlaceUpdate() = default;
+  // The inputs the outputs overwrite, in output order.
+  virtual std::vector<Tensor> written(const std::vector<Tensor>& in) const = 0;
+  // The update computed over those inputs: what eval returns, in them.
+  virtual void update_in_place(const std::vector<Tensor>& in) const = 0;
+};
+
+class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate, public InPlaceUpdate {
  public:
   AdamWUpdatePrim(size_t n, int64_t row, const kernels::AdamWArgs& a) : n_(n), row_(row), a_(a) {}
   std::string_view name() const override { return "adamw_update"; }
@@ -31,22 +43,14 @@ class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate {
     for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + 3 * n_ + k]);
     return out;
   }
-  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
-    const double* h = hyper_row(in[0], row_, "adamw_update");
-    std::vector<Tensor> p = fresh_copies(in, 1, n_), m = fresh_copies(in, 1 + 2 * n_, n_),
-                        v = fresh_copies(in, 1 + 3 * n_, n_);
-    std::vector<Tensor> g(in.begin() + 1 + static_cast<std::ptrdiff_t>(n_),
-                          in.begin() + 1 + 2 * static_cast<std::ptrdiff_t>(n_));
-    kernels::AdamWArgs a = a_;
-    a.lr = h[0];
-    a.step = static_cast<int64_t>(h[1]);
-    a.grad_scale = h[2];
-    INGOT_KERNEL_CALL(p[0].device(), adamw_multi, p, g, m, v, a);
-    std::vector<Tensor> out = p;
-    out.insert(out.end(), m.begin(), m.end());
-    out.insert(out.end(), v.begin(), v.end());
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return run(in, false); }
+  std::vector<Tensor> written(const std::vector<Tensor>& in) const override {
+    std::vector<Tensor> out;
+    for (size_t s : {size_t{0}, size_t{2}, size_t{3}})
+      for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + s * n_ + k]);
     return out;
   }
+  void update_in_place(const std::vector<Tensor>& in) const override { run(in, true); }
   bool differentiable() const override { return false; }
   bool host_input(size_t i) const override { return i == 0; }
   size_t tensors() const override { return n_; }
@@ -62,12 +66,29 @@ class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate {
   }
 
  private:
+  std::vector<Tensor> run(const std::vector<Tensor>& in, bool in_place) const {
+    const double* h = hyper_row(in[0], row_, "adamw_update");
+    std::vector<Tensor> p = operands(in, 1, n_, in_place), m = operands(in, 1 + 2 * n_, n_, in_place),
+                        v = operands(in, 1 + 3 * n_, n_, in_place);
+    std::vector<Tensor> g(in.begin() + 1 + static_cast<std::ptrdiff_t>(n_),
+                          in.begin() + 1 + 2 * static_cast<std::ptrdiff_t>(n_));
+    kernels::AdamWArgs a = a_;
+    a.lr = h[0];
+    a.step = static_cast<int64_t>(h[1]);
+    a.grad_scale = h[2];
+    INGOT_KERNEL_CALL(p[0].device(), adamw_multi, p, g, m, v, a);
+    std::vector<Tensor> out = p;
+    out.insert(out.end(), m.begin(), m.end());
+    out.insert(out.end(), v.begin(), v.end());
+    return out;
+  }
+
   size_t n_;
   int64_t row_;
   kernels::AdamWArgs a_;
 };
 
-class SgdUpdatePrim final : public Primitive, public HorizontalUpdate {
+class SgdUpdatePrim final : public Primitive, public HorizontalUpdate, public InPlaceUpdate {
  public:
   SgdUpdatePrim(size_t n, int64_t row, const kernels::SgdArgs& a) : n_(n), row_(row), a_(a) {}
   std::string_view name() const override { return "sgd_update"; }
@@ -80,9 +101,26 @@ class SgdUpdatePrim final : public Primitive, public HorizontalUpdate {
       for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + 2 * n_ + k]);
     return out;
   }
-  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return run(in, false); }
+  std::vector<Tensor> written(const std::vector<Tensor>& in) const override {
+    std::vector<Tensor> out(in.begin() + 1, in.begin() + 1 + static_cast<std::ptrdiff_t>(n_));
+    if (momentum())
+      out.insert(out.end(), in.begin() + 1 + 2 * static_cast<std::ptrdiff_t>(n_),
+                 in.begin() + 1 + 3 * static_cast<std::ptrdiff_t>(n_));
+    return out;
+  }
+  void update_in_place(const std::vector<Tensor>& in) const override { run(in, true); }
+  bool differentiable() const override { return false; }
+  bool host_input(size_t i) const override { return i == 0; }
+  void print_attrs(std::ostream& os) const override {
+    os << "n=" << n_ << ", row=" << row_ << ", momentum=" << a_.momentum << ", dampening=" << a_.dampening
+       << ", weight_decay=" << a_.weight_decay << ", nesterov=" << a_.nesterov;
+  }
+
+ private:
+  std::vector<Tensor> run(const std::vector<Tensor>& in, bool in_place) const {
     const double* h = hyper_row(in[0], row_, "sgd_update");
-    std::vector<Tensor> p = fresh_copies(in, 1, n_), buf = fresh_copies(in, 1 + 2 * n_, n_);
+    std::vector<Tensor> p = operands(in, 1, n_, in_place), buf = operands(in, 1 + 2 * n_, n_, in_place);
     std::vector<Tensor> g(in.begin() + 1 + static_cast<std::ptrdiff_t>(n_),
                           in.begin() + 1 + 2 * static_cast<std::ptrdiff_t>(n_));
     kernels::SgdArgs a = a_;
@@ -93,14 +131,7 @@ class SgdUpdatePrim final : public Primitive, public HorizontalUpdate {
     if (momentum()) p.insert(p.end(), buf.begin(), buf.end());
     return p;
   }
-  bool differentiable() const override { return false; }
-  bool host_input(size_t i) const override { return i == 0; }
-  void print_attrs(std::ostream& os) const override {
-    os << "n=" << n_ << ", row=" << row_ << ", momentum=" << a_.momentum << ", dampening=" << a_.dampening
-       << ", weight_decay=" << a_.weight_decay << ", nesterov=" << a_.nesterov;
-  }
 
- private:
   size_t n_;
   int64_t row_;
   kernels::SgdArgs a_;
@@ -149,6 +180,25 @@ std::optional<MultiTensorKernel> AdamWUpdatePrim::lower(const std::vector<DType>
 
 std::shared_ptr<Primitive> make_adamw_update(size_t n, int64_t row, const kernels::AdamWArgs& fixed) {
   return std::make_shared<AdamWUpdatePrim>(n, row, fixed);
+}
+
+void apply_traced_update(const std::shared_ptr<Primitive>& update, const std::vector<Tensor>& in,
+                         std::source_location loc) {
+  TraceObserver* obs = trace_observer();
+  const auto* u = dynamic_cast<const InPlaceUpdate*>(update.get());
+  INGOT_INTERNAL_CHECK(obs && u, "apply_traced_update: '", update->name(), "' outside a trace or not an update");
+  const std::vector<Tensor> dsts = u->written(in);
+  const bool in_place = obs->on_apply_over(update, in, dsts, [&] {
+    u->update_in_place(in);
+    for (const Tensor& d : dsts) d.bump_version();
+  }, loc);
+  if (in_place) return;
+  const std::vector<Tensor> out = ingot::apply(update, in, loc);
+  for (size_t k = 0; k < dsts.size(); ++k) {
+    Tensor d = dsts[k];
+    d.copy_(out[k]);
+    obs->on_assign(d, out[k]);
+  }
 }
 
 std::shared_ptr<Primitive> make_sgd_update(size_t n, int64_t row, const kernels::SgdArgs& fixed) {

@@ -1,7 +1,7 @@
 // Traceable optimizer updates. Eagerly, AdamW/SGD step() call the fused multi-tensor kernels in place. Under
 // a trace (autograd TraceObserver, see compile/trace/trace.cpp) they instead apply one of these primitives per
-// launch: a functional version of the same kernel (parameters and state in, their updated values out) that
-// the tracer records as one graph node, followed by write-backs into the persistent tensors. The
+// launch (apply_traced_update): a functional version of the same kernel (parameters and state in, their updated
+// values out) that the tracer records as one graph node, followed by write-backs into the persistent tensors. The
 // hyper-parameters that change between steps (lr, step count, grad scale, SGD's first-step flag) are read
 // from a host tensor `hyper` (f64, CPU, one row per launch) that the tracer re-computes before every replay,
 // so an LR schedule never changes the graph. AdamW's primitive is also a MultiTensorUpdate: the compiler splits
@@ -9,6 +9,8 @@
 #pragma once
 
 #include <memory>
+#include <source_location>
+#include <vector>
 
 #include "autograd/primitive.h"
 #include "runtime/kernels/kernels.h"
@@ -21,5 +23,20 @@ std::shared_ptr<Primitive> make_adamw_update(size_t n, int64_t row, const kernel
 // inputs:  hyper [G, 3] = {lr, grad_scale, first_step} per launch, p[0..n), g[0..n), buf[0..n) (undefined
 //          without momentum)      outputs: p'[0..n), buf'[0..n) (buf' only with momentum)
 std::shared_ptr<Primitive> make_sgd_update(size_t n, int64_t row, const kernels::SgdArgs& fixed);
+
+// Note [Traced updates run in place]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The traced step runs for real, and the functional update makes its outputs before the write-backs copy them
+// over the parameters and state: for a moment the step holds every updated tensor twice. An 8B full fine-tune
+// under ZeRO-3 on 2 GPUs holds 48 GB of f32 master shards and AdamW moments per rank, so its traced first step
+// peaked at 112 GB against 75 GB for every later step (bench/RESULTS.md, seventeenth session). So the update runs
+// over its inputs (the kernel eager step() calls, same arithmetic) and the tracer records the same node and
+// write-backs as for the functional form (TraceObserver::on_apply_over). Deferred segments (compile/trace/
+// segments.h) cannot: their inputs are computed at the segment's end; there the functional form remains.
+//
+// Applies `update` (made by make_adamw_update / make_sgd_update) to `in` under a trace, its outputs written over
+// the parameters and state they update.
+void apply_traced_update(const std::shared_ptr<Primitive>& update, const std::vector<Tensor>& in,
+                         std::source_location loc = std::source_location::current());
 
 }  // namespace ingot::optim

@@ -76,12 +76,7 @@ void SGD::traced_step() {
     for (size_t i : groups[gi]) in.push_back(params_[i]);
     for (size_t i : groups[gi]) in.push_back(params_[i].grad());
     for (size_t i : groups[gi]) in.push_back(use_momentum ? state(i, "momentum_buffer") : Tensor());
-    std::vector<Tensor> out = ingot::apply(make_sgd_update(n, static_cast<int64_t>(gi), fixed), in);
-    for (size_t k = 0; k < out.size(); ++k) {
-      Tensor d = in[1 + (k < n ? k : n + k)];
-      d.copy_(out[k]);
-      obs->on_assign(d, out[k]);
-    }
+    apply_traced_update(make_sgd_update(n, static_cast<int64_t>(gi), fixed), in);
   }
 }
 

@@ -105,12 +105,39 @@ void Tracer::on_accumulate_grad(const std::shared_ptr<TensorImpl>& leaf, const T
 void Tracer::on_assign(const Tensor& dst, const Tensor& src) {
   const int32_t sv = value_of(src, "in-place update", std::source_location::current());
   const int32_t dv = value_of(dst, "in-place update", std::source_location::current());
+  assign_value(dst, dv, sv);
+}
+
+void Tracer::assign_value(const Tensor& dst, int32_t was, int32_t now) {
   const TensorKey k = key_of(dst);
   for (auto& [key, e] : map_)
     if (std::get<0>(key) == dst.storage().get() && key != k) e.stale = true;
-  map_[k].value = sv;
-  const Value& d = g_.values[static_cast<size_t>(dv)];
+  map_[k].value = now;
+  const Value& d = g_.values[static_cast<size_t>(was)];
   if (d.producer < 0 && !assigned_.count(d.input_index)) assigned_[d.input_index] = k;
+}
+
+// The same node and write-backs as on_apply + on_assign, the eager result computed in place by `run`. A deferred
+// segment has not computed the inputs yet (its ops run at the segment's end), so there the caller goes the
+// functional way.
+bool Tracer::on_apply_over(const std::shared_ptr<Primitive>& p, const std::vector<Tensor>& inputs,
+                           const std::vector<Tensor>& dsts, const std::function<void()>& run,
+                           const std::source_location& loc) {
+  if (mode_ != TraceMode::Trace) return false;
+  if (auto why = break_reason(*p)) add_break(*why, loc);
+  if (defer_blocker_.empty()) check_shape_rule(*p, inputs, dsts);
+  std::vector<int32_t> ins, was;
+  ins.reserve(inputs.size());
+  for (const Tensor& t : inputs) ins.push_back(t.defined() ? value_of(t, p->name(), loc) : -1);
+  for (const Tensor& d : dsts) was.push_back(value_of(d, p->name(), loc));
+  run();
+  const int32_t n = g_.add_node(p, std::move(ins), metas_of(dsts), loc);
+  Node& node = g_.nodes[static_cast<size_t>(n)];
+  node.recomputed = recomputing();
+  node.forward = grad_enabled() && !node.recomputed;
+  const std::vector<int32_t> outs = node.outputs;
+  for (size_t k = 0; k < dsts.size(); ++k) assign_value(dsts[k], was[k], outs[k]);
+  return true;
 }
 
 void Tracer::on_host_input(const Tensor& t, std::function<Tensor()> produce) {

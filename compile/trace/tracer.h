@@ -36,6 +36,9 @@ class Tracer final : public TraceObserver {
                 const std::vector<Tensor>& outputs, const std::source_location& loc) override;
   void on_accumulate_grad(const std::shared_ptr<TensorImpl>& leaf, const Tensor& grad) override;
   void on_assign(const Tensor& dst, const Tensor& src) override;
+  bool on_apply_over(const std::shared_ptr<Primitive>& p, const std::vector<Tensor>& inputs,
+                     const std::vector<Tensor>& dsts, const std::function<void()>& run,
+                     const std::source_location& loc) override;
   void on_host_input(const Tensor& t, std::function<Tensor()> produce) override;
   // Trace mode: a host read of a traced value is a graph break.
   void on_host_read(const Tensor& t, const std::source_location& loc);
@@ -58,6 +61,9 @@ class Tracer final : public TraceObserver {
   std::optional<int32_t> lookup(const Tensor& t);
   int32_t value_of(const Tensor& t, std::string_view user, const std::source_location& loc);
   void bind(const Tensor& t, int32_t v);
+  // `dst`, whose value was `was`, now holds value `now` (an in-place write): other views of its storage go stale and
+  // a captured input gets its write-back.
+  void assign_value(const Tensor& dst, int32_t was, int32_t now);
   void add_break(std::string reason, const std::source_location& loc);
   void check_shape_rule(const Primitive& p, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs);
 
