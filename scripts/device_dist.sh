@@ -27,7 +27,7 @@
 #         first when missing (110 s on 4x H200; the machine keeps it while warm). FSDP8B_PARTS picks the runs
 #         (default "ingot eager compile ingot-compiled": 75, 45, 60 s on 4x H200 for the first three, so with the
 #         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default; a part
-#         ending in +coN runs with --sm-carveout N, one ending in +zbv with INGOT_ZERO_BUCKET_VIEWS=1;
+#         ending in +coN runs with --sm-carveout N;
 #         ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
 #   step's world sizes and rows, e.g. ZERO_WORLDS=4 ZERO_ROWS="ddp_compiled z3_compiled")
@@ -310,9 +310,8 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
     want fsdp8b || break
     left=$(( ${DEADLINE:-540} - ($(date +%s) - start) )); t1=$(date +%s)
     if [[ $part == ingot* ]]; then
-      # A part may end in +coN: the same run with --sm-carveout N (Note [SM carve-out], runtime/sm_budget.h), or
-      # in +zbv: the units' gradients made in their reduce-scatter input (INGOT_ZERO_BUCKET_VIEWS=1).
-      zbv=0; p=$part; [[ $p == *+zbv ]] && { zbv=1; p=${p%+zbv}; }
+      # A part may end in +coN: the same run with --sm-carveout N (Note [SM carve-out], runtime/sm_budget.h).
+      p=$part
       comp=""; [[ $p == ingot-compiled* ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
       [[ $p == *+co* ]] && comp="$comp --sm-carveout ${p##*+co}"
       # ingot-memory: compiled, 2 steps under INGOT_LOGS=memory (the allocation census at rank 0's peak).
@@ -321,7 +320,7 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
         comp="--compile default --cache-dir /tmp/ingot-dist-cache"; c8="--batch 2 --seq 2048 --steps 2 --warmup 1"
         export INGOT_LOGS=memory
       fi
-      INGOT_ZERO_BUCKET_VIEWS=$zbv timeout $left ingot launch --nproc-per-node gpu --standalone -- bench_llama_step --checkpoint "$ck" \
+      timeout $left ingot launch --nproc-per-node gpu --standalone -- bench_llama_step --checkpoint "$ck" \
         --tokens "$tok" --device cuda --dtype bf16 --params bf16 --zero-stage 3 --reduce-dtype f32 $c8 \
         --losses 10 $comp > "$out/fsdp8b_$part.log" 2>&1
       echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"; unset INGOT_LOGS
