@@ -18,8 +18,14 @@ deps=${DEPS:-/opt/deps}  # DEPS: another folder, to try the script off the GPU m
 if [[ -n ${BUNDLE:-} ]]; then
   multi=$deps/usr/lib/x86_64-linux-gnu
   mkdir -p "$build/bin" "$multi"
-  tmp=$(mktemp -d); tar xJf "$BUNDLE" -C "$tmp"
-  cp "$tmp"/bin/* "$build/bin/"; cp "$tmp"/lib/* "$multi/"; rm -rf "$tmp"
+  tmp=$(mktemp -d "$deps/.unpack.XXXX"); tar xJf "$BUNDLE" -C "$tmp"  # beside $multi: each mv a rename
+  # Moved into place, not copied over: a library a running process (or this script's own cp, through an inherited
+  # LD_LIBRARY_PATH) has mapped keeps its old file; overwriting it in place crashed a second unpack on one machine.
+  for f in "$tmp"/bin/* "$tmp"/lib/*; do
+    d=$build/bin; [[ $f == "$tmp"/lib/* ]] && d=$multi
+    mv -f "$f" "$d/"
+  done
+  rm -rf "$tmp"
   for f in /usr/local/cuda/lib64/lib*.so*; do [[ -e $f ]] && ln -sfn "$f" "$multi/$(basename "$f")"; done
   nv=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia 2>/dev/null | head -1 || true)
   for f in "$nv"/cudnn/lib/lib*.so* "$nv"/nccl/lib/lib*.so*; do [[ -e $f ]] && ln -sfn "$f" "$multi/$(basename "$f")"; done
