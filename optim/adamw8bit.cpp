@@ -32,7 +32,7 @@ Tensor map_tensor(const std::array<float, 256>& map, Device device) {
 // inputs:  hyper [G, 3] = {lr, step, grad_scale} per launch, p[0..n), g[0..n), m_codes[0..n), m_absmax[0..n),
 //          v_codes[0..n), v_absmax[0..n), signed map, unsigned map
 // outputs: p'[0..n), m_codes'[0..n), m_absmax'[0..n), v_codes'[0..n), v_absmax'[0..n)
-class AdamW8bitUpdatePrim final : public Primitive {
+class AdamW8bitUpdatePrim final : public Primitive, public InPlaceUpdate {
  public:
   AdamW8bitUpdatePrim(size_t n, int64_t row, const kernels::AdamWArgs& a) : n_(n), row_(row), a_(a) {}
   std::string_view name() const override { return "adamw8bit_update"; }
@@ -43,7 +43,24 @@ class AdamW8bitUpdatePrim final : public Primitive {
       for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + s * n_ + k]);
     return out;
   }
-  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return run(in, false); }
+  std::vector<Tensor> written(const std::vector<Tensor>& in) const override {
+    std::vector<Tensor> out;
+    for (size_t s : {size_t{0}, size_t{2}, size_t{3}, size_t{4}, size_t{5}})
+      for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + s * n_ + k]);
+    return out;
+  }
+  void update_in_place(const std::vector<Tensor>& in) const override { run(in, true); }
+  bool differentiable() const override { return false; }
+  bool host_input(size_t i) const override { return i == 0; }
+  void print_attrs(std::ostream& os) const override {
+    os << "n=" << n_ << ", row=" << row_ << ", beta1=" << a_.beta1 << ", beta2=" << a_.beta2 << ", eps=" << a_.eps
+       << ", weight_decay=" << a_.weight_decay;
+  }
+
+ private:
+  // Over copies of the parameters and moments (the functional eval) or over them (in place).
+  std::vector<Tensor> run(const std::vector<Tensor>& in, bool in_place) const {
     const Tensor& hyper = in[0];
     INGOT_CHECK(hyper.device().is_cpu() && hyper.dtype() == DType::f64 && hyper.dim() == 2 && hyper.size(1) == 3 &&
                     row_ < hyper.size(0) && hyper.is_contiguous(),
@@ -53,7 +70,7 @@ class AdamW8bitUpdatePrim final : public Primitive {
     for (size_t s = 0; s < 6; ++s)
       for (size_t k = 0; k < n_; ++k) {
         const Tensor& t = in[1 + s * n_ + k];
-        slot[s].push_back(s == 1 ? t : t.clone_raw());  // gradients are read only
+        slot[s].push_back(s == 1 || in_place ? t : t.clone_raw());  // gradients are read only
       }
     kernels::AdamWArgs a = a_;
     a.lr = h[0];
@@ -68,14 +85,7 @@ class AdamW8bitUpdatePrim final : public Primitive {
       out.insert(out.end(), slot[s].begin(), slot[s].end());
     return out;
   }
-  bool differentiable() const override { return false; }
-  bool host_input(size_t i) const override { return i == 0; }
-  void print_attrs(std::ostream& os) const override {
-    os << "n=" << n_ << ", row=" << row_ << ", beta1=" << a_.beta1 << ", beta2=" << a_.beta2 << ", eps=" << a_.eps
-       << ", weight_decay=" << a_.weight_decay;
-  }
 
- private:
   size_t n_;
   int64_t row_;
   kernels::AdamWArgs a_;
@@ -171,44 +181,28 @@ void AdamW8bit::step() {
 
 // AdamW's grouping and host bookkeeping (Optimizer::traced_step_groups: re-run before each replay of the graph).
 void AdamW8bit::traced_step() {
-  TraceObserver* obs = trace_observer();
   const auto [groups, hyper] = traced_step_groups();
   const kernels::AdamWArgs fixed = adamw_args(opts_);
-  // Writes each output back into the persistent tensor it updates.
-  auto write_back = [obs](const std::vector<Tensor>& dst, const std::vector<Tensor>& out) {
-    for (size_t k = 0; k < dst.size(); ++k) {
-      Tensor d = dst[k];
-      d.copy_(out[k]);
-      obs->on_assign(d, out[k]);
-    }
-  };
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     std::vector<size_t> f32_idx, q_idx;
     for (size_t i : groups[gi]) (quantized(i) ? q_idx : f32_idx).push_back(i);
     if (!f32_idx.empty()) {
-      std::vector<Tensor> in{hyper}, dst;
+      std::vector<Tensor> in{hyper};
       for (size_t i : f32_idx) in.push_back(params_[i]);
       for (size_t i : f32_idx) in.push_back(params_[i].grad());
       for (size_t i : f32_idx) in.push_back(state(i, "exp_avg"));
       for (size_t i : f32_idx) in.push_back(state(i, "exp_avg_sq"));
-      for (size_t i : f32_idx) dst.push_back(params_[i]);
-      for (size_t i : f32_idx) dst.push_back(state(i, "exp_avg"));
-      for (size_t i : f32_idx) dst.push_back(state(i, "exp_avg_sq"));
-      write_back(dst, ingot::apply(make_adamw_update(f32_idx.size(), static_cast<int64_t>(gi), fixed), in));
+      apply_traced_update(make_adamw_update(f32_idx.size(), static_cast<int64_t>(gi), fixed), in);
     }
     if (!q_idx.empty()) {
-      std::vector<Tensor> in{hyper}, dst;
+      std::vector<Tensor> in{hyper};
       for (size_t i : q_idx) in.push_back(params_[i]);
       for (size_t i : q_idx) in.push_back(params_[i].grad());
       for (const char* name : {kMCodes, kMAbsmax, kVCodes, kVAbsmax})
         for (size_t i : q_idx) in.push_back(state8(i, name));
       in.push_back(signed_map_);
       in.push_back(unsigned_map_);
-      for (size_t i : q_idx) dst.push_back(params_[i]);
-      for (const char* name : {kMCodes, kMAbsmax, kVCodes, kVAbsmax})
-        for (size_t i : q_idx) dst.push_back(state8(i, name));
-      write_back(
-          dst, ingot::apply(std::make_shared<AdamW8bitUpdatePrim>(q_idx.size(), static_cast<int64_t>(gi), fixed), in));
+      apply_traced_update(std::make_shared<AdamW8bitUpdatePrim>(q_idx.size(), static_cast<int64_t>(gi), fixed), in);
     }
   }
 }

@@ -21,16 +21,6 @@ std::vector<Tensor> operands(const std::vector<Tensor>& in, size_t from, size_t 
   return out;
 }
 
-// An update primitive that can also run over its inputs (Note [Traced updates run in place], fused_update.h).
-class InPlaceUpdate {
- public:
-  virtual ~InPlaceUpdate() = default;
-  // The inputs the outputs overwrite, in output order.
-  virtual std::vector<Tensor> written(const std::vector<Tensor>& in) const = 0;
-  // The update computed over those inputs: what eval returns, in them.
-  virtual void update_in_place(const std::vector<Tensor>& in) const = 0;
-};
-
 class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate, public InPlaceUpdate {
  public:
   AdamWUpdatePrim(size_t n, int64_t row, const kernels::AdamWArgs& a) : n_(n), row_(row), a_(a) {}

@@ -34,8 +34,18 @@ std::shared_ptr<Primitive> make_sgd_update(size_t n, int64_t row, const kernels:
 // write-backs as for the functional form (TraceObserver::on_apply_over). Deferred segments (compile/trace/
 // segments.h) cannot: their inputs are computed at the segment's end; there the functional form remains.
 //
-// Applies `update` (made by make_adamw_update / make_sgd_update) to `in` under a trace, its outputs written over
-// the parameters and state they update.
+// An update primitive that can also run over its inputs: every optimizer's update (AdamW, SGD, Lion, AdamW8bit).
+class InPlaceUpdate {
+ public:
+  virtual ~InPlaceUpdate() = default;
+  // The inputs the outputs overwrite, in output order.
+  virtual std::vector<Tensor> written(const std::vector<Tensor>& in) const = 0;
+  // The update computed over those inputs: what eval returns, in them.
+  virtual void update_in_place(const std::vector<Tensor>& in) const = 0;
+};
+
+// Applies `update` (a Primitive that is an InPlaceUpdate) to `in` under a trace, its outputs written over the
+// parameters and state they update.
 void apply_traced_update(const std::shared_ptr<Primitive>& update, const std::vector<Tensor>& in,
                          std::source_location loc = std::source_location::current());
 

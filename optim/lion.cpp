@@ -4,9 +4,12 @@
 //
 // Eager and traced steps share one primitive per step, lion_update, whose evaluation is written with tensor ops
 // (so it runs on every device that has them). Its lr and grad scale come from a host tensor that a compiled
-// step re-computes before each replay (optim/fused_update.h), so an LR schedule never changes the graph.
+// step re-computes before each replay (optim/fused_update.h), so an LR schedule never changes the graph. Eagerly
+// and while tracing it runs parameter by parameter over the parameters and moments (Note [Traced updates run in
+// place]): only one parameter's temporaries exist at a time, never a second copy of them all.
 #include "autograd/ops.h"
 #include "autograd/primitive.h"
+#include "optim/fused_update.h"
 #include "optim/optimizer.h"
 
 namespace ingot::optim {
@@ -26,7 +29,7 @@ class QuietOps {
 };
 
 // inputs: hyper [2] f64 CPU = {lr, grad_scale}, p[0..n), g[0..n), m[0..n)      outputs: p'[0..n), m'[0..n)
-class LionUpdatePrim final : public Primitive {
+class LionUpdatePrim final : public Primitive, public InPlaceUpdate {
  public:
   LionUpdatePrim(size_t n, const LionOptions& o) : n_(n), o_(o) {}
   std::string_view name() const override { return "lion_update"; }
@@ -38,24 +41,28 @@ class LionUpdatePrim final : public Primitive {
     return out;
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
-    const Tensor& hyper = in[0];
-    INGOT_CHECK(hyper.device().is_cpu() && hyper.dtype() == DType::f64 && hyper.numel() == 2 && hyper.is_contiguous(),
-                "lion_update: expected a contiguous f64 CPU tensor {lr, grad_scale}");
-    const double lr = hyper.data<double>()[0], scale = hyper.data<double>()[1];
     QuietOps quiet;
     std::vector<Tensor> p_out, m_out;
     for (size_t k = 0; k < n_; ++k) {
-      const Tensor& p = in[1 + k];
-      const Tensor& m = in[1 + 2 * n_ + k];
-      Tensor g = cast(in[1 + n_ + k], DType::f32) * scale;
-      Tensor c = m * o_.beta1 + g * (1 - o_.beta1);
-      Tensor zero = zeros_like(c);
-      Tensor sign = cast(gt(c, zero), DType::f32) - cast(lt(c, zero), DType::f32);
-      p_out.push_back(p * (1 - lr * o_.weight_decay) - sign * lr);
-      m_out.push_back(m * o_.beta2 + g * (1 - o_.beta2));
+      auto [p, m] = update_one(in, k);
+      p_out.push_back(std::move(p));
+      m_out.push_back(std::move(m));
     }
     p_out.insert(p_out.end(), m_out.begin(), m_out.end());
     return p_out;
+  }
+  std::vector<Tensor> written(const std::vector<Tensor>& in) const override {
+    std::vector<Tensor> out(in.begin() + 1, in.begin() + 1 + static_cast<std::ptrdiff_t>(n_));
+    out.insert(out.end(), in.begin() + 1 + 2 * static_cast<std::ptrdiff_t>(n_), in.end());
+    return out;
+  }
+  void update_in_place(const std::vector<Tensor>& in) const override {
+    QuietOps quiet;
+    for (size_t k = 0; k < n_; ++k) {
+      const auto [p, m] = update_one(in, k);
+      Tensor(in[1 + k]).copy_(p);
+      Tensor(in[1 + 2 * n_ + k]).copy_(m);
+    }
   }
   bool differentiable() const override { return false; }
   bool host_input(size_t i) const override { return i == 0; }
@@ -64,6 +71,21 @@ class LionUpdatePrim final : public Primitive {
   }
 
  private:
+  // Parameter k's updated value and moment.
+  std::pair<Tensor, Tensor> update_one(const std::vector<Tensor>& in, size_t k) const {
+    const Tensor& hyper = in[0];
+    INGOT_CHECK(hyper.device().is_cpu() && hyper.dtype() == DType::f64 && hyper.numel() == 2 && hyper.is_contiguous(),
+                "lion_update: expected a contiguous f64 CPU tensor {lr, grad_scale}");
+    const double lr = hyper.data<double>()[0], scale = hyper.data<double>()[1];
+    const Tensor& p = in[1 + k];
+    const Tensor& m = in[1 + 2 * n_ + k];
+    Tensor g = cast(in[1 + n_ + k], DType::f32) * scale;
+    Tensor c = m * o_.beta1 + g * (1 - o_.beta1);
+    Tensor zero = zeros_like(c);
+    Tensor sign = cast(gt(c, zero), DType::f32) - cast(lt(c, zero), DType::f32);
+    return {p * (1 - lr * o_.weight_decay) - sign * lr, m * o_.beta2 + g * (1 - o_.beta2)};
+  }
+
   size_t n_;
   LionOptions o_;
 };
@@ -92,13 +114,9 @@ void Lion::step() {
   for (size_t i : idx) in.push_back(params_[i]);
   for (size_t i : idx) in.push_back(params_[i].grad());
   for (size_t i : idx) in.push_back(state(i, "exp_avg"));
-  std::vector<Tensor> out = ingot::apply(std::make_shared<LionUpdatePrim>(idx.size(), opts_), in);
-  const size_t n = idx.size();
-  for (size_t k = 0; k < out.size(); ++k) {
-    Tensor d = in[1 + (k < n ? k : n + k)];  // p' -> p, m' -> m
-    d.copy_(out[k]);
-    if (obs) obs->on_assign(d, out[k]);
-  }
+  const auto update = std::make_shared<LionUpdatePrim>(idx.size(), opts_);
+  if (obs) apply_traced_update(update, in);
+  else update->update_in_place(in);
 }
 
 }  // namespace ingot::optim
