@@ -39,7 +39,10 @@ StepRun train_steps(MakeModel make_model, bool compiled, int steps, CompileOptio
   auto model = make_model();
   if (!dev.is_cpu()) model->to(dev);
   prepare(model);
-  optim::AdamW opt(model->parameters(), optim::AdamWOptions{3e-3, 0.9, 0.95, 1e-8, 0.1});
+  std::vector<Tensor> trained;  // all of them, or a LoRA model's adapters
+  for (const Tensor& p : model->parameters())
+    if (p.requires_grad()) trained.push_back(p);
+  optim::AdamW opt(trained, optim::AdamWOptions{3e-3, 0.9, 0.95, 1e-8, 0.1});
   optim::LrSchedule sched;
   sched.kind = optim::LrSchedule::Kind::Cosine;
   sched.base_lr = 3e-3;
