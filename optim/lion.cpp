@@ -41,13 +41,11 @@ class LionUpdatePrim final : public Primitive, public InPlaceUpdate {
     return out;
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
-    QuietOps quiet;
     std::vector<Tensor> p_out, m_out;
-    for (size_t k = 0; k < n_; ++k) {
-      auto [p, m] = update_one(in, k);
+    each_update(in, [&](size_t, Tensor p, Tensor m) {
       p_out.push_back(std::move(p));
       m_out.push_back(std::move(m));
-    }
+    });
     p_out.insert(p_out.end(), m_out.begin(), m_out.end());
     return p_out;
   }
@@ -57,12 +55,10 @@ class LionUpdatePrim final : public Primitive, public InPlaceUpdate {
     return out;
   }
   void update_in_place(const std::vector<Tensor>& in) const override {
-    QuietOps quiet;
-    for (size_t k = 0; k < n_; ++k) {
-      const auto [p, m] = update_one(in, k);
+    each_update(in, [&](size_t k, const Tensor& p, const Tensor& m) {
       Tensor(in[1 + k]).copy_(p);
       Tensor(in[1 + 2 * n_ + k]).copy_(m);
-    }
+    });
   }
   bool differentiable() const override { return false; }
   bool host_input(size_t i) const override { return i == 0; }
@@ -71,19 +67,23 @@ class LionUpdatePrim final : public Primitive, public InPlaceUpdate {
   }
 
  private:
-  // Parameter k's updated value and moment.
-  std::pair<Tensor, Tensor> update_one(const std::vector<Tensor>& in, size_t k) const {
+  // use(k, p', m') with parameter k's updated value and moment, one parameter after the other.
+  template <class Use>
+  void each_update(const std::vector<Tensor>& in, Use&& use) const {
     const Tensor& hyper = in[0];
     INGOT_CHECK(hyper.device().is_cpu() && hyper.dtype() == DType::f64 && hyper.numel() == 2 && hyper.is_contiguous(),
                 "lion_update: expected a contiguous f64 CPU tensor {lr, grad_scale}");
     const double lr = hyper.data<double>()[0], scale = hyper.data<double>()[1];
-    const Tensor& p = in[1 + k];
-    const Tensor& m = in[1 + 2 * n_ + k];
-    Tensor g = cast(in[1 + n_ + k], DType::f32) * scale;
-    Tensor c = m * o_.beta1 + g * (1 - o_.beta1);
-    Tensor zero = zeros_like(c);
-    Tensor sign = cast(gt(c, zero), DType::f32) - cast(lt(c, zero), DType::f32);
-    return {p * (1 - lr * o_.weight_decay) - sign * lr, m * o_.beta2 + g * (1 - o_.beta2)};
+    QuietOps quiet;
+    for (size_t k = 0; k < n_; ++k) {
+      const Tensor& p = in[1 + k];
+      const Tensor& m = in[1 + 2 * n_ + k];
+      Tensor g = cast(in[1 + n_ + k], DType::f32) * scale;
+      Tensor c = m * o_.beta1 + g * (1 - o_.beta1);
+      Tensor zero = zeros_like(c);
+      Tensor sign = cast(gt(c, zero), DType::f32) - cast(lt(c, zero), DType::f32);
+      use(k, p * (1 - lr * o_.weight_decay) - sign * lr, m * o_.beta2 + g * (1 - o_.beta2));
+    }
   }
 
   size_t n_;

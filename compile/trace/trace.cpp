@@ -45,8 +45,8 @@ Tracer::Tracer(const std::vector<Tensor>& args, bool fullgraph, TraceMode mode) 
   }
 }
 
-void Tracer::on_apply(const std::shared_ptr<Primitive>& p, const std::vector<Tensor>& inputs,
-                      const std::vector<Tensor>& outputs, const std::source_location& loc) {
+std::vector<int32_t> Tracer::add_applied(const std::shared_ptr<Primitive>& p, const std::vector<Tensor>& inputs,
+                                         const std::vector<Tensor>& outputs, const std::source_location& loc) {
   if (mode_ == TraceMode::Trace) {
     if (auto why = break_reason(*p)) add_break(*why, loc);
     if (defer_blocker_.empty()) check_shape_rule(*p, inputs, outputs);
@@ -58,7 +58,13 @@ void Tracer::on_apply(const std::shared_ptr<Primitive>& p, const std::vector<Ten
   Node& node = g_.nodes[static_cast<size_t>(n)];
   node.recomputed = recomputing();  // Note [Recomputed nodes]: grad mode is on, but they run in the backward
   node.forward = grad_enabled() && !node.recomputed;
-  for (size_t k = 0; k < outputs.size(); ++k) bind(outputs[k], node.outputs[k]);
+  return node.outputs;
+}
+
+void Tracer::on_apply(const std::shared_ptr<Primitive>& p, const std::vector<Tensor>& inputs,
+                      const std::vector<Tensor>& outputs, const std::source_location& loc) {
+  const std::vector<int32_t> outs = add_applied(p, inputs, outputs, loc);
+  for (size_t k = 0; k < outputs.size(); ++k) bind(outputs[k], outs[k]);
 }
 
 // A deferred call (compile/trace/segments.h) makes an op's outputs from its shape rule instead of its kernel, so
@@ -124,18 +130,13 @@ bool Tracer::on_apply_over(const std::shared_ptr<Primitive>& p, const std::vecto
                            const std::vector<Tensor>& dsts, const std::function<void()>& run,
                            const std::source_location& loc) {
   if (mode_ != TraceMode::Trace) return false;
-  if (auto why = break_reason(*p)) add_break(*why, loc);
-  if (defer_blocker_.empty()) check_shape_rule(*p, inputs, dsts);
-  std::vector<int32_t> ins, was;
-  ins.reserve(inputs.size());
-  for (const Tensor& t : inputs) ins.push_back(t.defined() ? value_of(t, p->name(), loc) : -1);
+  // The node reads the inputs' values as they are before the run, which changes the tensors' contents but not
+  // which values their keys name. Every destination's value is looked up before any is reassigned (which makes
+  // other views of its storage stale).
+  const std::vector<int32_t> outs = add_applied(p, inputs, dsts, loc);
+  std::vector<int32_t> was;
   for (const Tensor& d : dsts) was.push_back(value_of(d, p->name(), loc));
   run();
-  const int32_t n = g_.add_node(p, std::move(ins), metas_of(dsts), loc);
-  Node& node = g_.nodes[static_cast<size_t>(n)];
-  node.recomputed = recomputing();
-  node.forward = grad_enabled() && !node.recomputed;
-  const std::vector<int32_t> outs = node.outputs;
   for (size_t k = 0; k < dsts.size(); ++k) assign_value(dsts[k], was[k], outs[k]);
   return true;
 }

@@ -61,6 +61,10 @@ class Tracer final : public TraceObserver {
   std::optional<int32_t> lookup(const Tensor& t);
   int32_t value_of(const Tensor& t, std::string_view user, const std::source_location& loc);
   void bind(const Tensor& t, int32_t v);
+  // The node of `p` applied to `inputs` (graph breaks and the shape rule checked while tracing), its outputs
+  // described by `outputs`; returns its output values, bound to nothing yet.
+  std::vector<int32_t> add_applied(const std::shared_ptr<Primitive>& p, const std::vector<Tensor>& inputs,
+                                   const std::vector<Tensor>& outputs, const std::source_location& loc);
   // `dst`, whose value was `was`, now holds value `now` (an in-place write): other views of its storage go stale and
   // a captured input gets its write-back.
   void assign_value(const Tensor& dst, int32_t was, int32_t now);
