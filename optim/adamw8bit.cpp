@@ -61,11 +61,7 @@ class AdamW8bitUpdatePrim final : public Primitive, public InPlaceUpdate {
  private:
   // Over copies of the parameters and moments (the functional eval) or over them (in place).
   std::vector<Tensor> run(const std::vector<Tensor>& in, bool in_place) const {
-    const Tensor& hyper = in[0];
-    INGOT_CHECK(hyper.device().is_cpu() && hyper.dtype() == DType::f64 && hyper.dim() == 2 && hyper.size(1) == 3 &&
-                    row_ < hyper.size(0) && hyper.is_contiguous(),
-                "adamw8bit_update: expected a contiguous f64 CPU hyper-parameter tensor [G, 3] with row ", row_);
-    const double* h = hyper.data<double>() + row_ * 3;
+    const double* h = hyper_row(in[0], row_, "adamw8bit_update");
     std::vector<Tensor> slot[6];
     for (size_t s = 0; s < 6; ++s)
       for (size_t k = 0; k < n_; ++k) {

@@ -4,7 +4,6 @@
 #include "runtime/kernels/kernels.h"
 
 namespace ingot::optim {
-namespace {
 
 const double* hyper_row(const Tensor& hyper, int64_t row, const char* op) {
   INGOT_CHECK(hyper.defined() && hyper.device().is_cpu() && hyper.dtype() == DType::f64 && hyper.dim() == 2 &&
@@ -12,6 +11,8 @@ const double* hyper_row(const Tensor& hyper, int64_t row, const char* op) {
               op, ": expected a contiguous f64 CPU hyper-parameter tensor [G, 3] with row ", row);
   return hyper.data<double>() + row * 3;
 }
+
+namespace {
 
 // in[from, from + n): fresh copies to update (the functional eval), or the tensors themselves (in place).
 std::vector<Tensor> operands(const std::vector<Tensor>& in, size_t from, size_t n, bool in_place) {

@@ -23,6 +23,9 @@ std::shared_ptr<Primitive> make_adamw_update(size_t n, int64_t row, const kernel
 // inputs:  hyper [G, 3] = {lr, grad_scale, first_step} per launch, p[0..n), g[0..n), buf[0..n) (undefined
 //          without momentum)      outputs: p'[0..n), buf'[0..n) (buf' only with momentum)
 std::shared_ptr<Primitive> make_sgd_update(size_t n, int64_t row, const kernels::SgdArgs& fixed);
+// Row `row` of a hyper-parameter tensor (three doubles), after checking it is a contiguous f64 CPU [G, 3] tensor
+// with that row; errors name `op`.
+const double* hyper_row(const Tensor& hyper, int64_t row, const char* op);
 
 // Note [Traced updates run in place]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
