@@ -188,7 +188,7 @@ void* end_capture(Stream s) {
 
 void abort_capture(Stream s) {
   DeviceGuard g(s.device);
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;  // not is_capturing: an abort must not throw
   if (cudaStreamIsCapturing(static_cast<cudaStream_t>(s.handle), &st) == cudaSuccess &&
       st != cudaStreamCaptureStatusNone) {
     cudaGraph_t graph = nullptr;

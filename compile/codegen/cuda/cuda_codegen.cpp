@@ -206,18 +206,12 @@ struct Launcher {
 // replay, long after the synchronize: freed, a later replay would read pointers from reused memory. So a table
 // that a capturing stream uploads or finds is pinned: it is never flushed (they are few: one per captured launch),
 // and no flush happens during a capture (a device synchronize is not allowed there).
-bool stream_capturing(CUstream st) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(static_cast<cudaStream_t>(st), &status) == cudaSuccess &&
-         status != cudaStreamCaptureStatusNone;
-}
-
 // The device copy of a multi-tensor table, uploaded once per distinct content (LoadedKernel::tables).
 CUdeviceptr upload_table(LoadedKernel& loaded, const std::vector<uint64_t>& table, CUstream st,
                          const std::string& symbol) {
   const std::string_view bytes(reinterpret_cast<const char*>(table.data()), table.size() * 8);
   const uint64_t h = cache::hash_bytes(bytes) ^ (cache::hash_bytes(bytes, 1) << 1);
-  const bool capturing = stream_capturing(st);
+  const bool capturing = ingot::cuda::is_capturing(ingot::cuda::Stream{st});
   std::lock_guard<std::mutex> lock(loaded.mu);
   if (capturing) loaded.captured_tables.insert(h);
   auto it = loaded.tables.find(h);

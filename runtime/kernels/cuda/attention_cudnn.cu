@@ -514,9 +514,7 @@ void execute(cudnnHandle_t handle, const Plan& plan, const std::vector<int64_t>&
       .finalize();
   cudaStream_t stream = nullptr;
   INGOT_CUDNN_CHECK(cudnnGetStream(handle, &stream));
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (!plan.timed && plan.candidates.size() > 1 && capture == cudaStreamCaptureStatusNone) {
+  if (!plan.timed && plan.candidates.size() > 1 && !ingot::cuda::is_capturing(ingot::cuda::Stream{stream})) {
     cudaEvent_t start = nullptr, stop = nullptr;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));

@@ -164,9 +164,7 @@ std::optional<cublasLtMatmulAlgo_t> tuned_algo(MatmulTuner& tuner, const std::st
     return algo;
   }
   // Never time inside a CUDA graph capture (reduce-overhead): synchronizing would invalidate it.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
-    return std::nullopt;
+  if (ingot::cuda::is_capturing(ingot::cuda::Stream{stream})) return std::nullopt;
   if (!tuner.may_time()) {
     tuner.chose(sig, "", 0, 0, 0);
     return std::nullopt;
