@@ -173,9 +173,7 @@ class NcclWork final : public Work {
 // Records `e` on `s`; inside a capture as an external event node, so that the event is re-recorded at every
 // replay and can be timed (Note [Step timeline]).
 void record_timing(cudaEvent_t e, cudaStream_t s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(s, &st));
-  if (st == cudaStreamCaptureStatusActive)
+  if (cuda::is_capturing(cuda::Stream{s}))
     CUDA_CHECK(cudaEventRecordWithFlags(e, s, cudaEventRecordExternal));
   else
     CUDA_CHECK(cudaEventRecord(e, s));
@@ -267,8 +265,7 @@ class NcclProcessGroup final : public ProcessGroup {
       comm_ = nullptr;
       INGOT_FAIL(failure_message(-1, "communicator init", err));
     }
-    int least = 0, greatest = 0;  // Note [Comm stream priority]
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    const auto [least, greatest] = cuda::stream_priority_range(device_);  // Note [Comm stream priority]
     CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, low_priority ? least : greatest));
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     watchdog_ = std::thread([this] { run_watchdog(); });
@@ -445,9 +442,7 @@ class NcclProcessGroup final : public ProcessGroup {
     // The comm stream starts after the work already queued on the producer stream.
     work->producer_ = has_input_stream_ ? input_stream_ : cuda::current_stream(device_);
     cudaStream_t producer = static_cast<cudaStream_t>(work->producer_.handle);
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(producer, &capture));
-    work->captured = capture == cudaStreamCaptureStatusActive;
+    work->captured = cuda::is_capturing(work->producer_);
     CUDA_CHECK(cudaEventRecord(ready_, producer));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     int slot = -1;
