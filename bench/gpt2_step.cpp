@@ -30,7 +30,7 @@
 // says " carveout N", also when INGOT_SM_CARVEOUT set it).
 // Sharding: --zero-stage 1|2|3 (--zero1 is --zero-stage 1); 3 is FullyShardedDataParallel (eager, or with
 // --compile its units' collectives in the graph: distributed/fsdp_compiled.h), with --keep-after-forward for
-// reshard_after_forward false, and --unit-reduction-lag N for CompileOptions::unit_reduction_lag (compiled: each
+// reshard_after_forward false, --prefetch for the eager step's prefetched gathers (the row says " prefetch"), and --unit-reduction-lag N for CompileOptions::unit_reduction_lag (compiled: each
 // unit's reduce-scatter waited for N units later, 0 at the backward's end; the row says " unit lag N" unless 1).
 // With f32 parameters (--dtype bf16 computes in bf16 from them) every stage all-gathers and updates f32 values;
 // the row's peak memory is rank 0's.
@@ -64,7 +64,7 @@ struct Args {
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
   bool profiler_range = false, losses = false, regional = false;
-  bool timeline = false, one_update = false, ddp_alone = false, keep_after_forward = false;
+  bool timeline = false, one_update = false, ddp_alone = false, keep_after_forward = false, prefetch = false;
   int zero_stage = 0, unit_reduction_lag = 1;
   double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
   std::string reduce_dtype = "f32";
@@ -112,6 +112,8 @@ Args parse(int argc, char** argv) {
   app.add_option("--zero-stage", a.zero_stage, "0 (DDP), 1, 2 or 3 (FSDP; eager or compiled)")
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3 without resharding after forward")->group(dist);
+  app.add_flag("--prefetch", a.prefetch, "eager ZeRO-3: gather the next block while one computes (distributed.prefetch)")
+      ->group(dist);
   app.add_option("--unit-reduction-lag", a.unit_reduction_lag,
                  "compiled ZeRO-3: wait for each unit's reduce-scatter N units later (0: at the backward's end)")
       ->capture_default_str()->group(dist);
@@ -148,7 +150,7 @@ int main(int argc, char** argv) try {
   if (a.dtype == "bf16") model.set_compute_dtype(DType::bf16);
   else INGOT_CHECK(a.dtype == "f32", "bench_gpt2_step: --dtype must be bf16 or f32, got ", a.dtype);
   bench::DataParallelStep dp;
-  dp.wrap(model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward);
+  dp.wrap(model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, true, a.prefetch);
   optim::AdamW opt(dp.optimizer_params(model.parameters(), false), optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1});
 
   Tensor data = randint(0, a.vocab, {a.batch, a.seq + 1}, dev);
@@ -191,6 +193,7 @@ int main(int argc, char** argv) try {
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, a.one_update, !a.keep_after_forward);
+  if (a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " prefetch";
   if (compiled && w.dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);
   mode += bench::carveout_label();

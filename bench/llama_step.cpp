@@ -12,7 +12,7 @@
 // --batch is per rank, and rank 0 prints the row (tokens/s per rank); --timeline adds rank 0's communication
 // per step (busy, exposed), and --sm-carveout N leaves N SMs to NCCL's kernels, as bench_gpt2_step does.
 // Sharding: --zero-stage 1|2|3 (3: FullyShardedDataParallel, eager or compiled; --keep-after-forward for
-// reshard_after_forward false; compiled, --unit-reduction-lag N waits for each unit's reduce-scatter N units later,
+// reshard_after_forward false; eager, --prefetch for the prefetched gathers, the row saying " prefetch"; compiled, --unit-reduction-lag N waits for each unit's reduce-scatter N units later,
 // CompileOptions::unit_reduction_lag, 0 at the backward's end, and the row says " unit lag N" unless 1);
 // --params bf16 holds the weights (ZeRO-3: their shards, gathered in bf16) in bf16 with f32 masters the optimizer
 // updates, as `ingot run full_finetune dtype=bf16` and FSDP2's MixedPrecisionPolicy(param_dtype=bf16) do;
@@ -51,7 +51,7 @@ struct Args {
   std::string params = "f32";
   int64_t batch = 2, seq = 2048, steps = 20, warmup = 5, layers = 0, losses = 0;
   int zero_stage = 0, unit_reduction_lag = 1;
-  bool timeline = false, keep_after_forward = false;
+  bool timeline = false, keep_after_forward = false, prefetch = false;
   double peak_tflops = 989.4;
   double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
   std::string reduce_dtype = "f32";
@@ -89,6 +89,8 @@ Args parse(int argc, char** argv) {
   app.add_option("--zero-stage", a.zero_stage, "0 (DDP), 1, 2 or 3 (FSDP; eager or compiled)")
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3: keep a block's weights from forward to backward")
+      ->group(dist);
+  app.add_flag("--prefetch", a.prefetch, "eager ZeRO-3: gather the next block while one computes (distributed.prefetch)")
       ->group(dist);
   app.add_option("--unit-reduction-lag", a.unit_reduction_lag,
                  "compiled ZeRO-3: wait for each unit's reduce-scatter N units later (0: at the backward's end)")
@@ -178,7 +180,8 @@ int main(int argc, char** argv) try {
     }
   }
   bench::DataParallelStep dp;
-  dp.wrap(*model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, /*broadcast=*/!slices);
+  dp.wrap(*model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, /*broadcast=*/!slices,
+          a.prefetch);
   if (slices)
     dp.fsdp->load_shards(
         [&](size_t i, int64_t begin, int64_t end, Tensor& dst) { slices->read(names[i], begin, end, dst); });
@@ -265,6 +268,7 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, false, !a.keep_after_forward);
+  if (a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " prefetch";
   if (compiled && dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);
   mode += bench::carveout_label();

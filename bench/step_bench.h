@@ -173,13 +173,15 @@ struct DataParallelStep {
 
   // Wraps `model` (nothing without a world). zero_stage 3: FSDP with `reshard_after_forward`, reduced in
   // `reduce_dtype` ("f32" or "bf16"; FSDP2's MixedPrecisionPolicy reduces in f32), `broadcast` false when each
-  // rank loads its shards next (load_shards).
+  // rank loads its shards next (load_shards), `prefetch` for the eager step's prefetched gathers.
   void wrap(nn::Module& model, const BenchWorld& w, int zero_stage, double bucket_cap_mb,
-            const std::string& reduce_dtype, bool reshard_after_forward = true, bool broadcast = true) {
+            const std::string& reduce_dtype, bool reshard_after_forward = true, bool broadcast = true,
+            bool prefetch = false) {
     if (!w.dist) return;
     if (zero_stage == 3) {
       distributed::FsdpOptions o;
       o.reshard_after_forward = reshard_after_forward;
+      o.prefetch = prefetch;
       o.broadcast_parameters = broadcast;
       o.reduce_dtype = reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
       fsdp = std::make_unique<distributed::FullyShardedDataParallel>(model, w.dist->group, o);

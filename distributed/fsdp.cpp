@@ -47,6 +47,7 @@ class GatherBeforeBackwardPrim final : public Primitive {
     if (ends_head_ && s->heads_awaiting_backward > 0 && --s->heads_awaiting_backward == 0)
       s->release(s->units[*s->embed]);
     s->gather(s->units[unit_]);
+    if (unit_ > 0) s->prefetch(unit_ - 1);  // the block whose backward comes next (Note [Eager prefetch])
     return {cot[0]};
   }
   bool saves_input(size_t) const override { return false; }
@@ -142,6 +143,7 @@ void block_forward_begins(State& s, size_t u, bool reshard) {
     else s.release(s.units[*s.embed]);
   }
   gather_unit(s, u, reshard);
+  if (trace_observer() == nullptr) s.prefetch(u + 1);  // Note [Eager prefetch]
 }
 
 Tensor block_forward_ends(const StatePtr& weak, State& s, size_t u, bool reshard, const Tensor& out) {
@@ -168,6 +170,9 @@ Tensor block_forward_ends(const StatePtr& weak, State& s, size_t u, bool reshard
 void model_forward_ends(const StatePtr& weak, State& s, const Tensor& out) {
   s.in_forward = false;
   const bool grad = grad_enabled() && out.requires_grad();
+  // A block prefetched by a forward that did not run it (Note [Eager prefetch]) is not left gathered.
+  for (Unit& u : s.units)
+    if (u.gather_work) s.release(u);
   for (const std::optional<size_t> u : {s.root, s.head, s.embed}) {
     if (!u) continue;
     if (trace_observer() != nullptr) fsdp_traced::forward_done(weak, *u, false, out);

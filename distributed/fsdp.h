@@ -66,6 +66,12 @@ struct FsdpOptions {
   // false: a block's weights stay gathered from its forward until its gradients are reduced (one all-gather
   // per block and step instead of two, the whole model at the end of the forward).
   bool reshard_after_forward = true;
+  // Note [Eager prefetch]: eagerly, a block's pre-forward hook also issues the next block's all-gather, and a
+  // block's pre-backward boundary the previous block's, so each gather runs while the block before it (in that
+  // pass) computes; on GPUs only the compute stream waits for a gather, not the host. Two blocks' weights are
+  // gathered at once instead of one (FSDP2's implicit prefetch holds the same). Every rank issues the same
+  // collectives in the same order, as without it. Compiled steps prefetch by their own schedule either way.
+  bool prefetch = false;
   // Note [Parameters without bytes]: parameters built by nn::SkipInit without bytes (shape, dtype and device,
   // no data) are not broadcast and give their unit zeros: the shards get their values from load_shards() or a
   // sharded checkpoint. The constructor makes one unit whole at a time, so such a model is never whole on a

@@ -11,6 +11,7 @@
 #include "autograd/ops.h"
 #include "distributed/fsdp.h"
 #include "runtime/allocator_census.h"
+#include "runtime/cuda_runtime.h"
 
 namespace ingot::distributed {
 
@@ -31,6 +32,9 @@ struct Unit {
   Tensor master;
   Tensor flat_grad, shard_grad;  // this round's whole flattened gradient (until reduced) and this rank's average
   std::shared_ptr<Work> work;
+  // Eager: the all-gather that fills `storage`, until something waited for it (Note [Eager prefetch], fsdp.h).
+  std::shared_ptr<Work> gather_work;
+  uint64_t gather_version = 0;  // the storage's version before that gather (Note [Gathered weights keep their version])
   int pending = 0;    // parameters still without a gradient this round
   bool gathered = false;
   // Compiled ZeRO-3, while a step is traced: the all-gathered flat weights the parameters are views of until
@@ -79,16 +83,38 @@ struct FullyShardedDataParallel::State {
   // since it was recorded. Gathering again before the backward rewrites the bytes a forward read, with the
   // same values (the shards change only in the optimizer step), so the storage's version is kept.
   void gather(Unit& u) {
+    start_gather(u);
+    await_gather(u);
+  }
+
+  // Issues u's all-gather into freshly allocated bytes (a collective: every rank issues the same ones in the same
+  // order); the weights may be read once await_gather(u) ran.
+  void start_gather(Unit& u) {
     if (u.gathered) return;
-    const uint64_t version = u.storage->version;
+    u.gather_version = u.storage->version;
     const census::Owner owner("ZeRO-3: gathered unit weights (eager)");
     u.storage->data = allocator_for(u.device).allocate(u.storage->nbytes);
     Tensor full = u.flat();
-    group->all_gather(full, gather_source(u))->wait();
-    u.storage->version = version;
+    u.gather_work = group->all_gather(full, gather_source(u));
+    u.storage->version = u.gather_version;
     u.gathered = true;
     gathered_bytes += static_cast<int64_t>(u.storage->nbytes);
     peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
+  }
+
+  // Note [Eager prefetch] (fsdp.h): with prefetch on a GPU only the current stream waits for the gather (the
+  // host goes on queueing the unit's kernels); otherwise the host waits, as without prefetch.
+  void await_gather(Unit& u) {
+    if (!u.gather_work) return;
+    const std::shared_ptr<Work> w = std::move(u.gather_work);
+    if (options.prefetch && u.device.is_cuda()) w->block_stream(cuda::current_stream(u.device.index));
+    else w->wait();
+    u.storage->version = u.gather_version;  // a backend may count the write when the collective completes (Gloo)
+  }
+
+  // Issues the gather of unit `next` ahead of its use, when prefetching and `next` is a block.
+  void prefetch(size_t next) {
+    if (options.prefetch && first_block && *first_block <= next && next <= *last_block) start_gather(units[next]);
   }
 
   // What a gather of `u` reads: its shard, or its master cast to the unit's dtype just before (a temporary).
@@ -100,6 +126,7 @@ struct FullyShardedDataParallel::State {
   }
 
   void release(Unit& u) {
+    await_gather(u);  // a prefetched gather never used: its bytes are freed only once it wrote them
     if (u.gathered) gathered_bytes -= static_cast<int64_t>(u.storage->nbytes);
     u.storage->data.reset();
     u.gathered = false;

@@ -96,7 +96,8 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
     if (fsdp)
       log << ", one unit per transformer block"
           << (run.distributed.reshard_after_forward ? ", gathered for forward and again for backward"
-                                                    : ", gathered from forward to backward");
+                                                    : ", gathered from forward to backward")
+          << (run.distributed.prefetch && !run.compile.enabled ? ", the next block's gather prefetched" : "");
     else
       log << ", buckets of " << run.distributed.bucket_cap_mb << " MiB";
     log << (run.distributed.reduce_dtype != "f32" ? ", averaged in " + run.distributed.reduce_dtype : "")
@@ -138,6 +139,7 @@ void DataParallel::wrap(nn::Module& model, const std::vector<Tensor>& params, bo
     dist::FsdpOptions o;
     o.broadcast_parameters = broadcast;
     o.reshard_after_forward = m.run.distributed.reshard_after_forward;
+    o.prefetch = m.run.distributed.prefetch && !m.run.compile.enabled;
     // f32 unless bf16 was asked for, as FSDP2's MixedPrecisionPolicy(reduce_dtype=f32): a bf16 run's gradients
     // reach its f32 master shards unrounded (Note [Reduced gradients keep their precision], fsdp.h).
     o.reduce_dtype = reduce_dtype.value_or(DType::f32);

@@ -118,6 +118,11 @@ void add_distributed_keys(ConfigSchema& s) {
               "zero_stage 3: free a block's gathered weights after its forward and gather them again for its "
               "backward (false: keep them until its gradients are reduced; one all-gather less, more memory)")
             .not_in_config_hash());
+  s.add(K::of(T::Bool, "distributed.prefetch", "false",
+              "zero_stage 3 without compile: all-gather the next block's weights while the current one computes "
+              "(forward and backward; on GPUs the host does not wait for gathers); two blocks' weights gathered at "
+              "once. Compiled steps always prefetch")
+            .not_in_config_hash());
   s.add(K::of(T::Bool, "distributed.overlap", "true",
               "reduce each bucket during backward as soon as it fills (false: after the whole backward)")
             .not_in_config_hash());
@@ -394,6 +399,7 @@ void resolve_distributed(const Config& cfg, ConfigErrors& errors, DistributedSet
   d.reduce_dtype = rd.str("distributed.reduce_dtype");
   d.zero_stage = rd.i64("distributed.zero_stage");
   d.reshard_after_forward = rd.flag("distributed.reshard_after_forward");
+  d.prefetch = rd.flag("distributed.prefetch");
   d.overlap = rd.flag("distributed.overlap");
   d.sm_carveout = rd.i64("distributed.sm_carveout");
   d.timeout_s = timeout_setting(cfg, errors, "distributed.timeout_s", "INGOT_COLLECTIVE_TIMEOUT_S", d.timeout_s);

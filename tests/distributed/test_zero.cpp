@@ -274,6 +274,51 @@ TEST(ZeroStages, ThreeGathersTheEmbeddingsAndTheHeadOnlyWhereTheyAreUsed) {
   expect_ranks_pass(spawn_ranks(ingot::testing::world(2)));
 }
 
+// Note [Eager prefetch] (fsdp.h): with prefetch each block's gather is issued while the block before it (forward)
+// or after it (backward) computes. The losses stay those of one process, a step issues the same collectives as
+// without it (one unit's gather only moves earlier), at most two blocks' weights are gathered at once (or the
+// head with the tied embeddings), and an eval forward, which prefetches too, leaves nothing gathered.
+TEST(ZeroStages, PrefetchedBlocksTrainLikeOneProcessWithTwoBlocksGatheredAtOnce) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(ingot::testing::gloo_test_init());
+    for (const bool tied : {true, false}) {
+      SCOPED_TRACE(tied ? "GPT-2 (tied embeddings)" : "Llama (lm_head of its own)");
+      auto build = [&]() -> std::unique_ptr<models::CausalLM> {
+        manual_seed(5);
+        if (tied) return std::make_unique<models::GPT2>(ingot::testing::tiny_gpt2_config());
+        return std::make_unique<models::Llama>(ingot::testing::tiny_llama_config());
+      };
+      const std::vector<double> single = three_steps(ctx, *build(), nullptr);
+      std::unique_ptr<models::CausalLM> model = build();
+      FsdpOptions o;
+      o.prefetch = true;
+      FullyShardedDataParallel fsdp(*model, ctx.group, o);
+      fsdp.reset_peak_gathered_bytes();
+      const int64_t before = ctx.group->next_seq();
+      const std::vector<double> sharded = three_steps(ctx, *model, &fsdp);
+      // Per step: the embeddings, each block twice, the head (tied: the embeddings again) and 4 reduce-scatters,
+      // plus the loss's all-reduce in three_steps.
+      EXPECT_EQ(ctx.group->next_seq() - before, 3 * ((tied ? 1 + 2 * 2 + 2 : 1 + 2 * 2 + 1) + 4 + 1));
+      const int64_t peak = fsdp.peak_gathered_bytes();
+      for (size_t i = 0; i < single.size(); ++i)
+        EXPECT_NEAR(sharded[i], single[i], 2e-5 * std::abs(single[i])) << "step " << i;
+      const std::vector<BucketPlan>& plans = fsdp.layout();
+      ASSERT_EQ(plans.size(), 4u) << "embeddings, 2 blocks, head";
+      const int64_t embed = unit_bytes(plans.front()), head = unit_bytes(plans.back());
+      const int64_t blocks = unit_bytes(plans[1]) + unit_bytes(plans[2]);
+      EXPECT_EQ(peak, tied ? std::max(blocks, embed + head) : std::max({embed, blocks, head}));
+      auto [ids, tgt] = ingot::testing::repeating_batch(2, 8);
+      {
+        NoGradGuard no_grad;
+        model->loss(ids, tgt);
+      }
+      for (const Tensor& p : model->parameters()) EXPECT_EQ(p.data_ptr(), nullptr) << "eval leaves nothing gathered";
+    }
+    return;
+  }
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2)));
+}
+
 // Note [Reduced gradients keep their precision] (fsdp.h): bf16 weights, gradients reduced in f32, f32 masters
 // updated by SGD with lr 1 (the update is the gradient itself). The reference is the f32 mean of every rank's bf16
 // gradients of the same weights on its rows (a plain model per rank, an f32 all-reduce): the masters after the

@@ -1,6 +1,6 @@
 // Eager ZeRO-2 (DistributedDataParallel zero_stage 2) and ZeRO-3 (FullyShardedDataParallel) on several GPUs over
-// NCCL: the same training as one GPU on the full batch and as eager DDP, with reshard_after_forward on and off and
-// gradients reduced in f32 and in bf16; per-rank bytes of weights, gradients and optimizer state about 1/world of
+// NCCL: the same training as one GPU on the full batch and as eager DDP, with reshard_after_forward on and off,
+// with the next block's gather prefetched, and gradients reduced in f32 and in bf16; per-rank bytes of weights, gradients and optimizer state about 1/world of
 // DDP's (read from the CUDA caching allocator); and `ingot launch` of the pretraining recipe with
 // distributed.zero_stage 3 giving the losses of zero_stage 0. The CPU twins run on Gloo (tests/distributed/
 // test_zero.cpp, tests/recipes/test_distributed_run.cpp). Each test runs on 2 GPUs and, where 4 are visible, on 4;
@@ -43,7 +43,7 @@ using ingot::testing::is_rank_process;
 using ingot::testing::spawn_ranks;
 namespace fs = std::filesystem;
 
-enum class Mode { OneGpu, Ddp, Zero2, Zero3, Zero3KeepAfterForward };
+enum class Mode { OneGpu, Ddp, Zero2, Zero3, Zero3KeepAfterForward, Zero3Prefetch };
 
 const char* mode_name(Mode m) {
   switch (m) {
@@ -52,6 +52,7 @@ const char* mode_name(Mode m) {
     case Mode::Zero2: return "ZeRO-2";
     case Mode::Zero3: return "ZeRO-3";
     case Mode::Zero3KeepAfterForward: return "ZeRO-3 (kept from forward to backward)";
+    case Mode::Zero3Prefetch: return "ZeRO-3 (next block's gather prefetched)";
   }
   return "?";
 }
@@ -97,7 +98,8 @@ Trained train(Device dev, const DistributedContext& ctx, Mode mode, std::optiona
     ddp = std::make_unique<DistributedDataParallel>(model, ctx.group, o);
   } else if (!one) {
     FsdpOptions o;
-    o.reshard_after_forward = mode == Mode::Zero3;
+    o.reshard_after_forward = mode != Mode::Zero3KeepAfterForward;
+    o.prefetch = mode == Mode::Zero3Prefetch;  // Note [Eager prefetch]: the compute stream waits, not the host
     o.reduce_dtype = reduce_dtype;
     fsdp = std::make_unique<FullyShardedDataParallel>(model, ctx.group, o);
   }
@@ -160,7 +162,7 @@ void rank_body_stages() {
   EXPECT_LT(one.losses.back(), one.losses.front() - 0.3) << "the run must actually train";
   const Trained ddp = train(dev, ctx, Mode::Ddp, std::nullopt, tiny);
   expect_same_training(ddp, one, 1e-4, "eager DDP vs one GPU", false);
-  for (Mode m : {Mode::Zero2, Mode::Zero3, Mode::Zero3KeepAfterForward}) {
+  for (Mode m : {Mode::Zero2, Mode::Zero3, Mode::Zero3KeepAfterForward, Mode::Zero3Prefetch}) {
     const Trained z = train(dev, ctx, m, std::nullopt, tiny);
     expect_same_training(z, one, 1e-4, std::string(mode_name(m)) + " vs one GPU", false);
     expect_same_training(z, ddp, 1e-4, std::string(mode_name(m)) + " vs eager DDP");

@@ -167,10 +167,14 @@ TEST_F(DistributedRun, ZeroTwoAndThreeTrainLikeOneProcessAndAFourRankCheckpointR
   ASSERT_EQ(z2.exit_code, 0) << z2.output;
   EXPECT_NE(z2.output.find("DDP + ZeRO-2 (gradients and optimizer state sharded)"), std::string::npos) << z2.output;
   expect_same_losses(train_losses(path("z2/metrics.jsonl")), want, "ZeRO-2 on 2 workers vs 1 process");
-  Result z3 = launch(4, "z3", "distributed.zero_stage=3 checkpoint.save_every=3 checkpoint.keep_last=0");
+  // With the next block's gather prefetched (Note [Eager prefetch], distributed/fsdp.h); the resumed runs below
+  // without it.
+  Result z3 = launch(4, "z3", "distributed.zero_stage=3 distributed.prefetch=true checkpoint.save_every=3 "
+                              "checkpoint.keep_last=0");
   ASSERT_EQ(z3.exit_code, 0) << z3.output;
   EXPECT_NE(z3.output.find("FSDP / ZeRO-3 (weights, gradients and optimizer state sharded), one unit per "
-                           "transformer block, gathered for forward and again for backward"),
+                           "transformer block, gathered for forward and again for backward, the next block's "
+                           "gather prefetched"),
             std::string::npos)
       << z3.output;
   // The model was never whole on a rank: each drew only its shards' slices of the initial weights (the bit-level
