@@ -17,7 +17,8 @@
 #         exit code, the failures and the '[ fsdp nccl ]' memory lines; CompiledFsdpOnGpus.*: compiled ZeRO-3 vs eager
 #         (tests/gpu/test_fsdp_compiled_gpu.cpp: reshard on/off, f32/bf16 reduction, bf16 masters, reduce-overhead)
 #   zero: the price of sharding, GPT-2 124M (bf16 autocast, f32 parameters, 16 x 1024 per GPU) eager on 1 GPU, then
-#         at 2 and 4 GPUs eager DDP, ZeRO-2, ZeRO-3 (resharded after forward, and kept) and compiled DDP / ZeRO-2 /
+#         at 2 and 4 GPUs eager DDP, ZeRO-2, ZeRO-3 (resharded after forward, kept, and with prefetch: z3prefetch,
+#         not in the default rows) and compiled DDP / ZeRO-2 /
 #         ZeRO-3 (the units' collectives in the graph):
 #         one '| ingot ...' row each (ms/step, tokens/s per rank, peak memory of rank 0)
 #   fsdp8b: Llama-3-8B-shaped full fine-tune on all GPUs, 2 x 2048 per GPU, bf16 compute over f32 masters, AdamW:
@@ -27,7 +28,8 @@
 #         first when missing (110 s on 4x H200; the machine keeps it while warm). FSDP8B_PARTS picks the runs
 #         (default "ingot eager compile ingot-compiled": 75, 45, 60 s on 4x H200 for the first three, so with the
 #         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default; a part
-#         ending in +coN runs with --sm-carveout N;
+#         ending in +coN runs with --sm-carveout N; ingot-prefetch is eager ZeRO-3 with the next block's gather
+#         prefetched, --prefetch;
 #         ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
 #   step's world sizes and rows, e.g. ZERO_WORLDS=4 ZERO_ROWS="ddp_compiled z3_compiled")
@@ -282,6 +284,7 @@ if want zero; then  # the price of sharding: GPT-2 124M, DDP vs ZeRO-2 vs ZeRO-3
       z2) gpt2 $1 zero_z2_$1 --zero-stage 2 ;;
       z3) gpt2 $1 zero_z3_$1 --zero-stage 3 ;;
       z3keep) gpt2 $1 zero_z3keep_$1 --zero-stage 3 --keep-after-forward ;;
+      z3prefetch) gpt2 $1 zero_z3prefetch_$1 --zero-stage 3 --prefetch ;;
       ddp_compiled) gpt2 $1 zero_ddp_compiled_$1 --compile default --timeline ;;
       z2_compiled) gpt2 $1 zero_z2_compiled_$1 --compile default --timeline --zero-stage 2 ;;
       z3_compiled) gpt2 $1 zero_z3_compiled_$1 --compile default --timeline --zero-stage 3 ;;
@@ -314,6 +317,7 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
       p=$part
       comp=""; [[ $p == ingot-compiled* ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
       [[ $p == *+co* ]] && comp="$comp --sm-carveout ${p##*+co}"
+      [[ $p == ingot-prefetch ]] && comp="--prefetch"  # eager, the next block's gather prefetched
       # ingot-memory: compiled, 2 steps under INGOT_LOGS=memory (the allocation census at rank 0's peak).
       c8=$common8
       if [[ $part == ingot-memory ]]; then
