@@ -89,8 +89,9 @@ int main(int argc, char** argv) try {
     }
     const double b2b_algbw = bytes / (b2b / 1e3) / 1e9;
     if (ctx.info.rank == 0)
-      std::printf("| %.0f | %d | %s | %.3f | %.1f | %.1f | %.3f | %.1f | %.1f |\n", bytes, world, dev.str().c_str(), med,
-                  algbw, algbw * 2.0 * (world - 1) / world, b2b, b2b_algbw * 2.0 * (world - 1) / world, issue);
+      std::printf("| %.0f | %d | %s | %.3f | %.1f | %.1f | %.3f | %.1f | %.1f |\n", bytes, world,
+                  dev.str().c_str(), med, algbw, algbw * 2.0 * (world - 1) / world, b2b,
+                  b2b_algbw * 2.0 * (world - 1) / world, issue);
   }
   return 0;
 } catch (const std::exception& e) {

@@ -30,8 +30,9 @@
 // says " carveout N", also when INGOT_SM_CARVEOUT set it).
 // Sharding: --zero-stage 1|2|3 (--zero1 is --zero-stage 1); 3 is FullyShardedDataParallel (eager, or with
 // --compile its units' collectives in the graph: distributed/fsdp_compiled.h), with --keep-after-forward for
-// reshard_after_forward false, --prefetch for the eager step's prefetched gathers (the row says " prefetch"), and --unit-reduction-lag N for CompileOptions::unit_reduction_lag (compiled: each
-// unit's reduce-scatter waited for N units later, 0 at the backward's end; the row says " unit lag N" unless 1).
+// reshard_after_forward false, --prefetch for the eager step's prefetched gathers (the row says " prefetch"),
+// and --unit-reduction-lag N for CompileOptions::unit_reduction_lag (compiled: each unit's reduce-scatter waited
+// for N units later, 0 at the backward's end; the row says " unit lag N" unless 1).
 // With f32 parameters (--dtype bf16 computes in bf16 from them) every stage all-gathers and updates f32 values;
 // the row's peak memory is rank 0's.
 #include <algorithm>
@@ -112,7 +113,8 @@ Args parse(int argc, char** argv) {
   app.add_option("--zero-stage", a.zero_stage, "0 (DDP), 1, 2 or 3 (FSDP; eager or compiled)")
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3 without resharding after forward")->group(dist);
-  app.add_flag("--prefetch", a.prefetch, "eager ZeRO-3: gather the next block while one computes (distributed.prefetch)")
+  app.add_flag("--prefetch", a.prefetch,
+               "eager ZeRO-3: gather the next block while one computes (distributed.prefetch)")
       ->group(dist);
   app.add_option("--unit-reduction-lag", a.unit_reduction_lag,
                  "compiled ZeRO-3: wait for each unit's reduce-scatter N units later (0: at the backward's end)")

@@ -12,8 +12,9 @@
 // --batch is per rank, and rank 0 prints the row (tokens/s per rank); --timeline adds rank 0's communication
 // per step (busy, exposed), and --sm-carveout N leaves N SMs to NCCL's kernels, as bench_gpt2_step does.
 // Sharding: --zero-stage 1|2|3 (3: FullyShardedDataParallel, eager or compiled; --keep-after-forward for
-// reshard_after_forward false; eager, --prefetch for the prefetched gathers, the row saying " prefetch"; compiled, --unit-reduction-lag N waits for each unit's reduce-scatter N units later,
-// CompileOptions::unit_reduction_lag, 0 at the backward's end, and the row says " unit lag N" unless 1);
+// reshard_after_forward false; eager, --prefetch for the prefetched gathers, the row saying " prefetch"; compiled,
+// --unit-reduction-lag N waits for each unit's reduce-scatter N units later, CompileOptions::unit_reduction_lag,
+// 0 at the backward's end, and the row says " unit lag N" unless 1);
 // --params bf16 holds the weights (ZeRO-3: their shards, gathered in bf16) in bf16 with f32 masters the optimizer
 // updates, as `ingot run full_finetune dtype=bf16` and FSDP2's MixedPrecisionPolicy(param_dtype=bf16) do;
 // --reduce-dtype f32 reduces gradients in f32 (FSDP2's reduce_dtype).
@@ -90,7 +91,8 @@ Args parse(int argc, char** argv) {
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3: keep a block's weights from forward to backward")
       ->group(dist);
-  app.add_flag("--prefetch", a.prefetch, "eager ZeRO-3: gather the next block while one computes (distributed.prefetch)")
+  app.add_flag("--prefetch", a.prefetch,
+               "eager ZeRO-3: gather the next block while one computes (distributed.prefetch)")
       ->group(dist);
   app.add_option("--unit-reduction-lag", a.unit_reduction_lag,
                  "compiled ZeRO-3: wait for each unit's reduce-scatter N units later (0: at the backward's end)")

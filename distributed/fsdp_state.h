@@ -34,7 +34,8 @@ struct Unit {
   std::shared_ptr<Work> work;
   // Eager: the all-gather that fills `storage`, until something waited for it (Note [Eager prefetch], fsdp.h).
   std::shared_ptr<Work> gather_work;
-  uint64_t gather_version = 0;  // the storage's version before that gather (Note [Gathered weights keep their version])
+  // The storage's version before that gather (Note [Gathered weights keep their version]).
+  uint64_t gather_version = 0;
   int pending = 0;    // parameters still without a gradient this round
   bool gathered = false;
   // Compiled ZeRO-3, while a step is traced: the all-gathered flat weights the parameters are views of until

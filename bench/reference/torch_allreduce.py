@@ -23,8 +23,8 @@ def main():
     dist.init_process_group("nccl", device_id=dev)
     world, rank = dist.get_world_size(), dist.get_rank()
     if rank == 0:
-        print("| bytes | ranks | device | median ms | algbw GB/s | busbw GB/s | back-to-back ms | back-to-back busbw GB/s | issue us |"
-              "\n|---|---|---|---|---|---|---|---|---|")
+        print("| bytes | ranks | device | median ms | algbw GB/s | busbw GB/s | back-to-back ms | "
+              "back-to-back busbw GB/s | issue us |\n|---|---|---|---|---|---|---|---|---|")
     mb = a.min_mb
     while mb <= a.max_mb:
         n = int(mb * (1 << 20) / 4)

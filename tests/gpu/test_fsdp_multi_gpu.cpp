@@ -1,7 +1,7 @@
 // Eager ZeRO-2 (DistributedDataParallel zero_stage 2) and ZeRO-3 (FullyShardedDataParallel) on several GPUs over
 // NCCL: the same training as one GPU on the full batch and as eager DDP, with reshard_after_forward on and off,
-// with the next block's gather prefetched, and gradients reduced in f32 and in bf16; per-rank bytes of weights, gradients and optimizer state about 1/world of
-// DDP's (read from the CUDA caching allocator); and `ingot launch` of the pretraining recipe with
+// with the next block's gather prefetched, and gradients reduced in f32 and in bf16; per-rank bytes of weights,
+// gradients and optimizer state about 1/world of DDP's (read from the CUDA caching allocator); and `ingot launch` of the pretraining recipe with
 // distributed.zero_stage 3 giving the losses of zero_stage 0. The CPU twins run on Gloo (tests/distributed/
 // test_zero.cpp, tests/recipes/test_distributed_run.cpp). Each test runs on 2 GPUs and, where 4 are visible, on 4;
 // without them it skips with the reason (scripts/device_dist.sh fsdp runs them on the lent 4-GPU machine).
