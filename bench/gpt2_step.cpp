@@ -13,7 +13,9 @@
 // --profiler-range: after the timed steps, one more step between cudaProfilerStart/Stop, for an external
 // profiler started with profiling off (ncu --profile-from-start off; bench/reference/ncu_summary.py sums it).
 // --profile K: after the timed steps, one more step under the op profiler (recipes/profile.h: the device is
-// synchronized around every op or generated kernel) and the K most expensive ops / kernels.
+// synchronized around every op or generated kernel) and the K most expensive ops / kernels; with
+// --profile-events timed by CUDA events instead, nothing synchronized (Note [Ops timed on the device]): under
+// `ingot launch` every rank runs the step and rank 0 prints its table.
 // Compiled, the first call traces and compiles (its wall time is printed as the compile time; with a warm
 // --cache-dir it measures the warm-cache compile) and counts as a warm-up step.
 // One step = forward, mean cross entropy, backward, fused AdamW, zero_grad, on random tokens. bf16 means
@@ -64,7 +66,7 @@ struct Args {
   std::string device = "auto", dtype = "bf16", compile = "none", cache_dir;
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
-  bool profiler_range = false, losses = false, regional = false;
+  bool profiler_range = false, profile_events = false, losses = false, regional = false;
   bool timeline = false, one_update = false, ddp_alone = false, keep_after_forward = false, prefetch = false;
   int zero_stage = 0, unit_reduction_lag = 1;
   double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
@@ -95,6 +97,8 @@ Args parse(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--cache-dir", a.cache_dir, "compile cache directory");
   app.add_option("--profile", a.profile, "after the timed steps, one more step under the op profiler: its K most expensive ops (0: none)")->capture_default_str();
+  app.add_flag("--profile-events", a.profile_events,
+               "--profile times ops by CUDA events on the stream, synchronizing nothing (ops overlap as unprofiled)");
   app.add_flag("--profiler-range", a.profiler_range, "after the timed steps, one more step between cudaProfilerStart/Stop (ncu --profile-from-start off)");
   app.add_option("--memory-budget", a.memory_budget, "compile.memory_budget (1: keep every saved value)")
       ->capture_default_str();
@@ -191,6 +195,21 @@ int main(int argc, char** argv) try {
   double n_params = static_cast<double>(model.num_parameters());
   double flops = tokens * (6.0 * n_params + 6.0 * a.layers * a.seq * a.embd);
   AllocatorStats st = allocator_for(dev).stats();
+  // The extra steps run on every rank (a data-parallel step's collectives need them all); rank 0 reports.
+  if (a.profiler_range && dev.is_cuda()) {
+    cuda::synchronize_device(dev.index);
+    cuda::profiler_start();
+    (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0].item();
+    cuda::profiler_stop();
+  }
+  std::string profile_table;
+  if (a.profile > 0) {
+    recipes::OpProfiler prof(a.profile_events && dev.is_cuda() ? dev.index : -1);
+    prof.start(0);
+    (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0].item();
+    prof.stop();
+    profile_table = prof.top_ops_table(static_cast<int>(a.profile));
+  }
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
@@ -217,19 +236,7 @@ int main(int argc, char** argv) try {
     std::printf("\n");
   }
   if (compiled) bench::print_compile_stats(compiled->stats());
-  if (a.profiler_range && dev.is_cuda()) {
-    cuda::synchronize_device(dev.index);
-    cuda::profiler_start();
-    (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0].item();
-    cuda::profiler_stop();
-  }
-  if (a.profile > 0) {
-    recipes::OpProfiler prof;
-    prof.start(0);
-    (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0].item();
-    prof.stop();
-    std::printf("%s", prof.top_ops_table(static_cast<int>(a.profile)).c_str());
-  }
+  if (!profile_table.empty()) std::printf("%s", profile_table.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_gpt2_step: error: %s\n", e.what());

@@ -4,12 +4,20 @@
 // synchronized before and after every op while profiling, so each duration covers the op's kernels (this
 // serializes the GPU: profiled steps run slower than the others).
 //
+// Note [Ops timed on the device]: with device timing (profile.device_timing, bench --profile-events) nothing is
+// synchronized: a CUDA event is recorded on the device's current stream before and after every op, and the
+// step's events are read once it ends. Each duration is then the stream's time from the op's first kernel being
+// reached to its last one ending, with the GPU running as in unprofiled steps: beside the communication of a
+// data-parallel step (NCCL on its own stream) too, which is what tells which kernels slow down there. Host-side
+// gaps show as time no op covers.
+//
 // Output: a Chrome-trace JSON (open it in Perfetto, ui.perfetto.dev, or chrome://tracing) with one complete
 // event per op plus one per profiled step, and a top-ops table (calls, total, mean, share of op time).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +28,9 @@ namespace ingot::recipes {
 class OpProfiler : public OpProfilerHook {
  public:
   OpProfiler();
+  // Note [Ops timed on the device]: ops timed by events on CUDA device `cuda_index`'s current stream; with
+  // `cuda_index` < 0 as OpProfiler() (host clock, devices synchronized around every op).
+  explicit OpProfiler(int cuda_index);
   ~OpProfiler() override;  // uninstalls itself if still installed
   // Installs / uninstalls the hook; ops between the two are recorded as part of step `step`.
   void start(int64_t step);
@@ -48,7 +59,21 @@ class OpProfiler : public OpProfilerHook {
   using Clock = std::chrono::steady_clock;
   double now_us() const;
   void sync_device(const std::vector<Tensor>& tensors) const;
+  // Device timing: records the next event of the pool on the device's current stream; returns its index.
+  size_t record_event();
+  void open(double host_us);
+  void close(std::string name, std::string shapes, double host_us);
   Clock::time_point origin_;
+  int device_ = -1;  // >= 0: Note [Ops timed on the device]
+  struct Timed {  // an op waiting for its step's events to be read
+    std::string name, shapes;
+    int64_t step;
+    size_t begin, end;
+  };
+  std::vector<std::shared_ptr<void>> pool_;  // cuda::Event, reused every step
+  size_t next_event_ = 0, step_event_ = 0;
+  std::vector<size_t> open_events_;
+  std::vector<Timed> timed_;
   bool active_ = false;
   int64_t step_ = 0;
   double step_start_us_ = 0;

@@ -20,7 +20,9 @@ RunOutputs::RunOutputs(const RunSettings& run, int64_t resumed_step, std::ostrea
   metrics_path_ = (fs::path(run.output_dir) / "metrics.jsonl").string();
   metrics_ = std::make_unique<MetricsLog>(metrics_path_, resumed_step);
   if (run.tensorboard) events_ = std::make_unique<EventWriter>((fs::path(run.output_dir) / "tensorboard").string());
-  if (run.profile.enabled) profiler_ = std::make_unique<OpProfiler>();
+  if (run.profile.enabled)
+    profiler_ = run.profile.device_timing && run.device.is_cuda() ? std::make_unique<OpProfiler>(run.device.index)
+                                                                   : std::make_unique<OpProfiler>();
 }
 
 RunOutputs::~RunOutputs() = default;

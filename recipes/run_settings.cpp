@@ -188,6 +188,10 @@ void add_run_keys(ConfigSchema& s, const std::string& recipe, const std::string&
             .at_least(1)
             .not_in_config_hash());
   s.add(K::of(T::Int, "profile.num_steps", "1", "number of profiled steps").at_least(1).not_in_config_hash());
+  s.add(K::of(T::Bool, "profile.device_timing", "false",
+              "CUDA: time each op by events on the stream instead of synchronizing around it, so the profiled "
+              "steps run (and overlap communication) as the others do")
+            .not_in_config_hash());
   s.add(K::of(T::Int, "profile.top_k", "15", "rows of the top-ops table printed at the end")
             .at_least(1)
             .not_in_config_hash());
@@ -363,6 +367,7 @@ void resolve_outputs(const Config& cfg, ConfigErrors& errors, RunSettings& s) {
   s.profile.start_step = rd.i64("profile.start_step");
   s.profile.num_steps = rd.i64("profile.num_steps");
   s.profile.top_k = rd.i64("profile.top_k");
+  s.profile.device_timing = rd.flag("profile.device_timing");
   if (s.profile.enabled && s.profile.start_step > s.max_steps)
     errors.fail(cfg, "profile.start_step",
                 "step " + std::to_string(s.profile.start_step) + " is after the last step (max_steps = " +

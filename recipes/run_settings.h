@@ -60,6 +60,7 @@ struct DistributedSettings {
 
 struct ProfileSettings {
   bool enabled = false;
+  bool device_timing = false;  // CUDA: Note [Ops timed on the device] (recipes/profile.h)
   int64_t start_step = 0, num_steps = 0, top_k = 0;  // 1-based first step
 };
 
