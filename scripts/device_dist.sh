@@ -6,7 +6,7 @@
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
-#                          [fsdp] [zero] [fsdp8b] [carveout] [clocks] [priority]  (default: tests bench torch)
+#                          [fsdp] [zero] [fsdp8b] [carveout] [clocks] [priority] [kernels]  (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
 #   bucket: the per-bucket optimizer updates test, 3 runs
@@ -46,6 +46,8 @@
 #   priority: GPT-2 compiled default and reduce-overhead at all GPUs with the comm stream at the lowest priority
 #         (INGOT_COMM_STREAM_PRIORITY=low) and at the highest (the default), alternating, two rounds, with the timeline;
 #         the 1-GPU default row first: whether NCCL's kernels scheduled ahead of the compute slow it (issue 21)
+#   kernels: GPT-2 compiled default on 1 GPU and on all GPUs, twice each, with the op profiler timing every op by
+#         CUDA events (bench_gpt2_step --profile 60 --profile-events): which ops slow down beside NCCL (issue 21)
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -164,6 +166,7 @@ PY
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
   want bench || want variants || want memory || want peak || want zero || want carveout || want clocks || want priority ||
+    want kernels ||
     return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   smi_start "$name"
@@ -217,6 +220,15 @@ if want priority; then  # the comm stream's priority: lowest vs highest (Note [C
     for p in low high; do
       INGOT_COMM_STREAM_PRIORITY=$p gpt2 $gpus prio_${p}_${r}_$gpus --compile default --timeline
       INGOT_COMM_STREAM_PRIORITY=$p gpt2 $gpus prio_ro_${p}_${r}_$gpus --compile reduce-overhead --timeline
+    done
+  done
+fi
+if want kernels; then  # which ops slow down beside NCCL: per-op device time, 1 GPU vs all GPUs (issue 21)
+  # --profile-events: CUDA events around every op, nothing synchronized (Note [Ops timed on the device]).
+  for n in 1 $gpus; do
+    for r in a b; do
+      gpt2 $n kernels_${n}_$r --compile default --timeline --profile 60 --profile-events
+      sed -n '/^op /,/^(/p' "$out/kernels_${n}_$r.log" | head -64
     done
   done
 fi
