@@ -231,6 +231,10 @@ if want kernels; then  # which ops slow down beside NCCL: per-op device time, 1 
       sed -n '/^op /,/^(/p' "$out/kernels_${n}_$r.log" | head -64
     done
   done
+  (( gpus > 1 )) && for r in a b; do  # the ops that took longer beside the communication
+    echo "kernels: 1 GPU vs $gpus GPUs, round $r"
+    python3 bench/reference/op_table_diff.py "$out/kernels_1_$r.log" "$out/kernels_${gpus}_$r.log" --top 25
+  done
 fi
 if want variants; then
   n=$(( gpus >= 4 ? 4 : 2 ))
