@@ -8,6 +8,7 @@
 #include "autograd/ops.h"
 #include "distributed/bootstrap.h"
 #include "distributed/spawn.h"
+#include "tests/testing.h"
 
 namespace ingot::distributed {
 namespace {
@@ -17,14 +18,7 @@ using ingot::testing::expect_ranks_pass;
 using ingot::testing::is_rank_process;
 using ingot::testing::spawn_ranks;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using ingot::testing::error_of;
 
 // Sets environment variables for one scope and restores the previous values.
 class ScopedEnv {

@@ -13,6 +13,7 @@
 #include "distributed/spawn.h"
 #include "optim/optimizer.h"
 #include "runtime/rng.h"
+#include "tests/testing.h"
 
 namespace ingot::distributed {
 namespace {
@@ -22,14 +23,7 @@ using ingot::testing::expect_ranks_pass;
 using ingot::testing::is_rank_process;
 using ingot::testing::spawn_ranks;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using ingot::testing::error_of;
 
 Tensor leaf(Tensor t) {
   t = t.detach();

@@ -17,6 +17,7 @@
 #include "runtime/device.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
+#include "tests/testing.h"
 
 namespace ingot::distributed {
 namespace {
@@ -33,14 +34,7 @@ using ingot::testing::spawn_ranks;
       GTEST_SKIP() << "needs 2 CUDA devices, found " << cuda_device_count() << "; runs on nvidia-h200-x2"; \
   } while (0)
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using ingot::testing::error_of;
 
 InitOptions nccl_init(Millis timeout = 20000ms) {
   InitOptions o;

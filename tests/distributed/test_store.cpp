@@ -11,6 +11,7 @@
 
 #include "distributed/store.h"
 #include "runtime/error.h"
+#include "tests/testing.h"
 
 namespace ingot::distributed {
 namespace {
@@ -24,14 +25,7 @@ TcpStoreOptions quick(Millis timeout = 2000ms) {
   return o;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using ingot::testing::error_of;
 
 TEST(TcpStore, SetThenGetReturnsTheSameBytesIncludingZeros) {
   TcpStoreServer server;

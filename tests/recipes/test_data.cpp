@@ -1,4 +1,5 @@
 #include "recipes/data.h"
+#include "tests/testing.h"
 
 #include <gtest/gtest.h>
 
@@ -8,15 +9,7 @@
 namespace ingot::recipes {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an ingot::Error";
-  return "";
-}
+using ingot::testing::error_of;
 
 std::string row_text(const Tensor& batch, int64_t row) {
   std::string s;

@@ -9,6 +9,7 @@
 
 #include "runtime/error.h"
 #include "runtime/file_util.h"
+#include "tests/testing.h"
 
 namespace ingot {
 namespace {
@@ -17,14 +18,7 @@ int64_t entries_in(const std::string& dir) {
   return std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator());
 }
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "did not throw";
-}
+using ingot::testing::error_of;
 
 // The lock the compile caches and the autotune database take: it makes its directory, and while it is held
 // another open file description cannot take it (flock conflicts between descriptions, even in one process).
@@ -68,7 +62,7 @@ TEST(FileUtil, AThrowingWriterLeavesTheOldFileAndRemovesTheTempFile) {
   TempDir dir("ingot_fu_");
   std::string path = dir.file("keep.txt");
   write_file_atomic(path, [](std::FILE* f) { write_bytes(f, "old", 3); });
-  std::string msg = message_of([&] {
+  std::string msg = error_of([&] {
     write_file_atomic(path, [](std::FILE* f) {
       write_bytes(f, "partial new cont", 16);
       INGOT_FAIL("serializer: tensor 'w' is broken");
@@ -87,7 +81,7 @@ TEST(FileUtil, AThrowingWriterLeavesTheOldFileAndRemovesTheTempFile) {
 TEST(FileUtil, WritingIntoAMissingDirectoryNamesThePathAndTheReason) {
   TempDir dir("ingot_fu_");
   std::string path = dir.file("missing/x.bin");
-  std::string msg = message_of([&] { write_file_atomic(path, [](std::FILE*) {}); });
+  std::string msg = error_of([&] { write_file_atomic(path, [](std::FILE*) {}); });
   EXPECT_NE(msg.find("cannot write '" + path + "'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
 }
@@ -96,7 +90,7 @@ TEST(FileUtil, WritingOverADirectoryFailsAndKeepsIt) {
   TempDir dir("ingot_fu_");
   std::string target = dir.file("sub");
   std::filesystem::create_directory(target);
-  std::string msg = message_of([&] { write_file_atomic(target, [](std::FILE* f) { write_bytes(f, "x", 1); }); });
+  std::string msg = error_of([&] { write_file_atomic(target, [](std::FILE* f) { write_bytes(f, "x", 1); }); });
   EXPECT_NE(msg.find("cannot rename"), std::string::npos) << msg;
   EXPECT_TRUE(std::filesystem::is_directory(target));
   EXPECT_EQ(entries_in(dir.path()), 1);
@@ -105,8 +99,8 @@ TEST(FileUtil, WritingOverADirectoryFailsAndKeepsIt) {
 TEST(FileUtil, ReadFileReportsMissingFilesAndDirectories) {
   TempDir dir("ingot_fu_");
   std::string missing = dir.file("nope");
-  EXPECT_EQ(message_of([&] { read_file(missing); }), "cannot read '" + missing + "': No such file or directory");
-  EXPECT_EQ(message_of([&] { read_file(dir.path()); }), "cannot read '" + dir.path() + "': Is a directory");
+  EXPECT_EQ(error_of([&] { read_file(missing); }), "cannot read '" + missing + "': No such file or directory");
+  EXPECT_EQ(error_of([&] { read_file(dir.path()); }), "cannot read '" + dir.path() + "': Is a directory");
 }
 
 TEST(FileUtil, ReadFileReadsEmptyFiles) {

@@ -12,6 +12,7 @@
 
 #include "runtime/error.h"
 #include "runtime/rng.h"
+#include "tests/testing.h"
 
 namespace ingot {
 namespace {
@@ -51,14 +52,7 @@ int nearest_code(double x) {
   return best;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using ingot::testing::error_of;
 
 TEST(Nf4, CodebookIsTheQloraPapersNormalFloatConstruction) {
   // QLoRA appendix E: quantiles of N(0, 1) at 8 (positive) and 7 (negative) evenly spaced probabilities from

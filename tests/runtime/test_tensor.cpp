@@ -6,18 +6,12 @@
 
 #include "runtime/rng.h"
 #include "runtime/tensor.h"
+#include "tests/testing.h"
 
 namespace ingot {
 namespace {
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "did not throw";
-}
+using ingot::testing::error_of;
 
 TEST(Tensor, ContiguousTensorsHaveRowMajorStrides) {
   Tensor t = empty({2, 3, 4}, DType::bf16);
@@ -29,7 +23,7 @@ TEST(Tensor, ContiguousTensorsHaveRowMajorStrides) {
   EXPECT_EQ(t.stride(-3), 12);
   EXPECT_TRUE(t.is_contiguous());
   EXPECT_EQ(t.offset(), 0);
-  EXPECT_NE(message_of([&] { t.size(3); }).find("dim 3 out of range"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.size(3); }).find("dim 3 out of range"), std::string::npos);
   // Strides of size-1 dims do not matter for contiguity.
   EXPECT_TRUE(t.as_strided({2, 1, 12}, {12, 999, 1}, 0).is_contiguous());
   EXPECT_FALSE(t.as_strided({4, 2}, {1, 4}, 0).is_contiguous());
@@ -56,8 +50,8 @@ TEST(Tensor, ExpandRawBroadcastsWithZeroStridesAndRejectsBadShapes) {
   EXPECT_EQ(e.strides(), (Strides{0, 0, 1}));
   EXPECT_EQ(e.item_at(4 * 2 * 3 - 1), 3.0);
   EXPECT_FALSE(e.is_contiguous());
-  EXPECT_EQ(message_of([&] { row.expand_raw({2, 4}); }), "expand: cannot expand shape [1, 3] to [2, 4]");
-  EXPECT_EQ(message_of([&] { row.expand_raw({3}); }), "expand: cannot expand shape [1, 3] to [3]");
+  EXPECT_EQ(error_of([&] { row.expand_raw({2, 4}); }), "expand: cannot expand shape [1, 3] to [2, 4]");
+  EXPECT_EQ(error_of([&] { row.expand_raw({3}); }), "expand: cannot expand shape [1, 3] to [3]");
 }
 
 TEST(Tensor, CopyBroadcastsTheSourceToTheDestinationShape) {
@@ -68,7 +62,7 @@ TEST(Tensor, CopyBroadcastsTheSourceToTheDestinationShape) {
   EXPECT_EQ(dst.to_vector(), (std::vector<double>{7, 7, 7, 8, 8, 8}));
   dst.copy_(full({}, 4.0, DType::f64));
   EXPECT_EQ(dst.to_vector(), (std::vector<double>(6, 4.0)));
-  EXPECT_NE(message_of([&] { dst.copy_(ones({3, 2})); }).find("cannot expand shape [3, 2] to [2, 3]"),
+  EXPECT_NE(error_of([&] { dst.copy_(ones({3, 2})); }).find("cannot expand shape [3, 2] to [2, 3]"),
             std::string::npos);
 }
 
@@ -140,10 +134,10 @@ TEST(Tensor, FactoriesFillShapesAndDTypes) {
   EXPECT_EQ(like.dtype(), DType::f64);
   EXPECT_EQ(like.shape(), (Shape{2, 3}));
   EXPECT_EQ(full({}, 3.0).item(), 3.0);
-  EXPECT_EQ(message_of([] { empty({2, -1}); }), "empty: negative dimension in shape [2, -1]");
-  EXPECT_EQ(message_of([] { from_vector({1, 2, 3}, {2, 2}); }), "from_vector: 3 values for shape [2, 2]");
-  EXPECT_NE(message_of([] { ones({2}).item(); }).find("expected a one-element tensor"), std::string::npos);
-  EXPECT_NE(message_of([] { arange(0, 4).item_at(4); }).find("index 4 out of range"), std::string::npos);
+  EXPECT_EQ(error_of([] { empty({2, -1}); }), "empty: negative dimension in shape [2, -1]");
+  EXPECT_EQ(error_of([] { from_vector({1, 2, 3}, {2, 2}); }), "from_vector: 3 values for shape [2, 2]");
+  EXPECT_NE(error_of([] { ones({2}).item(); }).find("expected a one-element tensor"), std::string::npos);
+  EXPECT_NE(error_of([] { arange(0, 4).item_at(4); }).find("index 4 out of range"), std::string::npos);
 }
 
 TEST(Tensor, FromBlobKeepsItsOwnerAlive) {
@@ -168,7 +162,7 @@ TEST(Tensor, DetachSharesDataButNotAutogradState) {
   EXPECT_FALSE(d.requires_grad());
   EXPECT_EQ(d.data_ptr(), a.data_ptr());
   EXPECT_EQ(d.name(), "w");
-  EXPECT_NE(message_of([] { ones({2}, DType::i64).set_requires_grad(true); }).find("only floating tensors"),
+  EXPECT_NE(error_of([] { ones({2}, DType::i64).set_requires_grad(true); }).find("only floating tensors"),
             std::string::npos);
 }
 
@@ -176,7 +170,7 @@ TEST(Tensor, StrShowsDTypeDeviceShapeAndLeadingValues) {
   EXPECT_EQ(arange(0, 3, DType::f32).str(), "Tensor(f32, cpu, [3]) [0, 1, 2]");
   EXPECT_EQ(arange(0, 10).str(2), "Tensor(i64, cpu, [10]) [0, 1, ...]");
   EXPECT_EQ(Tensor().str(), "Tensor(undefined)");
-  EXPECT_NE(message_of([] { Tensor().shape(); }).find("undefined tensor"), std::string::npos);
+  EXPECT_NE(error_of([] { Tensor().shape(); }).find("undefined tensor"), std::string::npos);
 }
 
 TEST(Tensor, AllcloseTreatsNanAndInfStrictly) {
