@@ -232,6 +232,13 @@ std::vector<double> three_steps(const DistributedContext& ctx, models::CausalLM&
   return losses;
 }
 
+// A tiny GPT-2 (tied embeddings) or Llama (an lm_head of its own), made from the same seed every time.
+std::unique_ptr<models::CausalLM> tiny_causal_lm(bool tied) {
+  manual_seed(5);
+  if (tied) return std::make_unique<models::GPT2>(ingot::testing::tiny_gpt2_config());
+  return std::make_unique<models::Llama>(ingot::testing::tiny_llama_config());
+}
+
 // Note [Embeddings and head are units] (fsdp.h): GPT-2 (tied: its head multiplies by wte) and Llama (an lm_head
 // of its own) each get an embeddings unit, a unit per block and a head unit. A step then holds at most one block's
 // weights, or the head's with (tied) the embeddings, gathered at once: the unit accounting's peak is exactly that,
@@ -242,13 +249,8 @@ TEST(ZeroStages, ThreeGathersTheEmbeddingsAndTheHeadOnlyWhereTheyAreUsed) {
     auto ctx = init_distributed(ingot::testing::gloo_test_init());
     for (const bool tied : {true, false}) {
       SCOPED_TRACE(tied ? "GPT-2 (tied embeddings)" : "Llama (lm_head of its own)");
-      auto build = [&]() -> std::unique_ptr<models::CausalLM> {
-        manual_seed(5);
-        if (tied) return std::make_unique<models::GPT2>(ingot::testing::tiny_gpt2_config());
-        return std::make_unique<models::Llama>(ingot::testing::tiny_llama_config());
-      };
-      const std::vector<double> single = three_steps(ctx, *build(), nullptr);
-      std::unique_ptr<models::CausalLM> model = build();
+      const std::vector<double> single = three_steps(ctx, *tiny_causal_lm(tied), nullptr);
+      std::unique_ptr<models::CausalLM> model = tiny_causal_lm(tied);
       FullyShardedDataParallel fsdp(*model, ctx.group);
       fsdp.reset_peak_gathered_bytes();
       const std::vector<double> sharded = three_steps(ctx, *model, &fsdp);
@@ -283,13 +285,8 @@ TEST(ZeroStages, PrefetchedBlocksTrainLikeOneProcessWithTwoBlocksGatheredAtOnce)
     auto ctx = init_distributed(ingot::testing::gloo_test_init());
     for (const bool tied : {true, false}) {
       SCOPED_TRACE(tied ? "GPT-2 (tied embeddings)" : "Llama (lm_head of its own)");
-      auto build = [&]() -> std::unique_ptr<models::CausalLM> {
-        manual_seed(5);
-        if (tied) return std::make_unique<models::GPT2>(ingot::testing::tiny_gpt2_config());
-        return std::make_unique<models::Llama>(ingot::testing::tiny_llama_config());
-      };
-      const std::vector<double> single = three_steps(ctx, *build(), nullptr);
-      std::unique_ptr<models::CausalLM> model = build();
+      const std::vector<double> single = three_steps(ctx, *tiny_causal_lm(tied), nullptr);
+      std::unique_ptr<models::CausalLM> model = tiny_causal_lm(tied);
       FsdpOptions o;
       o.prefetch = true;
       FullyShardedDataParallel fsdp(*model, ctx.group, o);
