@@ -156,7 +156,8 @@ int main(int argc, char** argv) try {
   if (a.dtype == "bf16") model.set_compute_dtype(DType::bf16);
   else INGOT_CHECK(a.dtype == "f32", "bench_gpt2_step: --dtype must be bf16 or f32, got ", a.dtype);
   bench::DataParallelStep dp;
-  dp.wrap(model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, true, a.prefetch);
+  dp.wrap(model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, true,
+          a.prefetch && a.compile == "none");  // as the recipes: compiled steps prefetch by their schedule
   optim::AdamW opt(dp.optimizer_params(model.parameters(), false), optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1});
 
   Tensor data = randint(0, a.vocab, {a.batch, a.seq + 1}, dev);

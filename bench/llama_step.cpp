@@ -183,7 +183,7 @@ int main(int argc, char** argv) try {
   }
   bench::DataParallelStep dp;
   dp.wrap(*model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, /*broadcast=*/!slices,
-          a.prefetch);
+          a.prefetch && a.compile == "none");  // as the recipes: compiled steps prefetch by their schedule
   if (slices)
     dp.fsdp->load_shards(
         [&](size_t i, int64_t begin, int64_t end, Tensor& dst) { slices->read(names[i], begin, end, dst); });

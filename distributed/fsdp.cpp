@@ -46,8 +46,11 @@ class GatherBeforeBackwardPrim final : public Primitive {
     if (!s || !s->active) return {cot[0]};
     if (ends_head_ && s->heads_awaiting_backward > 0 && --s->heads_awaiting_backward == 0)
       s->release(s->units[*s->embed]);
-    s->gather(s->units[unit_]);
-    if (unit_ > 0) s->prefetch(unit_ - 1);  // the block whose backward comes next (Note [Eager prefetch])
+    Unit& u = s->units[unit_];
+    if (u.boundaries > 0) --u.boundaries;
+    s->gather(u);
+    // The block whose backward comes next, when its boundary is pending (Note [Eager prefetch]).
+    if (unit_ > 0 && s->units[unit_ - 1].boundaries > 0) s->prefetch(unit_ - 1);
     return {cot[0]};
   }
   bool saves_input(size_t) const override { return false; }
@@ -128,6 +131,7 @@ void gather_unit(State& s, size_t u, bool regather = false, bool fresh = false) 
 
 void model_forward_begins(State& s) {
   s.in_forward = true;
+  if (trace_observer() == nullptr) s.release_unused_prefetches();
   if (const std::optional<size_t> u = s.root ? s.root : s.embed) gather_unit(s, *u);
 }
 
@@ -155,7 +159,10 @@ Tensor block_forward_ends(const StatePtr& weak, State& s, size_t u, bool reshard
     replaced = fsdp_traced::forward_done(weak, u, reshard, out, ends_head);
   } else if (!grad || reshard) {
     s.release(s.units[u]);
-    if (grad) replaced = apply(std::make_shared<GatherBeforeBackwardPrim>(weak, u, ends_head), {out})[0];
+    if (grad) {
+      replaced = apply(std::make_shared<GatherBeforeBackwardPrim>(weak, u, ends_head), {out})[0];
+      ++s.units[u].boundaries;
+    }
   }
   if (!last) return replaced;
   // The head begins: kept from its forward until its gradients are reduced (its backward comes right after).
@@ -171,8 +178,7 @@ void model_forward_ends(const StatePtr& weak, State& s, const Tensor& out) {
   s.in_forward = false;
   const bool grad = grad_enabled() && out.requires_grad();
   // A block prefetched by a forward that did not run it (Note [Eager prefetch]) is not left gathered.
-  for (Unit& u : s.units)
-    if (u.gather_work) s.release(u);
+  if (trace_observer() == nullptr) s.release_unused_prefetches();
   for (const std::optional<size_t> u : {s.root, s.head, s.embed}) {
     if (!u) continue;
     if (trace_observer() != nullptr) fsdp_traced::forward_done(weak, *u, false, out);
@@ -348,6 +354,7 @@ void FullyShardedDataParallel::synchronize() {
     s.reset_round();
     std::rethrow_exception(first_error);
   }
+  s.release_unused_prefetches();  // the backward is over (Note [Eager prefetch])
   NoGradGuard no_grad;
   for (Unit& u : s.units) {
     Tensor g = u.shard_grad.to(s.grad_dtype(u));  // to() of the same dtype is the tensor itself

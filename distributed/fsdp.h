@@ -35,8 +35,10 @@
 // [vocab, dim] like the token table). A model without blocks or without embedding tables keeps one root unit of
 // everything outside the blocks, gathered from its forward until its gradients are reduced.
 // On CUDA with NCCL the eager protocol relies on the process group's ordering (a collective waits for the work
-// queued on its input stream before it writes a freshly allocated unit) and on blocking waits, so nothing is
-// overlapped eagerly (run on 2 and 4 H200s: tests/gpu/test_fsdp_multi_gpu.cpp, bench/RESULTS.md 2026-11-26).
+// queued on its input stream before it writes a freshly allocated unit) and, by default, on the host waiting for
+// each gather, so nothing is overlapped eagerly (run on 2 and 4 H200s: tests/gpu/test_fsdp_multi_gpu.cpp,
+// bench/RESULTS.md 2026-11-26); FsdpOptions::prefetch issues each block's gather one block ahead and lets the
+// compute stream alone wait for it (Note [Eager prefetch]).
 // Compiled (ingot::compile of a step using this wrapper): while the step is traced the hooks record each unit's
 // all-gather and reduce-scatter as graph nodes instead (Note [ZeRO-3 in a traced step],
 // fsdp_compiled.cpp), and the compiler reshards, prefetches one unit ahead and overlaps the reductions.
@@ -67,10 +69,13 @@ struct FsdpOptions {
   // per block and step instead of two, the whole model at the end of the forward).
   bool reshard_after_forward = true;
   // Note [Eager prefetch]: eagerly, a block's pre-forward hook also issues the next block's all-gather, and a
-  // block's pre-backward boundary the previous block's, so each gather runs while the block before it (in that
-  // pass) computes; on GPUs only the compute stream waits for a gather, not the host. Two blocks' weights are
-  // gathered at once instead of one (FSDP2's implicit prefetch holds the same). Every rank issues the same
-  // collectives in the same order, as without it. Compiled steps prefetch by their own schedule either way.
+  // block's pre-backward boundary the previous block's (when that block's own boundary is pending), so each
+  // gather runs while the block before it (in that pass) computes; on GPUs only the compute stream waits for a
+  // gather, not the host. Two blocks' weights are gathered at once instead of one (FSDP2's implicit prefetch
+  // holds the same). Every rank issues the same collectives in the same order, as without it. A prefetch its
+  // pass never used (a forward that stops before the block, a backward that does not reach it) is freed when
+  // the model's forward ends, when synchronize() ends the backward and before the next forward. Compiled steps
+  // prefetch by their own schedule either way.
   bool prefetch = false;
   // Note [Parameters without bytes]: parameters built by nn::SkipInit without bytes (shape, dtype and device,
   // no data) are not broadcast and give their unit zeros: the shards get their values from load_shards() or a

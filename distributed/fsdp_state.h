@@ -36,6 +36,9 @@ struct Unit {
   std::shared_ptr<Work> gather_work;
   // The storage's version before that gather (Note [Gathered weights keep their version]).
   uint64_t gather_version = 0;
+  // Eager: pre-backward boundaries made for this unit whose backward has not run yet; a backward prefetches the
+  // unit only while one is pending (a block that ran without gradients has none and is not gathered again).
+  int boundaries = 0;
   int pending = 0;    // parameters still without a gradient this round
   bool gathered = false;
   // Compiled ZeRO-3, while a step is traced: the all-gathered flat weights the parameters are views of until
@@ -96,8 +99,9 @@ struct FullyShardedDataParallel::State {
     const census::Owner owner("ZeRO-3: gathered unit weights (eager)");
     u.storage->data = allocator_for(u.device).allocate(u.storage->nbytes);
     Tensor full = u.flat();
+    // The version is put back once the gather was waited for (await_gather), not here: a backend's worker may
+    // count the write while the gather runs (Gloo).
     u.gather_work = group->all_gather(full, gather_source(u));
-    u.storage->version = u.gather_version;
     u.gathered = true;
     gathered_bytes += static_cast<int64_t>(u.storage->nbytes);
     peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
@@ -116,6 +120,13 @@ struct FullyShardedDataParallel::State {
   // Issues the gather of unit `next` ahead of its use, when prefetching and `next` is a block.
   void prefetch(size_t next) {
     if (options.prefetch && first_block && *first_block <= next && next <= *last_block) start_gather(units[next]);
+  }
+
+  // A prefetched gather nothing waited for is stale once its pass ended (a forward that did not run the block,
+  // a backward that never reached it): freed, so no later forward computes with weights from before an update.
+  void release_unused_prefetches() {
+    for (Unit& u : units)
+      if (u.gather_work) release(u);
   }
 
   // What a gather of `u` reads: its shard, or its master cast to the unit's dtype just before (a temporary).
@@ -184,6 +195,7 @@ struct FullyShardedDataParallel::State {
   void reset_round() {
     std::fill(ready.begin(), ready.end(), false);
     for (Unit& u : units) {
+      u.boundaries = 0;  // a graph dropped without its backward leaves none pending
       u.pending = static_cast<int>(u.plan.params.size());
       u.work.reset();
       u.flat_grad = Tensor();

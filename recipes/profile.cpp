@@ -66,7 +66,9 @@ void OpProfiler::start(int64_t step) {
   step_start_us_ = now_us();
   active_ = true;
   if (device_ >= 0) {
-    next_event_ = 0;
+    next_event_ = 0;  // the events of earlier steps were read by their stop()
+    timed_.clear();
+    open_events_.clear();
     step_event_ = record_event();
   }
   set_op_profiler_hook(this);

@@ -9,7 +9,8 @@
 // step's events are read once it ends. Each duration is then the stream's time from the op's first kernel being
 // reached to its last one ending, with the GPU running as in unprofiled steps: beside the communication of a
 // data-parallel step (NCCL on its own stream) too, which is what tells which kernels slow down there. Host-side
-// gaps show as time no op covers.
+// gaps show as time no op covers. The events are on the profiled device's current stream: ops on another device,
+// or inside a CUDA graph capture, are not timed this way. Each step's stop() waits for its last event.
 //
 // Output: a Chrome-trace JSON (open it in Perfetto, ui.perfetto.dev, or chrome://tracing) with one complete
 // event per op plus one per profiled step, and a top-ops table (calls, total, mean, share of op time).

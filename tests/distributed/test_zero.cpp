@@ -18,6 +18,7 @@
 #include "distributed/fsdp.h"
 #include "distributed/sampler.h"
 #include "distributed/spawn.h"
+#include "models/decoder.h"
 #include "models/tiny_models.h"
 #include "optim/mixed_precision.h"
 #include "optim/optimizer.h"
@@ -310,6 +311,86 @@ TEST(ZeroStages, PrefetchedBlocksTrainLikeOneProcessWithTwoBlocksGatheredAtOnce)
         model->loss(ids, tgt);
       }
       for (const Tensor& p : model->parameters()) EXPECT_EQ(p.data_ptr(), nullptr) << "eval leaves nothing gathered";
+    }
+    return;
+  }
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2)));
+}
+
+// Three GPT-2-style blocks and nothing else (every unit a block); forward runs the first `n`, the first of them
+// without gradients when asked.
+class PartialStack : public nn::Module {
+ public:
+  PartialStack() {
+    auto list = register_module("layers", std::make_shared<nn::ModuleList>());
+    models::DecoderConfig c;
+    c.dim = 16;
+    c.n_head = 2;
+    c.intermediate = 32;
+    for (int i = 0; i < 3; ++i) blocks_.push_back(list->append(std::make_shared<models::DecoderBlock>(c)));
+  }
+  Tensor forward(const Tensor& x, size_t n, bool first_without_grad) {
+    return with_forward_hooks([&] {
+      Tensor h = x;
+      for (size_t i = 0; i < n; ++i) {
+        if (i == 0 && first_without_grad) {
+          NoGradGuard no_grad;
+          h = blocks_[i]->forward(h);
+        } else {
+          h = blocks_[i]->forward(h);
+        }
+      }
+      return h;
+    });
+  }
+
+ private:
+  std::vector<std::shared_ptr<models::DecoderBlock>> blocks_;
+};
+
+// Note [Eager prefetch]: a prefetch its pass does not use is freed, and a backward prefetches only blocks whose
+// boundary is pending. A forward through 2 of 3 blocks prefetches the third (one gather more than without
+// prefetch) and frees it when the forward ends; a first block run without gradients has no boundary, so the
+// backward gathers nothing for it (the same collectives as without prefetch). Either way nothing is left gathered
+// and the shards' gradients are those of the run without prefetch.
+TEST(ZeroStages, PrefetchesTheirPassDoesNotUseAreFreed) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(ingot::testing::gloo_test_init());
+    struct Run {
+      std::vector<Tensor> grads;
+      int64_t collectives = 0;
+    };
+    auto run = [&](bool prefetch, size_t n, bool first_without_grad) {
+      manual_seed(7);
+      PartialStack model;
+      FsdpOptions o;
+      o.prefetch = prefetch;
+      FullyShardedDataParallel fsdp(model, ctx.group, o);
+      auto all_freed = [&] {
+        for (const Tensor& p : model.parameters())
+          if (p.data_ptr() != nullptr) return false;
+        return true;
+      };
+      manual_seed(8 + static_cast<uint64_t>(ctx.info.rank));
+      const Tensor x = randn({2, 4, 16});
+      const int64_t before = ctx.group->next_seq();
+      Tensor out = model.forward(x, n, first_without_grad);
+      EXPECT_TRUE(all_freed()) << "after the forward (prefetch " << prefetch << ", " << n << " blocks)";
+      sum(mul(out, out)).backward();
+      fsdp.synchronize();
+      EXPECT_TRUE(all_freed()) << "after the backward (prefetch " << prefetch << ", " << n << " blocks)";
+      Run r;
+      r.collectives = ctx.group->next_seq() - before;
+      for (const Tensor& p : fsdp.optimizer_params()) r.grads.push_back(p.grad().clone_raw());
+      return r;
+    };
+    for (const auto& [n, first_without_grad] : std::vector<std::pair<size_t, bool>>{{2, false}, {3, true}}) {
+      SCOPED_TRACE(std::to_string(n) + " blocks" + (first_without_grad ? ", the first without gradients" : ""));
+      const Run plain = run(false, n, first_without_grad), pre = run(true, n, first_without_grad);
+      EXPECT_EQ(pre.collectives, plain.collectives + (n < 3 ? 1 : 0));
+      ASSERT_EQ(pre.grads.size(), plain.grads.size());
+      for (size_t k = 0; k < plain.grads.size(); ++k)
+        EXPECT_LE(max_rel_error(pre.grads[k], plain.grads[k], 1e-6, 1e-7), 1.0) << "unit " << k;
     }
     return;
   }

@@ -22,6 +22,9 @@ TEST(CudaOpProfiler, DeviceTimingQueuesTheStepWithoutWaitingAndTimesEachOpOnTheS
   const Device gpu(DeviceType::cuda, 0);
   manual_seed(3);
   const Tensor a = randn({2048, 2048}).to(gpu), b = randn({2048, 2048}).to(gpu), small = randn({64}).to(gpu);
+  // cuBLAS's handle and workspace, and the kernels' first loads, before the profiled step: they may synchronize.
+  (void)matmul(a, b);
+  (void)add(small, 1.0);
   cuda::synchronize_device(0);
   recipes::OpProfiler prof(0);
   prof.start(1);
@@ -39,6 +42,11 @@ TEST(CudaOpProfiler, DeviceTimingQueuesTheStepWithoutWaitingAndTimesEachOpOnTheS
     EXPECT_GE(e.dur_us, 0.0) << e.name;
     const bool product = e.name.find("matmul") != std::string::npos;
     product_ops += product;
+    // A 2048^3 f32 product takes well over 50 us on any GPU this runs on; its launch on the host ~10 us: a
+    // duration read from the host clock around an unsynchronized launch would fall below.
+    if (product) {
+      EXPECT_GT(e.dur_us, 50.0) << e.name;
+    }
     (product ? products : others) += e.dur_us;
   }
   EXPECT_GE(product_ops, 5);
