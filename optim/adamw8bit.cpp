@@ -63,19 +63,12 @@ class AdamW8bitUpdatePrim final : public Primitive, public InPlaceUpdate {
   std::vector<Tensor> run(const std::vector<Tensor>& in, bool in_place) const {
     const double* h = hyper_row(in[0], row_, "adamw8bit_update");
     std::vector<Tensor> slot[6];
-    for (size_t s = 0; s < 6; ++s)
-      for (size_t k = 0; k < n_; ++k) {
-        const Tensor& t = in[1 + s * n_ + k];
-        slot[s].push_back(s == 1 || in_place ? t : t.clone_raw());  // gradients are read only
-      }
-    kernels::AdamWArgs a = a_;
-    a.lr = h[0];
-    a.step = static_cast<int64_t>(h[1]);
-    a.grad_scale = h[2];
+    for (size_t s = 0; s < 6; ++s)  // gradients (slot 1) are read only
+      slot[s] = update_operands(in, 1 + s * n_, n_, in_place || s == 1);
     const Tensor& signed_map = in[1 + 6 * n_];
     const Tensor& unsigned_map = in[2 + 6 * n_];
     INGOT_KERNEL_CALL(signed_map.device(), adamw8bit_multi, slot[0], slot[1], slot[2], slot[3], slot[4], slot[5],
-                      signed_map, unsigned_map, a);
+                      signed_map, unsigned_map, adamw_args(a_, h));
     std::vector<Tensor> out;
     for (size_t s : {size_t{0}, size_t{2}, size_t{3}, size_t{4}, size_t{5}})
       out.insert(out.end(), slot[s].begin(), slot[s].end());

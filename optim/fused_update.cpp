@@ -12,15 +12,22 @@ const double* hyper_row(const Tensor& hyper, int64_t row, const char* op) {
   return hyper.data<double>() + row * 3;
 }
 
-namespace {
-
-// in[from, from + n): fresh copies to update (the functional eval), or the tensors themselves (in place).
-std::vector<Tensor> operands(const std::vector<Tensor>& in, size_t from, size_t n, bool in_place) {
+std::vector<Tensor> update_operands(const std::vector<Tensor>& in, size_t from, size_t n, bool in_place) {
   std::vector<Tensor> out;
   for (size_t k = 0; k < n; ++k)
     out.push_back(in_place || !in[from + k].defined() ? in[from + k] : in[from + k].clone_raw());
   return out;
 }
+
+kernels::AdamWArgs adamw_args(const kernels::AdamWArgs& fixed, const double* hyper) {
+  kernels::AdamWArgs a = fixed;
+  a.lr = hyper[0];
+  a.step = static_cast<int64_t>(hyper[1]);
+  a.grad_scale = hyper[2];
+  return a;
+}
+
+namespace {
 
 class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate, public InPlaceUpdate {
  public:
@@ -59,15 +66,11 @@ class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate, public
  private:
   std::vector<Tensor> run(const std::vector<Tensor>& in, bool in_place) const {
     const double* h = hyper_row(in[0], row_, "adamw_update");
-    std::vector<Tensor> p = operands(in, 1, n_, in_place), m = operands(in, 1 + 2 * n_, n_, in_place),
-                        v = operands(in, 1 + 3 * n_, n_, in_place);
+    std::vector<Tensor> p = update_operands(in, 1, n_, in_place), m = update_operands(in, 1 + 2 * n_, n_, in_place),
+                        v = update_operands(in, 1 + 3 * n_, n_, in_place);
     std::vector<Tensor> g(in.begin() + 1 + static_cast<std::ptrdiff_t>(n_),
                           in.begin() + 1 + 2 * static_cast<std::ptrdiff_t>(n_));
-    kernels::AdamWArgs a = a_;
-    a.lr = h[0];
-    a.step = static_cast<int64_t>(h[1]);
-    a.grad_scale = h[2];
-    INGOT_KERNEL_CALL(p[0].device(), adamw_multi, p, g, m, v, a);
+    INGOT_KERNEL_CALL(p[0].device(), adamw_multi, p, g, m, v, adamw_args(a_, h));
     std::vector<Tensor> out = p;
     out.insert(out.end(), m.begin(), m.end());
     out.insert(out.end(), v.begin(), v.end());
@@ -111,7 +114,7 @@ class SgdUpdatePrim final : public Primitive, public HorizontalUpdate, public In
  private:
   std::vector<Tensor> run(const std::vector<Tensor>& in, bool in_place) const {
     const double* h = hyper_row(in[0], row_, "sgd_update");
-    std::vector<Tensor> p = operands(in, 1, n_, in_place), buf = operands(in, 1 + 2 * n_, n_, in_place);
+    std::vector<Tensor> p = update_operands(in, 1, n_, in_place), buf = update_operands(in, 1 + 2 * n_, n_, in_place);
     std::vector<Tensor> g(in.begin() + 1 + static_cast<std::ptrdiff_t>(n_),
                           in.begin() + 1 + 2 * static_cast<std::ptrdiff_t>(n_));
     kernels::SgdArgs a = a_;

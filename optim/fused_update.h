@@ -26,6 +26,11 @@ std::shared_ptr<Primitive> make_sgd_update(size_t n, int64_t row, const kernels:
 // Row `row` of a hyper-parameter tensor (three doubles), after checking it is a contiguous f64 CPU [G, 3] tensor
 // with that row; errors name `op`.
 const double* hyper_row(const Tensor& hyper, int64_t row, const char* op);
+// in[from, from + n): fresh copies to update (an update's functional eval), or the tensors themselves (in place);
+// undefined ones (SGD without momentum) stay undefined.
+std::vector<Tensor> update_operands(const std::vector<Tensor>& in, size_t from, size_t n, bool in_place);
+// `fixed` with the learning rate, step and gradient scale of a hyper-parameter row {lr, step, grad_scale}.
+kernels::AdamWArgs adamw_args(const kernels::AdamWArgs& fixed, const double* hyper);
 
 // Note [Traced updates run in place]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
