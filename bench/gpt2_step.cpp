@@ -32,9 +32,9 @@
 // says " carveout N", also when INGOT_SM_CARVEOUT set it).
 // Sharding: --zero-stage 1|2|3 (--zero1 is --zero-stage 1); 3 is FullyShardedDataParallel (eager, or with
 // --compile its units' collectives in the graph: distributed/fsdp_compiled.h), with --keep-after-forward for
-// reshard_after_forward false, --prefetch for the eager step's prefetched gathers (the row says " prefetch"),
-// and --unit-reduction-lag N for CompileOptions::unit_reduction_lag (compiled: each unit's reduce-scatter waited
-// for N units later, 0 at the backward's end; the row says " unit lag N" unless 1).
+// reshard_after_forward false, --no-prefetch for the eager step without prefetched gathers (the row says
+// " no prefetch"), and --unit-reduction-lag N for CompileOptions::unit_reduction_lag (compiled: each unit's
+// reduce-scatter waited for N units later, 0 at the backward's end; the row says " unit lag N" unless 1).
 // With f32 parameters (--dtype bf16 computes in bf16 from them) every stage all-gathers and updates f32 values;
 // the row's peak memory is rank 0's.
 #include <algorithm>
@@ -67,7 +67,7 @@ struct Args {
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
   bool profiler_range = false, profile_events = false, losses = false, regional = false;
-  bool timeline = false, one_update = false, ddp_alone = false, keep_after_forward = false, prefetch = false;
+  bool timeline = false, one_update = false, ddp_alone = false, keep_after_forward = false, prefetch = true;
   int zero_stage = 0, unit_reduction_lag = 1;
   double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
   std::string reduce_dtype = "f32";
@@ -117,8 +117,8 @@ Args parse(int argc, char** argv) {
   app.add_option("--zero-stage", a.zero_stage, "0 (DDP), 1, 2 or 3 (FSDP; eager or compiled)")
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3 without resharding after forward")->group(dist);
-  app.add_flag("--prefetch", a.prefetch,
-               "eager ZeRO-3: gather the next block while one computes (distributed.prefetch)")
+  app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
+               "eager ZeRO-3: gather the next block while one computes (distributed.prefetch; default on)")
       ->group(dist);
   app.add_option("--unit-reduction-lag", a.unit_reduction_lag,
                  "compiled ZeRO-3: wait for each unit's reduce-scatter N units later (0: at the backward's end)")
@@ -203,19 +203,14 @@ int main(int argc, char** argv) try {
     (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0].item();
     cuda::profiler_stop();
   }
-  std::string profile_table;
-  if (a.profile > 0) {
-    recipes::OpProfiler prof(a.profile_events && dev.is_cuda() ? dev.index : -1);
-    prof.start(0);
+  const std::string profile_table = bench::profile_one_step(dev, a.profile, a.profile_events, [&] {
     (compiled ? (*compiled)({ids, targets}) : step_fn({ids, targets}))[0].item();
-    prof.stop();
-    profile_table = prof.top_ops_table(static_cast<int>(a.profile));
-  }
+  });
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, a.one_update, !a.keep_after_forward);
-  if (a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " prefetch";
+  if (!a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " no prefetch";
   if (compiled && w.dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);
   mode += bench::carveout_label();

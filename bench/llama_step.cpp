@@ -12,9 +12,9 @@
 // --batch is per rank, and rank 0 prints the row (tokens/s per rank); --timeline adds rank 0's communication
 // per step (busy, exposed), and --sm-carveout N leaves N SMs to NCCL's kernels, as bench_gpt2_step does.
 // Sharding: --zero-stage 1|2|3 (3: FullyShardedDataParallel, eager or compiled; --keep-after-forward for
-// reshard_after_forward false; eager, --prefetch for the prefetched gathers, the row saying " prefetch"; compiled,
-// --unit-reduction-lag N waits for each unit's reduce-scatter N units later, CompileOptions::unit_reduction_lag,
-// 0 at the backward's end, and the row says " unit lag N" unless 1);
+// reshard_after_forward false; eager, --no-prefetch without the prefetched gathers, the row saying " no
+// prefetch"; compiled, --unit-reduction-lag N waits for each unit's reduce-scatter N units later,
+// CompileOptions::unit_reduction_lag, 0 at the backward's end, and the row says " unit lag N" unless 1);
 // --params bf16 holds the weights (ZeRO-3: their shards, gathered in bf16) in bf16 with f32 masters the optimizer
 // updates, as `ingot run full_finetune dtype=bf16` and FSDP2's MixedPrecisionPolicy(param_dtype=bf16) do;
 // --reduce-dtype f32 reduces gradients in f32 (FSDP2's reduce_dtype).
@@ -24,6 +24,8 @@
 // them). --losses K prints the row in fsdp2_llama.py's columns (tokens/s and TFLOP/s per GPU, MFU against
 // --peak-tflops, peak memory as the maximum over ranks, first step, build + shard time) with the first K losses
 // of the global batch (the mean over ranks).
+// --profile K [--profile-events]: after the timed steps one more step under the op profiler, its K most expensive
+// ops, as bench_gpt2_step prints them (with --profile-events timed by CUDA events, nothing synchronized).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -52,7 +54,8 @@ struct Args {
   std::string params = "f32";
   int64_t batch = 2, seq = 2048, steps = 20, warmup = 5, layers = 0, losses = 0;
   int zero_stage = 0, unit_reduction_lag = 1;
-  bool timeline = false, keep_after_forward = false, prefetch = false;
+  bool timeline = false, keep_after_forward = false, prefetch = true, profile_events = false;
+  int64_t profile = 0;
   double peak_tflops = 989.4;
   double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
   std::string reduce_dtype = "f32";
@@ -81,6 +84,11 @@ Args parse(int argc, char** argv) {
   app.add_option("--checkpoint", a.checkpoint, "an HF checkpoint directory to load (ZeRO-3: each rank reads its slices)");
   app.add_option("--tokens", a.tokens, "int32 token ids in rows of seq + 1 (fsdp2_llama.py --make-tokens)");
   app.add_option("--losses", a.losses, "print the first K losses in fsdp2_llama.py's columns")->capture_default_str();
+  app.add_option("--profile", a.profile,
+                 "after the timed steps, one more step under the op profiler: its K most expensive ops (0: none)")
+      ->capture_default_str();
+  app.add_flag("--profile-events", a.profile_events,
+               "--profile times ops by CUDA events on the stream, synchronizing nothing (ops overlap as unprofiled)");
   app.add_option("--peak-tflops", a.peak_tflops, "the GPU's dense bf16 peak, for MFU")->capture_default_str();
   const std::string dist = "Under ingot launch";
   app.add_flag("--timeline", a.timeline, "rank 0's communication per step (busy, exposed)")->group(dist);
@@ -91,8 +99,8 @@ Args parse(int argc, char** argv) {
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3: keep a block's weights from forward to backward")
       ->group(dist);
-  app.add_flag("--prefetch", a.prefetch,
-               "eager ZeRO-3: gather the next block while one computes (distributed.prefetch)")
+  app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
+               "eager ZeRO-3: gather the next block while one computes (distributed.prefetch; default on)")
       ->group(dist);
   app.add_option("--unit-reduction-lag", a.unit_reduction_lag,
                  "compiled ZeRO-3: wait for each unit's reduce-scatter N units later (0: at the backward's end)")
@@ -248,6 +256,10 @@ int main(int argc, char** argv) try {
         return l;
       },
       a.timeline && dist ? dist->group.get() : nullptr, &marks);
+  const std::string profile_table = bench::profile_one_step(dev, a.profile, a.profile_events, [&] {
+    const std::vector<Tensor> b = next_batch();
+    (compiled ? (*compiled)(b) : step_fn(b))[0].item();
+  });
   const double med = t.median_ms();
   const double tokens = static_cast<double>(a.batch * a.seq);
   const models::LlamaConfig& c = hf.llama;
@@ -270,7 +282,7 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, false, !a.keep_after_forward);
-  if (a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " prefetch";
+  if (!a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " no prefetch";
   if (compiled && dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);
   mode += bench::carveout_label();
@@ -303,6 +315,7 @@ int main(int argc, char** argv) try {
     std::printf("first step: peak %.2f GB (max over ranks; the table's peak is the later steps')\n", first_peak_gb);
   bench::print_timeline(marks);
   if (compiled) bench::print_compile_stats(compiled->stats());
+  if (!profile_table.empty()) std::printf("%s", profile_table.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_llama_step: error: %s\n", e.what());

@@ -18,6 +18,7 @@
 #include "distributed/process_group.h"
 #include "optim/mixed_precision.h"
 #include "optim/optimizer.h"
+#include "recipes/profile.h"
 #include "runtime/device.h"
 #include "runtime/allocator.h"
 #include "runtime/cuda_runtime.h"
@@ -296,6 +297,18 @@ inline void print_compile_stats(const CompileStats& cs) {
                 static_cast<long long>(cs.cuda_graphs), static_cast<long long>(cs.cuda_graph_host_steps));
   if (!cs.cuda_graph_fallback.empty())
     std::printf("compile: reduce-overhead without CUDA graphs: %s\n", cs.cuda_graph_fallback.c_str());
+}
+
+// --profile K: one more step under the op profiler (recipes/profile.h), its K most expensive ops as a table;
+// `events`: timed by CUDA events on the stream with nothing synchronized (Note [Ops timed on the device]). Every
+// rank runs the step (a data-parallel step's collectives need them all); the caller prints rank 0's table.
+inline std::string profile_one_step(Device dev, int64_t k, bool events, const std::function<void()>& step) {
+  if (k <= 0) return {};
+  recipes::OpProfiler prof(events && dev.is_cuda() ? dev.index : -1);
+  prof.start(0);
+  step();
+  prof.stop();
+  return prof.top_ops_table(static_cast<int>(k));
 }
 
 }  // namespace ingot::bench

@@ -371,7 +371,11 @@ void FullyShardedDataParallel::zero_grad() {
 const std::vector<BucketPlan>& FullyShardedDataParallel::layout() const { return state_->plans; }
 
 int64_t FullyShardedDataParallel::peak_gathered_bytes() const { return state_->peak_gathered_bytes; }
-void FullyShardedDataParallel::reset_peak_gathered_bytes() { state_->peak_gathered_bytes = state_->gathered_bytes; }
+int64_t FullyShardedDataParallel::peak_reducing_bytes() const { return state_->peak_reducing_bytes; }
+void FullyShardedDataParallel::reset_peaks() {
+  state_->peak_gathered_bytes = state_->gathered_bytes;
+  state_->peak_reducing_bytes = state_->reducing_bytes;
+}
 
 void FullyShardedDataParallel::load_shards(
     const std::function<void(size_t param, int64_t begin, int64_t end, Tensor& dst)>& read) {

@@ -36,9 +36,9 @@
 // everything outside the blocks, gathered from its forward until its gradients are reduced.
 // On CUDA with NCCL the eager protocol relies on the process group's ordering (a collective waits for the work
 // queued on its input stream before it writes a freshly allocated unit) and, by default, on the host waiting for
-// each gather, so nothing is overlapped eagerly (run on 2 and 4 H200s: tests/gpu/test_fsdp_multi_gpu.cpp,
-// bench/RESULTS.md 2026-11-26); FsdpOptions::prefetch issues each block's gather one block ahead and lets the
-// compute stream alone wait for it (Note [Eager prefetch]).
+// each gather one block ahead, the compute stream alone waiting for it (FsdpOptions::prefetch, the default: Note
+// [Eager prefetch]; without it the host waits for each gather and nothing overlaps eagerly). Run on 2 and 4
+// H200s: tests/gpu/test_fsdp_multi_gpu.cpp, bench/RESULTS.md 2026-11-26 and 2026-11-27.
 // Compiled (ingot::compile of a step using this wrapper): while the step is traced the hooks record each unit's
 // all-gather and reduce-scatter as graph nodes instead (Note [ZeRO-3 in a traced step],
 // fsdp_compiled.cpp), and the compiler reshards, prefetches one unit ahead and overlaps the reductions.
@@ -75,8 +75,10 @@ struct FsdpOptions {
   // holds the same). Every rank issues the same collectives in the same order, as without it. A prefetch its
   // pass never used (a forward that stops before the block, a backward that does not reach it) is freed when
   // the model's forward ends, when synchronize() ends the backward and before the next forward. Compiled steps
-  // prefetch by their own schedule either way.
-  bool prefetch = false;
+  // prefetch by their own schedule either way. On by default since measured on GPUs (bench/RESULTS.md 2026-11-27:
+  // GPT-2 124M eager ZeRO-3 15-17% faster per step at 2 and 4 H200s, the 8B fine-tune 17%); false gathers each
+  // block when it is used, with the host waiting for it.
+  bool prefetch = true;
   // Note [Parameters without bytes]: parameters built by nn::SkipInit without bytes (shape, dtype and device,
   // no data) are not broadcast and give their unit zeros: the shards get their values from load_shards() or a
   // sharded checkpoint. The constructor makes one unit whole at a time, so such a model is never whole on a
@@ -115,9 +117,12 @@ class FullyShardedDataParallel {
   // blocks): the layout of the shards, which sharded checkpoints save and load rank by rank
   // (recipes/sharded_checkpoint.h: by parameter, so any layout resumes any other).
   const std::vector<BucketPlan>& layout() const;
-  // Eager: the most bytes of whole unit weights gathered at once since the last reset (padding included).
+  // Eager: the most bytes of whole unit weights gathered at once since the last reset_peaks() (padding included).
   int64_t peak_gathered_bytes() const;
-  void reset_peak_gathered_bytes();
+  // Eager: the most bytes of flattened unit gradients alive at once (made, or reducing until the device finished
+  // reading them) since the last reset_peaks(): at most Note [Reductions in flight]'s count plus the unit being made.
+  int64_t peak_reducing_bytes() const;
+  void reset_peaks();
   // Fills this rank's shards from a source of parameter slices (shard-wise loading: models::HFSliceReader reads
   // only their bytes): read(i, begin, end, dst) puts elements [begin, end) of the flattened value of parameter i
   // (model.parameters() order) into dst, a view of the shard in the parameter's dtype. Local, no collective; the

@@ -79,6 +79,9 @@ struct FullyShardedDataParallel::State {
   bool in_forward = false;        // between the model's forward hooks
   int heads_awaiting_backward = 0;  // tied: head forwards of this round whose backward has not run yet
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;  // eager: the units' whole weights that have bytes
+  // Eager: the units' flattened gradients alive (made, reducing or waiting to be reduced) and their peak.
+  int64_t reducing_bytes = 0, peak_reducing_bytes = 0;
+  static constexpr int kReductionsInFlight = 2;  // Note [Reductions in flight]
   size_t next_issue = 0;    // reductions are issued from the last unit to the first
   bool round_active = false;
   bool active = true;       // false after unshard(): every hook is quiet
@@ -159,6 +162,8 @@ struct FullyShardedDataParallel::State {
     const census::Owner owner("ZeRO-3: flattened unit gradients (eager)");
     const DType reduce = options.reduce_dtype.value_or(u.dtype);
     u.flat_grad = zeros({u.plan.padded_numel}, reduce, u.device);
+    reducing_bytes += static_cast<int64_t>(u.flat_grad.nbytes());
+    peak_reducing_bytes = std::max(peak_reducing_bytes, reducing_bytes);
     for (size_t k = 0; k < u.plan.params.size(); ++k) {
       Tensor& p = params[u.plan.params[k]];
       Tensor g = p.grad();
@@ -180,7 +185,28 @@ struct FullyShardedDataParallel::State {
       ++next_issue;
     }
     for (Unit& u : units)
-      if (u.flat_grad.defined() && u.work && u.work->is_completed()) u.flat_grad = Tensor();
+      if (u.flat_grad.defined() && u.work && u.work->is_completed()) drop_flat_grad(u);
+    // Note [Reductions in flight]: a host that runs ahead of the device (prefetched gathers block no host wait)
+    // would find every reduction still running and keep every unit's flattened gradient: on an 8B model 0.87 GB
+    // of f32 per block, +7 GB at the peak (bench/RESULTS.md 2026-11-27). Beyond the kReductionsInFlight newest,
+    // the oldest buffer is dropped after the compute stream (not the host) was made to wait for its reduction:
+    // the allocator may hand its block to the next allocation on that stream only once NCCL read it.
+    // The compute stream stalls only when communication is that many units behind, as FSDP2's does.
+    int live = 0;
+    for (const Unit& u : units) live += u.flat_grad.defined() && u.work ? 1 : 0;
+    for (size_t i = units.size(); i-- > 0 && live > kReductionsInFlight;) {  // issue order: the last unit first
+      Unit& u = units[i];
+      if (!u.flat_grad.defined() || !u.work) continue;
+      if (u.device.is_cuda()) u.work->block_stream(cuda::current_stream(u.device.index));
+      else u.work->wait();
+      drop_flat_grad(u);
+      --live;
+    }
+  }
+
+  void drop_flat_grad(Unit& u) {
+    reducing_bytes -= static_cast<int64_t>(u.flat_grad.nbytes());
+    u.flat_grad = Tensor();
   }
 
   void on_grad(size_t i) {
@@ -198,7 +224,7 @@ struct FullyShardedDataParallel::State {
       u.boundaries = 0;  // a graph dropped without its backward leaves none pending
       u.pending = static_cast<int>(u.plan.params.size());
       u.work.reset();
-      u.flat_grad = Tensor();
+      if (u.flat_grad.defined()) drop_flat_grad(u);
       u.shard_grad = Tensor();
     }
     next_issue = 0;

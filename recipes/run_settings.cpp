@@ -118,10 +118,10 @@ void add_distributed_keys(ConfigSchema& s) {
               "zero_stage 3: free a block's gathered weights after its forward and gather them again for its "
               "backward (false: keep them until its gradients are reduced; one all-gather less, more memory)")
             .not_in_config_hash());
-  s.add(K::of(T::Bool, "distributed.prefetch", "false",
+  s.add(K::of(T::Bool, "distributed.prefetch", "true",
               "zero_stage 3 without compile: all-gather the next block's weights while the current one computes "
               "(forward and backward; on GPUs the host does not wait for gathers); two blocks' weights gathered at "
-              "once. Compiled steps always prefetch")
+              "once (false: one, each gathered when used). Compiled steps always prefetch")
             .not_in_config_hash());
   s.add(K::of(T::Bool, "distributed.overlap", "true",
               "reduce each bucket during backward as soon as it fills (false: after the whole backward)")

@@ -48,7 +48,7 @@ struct DistributedSettings {
   std::string reduce_dtype = "f32";  // f32 | bf16: the dtype gradients are averaged in
   int64_t zero_stage = 0;  // 0 (DDP) to 3 (FSDP)
   bool reshard_after_forward = true;  // zero_stage 3
-  bool prefetch = false;  // zero_stage 3, eager: Note [Eager prefetch] (distributed/fsdp.h)
+  bool prefetch = true;   // zero_stage 3, eager: Note [Eager prefetch] (distributed/fsdp.h)
   bool overlap = true;
   // SMs left to communication kernels (Note [SM carve-out], runtime/sm_budget.h); 0: INGOT_SM_CARVEOUT, else none.
   int64_t sm_carveout = 0;

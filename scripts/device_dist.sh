@@ -17,8 +17,8 @@
 #         exit code, the failures and the '[ fsdp nccl ]' memory lines; CompiledFsdpOnGpus.*: compiled ZeRO-3 vs eager
 #         (tests/gpu/test_fsdp_compiled_gpu.cpp: reshard on/off, f32/bf16 reduction, bf16 masters, reduce-overhead)
 #   zero: the price of sharding, GPT-2 124M (bf16 autocast, f32 parameters, 16 x 1024 per GPU) eager on 1 GPU, then
-#         at 2 and 4 GPUs eager DDP, ZeRO-2, ZeRO-3 (resharded after forward, kept, and with prefetch: z3prefetch,
-#         not in the default rows) and compiled DDP / ZeRO-2 /
+#         at 2 and 4 GPUs eager DDP, ZeRO-2, ZeRO-3 (resharded after forward, kept, and without the eager prefetch:
+#         z3noprefetch, not in the default rows) and compiled DDP / ZeRO-2 /
 #         ZeRO-3 (the units' collectives in the graph):
 #         one '| ingot ...' row each (ms/step, tokens/s per rank, peak memory of rank 0)
 #   fsdp8b: Llama-3-8B-shaped full fine-tune on all GPUs, 2 x 2048 per GPU, bf16 compute over f32 masters, AdamW:
@@ -28,8 +28,9 @@
 #         first when missing (110 s on 4x H200; the machine keeps it while warm). FSDP8B_PARTS picks the runs
 #         (default "ingot eager compile ingot-compiled": 75, 45, 60 s on 4x H200 for the first three, so with the
 #         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default; a part
-#         ending in +coN runs with --sm-carveout N; ingot-prefetch is eager ZeRO-3 with the next block's gather
-#         prefetched, --prefetch;
+#         ending in +coN runs with --sm-carveout N; ingot-noprefetch is eager ZeRO-3 with each block gathered
+#         when used, --no-prefetch; a part ending in +prof adds --timeline and the 40 costliest ops timed by CUDA
+#         events (--profile 40 --profile-events);
 #         ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
 #   step's world sizes and rows, e.g. ZERO_WORLDS=4 ZERO_ROWS="ddp_compiled z3_compiled")
@@ -300,7 +301,7 @@ if want zero; then  # the price of sharding: GPT-2 124M, DDP vs ZeRO-2 vs ZeRO-3
       z2) gpt2 $1 zero_z2_$1 --zero-stage 2 ;;
       z3) gpt2 $1 zero_z3_$1 --zero-stage 3 ;;
       z3keep) gpt2 $1 zero_z3keep_$1 --zero-stage 3 --keep-after-forward ;;
-      z3prefetch) gpt2 $1 zero_z3prefetch_$1 --zero-stage 3 --prefetch ;;
+      z3noprefetch) gpt2 $1 zero_z3noprefetch_$1 --zero-stage 3 --no-prefetch ;;
       ddp_compiled) gpt2 $1 zero_ddp_compiled_$1 --compile default --timeline ;;
       z2_compiled) gpt2 $1 zero_z2_compiled_$1 --compile default --timeline --zero-stage 2 ;;
       z3_compiled) gpt2 $1 zero_z3_compiled_$1 --compile default --timeline --zero-stage 3 ;;
@@ -332,8 +333,10 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
       # A part may end in +coN: the same run with --sm-carveout N (Note [SM carve-out], runtime/sm_budget.h).
       p=$part
       comp=""; [[ $p == ingot-compiled* ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
+      # +prof: with rank 0's communication timeline and its 40 costliest ops timed by CUDA events (one more step).
+      [[ $p == *+prof ]] && { comp="$comp --timeline --profile 40 --profile-events"; p=${p%+prof}; }
       [[ $p == *+co* ]] && comp="$comp --sm-carveout ${p##*+co}"
-      [[ $p == ingot-prefetch ]] && comp="--prefetch"  # eager, the next block's gather prefetched
+      [[ $p == ingot-noprefetch ]] && comp="--no-prefetch"  # eager, each block gathered when used
       # ingot-memory: compiled, 2 steps under INGOT_LOGS=memory (the allocation census at rank 0's peak).
       c8=$common8
       if [[ $part == ingot-memory ]]; then
@@ -346,6 +349,7 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
       echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"; unset INGOT_LOGS
       grep -h "^| ingot\|^compile:\|^first step\|error" "$out/fsdp8b_$part.log" | tail -5
       [[ $part == ingot-memory ]] && grep -h -A12 "census of cuda:0" "$out/fsdp8b_$part.log" | tail -13
+      [[ $part == *+prof ]] && { grep -h "^timeline:" "$out/fsdp8b_$part.log"; sed -n '/^op /,/^(/p' "$out/fsdp8b_$part.log" | cut -c1-60,120-; }
     else
       timeout $left python3 -m torch.distributed.run --standalone --nproc-per-node $gpus bench/reference/fsdp2_llama.py \
         --config "$cfg8" --checkpoint "$ck" --tokens "$tok" $common8 --modes $part > "$out/fsdp8b_$part.log" 2>&1

@@ -252,8 +252,10 @@ TEST(ZeroStages, ThreeGathersTheEmbeddingsAndTheHeadOnlyWhereTheyAreUsed) {
       SCOPED_TRACE(tied ? "GPT-2 (tied embeddings)" : "Llama (lm_head of its own)");
       const std::vector<double> single = three_steps(ctx, *tiny_causal_lm(tied), nullptr);
       std::unique_ptr<models::CausalLM> model = tiny_causal_lm(tied);
-      FullyShardedDataParallel fsdp(*model, ctx.group);
-      fsdp.reset_peak_gathered_bytes();
+      FsdpOptions o;
+      o.prefetch = false;  // one unit gathered at a time (with prefetch two blocks: the test below)
+      FullyShardedDataParallel fsdp(*model, ctx.group, o);
+      fsdp.reset_peaks();
       const std::vector<double> sharded = three_steps(ctx, *model, &fsdp);
       const int64_t peak = fsdp.peak_gathered_bytes();
       const std::vector<BucketPlan>& plans = fsdp.layout();
@@ -291,7 +293,7 @@ TEST(ZeroStages, PrefetchedBlocksTrainLikeOneProcessWithTwoBlocksGatheredAtOnce)
       FsdpOptions o;
       o.prefetch = true;
       FullyShardedDataParallel fsdp(*model, ctx.group, o);
-      fsdp.reset_peak_gathered_bytes();
+      fsdp.reset_peaks();
       const int64_t before = ctx.group->next_seq();
       const std::vector<double> sharded = three_steps(ctx, *model, &fsdp);
       // Per step: the embeddings, each block twice, the head (tied: the embeddings again) and 4 reduce-scatters,

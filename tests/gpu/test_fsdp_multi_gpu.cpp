@@ -63,7 +63,17 @@ struct Trained {
   int64_t held = 0;            // device bytes allocated after the first step beyond those before the model existed
                                // (weights included: ZeRO-3's are shards)
   int64_t model_bytes = 0;     // bytes of the whole model's weights
+  // ZeRO-3: the most bytes of flattened unit gradients alive at once, the largest unit's and all units'.
+  int64_t peak_reducing = 0, unit_grad_max = 0, unit_grad_all = 0;
 };
+
+// Queues ~100 ms of products on the current stream and returns at once: what the host queues next (a backward and
+// its reductions) runs only after them, so the host is that far ahead of the device.
+void keep_the_device_busy(Device dev) {
+  NoGradGuard no_grad;
+  const Tensor a = randn({4096, 4096}, DType::f32, dev);
+  for (int i = 0; i < 40; ++i) (void)matmul(a, a);
+}
 
 int64_t allocated(Device dev) { return allocator_for(dev).stats().allocated_bytes; }
 
@@ -71,7 +81,7 @@ int64_t allocated(Device dev) { return allocator_for(dev).stats().allocated_byte
 // GPU: all 8), each step as two micro-batches (gradient accumulation: DDP's first under no_sync, every FSDP backward
 // reduces). Small DDP buckets, so ZeRO-2 spreads over several.
 Trained train(Device dev, const DistributedContext& ctx, Mode mode, std::optional<DType> reduce_dtype,
-              const models::GPT2Config& cfg, int steps = 5) {
+              const models::GPT2Config& cfg, int steps = 5, bool host_ahead = false) {
   const bool one = mode == Mode::OneGpu;
   const int rank = one ? 0 : ctx.info.rank, world = one ? 1 : ctx.info.world_size;
   auto [ids, tgt] = ingot::testing::repeating_batch(8, 8);
@@ -110,6 +120,7 @@ Trained train(Device dev, const DistributedContext& ctx, Mode mode, std::optiona
     for (size_t m = 0; m < micro.size(); ++m) {
       const double weight = static_cast<double>(micro[m].first.size(0)) / static_cast<double>(rows);
       Tensor l = model.loss(micro[m].first, micro[m].second) * weight;
+      if (host_ahead) keep_the_device_busy(dev);
       if (ddp && m == 0) {
         auto guard = ddp->no_sync();
         l.backward();
@@ -132,7 +143,15 @@ Trained train(Device dev, const DistributedContext& ctx, Mode mode, std::optiona
     }
     out.losses.push_back(loss.item());
   }
-  if (fsdp) fsdp->unshard();
+  if (fsdp) {
+    out.peak_reducing = fsdp->peak_reducing_bytes();
+    for (const BucketPlan& plan : fsdp->layout()) {
+      const int64_t bytes = plan.padded_numel * static_cast<int64_t>(itemsize(reduce_dtype.value_or(DType::f32)));
+      out.unit_grad_max = std::max(out.unit_grad_max, bytes);
+      out.unit_grad_all += bytes;
+    }
+    fsdp->unshard();
+  }
   for (const Tensor& p : model.parameters()) out.params.push_back(p.to(Device::cpu()));
   return out;
 }
@@ -173,6 +192,25 @@ void rank_body_stages() {
     const std::string what = std::string(mode_name(m)) + " reduced in bf16";
     expect_same_training(z, one, 2e-2, what + " vs one GPU", false);
     expect_same_training(z, ddp_bf, 1e-2, what + " vs eager DDP reduced in bf16", false);
+  }
+
+  // Note [Reductions in flight] (fsdp_state.h): with prefetch the host queues a whole backward ahead of the device
+  // (here ~100 ms of products queued before each backward make sure of it); the units' flattened gradients alive
+  // at once stay at the bound plus the one being made instead of every unit's, and training is unchanged (a
+  // dropped buffer reused before NCCL read it would change the gradients).
+  {
+    models::GPT2Config deep = tiny;
+    deep.n_layer = 6;
+    const Trained ahead = train(dev, ctx, Mode::Zero3Prefetch, std::nullopt, deep, 2, /*host_ahead=*/true);
+    const Trained plain = train(dev, ctx, Mode::Zero3, std::nullopt, deep, 2);
+    expect_same_training(ahead, plain, 1e-5, "ZeRO-3 prefetched with the host ahead vs ZeRO-3");
+    if (rank == 0)
+      std::printf("[ fsdp nccl ] host ahead: flattened gradients alive at once at most %lld B (a unit at most %lld B, "
+                  "all units %lld B)\n",
+                  static_cast<long long>(ahead.peak_reducing), static_cast<long long>(ahead.unit_grad_max),
+                  static_cast<long long>(ahead.unit_grad_all));
+    EXPECT_LE(ahead.peak_reducing, 3 * ahead.unit_grad_max);
+    EXPECT_LT(ahead.peak_reducing, ahead.unit_grad_all);
   }
 
   // Memory: a model of a few MB, so the allocator's rounding of small tensors does not count. DDP holds the
