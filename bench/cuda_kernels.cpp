@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/cuda_runtime.h"
@@ -81,6 +82,22 @@ int main() {
     const double ms = median_ms([&] { kg::matmul(c, a, b, false, true, 1.0, 0.0); }, 10);
     report(dt == DType::bf16 ? "matmul bf16 8192^3 (a @ b^T)" : "matmul f32 4096^3 (no TF32)", ms, 0,
            2.0 * static_cast<double>(m) * m * m);
+  }
+  // Llama-3-8B's weight-gradient products at 2 x 2048 tokens (dW = dY^T @ X, K = 4096 tokens): bf16 out, and
+  // widened to f32 out as compile/passes/widen_pieces.h makes them for an f32 reduction (cuBLASLt picks each
+  // algorithm by its heuristic; the ratio says what writing f32 costs the product).
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{4096, 4096}, {1024, 4096}, {14336, 4096},
+                                                                     {4096, 14336}}) {
+    const int64_t k = 4096;
+    Tensor dy = randn({1, k, rows}, DType::bf16, g), x = randn({1, k, cols}, DType::bf16, g);
+    Tensor narrow_out = empty({1, rows, cols}, DType::bf16, g), wide_out = empty({1, rows, cols}, DType::f32, g);
+    const double flops = 2.0 * static_cast<double>(rows) * cols * k;
+    const double bf = median_ms([&] { kg::matmul(narrow_out, dy, x, true, false, 1.0, 0.0); }, 10);
+    const double wf = median_ms([&] { kg::matmul(wide_out, dy, x, true, false, 1.0, 0.0); }, 10);
+    const std::string shape = std::to_string(rows) + "x" + std::to_string(cols) + "x" + std::to_string(k);
+    report(("dW " + shape + " bf16 out").c_str(), bf, 0, flops);
+    report(("dW " + shape + " f32 out").c_str(), wf, 0, flops);
+    std::printf("%-40s %9.3f (f32 out / bf16 out)\n", ("dW " + shape + " ratio").c_str(), wf / bf);
   }
   {
     std::vector<Tensor> p, gr, m1, m2;

@@ -10,7 +10,7 @@
 # there: glibc 2.36 here, 2.39 there.
 set -euo pipefail
 build=${1:-build}; archive=${2:-.device/bundle.tar.xz}
-programs=(ingot ingot_tests bench_gpt2_step bench_llama_step bench_allreduce)
+programs=(ingot ingot_tests bench_gpt2_step bench_llama_step bench_allreduce bench_cuda_kernels)
 own='linux-vdso|ld-linux|/libc\.so|/libm\.so|/libstdc\+\+|/libgcc_s|/libpthread|/libdl\.so|/librt\.so|/libcuda\.so'
 cuda='/usr/local/cuda|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink'
 stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
