@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
 
 #include "runtime/kernels/kernels.h"
 #include "tests/gpu/cuda_test_util.h"
@@ -112,6 +114,60 @@ TEST(CudaElementwise, MixedDTypesAndIntegersMatchCpu) {
     kc::binary(op, iref, ia.cpu, ib.cpu);
     kg::binary(op, iout, ia.gpu, ib.gpu);
     EXPECT_EQ(count_unequal(iout, iref), 0) << kernels::binary_name(op);
+  }
+}
+
+// Note [Contiguous elementwise in vectors] (elementwise.cu): dense f32 / bf16 / f16 operands take 8 elements per
+// thread with 16-byte loads, the last numel % 8 the scalar path; an operand starting off a 16-byte boundary sends
+// the whole op to the general kernel. Every length here (below one vector, whole vectors, a tail; one and several
+// grid strides) and start (aligned; misaligned input; misaligned output) equals the CPU: unary and binary ops in
+// one dtype and mixed, casts (bit for bit) and SwiGLU's forward.
+TEST(CudaElementwise, DenseOperandsOfEveryLengthAndAlignmentMatchCpu) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(16);
+  const DType dts[] = {DType::f32, DType::bf16, DType::f16};
+  // `n` elements from element `offset` of a fresh random vector, on the CPU and the same bytes on the GPU.
+  auto dense = [](int64_t n, int64_t offset, DType dt, double scale) {
+    Tensor base = (randn({n + offset}) * scale).to(dt);
+    return Operand{narrow(base, 0, offset, n), narrow(base.to(kGpu), 0, offset, n)};
+  };
+  auto out_at = [](int64_t n, int64_t offset, DType dt) { return narrow(poisoned({n + offset}, dt, kGpu), 0, offset, n); };
+  for (int64_t n : {5, 8, 13, 1000, 8195, 1000003}) {
+    for (auto [in_off, out_off] : {std::pair<int64_t, int64_t>{0, 0}, {8, 0}, {1, 0}, {0, 1}}) {
+      for (DType dt : dts) {
+        const std::string where = detail::str_cat(dtype_name(dt), " n=", n, " input at ", in_off, " output at ", out_off);
+        const Tol t = tol_for(dt);
+        for (UnaryOp op : {UnaryOp::Exp, UnaryOp::GeluTanh, UnaryOp::Silu, UnaryOp::MulScalar}) {
+          const Operand in = dense(n, in_off, dt, 1.0);
+          Tensor ref = empty({n}, dt), out = out_at(n, out_off, dt);
+          kc::unary(op, ref, in.cpu, 1.7);
+          kg::unary(op, out, in.gpu, 1.7);
+          EXPECT_LE(max_rel_error(out, ref, t.rtol, t.atol), 1.0) << kernels::unary_name(op) << " " << where;
+        }
+        for (DType bdt : dts) {  // b in every dtype, out in a's
+          for (BinaryOp op : {BinaryOp::Add, BinaryOp::Mul, BinaryOp::SiluGrad}) {
+            const Operand a = dense(n, in_off, dt, 1.0), b = dense(n, 0, bdt, 2.0);
+            Tensor ref = empty({n}, dt), out = out_at(n, out_off, dt);
+            kc::binary(op, ref, a.cpu, b.cpu);
+            kg::binary(op, out, a.gpu, b.gpu);
+            EXPECT_LE(max_rel_error(out, ref, t.rtol, t.atol), 1.0)
+                << kernels::binary_name(op) << " " << where << ", b " << dtype_name(bdt);
+          }
+        }
+        for (DType to : dts) {
+          const Operand src = dense(n, in_off, dt, 40.0);
+          Tensor ref = empty({n}, to), out = out_at(n, out_off, to);
+          kc::copy(ref, src.cpu);
+          kg::copy(out, src.gpu);
+          EXPECT_EQ(count_unequal(out, ref), 0) << "copy to " << dtype_name(to) << " " << where;
+        }
+        const Operand a = dense(n, in_off, dt, 1.0), b = dense(n, in_off, dt, 1.0);
+        Tensor ref = empty({n}, dt), out = out_at(n, out_off, dt);
+        kc::silu_mul_fwd(ref, a.cpu, b.cpu);
+        kg::silu_mul_fwd(out, a.gpu, b.gpu);
+        EXPECT_LE(max_rel_error(out, ref, t.rtol, t.atol), 1.0) << "silu_mul " << where;
+      }
+    }
   }
 }
 

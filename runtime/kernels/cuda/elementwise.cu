@@ -12,6 +12,10 @@
 // costs a few instructions per element (well under the memory-bound budget), and keeps the number of kernel
 // instantiations small.
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
 
 #include "runtime/kernels/cuda/common.cuh"
 #include "runtime/kernels/kernels.h"
@@ -106,6 +110,117 @@ __global__ void elementwise_kernel(Operands<N> a, int64_t numel, F f) {
   }
 }
 
+// Note [Contiguous elementwise in vectors]: the general kernel above loads and stores one element per operand and
+// iteration through a dtype switch; on dense operands that left an H200 at 1.5 TB/s for a bf16 mul and 2.5 TB/s for
+// an f32 -> bf16 copy (bench_cuda_kernels, bench/RESULTS.md 2026-11-27), the copy being, for one, what every eager
+// and compiled ZeRO-3 gather runs on its f32 master shard first. When every operand is dense (one collapsed dim
+// of stride 1), 16-byte aligned and f32 / bf16 / f16, each thread takes kVec elements per operand with 16-byte
+// loads and stores (two per operand for f32), switching on the dtypes once per vector; the last numel % kVec
+// elements take the scalar path. The math is the same functor on the same f32 values, so results are
+// bit-identical to the general kernel's. INGOT_CUDA_DENSE_VEC=0 sends everything to the general kernel (to measure
+// one against the other in one process: bench/RESULTS.md).
+constexpr int kVec = 8;
+
+bool dense_vec_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("INGOT_CUDA_DENSE_VEC");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+__device__ __forceinline__ void load_vec(const void* base, DType dt, int64_t i, float (&v)[kVec]) {
+  switch (dt) {
+    case DType::f32: {
+      const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+      const float4 x = p[0], y = p[1];
+      v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+      break;
+    }
+    case DType::bf16: {
+      const uint4 r = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(base) + i);
+      const bf16* h = reinterpret_cast<const bf16*>(&r);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[j] = __bfloat162float(h[j]);
+      break;
+    }
+    default: {  // f16 (dense_vectorizable admits nothing else)
+      const uint4 r = *reinterpret_cast<const uint4*>(static_cast<const half*>(base) + i);
+      const half* h = reinterpret_cast<const half*>(&r);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[j] = __half2float(h[j]);
+      break;
+    }
+  }
+}
+
+__device__ __forceinline__ void store_vec(void* base, DType dt, int64_t i, const float (&v)[kVec]) {
+  switch (dt) {
+    case DType::f32: {
+      float4* p = reinterpret_cast<float4*>(static_cast<float*>(base) + i);
+      p[0] = make_float4(v[0], v[1], v[2], v[3]);
+      p[1] = make_float4(v[4], v[5], v[6], v[7]);
+      break;
+    }
+    case DType::bf16: {
+      uint4 r;
+      bf16* h = reinterpret_cast<bf16*>(&r);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) h[j] = __float2bfloat16(v[j]);
+      *reinterpret_cast<uint4*>(static_cast<bf16*>(base) + i) = r;
+      break;
+    }
+    default: {
+      uint4 r;
+      half* h = reinterpret_cast<half*>(&r);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) h[j] = __float2half(v[j]);
+      *reinterpret_cast<uint4*>(static_cast<half*>(base) + i) = r;
+      break;
+    }
+  }
+}
+
+template <int N, typename F>
+__global__ void dense_vec_kernel(Operands<N> a, int64_t numel, F f) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t vecs = numel / kVec;
+  for (int64_t v = first; v < vecs; v += step) {
+    float in[N - 1][kVec];
+#pragma unroll
+    for (int k = 1; k < N; ++k) load_vec(a.data[k], a.dtype[k], v * kVec, in[k - 1]);
+    float out[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      float x[N - 1];
+#pragma unroll
+      for (int k = 0; k < N - 1; ++k) x[k] = in[k][j];
+      out[j] = f(x);
+    }
+    store_vec(a.data[0], a.dtype[0], v * kVec, out);
+  }
+  for (int64_t i = vecs * kVec + first; i < numel; i += step) {  // the tail, element by element
+    float x[N - 1];
+#pragma unroll
+    for (int k = 1; k < N; ++k) x[k - 1] = load_dyn<float>(a.data[k], a.dtype[k], i);
+    store_dyn<float>(a.data[0], a.dtype[0], i, f(x));
+  }
+}
+
+// Whether Note [Contiguous elementwise in vectors] applies to the collapsed operands.
+template <int N>
+bool dense_vectorizable(const Operands<N>& a, int64_t numel) {
+  if (N < 2 || a.ndim != 1 || numel < kVec || !dense_vec_enabled()) return false;
+  for (int k = 0; k < N; ++k) {
+    const DType d = a.dtype[k];
+    if (a.strides[k][0] != 1 || (d != DType::f32 && d != DType::bf16 && d != DType::f16) ||
+        reinterpret_cast<uintptr_t>(a.data[k]) % 16 != 0)
+      return false;
+  }
+  return true;
+}
+
 template <typename Acc, int N, typename F>
 void launch(const char* op, const std::array<const Tensor*, N>& ts, F f) {
   const Tensor& out = *ts[0];
@@ -116,6 +231,13 @@ void launch(const char* op, const std::array<const Tensor*, N>& ts, F f) {
   if (numel == 0) return;
   Operands<N> a = collapse<N>(op, ts);
   LaunchContext ctx(out);
+  if constexpr (std::is_same_v<Acc, float> && N >= 2) {
+    if (dense_vectorizable<N>(a, numel)) {
+      dense_vec_kernel<N><<<grid_for(numel / kVec, kBlock, ctx.device), kBlock, 0, ctx.stream>>>(a, numel, f);
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   const unsigned grid = grid_for(numel, kBlock, ctx.device);
   if (a.ndim == 1) {
     elementwise_kernel<Acc, N, Mode::Linear><<<grid, kBlock, 0, ctx.stream>>>(a, numel, f);
