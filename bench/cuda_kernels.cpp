@@ -84,7 +84,7 @@ int main() {
            2.0 * static_cast<double>(m) * m * m);
   }
   // Llama-3-8B's weight-gradient products at 2 x 2048 tokens (dW = dY^T @ X, K = 4096 tokens): bf16 out, and
-  // widened to f32 out as compile/passes/widen_pieces.h makes them for an f32 reduction (cuBLASLt picks each
+  // widened to f32 out as compile/passes/cast_pieces.h makes them for an f32 reduction (cuBLASLt picks each
   // algorithm by its heuristic; the ratio says what writing f32 costs the product).
   for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{4096, 4096}, {1024, 4096}, {14336, 4096},
                                                                      {4096, 14336}}) {

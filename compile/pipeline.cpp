@@ -201,8 +201,8 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   // The split pays off only when its halves become generated kernels; node by node it would run the norm
   // backward's eager kernel twice.
   run_pass("decompose_norm_bwd", g, [&](Graph& x) { return generated && passes::decompose_norm_bwd(x, {target}); });
-  // Before the epilogues: the casts it moves onto the gradients' products widen them there.
-  run_pass("widen_pieces", g, [&](Graph& x) { return passes::widen_pieces(x, {target}); });
+  // Before the epilogues: a widening cast moved onto a gradient's product widens the product there.
+  run_pass("cast_pieces", g, [&](Graph& x) { return passes::cast_pieces(x, {target}); });
   run_pass("matmul_epilogues", g, [&](Graph& x) {
     return generated && passes::fuse_matmul_epilogues(x, {.target = target, .with_dbias = true});
   });

@@ -5,6 +5,7 @@
 #include "compile/passes/accumulate_index_add.h"
 #include "compile/passes/bucket_updates.h"
 #include "compile/passes/bucket_views.h"
+#include "compile/passes/cast_pieces.h"
 #include "compile/passes/cse.h"
 #include "compile/passes/dce.h"
 #include "compile/passes/decompose_norm_bwd.h"
@@ -18,4 +19,3 @@
 #include "compile/passes/schedule.h"
 #include "compile/passes/simplify.h"
 #include "compile/passes/split_update.h"
-#include "compile/passes/widen_pieces.h"
