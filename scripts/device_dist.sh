@@ -6,7 +6,8 @@
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
-#                          [fsdp] [zero] [fsdp8b] [carveout] [clocks] [priority] [kernels]  (default: tests bench torch)
+#                          [fsdp] [zero] [fsdp8b] [carveout] [clocks] [priority] [kernels] [ddpwhy]
+#                          (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
 #   bucket: the per-bucket optimizer updates test, 3 runs
@@ -49,6 +50,8 @@
 #         the 1-GPU default row first: whether NCCL's kernels scheduled ahead of the compute slow it (issue 21)
 #   kernels: GPT-2 compiled default on 1 GPU and on all GPUs, twice each, with the op profiler timing every op by
 #         CUDA events (bench_gpt2_step --profile 60 --profile-events): which ops slow down beside NCCL (issue 21)
+#   ddpwhy: GPT-2 compiled default per-op device times on 1 GPU and on all GPUs reduced in f32 and in bf16 (the ops
+#         that grow), then all GPUs with NCCL held to 2 and 1 CTAs and with NCCL_P2P_DISABLE=1 (issue 21)
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -167,7 +170,7 @@ PY
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
   want bench || want variants || want memory || want peak || want zero || want carveout || want clocks || want priority ||
-    want kernels ||
+    want kernels || want ddpwhy ||
     return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   smi_start "$name"
@@ -236,6 +239,23 @@ if want kernels; then  # which ops slow down beside NCCL: per-op device time, 1 
     echo "kernels: 1 GPU vs $gpus GPUs, round $r"
     python3 bench/reference/op_table_diff.py "$out/kernels_1_$r.log" "$out/kernels_${gpus}_$r.log" --top 25
   done
+fi
+if want ddpwhy; then  # what slows DDP's compute (issue 21): neither bytes nor the machine (bench/RESULTS.md 2026-11-27)
+  # Per-op device times of GPT-2 compiled default: 1 GPU, all GPUs reduced in f32 and in bf16 (half the bytes and
+  # half NCCL's busy time, the same step in call 8); which ops grow in each. Then NCCL held to 1-2 CTAs (if its
+  # kernels' residency slows the compute, the slowdown shrinks and exposure grows) and NCCL without P2P (through host
+  # memory: no peer writes into this GPU's memory).
+  ev="--compile default --timeline --profile 60 --profile-events"
+  gpt2 1 why_1 $ev
+  gpt2 $gpus why_f32 $ev
+  gpt2 $gpus why_bf16 $ev --reduce-dtype bf16
+  for other in f32 bf16; do
+    echo "ddpwhy: 1 GPU vs $gpus GPUs reduced in $other"
+    python3 bench/reference/op_table_diff.py "$out/why_1.log" "$out/why_$other.log" --top 12
+  done
+  NCCL_MAX_CTAS=2 NCCL_MIN_CTAS=1 gpt2 $gpus why_ctas2 --compile default --timeline
+  NCCL_MAX_CTAS=1 NCCL_MIN_CTAS=1 gpt2 $gpus why_ctas1 --compile default --timeline
+  NCCL_P2P_DISABLE=1 gpt2 $gpus why_nop2p --compile default --timeline
 fi
 if want variants; then
   n=$(( gpus >= 4 ? 4 : 2 ))
