@@ -27,7 +27,8 @@
 // With --compile the bucket all-reduces are nodes of the compiled step's graph (distributed/collective_ops.h).
 // DDP flags: --bucket-cap-mb MB, --reduce-dtype f32|bf16, --zero1, --one-update (one optimizer update after all
 // reductions instead of the default one per bucket after its own reduction: CompileOptions::bucket_updates),
-// --timeline (rank 0's communication per step from CUDA events: busy, exposed, compute; a 'timeline:' line),
+// --timeline (rank 0's communication per step from CUDA events: busy, exposed, compute; a 'timeline:' line, then one
+// per collective with >= 0.05 ms exposed, the five longest: which collective the compute stream stood at),
 // --sm-carveout N (the compute kernels leave N SMs to NCCL's: Note [SM carve-out], runtime/sm_budget.h; the row
 // says " carveout N", also when INGOT_SM_CARVEOUT set it).
 // Sharding: --zero-stage 1|2|3 (--zero1 is --zero-stage 1); 3 is FullyShardedDataParallel (eager, or with

@@ -281,6 +281,22 @@ inline void print_timeline(const std::vector<distributed::ProcessGroup::StepTime
               "(%.0f MB), exposed %.2f ms, compute %.2f ms\n",
               marks.size(), step_ms, med(&T::comm_ms), marks.back().collectives, marks.back().bytes / 1e6, exposed,
               step_ms - exposed);
+  // Where the exposed time is: the collectives whose waits stood longest (median over the steps), at most five.
+  const size_t n_slots = marks.back().slots.size();
+  std::vector<std::pair<double, size_t>> by_slot;
+  for (size_t k = 0; k < n_slots; ++k) {
+    std::vector<double> v;
+    for (const auto& m : marks)
+      if (k < m.slots.size()) v.push_back(m.slots[k].exposed_ms);
+    if (const double e = median(v); e >= 0.05) by_slot.emplace_back(e, k);
+  }
+  std::sort(by_slot.rbegin(), by_slot.rend());
+  if (by_slot.size() > 5) by_slot.resize(5);
+  for (const auto& [e, k] : by_slot) {
+    const T::Slot& sl = marks.back().slots[k];
+    std::printf("timeline: exposed %.2f ms at collective %zu of %zu (%s, %.0f MB, ran %.2f-%.2f ms into the step)\n", e,
+                k, n_slots, sl.op.c_str(), sl.bytes / 1e6, sl.start_ms, sl.end_ms);
+  }
 }
 
 inline void print_compile_stats(const CompileStats& cs) {

@@ -186,6 +186,7 @@ struct Timeline {
   std::vector<cudaEvent_t> starts, ends, reached;
   std::vector<int> wait_slot;   // per wait of the step: the collective slot it waits for
   std::vector<double> bytes;    // per collective slot
+  std::vector<std::string> ops;  // per collective slot
   int collectives = 0, waits = 0;          // this step so far
   int max_collectives = 0, max_waits = 0;  // the most any step issued (a replayed step issues none on the host)
   static cudaEvent_t make() {
@@ -193,13 +194,15 @@ struct Timeline {
     CUDA_CHECK(cudaEventCreate(&e));
     return e;
   }
-  int next_collective(double nbytes) {
+  int next_collective(const char* op, double nbytes) {
     if (collectives == static_cast<int>(starts.size())) {
       starts.push_back(make());
       ends.push_back(make());
       bytes.push_back(0);
+      ops.emplace_back();
     }
     bytes[static_cast<size_t>(collectives)] = nbytes;
+    ops[static_cast<size_t>(collectives)] = op;
     max_collectives = std::max(max_collectives, collectives + 1);
     return collectives++;
   }
@@ -343,10 +346,22 @@ class NcclProcessGroup final : public ProcessGroup {
       else if (b > reach) r.comm_ms += b - reach;
       reach = std::max(reach, b);
     }
+    r.slots.resize(static_cast<size_t>(timeline_.max_collectives));
+    for (int k = 0; k < timeline_.max_collectives; ++k) {
+      StepTimeline::Slot& sl = r.slots[static_cast<size_t>(k)];
+      sl.op = timeline_.ops[static_cast<size_t>(k)];
+      sl.bytes = timeline_.bytes[static_cast<size_t>(k)];
+      sl.start_ms = at(timeline_.starts[static_cast<size_t>(k)]);
+      sl.end_ms = at(timeline_.ends[static_cast<size_t>(k)]);
+    }
     for (int j = 0; j < timeline_.max_waits; ++j) {
+      const int slot = timeline_.wait_slot[static_cast<size_t>(j)];
       const double w = at(timeline_.reached[static_cast<size_t>(j)]);
-      const double e = at(timeline_.ends[static_cast<size_t>(timeline_.wait_slot[static_cast<size_t>(j)])]);
-      if (w >= 0 && e > w) r.exposed_ms += e - w;
+      const double e = at(timeline_.ends[static_cast<size_t>(slot)]);
+      if (w >= 0 && e > w) {
+        r.exposed_ms += e - w;
+        r.slots[static_cast<size_t>(slot)].exposed_ms += e - w;
+      }
     }
     return r;
   }
@@ -447,7 +462,7 @@ class NcclProcessGroup final : public ProcessGroup {
     CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     int slot = -1;
     if (timeline_.on) {
-      slot = timeline_.next_collective(static_cast<double>(t.nbytes()));
+      slot = timeline_.next_collective(op, static_cast<double>(t.nbytes()));
       record_timing(timeline_.starts[static_cast<size_t>(slot)], stream_);
       work->on_wait = [this, slot](cudaStream_t s) {
         std::lock_guard<std::mutex> lock(issue_mu_);

@@ -139,6 +139,14 @@ class ProcessGroup {
   struct StepTimeline {
     double step_ms = 0, comm_ms = 0, exposed_ms = 0, bytes = 0;
     int collectives = 0;
+    // Per collective of the step, in issue order (the k-th collective of every step shares a slot): what it was,
+    // when the comm stream ran it (ms from the step's start; -1 when not recorded this step) and how long the
+    // waiting stream stood at its wait.
+    struct Slot {
+      std::string op;
+      double bytes = 0, start_ms = -1, end_ms = -1, exposed_ms = 0;
+    };
+    std::vector<Slot> slots;
   };
   // Benchmarks: begin_step (on the stream the step is queued on) turns the timeline on and marks the step's
   // start; end_step marks its end, waits for it and returns the step's timeline. CPU backends: nullopt.

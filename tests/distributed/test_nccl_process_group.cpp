@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <string>
 #include <cmath>
+#include <cstdio>
+#include <memory>
+#include <optional>
 
 #include "autograd/ops.h"
 #include "distributed/bootstrap.h"
@@ -134,6 +137,53 @@ TEST(NcclProcessGroup, ACapturedCollectiveKeepsItsInputUntilItsWait) {
   if (!nccl_available()) GTEST_SKIP() << "built without NCCL (CPU-only build); runs on the GPU machine";
   if (cuda_device_count() < 1) GTEST_SKIP() << "needs a CUDA device; runs on the lent GPU machine";
   expect_ranks_pass(spawn_ranks(ingot::testing::world(1).within(60000ms)));
+}
+
+// Note [Step timeline] (distributed/nccl_process_group.cpp), what every "exposed" figure of bench/RESULTS.md reads:
+// a wait queued right after its all-reduce stands for the collective's whole run (exposed ~ its span), one queued
+// behind ~100 ms of products finds it finished (nothing exposed); each step's slot names the collective and its
+// bytes, and the slots' exposure adds up to the step's.
+TEST(NcclProcessGroup, TheStepTimelineCountsAWaitAtAnUnfinishedCollectiveAsExposed) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(nccl_init());
+    const Device dev(DeviceType::cuda, ctx.info.local_rank);
+    const cuda::Stream s = cuda::current_stream(dev.index);
+    const int64_t n = int64_t{1} << 26;  // 256 MB of f32
+    Tensor big = rank_tensor(ctx.info.rank, n, DType::f32, dev);
+    const Tensor a = randn({4096, 4096}, DType::f32, dev);
+    ctx.group->all_reduce(big)->wait();  // the communicator's first collective (set-up) outside the timed steps
+    ctx.group->timeline_begin_step(s);
+    ctx.group->all_reduce(big)->block_stream(s);
+    const std::optional<ProcessGroup::StepTimeline> at_once = ctx.group->timeline_end_step(s);
+    ctx.group->timeline_begin_step(s);
+    std::shared_ptr<Work> w = ctx.group->all_reduce(big);
+    {
+      NoGradGuard no_grad;
+      for (int i = 0; i < 40; ++i) (void)matmul(a, a);
+    }
+    w->block_stream(s);
+    const std::optional<ProcessGroup::StepTimeline> later = ctx.group->timeline_end_step(s);
+    ASSERT_TRUE(at_once && later);
+    for (const ProcessGroup::StepTimeline* t : {&*at_once, &*later}) {
+      ASSERT_EQ(t->collectives, 1);
+      ASSERT_EQ(t->slots.size(), 1u);
+      EXPECT_EQ(t->slots[0].op, "all_reduce");
+      EXPECT_EQ(t->slots[0].bytes, static_cast<double>(n * 4));
+      EXPECT_LE(0.0, t->slots[0].start_ms);
+      EXPECT_LT(t->slots[0].start_ms, t->slots[0].end_ms);
+      EXPECT_DOUBLE_EQ(t->slots[0].exposed_ms, t->exposed_ms);
+    }
+    const double span = at_once->slots[0].end_ms - at_once->slots[0].start_ms;
+    std::printf("[ timeline ] rank %d: waited at once: span %.3f ms, exposed %.3f ms; behind products: step %.1f ms, "
+                "exposed %.3f ms\n",
+                ctx.info.rank, span, at_once->exposed_ms, later->step_ms, later->exposed_ms);
+    EXPECT_GT(at_once->exposed_ms, 0.5 * span);
+    EXPECT_LT(later->exposed_ms, 0.05);
+    EXPECT_GT(later->step_ms, 20.0) << "the products did not keep the stream busy past the all-reduce";
+    return;
+  }
+  INGOT_REQUIRE_TWO_GPUS();
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(60000ms)));
 }
 
 // INGOT_COMM_STREAM_PRIORITY (an A/B switch, Note [Comm stream priority]): "low" gives the comm stream the device's
