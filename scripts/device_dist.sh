@@ -51,7 +51,8 @@
 #   kernels: GPT-2 compiled default on 1 GPU and on all GPUs, twice each, with the op profiler timing every op by
 #         CUDA events (bench_gpt2_step --profile 60 --profile-events): which ops slow down beside NCCL (issue 21)
 #   ddpwhy: GPT-2 compiled default per-op device times on 1 GPU and on all GPUs reduced in f32 and in bf16 (the ops
-#         that grow), then all GPUs with NCCL held to 2 and 1 CTAs and with NCCL_P2P_DISABLE=1 (issue 21)
+#         that grow), then all GPUs with NCCL held to 2 and 1 CTAs and with NCCL_P2P_DISABLE=1; the ~1B Llama's
+#         per-op device times on 1 GPU and all GPUs (issue 21)
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -256,6 +257,14 @@ if want ddpwhy; then  # what slows DDP's compute (issue 21): neither bytes nor t
   NCCL_MAX_CTAS=2 NCCL_MIN_CTAS=1 gpt2 $gpus why_ctas2 --compile default --timeline
   NCCL_MAX_CTAS=1 NCCL_MIN_CTAS=1 gpt2 $gpus why_ctas1 --compile default --timeline
   NCCL_P2P_DISABLE=1 gpt2 $gpus why_nop2p --compile default --timeline
+  # The ~1B Llama (its step grows 73.5 -> 84.7 ms at 4 GPUs, f32 or bf16 alike): per-op device times, 1 GPU vs all.
+  lw="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
+    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache --profile 40 --profile-events"
+  CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $lw > "$out/why_llama_1.log" 2>&1
+  timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $lw --timeline \
+    > "$out/why_llama_n.log" 2>&1
+  grep -h "^| ingot\|^timeline" "$out/why_llama_1.log" "$out/why_llama_n.log"
+  python3 bench/reference/op_table_diff.py "$out/why_llama_1.log" "$out/why_llama_n.log" --top 15
 fi
 if want variants; then
   n=$(( gpus >= 4 ? 4 : 2 ))
