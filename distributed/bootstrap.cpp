@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <string>
 
@@ -70,6 +71,12 @@ std::optional<WorldInfo> world_from_env() {
 }
 
 DistributedContext init_distributed(const InitOptions& options) {
+  // Note [Ranks ignore SIGPIPE]: a write to a socket whose peer rank died raises SIGPIPE, which by default kills
+  // this rank at once, silently (no error message, no error file, the watchdog never reports). Python ignores it
+  // for every PyTorch worker; so do ingot's ranks: the write fails with EPIPE and the collective's error names
+  // the op and the missing rank. It also kept `ingot launch` from naming the rank that died first
+  // (tests/distributed/test_launch.cpp).
+  std::signal(SIGPIPE, SIG_IGN);
   DistributedContext ctx;
   TcpStoreOptions so;
   so.timeout = options.store_timeout;

@@ -81,16 +81,25 @@ std::vector<std::string> worker_env(const std::map<std::string, std::string>& va
 // The root cause is the worker that failed first. A worker's failure time is the timestamp of its error file
 // (written at the moment of the error) or else the moment it was reaped: when one rank dies (say, OOM-killed)
 // and the others fail on the broken collective afterwards, the first failure is the one to fix. Ties go to
-// the lower rank.
+// the lower rank. A worker killed by SIGPIPE wrote to a socket or pipe whose other end had gone: the
+// consequence of another failure, so it is the root cause only when no other worker failed (workers reaped in
+// one poll are not ordered by when they died: a rank SIGKILLed and the peer its death broke came back together,
+// and the peer, lower in rank, was named; Note [Ranks ignore SIGPIPE], bootstrap.cpp).
 size_t choose_root_cause(const WorkerGroup& g) {
   size_t best = g.size();
   double best_t = 0;
+  bool best_pipe = false;
   for (size_t i = 0; i < g.size(); ++i) {
     const WorkerStatus& s = g.status(i);
     if (!s.failed() || s.stopped_by_us) continue;
     auto rec = read_error_file(g.spec(i).error_file);
     double t = rec && rec->timestamp > 0 ? std::min(rec->timestamp, s.end_wall) : s.end_wall;
-    if (best == g.size() || t < best_t) best = i, best_t = t;
+    const bool pipe = s.signal == SIGPIPE;
+    if (best == g.size() || (best_pipe && !pipe) || (pipe == best_pipe && t < best_t)) {
+      best = i;
+      best_t = t;
+      best_pipe = pipe;
+    }
   }
   return best;
 }

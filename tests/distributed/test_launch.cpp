@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -193,6 +194,49 @@ TEST_F(Launch, FailingWorkerStopsTheOthersAndIsReportedAsRootCauseWithItsErrorFi
     ASSERT_GT(pid, 0);
     EXPECT_FALSE(process_alive(pid)) << "rank " << rank << " still runs";
   }
+}
+
+// A rank killed by SIGPIPE wrote to a socket whose other end had gone: the consequence of a peer's death, not the
+// root cause, even when it was reaped first (choose_root_cause, agent.cpp). Rank 0 dies of SIGPIPE at once, rank 1
+// is SIGKILLed 0.2 s later, within the launcher's settle window: rank 1 is named.
+TEST_F(Launch, ARankKilledBySigpipeIsNotTheRootCauseWhenAPeerFailedToo) {
+  script("w.sh",
+         "if [ \"$RANK\" = 0 ]; then kill -PIPE $$; fi\n"
+         "sleep 0.2\n"
+         "kill -9 $$\n");
+  Result r = launch("--nproc-per-node 2 -- sh w.sh");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("root cause (first worker to fail): rank 1 (local rank 1 on node 0"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("was killed by SIGKILL (signal 9)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 was killed by SIGPIPE"), std::string::npos) << r.output;
+}
+
+// Note [Ranks ignore SIGPIPE] (bootstrap.cpp): after init_distributed a write to a socket whose reader is gone
+// fails with EPIPE instead of killing the rank.
+TEST_F(Launch, ARankWritingToAClosedSocketGetsAnErrorInsteadOfDying) {
+  if (const char* v = getenv("INGOT_LAUNCH_TEST_WORKER"); v && std::string(v) == "pipe") {
+    InitOptions o;
+    o.backend = "gloo";
+    o.timeout = Millis(20000);
+    DistributedContext ctx = init_distributed(o);
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    close(fds[0]);
+    const char byte = 'x';
+    EXPECT_EQ(write(fds[1], &byte, 1), -1);
+    EXPECT_EQ(errno, EPIPE);
+    close(fds[1]);
+    return;
+  }
+#ifndef INGOT_WITH_GLOO
+  GTEST_SKIP() << "built without Gloo";
+#endif
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  Result r = launch("--nproc-per-node 1 -- env INGOT_LAUNCH_TEST_WORKER=pipe '" + self +
+                    "' --gtest_filter=Launch.ARankWritingToAClosedSocketGetsAnErrorInsteadOfDying --gtest_brief=1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("SIGPIPE"), std::string::npos) << r.output;
 }
 
 TEST_F(Launch, WorkerKilledMidRunRestartsTheGroupAndTheSecondAttemptSucceeds) {
