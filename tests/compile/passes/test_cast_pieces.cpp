@@ -118,41 +118,40 @@ class CastPieces : public ::testing::Test {
     o.hostname = "127.0.0.1";
     group_ = new_gloo_group(std::make_shared<TcpStore>("127.0.0.1", server_.port()), 0, 1, o);
   }
-  void expect_follows_eager(const TrainRun& comp, const TrainRun& eager) {
+  // Trains eagerly and compiled; expects the compiled run to follow the eager one and its graph's all-reduce to
+  // read the bucket as a view of its pieces; returns the compiled graph's facts.
+  GraphFacts compiled_following_eager(DType weights, DType reduce) {
+    TrainRun eager, comp;
+    train(group_, weights, reduce, false, eager);
+    train(group_, weights, reduce, true, comp);
     // Casting a concatenation equals concatenating the pieces' casts; the rest of the step may differ by the bf16
     // rounding of fused kernels (and, widened, by the gradients' own bf16 rounding).
     for (size_t i = 0; i < eager.losses.size(); ++i)
       EXPECT_NEAR(comp.losses[i], eager.losses[i], 1e-2 * std::abs(eager.losses[i])) << "step " << i;
     for (size_t k = 0; k < eager.params.size(); ++k)
       EXPECT_LE(max_rel_error(comp.params[k], eager.params[k], 2e-2, 1e-2), 1.0) << "parameter " << k;
+    const GraphFacts f = facts(comp.graph);
+    EXPECT_EQ(f.starts, 1) << comp.graph;
+    EXPECT_EQ(f.starts_reading_a_view, f.starts) << comp.graph;
+    graph_ = comp.graph;
+    return f;
   }
+  std::string graph_;
   TcpStoreServer server_{0, "127.0.0.1"};
   std::shared_ptr<ProcessGroup> group_;
 };
 
 TEST_F(CastPieces, Bf16GradientsReducedInF32AreWidenedWhereTheyAreMade) {
-  TrainRun eager, comp;
-  train(group_, DType::bf16, DType::f32, false, eager);
-  train(group_, DType::bf16, DType::f32, true, comp);
-  expect_follows_eager(comp, eager);
-  const GraphFacts f = facts(comp.graph);
-  EXPECT_EQ(f.starts, 1) << comp.graph;
-  EXPECT_EQ(f.starts_reading_a_view, f.starts) << comp.graph;
+  const GraphFacts f = compiled_following_eager(DType::bf16, DType::f32);
   // Both weight gradients' products are cast as they are made (on a CUDA target they become widened products).
-  EXPECT_EQ(f.products_cast, 2) << comp.graph;
+  EXPECT_EQ(f.products_cast, 2) << graph_;
 }
 
 TEST_F(CastPieces, AutocastGradientsReducedInBf16AreWrittenIntoTheBucketByTheirProducts) {
-  TrainRun eager, comp;
-  train(group_, DType::f32, DType::bf16, false, eager);
-  train(group_, DType::f32, DType::bf16, true, comp);
-  expect_follows_eager(comp, eager);
-  const GraphFacts f = facts(comp.graph);
-  EXPECT_EQ(f.starts, 1) << comp.graph;
-  EXPECT_EQ(f.starts_reading_a_view, f.starts) << comp.graph;
+  const GraphFacts f = compiled_following_eager(DType::f32, DType::bf16);
   // No cast reads a product: autocast's widening of each weight gradient and the bucket's narrowing are gone.
-  EXPECT_GE(f.products, 2) << comp.graph;
-  EXPECT_EQ(f.products_cast, 0) << comp.graph;
+  EXPECT_GE(f.products, 2) << graph_;
+  EXPECT_EQ(f.products_cast, 0) << graph_;
 }
 
 }  // namespace
