@@ -75,7 +75,8 @@ DistributedContext init_distributed(const InitOptions& options) {
   // this rank at once, silently (no error message, no error file, the watchdog never reports). Python ignores it
   // for every PyTorch worker; so do ingot's ranks: the write fails with EPIPE and the collective's error names
   // the op and the missing rank. It also kept `ingot launch` from naming the rank that died first
-  // (tests/distributed/test_launch.cpp).
+  // (tests/distributed/test_launch.cpp). As under Python, a program the rank starts afterwards inherits the
+  // ignored signal (a shell pipeline it runs sees EPIPE rather than SIGPIPE).
   std::signal(SIGPIPE, SIG_IGN);
   DistributedContext ctx;
   TcpStoreOptions so;

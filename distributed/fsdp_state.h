@@ -197,8 +197,13 @@ struct FullyShardedDataParallel::State {
     for (size_t i = units.size(); i-- > 0 && live > kReductionsInFlight;) {  // issue order: the last unit first
       Unit& u = units[i];
       if (!u.flat_grad.defined() || !u.work) continue;
-      if (u.device.is_cuda()) u.work->block_stream(cuda::current_stream(u.device.index));
-      else u.work->wait();
+      try {
+        if (u.device.is_cuda()) u.work->block_stream(cuda::current_stream(u.device.index));
+        else u.work->wait();
+      } catch (...) {
+        // A failed reduction: its error is thrown by synchronize(), which waits for every unit's (the backward's
+        // hooks would leave the round half done); the communicator is gone, nothing reads the buffer any more.
+      }
       drop_flat_grad(u);
       --live;
     }

@@ -351,8 +351,11 @@ class NcclProcessGroup final : public ProcessGroup {
       StepTimeline::Slot& sl = r.slots[static_cast<size_t>(k)];
       sl.op = timeline_.ops[static_cast<size_t>(k)];
       sl.bytes = timeline_.bytes[static_cast<size_t>(k)];
-      sl.start_ms = at(timeline_.starts[static_cast<size_t>(k)]);
-      sl.end_ms = at(timeline_.ends[static_cast<size_t>(k)]);
+      const double a = at(timeline_.starts[static_cast<size_t>(k)]), b = at(timeline_.ends[static_cast<size_t>(k)]);
+      if (a >= 0 && b >= a) {  // recorded in this step (a slot of an earlier, longer step keeps -1)
+        sl.start_ms = a;
+        sl.end_ms = b;
+      }
     }
     for (int j = 0; j < timeline_.max_waits; ++j) {
       const int slot = timeline_.wait_slot[static_cast<size_t>(j)];
@@ -360,7 +363,8 @@ class NcclProcessGroup final : public ProcessGroup {
       const double e = at(timeline_.ends[static_cast<size_t>(slot)]);
       if (w >= 0 && e > w) {
         r.exposed_ms += e - w;
-        r.slots[static_cast<size_t>(slot)].exposed_ms += e - w;
+        StepTimeline::Slot& sl = r.slots[static_cast<size_t>(slot)];
+        if (sl.end_ms >= 0) sl.exposed_ms += e - w;
       }
     }
     return r;

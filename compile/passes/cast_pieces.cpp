@@ -121,8 +121,12 @@ bool cast_pieces(Graph& g, const CastPiecesOptions&) {
     const CatAttrs* ca = match<CatAttrs>(*g.nodes[cat_i].prim);
     if (!ca || ca->dim != 0 || !rw.free_node(cat_i)) continue;
     Node cat = g.nodes[cat_i];
-    for (int32_t& p : cat.inputs)
-      if (g.values[static_cast<size_t>(p)].dtype == fv.dtype) rw.piece(p, to->to, cast, cat_i);
+    // Pieces of other dtypes (cat promotes them) would come out of their casts unpromoted: left alone (DDP's and
+    // ZeRO's buckets and units hold one dtype).
+    bool one_dtype = true;
+    for (int32_t p : cat.inputs) one_dtype = one_dtype && p >= 0 && g.values[static_cast<size_t>(p)].dtype == fv.dtype;
+    if (!one_dtype) continue;
+    for (int32_t& p : cat.inputs) rw.piece(p, to->to, cast, cat_i);
     cat.outputs = {out};  // the concatenation makes the value the cast made
     g.values[static_cast<size_t>(out)].output_index = 0;
     rw.replace[cat_i] = std::move(cat);
