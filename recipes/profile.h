@@ -63,7 +63,8 @@ class OpProfiler : public OpProfilerHook {
   // Device timing: records the next event of the pool on the device's current stream; returns its index.
   size_t record_event();
   void open(double host_us);
-  void close(std::string name, std::string shapes, double host_us);
+  // launched_nothing (a view): with device timing the op gets no end event of its own and times 0.
+  void close(std::string name, std::string shapes, double host_us, bool launched_nothing = false);
   Clock::time_point origin_;
   int device_ = -1;  // >= 0: Note [Ops timed on the device]
   struct Timed {  // an op waiting for its step's events to be read

@@ -2,7 +2,7 @@
 // every op and synchronizes nothing while the step runs. With the stream held for 200 ms before the ops (a host
 // callback the stream waits behind), the host queues them all and reaches the end of the step long before the
 // GPU runs them, which a synchronizing profiler cannot do; once the step's events are read, the five large
-// products take more of the device time than the small add.
+// products take more of the device time than the small add, and a reshape that only views times 0.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,6 +33,10 @@ TEST(CudaOpProfiler, DeviceTimingQueuesTheStepWithoutWaitingAndTimesEachOpOnTheS
   Tensor c = matmul(a, b);
   for (int i = 0; i < 4; ++i) c = matmul(c, b);
   Tensor d = add(small, 1.0);
+  // Views launch nothing and time 0 (no end event of their own); a reshape that must copy (of a transposed
+  // tensor) launched a kernel and is timed.
+  Tensor v = reshape(c, {2048 * 2048});
+  Tensor copied = reshape(transpose(c, 0, 1), {2048 * 2048});
   const double queued_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   prof.stop();  // reads the events: waits for the GPU
   EXPECT_LT(queued_ms, 150.0) << "the profiled ops waited for the GPU";
@@ -50,11 +54,20 @@ TEST(CudaOpProfiler, DeviceTimingQueuesTheStepWithoutWaitingAndTimesEachOpOnTheS
     (product ? products : others) += e.dur_us;
   }
   EXPECT_GE(product_ops, 5);
+  int reshapes = 0;
+  double reshape_us[2] = {-1, -1};
+  for (const auto& e : prof.events())
+    if (e.name == "reshape" && reshapes < 2) reshape_us[reshapes++] = e.dur_us;
+  ASSERT_EQ(reshapes, 2);
+  EXPECT_EQ(reshape_us[0], 0.0) << "a reshape that viewed its input";
+  EXPECT_GT(reshape_us[1], 5.0) << "a reshape that copied 16 MB";
   EXPECT_GT(products, 0.0);
   EXPECT_GT(products, others) << "five 2048^3 products against one small add";
   const std::string table = prof.top_ops_table(5);
   EXPECT_NE(table.find("timed on the device"), std::string::npos) << table;
   (void)d;
+  (void)v;
+  (void)copied;
 }
 
 }  // namespace
