@@ -331,13 +331,19 @@ class NcclProcessGroup final : public ProcessGroup {
     };
     StepTimeline r;
     r.step_ms = at(timeline_.end);
+    r.slots.resize(static_cast<size_t>(timeline_.max_collectives));
     std::vector<std::pair<double, double>> spans;
     for (int k = 0; k < timeline_.max_collectives; ++k) {
+      StepTimeline::Slot& sl = r.slots[static_cast<size_t>(k)];
+      sl.op = timeline_.ops[static_cast<size_t>(k)];
+      sl.bytes = timeline_.bytes[static_cast<size_t>(k)];
       const double a = at(timeline_.starts[static_cast<size_t>(k)]), b = at(timeline_.ends[static_cast<size_t>(k)]);
-      if (a < 0 || b < a) continue;  // not recorded in this step
+      if (a < 0 || b < a) continue;  // not recorded in this step (a slot of an earlier, longer step keeps -1)
+      sl.start_ms = a;
+      sl.end_ms = b;
       spans.emplace_back(a, b);
       ++r.collectives;
-      r.bytes += timeline_.bytes[static_cast<size_t>(k)];
+      r.bytes += sl.bytes;
     }
     std::sort(spans.begin(), spans.end());
     double reach = -1;
@@ -345,17 +351,6 @@ class NcclProcessGroup final : public ProcessGroup {
       if (a > reach) r.comm_ms += b - a;
       else if (b > reach) r.comm_ms += b - reach;
       reach = std::max(reach, b);
-    }
-    r.slots.resize(static_cast<size_t>(timeline_.max_collectives));
-    for (int k = 0; k < timeline_.max_collectives; ++k) {
-      StepTimeline::Slot& sl = r.slots[static_cast<size_t>(k)];
-      sl.op = timeline_.ops[static_cast<size_t>(k)];
-      sl.bytes = timeline_.bytes[static_cast<size_t>(k)];
-      const double a = at(timeline_.starts[static_cast<size_t>(k)]), b = at(timeline_.ends[static_cast<size_t>(k)]);
-      if (a >= 0 && b >= a) {  // recorded in this step (a slot of an earlier, longer step keeps -1)
-        sl.start_ms = a;
-        sl.end_ms = b;
-      }
     }
     for (int j = 0; j < timeline_.max_waits; ++j) {
       const int slot = timeline_.wait_slot[static_cast<size_t>(j)];

@@ -141,10 +141,11 @@ void OpProfiler::end_op(const Primitive& p, const std::vector<Tensor>& inputs, c
   // A view op whose every output shares an input's storage launched nothing (a reshape that had to copy has
   // storage of its own; an in-place op shares it too, but is no view op).
   bool view = p.fusion_kind() == FusionKind::View && !outputs.empty();
-  for (const Tensor& o : outputs) {
-    bool shared = false;
-    for (const Tensor& i : inputs) shared = shared || (o.defined() && i.defined() && o.storage() == i.storage());
-    view = view && shared;
+  for (size_t k = 0; view && k < outputs.size(); ++k) {
+    const Tensor& o = outputs[k];
+    view = o.defined() && std::any_of(inputs.begin(), inputs.end(), [&](const Tensor& i) {
+             return i.defined() && o.storage() == i.storage();
+           });
   }
   close(std::string(p.name()), shapes_of(inputs, outputs), now_us(), view);
 }
