@@ -30,10 +30,16 @@ inline bool is_collective_wait(const Primitive& p) {
   const CollectiveStep* c = as_collective(p);
   return c && c->phase() == CollectivePhase::Wait;
 }
-// Whether `p` starts an all-gather (ZeRO-1's parameter gather, a ZeRO-3 unit's weights).
-inline bool is_all_gather_start(const Primitive& p) {
+// Whether `p` starts a collective of kind `op`.
+inline bool is_start_of(const Primitive& p, CollectiveOp op) {
   const CollectiveStep* c = as_collective(p);
-  return c && c->phase() == CollectivePhase::Start && c->op() == CollectiveOp::AllGather;
+  return c && c->phase() == CollectivePhase::Start && c->op() == op;
+}
+// Whether `p` starts an all-gather (ZeRO-1's parameter gather, a ZeRO-3 unit's weights).
+inline bool is_all_gather_start(const Primitive& p) { return is_start_of(p, CollectiveOp::AllGather); }
+// Whether `p` starts a reduction of gradients: a DDP bucket's all-reduce or a ZeRO reduce-scatter.
+inline bool is_reduction_start(const Primitive& p) {
+  return is_start_of(p, CollectiveOp::AllReduce) || is_start_of(p, CollectiveOp::ReduceScatter);
 }
 
 }  // namespace ingot

@@ -26,9 +26,7 @@ int64_t numel_of(const Value& v) {
 
 // An all-reduce start, or with `reduce_scatters` a reduce-scatter start too.
 bool reduction_start(const Primitive& p, bool reduce_scatters) {
-  const CollectiveStep* c = as_collective(p);
-  return c && c->phase() == CollectivePhase::Start &&
-         (c->op() == CollectiveOp::AllReduce || (reduce_scatters && c->op() == CollectiveOp::ReduceScatter));
+  return reduce_scatters ? is_reduction_start(p) : is_start_of(p, CollectiveOp::AllReduce);
 }
 
 // Whether the cat's result is reduced, as itself or through one cast (DDP's and ZeRO's reduce_dtype). ZeRO's

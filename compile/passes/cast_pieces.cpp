@@ -28,12 +28,6 @@ namespace ingot::compiler::passes {
 
 namespace {
 
-bool reduction_start(const Primitive& p) {
-  const CollectiveStep* c = as_collective(p);
-  return c && c->phase() == CollectivePhase::Start &&
-         (c->op() == CollectiveOp::AllReduce || c->op() == CollectiveOp::ReduceScatter);
-}
-
 bool narrow_float(DType d) { return d == DType::bf16 || d == DType::f16; }
 
 // Whether a cast between these dtypes is one this pass moves: f32 from bf16 / f16 or back.
@@ -115,7 +109,7 @@ bool cast_pieces(Graph& g, const CastPiecesOptions&) {
         rw.uses[static_cast<size_t>(flat)] != 1 || g.is_root(flat))
       continue;
     bool reduced = false;
-    for (size_t r : rw.readers[static_cast<size_t>(out)]) reduced = reduced || reduction_start(*g.nodes[r].prim);
+    for (size_t r : rw.readers[static_cast<size_t>(out)]) reduced = reduced || is_reduction_start(*g.nodes[r].prim);
     if (!reduced) continue;
     const size_t cat_i = static_cast<size_t>(fv.producer);
     const CatAttrs* ca = match<CatAttrs>(*g.nodes[cat_i].prim);

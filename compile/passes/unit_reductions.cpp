@@ -8,9 +8,7 @@ namespace ingot::compiler::passes {
 namespace {
 
 bool is_unit_reduction(const Primitive& p) {
-  const CollectiveStep* c = as_collective(p);
-  return c && c->phase() == CollectivePhase::Start && c->op() == CollectiveOp::ReduceScatter &&
-         match<UnitCollectiveAttrs>(p) != nullptr;
+  return is_start_of(p, CollectiveOp::ReduceScatter) && match<UnitCollectiveAttrs>(p) != nullptr;
 }
 
 }  // namespace
