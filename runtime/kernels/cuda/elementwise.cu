@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "runtime/kernels/cuda/common.cuh"
+#include "runtime/kernels/cuda/row_common.cuh"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/scalar_math.h"
 
@@ -129,55 +130,35 @@ bool dense_vec_enabled() {
   return on;
 }
 
-__device__ __forceinline__ void load_vec(const void* base, DType dt, int64_t i, float (&v)[kVec]) {
-  switch (dt) {
-    case DType::f32: {
-      const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
-      const float4 x = p[0], y = p[1];
-      v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
-      break;
-    }
-    case DType::bf16: {
-      const uint4 r = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(base) + i);
-      const bf16* h = reinterpret_cast<const bf16*>(&r);
+// kVec elements from element i as f32 / into element i from f32, in any of the three dtypes: rowwise's 16-byte
+// packs (f32 as two packs of 4), switched on the dtype once per vector.
+__device__ __forceinline__ void load_dense(const void* base, DType dt, int64_t i, float (&v)[kVec]) {
+  if (dt == DType::f32) {
+    const float* p = static_cast<const float*>(base) + i;
+    float lo[kVec / 2], hi[kVec / 2];
+    rowwise::load_vec<kVec / 2>(p, lo);
+    rowwise::load_vec<kVec / 2>(p + kVec / 2, hi);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) v[j] = __bfloat162float(h[j]);
-      break;
-    }
-    default: {  // f16 (dense_vectorizable admits nothing else)
-      const uint4 r = *reinterpret_cast<const uint4*>(static_cast<const half*>(base) + i);
-      const half* h = reinterpret_cast<const half*>(&r);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) v[j] = __half2float(h[j]);
-      break;
-    }
+    for (int j = 0; j < kVec / 2; ++j) v[j] = lo[j], v[kVec / 2 + j] = hi[j];
+  } else if (dt == DType::bf16) {
+    rowwise::load_vec<kVec>(static_cast<const bf16*>(base) + i, v);
+  } else {  // f16 (dense_vectorizable admits nothing else)
+    rowwise::load_vec<kVec>(static_cast<const half*>(base) + i, v);
   }
 }
 
-__device__ __forceinline__ void store_vec(void* base, DType dt, int64_t i, const float (&v)[kVec]) {
-  switch (dt) {
-    case DType::f32: {
-      float4* p = reinterpret_cast<float4*>(static_cast<float*>(base) + i);
-      p[0] = make_float4(v[0], v[1], v[2], v[3]);
-      p[1] = make_float4(v[4], v[5], v[6], v[7]);
-      break;
-    }
-    case DType::bf16: {
-      uint4 r;
-      bf16* h = reinterpret_cast<bf16*>(&r);
+__device__ __forceinline__ void store_dense(void* base, DType dt, int64_t i, const float (&v)[kVec]) {
+  if (dt == DType::f32) {
+    float* p = static_cast<float*>(base) + i;
+    float lo[kVec / 2], hi[kVec / 2];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) h[j] = __float2bfloat16(v[j]);
-      *reinterpret_cast<uint4*>(static_cast<bf16*>(base) + i) = r;
-      break;
-    }
-    default: {
-      uint4 r;
-      half* h = reinterpret_cast<half*>(&r);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) h[j] = __float2half(v[j]);
-      *reinterpret_cast<uint4*>(static_cast<half*>(base) + i) = r;
-      break;
-    }
+    for (int j = 0; j < kVec / 2; ++j) lo[j] = v[j], hi[j] = v[kVec / 2 + j];
+    rowwise::store_vec<kVec / 2>(p, lo);
+    rowwise::store_vec<kVec / 2>(p + kVec / 2, hi);
+  } else if (dt == DType::bf16) {
+    rowwise::store_vec<kVec>(static_cast<bf16*>(base) + i, v);
+  } else {
+    rowwise::store_vec<kVec>(static_cast<half*>(base) + i, v);
   }
 }
 
@@ -189,7 +170,7 @@ __global__ void dense_vec_kernel(Operands<N> a, int64_t numel, F f) {
   for (int64_t v = first; v < vecs; v += step) {
     float in[N - 1][kVec];
 #pragma unroll
-    for (int k = 1; k < N; ++k) load_vec(a.data[k], a.dtype[k], v * kVec, in[k - 1]);
+    for (int k = 1; k < N; ++k) load_dense(a.data[k], a.dtype[k], v * kVec, in[k - 1]);
     float out[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -198,7 +179,7 @@ __global__ void dense_vec_kernel(Operands<N> a, int64_t numel, F f) {
       for (int k = 0; k < N - 1; ++k) x[k] = in[k][j];
       out[j] = f(x);
     }
-    store_vec(a.data[0], a.dtype[0], v * kVec, out);
+    store_dense(a.data[0], a.dtype[0], v * kVec, out);
   }
   for (int64_t i = vecs * kVec + first; i < numel; i += step) {  // the tail, element by element
     float x[N - 1];

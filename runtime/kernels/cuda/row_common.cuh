@@ -1,6 +1,6 @@
-// Device helpers of the row-wise, loss, indexing and attention CUDA kernels (norm.cu, loss.cu, index.cu,
-// attention.cu), on top of common.cuh (dtype dispatch, acc_t, to_acc/from_acc, load_dyn/store_dyn,
-// LaunchContext): 16-byte vectorized row loads and stores, multi-value block sums, the online
+// Device helpers of the row-wise, loss, indexing, attention and dense elementwise CUDA kernels (norm.cu, loss.cu,
+// index.cu, attention.cu, elementwise.cu), on top of common.cuh (dtype dispatch, acc_t, to_acc/from_acc,
+// load_dyn/store_dyn, LaunchContext): 16-byte vectorized row loads and stores, multi-value block sums, the online
 // (max, sum of exp) reduction, and host-side row launch shapes.
 //
 // Small per-row statistics (mean, rstd, lse, loss) and per-column parameter gradients go through
