@@ -57,6 +57,12 @@ std::map<std::string, std::string> read_vars(const std::string& path) {
 
 bool process_alive(pid_t pid) { return kill(pid, 0) == 0; }
 
+// Whether this process is a worker that Launch::launch_this_test started with `mode`.
+bool is_worker(const char* mode) {
+  const char* v = getenv("INGOT_LAUNCH_TEST_WORKER");
+  return v && std::string(v) == mode;
+}
+
 int free_port() {
   TcpStoreServer probe(0, "127.0.0.1");
   return probe.port();
@@ -72,6 +78,14 @@ class Launch : public ::testing::Test {
     std::ofstream(dir_.file(name)) << "#!/bin/sh\n" << body;
   }
   Result launch(const std::string& args) { return run_sh(dir_.path(), "\"$INGOT\" launch " + args); }
+  // `ingot launch FLAGS -- env INGOT_LAUNCH_TEST_WORKER=MODE ENV... <this binary> --gtest_filter=<this test>`:
+  // the running test again as the launcher's workers, which take is_worker(MODE)'s branch.
+  Result launch_this_test(const std::string& flags, const std::string& mode, const std::string& env = "") {
+    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+    return launch(flags + " -- env INGOT_LAUNCH_TEST_WORKER=" + mode + " " + env + "'" +
+                  fs::read_symlink("/proc/self/exe").string() + "' --gtest_filter=" + t->test_suite_name() + "." +
+                  t->name() + " --gtest_brief=1");
+  }
   TempDir dir_{"ingot_launch_test"};
 };
 
@@ -113,7 +127,7 @@ TEST_F(Launch, ExportsRanksAndJobVariablesToEveryWorker) {
 
 TEST_F(Launch, WorkersReachTheStoreTheLauncherHosts) {
   // Two workers meet in the launcher's store at MASTER_ADDR:MASTER_PORT, as the process groups will.
-  if (const char* v = getenv("INGOT_LAUNCH_TEST_WORKER"); v && std::string(v) == "1") {
+  if (is_worker("1")) {
     TcpStore store(getenv("MASTER_ADDR"), std::atoi(getenv("MASTER_PORT")));
     int rank = std::atoi(getenv("RANK")), world = std::atoi(getenv("WORLD_SIZE"));
     store.set("test/rank" + std::to_string(rank), std::to_string(rank * 10 + 7));
@@ -122,9 +136,7 @@ TEST_F(Launch, WorkersReachTheStoreTheLauncherHosts) {
     EXPECT_EQ(store.get("test/rank" + std::to_string(other), Millis(1000)), std::to_string(other * 10 + 7));
     return;
   }
-  std::string self = fs::read_symlink("/proc/self/exe").string();
-  Result r = launch("--nproc-per-node 2 -- env INGOT_LAUNCH_TEST_WORKER=1 '" + self +
-                    "' --gtest_filter=Launch.WorkersReachTheStoreTheLauncherHosts --gtest_brief=1");
+  Result r = launch_this_test("--nproc-per-node 2", "1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("all 2 worker(s) succeeded"), std::string::npos) << r.output;
 }
@@ -133,7 +145,7 @@ TEST_F(Launch, WorkersReachTheStoreTheLauncherHosts) {
 // all-reduce. On the first attempt rank 1 is SIGKILLed while rank 0 waits in the collective; the launcher stops
 // rank 0, restarts both, and the second attempt (fresh store keys) completes.
 TEST_F(Launch, GlooWorkersAllReduceAndAKilledRankRestartsTheJob) {
-  if (const char* v = getenv("INGOT_LAUNCH_TEST_WORKER"); v && std::string(v) == "gloo") {
+  if (is_worker("gloo")) {
     InitOptions o;
     o.backend = "gloo";
     o.timeout = Millis(20000);
@@ -151,10 +163,8 @@ TEST_F(Launch, GlooWorkersAllReduceAndAKilledRankRestartsTheJob) {
 #ifndef INGOT_WITH_GLOO
   GTEST_SKIP() << "built without Gloo";
 #endif
-  std::string self = fs::read_symlink("/proc/self/exe").string();
-  Result r = launch("--nproc-per-node 2 --max-restarts 1 -- env INGOT_LAUNCH_TEST_WORKER=gloo INGOT_LAUNCH_TEST_DIR='" +
-                    dir_.path() + "' '" + self +
-                    "' --gtest_filter=Launch.GlooWorkersAllReduceAndAKilledRankRestartsTheJob --gtest_brief=1");
+  Result r = launch_this_test("--nproc-per-node 2 --max-restarts 1", "gloo",
+                              "INGOT_LAUNCH_TEST_DIR='" + dir_.path() + "' ");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("rank 1 (local rank 1 on node 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("was killed by SIGKILL"), std::string::npos) << r.output;
@@ -215,7 +225,7 @@ TEST_F(Launch, ARankKilledBySigpipeIsNotTheRootCauseWhenAPeerFailedToo) {
 // Note [Ranks ignore SIGPIPE] (bootstrap.cpp): after init_distributed a write to a socket whose reader is gone
 // fails with EPIPE instead of killing the rank.
 TEST_F(Launch, ARankWritingToAClosedSocketGetsAnErrorInsteadOfDying) {
-  if (const char* v = getenv("INGOT_LAUNCH_TEST_WORKER"); v && std::string(v) == "pipe") {
+  if (is_worker("pipe")) {
     InitOptions o;
     o.backend = "gloo";
     o.timeout = Millis(20000);
@@ -232,9 +242,7 @@ TEST_F(Launch, ARankWritingToAClosedSocketGetsAnErrorInsteadOfDying) {
 #ifndef INGOT_WITH_GLOO
   GTEST_SKIP() << "built without Gloo";
 #endif
-  std::string self = fs::read_symlink("/proc/self/exe").string();
-  Result r = launch("--nproc-per-node 1 -- env INGOT_LAUNCH_TEST_WORKER=pipe '" + self +
-                    "' --gtest_filter=Launch.ARankWritingToAClosedSocketGetsAnErrorInsteadOfDying --gtest_brief=1");
+  Result r = launch_this_test("--nproc-per-node 1", "pipe");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("SIGPIPE"), std::string::npos) << r.output;
 }

@@ -240,6 +240,20 @@ std::unique_ptr<models::CausalLM> tiny_causal_lm(bool tied) {
   return std::make_unique<models::Llama>(ingot::testing::tiny_llama_config());
 }
 
+// Three steps of `model` under `fsdp` (its gathered-bytes peak reset first), expected to give the losses of one
+// process training a fresh copy (2e-5 relative, as above); returns how many collectives the sharded steps issued.
+int64_t expect_one_process_losses(const DistributedContext& ctx, bool tied, models::CausalLM& model,
+                                  FullyShardedDataParallel& fsdp) {
+  const std::vector<double> single = three_steps(ctx, *tiny_causal_lm(tied), nullptr);
+  fsdp.reset_peaks();
+  const int64_t before = ctx.group->next_seq();
+  const std::vector<double> sharded = three_steps(ctx, model, &fsdp);
+  const int64_t issued = ctx.group->next_seq() - before;
+  for (size_t i = 0; i < single.size(); ++i)
+    EXPECT_NEAR(sharded[i], single[i], 2e-5 * std::abs(single[i])) << "step " << i;
+  return issued;
+}
+
 // Note [Embeddings and head are units] (fsdp.h): GPT-2 (tied: its head multiplies by wte) and Llama (an lm_head
 // of its own) each get an embeddings unit, a unit per block and a head unit. A step then holds at most one block's
 // weights, or the head's with (tied) the embeddings, gathered at once: the unit accounting's peak is exactly that,
@@ -250,17 +264,13 @@ TEST(ZeroStages, ThreeGathersTheEmbeddingsAndTheHeadOnlyWhereTheyAreUsed) {
     auto ctx = init_distributed(ingot::testing::gloo_test_init());
     for (const bool tied : {true, false}) {
       SCOPED_TRACE(tied ? "GPT-2 (tied embeddings)" : "Llama (lm_head of its own)");
-      const std::vector<double> single = three_steps(ctx, *tiny_causal_lm(tied), nullptr);
       std::unique_ptr<models::CausalLM> model = tiny_causal_lm(tied);
       FsdpOptions o;
       o.prefetch = false;  // one unit gathered at a time (with prefetch two blocks: the test below)
       FullyShardedDataParallel fsdp(*model, ctx.group, o);
-      fsdp.reset_peaks();
-      const std::vector<double> sharded = three_steps(ctx, *model, &fsdp);
+      expect_one_process_losses(ctx, tied, *model, fsdp);
       const int64_t peak = fsdp.peak_gathered_bytes();
       const std::vector<BucketPlan>& plans = fsdp.layout();
-      for (size_t i = 0; i < single.size(); ++i)
-        EXPECT_NEAR(sharded[i], single[i], 2e-5 * std::abs(single[i])) << "step " << i;
       ASSERT_EQ(plans.size(), 4u) << "embeddings, 2 blocks, head";
       const int64_t embed = unit_bytes(plans.front()), head = unit_bytes(plans.back());
       const int64_t block = std::max(unit_bytes(plans[1]), unit_bytes(plans[2]));
@@ -288,20 +298,15 @@ TEST(ZeroStages, PrefetchedBlocksTrainLikeOneProcessWithTwoBlocksGatheredAtOnce)
     auto ctx = init_distributed(ingot::testing::gloo_test_init());
     for (const bool tied : {true, false}) {
       SCOPED_TRACE(tied ? "GPT-2 (tied embeddings)" : "Llama (lm_head of its own)");
-      const std::vector<double> single = three_steps(ctx, *tiny_causal_lm(tied), nullptr);
       std::unique_ptr<models::CausalLM> model = tiny_causal_lm(tied);
       FsdpOptions o;
       o.prefetch = true;
       FullyShardedDataParallel fsdp(*model, ctx.group, o);
-      fsdp.reset_peaks();
-      const int64_t before = ctx.group->next_seq();
-      const std::vector<double> sharded = three_steps(ctx, *model, &fsdp);
       // Per step: the embeddings, each block twice, the head (tied: the embeddings again) and 4 reduce-scatters,
       // plus the loss's all-reduce in three_steps.
-      EXPECT_EQ(ctx.group->next_seq() - before, 3 * ((tied ? 1 + 2 * 2 + 2 : 1 + 2 * 2 + 1) + 4 + 1));
+      EXPECT_EQ(expect_one_process_losses(ctx, tied, *model, fsdp),
+                3 * ((tied ? 1 + 2 * 2 + 2 : 1 + 2 * 2 + 1) + 4 + 1));
       const int64_t peak = fsdp.peak_gathered_bytes();
-      for (size_t i = 0; i < single.size(); ++i)
-        EXPECT_NEAR(sharded[i], single[i], 2e-5 * std::abs(single[i])) << "step " << i;
       const std::vector<BucketPlan>& plans = fsdp.layout();
       ASSERT_EQ(plans.size(), 4u) << "embeddings, 2 blocks, head";
       const int64_t embed = unit_bytes(plans.front()), head = unit_bytes(plans.back());
