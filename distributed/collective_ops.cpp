@@ -165,12 +165,14 @@ class AllGatherUnitStartPrim final : public AllGatherStartPrim, public WithAttrs
     if (as_) out[0].dtype = *as_;
     return out;
   }
-  // The cast copy lives until the collective read it (the process group keeps its input): one shard's bytes.
+  // The cast copy lives until the collective read it (the process group keeps it): one shard's bytes. NCCL casts on
+  // its comm stream (Note [Gathers cast on the comm stream], nccl_process_group.cpp).
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     if (!as_ || in[0].dtype() == *as_) return AllGatherStartPrim::eval({in[0]});
-    Tensor cast_shard = empty(in[0].shape(), *as_, in[0].device());
-    cast_shard.copy_(in[0]);
-    return AllGatherStartPrim::eval({cast_shard});
+    Tensor master = in[0].contiguous_raw();
+    Tensor out = empty({master.numel() * group_->size()}, *as_, master.device());
+    register_pending(out, group_->all_gather_cast(out, master));
+    return {out};
   }
   void print_attrs(std::ostream& os) const override {
     os << "unit=" << attrs_.name;

@@ -51,7 +51,7 @@ void regather_traced(State& s, State::Unit& u) {
   const uint64_t version = st.version;
   st.data = allocator_for(st.device).allocate(st.nbytes);
   Tensor full = u.traced;
-  s.group->all_gather(full, s.gather_source(u))->wait();
+  s.gather_into(full, u)->wait();
   st.version = version;
 }
 

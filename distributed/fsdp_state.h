@@ -104,7 +104,7 @@ struct FullyShardedDataParallel::State {
     Tensor full = u.flat();
     // The version is put back once the gather was waited for (await_gather), not here: a backend's worker may
     // count the write while the gather runs (Gloo).
-    u.gather_work = group->all_gather(full, gather_source(u));
+    u.gather_work = gather_into(full, u);
     u.gathered = true;
     gathered_bytes += static_cast<int64_t>(u.storage->nbytes);
     peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
@@ -132,12 +132,10 @@ struct FullyShardedDataParallel::State {
       if (u.gather_work) release(u);
   }
 
-  // What a gather of `u` reads: its shard, or its master cast to the unit's dtype just before (a temporary).
-  Tensor gather_source(const Unit& u) const {
-    if (!u.master.defined()) return u.shard;
-    Tensor cast_shard = empty(u.shard.shape(), u.dtype, u.device);
-    cast_shard.copy_(u.master);
-    return cast_shard;
+  // Gathers `u` into `full`: from its shard, or from its master cast to the unit's dtype (a temporary; on the comm
+  // stream with NCCL, Note [Gathers cast on the comm stream]).
+  std::shared_ptr<Work> gather_into(Tensor& full, const Unit& u) const {
+    return u.master.defined() ? group->all_gather_cast(full, u.master) : group->all_gather(full, u.shard);
   }
 
   void release(Unit& u) {

@@ -74,6 +74,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -86,6 +87,15 @@ namespace ingot::distributed {
 bool nccl_available() { return true; }
 
 namespace {
+
+// Note [Gathers cast on the comm stream]: set to 1, the cast runs on the producer stream.
+bool gather_cast_on_compute() {
+  static const bool on = [] {
+    const char* v = std::getenv("INGOT_GATHER_CAST_ON_COMPUTE");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  return on;
+}
 
 // Whether the comm stream gets the lowest priority (Note [Comm stream priority]): INGOT_COMM_STREAM_PRIORITY=low;
 // unset, empty or "high" keeps the highest; anything else is an error naming the variable.
@@ -398,6 +408,38 @@ class NcclProcessGroup final : public ProcessGroup {
     ncclDataType_t dt = nccl_dtype(in.dtype(), "all_gather");
     return issue("all_gather", in, {out, in}, [&](cudaStream_t s) {
       return ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), dt, comm_, s);
+    });
+  }
+
+  // Note [Gathers cast on the comm stream]
+  // Compiled and eager ZeRO-3 gather each unit's bf16 weights from its f32 masters: a memory-bound cast of the
+  // shard (6 bytes a parameter; ~7 ms of an 8B step on 4 GPUs when cast on the compute stream, bench/RESULTS.md
+  // 2026-11-28) right before a collective that waits for nothing else. On the comm stream the cast runs in the
+  // collective's place in line, beside the compute instead of in front of it; the masters it reads were written
+  // by the optimizer on the producer stream, which the comm stream waits for first (issue). The cast copy comes
+  // from the producer stream's pool and is kept with the collective's tensors, so the allocator hands its bytes
+  // back only once the device finished the gather. INGOT_GATHER_CAST_ON_COMPUTE=1 casts on the producer stream
+  // (the base class's way), for measuring.
+  std::shared_ptr<Work> all_gather_cast(Tensor& out, const Tensor& in) override {
+    if (in.dtype() == out.dtype() || gather_cast_on_compute()) return ProcessGroup::all_gather_cast(out, in);
+    check(out, "all_gather");
+    check(in, "all_gather");
+    INGOT_CHECK(out.numel() == in.numel() * size_ && in.is_contiguous(),
+                "all_gather: output must hold world size (", size_, ") x input elements (contiguous), got ",
+                in.numel(), " in and ", out.numel(), " out");
+    Tensor cast = empty(in.shape(), out.dtype(), in.device());
+    ncclDataType_t dt = nccl_dtype(out.dtype(), "all_gather");
+    return issue("all_gather", cast, {out, in, cast}, [&](cudaStream_t s) {
+      const cuda::Stream prev = cuda::current_stream(device_);
+      cuda::set_current_stream({s, device_});
+      try {
+        cast.copy_(in);
+      } catch (...) {
+        cuda::set_current_stream(prev);
+        throw;
+      }
+      cuda::set_current_stream(prev);
+      return ncclAllGather(cast.data_ptr(), out.data_ptr(), static_cast<size_t>(cast.numel()), dt, comm_, s);
     });
   }
 

@@ -148,6 +148,13 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int size, Pro
 
 ProcessGroup::~ProcessGroup() = default;
 
+std::shared_ptr<Work> ProcessGroup::all_gather_cast(Tensor& out, const Tensor& in) {
+  if (in.dtype() == out.dtype()) return all_gather(out, in);
+  Tensor cast = empty(in.shape(), out.dtype(), in.device());
+  cast.copy_(in);
+  return all_gather(out, cast);  // every backend keeps its input until the collective read it
+}
+
 void ProcessGroup::check_usable() const {
   std::lock_guard<std::mutex> lock(broken_mu_);
   INGOT_CHECK(broken_.empty(), "process group '", options_.name, "' is unusable after an earlier failure: ",

@@ -122,6 +122,10 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::Sum) = 0;
   // out (out.numel() == size() * in.numel()) = concatenation of every rank's `in`, in rank order.
   virtual std::shared_ptr<Work> all_gather(Tensor& out, const Tensor& in) = 0;
+  // all_gather of `in` cast to out's dtype (ZeRO-3 gathers bf16 weights from f32 masters). Here: the cast on the
+  // current stream, then all_gather; NCCL casts on its communication stream instead (Note [Gathers cast on the
+  // comm stream], nccl_process_group.cpp). The cast copy is kept until the collective read it.
+  virtual std::shared_ptr<Work> all_gather_cast(Tensor& out, const Tensor& in);
   // t = root's t.
   virtual std::shared_ptr<Work> broadcast(Tensor& t, int root = 0) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;

@@ -6,7 +6,7 @@
 # all-reduce bandwidth next to PyTorch's process group, and PyTorch DDP + torch.compile under torchrun.
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
-#                          [fsdp] [zero] [fsdp8b] [carveout] [clocks] [priority] [kernels] [ddpwhy]
+#                          [fsdp] [zero] [fsdp8b] [fsdp8b_one] [carveout] [clocks] [priority] [kernels] [ddpwhy]
 #                          (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
@@ -31,7 +31,8 @@
 #         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default; a part
 #         ending in +coN runs with --sm-carveout N; ingot-noprefetch is eager ZeRO-3 with each block gathered
 #         when used, --no-prefetch; a part ending in +prof adds --timeline and the 40 costliest ops timed by CUDA
-#         events (--profile 40 --profile-events);
+#         events (--profile 40 --profile-events); +ctasN holds NCCL to N CTAs; +castc casts the gathers on the
+#         compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1); suffixes combine (ingot-compiled+ctas8+prof);
 #         ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
 #   step's world sizes and rows, e.g. ZERO_WORLDS=4 ZERO_ROWS="ddp_compiled z3_compiled")
@@ -53,6 +54,8 @@
 #   ddpwhy: GPT-2 compiled default per-op device times on 1 GPU and on all GPUs reduced in f32 and in bf16 (the ops
 #         that grow), then all GPUs with NCCL held to 2 and 1 CTAs and with NCCL_P2P_DISABLE=1; the ~1B Llama's
 #         per-op device times on 1 GPU and all GPUs (issue 21)
+#   fsdp8b_one: the 8B's blocks on GPU 0 alone (--layers 4 and 8, random weights, compiled, per-op device times):
+#         its products without NCCL beside them, against fsdp8b's ingot-compiled+prof table
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -359,32 +362,57 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
     want fsdp8b || break
     left=$(( ${DEADLINE:-540} - ($(date +%s) - start) )); t1=$(date +%s)
     if [[ $part == ingot* ]]; then
-      # A part may end in +coN: the same run with --sm-carveout N (Note [SM carve-out], runtime/sm_budget.h).
-      p=$part
-      comp=""; [[ $p == ingot-compiled* ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
-      # +prof: with rank 0's communication timeline and its 40 costliest ops timed by CUDA events (one more step).
-      [[ $p == *+prof ]] && { comp="$comp --timeline --profile 40 --profile-events"; p=${p%+prof}; }
-      [[ $p == *+co* ]] && comp="$comp --sm-carveout ${p##*+co}"
+      # A part may end in suffixes, each starting with '+': +coN the same run with --sm-carveout N (Note [SM
+      # carve-out], runtime/sm_budget.h); +prof with rank 0's communication timeline and its 40 costliest ops timed
+      # by CUDA events (one more step); +ctasN with NCCL held to N CTAs (NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=N); +castc
+      # with the gathers' f32 -> bf16 cast on the compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1, Note [Gathers cast
+      # on the comm stream]).
+      p=${part%%+*} comp="" envs=()
+      [[ $p == ingot-compiled ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
       [[ $p == ingot-noprefetch ]] && comp="--no-prefetch"  # eager, each block gathered when used
+      IFS=+ read -ra sufs <<< "${part#"$p"}"
+      for sf in "${sufs[@]}"; do
+        case $sf in
+          "") ;;
+          prof) comp="$comp --timeline --profile 40 --profile-events" ;;
+          co*) comp="$comp --sm-carveout ${sf#co}" ;;
+          ctas*) envs+=(NCCL_MIN_CTAS=1 "NCCL_MAX_CTAS=${sf#ctas}") ;;
+          castc) envs+=(INGOT_GATHER_CAST_ON_COMPUTE=1) ;;
+          *) echo "fsdp8b: unknown part suffix '+$sf' in $part"; continue 2 ;;
+        esac
+      done
       # ingot-memory: compiled, 2 steps under INGOT_LOGS=memory (the allocation census at rank 0's peak).
       c8=$common8
       if [[ $part == ingot-memory ]]; then
         comp="--compile default --cache-dir /tmp/ingot-dist-cache"; c8="--batch 2 --seq 2048 --steps 2 --warmup 1"
         export INGOT_LOGS=memory
       fi
-      timeout $left ingot launch --nproc-per-node gpu --standalone -- bench_llama_step --checkpoint "$ck" \
+      env "${envs[@]}" timeout $left ingot launch --nproc-per-node gpu --standalone -- bench_llama_step --checkpoint "$ck" \
         --tokens "$tok" --device cuda --dtype bf16 --params bf16 --zero-stage 3 --reduce-dtype f32 $c8 \
         --losses 10 $comp > "$out/fsdp8b_$part.log" 2>&1
       echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"; unset INGOT_LOGS
       grep -h "^| ingot\|^compile:\|^first step\|error" "$out/fsdp8b_$part.log" | tail -5
       [[ $part == ingot-memory ]] && grep -h -A12 "census of cuda:0" "$out/fsdp8b_$part.log" | tail -13
-      [[ $part == *+prof ]] && { grep -h "^timeline:" "$out/fsdp8b_$part.log"; sed -n '/^op /,/^(/p' "$out/fsdp8b_$part.log" | cut -c1-60,120-; }
+      [[ $part == *+prof* ]] && { grep -h "^timeline:" "$out/fsdp8b_$part.log"; sed -n '/^op /,/^(/p' "$out/fsdp8b_$part.log" | cut -c1-60,120-; }
     else
       timeout $left python3 -m torch.distributed.run --standalone --nproc-per-node $gpus bench/reference/fsdp2_llama.py \
         --config "$cfg8" --checkpoint "$ck" --tokens "$tok" $common8 --modes $part > "$out/fsdp8b_$part.log" 2>&1
       echo "fsdp8b torch $part: exit $?, $(( $(date +%s) - t1 )) s"
       grep -h "^| transformers\|^first step\|Error" "$out/fsdp8b_$part.log" | tail -4
     fi
+  done
+fi
+if want fsdp8b_one; then  # the 8B's blocks on one GPU, no communication: what its products cost without NCCL beside
+  # them. Random weights (--config), 4 and 8 blocks (the difference / 4 is one block's), compiled default, bf16 over
+  # f32 masters, the costliest ops by CUDA events; against the ZeRO-3 x4 +prof table of the same call (issue 22).
+  for l in 4 8; do
+    want fsdp8b_one || break
+    CUDA_VISIBLE_DEVICES=0 timeout 150 bench_llama_step --config "$src/bench/configs/llama_8b/config.json" --layers $l \
+      --device cuda --dtype bf16 --params bf16 --batch 2 --seq 2048 --steps 10 --warmup 3 --compile default \
+      --cache-dir /tmp/ingot-dist-cache --profile 40 --profile-events > "$out/fsdp8b_one_$l.log" 2>&1
+    echo "fsdp8b_one layers $l: exit $?"
+    grep -h "^| ingot" "$out/fsdp8b_one_$l.log" | tail -1
+    sed -n '/^op /,/^(/p' "$out/fsdp8b_one_$l.log" | head -14 | cut -c1-60,120-
   done
 fi
 echo "total: $(( $(date +%s) - t0 )) s"

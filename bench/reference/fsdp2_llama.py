@@ -131,8 +131,14 @@ def run(mode, args, cfg, world, rank):
 
 
 def make_checkpoint(args, cfg):
+    # Made in bf16 on the GPU when there is one: an 8B model initialized in f32 on the CPU took ~110 s of a 4-GPU
+    # call (bench/RESULTS.md 2026-11-27), on the GPU it is seconds; the weights are random either way.
     torch.manual_seed(1234)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = LlamaForCausalLM(cfg)
+    torch.set_default_dtype(prev)
     model.save_pretrained(args.make_checkpoint, safe_serialization=True)
     print(f"wrote {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters (bf16) to {args.make_checkpoint}")
     if args.make_tokens:

@@ -13,6 +13,7 @@
 #include "distributed/spawn.h"
 #include "runtime/allocator.h"
 #include "runtime/file_util.h"
+#include "runtime/rng.h"
 
 namespace ingot::distributed {
 namespace {
@@ -118,6 +119,34 @@ TEST(GlooProcessGroup, ReduceScatterGivesEachRankItsChunkAndAllGatherRebuildsThe
       double want = 0;
       for (int r = 0; r < world; ++r) want += value(r, j);
       EXPECT_NEAR(whole.item_at(j), want, 1e-5) << "j=" << j;
+    }
+    return;
+  }
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(3)));
+}
+
+// ProcessGroup::all_gather_cast's own way (the cast on the current stream, then all_gather): every rank's values
+// in the output's dtype, rounded as a cast rounds them; the same dtype gathers unchanged.
+TEST(GlooProcessGroup, AGatherCastGathersEveryRanksValuesRoundedToTheOutputsDtype) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(quick_init());
+    const int world = ctx.info.world_size, rank = ctx.info.rank;
+    const int64_t n = 37;
+    auto values_of = [&](int r) {
+      manual_seed(500 + static_cast<uint64_t>(r));
+      return randn({n}, DType::f32);
+    };
+    Tensor out = empty({n * world}, DType::bf16);
+    ctx.group->all_gather_cast(out, values_of(rank))->wait();
+    Tensor same = empty({n * world}, DType::f32);
+    ctx.group->all_gather_cast(same, values_of(rank))->wait();
+    for (int r = 0; r < world; ++r) {
+      const Tensor want = values_of(r), rounded = want.to(DType::bf16);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(out.item_at(r * n + i), rounded.item_at(i)) << "rank " << r << " element " << i;
+        ASSERT_EQ(same.item_at(r * n + i), want.item_at(i)) << "rank " << r << " element " << i;
+      }
+      EXPECT_NE(rounded.item_at(0), want.item_at(0)) << "the values must need rounding";
     }
     return;
   }

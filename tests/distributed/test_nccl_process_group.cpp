@@ -96,6 +96,43 @@ TEST(NcclProcessGroup, CollectivesOnTwoGpusAgreeWithTheRankwiseFormulas) {
   expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(60000ms)));
 }
 
+// Note [Gathers cast on the comm stream]: each rank's f32 values reach every rank as bf16, rounded exactly as a
+// cast on the CPU rounds them, and the comm stream's cast reads the values the producer stream wrote last: the
+// write is queued behind a 50 ms hold of the producer stream, so a cast that did not wait for it reads the old ones.
+TEST(NcclProcessGroup, AGatherCastFromF32ReadsTheProducersLastWriteAndRoundsAsTheCpu) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(nccl_init());
+    const int rank = ctx.info.rank, world = ctx.info.world_size;
+    const Device dev(DeviceType::cuda, ctx.info.local_rank);
+    const int64_t n = (1 << 20) + 3;  // odd: the cast's tail past its 16-byte packs
+    auto values_of = [&](int r) {
+      manual_seed(1000 + static_cast<uint64_t>(r));
+      return randn({n}, DType::f32, Device::cpu());
+    };
+    Tensor master = values_of(rank).to(dev);
+    const Tensor last = values_of(rank + 100).to(dev);
+    cuda::synchronize_device(dev.index);
+    cuda::hold_stream(cuda::current_stream(dev.index), 50.0);
+    master.copy_(last);  // behind the hold: the cast must see it
+    Tensor out = empty({n * world}, DType::bf16, dev);
+    ctx.group->all_gather_cast(out, master)->wait(10000ms);
+    const Tensor got = out.to(Device::cpu());
+    for (int r = 0; r < world; ++r) {
+      const Tensor want = values_of(r + 100).to(DType::bf16);
+      for (int64_t i = 0; i < n; i += 1021)
+        ASSERT_EQ(got.item_at(r * n + i), want.item_at(i)) << "rank " << r << " element " << i;
+      ASSERT_EQ(got.item_at(r * n + n - 1), want.item_at(n - 1)) << "rank " << r << " last element";
+    }
+    // Same dtype: a plain all_gather.
+    Tensor same = empty({n * world}, DType::f32, dev);
+    ctx.group->all_gather_cast(same, master)->wait(10000ms);
+    EXPECT_EQ(same.to(Device::cpu()).item_at(rank * n + 7), master.to(Device::cpu()).item_at(7));
+    return;
+  }
+  INGOT_REQUIRE_TWO_GPUS();
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(60000ms)));
+}
+
 // Note [Collectives in CUDA graphs] (distributed/nccl_process_group.cpp): a captured reduce-scatter whose input
 // the caller drops right after the start (as the compiled step does: the start is the input's last reader) keeps
 // that block until its wait joins the comm stream back, so a later allocation of the capture cannot take it and
