@@ -97,6 +97,19 @@ bool gather_cast_on_compute() {
   return on;
 }
 
+// NCCL's CTA policy for the communicator (ncclConfig_t::CTAPolicy): INGOT_NCCL_CTA_POLICY=default, efficiency
+// (fewest CTAs that keep decent bandwidth: more SMs left to the compute beside a collective) or zero; unset keeps
+// NCCL's own choice. Anything else is an error naming the variable. Measured for issue 21/22 (bench/RESULTS.md).
+std::optional<int> cta_policy() {
+  const char* v = std::getenv("INGOT_NCCL_CTA_POLICY");
+  if (v == nullptr || std::string_view(v).empty()) return std::nullopt;
+  const std::string_view s(v);
+  if (s == "default") return NCCL_CTA_POLICY_DEFAULT;
+  if (s == "efficiency") return NCCL_CTA_POLICY_EFFICIENCY;
+  if (s == "zero") return NCCL_CTA_POLICY_ZERO;
+  INGOT_FAIL("INGOT_NCCL_CTA_POLICY must be 'default', 'efficiency' or 'zero', got '", v, "'");
+}
+
 // Whether the comm stream gets the lowest priority (Note [Comm stream priority]): INGOT_COMM_STREAM_PRIORITY=low;
 // unset, empty or "high" keeps the highest; anything else is an error naming the variable.
 bool comm_stream_low_priority() {
@@ -267,6 +280,7 @@ class NcclProcessGroup final : public ProcessGroup {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // Note [Non-blocking communicators]
     config.commName = options_.name.c_str();
+    if (const std::optional<int> policy = cta_policy()) config.CTAPolicy = *policy;
     ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
       INGOT_FAIL("nccl group '", options_.name, "' rank ", rank_, "/", size_, ": ncclCommInitRankConfig failed: ",

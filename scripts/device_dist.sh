@@ -31,8 +31,8 @@
 #         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default; a part
 #         ending in +coN runs with --sm-carveout N; ingot-noprefetch is eager ZeRO-3 with each block gathered
 #         when used, --no-prefetch; a part ending in +prof adds --timeline and the 40 costliest ops timed by CUDA
-#         events (--profile 40 --profile-events); +ctasN holds NCCL to N CTAs; +castc casts the gathers on the
-#         compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1); suffixes combine (ingot-compiled+ctas8+prof);
+#         events (--profile 40 --profile-events); +ctasN holds NCCL to N CTAs, +minctasN makes it use N; +castc casts the gathers on the
+#         compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1); +eff INGOT_NCCL_CTA_POLICY=efficiency; suffixes combine (ingot-compiled+ctas8+prof);
 #         ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
 #   step's world sizes and rows, e.g. ZERO_WORLDS=4 ZERO_ROWS="ddp_compiled z3_compiled")
@@ -366,7 +366,7 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
       # carve-out], runtime/sm_budget.h); +prof with rank 0's communication timeline and its 40 costliest ops timed
       # by CUDA events (one more step); +ctasN with NCCL held to N CTAs (NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=N); +castc
       # with the gathers' f32 -> bf16 cast on the compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1, Note [Gathers cast
-      # on the comm stream]).
+      # on the comm stream]); +eff with NCCL's CTA policy "efficiency". With CLOCKS=1 each run samples nvidia-smi.
       p=${part%%+*} comp="" envs=()
       [[ $p == ingot-compiled ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
       [[ $p == ingot-noprefetch ]] && comp="--no-prefetch"  # eager, each block gathered when used
@@ -377,7 +377,9 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
           prof) comp="$comp --timeline --profile 40 --profile-events" ;;
           co*) comp="$comp --sm-carveout ${sf#co}" ;;
           ctas*) envs+=(NCCL_MIN_CTAS=1 "NCCL_MAX_CTAS=${sf#ctas}") ;;
+          minctas*) envs+=("NCCL_MIN_CTAS=${sf#minctas}" "NCCL_MAX_CTAS=${sf#minctas}") ;;
           castc) envs+=(INGOT_GATHER_CAST_ON_COMPUTE=1) ;;
+          eff) envs+=(INGOT_NCCL_CTA_POLICY=efficiency) ;;
           *) echo "fsdp8b: unknown part suffix '+$sf' in $part"; continue 2 ;;
         esac
       done
@@ -387,17 +389,19 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
         comp="--compile default --cache-dir /tmp/ingot-dist-cache"; c8="--batch 2 --seq 2048 --steps 2 --warmup 1"
         export INGOT_LOGS=memory
       fi
+      smi_start fsdp8b_$part
       env "${envs[@]}" timeout $left ingot launch --nproc-per-node gpu --standalone -- bench_llama_step --checkpoint "$ck" \
         --tokens "$tok" --device cuda --dtype bf16 --params bf16 --zero-stage 3 --reduce-dtype f32 $c8 \
         --losses 10 $comp > "$out/fsdp8b_$part.log" 2>&1
-      echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"; unset INGOT_LOGS
+      echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"; unset INGOT_LOGS; smi_stop fsdp8b_$part $gpus
       grep -h "^| ingot\|^compile:\|^first step\|error" "$out/fsdp8b_$part.log" | tail -5
       [[ $part == ingot-memory ]] && grep -h -A12 "census of cuda:0" "$out/fsdp8b_$part.log" | tail -13
       [[ $part == *+prof* ]] && { grep -h "^timeline:" "$out/fsdp8b_$part.log"; sed -n '/^op /,/^(/p' "$out/fsdp8b_$part.log" | cut -c1-60,120-; }
     else
+      smi_start fsdp8b_$part
       timeout $left python3 -m torch.distributed.run --standalone --nproc-per-node $gpus bench/reference/fsdp2_llama.py \
         --config "$cfg8" --checkpoint "$ck" --tokens "$tok" $common8 --modes $part > "$out/fsdp8b_$part.log" 2>&1
-      echo "fsdp8b torch $part: exit $?, $(( $(date +%s) - t1 )) s"
+      echo "fsdp8b torch $part: exit $?, $(( $(date +%s) - t1 )) s"; smi_stop fsdp8b_$part $gpus
       grep -h "^| transformers\|^first step\|Error" "$out/fsdp8b_$part.log" | tail -4
     fi
   done
@@ -407,10 +411,11 @@ if want fsdp8b_one; then  # the 8B's blocks on one GPU, no communication: what i
   # f32 masters, the costliest ops by CUDA events; against the ZeRO-3 x4 +prof table of the same call (issue 22).
   for l in 4 8; do
     want fsdp8b_one || break
+    smi_start fsdp8b_one_$l
     CUDA_VISIBLE_DEVICES=0 timeout 150 bench_llama_step --config "$src/bench/configs/llama_8b/config.json" --layers $l \
       --device cuda --dtype bf16 --params bf16 --batch 2 --seq 2048 --steps 10 --warmup 3 --compile default \
       --cache-dir /tmp/ingot-dist-cache --profile 40 --profile-events > "$out/fsdp8b_one_$l.log" 2>&1
-    echo "fsdp8b_one layers $l: exit $?"
+    echo "fsdp8b_one layers $l: exit $?"; smi_stop fsdp8b_one_$l 1
     grep -h "^| ingot" "$out/fsdp8b_one_$l.log" | tail -1
     sed -n '/^op /,/^(/p' "$out/fsdp8b_one_$l.log" | head -14 | cut -c1-60,120-
   done
