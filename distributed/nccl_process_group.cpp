@@ -427,9 +427,10 @@ class NcclProcessGroup final : public ProcessGroup {
 
   // Note [Gathers cast on the comm stream]
   // Compiled and eager ZeRO-3 gather each unit's bf16 weights from its f32 masters: a memory-bound cast of the
-  // shard (6 bytes a parameter; ~7 ms of an 8B step on 4 GPUs when cast on the compute stream, bench/RESULTS.md
-  // 2026-11-28) right before a collective that waits for nothing else. On the comm stream the cast runs in the
-  // collective's place in line, beside the compute instead of in front of it; the masters it reads were written
+  // shard (6 bytes a parameter; 66 casts, 13 ms of an 8B step's compute stream on 4 GPUs) right before a collective
+  // that waits for nothing else. On the comm stream the cast runs in the collective's place in line, beside the
+  // compute instead of in front of it (measured: the 8B step is the same within 0.1% either way, bench/RESULTS.md
+  // 2026-11-27 twentieth session; kept so the compute stream holds only compute); the masters it reads were written
   // by the optimizer on the producer stream, which the comm stream waits for first (issue). The cast copy comes
   // from the producer stream's pool and is kept with the collective's tensors, so the allocator hands its bytes
   // back only once the device finished the gather. INGOT_GATHER_CAST_ON_COMPUTE=1 casts on the producer stream
