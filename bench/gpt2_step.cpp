@@ -68,7 +68,7 @@ struct Args {
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304, steps = 20, warmup = 5;
   int64_t profile = 0;
   bool profiler_range = false, profile_events = false, losses = false, regional = false;
-  bool timeline = false, one_update = false, ddp_alone = false, keep_after_forward = false, prefetch = true;
+  bool timeline = false, timeline_slots = false, one_update = false, ddp_alone = false, keep_after_forward = false, prefetch = true;
   int zero_stage = 0, unit_reduction_lag = 1;
   double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
   std::string reduce_dtype = "f32";
@@ -114,6 +114,9 @@ Args parse(int argc, char** argv) {
   app.add_flag("--one-update", a.one_update, "one optimizer update after every bucket is reduced (not per bucket)")
       ->group(dist);
   app.add_flag("--timeline", a.timeline, "rank 0's communication per step (busy, exposed)")->group(dist);
+  app.add_flag("--timeline-slots", a.timeline_slots,
+               "with --timeline: every collective of the last timed step (op, bytes, when it ran, exposure)")
+      ->group(dist);
   app.add_flag("--ddp", a.ddp_alone, "DDP even in a world of one: its cost without peers")->group(dist);
   app.add_option("--zero-stage", a.zero_stage, "0 (DDP), 1, 2 or 3 (FSDP; eager or compiled)")
       ->capture_default_str()->group(dist);
@@ -226,7 +229,7 @@ int main(int argc, char** argv) try {
               static_cast<long long>(a.seq), n_params / 1e6, med, tokens / (med / 1e3), tflops, mfu.c_str(),
               static_cast<double>(st.peak_allocated_bytes) / 1e9, compile_s, t.first_loss, t.last_loss);
   bench::print_step_timing(t);
-  bench::print_timeline(marks);
+  bench::print_timeline(marks, a.timeline_slots);
   if (a.losses) {
     std::printf("losses:");
     for (double l : t.losses) std::printf(" %.4f", l);

@@ -53,8 +53,8 @@ struct Args {
   std::string config, device = "auto", dtype = "bf16", compile = "none", cache_dir, checkpoint, tokens;
   std::string params = "f32";
   int64_t batch = 2, seq = 2048, steps = 20, warmup = 5, layers = 0, losses = 0;
-  int zero_stage = 0, unit_reduction_lag = 1;
-  bool timeline = false, keep_after_forward = false, prefetch = true, profile_events = false;
+  int zero_stage = 0, unit_reduction_lag = 1, keep_last_blocks = 0;
+  bool timeline = false, timeline_slots = false, keep_after_forward = false, prefetch = true, profile_events = false;
   int64_t profile = 0;
   double peak_tflops = 989.4;
   double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
@@ -92,6 +92,9 @@ Args parse(int argc, char** argv) {
   app.add_option("--peak-tflops", a.peak_tflops, "the GPU's dense bf16 peak, for MFU")->capture_default_str();
   const std::string dist = "Under ingot launch";
   app.add_flag("--timeline", a.timeline, "rank 0's communication per step (busy, exposed)")->group(dist);
+  app.add_flag("--timeline-slots", a.timeline_slots,
+               "with --timeline: every collective of the last timed step (op, bytes, when it ran, exposure)")
+      ->group(dist);
   app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket size")->capture_default_str()->group(dist);
   app.add_option("--reduce-dtype", a.reduce_dtype, "f32 or bf16: the dtype gradients are reduced in")
       ->capture_default_str()->group(dist);
@@ -99,6 +102,9 @@ Args parse(int argc, char** argv) {
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3: keep a block's weights from forward to backward")
       ->group(dist);
+  app.add_option("--keep-last-blocks", a.keep_last_blocks,
+                 "ZeRO-3: the last K blocks stay gathered from forward to backward (distributed.keep_last_blocks)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str()->group(dist);
   app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
                "eager ZeRO-3: gather the next block while one computes (distributed.prefetch; default on)")
       ->group(dist);
@@ -191,7 +197,7 @@ int main(int argc, char** argv) try {
   }
   bench::DataParallelStep dp;
   dp.wrap(*model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, /*broadcast=*/!slices,
-          a.prefetch && a.compile == "none");  // as the recipes: compiled steps prefetch by their schedule
+          a.prefetch && a.compile == "none", a.keep_last_blocks);  // compiled steps prefetch by their schedule
   if (slices)
     dp.fsdp->load_shards(
         [&](size_t i, int64_t begin, int64_t end, Tensor& dst) { slices->read(names[i], begin, end, dst); });
@@ -283,6 +289,7 @@ int main(int argc, char** argv) try {
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, false, !a.keep_after_forward);
   if (!a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " no prefetch";
+  if (a.zero_stage == 3 && a.keep_last_blocks > 0) mode += " last " + std::to_string(a.keep_last_blocks) + " kept";
   if (compiled && dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);
   mode += bench::carveout_label();
@@ -313,7 +320,7 @@ int main(int argc, char** argv) try {
   bench::print_step_timing(t);
   if (dev.is_cuda())
     std::printf("first step: peak %.2f GB (max over ranks; the table's peak is the later steps')\n", first_peak_gb);
-  bench::print_timeline(marks);
+  bench::print_timeline(marks, a.timeline_slots);
   if (compiled) bench::print_compile_stats(compiled->stats());
   if (!profile_table.empty()) std::printf("%s", profile_table.c_str());
   return 0;

@@ -174,14 +174,16 @@ struct DataParallelStep {
 
   // Wraps `model` (nothing without a world). zero_stage 3: FSDP with `reshard_after_forward`, reduced in
   // `reduce_dtype` ("f32" or "bf16"; FSDP2's MixedPrecisionPolicy reduces in f32), `broadcast` false when each
-  // rank loads its shards next (load_shards), `prefetch` for the eager step's prefetched gathers.
+  // rank loads its shards next (load_shards), `prefetch` for the eager step's prefetched gathers,
+  // `keep_last_blocks` (Note [The last blocks kept], distributed/fsdp.h).
   void wrap(nn::Module& model, const BenchWorld& w, int zero_stage, double bucket_cap_mb,
             const std::string& reduce_dtype, bool reshard_after_forward = true, bool broadcast = true,
-            bool prefetch = false) {
+            bool prefetch = false, int keep_last_blocks = 0) {
     if (!w.dist) return;
     if (zero_stage == 3) {
       distributed::FsdpOptions o;
       o.reshard_after_forward = reshard_after_forward;
+      o.keep_last_blocks = keep_last_blocks;
       o.prefetch = prefetch;
       o.broadcast_parameters = broadcast;
       o.reduce_dtype = reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
@@ -267,8 +269,9 @@ inline StepTimes time_steps_with_timeline(Device dev, int64_t warmup, int64_t st
 }
 
 // The 'timeline:' line of a data-parallel step (rank 0, medians over the timed steps; Note [Step timeline] in
-// distributed/nccl_process_group.cpp). Nothing when there are no marks (one process, or a CPU group).
-inline void print_timeline(const std::vector<distributed::ProcessGroup::StepTimeline>& marks) {
+// distributed/nccl_process_group.cpp). Nothing when there are no marks (one process, or a CPU group). With
+// `all_slots`, every collective of the last timed step follows, one 'timeline slot' line each, in issue order.
+inline void print_timeline(const std::vector<distributed::ProcessGroup::StepTimeline>& marks, bool all_slots = false) {
   if (marks.empty()) return;
   auto med = [&](double distributed::ProcessGroup::StepTimeline::*field) {
     std::vector<double> v;
@@ -296,6 +299,12 @@ inline void print_timeline(const std::vector<distributed::ProcessGroup::StepTime
     const T::Slot& sl = marks.back().slots[k];
     std::printf("timeline: exposed %.2f ms at collective %zu of %zu (%s, %.0f MB, ran %.2f-%.2f ms into the step)\n", e,
                 k, n_slots, sl.op.c_str(), sl.bytes / 1e6, sl.start_ms, sl.end_ms);
+  }
+  if (!all_slots) return;
+  for (size_t k = 0; k < n_slots; ++k) {
+    const T::Slot& sl = marks.back().slots[k];
+    std::printf("timeline slot %zu: %s %.0f MB, ran %.2f-%.2f ms, exposed %.2f ms\n", k, sl.op.c_str(), sl.bytes / 1e6,
+                sl.start_ms, sl.end_ms, sl.exposed_ms);
   }
 }
 

@@ -277,7 +277,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
 
   // Hooks: forward ones on the model and the blocks, post-accumulate ones on every parameter.
   const StatePtr weak = st;
-  const bool reshard = options.reshard_after_forward;
+  INGOT_CHECK(options.keep_last_blocks >= 0, "FullyShardedDataParallel: keep_last_blocks must be >= 0, got ",
+              options.keep_last_blocks);
   model.register_forward_pre_hook([weak] {
     if (auto s = weak.lock(); s && s->active) model_forward_begins(*s);
   });
@@ -288,6 +289,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
   for (const UnitGroup& grp : groups) {
     if (grp.role != Role::Block || grp.members.empty()) continue;
     const size_t u = st->unit_of[grp.members[0]];
+    // Note [The last blocks kept] (fsdp.h).
+    const bool reshard = options.reshard_after_forward &&
+                         u + static_cast<size_t>(options.keep_last_blocks) <= *st->last_block;
     grp.module->register_forward_pre_hook([weak, u, reshard] {
       if (auto s = weak.lock(); s && s->active) block_forward_begins(*s, u, reshard);
     });

@@ -68,6 +68,12 @@ struct FsdpOptions {
   // false: a block's weights stay gathered from its forward until its gradients are reduced (one all-gather
   // per block and step instead of two, the whole model at the end of the forward).
   bool reshard_after_forward = true;
+  // Note [The last blocks kept]: with reshard_after_forward, the last `keep_last_blocks` blocks are not resharded
+  // after their forward: their backward comes first, right after the head's, and would gather them again at once.
+  // Each kept block costs its gathered weights from its forward to its backward (the activations' peak) and saves
+  // one all-gather per step (FSDP2's reshard_after_forward=False on the last block, as torchtitan sets it). 0 keeps
+  // none; more than the blocks keeps all (as reshard_after_forward false).
+  int keep_last_blocks = 0;
   // Note [Eager prefetch]: eagerly, a block's pre-forward hook also issues the next block's all-gather, and a
   // block's pre-backward boundary the previous block's (when that block's own boundary is pending), so each
   // gather runs while the block before it (in that pass) computes; on GPUs only the compute stream waits for a

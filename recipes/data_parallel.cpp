@@ -97,6 +97,9 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
       log << ", one unit per transformer block"
           << (run.distributed.reshard_after_forward ? ", gathered for forward and again for backward"
                                                     : ", gathered from forward to backward")
+          << (run.distributed.reshard_after_forward && run.distributed.keep_last_blocks > 0
+                  ? " (the last " + std::to_string(run.distributed.keep_last_blocks) + " from forward to backward)"
+                  : std::string())
           << (run.distributed.prefetch && !run.compile.enabled ? ", the next block's gather prefetched" : "");
     else
       log << ", buckets of " << run.distributed.bucket_cap_mb << " MiB";
@@ -140,6 +143,7 @@ void DataParallel::wrap(nn::Module& model, const std::vector<Tensor>& params, bo
     o.broadcast_parameters = broadcast;
     o.reshard_after_forward = m.run.distributed.reshard_after_forward;
     o.prefetch = m.run.distributed.prefetch && !m.run.compile.enabled;
+    o.keep_last_blocks = static_cast<int>(m.run.distributed.keep_last_blocks);
     // f32 unless bf16 was asked for, as FSDP2's MixedPrecisionPolicy(reduce_dtype=f32): a bf16 run's gradients
     // reach its f32 master shards unrounded (Note [Reduced gradients keep their precision], fsdp.h).
     o.reduce_dtype = reduce_dtype.value_or(DType::f32);

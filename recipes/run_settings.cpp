@@ -118,6 +118,11 @@ void add_distributed_keys(ConfigSchema& s) {
               "zero_stage 3: free a block's gathered weights after its forward and gather them again for its "
               "backward (false: keep them until its gradients are reduced; one all-gather less, more memory)")
             .not_in_config_hash());
+  s.add(K::of(T::Int, "distributed.keep_last_blocks", "0",
+              "zero_stage 3 with reshard_after_forward: the last N blocks keep their gathered weights from forward to "
+              "backward (their backward comes first; one all-gather less each, their weights' memory more)")
+            .at_least(0)
+            .not_in_config_hash());
   s.add(K::of(T::Bool, "distributed.prefetch", "true",
               "zero_stage 3 without compile: all-gather the next block's weights while the current one computes "
               "(forward and backward; on GPUs the host does not wait for gathers); two blocks' weights gathered at "
@@ -405,6 +410,7 @@ void resolve_distributed(const Config& cfg, ConfigErrors& errors, DistributedSet
   d.zero_stage = rd.i64("distributed.zero_stage");
   d.reshard_after_forward = rd.flag("distributed.reshard_after_forward");
   d.prefetch = rd.flag("distributed.prefetch");
+  d.keep_last_blocks = rd.i64("distributed.keep_last_blocks");
   d.overlap = rd.flag("distributed.overlap");
   d.sm_carveout = rd.i64("distributed.sm_carveout");
   d.timeout_s = timeout_setting(cfg, errors, "distributed.timeout_s", "INGOT_COLLECTIVE_TIMEOUT_S", d.timeout_s);

@@ -31,8 +31,10 @@
 #         build and the checkpoint they fit one call; ingot-compiled is compiled ZeRO-3, --compile default; a part
 #         ending in +coN runs with --sm-carveout N; ingot-noprefetch is eager ZeRO-3 with each block gathered
 #         when used, --no-prefetch; a part ending in +prof adds --timeline and the 40 costliest ops timed by CUDA
-#         events (--profile 40 --profile-events); +ctasN holds NCCL to N CTAs, +minctasN makes it use N; +castc casts the gathers on the
-#         compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1); +eff INGOT_NCCL_CTA_POLICY=efficiency; suffixes combine (ingot-compiled+ctas8+prof);
+#         events (--profile 40 --profile-events); +ctasN holds NCCL to N CTAs, +minctasN makes it use N; +castc
+#         casts the gathers on the compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1); +eff INGOT_NCCL_CTA_POLICY=efficiency; +keepN
+#         --keep-last-blocks N, +keepall --keep-after-forward; +slots every collective's timeline line; suffixes
+#         combine (ingot-compiled+ctas8+prof);
 #         ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
 #   step's world sizes and rows, e.g. ZERO_WORLDS=4 ZERO_ROWS="ddp_compiled z3_compiled")
@@ -380,6 +382,9 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
           minctas*) envs+=("NCCL_MIN_CTAS=${sf#minctas}" "NCCL_MAX_CTAS=${sf#minctas}") ;;
           castc) envs+=(INGOT_GATHER_CAST_ON_COMPUTE=1) ;;
           eff) envs+=(INGOT_NCCL_CTA_POLICY=efficiency) ;;
+          keepall) comp="$comp --keep-after-forward" ;;
+          keep*) comp="$comp --keep-last-blocks ${sf#keep}" ;;
+          slots) comp="$comp --timeline --timeline-slots" ;;
           *) echo "fsdp8b: unknown part suffix '+$sf' in $part"; continue 2 ;;
         esac
       done
@@ -396,6 +401,7 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
       echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"; unset INGOT_LOGS; smi_stop fsdp8b_$part $gpus
       grep -h "^| ingot\|^compile:\|^first step\|error" "$out/fsdp8b_$part.log" | tail -5
       [[ $part == ingot-memory ]] && grep -h -A12 "census of cuda:0" "$out/fsdp8b_$part.log" | tail -13
+      [[ $part == *+slots* ]] && grep -h "^timeline" "$out/fsdp8b_$part.log" | tail -12
       [[ $part == *+prof* ]] && { grep -h "^timeline:" "$out/fsdp8b_$part.log"; sed -n '/^op /,/^(/p' "$out/fsdp8b_$part.log" | cut -c1-60,120-; }
     else
       smi_start fsdp8b_$part

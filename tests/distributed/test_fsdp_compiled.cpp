@@ -53,9 +53,11 @@ struct Setup {
   bool eager_first = false;  // the first step eagerly (the optimizer state exists before the compiled call traces)
   bool one_backward = false;  // the micro-batches' losses summed and differentiated once (two forwards, one backward)
   int lag = 1;  // CompileOptions::unit_reduction_lag
+  int keep_last = 0;  // FsdpOptions::keep_last_blocks
 
   // Chainable: run(Mode::Compiled3).keep_after_forward().reduce_in(DType::bf16).
   Setup& keep_after_forward() { reshard = false; return *this; }
+  Setup& keep_last_blocks(int n) { keep_last = n; return *this; }
   Setup& reduce_in(DType d) { reduce_dtype = d; return *this; }
   Setup& micro_batches(int n) { micro = n; return *this; }
   Setup& for_steps(int n) { steps = n; return *this; }
@@ -117,6 +119,7 @@ Trained train(const DistributedContext& ctx, const Setup& s, const std::string& 
     } else if (!one) {
       FsdpOptions o;
       o.reshard_after_forward = s.reshard;
+      o.keep_last_blocks = s.keep_last;
       o.reduce_dtype = s.reduce_dtype;
       fsdp = std::make_unique<FullyShardedDataParallel>(model, ctx.group, o);
       out.units = fsdp->layout().size();
@@ -302,6 +305,15 @@ void rank_body_trains_like_eager(int world) {
   const std::string& k = keep.stats.last_graph;
   EXPECT_EQ(count_occurrences(k, "= all_gather_start("), keep.units + 1) << k;
   EXPECT_EQ(count_occurrences(k, "= reduce_scatter_start("), keep.units) << k;
+  if (world != 2) return;
+  // Note [The last blocks kept] (fsdp.h): the last block is not resharded, eagerly and compiled: one gather less.
+  const Trained eager_last = train(ctx, run(Mode::Eager3).keep_last_blocks(1), cache);
+  const Trained last = train(ctx, run(Mode::Compiled3).keep_last_blocks(1), cache);
+  expect_same_training(eager_last, eager, 1e-4, "eager ZeRO-3 with the last block kept vs resharded");
+  expect_same_training(last, eager_last, 1e-4, "compiled vs eager ZeRO-3, the last block kept");
+  const std::string& l = last.stats.last_graph;
+  EXPECT_EQ(count_occurrences(l, "= all_gather_start("), last.units + 1 + 2) << l;
+  EXPECT_EQ(count_occurrences(l, "regather}"), 2 * 2u) << "the first two blocks resharded: " << l;
 }
 
 TEST(CompiledFsdp, TwoRanksTrainLikeEagerZeroThreeDdpAndOneProcess) {

@@ -151,7 +151,8 @@ TEST(ZeroStages, TwoAndThreeTrainLikeDdpAndOneProcessWithAboutOneNthOfTheBytes) 
 }
 
 // The unit protocol, counted in collectives: a step of the 2-block model all-gathers the embeddings once, each
-// block twice (before its forward and again before its backward), or once with reshard_after_forward false, the
+// block twice (before its forward and again before its backward), or once with reshard_after_forward false (the
+// last block alone once with keep_last_blocks 1), the
 // head once and the tied embeddings once more for the head, and reduce-scatters each of the 4 units once. Outside forward and backward no weight has bytes; a forward
 // without gradients (eval) frees every unit again and gives the loss of the whole model.
 TEST(ZeroStages, ThreeGathersEachUnitBeforeUseAndFreesItAfter) {
@@ -165,11 +166,14 @@ TEST(ZeroStages, ThreeGathersEachUnitBeforeUseAndFreesItAfter) {
       NoGradGuard no_grad;
       eval_loss = whole.loss(ids, tgt).item();
     }
-    for (bool reshard : {true, false}) {
+    // keep: FsdpOptions::keep_last_blocks (Note [The last blocks kept]): the last block is gathered once.
+    for (const auto& [reshard, keep] : {std::pair{true, 0}, std::pair{false, 0}, std::pair{true, 1}}) {
+      SCOPED_TRACE("reshard " + std::to_string(reshard) + ", keep_last_blocks " + std::to_string(keep));
       manual_seed(5);
       models::GPT2 model(ingot::testing::tiny_gpt2_config());
       FsdpOptions o;
       o.reshard_after_forward = reshard;
+      o.keep_last_blocks = keep;
       FullyShardedDataParallel fsdp(model, ctx.group, o);
       ASSERT_EQ(fsdp.layout().size(), 4u) << "embeddings + 2 blocks + head";
       auto all_freed = [&] {
@@ -183,7 +187,7 @@ TEST(ZeroStages, ThreeGathersEachUnitBeforeUseAndFreesItAfter) {
       fsdp.synchronize();
       // Gathers: the embeddings, each block (twice when resharding), the head and the tied embeddings again for
       // it; one reduce-scatter per unit.
-      EXPECT_EQ(ctx.group->next_seq() - before, reshard ? 1 + 2 * 2 + 2 + 4 : 1 + 2 + 2 + 4) << "reshard " << reshard;
+      EXPECT_EQ(ctx.group->next_seq() - before, 1 + (reshard ? 2 * 2 - keep : 2) + 2 + 4);
       EXPECT_TRUE(all_freed());
       double l = 0;
       {
