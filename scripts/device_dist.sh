@@ -33,8 +33,7 @@
 #         when used, --no-prefetch; a part ending in +prof adds --timeline and the 40 costliest ops timed by CUDA
 #         events (--profile 40 --profile-events); +ctasN holds NCCL to N CTAs, +minctasN makes it use N; +castc
 #         casts the gathers on the compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1); +eff INGOT_NCCL_CTA_POLICY=efficiency; +keepN
-#         --keep-last-blocks N, +keepall --keep-after-forward; +slots every collective's timeline line; +waitslate
-#         INGOT_UNIT_GATHER_WAITS_LATE=1 (Note [Unit gathers waited in trace order]); suffixes
+#         --keep-last-blocks N, +keepall --keep-after-forward; +slots every collective's timeline line; suffixes
 #         combine (ingot-compiled+ctas8+prof);
 #         ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
@@ -383,7 +382,6 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
           minctas*) envs+=("NCCL_MIN_CTAS=${sf#minctas}" "NCCL_MAX_CTAS=${sf#minctas}") ;;
           castc) envs+=(INGOT_GATHER_CAST_ON_COMPUTE=1) ;;
           eff) envs+=(INGOT_NCCL_CTA_POLICY=efficiency) ;;
-          waitslate) envs+=(INGOT_UNIT_GATHER_WAITS_LATE=1) ;;
           keepall) comp="$comp --keep-after-forward" ;;
           keep*) comp="$comp --keep-last-blocks ${sf#keep}" ;;
           slots) comp="$comp --timeline --timeline-slots" ;;

@@ -4,47 +4,16 @@
 // Collectives (compile/lower/lowering.h: schedule_class) bend the order: a collective's start, and the views and
 // concatenations whose results only feed starts (a bucket's flatten and concatenation), go before other
 // ready work; a wait goes after all other ready work (one holding an ordering token as early as a start:
-// unit_reductions.h; a ZeRO-3 unit gather's wait in trace order: Note [Unit gathers waited in trace order]). A
-// gradient bucket is then reduced while
+// unit_reductions.h). A gradient bucket is then reduced while
 // the rest of the backward runs, and the optimizer waits for it last.
 #include "compile/passes/schedule.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <queue>
-#include <string_view>
 
-#include "autograd/ops/attrs.h"
-#include "autograd/primitive_collective.h"
 #include "compile/lower/lowering.h"
 
 namespace ingot::compiler::passes {
-
-namespace {
-
-// Note [Unit gathers waited in trace order]
-// A ZeRO-3 unit gather's wait gates the compute that reads the gathered weights. As a late wait it ran only once
-// nothing else was ready, and at each block boundary of the backward the ready work of a later trace position went
-// first: the optimizer updates of units already reduced. The updates were then spread over the backward and none
-// was left for its end, where the last reduce-scatters (block 0's, the embeddings' 2.1 GB) run with nothing beside
-// them (8B Llama ZeRO-3 on 4 H200s: 4.1 ms exposed at the embeddings' reduce-scatter, bench/RESULTS.md 2026-11-27
-// twentieth session). In trace order the wait still runs right before its first reader (the trace records it
-// there, compile/passes/unit_gathers.h places the backward's copies there), so the gather it waits for is as hidden
-// as before, and the updates keep their own trace place: after the backward, beside the last reductions.
-// INGOT_UNIT_GATHER_WAITS_LATE=1 schedules them late as before, for measuring.
-bool waits_for_unit_gather(const Graph& g, const Node& wait) {
-  static const bool late = [] {
-    const char* v = std::getenv("INGOT_UNIT_GATHER_WAITS_LATE");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
-  if (late || wait.inputs.empty() || wait.inputs[0] < 0) return false;
-  const int32_t p = g.values[static_cast<size_t>(wait.inputs[0])].producer;
-  if (p < 0) return false;
-  const Primitive& start = *g.nodes[static_cast<size_t>(p)].prim;
-  return is_all_gather_start(start) && match<UnitCollectiveAttrs>(start) != nullptr;
-}
-
-}  // namespace
 
 bool schedule(Graph& g, const ScheduleOptions&) {
   const size_t n = g.nodes.size();
@@ -85,7 +54,6 @@ bool schedule(Graph& g, const ScheduleOptions&) {
       // unit_reductions.h) releases its collective's input there; as a plain late wait it would run only once
       // nothing else is ready, at the backward's end.
       if (c > 0 && node.inputs.size() > 1) c = -1;
-      if (c > 0 && waits_for_unit_gather(g, node)) c = 0;
       if (c != 0) cls[u] = c;
     }
   bool any_early = false;

@@ -2,8 +2,7 @@
 // contiguous (so a group runs as one kernel); among ready nodes the one earliest in the traced order goes first,
 // except that collective starts (and the views and concatenations that only feed them) go before other ready
 // work and waits after it; a wait that reads an ordering token after its pending buffer (unit_reductions.h) goes
-// as early as a start, i.e. right after the collective that is its token is issued; a ZeRO-3 unit gather's wait
-// keeps its trace order (Note [Unit gathers waited in trace order], schedule.cpp).
+// as early as a start, i.e. right after the collective that is its token is issued.
 // Tests: tests/compile/passes/test_passes.cpp (Schedule.*), tests/compile/passes/test_unit_reductions.cpp.
 #pragma once
 
