@@ -254,6 +254,7 @@ class NcclProcessGroup final : public ProcessGroup {
     int n = cuda_device_count();
     INGOT_CHECK(n > 0, "nccl group '", options_.name, "': no CUDA device is visible");
     const bool low_priority = comm_stream_low_priority();  // checked before anything is made
+    cta_policy_ = cta_policy();
     if (options_.device < 0) CUDA_CHECK(cudaGetDevice(&options_.device));
     device_ = options_.device;
     INGOT_CHECK(device_ < n, "nccl group '", options_.name, "': device ", device_, " does not exist (", n, " visible)");
@@ -280,7 +281,7 @@ class NcclProcessGroup final : public ProcessGroup {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // Note [Non-blocking communicators]
     config.commName = options_.name.c_str();
-    if (const std::optional<int> policy = cta_policy()) config.CTAPolicy = *policy;
+    if (cta_policy_) config.CTAPolicy = *cta_policy_;
     ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
       INGOT_FAIL("nccl group '", options_.name, "' rank ", rank_, "/", size_, ": ncclCommInitRankConfig failed: ",
@@ -623,6 +624,7 @@ class NcclProcessGroup final : public ProcessGroup {
   cudaEvent_t ready_ = nullptr;
   std::mutex issue_mu_;  // serializes NCCL calls (issue, async-error polls, abort)
   cuda::Stream input_stream_;
+  std::optional<int> cta_policy_;  // INGOT_NCCL_CTA_POLICY, read before anything is made
   bool has_input_stream_ = false;
   std::mutex mu_;  // guards in_flight_ and stop_
   std::condition_variable cv_;

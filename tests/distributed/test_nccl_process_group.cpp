@@ -247,6 +247,32 @@ TEST(NcclProcessGroup, CommStreamPriorityFollowsItsSwitchAndRefusesAnUnknownValu
   }
 }
 
+// INGOT_NCCL_CTA_POLICY (ncclConfig_t::CTAPolicy, measured in bench/RESULTS.md 2026-11-27): each named policy gives
+// a working communicator (an all-reduce sums), and anything else is an error naming the variable, before any
+// communicator is made.
+TEST(NcclProcessGroup, CtaPolicyFollowsItsSwitchAndRefusesAnUnknownValue) {
+  if (is_rank_process()) {
+    const std::string v = std::getenv("INGOT_NCCL_CTA_POLICY") ? std::getenv("INGOT_NCCL_CTA_POLICY") : "";
+    if (v == "lavish") {
+      const std::string err = error_of([] { init_distributed(nccl_init()); });
+      EXPECT_NE(err.find("INGOT_NCCL_CTA_POLICY must be 'default', 'efficiency' or 'zero', got 'lavish'"),
+                std::string::npos) << err;
+      return;
+    }
+    auto ctx = init_distributed(nccl_init());
+    Tensor t = rank_tensor(ctx.info.rank, 4096, DType::f32, Device(DeviceType::cuda, ctx.info.local_rank));
+    ctx.group->all_reduce(t, ReduceOp::Sum)->wait(10000ms);
+    EXPECT_NEAR(t.to(Device::cpu()).item_at(5), value(0, 5) + value(1, 5), 1e-5) << "INGOT_NCCL_CTA_POLICY='" << v << "'";
+    return;
+  }
+  INGOT_REQUIRE_TWO_GPUS();
+  for (const char* v : {"efficiency", "zero", "lavish"}) {
+    ingot::testing::SpawnOptions o = ingot::testing::world(2).within(60000ms);
+    o.env["INGOT_NCCL_CTA_POLICY"] = v;
+    expect_ranks_pass(spawn_ranks(o));
+  }
+}
+
 TEST(NcclProcessGroup, DdpOnGpusGivesTheGradientsOfTheFullBatchOnTheCpu) {
   if (is_rank_process()) {
     auto ctx = init_distributed(nccl_init());
