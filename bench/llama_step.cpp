@@ -103,7 +103,8 @@ Args parse(int argc, char** argv) {
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3: keep a block's weights from forward to backward")
       ->group(dist);
   app.add_option("--keep-last-blocks", a.keep_last_blocks,
-                 "ZeRO-3: the last K blocks stay gathered from forward to backward (distributed.keep_last_blocks)")
+                 "ZeRO-3 (--zero-stage 3): the last K blocks stay gathered from forward to backward "
+                 "(distributed.keep_last_blocks)")
       ->check(CLI::NonNegativeNumber)->capture_default_str()->group(dist);
   app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
                "eager ZeRO-3: gather the next block while one computes (distributed.prefetch; default on)")
@@ -289,7 +290,8 @@ int main(int argc, char** argv) try {
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, false, !a.keep_after_forward);
   if (!a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " no prefetch";
-  if (a.zero_stage == 3 && a.keep_last_blocks > 0) mode += " last " + std::to_string(a.keep_last_blocks) + " kept";
+  if (a.zero_stage == 3 && !a.keep_after_forward && a.keep_last_blocks > 0)
+    mode += " last " + std::to_string(a.keep_last_blocks) + " kept";
   if (compiled && dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);
   mode += bench::carveout_label();

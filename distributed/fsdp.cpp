@@ -150,16 +150,19 @@ void block_forward_begins(State& s, size_t u, bool reshard) {
   if (trace_observer() == nullptr) s.prefetch(u + 1);  // Note [Eager prefetch]
 }
 
-Tensor block_forward_ends(const StatePtr& weak, State& s, size_t u, bool reshard, const Tensor& out) {
+// `boundary`: the block's output gets the identity whose backward gathers it again (a no-op for a block kept
+// gathered by keep_last_blocks, whose boundary still prefetches the block before it and, on the last block with
+// tied embeddings, frees the embeddings the head read: Note [The last blocks kept], fsdp.h).
+Tensor block_forward_ends(const StatePtr& weak, State& s, size_t u, bool reshard, bool boundary, const Tensor& out) {
   const bool grad = grad_enabled() && out.requires_grad();  // else no backward follows (eval)
   const bool last = u == s.last_block;
-  const bool ends_head = last && s.head_reads_embed && grad && reshard;
+  const bool ends_head = last && s.head_reads_embed && grad && boundary;
   Tensor replaced;
   if (trace_observer() != nullptr) {
     replaced = fsdp_traced::forward_done(weak, u, reshard, out, ends_head);
-  } else if (!grad || reshard) {
-    s.release(s.units[u]);
-    if (grad) {
+  } else {
+    if (!grad || reshard) s.release(s.units[u]);
+    if (grad && boundary) {
       replaced = apply(std::make_shared<GatherBeforeBackwardPrim>(weak, u, ends_head), {out})[0];
       ++s.units[u].boundaries;
     }
@@ -193,6 +196,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
   INGOT_CHECK(group != nullptr, "FullyShardedDataParallel: a process group is required");
   INGOT_CHECK(options.root >= 0 && options.root < group->size(), "FullyShardedDataParallel: root must be in [0, ",
               group->size(), "), got ", options.root);
+  INGOT_CHECK(options.keep_last_blocks >= 0, "FullyShardedDataParallel: keep_last_blocks must be >= 0, got ",
+              options.keep_last_blocks);
   INGOT_CHECK(!options.reduce_dtype || is_floating(*options.reduce_dtype),
               "FullyShardedDataParallel: reduce_dtype must be a floating dtype, got ",
               dtype_name(*options.reduce_dtype));
@@ -277,8 +282,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
 
   // Hooks: forward ones on the model and the blocks, post-accumulate ones on every parameter.
   const StatePtr weak = st;
-  INGOT_CHECK(options.keep_last_blocks >= 0, "FullyShardedDataParallel: keep_last_blocks must be >= 0, got ",
-              options.keep_last_blocks);
   model.register_forward_pre_hook([weak] {
     if (auto s = weak.lock(); s && s->active) model_forward_begins(*s);
   });
@@ -295,9 +298,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
     grp.module->register_forward_pre_hook([weak, u, reshard] {
       if (auto s = weak.lock(); s && s->active) block_forward_begins(*s, u, reshard);
     });
-    grp.module->register_forward_hook([weak, u, reshard](const Tensor& out) -> Tensor {
+    const bool boundary = options.reshard_after_forward;
+    grp.module->register_forward_hook([weak, u, reshard, boundary](const Tensor& out) -> Tensor {
       auto s = weak.lock();
-      return s && s->active ? block_forward_ends(weak, *s, u, reshard, out) : Tensor();
+      return s && s->active ? block_forward_ends(weak, *s, u, reshard, boundary, out) : Tensor();
     });
   }
   for (size_t i = 0; i < st->params.size(); ++i)

@@ -146,9 +146,11 @@ Tensor forward_done(const std::weak_ptr<State>& state, size_t unit, bool regathe
     u.traced_earlier.clear();
     return Tensor();
   }
-  if (!regather) return Tensor();
-  free_traced(u);  // the traced run holds no more gathered units than eager ZeRO-3
-  UnitCollectiveAttrs attrs{static_cast<int32_t>(unit), u.name, true};
+  // A block kept gathered (Note [The last blocks kept], fsdp.h) still needs the boundary when it is the last one
+  // with tied embeddings: its backward frees the embeddings the head read (its regather is a no-op).
+  if (!regather && !ends_head) return Tensor();
+  if (regather) free_traced(u);  // the traced run holds no more gathered units than eager ZeRO-3
+  UnitCollectiveAttrs attrs{static_cast<int32_t>(unit), u.name, regather};
   return apply(std::make_shared<UnitBoundaryPrim>(state, std::move(attrs), ends_head), {out})[0];
 }
 

@@ -99,15 +99,21 @@ bool gather_cast_on_compute() {
 
 // NCCL's CTA policy for the communicator (ncclConfig_t::CTAPolicy): INGOT_NCCL_CTA_POLICY=default, efficiency
 // (fewest CTAs that keep decent bandwidth: more SMs left to the compute beside a collective) or zero; unset keeps
-// NCCL's own choice. Anything else is an error naming the variable. Measured for issue 21/22 (bench/RESULTS.md).
+// NCCL's own choice. Anything else is an error naming the variable. Measured: no change in the 8B ZeRO-3 step at
+// 2 GPUs (bench/RESULTS.md 2026-11-27, twentieth session); a knob for other machines.
 std::optional<int> cta_policy() {
   const char* v = std::getenv("INGOT_NCCL_CTA_POLICY");
   if (v == nullptr || std::string_view(v).empty()) return std::nullopt;
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 27, 0)
+  INGOT_FAIL("INGOT_NCCL_CTA_POLICY needs NCCL 2.27 or newer (ncclConfig_t::CTAPolicy); this build has NCCL ",
+             NCCL_MAJOR, ".", NCCL_MINOR);
+#else
   const std::string_view s(v);
   if (s == "default") return NCCL_CTA_POLICY_DEFAULT;
   if (s == "efficiency") return NCCL_CTA_POLICY_EFFICIENCY;
   if (s == "zero") return NCCL_CTA_POLICY_ZERO;
   INGOT_FAIL("INGOT_NCCL_CTA_POLICY must be 'default', 'efficiency' or 'zero', got '", v, "'");
+#endif
 }
 
 // Whether the comm stream gets the lowest priority (Note [Comm stream priority]): INGOT_COMM_STREAM_PRIORITY=low;
@@ -254,7 +260,7 @@ class NcclProcessGroup final : public ProcessGroup {
     int n = cuda_device_count();
     INGOT_CHECK(n > 0, "nccl group '", options_.name, "': no CUDA device is visible");
     const bool low_priority = comm_stream_low_priority();  // checked before anything is made
-    cta_policy_ = cta_policy();
+    [[maybe_unused]] const std::optional<int> policy = cta_policy();
     if (options_.device < 0) CUDA_CHECK(cudaGetDevice(&options_.device));
     device_ = options_.device;
     INGOT_CHECK(device_ < n, "nccl group '", options_.name, "': device ", device_, " does not exist (", n, " visible)");
@@ -281,7 +287,9 @@ class NcclProcessGroup final : public ProcessGroup {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // Note [Non-blocking communicators]
     config.commName = options_.name.c_str();
-    if (cta_policy_) config.CTAPolicy = *cta_policy_;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    if (policy) config.CTAPolicy = *policy;
+#endif
     ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
       INGOT_FAIL("nccl group '", options_.name, "' rank ", rank_, "/", size_, ": ncclCommInitRankConfig failed: ",
@@ -296,6 +304,7 @@ class NcclProcessGroup final : public ProcessGroup {
     const auto [least, greatest] = cuda::stream_priority_range(device_);  // Note [Comm stream priority]
     CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, low_priority ? least : greatest));
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&cast_ready_, cudaEventDisableTiming));
     watchdog_ = std::thread([this] { run_watchdog(); });
   }
 
@@ -321,6 +330,7 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     for (auto& w : in_flight_) w->finish(std::make_exception_ptr(Error("nccl group destroyed with work in flight")));
     if (ready_) cudaEventDestroy(ready_);
+    if (cast_ready_) cudaEventDestroy(cast_ready_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -431,30 +441,34 @@ class NcclProcessGroup final : public ProcessGroup {
   // shard (6 bytes a parameter; 66 casts, 13 ms of an 8B step's compute stream on 4 GPUs) right before a collective
   // that waits for nothing else. On the comm stream the cast runs in the collective's place in line, beside the
   // compute instead of in front of it (measured: the 8B step is the same within 0.1% either way, bench/RESULTS.md
-  // 2026-11-27 twentieth session; kept so the compute stream holds only compute); the masters it reads were written
-  // by the optimizer on the producer stream, which the comm stream waits for first (issue). The cast copy comes
-  // from the producer stream's pool and is kept with the collective's tensors, so the allocator hands its bytes
-  // back only once the device finished the gather. INGOT_GATHER_CAST_ON_COMPUTE=1 casts on the producer stream
-  // (the base class's way), for measuring.
+  // 2026-11-27 twentieth session; kept so the compute stream holds only compute). The comm stream first waits for
+  // the work queued on the producer stream (the optimizer's update of the masters), then casts, then the gather is
+  // issued as any other (issue() makes it wait for the producer again: nothing more to wait for). The cast runs
+  // before issue(), so a failing cast (an error thrown here) has taken no sequence number and left no collective
+  // half issued, and the step timeline's busy time counts the gather alone, as before this change. The cast copy
+  // comes from the producer stream's pool and is kept with the collective's tensors, so the allocator hands its
+  // bytes back only at the producer stream's wait for the gather (Note [Released at the wait]), after the gather
+  // read them. INGOT_GATHER_CAST_ON_COMPUTE=1 casts on the producer stream (the base class's way), for measuring.
   std::shared_ptr<Work> all_gather_cast(Tensor& out, const Tensor& in) override {
     if (in.dtype() == out.dtype() || gather_cast_on_compute()) return ProcessGroup::all_gather_cast(out, in);
-    check(out, "all_gather");
-    check(in, "all_gather");
+    check(out, "all_gather_cast");
+    check(in, "all_gather_cast");
     INGOT_CHECK(out.numel() == in.numel() * size_ && in.is_contiguous(),
-                "all_gather: output must hold world size (", size_, ") x input elements (contiguous), got ",
-                in.numel(), " in and ", out.numel(), " out");
+                "all_gather_cast: output must hold world size (", size_, ") x input elements and the input must be "
+                "contiguous, got ", in.numel(), " ", dtype_name(in.dtype()), " elements in and ", out.numel(), " ",
+                dtype_name(out.dtype()), " out");
+    ncclDataType_t dt = nccl_dtype(out.dtype(), "all_gather_cast");
     Tensor cast = empty(in.shape(), out.dtype(), in.device());
-    ncclDataType_t dt = nccl_dtype(out.dtype(), "all_gather");
+    {
+      std::lock_guard<std::mutex> lock(cast_mu_);
+      cuda::DeviceGuard guard(device_);
+      const cuda::Stream producer = has_input_stream_ ? input_stream_ : cuda::current_stream(device_);
+      CUDA_CHECK(cudaEventRecord(cast_ready_, static_cast<cudaStream_t>(producer.handle)));
+      CUDA_CHECK(cudaStreamWaitEvent(stream_, cast_ready_, 0));
+      const cuda::StreamScope on_comm(cuda::Stream{stream_, device_});
+      cast.copy_(in);
+    }
     return issue("all_gather", cast, {out, in, cast}, [&](cudaStream_t s) {
-      const cuda::Stream prev = cuda::current_stream(device_);
-      cuda::set_current_stream({s, device_});
-      try {
-        cast.copy_(in);
-      } catch (...) {
-        cuda::set_current_stream(prev);
-        throw;
-      }
-      cuda::set_current_stream(prev);
       return ncclAllGather(cast.data_ptr(), out.data_ptr(), static_cast<size_t>(cast.numel()), dt, comm_, s);
     });
   }
@@ -622,9 +636,10 @@ class NcclProcessGroup final : public ProcessGroup {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
+  cudaEvent_t cast_ready_ = nullptr;  // all_gather_cast: the comm stream waits for the producer before casting
+  std::mutex cast_mu_;                // guards cast_ready_'s record-and-wait
   std::mutex issue_mu_;  // serializes NCCL calls (issue, async-error polls, abort)
   cuda::Stream input_stream_;
-  std::optional<int> cta_policy_;  // INGOT_NCCL_CTA_POLICY, read before anything is made
   bool has_input_stream_ = false;
   std::mutex mu_;  // guards in_flight_ and stop_
   std::condition_variable cv_;

@@ -40,6 +40,17 @@ Stream current_stream(int device);     // the stream eager kernels of `device` l
 int stream_priority(Stream s);
 std::pair<int, int> stream_priority_range(int device);
 void set_current_stream(Stream s);
+// Makes `s` its device's current stream for the scope's lifetime, the previous one again after (exceptions too).
+class StreamScope {
+ public:
+  explicit StreamScope(Stream s) : prev_(current_stream(s.device)) { set_current_stream(s); }
+  ~StreamScope() { set_current_stream(prev_); }
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  Stream prev_;
+};
 void synchronize_stream(Stream s);
 void synchronize_device(int device);
 

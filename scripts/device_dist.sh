@@ -33,7 +33,7 @@
 #         when used, --no-prefetch; a part ending in +prof adds --timeline and the 40 costliest ops timed by CUDA
 #         events (--profile 40 --profile-events); +ctasN holds NCCL to N CTAs, +minctasN makes it use N; +castc
 #         casts the gathers on the compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1); +eff INGOT_NCCL_CTA_POLICY=efficiency; +keepN
-#         --keep-last-blocks N, +keepall --keep-after-forward; +slots every collective's timeline line; suffixes
+#         --keep-last-blocks N, +keepall --keep-after-forward; +slots every collective's timeline line (in the log; the last 12 printed); suffixes
 #         combine (ingot-compiled+ctas8+prof);
 #         ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
@@ -377,13 +377,13 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
         case $sf in
           "") ;;
           prof) comp="$comp --timeline --profile 40 --profile-events" ;;
-          co*) comp="$comp --sm-carveout ${sf#co}" ;;
-          ctas*) envs+=(NCCL_MIN_CTAS=1 "NCCL_MAX_CTAS=${sf#ctas}") ;;
-          minctas*) envs+=("NCCL_MIN_CTAS=${sf#minctas}" "NCCL_MAX_CTAS=${sf#minctas}") ;;
+          co[0-9]*) comp="$comp --sm-carveout ${sf#co}" ;;
+          ctas[0-9]*) envs+=(NCCL_MIN_CTAS=1 "NCCL_MAX_CTAS=${sf#ctas}") ;;
+          minctas[0-9]*) envs+=("NCCL_MIN_CTAS=${sf#minctas}" "NCCL_MAX_CTAS=${sf#minctas}") ;;
           castc) envs+=(INGOT_GATHER_CAST_ON_COMPUTE=1) ;;
           eff) envs+=(INGOT_NCCL_CTA_POLICY=efficiency) ;;
           keepall) comp="$comp --keep-after-forward" ;;
-          keep*) comp="$comp --keep-last-blocks ${sf#keep}" ;;
+          keep[0-9]*) comp="$comp --keep-last-blocks ${sf#keep}" ;;
           slots) comp="$comp --timeline --timeline-slots" ;;
           *) echo "fsdp8b: unknown part suffix '+$sf' in $part"; continue 2 ;;
         esac
@@ -418,7 +418,8 @@ if want fsdp8b_one; then  # the 8B's blocks on one GPU, no communication: what i
   for l in 4 8; do
     want fsdp8b_one || break
     smi_start fsdp8b_one_$l
-    CUDA_VISIBLE_DEVICES=0 timeout 150 bench_llama_step --config "$src/bench/configs/llama_8b/config.json" --layers $l \
+    left=$(( ${DEADLINE:-540} - ($(date +%s) - start) )); (( left > 150 )) && left=150
+    CUDA_VISIBLE_DEVICES=0 timeout $left bench_llama_step --config "$src/bench/configs/llama_8b/config.json" --layers $l \
       --device cuda --dtype bf16 --params bf16 --batch 2 --seq 2048 --steps 10 --warmup 3 --compile default \
       --cache-dir /tmp/ingot-dist-cache --profile 40 --profile-events > "$out/fsdp8b_one_$l.log" 2>&1
     echo "fsdp8b_one layers $l: exit $?"; smi_stop fsdp8b_one_$l 1

@@ -135,10 +135,14 @@ def make_checkpoint(args, cfg):
     # call (bench/RESULTS.md 2026-11-27), on the GPU it is seconds; the weights are random either way.
     torch.manual_seed(1234)
     prev = torch.get_default_dtype()
+    # (Different random weights from the f32-on-CPU ones of sessions before 2026-11-27's twentieth: losses are
+    # comparable within one call, not with earlier rows.)
     torch.set_default_dtype(torch.bfloat16)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = LlamaForCausalLM(cfg)
-    torch.set_default_dtype(prev)
+    try:
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(prev)
     model.save_pretrained(args.make_checkpoint, safe_serialization=True)
     print(f"wrote {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters (bf16) to {args.make_checkpoint}")
     if args.make_tokens:

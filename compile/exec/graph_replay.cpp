@@ -10,16 +10,7 @@ namespace ingot::compiler {
 namespace {
 
 // Makes `s` the device's current stream for the scope (allocations and launches of eager code go to it).
-class StreamScope {
- public:
-  StreamScope(cuda::Stream s) : prev_(cuda::current_stream(s.device)) { cuda::set_current_stream(s); }
-  ~StreamScope() { cuda::set_current_stream(prev_); }
-  StreamScope(const StreamScope&) = delete;
-  StreamScope& operator=(const StreamScope&) = delete;
-
- private:
-  cuda::Stream prev_;
-};
+using cuda::StreamScope;
 
 // `to` waits for the work queued on `from` so far.
 void join(cuda::Stream from, cuda::Stream to) {

@@ -127,7 +127,7 @@ TEST(GlooProcessGroup, ReduceScatterGivesEachRankItsChunkAndAllGatherRebuildsThe
 
 // ProcessGroup::all_gather_cast's own way (the cast on the current stream, then all_gather): every rank's values
 // in the output's dtype, rounded as a cast rounds them; the same dtype gathers unchanged.
-TEST(GlooProcessGroup, AGatherCastGathersEveryRanksValuesRoundedToTheOutputsDtype) {
+TEST(GlooProcessGroup, AnAllGatherCastGathersEveryRanksValuesRoundedToTheOutputsDtype) {
   if (is_rank_process()) {
     auto ctx = init_distributed(quick_init());
     const int world = ctx.info.world_size, rank = ctx.info.rank;

@@ -99,7 +99,7 @@ TEST(NcclProcessGroup, CollectivesOnTwoGpusAgreeWithTheRankwiseFormulas) {
 // Note [Gathers cast on the comm stream]: each rank's f32 values reach every rank as bf16, rounded exactly as a
 // cast on the CPU rounds them, and the comm stream's cast reads the values the producer stream wrote last: the
 // write is queued behind a 50 ms hold of the producer stream, so a cast that did not wait for it reads the old ones.
-TEST(NcclProcessGroup, AGatherCastFromF32ReadsTheProducersLastWriteAndRoundsAsTheCpu) {
+TEST(NcclProcessGroup, AnAllGatherCastFromF32ReadsTheProducersLastWriteAndRoundsAsTheCpu) {
   if (is_rank_process()) {
     auto ctx = init_distributed(nccl_init());
     const int rank = ctx.info.rank, world = ctx.info.world_size;
@@ -126,7 +126,12 @@ TEST(NcclProcessGroup, AGatherCastFromF32ReadsTheProducersLastWriteAndRoundsAsTh
     // Same dtype: a plain all_gather.
     Tensor same = empty({n * world}, DType::f32, dev);
     ctx.group->all_gather_cast(same, master)->wait(10000ms);
-    EXPECT_EQ(same.to(Device::cpu()).item_at(rank * n + 7), master.to(Device::cpu()).item_at(7));
+    const Tensor got_same = same.to(Device::cpu());
+    for (int r = 0; r < world; ++r) {
+      const Tensor want = values_of(r + 100);
+      for (int64_t i = 0; i < n; i += 4093)
+        ASSERT_EQ(got_same.item_at(r * n + i), want.item_at(i)) << "rank " << r << " element " << i;
+    }
     return;
   }
   INGOT_REQUIRE_TWO_GPUS();
@@ -247,9 +252,9 @@ TEST(NcclProcessGroup, CommStreamPriorityFollowsItsSwitchAndRefusesAnUnknownValu
   }
 }
 
-// INGOT_NCCL_CTA_POLICY (ncclConfig_t::CTAPolicy, measured in bench/RESULTS.md 2026-11-27): each named policy gives
-// a working communicator (an all-reduce sums), and anything else is an error naming the variable, before any
-// communicator is made.
+// INGOT_NCCL_CTA_POLICY (ncclConfig_t::CTAPolicy, measured in bench/RESULTS.md 2026-11-27): NCCL accepts each named
+// policy (a communicator made with it sums; what the policy does to NCCL's CTAs is NCCL's and is not observable
+// here), and anything else is an error naming the variable, before any communicator is made.
 TEST(NcclProcessGroup, CtaPolicyFollowsItsSwitchAndRefusesAnUnknownValue) {
   if (is_rank_process()) {
     const std::string v = std::getenv("INGOT_NCCL_CTA_POLICY") ? std::getenv("INGOT_NCCL_CTA_POLICY") : "";

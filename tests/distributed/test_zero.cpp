@@ -152,8 +152,8 @@ TEST(ZeroStages, TwoAndThreeTrainLikeDdpAndOneProcessWithAboutOneNthOfTheBytes) 
 
 // The unit protocol, counted in collectives: a step of the 2-block model all-gathers the embeddings once, each
 // block twice (before its forward and again before its backward), or once with reshard_after_forward false (the
-// last block alone once with keep_last_blocks 1), the
-// head once and the tied embeddings once more for the head, and reduce-scatters each of the 4 units once. Outside forward and backward no weight has bytes; a forward
+// last block alone once with keep_last_blocks 1), the head once and the tied embeddings once more for the head,
+// and reduce-scatters each of the 4 units once. Outside forward and backward no weight has bytes; a forward
 // without gradients (eval) frees every unit again and gives the loss of the whole model.
 TEST(ZeroStages, ThreeGathersEachUnitBeforeUseAndFreesItAfter) {
   if (is_rank_process()) {

@@ -41,6 +41,9 @@ struct Setup {
   std::optional<DType> reduce_dtype;
   bool bf16_masters = false;  // bf16 weights (and shards), f32 master shards updated by AdamW
   CompileMode mode = CompileMode::Default;
+  // With bf16_masters: the shards lose their bytes and every gather casts from the masters, on NCCL's comm stream
+  // (FullyShardedDataParallel::gather_from_masters, Note [Gathers cast on the comm stream]).
+  bool gather_from_masters = false;
 };
 
 struct Trained {
@@ -75,6 +78,7 @@ Trained train(Device dev, const DistributedContext& ctx, const Setup& s, const s
     if (s.bf16_masters) {
       masters = std::make_unique<optim::MasterWeights>(params);
       params = masters->master();
+      if (s.gather_from_masters) fsdp.gather_from_masters(params);
     }
     optim::AdamW opt(params, optim::AdamWOptions{3e-3, 0.9, 0.95, 1e-8, 0.1});
     auto step = [&](const std::vector<Tensor>& b) {
@@ -157,6 +161,15 @@ void rank_body() {
   c.compiled = true;
   expect_same_training(train(dev, ctx, c, cache), train(dev, ctx, e, cache), 2e-2,
                        "bf16 weights with f32 master shards: compiled vs eager ZeRO-3");
+  // Gathered from the masters (cast on the comm stream), eager and compiled, against the bf16 shards' run: the
+  // same weights (the shards were always the masters rounded), so the same training to bf16 rounding.
+  Setup em = e, cm = c;
+  em.gather_from_masters = cm.gather_from_masters = true;
+  const Trained from_masters = train(dev, ctx, em, cache);
+  expect_same_training(from_masters, train(dev, ctx, e, cache), 2e-2,
+                       "eager ZeRO-3 gathered from f32 masters vs from bf16 shards");
+  expect_same_training(train(dev, ctx, cm, cache), from_masters, 2e-2,
+                       "gathered from f32 masters: compiled vs eager ZeRO-3");
 }
 
 void rank_body_reduce_overhead() {
@@ -170,6 +183,11 @@ void rank_body_reduce_overhead() {
   c.mode = CompileMode::ReduceOverhead;
   const Trained comp = train(dev, ctx, c, cache);
   expect_same_training(comp, train(dev, ctx, e, cache), 1e-4, "reduce-overhead compiled vs eager ZeRO-3");
+  // The gathers' casts from f32 masters on the comm stream, captured in the CUDA graphs and replayed.
+  Setup em = e, cm = c;
+  em.bf16_masters = cm.bf16_masters = em.gather_from_masters = cm.gather_from_masters = true;
+  expect_same_training(train(dev, ctx, cm, cache), train(dev, ctx, em, cache), 2e-2,
+                       "reduce-overhead compiled vs eager ZeRO-3, gathered from f32 masters");
   if (ctx.info.rank == 0)
     std::printf("[ fsdp compiled nccl ] reduce-overhead: %lld CUDA graphs, fallback: '%s'\n",
                 static_cast<long long>(comp.stats.cuda_graphs), comp.stats.cuda_graph_fallback.c_str());
