@@ -122,7 +122,7 @@ void add_distributed_keys(ConfigSchema& s) {
               "zero_stage 3 with reshard_after_forward: the last N blocks keep their gathered weights from forward to "
               "backward (their backward comes first; one all-gather less each, their weights' memory more)")
             .at_least(0)
-            .at_most(1 << 20)
+            .at_most(4096)
             .not_in_config_hash());
   s.add(K::of(T::Bool, "distributed.prefetch", "true",
               "zero_stage 3 without compile: all-gather the next block's weights while the current one computes "
