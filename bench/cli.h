@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
+#include <string>
 
 namespace ingot::bench {
 
@@ -15,6 +16,19 @@ inline void parse_or_exit(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::exit(app.exit(e));
   }
+}
+
+// Options both step benches take, their help in one place.
+inline void add_timeline_slots_flag(CLI::App& app, bool& on, const std::string& group) {
+  app.add_flag("--timeline-slots", on,
+               "with --timeline: every collective of the last timed step (op, bytes, when it ran, exposure)")
+      ->group(group);
+}
+inline void add_keep_last_blocks_option(CLI::App& app, int& blocks, const std::string& group) {
+  app.add_option("--keep-last-blocks", blocks,
+                 "ZeRO-3 (--zero-stage 3): the last K blocks stay gathered from forward to backward "
+                 "(distributed.keep_last_blocks)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str()->group(group);
 }
 
 }  // namespace ingot::bench

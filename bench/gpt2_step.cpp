@@ -115,17 +115,12 @@ Args parse(int argc, char** argv) {
   app.add_flag("--one-update", a.one_update, "one optimizer update after every bucket is reduced (not per bucket)")
       ->group(dist);
   app.add_flag("--timeline", a.timeline, "rank 0's communication per step (busy, exposed)")->group(dist);
-  app.add_flag("--timeline-slots", a.timeline_slots,
-               "with --timeline: every collective of the last timed step (op, bytes, when it ran, exposure)")
-      ->group(dist);
+  bench::add_timeline_slots_flag(app, a.timeline_slots, dist);
   app.add_flag("--ddp", a.ddp_alone, "DDP even in a world of one: its cost without peers")->group(dist);
   app.add_option("--zero-stage", a.zero_stage, "0 (DDP), 1, 2 or 3 (FSDP; eager or compiled)")
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3 without resharding after forward")->group(dist);
-  app.add_option("--keep-last-blocks", a.keep_last_blocks,
-                 "ZeRO-3 (--zero-stage 3): the last K blocks stay gathered from forward to backward "
-                 "(distributed.keep_last_blocks)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str()->group(dist);
+  bench::add_keep_last_blocks_option(app, a.keep_last_blocks, dist);
   app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
                "eager ZeRO-3: gather the next block while one computes (distributed.prefetch; default on)")
       ->group(dist);
@@ -218,10 +213,9 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
-  mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, a.one_update, !a.keep_after_forward);
+  mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, a.one_update, !a.keep_after_forward,
+                          a.keep_last_blocks);
   if (!a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " no prefetch";
-  if (a.zero_stage == 3 && !a.keep_after_forward && a.keep_last_blocks > 0)
-    mode += " last " + std::to_string(a.keep_last_blocks) + " kept";
   if (compiled && w.dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);
   mode += bench::carveout_label();

@@ -92,9 +92,7 @@ Args parse(int argc, char** argv) {
   app.add_option("--peak-tflops", a.peak_tflops, "the GPU's dense bf16 peak, for MFU")->capture_default_str();
   const std::string dist = "Under ingot launch";
   app.add_flag("--timeline", a.timeline, "rank 0's communication per step (busy, exposed)")->group(dist);
-  app.add_flag("--timeline-slots", a.timeline_slots,
-               "with --timeline: every collective of the last timed step (op, bytes, when it ran, exposure)")
-      ->group(dist);
+  bench::add_timeline_slots_flag(app, a.timeline_slots, dist);
   app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket size")->capture_default_str()->group(dist);
   app.add_option("--reduce-dtype", a.reduce_dtype, "f32 or bf16: the dtype gradients are reduced in")
       ->capture_default_str()->group(dist);
@@ -102,10 +100,7 @@ Args parse(int argc, char** argv) {
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3: keep a block's weights from forward to backward")
       ->group(dist);
-  app.add_option("--keep-last-blocks", a.keep_last_blocks,
-                 "ZeRO-3 (--zero-stage 3): the last K blocks stay gathered from forward to backward "
-                 "(distributed.keep_last_blocks)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str()->group(dist);
+  bench::add_keep_last_blocks_option(app, a.keep_last_blocks, dist);
   app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
                "eager ZeRO-3: gather the next block while one computes (distributed.prefetch; default on)")
       ->group(dist);
@@ -288,10 +283,9 @@ int main(int argc, char** argv) try {
   }
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
-  mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, false, !a.keep_after_forward);
+  mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, false, !a.keep_after_forward,
+                          a.keep_last_blocks);
   if (!a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " no prefetch";
-  if (a.zero_stage == 3 && !a.keep_after_forward && a.keep_last_blocks > 0)
-    mode += " last " + std::to_string(a.keep_last_blocks) + " kept";
   if (compiled && dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);
   mode += bench::carveout_label();

@@ -243,13 +243,16 @@ inline std::string carveout_label() {
 
 // The row label's data-parallel part (" DDP x4 reduce bf16 cap 100 MB", " ZeRO-3 x4"); "" without a world.
 inline std::string ddp_label(const BenchWorld& w, int zero_stage, const std::string& reduce_dtype,
-                             double bucket_cap_mb, bool one_update = false, bool reshard_after_forward = true) {
+                             double bucket_cap_mb, bool one_update = false, bool reshard_after_forward = true,
+                             int keep_last_blocks = 0) {
   if (!w.dist) return "";
   std::string label = (zero_stage > 0 ? " ZeRO-" + std::to_string(zero_stage) : std::string(" DDP")) + " x" +
                       std::to_string(w.world);
   if (reduce_dtype != "f32") label += " reduce " + reduce_dtype;
   if (one_update) label += " one-update";
   if (zero_stage == 3 && !reshard_after_forward) label += " kept from forward to backward";
+  if (zero_stage == 3 && reshard_after_forward && keep_last_blocks > 0)
+    label += " last " + std::to_string(keep_last_blocks) + " kept";
   if (zero_stage < 3 && bucket_cap_mb != distributed::DdpOptions{}.bucket_cap_mb) label += detail::str_cat(" cap ", bucket_cap_mb, " MB");
   return label;
 }

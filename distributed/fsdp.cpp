@@ -150,10 +150,11 @@ void block_forward_begins(State& s, size_t u, bool reshard) {
   if (trace_observer() == nullptr) s.prefetch(u + 1);  // Note [Eager prefetch]
 }
 
-// `boundary`: the block's output gets the identity whose backward gathers it again (a no-op for a block kept
-// gathered by keep_last_blocks, whose boundary still prefetches the block before it and, on the last block with
-// tied embeddings, frees the embeddings the head read: Note [The last blocks kept], fsdp.h).
-Tensor block_forward_ends(const StatePtr& weak, State& s, size_t u, bool reshard, bool boundary, const Tensor& out) {
+// With reshard_after_forward the block's output gets the identity whose backward gathers it again (a no-op for a
+// block kept gathered by keep_last_blocks, whose boundary still prefetches the block before it and, on the last
+// block with tied embeddings, frees the embeddings the head read: Note [The last blocks kept], fsdp.h).
+Tensor block_forward_ends(const StatePtr& weak, State& s, size_t u, bool reshard, const Tensor& out) {
+  const bool boundary = s.options.reshard_after_forward;
   const bool grad = grad_enabled() && out.requires_grad();  // else no backward follows (eval)
   const bool last = u == s.last_block;
   const bool ends_head = last && s.head_reads_embed && grad && boundary;
@@ -298,10 +299,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
     grp.module->register_forward_pre_hook([weak, u, reshard] {
       if (auto s = weak.lock(); s && s->active) block_forward_begins(*s, u, reshard);
     });
-    const bool boundary = options.reshard_after_forward;
-    grp.module->register_forward_hook([weak, u, reshard, boundary](const Tensor& out) -> Tensor {
+    grp.module->register_forward_hook([weak, u, reshard](const Tensor& out) -> Tensor {
       auto s = weak.lock();
-      return s && s->active ? block_forward_ends(weak, *s, u, reshard, boundary, out) : Tensor();
+      return s && s->active ? block_forward_ends(weak, *s, u, reshard, out) : Tensor();
     });
   }
   for (size_t i = 0; i < st->params.size(); ++i)

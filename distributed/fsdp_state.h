@@ -135,7 +135,7 @@ struct FullyShardedDataParallel::State {
   // Gathers `u` into `full`: from its shard, or from its master cast to the unit's dtype (a temporary; on the comm
   // stream with NCCL, Note [Gathers cast on the comm stream]).
   std::shared_ptr<Work> gather_into(Tensor& full, const Unit& u) const {
-    return u.master.defined() ? group->all_gather_cast(full, u.master) : group->all_gather(full, u.shard);
+    return group->all_gather_cast(full, u.master.defined() ? u.master : u.shard);  // same dtype: a plain gather
   }
 
   void release(Unit& u) {

@@ -462,8 +462,7 @@ class NcclProcessGroup final : public ProcessGroup {
     {
       std::lock_guard<std::mutex> lock(cast_mu_);
       cuda::DeviceGuard guard(device_);
-      const cuda::Stream producer = has_input_stream_ ? input_stream_ : cuda::current_stream(device_);
-      CUDA_CHECK(cudaEventRecord(cast_ready_, static_cast<cudaStream_t>(producer.handle)));
+      CUDA_CHECK(cudaEventRecord(cast_ready_, static_cast<cudaStream_t>(producer_stream().handle)));
       CUDA_CHECK(cudaStreamWaitEvent(stream_, cast_ready_, 0));
       const cuda::StreamScope on_comm(cuda::Stream{stream_, device_});
       cast.copy_(in);
@@ -516,6 +515,9 @@ class NcclProcessGroup final : public ProcessGroup {
     }
   }
 
+  // The stream a collective's inputs were made on: set_input_stream's, else the device's current one.
+  cuda::Stream producer_stream() const { return has_input_stream_ ? input_stream_ : cuda::current_stream(device_); }
+
   template <typename Call>
   std::shared_ptr<Work> issue(const char* op, const Tensor& t, std::vector<Tensor> keep, Call&& call) {
     std::lock_guard<std::mutex> lock(issue_mu_);
@@ -526,7 +528,7 @@ class NcclProcessGroup final : public ProcessGroup {
     cuda::DeviceGuard guard(device_);
     auto work = std::make_shared<NcclWork>(op, seq, std::move(keep));
     // The comm stream starts after the work already queued on the producer stream.
-    work->producer_ = has_input_stream_ ? input_stream_ : cuda::current_stream(device_);
+    work->producer_ = producer_stream();
     cudaStream_t producer = static_cast<cudaStream_t>(work->producer_.handle);
     work->captured = cuda::is_capturing(work->producer_);
     CUDA_CHECK(cudaEventRecord(ready_, producer));
