@@ -118,6 +118,15 @@ std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim = 0);
 // indexing (autograd/ops/index.cpp); index tensors are i64 or i32 ---------------------------------------------
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor embedding(const Tensor& weight, const Tensor& ids);  // weight [V, D], ids [...] -> [..., D]
+// Vocabulary-parallel embeddings (Note [Vocabulary-parallel embeddings], distributed/fsdp.h): `rows` [R, D] are
+// rows [base, base + R) of a [vocab, D] table. out = ids.shape + [D] in dtype `as` (rows' by default): each id's row
+// when it lies in that range, zeros for the others (rows another rank holds). ids must lie in [0, vocab) (checked
+// on the host, as embedding). Differentiable in rows, with embedding_rows_grad as the gradient.
+Tensor embedding_rows(const Tensor& rows, const Tensor& ids, int64_t base, int64_t vocab,
+                      std::optional<DType> as = std::nullopt);
+// Zeros [num_rows, D] in `dtype` plus, for every id in [base, base + num_rows), g's row of that id (accumulated in
+// `dtype`: f32 gradients of bf16 lookups); g is ids.shape + [D].
+Tensor embedding_rows_grad(const Tensor& g, const Tensor& ids, int64_t base, int64_t num_rows, DType dtype);
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
 // a + scatter of src into a along dim at index (out-of-place).
 Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);

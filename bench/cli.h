@@ -31,4 +31,11 @@ inline void add_keep_last_blocks_option(CLI::App& app, int& blocks, const std::s
       ->check(CLI::NonNegativeNumber)->capture_default_str()->group(group);
 }
 
+inline void add_gather_embeddings_flag(CLI::App& app, bool& on, const std::string& group) {
+  app.add_flag("--gather-embeddings", on,
+               "ZeRO-3: gather an untied token table as any unit instead of looking it up where its rows lie "
+               "(distributed.vocab_parallel_embeddings false)")
+      ->group(group);
+}
+
 }  // namespace ingot::bench

@@ -71,6 +71,7 @@ struct Args {
   bool timeline = false, timeline_slots = false, one_update = false, ddp_alone = false, keep_after_forward = false;
   bool prefetch = true;
   int zero_stage = 0, unit_reduction_lag = 1, keep_last_blocks = 0;
+  bool gather_embeddings = false;
   double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
   std::string reduce_dtype = "f32";
   double memory_budget = 1.0, peak_tflops = 989.4;
@@ -121,6 +122,7 @@ Args parse(int argc, char** argv) {
       ->capture_default_str()->group(dist);
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3 without resharding after forward")->group(dist);
   bench::add_keep_last_blocks_option(app, a.keep_last_blocks, dist);
+  bench::add_gather_embeddings_flag(app, a.gather_embeddings, dist);
   app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
                "eager ZeRO-3: gather the next block while one computes (distributed.prefetch; default on)")
       ->group(dist);
@@ -161,7 +163,7 @@ int main(int argc, char** argv) try {
   else INGOT_CHECK(a.dtype == "f32", "bench_gpt2_step: --dtype must be bf16 or f32, got ", a.dtype);
   bench::DataParallelStep dp;
   dp.wrap(model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, true,
-          a.prefetch && a.compile == "none", a.keep_last_blocks);  // compiled steps prefetch by their schedule
+          a.prefetch && a.compile == "none", a.keep_last_blocks, a.gather_embeddings);  // compiled steps prefetch by their schedule
   optim::AdamW opt(dp.optimizer_params(model.parameters(), false), optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1});
 
   Tensor data = randint(0, a.vocab, {a.batch, a.seq + 1}, dev);
@@ -214,7 +216,7 @@ int main(int argc, char** argv) try {
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, a.one_update, !a.keep_after_forward,
-                          a.keep_last_blocks);
+                          a.keep_last_blocks, a.gather_embeddings);
   if (!a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " no prefetch";
   if (compiled && w.dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);

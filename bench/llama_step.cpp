@@ -54,6 +54,7 @@ struct Args {
   std::string params = "f32";
   int64_t batch = 2, seq = 2048, steps = 20, warmup = 5, layers = 0, losses = 0;
   int zero_stage = 0, unit_reduction_lag = 1, keep_last_blocks = 0;
+  bool gather_embeddings = false;
   bool timeline = false, timeline_slots = false, keep_after_forward = false, prefetch = true, profile_events = false;
   int64_t profile = 0;
   double peak_tflops = 989.4;
@@ -101,6 +102,7 @@ Args parse(int argc, char** argv) {
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3: keep a block's weights from forward to backward")
       ->group(dist);
   bench::add_keep_last_blocks_option(app, a.keep_last_blocks, dist);
+  bench::add_gather_embeddings_flag(app, a.gather_embeddings, dist);
   app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
                "eager ZeRO-3: gather the next block while one computes (distributed.prefetch; default on)")
       ->group(dist);
@@ -193,7 +195,7 @@ int main(int argc, char** argv) try {
   }
   bench::DataParallelStep dp;
   dp.wrap(*model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, /*broadcast=*/!slices,
-          a.prefetch && a.compile == "none", a.keep_last_blocks);  // compiled steps prefetch by their schedule
+          a.prefetch && a.compile == "none", a.keep_last_blocks, a.gather_embeddings);  // compiled steps prefetch by their schedule
   if (slices)
     dp.fsdp->load_shards(
         [&](size_t i, int64_t begin, int64_t end, Tensor& dst) { slices->read(names[i], begin, end, dst); });
@@ -284,7 +286,7 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, false, !a.keep_after_forward,
-                          a.keep_last_blocks);
+                          a.keep_last_blocks, a.gather_embeddings);
   if (!a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " no prefetch";
   if (compiled && dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);

@@ -175,15 +175,17 @@ struct DataParallelStep {
   // Wraps `model` (nothing without a world). zero_stage 3: FSDP with `reshard_after_forward`, reduced in
   // `reduce_dtype` ("f32" or "bf16"; FSDP2's MixedPrecisionPolicy reduces in f32), `broadcast` false when each
   // rank loads its shards next (load_shards), `prefetch` for the eager step's prefetched gathers,
-  // `keep_last_blocks` (Note [The last blocks kept], distributed/fsdp.h).
+  // `keep_last_blocks` (Note [The last blocks kept], distributed/fsdp.h), `gather_embeddings` (Note
+  // [Vocabulary-parallel embeddings] off).
   void wrap(nn::Module& model, const BenchWorld& w, int zero_stage, double bucket_cap_mb,
             const std::string& reduce_dtype, bool reshard_after_forward = true, bool broadcast = true,
-            bool prefetch = false, int keep_last_blocks = 0) {
+            bool prefetch = false, int keep_last_blocks = 0, bool gather_embeddings = false) {
     if (!w.dist) return;
     if (zero_stage == 3) {
       distributed::FsdpOptions o;
       o.reshard_after_forward = reshard_after_forward;
       o.keep_last_blocks = keep_last_blocks;
+      o.vocab_parallel_embeddings = !gather_embeddings;
       o.prefetch = prefetch;
       o.broadcast_parameters = broadcast;
       o.reduce_dtype = reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
@@ -244,7 +246,7 @@ inline std::string carveout_label() {
 // The row label's data-parallel part (" DDP x4 reduce bf16 cap 100 MB", " ZeRO-3 x4"); "" without a world.
 inline std::string ddp_label(const BenchWorld& w, int zero_stage, const std::string& reduce_dtype,
                              double bucket_cap_mb, bool one_update = false, bool reshard_after_forward = true,
-                             int keep_last_blocks = 0) {
+                             int keep_last_blocks = 0, bool gather_embeddings = false) {
   if (!w.dist) return "";
   std::string label = (zero_stage > 0 ? " ZeRO-" + std::to_string(zero_stage) : std::string(" DDP")) + " x" +
                       std::to_string(w.world);
@@ -253,6 +255,7 @@ inline std::string ddp_label(const BenchWorld& w, int zero_stage, const std::str
   if (zero_stage == 3 && !reshard_after_forward) label += " kept from forward to backward";
   if (zero_stage == 3 && reshard_after_forward && keep_last_blocks > 0)
     label += " last " + std::to_string(keep_last_blocks) + " kept";
+  if (zero_stage == 3 && gather_embeddings) label += " embeddings gathered";
   if (zero_stage < 3 && bucket_cap_mb != distributed::DdpOptions{}.bucket_cap_mb) label += detail::str_cat(" cap ", bucket_cap_mb, " MB");
   return label;
 }

@@ -135,6 +135,22 @@ class ReduceScatterStartPrim : public CollectivePrim {
   void print_attrs(std::ostream& os) const override { os << "op=avg"; }
 };
 
+// The sum instead of the average (vocabulary-parallel lookups: each token's row comes from the one rank that
+// holds it, the others add zeros; Note [Vocabulary-parallel embeddings], distributed/fsdp.h).
+class ReduceScatterSumStartPrim final : public CollectivePrim {
+ public:
+  explicit ReduceScatterSumStartPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, 1, g->size()) {}
+  std::string_view name() const override { return "reduce_scatter_start"; }
+  CollectiveOp op() const override { return CollectiveOp::ReduceScatter; }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    Tensor flat = in[0].contiguous_raw();
+    Tensor out = empty({flat.numel() / group_->size()}, flat.dtype(), flat.device());
+    register_pending(out, group_->reduce_scatter(out, flat, ReduceOp::Sum));
+    return {out};
+  }
+  void print_attrs(std::ostream& os) const override { os << "op=sum"; }
+};
+
 class AllGatherStartPrim : public CollectivePrim {
  public:
   explicit AllGatherStartPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, g->size(), 1) {}
@@ -205,6 +221,10 @@ Tensor apply_collective(const char* op, const Tensor& in, std::shared_ptr<Proces
 
 Tensor reduce_scatter_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {
   return apply_collective<ReduceScatterStartPrim>("reduce_scatter_start", flat, std::move(group));
+}
+
+Tensor reduce_scatter_sum_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {
+  return apply_collective<ReduceScatterSumStartPrim>("reduce_scatter_sum_start", flat, std::move(group));
 }
 
 Tensor all_gather_start(const Tensor& chunk, std::shared_ptr<ProcessGroup> group) {

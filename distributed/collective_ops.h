@@ -29,6 +29,10 @@ Tensor collective_wait(const Tensor& pending);
 // rank's `chunk`, rank order (pending likewise). reduce_scatter_avg and all_gather are each start + wait.
 Tensor reduce_scatter_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
 Tensor all_gather_start(const Tensor& chunk, std::shared_ptr<ProcessGroup> group);
+// The reduce-scatter of the sum instead of the average (pending likewise): vocabulary-parallel lookups, where
+// one rank holds each token's row and the others contribute zeros (Note [Vocabulary-parallel embeddings],
+// distributed/fsdp.h).
+Tensor reduce_scatter_sum_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
 Tensor reduce_scatter_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
 Tensor all_gather(const Tensor& chunk, std::shared_ptr<ProcessGroup> group);
 // Compiled ZeRO-3's pair (distributed/fsdp_compiled.cpp): the same starts, with the FSDP unit they serve in

@@ -13,6 +13,7 @@
 #include "autograd/primitive.h"
 #include "distributed/fsdp_compiled.h"
 #include "distributed/fsdp_state.h"
+#include "distributed/fsdp_vocab.h"
 #include "runtime/allocator_census.h"
 
 namespace ingot::distributed {
@@ -70,6 +71,8 @@ struct UnitGroup {
   Role role = Role::Root;
   nn::Module* module = nullptr;  // a block: the module whose forward hooks gather it
   std::vector<size_t> members;
+  // The embeddings: their one table's module, when there is exactly one (Note [Vocabulary-parallel embeddings]).
+  nn::Embedding* table = nullptr;
 };
 
 // Units in forward order (Note [Embeddings and head are units], fsdp.h): the children of every ModuleList not
@@ -96,9 +99,13 @@ std::vector<UnitGroup> unit_groups(nn::Module& model, const std::map<const Tenso
   };
   for (UnitGroup& b : blocks) claim(*b.module, b.members);
   UnitGroup embed{"embeddings", Role::Embed, nullptr, {}};
+  int tables = 0;
   if (!blocks.empty())
     for (auto& [name, m] : model.named_modules())
-      if (dynamic_cast<nn::Embedding*>(m.get()) && !inside_block(name)) claim(*m, embed.members);
+      if (auto* e = dynamic_cast<nn::Embedding*>(m.get()); e && !inside_block(name)) {
+        claim(*m, embed.members);
+        embed.table = ++tables == 1 ? e : nullptr;
+      }
   const bool split = !embed.members.empty();
   UnitGroup rest{split ? "head" : "root", split ? Role::Head : Role::Root, nullptr, {}};
   for (size_t i = 0; i < n; ++i)
@@ -132,7 +139,7 @@ void gather_unit(State& s, size_t u, bool regather = false, bool fresh = false) 
 void model_forward_begins(State& s) {
   s.in_forward = true;
   if (trace_observer() == nullptr) s.release_unused_prefetches();
-  if (const std::optional<size_t> u = s.root ? s.root : s.embed) gather_unit(s, *u);
+  if (const std::optional<size_t> u = s.root ? s.root : s.embed; u && !s.units[*u].vocab_parallel) gather_unit(s, *u);
 }
 
 void block_forward_begins(State& s, size_t u, bool reshard) {
@@ -142,7 +149,7 @@ void block_forward_begins(State& s, size_t u, bool reshard) {
               "(nn::Module::with_forward_hooks, as models::GPT2 and Llama do): the embeddings are not gathered");
   // The embeddings were looked up; their backward reads no weights. A head still to be differentiated reads
   // tied ones.
-  if (u == s.first_block && s.embed && s.heads_awaiting_backward == 0) {
+  if (u == s.first_block && s.embed && s.heads_awaiting_backward == 0 && !s.units[*s.embed].vocab_parallel) {
     if (trace_observer() != nullptr) fsdp_traced::put_back(s, *s.embed);
     else s.release(s.units[*s.embed]);
   }
@@ -184,7 +191,7 @@ void model_forward_ends(const StatePtr& weak, State& s, const Tensor& out) {
   // A block prefetched by a forward that did not run it (Note [Eager prefetch]) is not left gathered.
   if (trace_observer() == nullptr) s.release_unused_prefetches();
   for (const std::optional<size_t> u : {s.root, s.head, s.embed}) {
-    if (!u) continue;
+    if (!u || s.units[*u].vocab_parallel) continue;
     if (trace_observer() != nullptr) fsdp_traced::forward_done(weak, *u, false, out);
     else if (!grad) s.release(s.units[*u]);  // no backward follows (eval): nothing needs the weights any more
   }
@@ -280,6 +287,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
   st->ready.assign(st->params.size(), false);
   st->reset_round();
   state_ = st;
+  for (const UnitGroup& grp : groups)
+    if (grp.role == Role::Embed) fsdp_vocab::enable_if_eligible(st, grp.table);
 
   // Hooks: forward ones on the model and the blocks, post-accumulate ones on every parameter.
   const StatePtr weak = st;
@@ -348,10 +357,11 @@ void FullyShardedDataParallel::synchronize() {
   if (!s.round_active) return;
   // Parameters without a gradient this round (unused in this forward) contribute zeros.
   for (size_t i = 0; i < s.params.size(); ++i)
-    if (!s.ready[i]) s.on_grad(i);
+    if (!s.ready[i] && !s.units[s.unit_of[i]].vocab_parallel) s.on_grad(i);
   INGOT_INTERNAL_CHECK(s.next_issue == s.units.size(), "not every unit was reduced");
   std::exception_ptr first_error;
   for (Unit& u : s.units) {
+    if (!u.work) continue;  // vocabulary-parallel: nothing was reduced
     try {
       u.work->wait();
     } catch (...) {
@@ -365,7 +375,8 @@ void FullyShardedDataParallel::synchronize() {
   s.release_unused_prefetches();  // the backward is over (Note [Eager prefetch])
   NoGradGuard no_grad;
   for (Unit& u : s.units) {
-    Tensor g = u.shard_grad.to(s.grad_dtype(u));  // to() of the same dtype is the tensor itself
+    // to() of the same dtype is the tensor itself.
+    Tensor g = u.vocab_parallel ? s.vocab_shard_grad(u) : u.shard_grad.to(s.grad_dtype(u));
     // Gradient accumulation: every backward reduces, its averages add up in the shard's .grad.
     u.shard.set_grad(u.shard.grad().defined() ? add(u.shard.grad(), g) : g);
   }
@@ -445,6 +456,7 @@ Tensor FullyShardedDataParallel::gather_param(size_t i, const std::vector<Tensor
 void FullyShardedDataParallel::unshard() {
   State& s = *state_;
   INGOT_CHECK(s.active, "FullyShardedDataParallel: unshard() called twice");
+  fsdp_vocab::disable(s);
   for (Unit& u : s.units) {
     s.gather(u);
     for (size_t i : u.plan.params) {

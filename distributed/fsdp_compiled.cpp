@@ -193,14 +193,17 @@ void on_grad(State& s, size_t param) {
 void synchronize(State& s) {
   // Units some of whose parameters got no gradient in this backward: reduced now, last first.
   for (size_t j = s.units.size(); j-- > 0;)
-    if (s.units[j].pending != -1) reduce_unit(s, j);
+    if (s.units[j].pending != -1 && !s.units[j].vocab_parallel) reduce_unit(s, j);
   // The waits, recorded after the whole backward: in trace order after every op of the backward, so the
   // scheduler (which runs ready waits last, in trace order) never lets one block the compute after its start.
   // compile/passes/unit_reductions.cpp then moves each to just after a later unit's start, which releases the
   // unit's flattened gradient there (Note [Unit reductions are waited for a unit later]).
   for (size_t j = s.units.size(); j-- > 0;) {
     State::Unit& u = s.units[j];
-    const Tensor avg = cast(collective_wait(u.traced_reduction), s.grad_dtype(u));
+    // Note [Vocabulary-parallel embeddings] (fsdp.h): the rows' gradient over every rank's tokens, made by the
+    // lookups' backward, is this rank's already.
+    const Tensor avg = u.vocab_parallel ? s.vocab_shard_grad(u)
+                                        : cast(collective_wait(u.traced_reduction), s.grad_dtype(u));
     u.traced_reduction = Tensor();
     // Gradient accumulation: every backward reduces, its averages add up in the shard's .grad (as eagerly).
     u.shard.set_grad(u.shard.grad().defined() ? add(u.shard.grad(), avg) : avg);

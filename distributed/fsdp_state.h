@@ -10,6 +10,7 @@
 
 #include "autograd/ops.h"
 #include "distributed/fsdp.h"
+#include "autograd/nn/layers.h"
 #include "runtime/allocator_census.h"
 #include "runtime/cuda_runtime.h"
 
@@ -48,6 +49,14 @@ struct Unit {
   // referenced until the reduction for the same reason as `traced`.
   std::vector<Tensor> traced_earlier;
   Tensor traced_reduction;  // compiled ZeRO-3, while tracing: the started reduce-scatter of this round's gradients
+  // Note [Vocabulary-parallel embeddings] (fsdp.h): the unit is one [vocab, dim] table whose shard is rows
+  // [rank * rows, (rank + 1) * rows); looked up where it lies, never gathered or reduce-scattered.
+  bool vocab_parallel = false;
+  int64_t vocab = 0, rows = 0, dim = 0;
+  // This round's gradient of the shard's rows summed over every rank's tokens (f32, f64 for f64 weights), made
+  // by the lookups' backward (eagerly, or as graph values while a step is traced): synchronize() scales it by
+  // 1/world into the shard's .grad.
+  Tensor vocab_grad;
 
   Tensor flat() const {
     auto impl = std::make_shared<TensorImpl>();
@@ -76,9 +85,21 @@ struct FullyShardedDataParallel::State {
   std::optional<size_t> root, embed, head;
   bool head_reads_embed = false;  // tied embeddings: the head's forward and backward read `embed` too
   std::optional<size_t> first_block, last_block;
+  // Note [Vocabulary-parallel embeddings]: the table's module (its lookup replaced) and the leaf that makes each
+  // lookup's output require a gradient (its own gradient is never made).
+  nn::Embedding* vocab_module = nullptr;
+  Tensor vocab_anchor;
   bool in_forward = false;        // between the model's forward hooks
   int heads_awaiting_backward = 0;  // tied: head forwards of this round whose backward has not run yet
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;  // eager: the units' whole weights that have bytes
+  // This round's averaged gradient of a vocabulary-parallel unit's shard, in the shard's gradient dtype (zeros
+  // when no lookup ran a backward). Eagerly and while tracing alike.
+  Tensor vocab_shard_grad(const Unit& u) const {
+    const int64_t chunk = u.rows * u.dim;
+    if (!u.vocab_grad.defined()) return zeros({chunk}, grad_dtype(u), u.device);
+    return cast(mul(reshape(u.vocab_grad, {chunk}), 1.0 / group->size()), grad_dtype(u));
+  }
+
   // Eager: the units' flattened gradients alive (made, reducing or waiting to be reduced) and their peak.
   int64_t reducing_bytes = 0, peak_reducing_bytes = 0;
   static constexpr int kReductionsInFlight = 2;  // Note [Reductions in flight]
@@ -177,6 +198,10 @@ struct FullyShardedDataParallel::State {
   void issue_ready() {
     while (next_issue < units.size()) {
       Unit& u = units[units.size() - 1 - next_issue];
+      if (u.vocab_parallel) {  // its gradient is this rank's already: nothing to reduce
+        ++next_issue;
+        continue;
+      }
       if (u.pending > 0) break;
       u.shard_grad = empty({u.plan.padded_numel / group->size()}, u.flat_grad.dtype(), u.device);
       u.work = reduce_bucket_async(*group, u.flat_grad, &u.shard_grad);
@@ -213,6 +238,9 @@ struct FullyShardedDataParallel::State {
   }
 
   void on_grad(size_t i) {
+    INGOT_CHECK(!units[unit_of[i]].vocab_parallel, "FullyShardedDataParallel: parameter '", names[i],
+                "' got a gradient outside its vocabulary-parallel lookup (something read the table's weight "
+                "directly); set distributed.vocab_parallel_embeddings false to gather it as any unit");
     INGOT_CHECK(!ready[i], "FullyShardedDataParallel: parameter '", names[i],
                 "' received a second gradient before synchronize(); call synchronize() after each backward");
     ready[i] = true;
@@ -229,6 +257,7 @@ struct FullyShardedDataParallel::State {
       u.work.reset();
       if (u.flat_grad.defined()) drop_flat_grad(u);
       u.shard_grad = Tensor();
+      u.vocab_grad = Tensor();
     }
     next_issue = 0;
     round_active = false;

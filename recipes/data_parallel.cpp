@@ -144,6 +144,7 @@ void DataParallel::wrap(nn::Module& model, const std::vector<Tensor>& params, bo
     o.reshard_after_forward = m.run.distributed.reshard_after_forward;
     o.prefetch = m.run.distributed.prefetch && !m.run.compile.enabled;
     o.keep_last_blocks = static_cast<int>(m.run.distributed.keep_last_blocks);
+    o.vocab_parallel_embeddings = m.run.distributed.vocab_parallel_embeddings;
     // f32 unless bf16 was asked for, as FSDP2's MixedPrecisionPolicy(reduce_dtype=f32): a bf16 run's gradients
     // reach its f32 master shards unrounded (Note [Reduced gradients keep their precision], fsdp.h).
     o.reduce_dtype = reduce_dtype.value_or(DType::f32);

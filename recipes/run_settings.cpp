@@ -124,6 +124,11 @@ void add_distributed_keys(ConfigSchema& s) {
             .at_least(0)
             .at_most(4096)
             .not_in_config_hash());
+  s.add(K::of(T::Bool, "distributed.vocab_parallel_embeddings", "true",
+              "zero_stage 3: look an untied token table whose rows split evenly over the ranks up where its rows "
+              "lie (ids all-gathered, outputs reduce-scattered) instead of gathering it, and make its gradient "
+              "there (false: gather and reduce-scatter it as any unit)")
+            .not_in_config_hash());
   s.add(K::of(T::Bool, "distributed.prefetch", "true",
               "zero_stage 3 without compile: all-gather the next block's weights while the current one computes "
               "(forward and backward; on GPUs the host does not wait for gathers); two blocks' weights gathered at "
@@ -412,6 +417,7 @@ void resolve_distributed(const Config& cfg, ConfigErrors& errors, DistributedSet
   d.reshard_after_forward = rd.flag("distributed.reshard_after_forward");
   d.prefetch = rd.flag("distributed.prefetch");
   d.keep_last_blocks = rd.i64("distributed.keep_last_blocks");
+  d.vocab_parallel_embeddings = rd.flag("distributed.vocab_parallel_embeddings");
   d.overlap = rd.flag("distributed.overlap");
   d.sm_carveout = rd.i64("distributed.sm_carveout");
   d.timeout_s = timeout_setting(cfg, errors, "distributed.timeout_s", "INGOT_COLLECTIVE_TIMEOUT_S", d.timeout_s);

@@ -7,7 +7,7 @@
 //   compile:     enabled, mode, fullgraph, dynamic, memory_budget, unit_reduction_lag, cache_dir (the compiler's
 //                options)
 //   distributed: backend, bucket_cap_mb, reduce_dtype, zero_stage, reshard_after_forward, keep_last_blocks,
-//                prefetch, overlap, timeout_s, init_timeout_s (DDP's and FSDP's options)
+//                vocab_parallel_embeddings, prefetch, overlap, timeout_s, init_timeout_s (DDP's and FSDP's options)
 // A recipe's schema is add_run_keys() plus its own model/data/train keys.
 #pragma once
 
@@ -50,6 +50,7 @@ struct DistributedSettings {
   bool reshard_after_forward = true;  // zero_stage 3
   bool prefetch = true;   // zero_stage 3, eager: Note [Eager prefetch] (distributed/fsdp.h)
   int64_t keep_last_blocks = 0;  // zero_stage 3: Note [The last blocks kept] (distributed/fsdp.h)
+  bool vocab_parallel_embeddings = true;  // zero_stage 3: Note [Vocabulary-parallel embeddings] (distributed/fsdp.h)
   bool overlap = true;
   // SMs left to communication kernels (Note [SM carve-out], runtime/sm_budget.h); 0: INGOT_SM_CARVEOUT, else none.
   int64_t sm_carveout = 0;

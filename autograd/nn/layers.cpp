@@ -110,7 +110,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std) {
   weight_ = register_parameter("weight", normal_init({num_embeddings, dim}, init_std));
 }
 
-Tensor Embedding::forward(const Tensor& ids) { return embedding(weight_, ids); }
+Tensor Embedding::forward(const Tensor& ids) { return lookup_ ? lookup_(weight_, ids) : embedding(weight_, ids); }
 
 LayerNorm::LayerNorm(int64_t dim, double eps, bool affine) : eps_(eps) {
   if (affine) {

@@ -6,6 +6,7 @@
 // unset means PyTorch's default for the layer (Linear: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -80,9 +81,15 @@ class Embedding : public Module {
   Embedding(int64_t num_embeddings, int64_t dim, double init_std = 1.0);
   Tensor forward(const Tensor& ids);
   const Tensor& weight() const { return weight_; }
+  // Replaces the lookup (embedding(weight, ids)) until reset with nullptr: FullyShardedDataParallel's
+  // vocabulary-parallel lookup from this rank's rows of the table (Note [Vocabulary-parallel embeddings],
+  // distributed/fsdp.h). The weight is still the module's parameter; the lookup decides what it reads.
+  using Lookup = std::function<Tensor(const Tensor& weight, const Tensor& ids)>;
+  void set_lookup(Lookup lookup) { lookup_ = std::move(lookup); }
 
  private:
   Tensor weight_;
+  Lookup lookup_;
 };
 
 // Over the last dim; weight = 1, bias = 0 when affine.

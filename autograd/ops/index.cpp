@@ -1,4 +1,4 @@
-// Indexing family: index_select, embedding, gather, scatter_add.
+// Indexing family: index_select, embedding, embedding_rows, gather, scatter_add.
 //
 //   index_select(a, dim, idx)      out = a with dim replaced by idx's dims     VJP: index_add into zeros
 //   gather(a, dim, idx)            out[.., j, ..] = a[.., idx[.., j, ..], ..]  VJP: scatter_add into zeros
@@ -205,6 +205,81 @@ class ScatterAddPrim final : public Primitive {
   int64_t dim_;
 };
 
+// Note [Vocabulary-parallel embeddings] (distributed/fsdp.h): a rank holding rows [base, base + R) of a table
+// looks up every rank's ids in its own rows (zeros for the others' rows) and takes the gradient of its rows only.
+// `base` differs between ranks and is not printed: every rank traces the same graph text (one compile-cache
+// entry); equivalent() still tells two bases apart.
+class EmbeddingRowsGradPrim;
+
+class EmbeddingRowsPrim final : public Primitive {
+ public:
+  EmbeddingRowsPrim(int64_t base, DType as) : base_(base), as_(as) {}
+  std::string_view name() const override { return "embedding_rows"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    INGOT_CHECK(in[0].shape.size() == 2 && is_floating(in[0].dtype), "embedding_rows: rows must be floating [R, D], got ",
+                dtype_name(in[0].dtype), " ", shape_str(in[0].shape));
+    check_index_dtype(in[1], "embedding_rows");
+    Shape out = in[1].shape;
+    out.push_back(in[0].shape[1]);
+    return {{out, as_, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    const Tensor ids = in[1].contiguous_raw();
+    const Tensor flat = out[0].as_strided({ids.numel(), in[0].shape()[1]}, {in[0].shape()[1], 1}, 0);
+    INGOT_KERNEL_CALL(in[0].device(), embedding_rows, flat, in[0].contiguous_raw(), ids, base_);
+    return out;
+  }
+  bool saves_input(size_t i) const override { return i == 1; }
+  void print_attrs(std::ostream& os) const override { os << "as " << dtype_name(as_); }
+  bool equivalent(const Primitive& other) const override {
+    const auto* o = dynamic_cast<const EmbeddingRowsPrim*>(&other);
+    return o && o->base_ == base_ && o->as_ == as_;
+  }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    return {embedding_rows_grad(g[0], c.inputs[1], base_, c.input_meta[0].shape[0], c.input_meta[0].dtype), Tensor()};
+  }
+
+ private:
+  int64_t base_;
+  DType as_;
+};
+
+class EmbeddingRowsGradPrim final : public Primitive {
+ public:
+  EmbeddingRowsGradPrim(int64_t base, int64_t rows, DType dtype) : base_(base), rows_(rows), dtype_(dtype) {}
+  std::string_view name() const override { return "embedding_rows_grad"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    INGOT_CHECK(!in[0].shape.empty() && is_floating(in[0].dtype), "embedding_rows_grad: g must be floating [..., D]");
+    check_index_dtype(in[1], "embedding_rows_grad");
+    return {{Shape{rows_, in[0].shape.back()}, dtype_, in[0].device}};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    out[0].zero_();
+    const Tensor ids = in[1].contiguous_raw();
+    const int64_t d = in[0].shape().back();
+    const Tensor g = in[0].contiguous_raw().as_strided({ids.numel(), d}, {d, 1}, 0);
+    INGOT_KERNEL_CALL(out[0].device(), embedding_rows_add, out[0], g, ids, base_);
+    return out;
+  }
+  bool saves_input(size_t i) const override { return i == 1; }
+  void print_attrs(std::ostream& os) const override {
+    os << "rows=" << rows_ << ", dtype=" << dtype_name(dtype_);
+  }
+  bool equivalent(const Primitive& other) const override {
+    const auto* o = dynamic_cast<const EmbeddingRowsGradPrim*>(&other);
+    return o && o->base_ == base_ && o->rows_ == rows_ && o->dtype_ == dtype_;
+  }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    return {apply1(std::make_shared<EmbeddingRowsPrim>(base_, c.input_meta[0].dtype), {g[0], c.inputs[1]}), Tensor()};
+  }
+
+ private:
+  int64_t base_, rows_;
+  DType dtype_;
+};
+
 Tensor index_select_any(const Tensor& a, int64_t dim, const Tensor& index) {
   return apply1(std::make_shared<IndexSelectPrim>(dim), {a, index});
 }
@@ -235,6 +310,23 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   check_index_dtype(meta_of(ids), "embedding");
   check_index_range(ids, weight.shape()[0], "embedding", "id");
   return index_select_any(weight, 0, ids);
+}
+
+Tensor embedding_rows(const Tensor& rows, const Tensor& ids, int64_t base, int64_t vocab, std::optional<DType> as) {
+  INGOT_CHECK(rows.dim() == 2, "embedding_rows: rows must be [R, D], got shape ", shape_str(rows.shape()));
+  INGOT_CHECK(base >= 0 && base + rows.shape()[0] <= vocab, "embedding_rows: rows [", base, ", ",
+              base + rows.shape()[0], ") are not inside the vocabulary [0, ", vocab, ")");
+  check_index_dtype(meta_of(ids), "embedding_rows");
+  check_index_range(ids, vocab, "embedding", "id");
+  return apply1(std::make_shared<EmbeddingRowsPrim>(base, as.value_or(rows.dtype())), {rows, ids});
+}
+
+Tensor embedding_rows_grad(const Tensor& g, const Tensor& ids, int64_t base, int64_t num_rows, DType dtype) {
+  INGOT_CHECK(num_rows >= 0 && is_floating(dtype), "embedding_rows_grad: needs num_rows >= 0 and a floating dtype");
+  check_index_dtype(meta_of(ids), "embedding_rows_grad");
+  INGOT_CHECK(g.dim() == ids.dim() + 1 && g.numel() == ids.numel() * (g.dim() ? g.shape().back() : 0),
+              "embedding_rows_grad: g ", shape_str(g.shape()), " is not ids ", shape_str(ids.shape()), " + [D]");
+  return apply1(std::make_shared<EmbeddingRowsGradPrim>(base, num_rows, dtype), {g, ids});
 }
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {

@@ -54,6 +54,8 @@ struct Setup {
   bool one_backward = false;  // the micro-batches' losses summed and differentiated once (two forwards, one backward)
   int lag = 1;  // CompileOptions::unit_reduction_lag
   int keep_last = 0;  // FsdpOptions::keep_last_blocks
+  bool llama = false;  // tiny Llama (untied embeddings) instead of GPT-2
+  bool gather_table = false;  // FsdpOptions::vocab_parallel_embeddings false
 
   // Chainable: run(Mode::Compiled3).keep_after_forward().reduce_in(DType::bf16).
   Setup& keep_after_forward() { reshard = false; return *this; }
@@ -65,6 +67,8 @@ struct Setup {
   Setup& first_step_eager() { eager_first = true; return *this; }
   Setup& summed_before_backward() { one_backward = true; return *this; }
   Setup& reductions_waited_after(int units) { lag = units; return *this; }
+  Setup& on_llama() { llama = true; return *this; }
+  Setup& gathering_the_table() { gather_table = true; return *this; }
 };
 Setup run(Mode m) {
   Setup s;
@@ -108,7 +112,12 @@ Trained train(const DistributedContext& ctx, const Setup& s, const std::string& 
   const int64_t base = allocated();
   manual_seed(5);
   {
-    models::GPT2 model(config());
+    models::LlamaConfig lc = ingot::testing::tiny_llama_config();
+    lc.num_hidden_layers = 3;
+    std::unique_ptr<models::CausalLM> made =
+        s.llama ? std::unique_ptr<models::CausalLM>(std::make_unique<models::Llama>(lc))
+                : std::unique_ptr<models::CausalLM>(std::make_unique<models::GPT2>(config()));
+    models::CausalLM& model = *made;
     std::unique_ptr<DistributedDataParallel> ddp;
     std::unique_ptr<FullyShardedDataParallel> fsdp;
     if (s.mode == Mode::Ddp || s.mode == Mode::DdpCompiled) {
@@ -121,6 +130,7 @@ Trained train(const DistributedContext& ctx, const Setup& s, const std::string& 
       o.reshard_after_forward = s.reshard;
       o.keep_last_blocks = s.keep_last;
       o.reduce_dtype = s.reduce_dtype;
+      o.vocab_parallel_embeddings = !s.gather_table;
       fsdp = std::make_unique<FullyShardedDataParallel>(model, ctx.group, o);
       out.units = fsdp->layout().size();
     }
@@ -314,6 +324,66 @@ void rank_body_trains_like_eager(int world) {
   const std::string& l = last.stats.last_graph;
   EXPECT_EQ(count_occurrences(l, "= all_gather_start("), last.units + 1 + 2) << l;
   EXPECT_EQ(count_occurrences(l, "regather}"), 2 * 2u) << "the first two blocks resharded: " << l;
+}
+
+// Note [Vocabulary-parallel embeddings] (fsdp.h): on a Llama (untied table, 64 rows over 2 or 4 ranks) the
+// embeddings are looked up where their rows lie, eagerly and compiled, with gradient accumulation and two forwards
+// before one backward: the training of the gathered table, DDP and one process (f32: 1e-4 relative, as above). The
+// compiled graph holds no gather or reduce-scatter of the table: one all-gather of the ids, one sum reduce-scatter
+// of the looked-up rows and one all-gather of their gradient per forward.
+void rank_body_vocab_parallel(int world) {
+  const auto [ctx, cache] = join_compiled_ranks(kRankTimeout);
+  ASSERT_EQ(ctx.info.world_size, world);
+  const Trained one = train(ctx, run(Mode::OneProcess).on_llama(), cache);
+  const Trained ddp = train(ctx, run(Mode::Ddp).on_llama(), cache);
+  const Trained gathered = train(ctx, run(Mode::Eager3).on_llama().gathering_the_table(), cache);
+  const Trained eager = train(ctx, run(Mode::Eager3).on_llama(), cache);
+  const Trained comp = train(ctx, run(Mode::Compiled3).on_llama(), cache);
+  const Trained comp_gathered = train(ctx, run(Mode::Compiled3).on_llama().gathering_the_table(), cache);
+  EXPECT_LT(one.losses.back(), one.losses.front() - 0.3) << "the run must actually train";
+  expect_same_training(eager, gathered, 1e-4, "eager ZeRO-3: vocabulary-parallel vs gathered table");
+  expect_same_training(eager, ddp, 1e-4, "eager vocabulary-parallel ZeRO-3 vs DDP");
+  expect_same_training(comp, eager, 1e-4, "compiled vs eager vocabulary-parallel ZeRO-3");
+  expect_same_training(comp, comp_gathered, 1e-4, "compiled ZeRO-3: vocabulary-parallel vs gathered table");
+  expect_same_training(comp, one, 1e-4, "compiled vocabulary-parallel ZeRO-3 vs one process", false);
+  // Units: the embeddings, 3 blocks and the head; the blocks and the head gathered for forward, the blocks again
+  // for backward, plus the ids' and the gradient's all-gathers; the table never gathered or reduce-scattered.
+  ASSERT_EQ(comp.units, 5u);
+  const std::string& g = comp.stats.last_graph;
+  EXPECT_EQ(count_occurrences(g, "= all_gather_start("), 4 + 3 + 2) << g;
+  EXPECT_EQ(count_occurrences(g, "unit=embeddings"), 0u) << g;
+  EXPECT_EQ(count_occurrences(g, "= reduce_scatter_start("), 4 + 1) << g;
+  EXPECT_EQ(count_occurrences(g, "op=sum"), 1u) << g;
+  EXPECT_EQ(count_occurrences(g, "= embedding_rows("), 1u) << g;
+  EXPECT_EQ(count_occurrences(g, "= embedding_rows_grad("), 1u) << g;
+  EXPECT_EQ(count_occurrences(g, "vocab_parallel_grad"), 0u) << "the identity that makes the gradient is gone: " << g;
+  EXPECT_EQ(count_occurrences(comp_gathered.stats.last_graph, "unit=embeddings"), 2u)
+      << comp_gathered.stats.last_graph;
+  // Two micro-batches (two backwards) and two forwards summed before one backward: the rows' gradients add up.
+  for (const bool summed : {false, true}) {
+    SCOPED_TRACE(summed ? "two forwards, one backward" : "two backwards");
+    Setup e = run(Mode::Eager3).on_llama().micro_batches(2).for_steps(3);
+    Setup c = run(Mode::Compiled3).on_llama().micro_batches(2).for_steps(3);
+    if (summed) {
+      e.summed_before_backward();
+      c.summed_before_backward();
+    }
+    const Trained e2 = train(ctx, e, cache);
+    const Trained c2 = train(ctx, c, cache);
+    const Trained g2 = train(ctx, e.gathering_the_table(), cache);
+    expect_same_training(e2, g2, 1e-4, "eager: vocabulary-parallel vs gathered table");
+    expect_same_training(c2, e2, 1e-4, "compiled vs eager vocabulary-parallel ZeRO-3");
+  }
+}
+
+TEST(CompiledFsdp, VocabParallelEmbeddingsTrainLikeTheGatheredTableOnTwoRanks) {
+  if (is_rank_process()) return rank_body_vocab_parallel(2);
+  run_compiled_ranks(2, 300s);
+}
+
+TEST(CompiledFsdp, VocabParallelEmbeddingsTrainLikeTheGatheredTableOnFourRanks) {
+  if (is_rank_process()) return rank_body_vocab_parallel(4);
+  run_compiled_ranks(4, 400s);
 }
 
 TEST(CompiledFsdp, TwoRanksTrainLikeEagerZeroThreeDdpAndOneProcess) {

@@ -221,6 +221,35 @@ TEST(CudaIndex, IndexSelectAndIndexAddMatchCpuAlongEveryDim) {
   }
 }
 
+// Vocabulary-parallel lookups (Note [Vocabulary-parallel embeddings], distributed/fsdp.h): a rank's rows [base,
+// base + R) of a table, ids over the whole vocabulary (most of them another rank's), rows converted to the output's
+// dtype (f32 masters looked up as bf16), and the gradient of bf16 outputs accumulated into f32 rows.
+TEST(CudaIndex, EmbeddingRowsAndTheirGradientMatchCpu) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(108);
+  const int64_t vocab = 1000, rows = 250, base = 500, d = 96;
+  for (DType rows_dt : {DType::f32, DType::bf16}) {
+    for (DType out_dt : {DType::f32, DType::bf16}) {
+      for (DType it : {DType::i64, DType::i32}) {
+        const std::string at = detail::str_cat(dtype_name(rows_dt), " rows -> ", dtype_name(out_dt), ", ids ",
+                                               dtype_name(it));
+        Operand table = values({rows, d}, rows_dt);
+        Tensor ids = rand_index({8 * 64}, vocab, it);
+        Tensor ref = empty({8 * 64, d}, out_dt), out = poisoned({8 * 64, d}, out_dt, kGpu);
+        kc::embedding_rows(ref, table.cpu, ids, base);
+        kg::embedding_rows(out, table.gpu, ids.to(kGpu), base);
+        EXPECT_EQ(count_unequal(out, ref), 0) << "embedding_rows " << at;
+        Operand grad = values({8 * 64, d}, out_dt);
+        Tensor acc_ref = zeros({rows, d}, DType::f32), acc = zeros({rows, d}, DType::f32).to(kGpu);
+        kc::embedding_rows_add(acc_ref, grad.cpu, ids, base);
+        kg::embedding_rows_add(acc, grad.gpu, ids.to(kGpu), base);
+        EXPECT_TRUE(close_at_unit_scale(acc, acc_ref, row_tol(DType::f32))) << "embedding_rows_add " << at;
+        EXPECT_GT(sum(abs(acc_ref)).item(), 0.0) << "some ids fall in the rows: " << at;
+      }
+    }
+  }
+}
+
 // The embedding op's layout: a [B, T] index, a [B, T, D] output (and gradient), as the models call it.
 TEST(CudaIndex, EmbeddingSizedIndexSelectAndIndexAddMatchCpu) {
   INGOT_REQUIRE_CUDA();

@@ -93,6 +93,73 @@ TEST(Embedding, BackwardWithManyDuplicateIdsCountsEveryOccurrence) {
     for (int64_t c = 0; c < D; c += 37) ASSERT_EQ(g[v * D + c], count[v]) << "row " << v << " col " << c;
 }
 
+// Note [Vocabulary-parallel embeddings] (distributed/fsdp.h): rows [base, base + R) of a table look up the ids
+// that fall there and give zeros for the others; over slices that cover the table, the lookups sum to embedding's
+// and their gradients concatenate to embedding's.
+TEST(EmbeddingRows, LooksUpItsRowsAndGivesZerosForTheOthers) {
+  manual_seed(21);
+  Tensor w = randn({10, 4});
+  Tensor ids = from_vector_i64({3, 9, 6, 0, 5, 6}, {2, 3});
+  Tensor e = embedding_rows(narrow(w, 0, 5, 3), ids, 5, 10);  // rows 5, 6, 7
+  ASSERT_EQ(e.shape(), (Shape{2, 3, 4}));
+  const std::vector<double> wv = w.to_vector(), ev = e.to_vector();
+  const int64_t id_list[] = {3, 9, 6, 0, 5, 6};
+  for (int64_t n = 0; n < 6; ++n)
+    for (int64_t c = 0; c < 4; ++c)
+      EXPECT_EQ(ev[n * 4 + c], id_list[n] >= 5 && id_list[n] < 8 ? wv[id_list[n] * 4 + c] : 0.0) << n << ", " << c;
+  // Converted as it is copied: f32 rows looked up as bf16 are the rows rounded.
+  Tensor b = embedding_rows(narrow(w, 0, 5, 3), ids, 5, 10, DType::bf16);
+  EXPECT_EQ(b.dtype(), DType::bf16);
+  EXPECT_EQ(b.to_vector(), e.to(DType::bf16).to_vector());
+}
+
+TEST(EmbeddingRows, SlicesCoveringTheTableSumToEmbeddingAndSplitItsGradient) {
+  manual_seed(22);
+  const int64_t vocab = 12, d = 5;
+  Tensor w = randn({vocab, d});
+  Tensor ids = from_vector({11, 0, 4, 4, 7, 3, 8, 11, 2}, {3, 3}, DType::i32);
+  Tensor g = randn({3, 3, d});
+  Tensor whole = leaf(w.clone_raw());
+  embedding(whole, ids).backward(g);
+  Tensor sum;
+  for (int64_t r = 0; r < 3; ++r) {  // three "ranks" of 4 rows each
+    Tensor rows = leaf(narrow(w, 0, 4 * r, 4).contiguous_raw());
+    Tensor part = embedding_rows(rows, ids, 4 * r, vocab);
+    sum = sum.defined() ? add(sum, part) : part;
+    part.backward(g);
+    EXPECT_EQ(rows.grad().to_vector(), narrow(whole.grad(), 0, 4 * r, 4).contiguous_raw().to_vector()) << "rank " << r;
+    EXPECT_EQ(embedding_rows_grad(g, ids, 4 * r, 4, DType::f32).to_vector(), rows.grad().to_vector()) << "rank " << r;
+  }
+  EXPECT_EQ(sum.to_vector(), embedding(w, ids).to_vector());
+}
+
+TEST(EmbeddingRows, GradientMatchesFiniteDifferences) {
+  manual_seed(23);
+  Tensor rows = leaf(randn_noncontig({4, 3}));
+  Tensor ids = from_vector_i64({5, 1, 5, 0, 9, 6, 5, 2}, {2, 4});  // rows 3..6: 5 three times, 6 once, others not
+  EXPECT_GRADCHECK([&](const std::vector<Tensor>& x) { return std::vector<Tensor>{embedding_rows(x[0], ids, 3, 10)}; },
+                   {rows});
+}
+
+// bf16 gradients of many tokens summed into f32 rows lose nothing a bf16 sum would (256 + 1 is 256 in bf16).
+TEST(EmbeddingRows, GradientOfBf16OutputsAccumulatesInF32) {
+  const int64_t n = 1000;
+  std::vector<int64_t> ids(n, 7);
+  Tensor g = ones({n, 2}, DType::bf16);
+  Tensor grad = embedding_rows_grad(g, from_vector_i64(ids, {n}), 6, 2, DType::f32);
+  EXPECT_EQ(grad.to_vector(), (std::vector<double>{0, 0, static_cast<double>(n), static_cast<double>(n)}));
+}
+
+TEST(EmbeddingRows, OutOfVocabularyIdsAndRowsOutsideItNameTheOp) {
+  Tensor rows = zeros({4, 2});
+  EXPECT_NE(error_of([&] { embedding_rows(rows, from_vector_i64({5, 70000}, {2}), 0, 50257); })
+                .find("embedding: id 70000 out of range [0, 50257)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { embedding_rows(rows, from_vector_i64({1}, {1}), 8, 10); })
+                .find("embedding_rows: rows [8, 12) are not inside the vocabulary [0, 10)"),
+            std::string::npos);
+}
+
 TEST(Gather, PicksAlongTheDimAndGradientMatchesFiniteDifferences) {
   Tensor a = from_vector({0, 1, 2, 10, 11, 12}, {2, 3});
   Tensor g = gather(a, 1, from_vector_i64({2, 2, 0, 1}, {2, 2}));

@@ -157,6 +157,13 @@ const std::vector<OpCase>& op_list() {
         with({"index_select", [](DType dt) { return V{normal({6, 4}, dt), ids({5}, 6)}; },
               [](const V& x) { return V{index_select(x[0], 0, x[1])}; }},
              "a gather by index"),
+        // rows 2..5 of a 9-row table (vocabulary-parallel embeddings); ids over all 9: most give zeros
+        with({"embedding_rows", [](DType dt) { return V{normal({4, 3}, dt), ids({2, 5}, 9)}; },
+              [](const V& x) { return V{embedding_rows(x[0], x[1], 2, 9)}; }},
+             "a gather by index"),
+        with({"embedding_rows_grad", [](DType dt) { return V{normal({2, 5, 3}, dt), ids({2, 5}, 9)}; },
+              [](const V& x) { return V{embedding_rows_grad(x[0], x[1], 2, 4, x[0].dtype())}; }},
+             "a scatter by index"),
         with({"gather", [](DType dt) { return V{normal({3, 6}, dt), ids({3, 4}, 6)}; },
               [](const V& x) { return V{gather(x[0], 1, x[1])}; }},
              "a gather by index"),

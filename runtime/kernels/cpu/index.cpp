@@ -121,6 +121,75 @@ void index_add(const Tensor& out, const Tensor& src, const Tensor& index, int64_
   });
 }
 
+// Vocabulary-parallel embeddings: rows [base, base + R) of a table, other ids give zeros / are skipped.
+void embedding_rows(const Tensor& out, const Tensor& rows, const Tensor& index, int64_t base) {
+  check_layout("embedding_rows", {&out, &rows, &index});
+  INGOT_CHECK(rows.dim() == 2 && out.dim() == 2 && out.shape()[1] == rows.shape()[1] &&
+                  out.shape()[0] == index.numel(),
+              "embedding_rows: expected rows [R, D] and out [n, D] for n ids, got ", shape_str(rows.shape()), ", ",
+              shape_str(out.shape()), " and ", index.numel(), " ids");
+  const int64_t r = rows.shape()[0], d = rows.shape()[1], n = index.numel();
+  dispatch_index(index, "embedding_rows", [&](auto itag) {
+    using I = decltype(itag);
+    const I* idx = index.data<I>();
+    dispatch_dtype(rows.dtype(), [&](auto rtag) {
+      using T = decltype(rtag);
+      dispatch_dtype(out.dtype(), [&](auto otag) {
+        using U = decltype(otag);
+        const T* src = rows.data<T>();
+        U* dst = out.data<U>();
+#pragma omp parallel for schedule(static) if (n * d >= kParallelGrain)
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t j = static_cast<int64_t>(idx[i]) - base;
+          U* o = dst + i * d;
+          if (j < 0 || j >= r) {
+            std::memset(static_cast<void*>(o), 0, static_cast<size_t>(d) * sizeof(U));
+            continue;
+          }
+          const T* row = src + j * d;
+          if constexpr (std::is_same_v<T, U>) std::memcpy(static_cast<void*>(o), row, static_cast<size_t>(d) * sizeof(U));
+          else
+            for (int64_t k = 0; k < d; ++k) store_one(o + k, load_one<double>(row + k));
+        }
+      });
+    });
+  });
+}
+
+void embedding_rows_add(const Tensor& out, const Tensor& src, const Tensor& index, int64_t base) {
+  check_layout("embedding_rows_add", {&out, &src, &index});
+  INGOT_CHECK(out.dim() == 2 && src.dim() == 2 && out.shape()[1] == src.shape()[1] && src.shape()[0] == index.numel(),
+              "embedding_rows_add: expected out [R, D] and src [n, D] for n ids, got ", shape_str(out.shape()), ", ",
+              shape_str(src.shape()), " and ", index.numel(), " ids");
+  const int64_t r = out.shape()[0], d = out.shape()[1], n = index.numel();
+  const int64_t blocks = (d + kColumnBlock - 1) / kColumnBlock;
+  dispatch_index(index, "embedding_rows_add", [&](auto itag) {
+    using I = decltype(itag);
+    const I* idx = index.data<I>();
+    dispatch_dtype(src.dtype(), [&](auto stag) {
+      using T = decltype(stag);
+      dispatch_dtype(out.dtype(), [&](auto otag) {
+        using U = decltype(otag);
+        using Acc = std::conditional_t<std::is_same_v<U, double>, double, float>;
+        const T* s = src.data<T>();
+        U* dst = out.data<U>();
+        // Note [Race-free accumulation]: a task owns a block of columns and walks the ids in order.
+#pragma omp parallel for schedule(static) if (n * d >= kParallelGrain)
+        for (int64_t b = 0; b < blocks; ++b) {
+          const int64_t c0 = b * kColumnBlock, w = std::min(kColumnBlock, d - c0);
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t j = static_cast<int64_t>(idx[i]) - base;
+            if (j < 0 || j >= r) continue;
+            U* o = dst + j * d + c0;
+            const T* x = s + i * d + c0;
+            for (int64_t k = 0; k < w; ++k) store_one(o + k, load_one<Acc>(o + k) + load_one<Acc>(x + k));
+          }
+        }
+      });
+    });
+  });
+}
+
 void gather(const Tensor& out, const Tensor& src, const Tensor& index, int64_t dim) {
   check_layout("gather", {&out, &src, &index});
   const IndexedView s = view_around(src, dim);

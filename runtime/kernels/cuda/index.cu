@@ -1,4 +1,4 @@
-// CUDA indexing kernels: index_select, index_add, gather, scatter_add. src and out contiguous, index contiguous
+// CUDA indexing kernels: index_select, index_add, gather, scatter_add, embedding_rows(_add). src and out contiguous, index contiguous
 // i64 or i32; any element dtype for the copies (index_select, gather), any dtype but b8 for the accumulations.
 //
 // Shapes: index_select / index_add view src and out as [outer, size_along_dim, inner] with a 1-D index;
@@ -67,6 +67,29 @@ __global__ void index_add_kernel(E* out, const E* src, const I* index, int64_t n
     const int64_t k = e % inner, i = (e / inner) % n, o = e / (inner * n);
     const int64_t j = static_cast<int64_t>(index[i]);
     if (j >= 0 && j < out_dim) atomic_add(out + (o * out_dim + j) * inner + k, src[e]);
+  }
+}
+
+// Vocabulary-parallel embeddings: out[i, k] = rows[index[i] - base, k] (converted) for ids in [base, base + r),
+// zeros elsewhere; one thread per output element.
+template <typename U, typename T, typename I>
+__global__ void embedding_rows_kernel(U* out, const T* rows, const I* index, int64_t base, int64_t r, int64_t d,
+                                      int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / d, k = e - i * d;
+    const int64_t j = static_cast<int64_t>(index[i]) - base;
+    out[e] = (j >= 0 && j < r) ? from_acc<U>(to_acc<acc_t<U>>(rows[j * d + k])) : from_acc<U>(acc_t<U>(0));
+  }
+}
+
+// out[index[i] - base, k] += src[i, k] (converted to out's dtype) for ids in [base, base + r).
+template <typename U, typename T, typename I>
+__global__ void embedding_rows_add_kernel(U* out, const T* src, const I* index, int64_t base, int64_t r, int64_t d,
+                                          int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / d, k = e - i * d;
+    const int64_t j = static_cast<int64_t>(index[i]) - base;
+    if (j >= 0 && j < r) atomic_add(out + j * d + k, from_acc<U>(to_acc<acc_t<U>>(src[e])));
   }
 }
 
@@ -215,6 +238,56 @@ void index_add(const Tensor& out, const Tensor& src, const Tensor& index, int64_
       index_add_kernel<E, I><<<grid_for(total, kThreads, L.device), kThreads, 0, L.stream>>>(
           out.data<E>(), src.data<E>(), index.data<I>(), index.numel(), inner, out.dim() ? out.size(dim) : 1, total);
       CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void embedding_rows(const Tensor& out, const Tensor& rows, const Tensor& index, int64_t base) {
+  const char* op = "embedding_rows";
+  check_cuda_contig(out, op, "out");
+  check_cuda_contig(rows, op, "rows");
+  check_cuda_contig(index, op, "index");
+  INGOT_CHECK(rows.dim() == 2 && out.dim() == 2 && out.size(1) == rows.size(1) && out.size(0) == index.numel(), op,
+              ": expected rows [R, D] and out [n, D] for n ids, got ", shape_str(rows.shape()), ", ",
+              shape_str(out.shape()), " and ", index.numel(), " ids");
+  const int64_t total = out.numel();
+  if (total == 0) return;
+  LaunchContext L(out);
+  dispatch_float(out.dtype(), op, [&](auto otag) {
+    using U = decltype(otag);
+    dispatch_float(rows.dtype(), op, [&](auto rtag) {
+      using T = decltype(rtag);
+      dispatch_index(index, op, [&](auto itag) {
+        using I = decltype(itag);
+        embedding_rows_kernel<U, T, I><<<grid_for(total, kThreads, L.device), kThreads, 0, L.stream>>>(
+            out.data<U>(), rows.data<T>(), index.data<I>(), base, rows.size(0), rows.size(1), total);
+        CUDA_CHECK_LAUNCH();
+      });
+    });
+  });
+}
+
+void embedding_rows_add(const Tensor& out, const Tensor& src, const Tensor& index, int64_t base) {
+  const char* op = "embedding_rows_add";
+  check_cuda_contig(out, op, "out");
+  check_cuda_contig(src, op, "src");
+  check_cuda_contig(index, op, "index");
+  INGOT_CHECK(out.dim() == 2 && src.dim() == 2 && out.size(1) == src.size(1) && src.size(0) == index.numel(), op,
+              ": expected out [R, D] and src [n, D] for n ids, got ", shape_str(out.shape()), ", ",
+              shape_str(src.shape()), " and ", index.numel(), " ids");
+  const int64_t total = src.numel();
+  if (total == 0) return;
+  LaunchContext L(out);
+  dispatch_float(out.dtype(), op, [&](auto otag) {
+    using U = decltype(otag);
+    dispatch_float(src.dtype(), op, [&](auto stag) {
+      using T = decltype(stag);
+      dispatch_index(index, op, [&](auto itag) {
+        using I = decltype(itag);
+        embedding_rows_add_kernel<U, T, I><<<grid_for(total, kThreads, L.device), kThreads, 0, L.stream>>>(
+            out.data<U>(), src.data<T>(), index.data<I>(), base, out.size(0), out.size(1), total);
+        CUDA_CHECK_LAUNCH();
+      });
     });
   });
 }
