@@ -33,7 +33,8 @@
 #         when used, --no-prefetch; a part ending in +prof adds --timeline and the 40 costliest ops timed by CUDA
 #         events (--profile 40 --profile-events); +ctasN holds NCCL to N CTAs, +minctasN makes it use N; +castc
 #         casts the gathers on the compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1); +eff INGOT_NCCL_CTA_POLICY=efficiency; +keepN
-#         --keep-last-blocks N, +keepall --keep-after-forward; +slots every collective's timeline line (in the log; the last 12 printed); suffixes
+#         --keep-last-blocks N, +keepall --keep-after-forward; +gemb --gather-embeddings (the token table gathered as a
+#         unit instead of looked up where its rows lie); +slots every collective's timeline line (in the log; the last 12 printed); suffixes
 #         combine (ingot-compiled+ctas8+prof);
 #         ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
@@ -383,6 +384,7 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
           castc) envs+=(INGOT_GATHER_CAST_ON_COMPUTE=1) ;;
           eff) envs+=(INGOT_NCCL_CTA_POLICY=efficiency) ;;
           keepall) comp="$comp --keep-after-forward" ;;
+          gemb) comp="$comp --gather-embeddings" ;;
           keep[0-9]*) comp="$comp --keep-last-blocks ${sf#keep}" ;;
           slots) comp="$comp --timeline --timeline-slots" ;;
           *) echo "fsdp8b: unknown part suffix '+$sf' in $part"; continue 2 ;;

@@ -44,6 +44,8 @@ struct Setup {
   // With bf16_masters: the shards lose their bytes and every gather casts from the masters, on NCCL's comm stream
   // (FullyShardedDataParallel::gather_from_masters, Note [Gathers cast on the comm stream]).
   bool gather_from_masters = false;
+  bool llama = false;         // tiny Llama (an untied table: Note [Vocabulary-parallel embeddings]) instead of GPT-2
+  bool gather_table = false;  // FsdpOptions::vocab_parallel_embeddings false
 };
 
 struct Trained {
@@ -66,12 +68,18 @@ Trained train(Device dev, const DistributedContext& ctx, const Setup& s, const s
     manual_seed(11);
     models::GPT2Config cfg = ingot::testing::tiny_gpt2_config();
     cfg.n_layer = 3;
-    models::GPT2 model(cfg);
+    models::LlamaConfig lc = ingot::testing::tiny_llama_config();
+    lc.num_hidden_layers = 3;
+    std::unique_ptr<models::CausalLM> made =
+        s.llama ? std::unique_ptr<models::CausalLM>(std::make_unique<models::Llama>(lc))
+                : std::unique_ptr<models::CausalLM>(std::make_unique<models::GPT2>(cfg));
+    models::CausalLM& model = *made;
     model.to(dev);
     if (s.bf16_masters) model.to(DType::bf16);
     FsdpOptions o;
     o.reshard_after_forward = s.reshard;
     o.reduce_dtype = s.reduce_dtype;
+    o.vocab_parallel_embeddings = !s.gather_table;
     FullyShardedDataParallel fsdp(model, ctx.group, o);
     std::unique_ptr<optim::MasterWeights> masters;
     std::vector<Tensor> params = fsdp.optimizer_params();
@@ -193,6 +201,38 @@ void rank_body_reduce_overhead() {
                 static_cast<long long>(comp.stats.cuda_graphs), comp.stats.cuda_graph_fallback.c_str());
 }
 
+// Note [Vocabulary-parallel embeddings] (fsdp.h) over NCCL: a tiny Llama (64-row untied table) whose table is looked
+// up where its rows lie trains like the gathered table, eager and compiled, in f32 (1e-4) and in bf16 from f32
+// masters (2e-2: the lookup converts the master's rows itself, the sum reduce-scatter runs in bf16), and captured
+// in CUDA graphs (reduce-overhead).
+void rank_body_vocab_parallel() {
+  auto ctx = init_distributed(nccl_init(std::chrono::seconds(120)));
+  const Device dev(DeviceType::cuda, ctx.info.local_rank);
+  const std::string cache = std::getenv("INGOT_TEST_CACHE_DIR");
+  Setup gathered{.compiled = false, .reshard = true, .reduce_dtype = std::nullopt, .bf16_masters = false,
+                 .mode = CompileMode::Default, .gather_from_masters = false, .llama = true, .gather_table = true};
+  Setup eager = gathered;
+  eager.gather_table = false;
+  Setup comp = eager;
+  comp.compiled = true;
+  const Trained g = train(dev, ctx, gathered, cache), e = train(dev, ctx, eager, cache);
+  const Trained c = train(dev, ctx, comp, cache);
+  expect_same_training(e, g, 1e-4, "eager ZeRO-3: vocabulary-parallel vs gathered table");
+  expect_same_training(c, e, 1e-4, "vocabulary-parallel: compiled vs eager ZeRO-3");
+  EXPECT_EQ(count(c.stats.last_graph, "unit=embeddings"), 0u) << c.stats.last_graph;
+  EXPECT_EQ(count(c.stats.last_graph, "op=sum"), 1u) << c.stats.last_graph;
+  for (Setup* st : {&gathered, &eager, &comp}) st->bf16_masters = st->gather_from_masters = true;
+  const Trained g16 = train(dev, ctx, gathered, cache);
+  expect_same_training(train(dev, ctx, eager, cache), g16, 2e-2,
+                       "bf16 from f32 masters, eager: vocabulary-parallel vs gathered table");
+  expect_same_training(train(dev, ctx, comp, cache), g16, 2e-2,
+                       "bf16 from f32 masters: compiled vocabulary-parallel vs eager gathered table");
+  comp.mode = CompileMode::ReduceOverhead;
+  const Trained ro = train(dev, ctx, comp, cache);
+  expect_same_training(ro, g16, 2e-2, "reduce-overhead vocabulary-parallel vs eager gathered table");
+  EXPECT_GT(ro.stats.cuda_graphs, 0) << ro.stats.cuda_graph_fallback;
+}
+
 void spawn(int world) {
   TempDir cache("ingot-fsdp-compiled-gpu-");
   ingot::testing::SpawnOptions o = ingot::testing::world(world).within(600s);
@@ -208,6 +248,18 @@ TEST(CompiledFsdpOnGpus, FollowsEagerZeroThreeOnTwoGpus) {
 
 TEST(CompiledFsdpOnGpus, FollowsEagerZeroThreeOnFourGpus) {
   if (is_rank_process()) return rank_body();
+  INGOT_REQUIRE_GPUS(4);
+  spawn(4);
+}
+
+TEST(CompiledFsdpOnGpus, VocabParallelEmbeddingsFollowTheGatheredTableOnTwoGpus) {
+  if (is_rank_process()) return rank_body_vocab_parallel();
+  INGOT_REQUIRE_GPUS(2);
+  spawn(2);
+}
+
+TEST(CompiledFsdpOnGpus, VocabParallelEmbeddingsFollowTheGatheredTableOnFourGpus) {
+  if (is_rank_process()) return rank_body_vocab_parallel();
   INGOT_REQUIRE_GPUS(4);
   spawn(4);
 }
