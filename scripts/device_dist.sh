@@ -43,8 +43,6 @@
 #         GPT-2 compiled default at 1 GPU and at all GPUs (with the timeline) for each N of CARVEOUTS (default
 #         "0 8 16"), `--sm-carveout N`: one '| ingot ... carveout N' row each (no suffix for 0); CARVEOUT_CTAS=1
 #         adds for each N > 0 the all-GPU row with NCCL_MAX_CTAS=N (NCCL's CTAs held to the SMs left to them)
-#   vocab: ~1B Llama compiled ZeRO-3 at all GPUs (4 at most), the token table vocabulary-parallel and gathered
-#         (--gather-embeddings), VOCAB_ROUNDS rounds of the pair (default 1).
 #   llama: ~1B Llama full fine-tune, 1 GPU and DDP at all GPUs, 4 at most (25 MB buckets, 100 MB, 100 MB in bf16), and
 #         with torch or llama_torch transformers + torch.compile on 1 GPU and DDP x4 under torchrun (each row sampled
 #         when CLOCKS=1)
@@ -273,22 +271,6 @@ if want ddpwhy; then  # what slows DDP's compute (issue 21): neither bytes nor t
     > "$out/why_llama_n.log" 2>&1
   grep -h "^| ingot\|^timeline" "$out/why_llama_1.log" "$out/why_llama_n.log"
   python3 bench/reference/op_table_diff.py "$out/why_llama_1.log" "$out/why_llama_n.log" --top 15
-fi
-if want vocab; then  # ~1B Llama compiled ZeRO-3 at all GPUs (4 at most), the token table looked up where its rows
-  # lie (Note [Vocabulary-parallel embeddings], distributed/fsdp.h) and gathered as a unit (--gather-embeddings),
-  # bf16 over f32 masters, reduced in f32, rank 0's communication timeline; VOCAB_ROUNDS rounds of the pair.
-  n=$(( gpus >= 4 ? 4 : gpus ))
-  lv="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --params bf16 --zero-stage 3
-    --reduce-dtype f32 --batch 2 --seq 2048 --steps 10 --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache
-    --timeline"
-  for round in $(seq 1 ${VOCAB_ROUNDS:-1}); do
-    for g in "" --gather-embeddings; do
-      want vocab || break 2
-      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) timeout 200 ingot launch --nproc-per-node gpu --standalone -- \
-        bench_llama_step $lv $g > "$out/vocab_${round}${g:+_gathered}.log" 2>&1
-      grep -h "^| ingot\|^timeline:\|rror" "$out/vocab_${round}${g:+_gathered}.log" | tail -3
-    done
-  done
 fi
 if want variants; then
   n=$(( gpus >= 4 ? 4 : 2 ))
