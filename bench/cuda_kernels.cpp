@@ -83,6 +83,23 @@ int main() {
     report(dt == DType::bf16 ? "matmul bf16 8192^3 (a @ b^T)" : "matmul f32 4096^3 (no TF32)", ms, 0,
            2.0 * static_cast<double>(m) * m * m);
   }
+  // LoRA r=8 products of Llama-3-8B at 2 x 2048 tokens: GB/s of the large operand read or written (its floor is the
+  // memory's, ~7 us; cuBLASLt runs them at 1.1-1.8 TB/s, and simple kernels of our own were slower: bench/RESULTS.md
+  // 2026-11-27, twenty-first session).
+  {
+    const int64_t t = 4096, r = 8;
+    for (int64_t d : {4096, 1024}) {
+      Tensor x = randn({1, t, d}, DType::bf16, g), a = randn({1, r, d}, DType::bf16, g);
+      Tensor bt = randn({1, d, r}, DType::bf16, g), h = randn({1, t, r}, DType::bf16, g);
+      Tensor small = empty({1, t, r}, DType::bf16, g), big = empty({1, t, d}, DType::bf16, g);
+      const double bytes = 2.0 * t * d;
+      const std::string sz = std::to_string(t) + "x" + std::to_string(d);
+      report(("lora x @ A^T " + sz + " -> r8").c_str(), median_ms([&] { kg::matmul(small, x, a, false, true, 1.0, 0.0); }), bytes);
+      report(("lora dY @ B " + sz + " -> r8").c_str(), median_ms([&] { kg::matmul(small, x, bt, false, false, 1.0, 0.0); }), bytes);
+      report(("lora h @ B^T r8 -> " + sz).c_str(), median_ms([&] { kg::matmul(big, h, bt, false, true, 1.0, 0.0); }), bytes);
+      report(("lora dh @ A r8 -> " + sz).c_str(), median_ms([&] { kg::matmul(big, h, a, false, false, 1.0, 0.0); }), bytes);
+    }
+  }
   // Llama-3-8B's weight-gradient products at 2 x 2048 tokens (dW = dY^T @ X, K = 4096 tokens): bf16 out, and
   // widened to f32 out as compile/passes/cast_pieces.h makes them for an f32 reduction (cuBLASLt picks each
   // algorithm by its heuristic; the ratio says what writing f32 costs the product).
