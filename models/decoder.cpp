@@ -123,7 +123,10 @@ Tensor Attention::forward(const Tensor& x, KVCache* cache, size_t layer, const T
     std::vector<Tensor> parts = split_sizes(c_attn_->forward(x), {q_dim, kv_dim, kv_dim}, -1);
     q = parts[0], k = parts[1], v = parts[2];
   } else {
-    q = q_proj_->forward(x), k = k_proj_->forward(x), v = v_proj_->forward(x);
+    // Note [Adapters of one input] (autograd/nn/lora.h): q, k and v adapters share their A-products.
+    const std::vector<Tensor> qkv =
+        nn::LoRALinear::forward_shared_input({q_proj_.get(), k_proj_.get(), v_proj_.get()}, x);
+    q = qkv[0], k = qkv[1], v = qkv[2];
   }
   // [B, T, H*D] -> [B, H, T, D]
   auto heads = [&](const Tensor& t, int64_t h) { return transpose(reshape(t, {B, T, h, D}), 1, 2); };

@@ -118,6 +118,7 @@ class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.0);
   Tensor forward(const Tensor& x);
+  double p() const { return p_; }
 
  private:
   double p_;

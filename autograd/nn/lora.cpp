@@ -1,6 +1,7 @@
 #include "autograd/nn/lora.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <sstream>
 
@@ -29,22 +30,63 @@ void LoRALinear::add_lora(const LoRAConfig& cfg, const std::string& name) {
   if (b.defined()) b.set_requires_grad(false);
 }
 
+Tensor LoRALinear::base_forward(const Tensor& x) {
+  if (!frozen_base_) return Linear::forward(x);
+  INGOT_CHECK(x.dim() >= 1 && x.size(-1) == in_features(), "LoRALinear: expected input [..., ", in_features(),
+              "], got ", shape_str(x.shape()));
+  Tensor y = frozen_base_->forward(maybe_cast(x, compute_dtype()));
+  if (bias().defined()) y = add(y, maybe_cast(bias(), y.dtype()));
+  return y;
+}
+
 Tensor LoRALinear::forward(const Tensor& x) {
-  Tensor y;
-  if (frozen_base_) {
-    INGOT_CHECK(x.dim() >= 1 && x.size(-1) == in_features(), "LoRALinear: expected input [..., ", in_features(),
-                "], got ", shape_str(x.shape()));
-    y = frozen_base_->forward(maybe_cast(x, compute_dtype()));
-    if (bias().defined()) y = add(y, maybe_cast(bias(), y.dtype()));
-  } else {
-    y = Linear::forward(x);
-  }
+  Tensor y = base_forward(x);
   if (!lora_a_ || merged_) return y;
   // The scale multiplies the rank-r activation, not the [.., out] update: a scalar product saves its input for
   // the backward, and r columns are what is cheap to keep (a frozen base saves nothing: autograd/ops/matmul.cpp).
   Tensor delta = lora_b_->forward(mul(lora_a_->forward(lora_dropout_->forward(x)), scale_));
   if (delta.dtype() != y.dtype()) delta = cast(delta, y.dtype());
   return add(y, delta);
+}
+
+std::vector<Tensor> LoRALinear::forward_shared_input(const std::vector<LoRALinear*>& projections, const Tensor& x) {
+  // INGOT_LORA_SHARED_A=0: each projection's own forward (the A/B comparison of bench/RESULTS.md).
+  static const bool off = [] {
+    const char* v = std::getenv("INGOT_LORA_SHARED_A");
+    return v && std::string(v) == "0";
+  }();
+  bool joint = projections.size() > 1 && !off;
+  const LoRALinear* first = projections.empty() ? nullptr : projections[0];
+  for (const LoRALinear* p : projections) {
+    joint = joint && p->lora_a_ && !p->merged_ && (p->lora_dropout_->p() == 0 || !p->is_training()) &&
+            p->scale_ == first->scale_ && p->lora_a_->weight().dtype() == first->lora_a_->weight().dtype() &&
+            p->lora_a_->weight().device() == first->lora_a_->weight().device() &&
+            p->lora_a_->compute_dtype() == first->lora_a_->compute_dtype() && p->in_features() == first->in_features();
+    if (!joint) break;
+  }
+  std::vector<Tensor> out;
+  if (!joint) {
+    for (LoRALinear* p : projections) out.push_back(p->forward(x));
+    return out;
+  }
+  std::vector<Tensor> a_weights;
+  std::vector<int64_t> ranks;
+  for (const LoRALinear* p : projections) {
+    a_weights.push_back(p->lora_a_->weight());
+    ranks.push_back(p->lora_a_->out_features());
+  }
+  const auto c = first->lora_a_->compute_dtype();
+  // As lora_A's forward (Linear::forward) with the weights side by side; the scale on the rank-r activations.
+  const Tensor h = mul(linear(maybe_cast(x, c), maybe_cast(cat(a_weights, 0), c), Tensor()), first->scale_);
+  const std::vector<Tensor> hs = split_sizes(h, ranks, -1);
+  for (size_t i = 0; i < projections.size(); ++i) {
+    LoRALinear* p = projections[i];
+    Tensor y = p->base_forward(x);
+    Tensor delta = p->lora_b_->forward(hs[i]);
+    if (delta.dtype() != y.dtype()) delta = cast(delta, y.dtype());
+    out.push_back(add(y, delta));
+  }
+  return out;
 }
 
 Tensor LoRALinear::merged_weight() const {

@@ -45,6 +45,14 @@ class LoRALinear : public Linear {
   double lora_scale() const { return scale_; }
   // Base output plus the adapter's; the adapter is skipped once merged.
   Tensor forward(const Tensor& x);
+  // Note [Adapters of one input]: projections of one input (an attention's q, k and v) whose adapters are all
+  // unmerged, without active dropout and of one scale, dtype and compute dtype run their A-products as one: x
+  // times the A weights concatenated ([sum of ranks, in]), so x is read once, and the backward's A-gradient and
+  // input-gradient products are one each instead of one per adapter (the 8B LoRA step ran 768 rank-8 products of
+  // 9-20 us: bench/RESULTS.md 2026-11-27, twenty-first session). The same sums per projection as forward() (a
+  // product of another width may add them in another order). Otherwise, or with INGOT_LORA_SHARED_A=0, forward()
+  // of each.
+  static std::vector<Tensor> forward_shared_input(const std::vector<LoRALinear*>& projections, const Tensor& x);
   // W + scale * B A as a new tensor (no gradient); the weight itself without an adapter.
   Tensor merged_weight() const;
   // Folds the adapter into the weight in place (inference / export); forward then skips it.
@@ -56,6 +64,7 @@ class LoRALinear : public Linear {
   const std::shared_ptr<const FrozenBase>& frozen_base() const { return frozen_base_; }
 
  private:
+  Tensor base_forward(const Tensor& x);  // x W^T + b, through the frozen base when there is one
   std::shared_ptr<Linear> lora_a_, lora_b_;
   std::shared_ptr<Dropout> lora_dropout_;
   double scale_ = 0.0;

@@ -75,6 +75,69 @@ TEST(LoRA, LinearGradientsFlowOnlyToTheAdaptersAndMatchFiniteDifferencesInF64) {
   }
 }
 
+// Counts the linear ops applied while alive (the op profiler's hook sees every primitive application).
+class LinearCount final : public OpProfilerHook {
+ public:
+  LinearCount() { set_op_profiler_hook(this); }
+  ~LinearCount() override { set_op_profiler_hook(nullptr); }
+  void begin_op(const Primitive& p) override { linears += p.name() == "linear" ? 1 : 0; }
+  void end_op(const Primitive&, const std::vector<Tensor>&, const std::vector<Tensor>&) override {}
+  int linears = 0;
+};
+
+// Note [Adapters of one input] (autograd/nn/lora.h): q/k/v-like projections of one input whose A-products run as
+// one product give each projection's forward() values and the same gradients of x, every A and every B (f64: the
+// same sums up to their order), and the joint product is really one (one A-product among the ops applied). A
+// projection of another scale, or with dropout while training, sends all of them through their own forward().
+TEST(LoRA, AdaptersOfOneInputShareTheirAProductAndGiveEachProjectionsValuesAndGradients) {
+  manual_seed(12);
+  auto make = [](int64_t out, double alpha) {
+    auto p = std::make_shared<LoRALinear>(6, out, false);
+    p->to(DType::f64);
+    p->add_lora({.rank = 2, .alpha = alpha, .dropout = 0.0, .target_modules = {"x"}});
+    perturb_adapters(*p, 0.5);
+    return p;
+  };
+  for (const double k_alpha : {4.0, 8.0}) {  // 8: another scale than q's and v's, so no joint product
+    SCOPED_TRACE(k_alpha == 4.0 ? "one scale" : "k of another scale");
+    std::vector<std::shared_ptr<LoRALinear>> ps{make(5, 4.0), make(3, k_alpha), make(3, 4.0)};
+    Tensor x = testing::leaf(randn({2, 4, 6}, DType::f64));
+    std::vector<Tensor> alone, shared, g_alone, g_shared;
+    for (auto& p : ps) alone.push_back(p->forward(x));
+    std::vector<Tensor> cot;
+    for (const Tensor& y : alone) cot.push_back(randn(y.shape(), DType::f64));
+    auto backward = [&](const std::vector<Tensor>& ys, std::vector<Tensor>& grads) {
+      Tensor total;
+      for (size_t i = 0; i < ys.size(); ++i) {
+        Tensor l = sum(mul(ys[i], cot[i]));
+        total = total.defined() ? add(total, l) : l;
+      }
+      total.backward();
+      grads.push_back(x.grad().clone_raw());
+      x.zero_grad();
+      for (auto& p : ps)
+        for (auto& [name, t] : nn::lora_state_dict(*p)) {
+          grads.push_back(t.grad().clone_raw());
+          Tensor tt = t;
+          tt.zero_grad();
+        }
+    };
+    backward(alone, g_alone);
+    {
+      LinearCount count;
+      shared = LoRALinear::forward_shared_input({ps[0].get(), ps[1].get(), ps[2].get()}, x);
+      // 3 base products and 3 B-products, and the A-products: one joint, or one per projection.
+      EXPECT_EQ(count.linears, k_alpha == 4.0 ? 7 : 9);
+    }
+    backward(shared, g_shared);
+    for (size_t i = 0; i < alone.size(); ++i)
+      EXPECT_LE(max_rel_error(shared[i], alone[i], 1e-12, 1e-12), 1.0) << "projection " << i;
+    ASSERT_EQ(g_shared.size(), g_alone.size());
+    for (size_t i = 0; i < g_alone.size(); ++i)
+      EXPECT_LE(max_rel_error(g_shared[i], g_alone[i], 1e-12, 1e-12), 1.0) << "gradient " << i;
+  }
+}
+
 TEST(LoRA, AFreshAdapterLeavesTheOutputUnchangedAndMergingKeepsIt) {
   manual_seed(12);
   models::Llama model(testing::tiny_llama_config());
