@@ -93,6 +93,8 @@ std::vector<std::string> describe_collectives(const Graph& g) {
         line << " (its gradients)";
     } else {
       line << " of " << value_meta_str(g, start.inputs[0]);
+      if (const CollectivePurposeAttrs* p = match<CollectivePurposeAttrs>(*start.prim))
+        line << " (" << p->what << ")";
     }
     if (w < 0) {
       line << ", never waited for";

@@ -137,9 +137,10 @@ class ReduceScatterStartPrim : public CollectivePrim {
 
 // The sum instead of the average (vocabulary-parallel lookups: each token's row comes from the one rank that
 // holds it, the others add zeros; Note [Vocabulary-parallel embeddings], distributed/fsdp.h).
-class ReduceScatterSumStartPrim final : public CollectivePrim {
+class ReduceScatterSumStartPrim final : public CollectivePrim, public WithAttrs<CollectivePurposeAttrs> {
  public:
-  explicit ReduceScatterSumStartPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, 1, g->size()) {}
+  ReduceScatterSumStartPrim(std::shared_ptr<ProcessGroup> g, std::string purpose)
+      : CollectivePrim(g, 1, g->size()), WithAttrs<CollectivePurposeAttrs>({std::move(purpose)}) {}
   std::string_view name() const override { return "reduce_scatter_start"; }
   CollectiveOp op() const override { return CollectiveOp::ReduceScatter; }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
@@ -148,7 +149,10 @@ class ReduceScatterSumStartPrim final : public CollectivePrim {
     register_pending(out, group_->reduce_scatter(out, flat, ReduceOp::Sum));
     return {out};
   }
-  void print_attrs(std::ostream& os) const override { os << "op=sum"; }
+  void print_attrs(std::ostream& os) const override {
+    os << "op=sum";
+    if (!attrs_.what.empty()) os << ", for " << attrs_.what;
+  }
 };
 
 class AllGatherStartPrim : public CollectivePrim {
@@ -162,6 +166,14 @@ class AllGatherStartPrim : public CollectivePrim {
     register_pending(out, group_->all_gather(out, chunk));
     return {out};
   }
+};
+
+// An all-gather saying what it is for (CollectivePurposeAttrs).
+class AllGatherForStartPrim final : public AllGatherStartPrim, public WithAttrs<CollectivePurposeAttrs> {
+ public:
+  AllGatherForStartPrim(std::shared_ptr<ProcessGroup> g, std::string purpose)
+      : AllGatherStartPrim(std::move(g)), WithAttrs<CollectivePurposeAttrs>({std::move(purpose)}) {}
+  void print_attrs(std::ostream& os) const override { os << "for " << attrs_.what; }
 };
 
 // Compiled ZeRO-3: ZeRO-1's starts, naming the unit (UnitCollectiveAttrs). A gather takes ordering tokens
@@ -223,8 +235,14 @@ Tensor reduce_scatter_start(const Tensor& flat, std::shared_ptr<ProcessGroup> gr
   return apply_collective<ReduceScatterStartPrim>("reduce_scatter_start", flat, std::move(group));
 }
 
-Tensor reduce_scatter_sum_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {
-  return apply_collective<ReduceScatterSumStartPrim>("reduce_scatter_sum_start", flat, std::move(group));
+Tensor reduce_scatter_sum_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, std::string purpose) {
+  INGOT_CHECK(group != nullptr, "reduce_scatter_sum_start: no process group");
+  return ingot::apply(std::make_shared<ReduceScatterSumStartPrim>(std::move(group), std::move(purpose)), {flat})[0];
+}
+
+Tensor all_gather_start(const Tensor& chunk, std::shared_ptr<ProcessGroup> group, std::string purpose) {
+  INGOT_CHECK(group != nullptr, "all_gather_start: no process group");
+  return ingot::apply(std::make_shared<AllGatherForStartPrim>(std::move(group), std::move(purpose)), {chunk})[0];
 }
 
 Tensor all_gather_start(const Tensor& chunk, std::shared_ptr<ProcessGroup> group) {

@@ -32,7 +32,10 @@ Tensor all_gather_start(const Tensor& chunk, std::shared_ptr<ProcessGroup> group
 // The reduce-scatter of the sum instead of the average (pending likewise): vocabulary-parallel lookups, where
 // one rank holds each token's row and the others contribute zeros (Note [Vocabulary-parallel embeddings],
 // distributed/fsdp.h).
-Tensor reduce_scatter_sum_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
+// `purpose`: what it is for, which explain says (CollectivePurposeAttrs; the same text on every rank).
+Tensor reduce_scatter_sum_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, std::string purpose = "");
+// all_gather_start saying what it is for.
+Tensor all_gather_start(const Tensor& chunk, std::shared_ptr<ProcessGroup> group, std::string purpose);
 Tensor reduce_scatter_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group);
 Tensor all_gather(const Tensor& chunk, std::shared_ptr<ProcessGroup> group);
 // Compiled ZeRO-3's pair (distributed/fsdp_compiled.cpp): the same starts, with the FSDP unit they serve in

@@ -47,7 +47,8 @@ class VocabGradSinkPrim final : public Primitive, public WithAttrs<CopyAttrs> {
     State::Unit& u = s->units[*s->embed];
     const Tensor& ids_all = c.inputs[1];
     const Tensor g = reshape(cot[0], {cot[0].numel()});
-    const Tensor g_all = reshape(all_gather(g, s->group), {ids_all.numel(), u.dim});
+    const Tensor g_all = reshape(
+        collective_wait(all_gather_start(g, s->group, "the embeddings' gradient of every rank")), {ids_all.numel(), u.dim});
     const DType acc = u.dtype == DType::f64 ? DType::f64 : DType::f32;
     const int64_t base = static_cast<int64_t>(s->group->rank()) * u.rows;
     const Tensor grad = embedding_rows_grad(g_all, ids_all, base, u.rows, acc);
@@ -70,13 +71,14 @@ Tensor lookup(const std::weak_ptr<State>& weak, const Tensor& weight, const Tens
     // makes. Not detach(): a traced step reads the shard (or master) itself at every run, while a detached handle
     // only the trace holds would become a constant of the graph (Note [Tensor identity while tracing]).
     NoGradGuard no_grad;
-    ids_all = all_gather(reshape(ids, {ids.numel()}), s->group);
+    ids_all = collective_wait(all_gather_start(reshape(ids, {ids.numel()}), s->group, "the token ids of every rank"));
     // The shard's rows as they are kept: the f32 master when the shard has none of its own (Note [Shards cast from
     // their masters]); the lookup converts the rows it copies to the weights' dtype.
     const Tensor rows = reshape(u.master.defined() ? u.master : u.shard, {u.rows, u.dim});
     const int64_t base = static_cast<int64_t>(s->group->rank()) * u.rows;
     const Tensor partial = embedding_rows(rows, ids_all, base, u.vocab, u.dtype);
-    out = collective_wait(reduce_scatter_sum_start(reshape(partial, {partial.numel()}), s->group));
+    out = collective_wait(reduce_scatter_sum_start(reshape(partial, {partial.numel()}), s->group,
+                                                   "the embedding rows looked up on each rank"));
     Shape shape = ids.shape();
     shape.push_back(u.dim);
     out = reshape(out, shape);

@@ -412,9 +412,11 @@ int explain_command(const Args& a) {
   }
   ingot::TempDir scratch("ingot-explain-");
   std::vector<std::string> edits = a.edits;
+  // No checkpoints: under `ingot launch` each rank has a scratch directory of its own, where a sharded (ZeRO-2/3)
+  // checkpoint needs one directory for every rank's files; a dry run keeps none anyway.
   for (std::string e :
        {std::string("compile.enabled=true"), "max_steps=" + std::to_string(steps), "output_dir=" + scratch.file("run"),
-        std::string("resume=false"), std::string("resume_from=''")})
+        std::string("resume=false"), std::string("resume_from=''"), std::string("checkpoint.save_every=0")})
     edits.push_back(e);
   const rc::Recipe* recipe = nullptr;
   rc::Config cfg = rc::load_and_check(path, edits, &recipe);

@@ -82,5 +82,10 @@ struct UnitCollectiveAttrs {
   std::string name;
   bool regather = false;
 };
+// distributed/collective_ops.cpp: what a collective outside the units' and buckets' is for ("the token ids of
+// every rank", Note [Vocabulary-parallel embeddings]), for explain to say; the same text on every rank.
+struct CollectivePurposeAttrs {
+  std::string what;
+};
 
 }  // namespace ingot

@@ -354,6 +354,10 @@ void rank_body_vocab_parallel(int world) {
   EXPECT_EQ(count_occurrences(g, "unit=embeddings"), 0u) << g;
   EXPECT_EQ(count_occurrences(g, "= reduce_scatter_start("), 4 + 1) << g;
   EXPECT_EQ(count_occurrences(g, "op=sum"), 1u) << g;
+  // What each is for, which `ingot explain` says.
+  EXPECT_EQ(count_occurrences(g, "{for the token ids of every rank}"), 1u) << g;
+  EXPECT_EQ(count_occurrences(g, "for the embedding rows looked up on each rank"), 1u) << g;
+  EXPECT_EQ(count_occurrences(g, "{for the embeddings' gradient of every rank}"), 1u) << g;
   EXPECT_EQ(count_occurrences(g, "= embedding_rows("), 1u) << g;
   EXPECT_EQ(count_occurrences(g, "= embedding_rows_grad("), 1u) << g;
   EXPECT_EQ(count_occurrences(g, "vocab_parallel_grad"), 0u) << "the identity that makes the gradient is gone: " << g;
