@@ -83,6 +83,17 @@ int main() {
     report(dt == DType::bf16 ? "matmul bf16 8192^3 (a @ b^T)" : "matmul f32 4096^3 (no TF32)", ms, 0,
            2.0 * static_cast<double>(m) * m * m);
   }
+  // RoPE on Llama-3-8B's q and k at 2 x 2048 tokens, token-major as the model keeps them ([B, T, H, D] memory seen as
+  // [B, H, T, D]: Note [Rope keeps the token-major layout]): GB/s of x read and out written.
+  for (int64_t heads : {32, 8}) {
+    const int64_t b = 2, t = 2048, d = 128;
+    Tensor x = randn({b, t, heads, d}, DType::bf16, g), o = empty({b, t, heads, d}, DType::bf16, g);
+    Tensor cs = randn({t, d / 2}, DType::f32, g), sn = randn({t, d / 2}, DType::f32, g);
+    const Strides st{t * heads * d, d, heads * d, 1};
+    Tensor xv = x.as_strided({b, heads, t, d}, st, 0), ov = o.as_strided({b, heads, t, d}, st, 0);
+    const std::string name = "rope bf16 token-major [2, " + std::to_string(heads) + ", 2048, 128]";
+    report(name.c_str(), median_ms([&] { kg::rope(ov, xv, cs, sn, false); }), 4.0 * b * t * heads * d);
+  }
   // LoRA r=8 products of Llama-3-8B at 2 x 2048 tokens: GB/s of the large operand read or written (its floor is the
   // memory's, ~7 us; cuBLASLt runs them at 1.1-1.8 TB/s, and simple kernels of our own were slower: bench/RESULTS.md
   // 2026-11-27, twenty-first session).

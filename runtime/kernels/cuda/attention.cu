@@ -28,6 +28,7 @@
 //    in two kernels with no atomics (deterministic): one owns query rows and sweeps keys (dq), the other owns
 //    key rows and sweeps the queries of every q head of its kv group (dk, dv), so GQA sums happen in registers.
 //    Causal tiles entirely above the diagonal are skipped.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -99,34 +100,56 @@ __global__ void rope_kernel(T* out, const T* x, const void* cos, const void* sin
   }
 }
 
+// The rows of a [B, H, T, D] operand in its storage order: the three row dims (b, h, t) sorted by x's stride,
+// outermost first. A token-major operand ([B, T, H, D] memory seen as [B, H, T, D]) is walked token by token, each
+// token's heads side by side, so consecutive threads read consecutive bytes and the threads of one token share its
+// cos / sin row (L1) instead of every warp fetching four tokens' rows.
+struct RopeOrder {
+  uint32_t n[3];         // sizes, outer to inner
+  int64_t xs[3], os[3];  // strides in x and out, in that order
+  int t_at, b_at;        // where t and b are among the three
+};
+
 // The same rotation, V consecutive pairs per thread as 16-byte loads and stores (V = 8 for 2-byte types, 4 for
-// f32) with f32 tables: one index division per V pairs instead of three 64-bit ones per pair, which made the scalar
-// kernel ~5x slower than its bytes (8B Llama LoRA on an H100: 128 calls, 9.0 of 288 ms; bench/RESULTS.md
-// 2026-11-26). Same arithmetic per element as rope_kernel. Needs half % V == 0, 16-byte aligned x and out, and
-// row strides that are multiples of V.
+// f32) with f32 tables read as 16-byte vectors, rows walked in storage order (RopeOrder) with 32-bit index math.
+// The per-pair kernel was ~5x slower than its bytes (8B Llama LoRA on an H100: 128 calls, 9.0 of 288 ms;
+// bench/RESULTS.md 2026-11-26), the first vectorized one, walking [B, H, T] order over token-major memory, ~4x
+// (63 us for the 8B's 33.5 MB q on an H200, 2026-11-27). Same arithmetic per element as rope_kernel. Needs
+// half % V == 0, 16-byte aligned x, out and tables, row strides that are multiples of V, and < 2^31 vectors.
 template <typename T, int V>
-__global__ void rope_vec_kernel(T* out, const T* x, const float* cos, const float* sin, RopeRows rr, int64_t half,
-                                int64_t groups, int64_t rows_per_batch, bool inverse) {
+__global__ void rope_vec_kernel(T* out, const T* x, const float* cos, const float* sin, RopeOrder ro, uint32_t half,
+                                uint32_t groups, uint32_t T_len, bool per_row_tables, bool inverse) {
   using A = acc_t<T>;
   static_assert(sizeof(T) * V == 16, "one 16-byte vector per half row");
   struct alignas(16) Vec {
     T v[V];
   };
-  const int64_t per_row = half / V, T_len = rr.T;
-  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = g / per_row, i0 = (g - row * per_row) * V;
-    const int64_t t = (rows_per_batch > 0 ? row / rows_per_batch * T_len : 0) + row % T_len;
-    int64_t xo, oo;
-    rr.offsets(row, 2 * half, &xo, &oo);
+  struct alignas(16) Tab {
+    float v[V];
+  };
+  const uint32_t per_row = half / V;
+  for (uint32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += gridDim.x * blockDim.x) {
+    uint32_t r = g / per_row;
+    const uint32_t i0 = (g - r * per_row) * V;
+    uint32_t idx[3];
+    idx[2] = r % ro.n[2];
+    r /= ro.n[2];
+    idx[1] = r % ro.n[1];
+    idx[0] = r / ro.n[1];
+    const int64_t xo = idx[0] * ro.xs[0] + idx[1] * ro.xs[1] + idx[2] * ro.xs[2];
+    const int64_t oo = idx[0] * ro.os[0] + idx[1] * ro.os[1] + idx[2] * ro.os[2];
+    const int64_t trow = (per_row_tables ? int64_t(idx[ro.b_at]) * T_len : 0) + idx[ro.t_at];
+    const Tab c = *reinterpret_cast<const Tab*>(cos + trow * half + i0);
+    const Tab sn = *reinterpret_cast<const Tab*>(sin + trow * half + i0);
     const Vec a = *reinterpret_cast<const Vec*>(x + xo + i0), b = *reinterpret_cast<const Vec*>(x + xo + i0 + half);
     Vec oa, ob;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const A c = cos[t * half + i0 + k];
-      const A sn = inverse ? -A(sin[t * half + i0 + k]) : A(sin[t * half + i0 + k]);
+      const A ck = c.v[k];
+      const A sk = inverse ? -A(sn.v[k]) : A(sn.v[k]);
       const A av = to_acc<A>(a.v[k]), bv = to_acc<A>(b.v[k]);
-      oa.v[k] = from_acc<T>(av * c - bv * sn);
-      ob.v[k] = from_acc<T>(bv * c + av * sn);
+      oa.v[k] = from_acc<T>(av * ck - bv * sk);
+      ob.v[k] = from_acc<T>(bv * ck + av * sk);
     }
     *reinterpret_cast<Vec*>(out + oo + i0) = oa;
     *reinterpret_cast<Vec*>(out + oo + i0 + half) = ob;
@@ -640,14 +663,34 @@ void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& s
     using T = decltype(tag);
     constexpr int V = 16 / static_cast<int>(sizeof(T));
     bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+                   reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(cos.data_ptr()) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(sin.data_ptr()) % 16 == 0;
     for (int k = 0; k < 3; ++k) aligned = aligned && rr.xs[k] % V == 0 && rr.os[k] % V == 0;
     if constexpr (sizeof(T) <= 4) {
-      if (cos.dtype() == DType::f32 && sin.dtype() == DType::f32 && half % V == 0 && aligned) {
-        const int64_t groups = pairs / V;
+      const int64_t groups = pairs / V;
+      if (cos.dtype() == DType::f32 && sin.dtype() == DType::f32 && half % V == 0 && aligned &&
+          groups < (int64_t{1} << 31)) {
+        // The row dims (0: b, 1: h, 2: t) by x's stride, largest first (ties keep b, h, t order);
+        // INGOT_ROPE_STORAGE_ORDER=0 keeps b, h, t (the earlier walk, for the A/B of bench/RESULTS.md).
+        static const bool storage_order = [] {
+          const char* v = std::getenv("INGOT_ROPE_STORAGE_ORDER");
+          return !(v && std::strcmp(v, "0") == 0);
+        }();
+        int dims[3] = {0, 1, 2};
+        if (storage_order)
+          std::stable_sort(dims, dims + 3, [&](int p, int q) { return x.stride(p) > x.stride(q); });
+        RopeOrder ro{};
+        for (int k = 0; k < 3; ++k) {
+          ro.n[k] = static_cast<uint32_t>(x.size(dims[k]));
+          ro.xs[k] = x.stride(dims[k]);
+          ro.os[k] = out.stride(dims[k]);
+          if (dims[k] == 2) ro.t_at = k;
+          if (dims[k] == 0) ro.b_at = k;
+        }
         rope_vec_kernel<T, V><<<grid_for(groups, 256, L.device), 256, 0, L.stream>>>(
-            out.data<T>(), x.data<T>(), cos.data<float>(), sin.data<float>(), rr, half, groups, rows_per_batch,
-            inverse);
+            out.data<T>(), x.data<T>(), cos.data<float>(), sin.data<float>(), ro, static_cast<uint32_t>(half),
+            static_cast<uint32_t>(groups), static_cast<uint32_t>(T_len), per_row, inverse);
         CUDA_CHECK_LAUNCH();
         return;
       }
