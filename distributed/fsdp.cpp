@@ -389,6 +389,12 @@ void FullyShardedDataParallel::zero_grad() {
 
 const std::vector<BucketPlan>& FullyShardedDataParallel::layout() const { return state_->plans; }
 
+std::optional<size_t> FullyShardedDataParallel::vocab_parallel_table() const {
+  const State& s = *state_;
+  if (!s.embed || !s.units[*s.embed].vocab_parallel) return std::nullopt;
+  return s.units[*s.embed].plan.params[0];
+}
+
 int64_t FullyShardedDataParallel::peak_gathered_bytes() const { return state_->peak_gathered_bytes; }
 int64_t FullyShardedDataParallel::peak_reducing_bytes() const { return state_->peak_reducing_bytes; }
 void FullyShardedDataParallel::reset_peaks() {

@@ -137,6 +137,9 @@ class FullyShardedDataParallel {
   // blocks): the layout of the shards, which sharded checkpoints save and load rank by rank
   // (recipes/sharded_checkpoint.h: by parameter, so any layout resumes any other).
   const std::vector<BucketPlan>& layout() const;
+  // The parameter (model.parameters() index) whose table is looked up where its rows lie (Note
+  // [Vocabulary-parallel embeddings]); nullopt when no table is.
+  std::optional<size_t> vocab_parallel_table() const;
   // Eager: the most bytes of whole unit weights gathered at once since the last reset_peaks() (padding included).
   int64_t peak_gathered_bytes() const;
   // Eager: the most bytes of flattened unit gradients alive at once (made, or reducing until the device finished

@@ -182,6 +182,10 @@ void DataParallel::gather_from_masters(const std::vector<Tensor>& masters) {
 
 bool DataParallel::weights_from_masters() const { return impl_->from_masters; }
 
+std::optional<size_t> DataParallel::vocab_parallel_table() const {
+  return impl_->fsdp ? impl_->fsdp->vocab_parallel_table() : std::nullopt;
+}
+
 std::vector<Tensor> DataParallel::optimizer_params() const {
   return impl_->fsdp ? impl_->fsdp->optimizer_params() : impl_->ddp->optimizer_params();
 }

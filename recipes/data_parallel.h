@@ -28,6 +28,7 @@
 #include <iosfwd>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,9 @@ class DataParallel {
   // shards would hold) and resuming fills the masters only. Local; after the shards were filled.
   void gather_from_masters(const std::vector<Tensor>& masters);
   bool weights_from_masters() const;  // gather_from_masters was called
+  // ZeRO-3: the parameter index whose token table is looked up where its rows lie (Note [Vocabulary-parallel
+  // embeddings], distributed/fsdp.h); nullopt otherwise.
+  std::optional<size_t> vocab_parallel_table() const;
   // What the optimizer updates: the parameters, or this rank's flat shards under ZeRO-1/2/3.
   std::vector<Tensor> optimizer_params() const;
   // One micro-step's backward: `sync` false accumulates locally (no_sync), true reduces the buckets as they

@@ -134,6 +134,15 @@ std::string load_weights_and_wrap(const RunSettings& run, TrainTask& task, DataP
                   slices_into_shards ? ": the slices of its shards only" : "");
     load_note = buf;
   }
+  if (dp) {
+    if (const std::optional<size_t> t = dp->vocab_parallel_table(); t && *t < task.params.size()) {
+      const Tensor& w = task.params[*t];
+      load_note += "distributed | ZeRO-3: the token table (" + std::to_string(w.size(0)) + " x " +
+                   std::to_string(w.size(1)) + ") is looked up where its rows lie, " +
+                   std::to_string(w.size(0) / dp->world_size()) +
+                   " rows per rank, never gathered (distributed.vocab_parallel_embeddings)\n";
+    }
+  }
   return load_note;
 }
 
