@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "autograd/nn/layers.h"
 #include "autograd/ops.h"
 #include "distributed/fsdp.h"
-#include "autograd/nn/layers.h"
 #include "runtime/allocator_census.h"
 #include "runtime/cuda_runtime.h"
 
@@ -50,9 +50,9 @@ struct Unit {
   std::vector<Tensor> traced_earlier;
   Tensor traced_reduction;  // compiled ZeRO-3, while tracing: the started reduce-scatter of this round's gradients
   // Note [Vocabulary-parallel embeddings] (fsdp.h): the unit is one [vocab, dim] table whose shard is rows
-  // [rank * rows, (rank + 1) * rows); looked up where it lies, never gathered or reduce-scattered.
+  // [rank * rows, (rank + 1) * rows) of rows * world; looked up where it lies, never gathered or reduce-scattered.
   bool vocab_parallel = false;
-  int64_t vocab = 0, rows = 0, dim = 0;
+  int64_t rows = 0, dim = 0;
   // This round's gradient of the shard's rows summed over every rank's tokens (f32, f64 for f64 weights), made
   // by the lookups' backward (eagerly, or as graph values while a step is traced): synchronize() scales it by
   // 1/world into the shard's .grad.

@@ -29,6 +29,9 @@ using State = FullyShardedDataParallel::State;
 
 namespace {
 
+// This rank's first row of the table: its shard is rows [first_row, first_row + u.rows).
+int64_t first_row(const State& s, const State::Unit& u) { return static_cast<int64_t>(s.group->rank()) * u.rows; }
+
 // Identity on the lookup's output whose backward makes the gradient of the rank's rows (the output requires a
 // gradient through `anchor`, a leaf whose own gradient is never made) and adds it into the unit's vocab_grad.
 // Declares CopyAttrs: in a compiled graph it is a copy whose result is its input (compile/passes/simplify.cpp
@@ -50,8 +53,7 @@ class VocabGradSinkPrim final : public Primitive, public WithAttrs<CopyAttrs> {
     const Tensor g_all = reshape(
         collective_wait(all_gather_start(g, s->group, "the embeddings' gradient of every rank")), {ids_all.numel(), u.dim});
     const DType acc = u.dtype == DType::f64 ? DType::f64 : DType::f32;
-    const int64_t base = static_cast<int64_t>(s->group->rank()) * u.rows;
-    const Tensor grad = embedding_rows_grad(g_all, ids_all, base, u.rows, acc);
+    const Tensor grad = embedding_rows_grad(g_all, ids_all, first_row(*s, u), u.rows, acc);
     // Two lookups before one backward (or two backwards before synchronize) add up, as gradients do.
     u.vocab_grad = u.vocab_grad.defined() ? add(u.vocab_grad, grad) : grad;
     return {Tensor(), Tensor(), Tensor()};
@@ -75,8 +77,7 @@ Tensor lookup(const std::weak_ptr<State>& weak, const Tensor& weight, const Tens
     // The shard's rows as they are kept: the f32 master when the shard has none of its own (Note [Shards cast from
     // their masters]); the lookup converts the rows it copies to the weights' dtype.
     const Tensor rows = reshape(u.master.defined() ? u.master : u.shard, {u.rows, u.dim});
-    const int64_t base = static_cast<int64_t>(s->group->rank()) * u.rows;
-    const Tensor partial = embedding_rows(rows, ids_all, base, u.vocab, u.dtype);
+    const Tensor partial = embedding_rows(rows, ids_all, first_row(*s, u), u.rows * s->group->size(), u.dtype);
     out = collective_wait(reduce_scatter_sum_start(reshape(partial, {partial.numel()}), s->group,
                                                    "the embedding rows looked up on each rank"));
     Shape shape = ids.shape();
@@ -99,10 +100,9 @@ void enable_if_eligible(const std::weak_ptr<State>& state, nn::Embedding* module
   const Tensor& w = s->params[u.plan.params[0]];
   if (w.dim() != 2 || w.shape()[0] % world != 0 || w.impl() != module->weight().impl()) return;
   u.vocab_parallel = true;
-  u.vocab = w.shape()[0];
   u.dim = w.shape()[1];
-  u.rows = u.vocab / world;
-  INGOT_INTERNAL_CHECK(u.plan.padded_numel == u.vocab * u.dim && u.shard.numel() == u.rows * u.dim,
+  u.rows = w.shape()[0] / world;
+  INGOT_INTERNAL_CHECK(u.plan.padded_numel == w.numel() && u.shard.numel() == u.rows * u.dim,
                        "vocabulary-parallel unit '", u.name, "': the shard is not whole rows");
   s->vocab_module = module;
   s->vocab_anchor = zeros({1}, DType::f32, u.device);
