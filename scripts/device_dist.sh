@@ -34,7 +34,7 @@
 #         events (--profile 40 --profile-events); +ctasN holds NCCL to N CTAs, +minctasN makes it use N; +castc
 #         casts the gathers on the compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1); +eff INGOT_NCCL_CTA_POLICY=efficiency; +keepN
 #         --keep-last-blocks N, +keepall --keep-after-forward; +gemb --gather-embeddings (the token table gathered as a
-#         unit instead of looked up where its rows lie); +slots every collective's timeline line (in the log; the last 12 printed); suffixes
+#         unit instead of looked up where its rows lie); +rbf16 --reduce-dtype bf16; +slots every collective's timeline line (in the log; the last 12 printed); suffixes
 #         combine (ingot-compiled+ctas8+prof);
 #         ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
@@ -369,8 +369,9 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
       # carve-out], runtime/sm_budget.h); +prof with rank 0's communication timeline and its 40 costliest ops timed
       # by CUDA events (one more step); +ctasN with NCCL held to N CTAs (NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=N); +castc
       # with the gathers' f32 -> bf16 cast on the compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1, Note [Gathers cast
-      # on the comm stream]); +eff with NCCL's CTA policy "efficiency". With CLOCKS=1 each run samples nvidia-smi.
-      p=${part%%+*} comp="" envs=()
+      # on the comm stream]); +eff with NCCL's CTA policy "efficiency"; +rbf16 with gradients reduced in bf16 instead
+      # of f32 (half the reduce-scatter bytes; not FSDP2's setting). With CLOCKS=1 each run samples nvidia-smi.
+      p=${part%%+*} comp="" envs=() rd=f32
       [[ $p == ingot-compiled ]] && comp="--compile default --cache-dir /tmp/ingot-dist-cache"
       [[ $p == ingot-noprefetch ]] && comp="--no-prefetch"  # eager, each block gathered when used
       IFS=+ read -ra sufs <<< "${part#"$p"}"
@@ -387,6 +388,7 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
           gemb) comp="$comp --gather-embeddings" ;;
           keep[0-9]*) comp="$comp --keep-last-blocks ${sf#keep}" ;;
           slots) comp="$comp --timeline --timeline-slots" ;;
+          rbf16) rd=bf16 ;;
           *) echo "fsdp8b: unknown part suffix '+$sf' in $part"; continue 2 ;;
         esac
       done
@@ -398,7 +400,7 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
       fi
       smi_start fsdp8b_$part
       env "${envs[@]}" timeout $left ingot launch --nproc-per-node gpu --standalone -- bench_llama_step --checkpoint "$ck" \
-        --tokens "$tok" --device cuda --dtype bf16 --params bf16 --zero-stage 3 --reduce-dtype f32 $c8 \
+        --tokens "$tok" --device cuda --dtype bf16 --params bf16 --zero-stage 3 --reduce-dtype $rd $c8 \
         --losses 10 $comp > "$out/fsdp8b_$part.log" 2>&1
       echo "fsdp8b $part: exit $?, $(( $(date +%s) - t1 )) s"; unset INGOT_LOGS; smi_stop fsdp8b_$part $gpus
       grep -h "^| ingot\|^compile:\|^first step\|error" "$out/fsdp8b_$part.log" | tail -5
