@@ -38,4 +38,14 @@ inline void add_gather_embeddings_flag(CLI::App& app, bool& on, const std::strin
       ->group(group);
 }
 
+// --reduce-wire-dtype bf16 (ZeRO-3): gradients cross the wire in bf16 and are summed in --reduce-dtype
+// (distributed.reduce_wire_dtype; Note [Narrow wire, wide sum], distributed/process_group.h).
+inline void add_reduce_wire_option(CLI::App& app, std::string& wire, const std::string& group) {
+  app.add_option("--reduce-wire-dtype", wire,
+                 "ZeRO-3: bf16 sends each rank's gradients in bf16 and sums them in --reduce-dtype where they arrive "
+                 "(FSDP2's bf16 gradients with reduce_dtype f32, half the bytes; distributed.reduce_wire_dtype)")
+      ->check(CLI::IsMember({"bf16", "f32"}))
+      ->group(group);
+}
+
 }  // namespace ingot::bench

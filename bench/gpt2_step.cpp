@@ -74,6 +74,7 @@ struct Args {
   bool gather_embeddings = false;
   double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
   std::string reduce_dtype = "f32";
+  std::string reduce_wire_dtype;
   double memory_budget = 1.0, peak_tflops = 989.4;
   int sm_carveout = 0;
   const CLI::Option* sm_carveout_flag = nullptr;
@@ -123,6 +124,7 @@ Args parse(int argc, char** argv) {
   app.add_flag("--keep-after-forward", a.keep_after_forward, "ZeRO-3 without resharding after forward")->group(dist);
   bench::add_keep_last_blocks_option(app, a.keep_last_blocks, dist);
   bench::add_gather_embeddings_flag(app, a.gather_embeddings, dist);
+  bench::add_reduce_wire_option(app, a.reduce_wire_dtype, dist);
   app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
                "eager ZeRO-3: gather the next block while one computes (distributed.prefetch; default on)")
       ->group(dist);
@@ -162,6 +164,7 @@ int main(int argc, char** argv) try {
   if (a.dtype == "bf16") model.set_compute_dtype(DType::bf16);
   else INGOT_CHECK(a.dtype == "f32", "bench_gpt2_step: --dtype must be bf16 or f32, got ", a.dtype);
   bench::DataParallelStep dp;
+  dp.reduce_wire_dtype = a.reduce_wire_dtype;
   dp.wrap(model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, true,
           a.prefetch && a.compile == "none", a.keep_last_blocks, a.gather_embeddings);  // compiled steps prefetch by their schedule
   optim::AdamW opt(dp.optimizer_params(model.parameters(), false), optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1});
@@ -216,7 +219,7 @@ int main(int argc, char** argv) try {
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   if (compiled && a.regional) mode += " regional";
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, a.one_update, !a.keep_after_forward,
-                          a.keep_last_blocks, a.gather_embeddings);
+                          a.keep_last_blocks, a.gather_embeddings, a.reduce_wire_dtype);
   if (!a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " no prefetch";
   if (compiled && w.dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);

@@ -60,6 +60,7 @@ struct Args {
   double peak_tflops = 989.4;
   double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
   std::string reduce_dtype = "f32";
+  std::string reduce_wire_dtype;
   int sm_carveout = 0;
   const CLI::Option* sm_carveout_flag = nullptr;
 };
@@ -103,6 +104,7 @@ Args parse(int argc, char** argv) {
       ->group(dist);
   bench::add_keep_last_blocks_option(app, a.keep_last_blocks, dist);
   bench::add_gather_embeddings_flag(app, a.gather_embeddings, dist);
+  bench::add_reduce_wire_option(app, a.reduce_wire_dtype, dist);
   app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
                "eager ZeRO-3: gather the next block while one computes (distributed.prefetch; default on)")
       ->group(dist);
@@ -194,6 +196,7 @@ int main(int argc, char** argv) try {
     }
   }
   bench::DataParallelStep dp;
+  dp.reduce_wire_dtype = a.reduce_wire_dtype;
   dp.wrap(*model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, /*broadcast=*/!slices,
           a.prefetch && a.compile == "none", a.keep_last_blocks, a.gather_embeddings);  // compiled steps prefetch by their schedule
   if (slices)
@@ -286,7 +289,7 @@ int main(int argc, char** argv) try {
   if (rank != 0) return 0;
   std::string mode = compiled ? "ingot compile " + a.compile : std::string("ingot eager");
   mode += bench::ddp_label(w, a.zero_stage, a.reduce_dtype, a.bucket_cap_mb, false, !a.keep_after_forward,
-                          a.keep_last_blocks, a.gather_embeddings);
+                          a.keep_last_blocks, a.gather_embeddings, a.reduce_wire_dtype);
   if (!a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " no prefetch";
   if (compiled && dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);

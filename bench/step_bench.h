@@ -171,6 +171,7 @@ struct DataParallelStep {
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
   std::unique_ptr<distributed::FullyShardedDataParallel> fsdp;
   std::unique_ptr<optim::MasterWeights> masters;
+  std::string reduce_wire_dtype;  // ZeRO-3: "" or "bf16" / "f32" (FsdpOptions::reduce_wire_dtype)
 
   // Wraps `model` (nothing without a world). zero_stage 3: FSDP with `reshard_after_forward`, reduced in
   // `reduce_dtype` ("f32" or "bf16"; FSDP2's MixedPrecisionPolicy reduces in f32), `broadcast` false when each
@@ -189,6 +190,7 @@ struct DataParallelStep {
       o.prefetch = prefetch;
       o.broadcast_parameters = broadcast;
       o.reduce_dtype = reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
+      if (!reduce_wire_dtype.empty()) o.reduce_wire_dtype = reduce_wire_dtype == "bf16" ? DType::bf16 : DType::f32;
       fsdp = std::make_unique<distributed::FullyShardedDataParallel>(model, w.dist->group, o);
       return;
     }
@@ -246,11 +248,14 @@ inline std::string carveout_label() {
 // The row label's data-parallel part (" DDP x4 reduce bf16 cap 100 MB", " ZeRO-3 x4"); "" without a world.
 inline std::string ddp_label(const BenchWorld& w, int zero_stage, const std::string& reduce_dtype,
                              double bucket_cap_mb, bool one_update = false, bool reshard_after_forward = true,
-                             int keep_last_blocks = 0, bool gather_embeddings = false) {
+                             int keep_last_blocks = 0, bool gather_embeddings = false,
+                             const std::string& reduce_wire_dtype = "") {
   if (!w.dist) return "";
   std::string label = (zero_stage > 0 ? " ZeRO-" + std::to_string(zero_stage) : std::string(" DDP")) + " x" +
                       std::to_string(w.world);
   if (reduce_dtype != "f32") label += " reduce " + reduce_dtype;
+  if (zero_stage == 3 && !reduce_wire_dtype.empty() && reduce_wire_dtype != reduce_dtype)
+    label += " wire " + reduce_wire_dtype;
   if (one_update) label += " one-update";
   if (zero_stage == 3 && !reshard_after_forward) label += " kept from forward to backward";
   if (zero_stage == 3 && reshard_after_forward && keep_last_blocks > 0)

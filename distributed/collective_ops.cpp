@@ -212,15 +212,33 @@ class AllGatherUnitStartPrim final : public AllGatherStartPrim, public WithAttrs
   std::optional<DType> as_;
 };
 
+// `into`: the average is summed in that wider dtype from the ranks' values in the input's (Note [Narrow wire, wide
+// sum], process_group.h); the result has that dtype.
 class ReduceScatterUnitStartPrim final : public ReduceScatterStartPrim, public WithAttrs<UnitCollectiveAttrs> {
  public:
-  ReduceScatterUnitStartPrim(std::shared_ptr<ProcessGroup> g, UnitCollectiveAttrs a)
-      : ReduceScatterStartPrim(std::move(g)), WithAttrs<UnitCollectiveAttrs>(std::move(a)) {}
+  ReduceScatterUnitStartPrim(std::shared_ptr<ProcessGroup> g, UnitCollectiveAttrs a, std::optional<DType> into)
+      : ReduceScatterStartPrim(std::move(g)), WithAttrs<UnitCollectiveAttrs>(std::move(a)), into_(into) {}
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    std::vector<TensorMeta> out = ReduceScatterStartPrim::infer(in);
+    if (into_) out[0].dtype = *into_;
+    return out;
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    if (!into_ || in[0].dtype() == *into_) return ReduceScatterStartPrim::eval(in);
+    Tensor flat = in[0].contiguous_raw();
+    Tensor out = empty({flat.numel() / group_->size()}, *into_, flat.device());
+    register_pending(out, group_->reduce_scatter_widen(out, flat, ReduceOp::Avg));
+    return {out};
+  }
   void print_attrs(std::ostream& os) const override {
     ReduceScatterStartPrim::print_attrs(os);
+    if (into_) os << ", summed in " << dtype_name(*into_);
     os << ", ";
     print_unit(os, attrs_);
   }
+
+ private:
+  std::optional<DType> into_;
 };
 
 template <class Prim>
@@ -255,9 +273,10 @@ Tensor all_gather_unit_start(const Tensor& shard, std::shared_ptr<ProcessGroup> 
   return ingot::apply(std::make_shared<AllGatherUnitStartPrim>(std::move(group), std::move(unit), as), {shard})[0];
 }
 
-Tensor reduce_scatter_unit_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit) {
+Tensor reduce_scatter_unit_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit,
+                                 std::optional<DType> into) {
   INGOT_CHECK(group != nullptr, "reduce_scatter_unit_start: no process group");
-  return ingot::apply(std::make_shared<ReduceScatterUnitStartPrim>(std::move(group), std::move(unit)), {flat})[0];
+  return ingot::apply(std::make_shared<ReduceScatterUnitStartPrim>(std::move(group), std::move(unit), into), {flat})[0];
 }
 
 Tensor reduce_scatter_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {

@@ -47,6 +47,9 @@ Tensor all_gather(const Tensor& chunk, std::shared_ptr<ProcessGroup> group);
 // gathered value has that dtype.
 Tensor all_gather_unit_start(const Tensor& shard, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit,
                              std::optional<DType> as = std::nullopt);
-Tensor reduce_scatter_unit_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit);
+// `into`: a dtype wider than flat's (f32 for bf16 gradients) the average is summed in, from every rank's values as
+// they are in flat (Note [Narrow wire, wide sum], distributed/process_group.h); the result has that dtype.
+Tensor reduce_scatter_unit_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit,
+                                 std::optional<DType> into = std::nullopt);
 
 }  // namespace ingot::distributed

@@ -209,6 +209,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, std::share
   INGOT_CHECK(!options.reduce_dtype || is_floating(*options.reduce_dtype),
               "FullyShardedDataParallel: reduce_dtype must be a floating dtype, got ",
               dtype_name(*options.reduce_dtype));
+  INGOT_CHECK(!options.reduce_wire_dtype ||
+                  (is_floating(*options.reduce_wire_dtype) &&
+                   (!options.reduce_dtype || itemsize(*options.reduce_wire_dtype) <= itemsize(*options.reduce_dtype))),
+              "FullyShardedDataParallel: reduce_wire_dtype must be a floating dtype no wider than reduce_dtype, got ",
+              dtype_name(options.reduce_wire_dtype.value_or(DType::f32)), " with reduce_dtype ",
+              options.reduce_dtype ? dtype_name(*options.reduce_dtype) : "unset");
   auto st = std::make_shared<State>();
   st->group = group;
   st->options = options;

@@ -109,6 +109,13 @@ struct FsdpOptions {
   // masters' update reads the f32 average itself; rounding it to bf16 first would change the update (by up to
   // 2^-9 relative per element with SGD, tests/distributed/test_zero.cpp). A narrower one is widened back.
   std::optional<DType> reduce_dtype;
+  // The dtype each rank's gradients cross the wire in, when narrower than reduce_dtype (nullopt: reduce_dtype's):
+  // they are rounded to it (bf16 for bf16 weights: the gradients FSDP2 computes in param_dtype) and summed in
+  // reduce_dtype where they arrive (Note [Narrow wire, wide sum], process_group.h). bf16 with reduce_dtype f32 is
+  // FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32) numerics at half of an f32 reduction's bytes;
+  // unset, the gradients stay f32 from the products to the sum (more precise than FSDP2's). Not wider than
+  // reduce_dtype.
+  std::optional<DType> reduce_wire_dtype;
 };
 
 class FullyShardedDataParallel {

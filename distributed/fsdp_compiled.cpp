@@ -12,7 +12,8 @@
 //                      reduced, so its storage (the key the saved aliases are matched by) outlives the backward
 //   backward           once every parameter of a unit has its gradient (post-accumulate hooks; synchronize()
 //                      for the units with parameters that got none): the parameters' .grad that the trace
-//                      accumulated, flattened and concatenated in the unit's padded layout, cast to reduce_dtype,
+//                      accumulated, flattened and concatenated in the unit's padded layout, cast to reduce_dtype
+//                      (or reduce_wire_dtype, summed in reduce_dtype: Note [Narrow wire, wide sum]),
 //                      reduce_scatter_unit_start + wait (compile/passes/unit_reductions.h: once a later unit's
 //                      reduce-scatter started) and cast to the shard's gradient dtype (State::grad_dtype):
 //                      this rank's averaged chunk, added into the shard's .grad; the whole .grad tensors are
@@ -172,9 +173,13 @@ void reduce_unit(State& s, size_t j) {
   if (u.plan.padded_numel > used) parts.push_back(zeros({u.plan.padded_numel - used}, u.dtype, u.device));
   Tensor flat = parts.size() == 1 ? parts[0] : cat(parts, 0);
   parts.clear();
-  flat = cast(flat, s.options.reduce_dtype.value_or(u.dtype));  // the tensor itself when already that dtype
+  // The tensor itself when already that dtype. A narrow wire is summed in the reduction's dtype where it arrives
+  // (Note [Narrow wire, wide sum], process_group.h).
+  flat = cast(flat, s.wire_dtype(u));
+  const DType sum = s.reduce_dtype(u);
   UnitCollectiveAttrs attrs{static_cast<int32_t>(j), u.name, false};
-  u.traced_reduction = reduce_scatter_unit_start(flat, s.group, std::move(attrs));
+  u.traced_reduction = reduce_scatter_unit_start(flat, s.group, std::move(attrs),
+                                                 sum != flat.dtype() ? std::optional<DType>(sum) : std::nullopt);
   for (size_t i : u.plan.params) s.params[i].zero_grad();
   u.traced = Tensor();
   u.traced_earlier.clear();

@@ -166,11 +166,20 @@ struct FullyShardedDataParallel::State {
     u.gathered = false;
   }
 
+  // The dtype gradients are summed in, and the one they cross the wire in (reduce_wire_dtype when narrower: Note
+  // [Narrow wire, wide sum], process_group.h).
+  DType reduce_dtype(const Unit& u) const { return options.reduce_dtype.value_or(u.dtype); }
+  DType wire_dtype(const Unit& u) const {
+    const DType sum = reduce_dtype(u);
+    const std::optional<DType> w = options.reduce_wire_dtype;
+    return w && itemsize(*w) < itemsize(sum) ? *w : sum;
+  }
+
   // The dtype of a shard's .grad: the reduction's when it is wider than the weights' (reduce_dtype f32 with bf16
   // weights), so the f32 average reaches the f32 masters' update unrounded, as FSDP2 keeps it; else the weights'
   // (a bf16 reduction of f32 weights is widened back). Note [Reduced gradients keep their precision].
   DType grad_dtype(const Unit& u) const {
-    const DType reduce = options.reduce_dtype.value_or(u.dtype);
+    const DType reduce = reduce_dtype(u);
     return itemsize(reduce) > itemsize(u.dtype) ? reduce : u.dtype;
   }
 
@@ -179,8 +188,7 @@ struct FullyShardedDataParallel::State {
   void unit_done(Unit& u) {
     release(u);
     const census::Owner owner("ZeRO-3: flattened unit gradients (eager)");
-    const DType reduce = options.reduce_dtype.value_or(u.dtype);
-    u.flat_grad = zeros({u.plan.padded_numel}, reduce, u.device);
+    u.flat_grad = zeros({u.plan.padded_numel}, wire_dtype(u), u.device);
     reducing_bytes += static_cast<int64_t>(u.flat_grad.nbytes());
     peak_reducing_bytes = std::max(peak_reducing_bytes, reducing_bytes);
     for (size_t k = 0; k < u.plan.params.size(); ++k) {
@@ -203,8 +211,10 @@ struct FullyShardedDataParallel::State {
         continue;
       }
       if (u.pending > 0) break;
-      u.shard_grad = empty({u.plan.padded_numel / group->size()}, u.flat_grad.dtype(), u.device);
-      u.work = reduce_bucket_async(*group, u.flat_grad, &u.shard_grad);
+      u.shard_grad = empty({u.plan.padded_numel / group->size()}, reduce_dtype(u), u.device);
+      u.work = u.flat_grad.dtype() == u.shard_grad.dtype()
+                   ? reduce_bucket_async(*group, u.flat_grad, &u.shard_grad)
+                   : group->reduce_scatter_widen(u.shard_grad, u.flat_grad, ReduceOp::Avg);
       ++next_issue;
     }
     for (Unit& u : units)

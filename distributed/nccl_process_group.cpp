@@ -81,6 +81,7 @@
 #include "distributed/process_group.h"
 #include "runtime/cuda/check.h"
 #include "runtime/device.h"
+#include "runtime/kernels/kernels.h"
 
 namespace ingot::distributed {
 
@@ -95,6 +96,16 @@ bool gather_cast_on_compute() {
     return v != nullptr && std::string_view(v) == "1";
   }();
   return on;
+}
+
+// Note [Narrow wire, wide sum] (process_group.h): INGOT_NARROW_WIRE=0 widens before an f32 reduce-scatter instead
+// (the base class's way: the same numbers, twice the bytes for bf16), for measuring.
+bool narrow_wire_off() {
+  static const bool off = [] {
+    const char* v = std::getenv("INGOT_NARROW_WIRE");
+    return v != nullptr && std::string_view(v) == "0";
+  }();
+  return off;
 }
 
 // NCCL's CTA policy for the communicator (ncclConfig_t::CTAPolicy): INGOT_NCCL_CTA_POLICY=default, efficiency
@@ -472,6 +483,53 @@ class NcclProcessGroup final : public ProcessGroup {
     });
   }
 
+  // Note [Narrow wire, wide sum] (process_group.h): the chunks cross in in's dtype through one grouped send/recv
+  // (rank p's chunk q goes to rank q), then sum_pieces adds the world's pieces of this rank's chunk (its own read
+  // from `in`, the others from the receive buffer) in out's dtype, in rank order, on the comm stream, as part of
+  // the collective (its Work ends after the sum; the step timeline counts both). The receive buffer holds world - 1
+  // chunks and comes from the producer stream's pool like all_gather_cast's copy, kept until the wait.
+  std::shared_ptr<Work> reduce_scatter_widen(Tensor& out, const Tensor& in, ReduceOp op) override {
+    if (in.dtype() == out.dtype() || size_ == 1 || narrow_wire_off())
+      return ProcessGroup::reduce_scatter_widen(out, in, op);
+    check(out, "reduce_scatter_widen");
+    check(in, "reduce_scatter_widen");
+    INGOT_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg, "reduce_scatter_widen: op must be sum or avg, got ",
+                reduce_op_name(op));
+    INGOT_CHECK(in.numel() == out.numel() * size_ && is_floating(in.dtype()) &&
+                    (out.dtype() == DType::f32 || out.dtype() == DType::f64) &&
+                    itemsize(out.dtype()) > itemsize(in.dtype()),
+                "reduce_scatter_widen: input must hold world size (", size_, ") x output elements, summed into a "
+                "wider f32/f64 output, got ", in.numel(), " ", dtype_name(in.dtype()), " elements in and ",
+                out.numel(), " ", dtype_name(out.dtype()), " out");
+    ncclDataType_t dt = nccl_dtype(in.dtype(), "reduce_scatter_widen");
+    const int64_t chunk = out.numel();
+    const size_t bytes = static_cast<size_t>(chunk) * itemsize(in.dtype());
+    Tensor recv = empty({chunk * (size_ - 1)}, in.dtype(), in.device());
+    auto* src = static_cast<const char*>(in.data_ptr());
+    auto* dst = static_cast<char*>(recv.data_ptr());
+    auto slot = [&](int peer) { return static_cast<size_t>(peer < rank_ ? peer : peer - 1) * bytes; };
+    return issue(
+        "reduce_scatter", in, {out, in, recv},
+        [&](cudaStream_t s) {
+          ncclResult_t r = ncclGroupStart();
+          for (int p = 0; p < size_ && (r == ncclSuccess || r == ncclInProgress); ++p) {
+            if (p == rank_) continue;
+            r = ncclSend(src + static_cast<size_t>(p) * bytes, static_cast<size_t>(chunk), dt, p, comm_, s);
+            if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(dst + slot(p), static_cast<size_t>(chunk), dt, p, comm_, s);
+          }
+          const ncclResult_t end = ncclGroupEnd();
+          return r == ncclSuccess || r == ncclInProgress ? end : r;
+        },
+        [&](cudaStream_t s) {
+          std::vector<Tensor> pieces;
+          for (int p = 0; p < size_; ++p)
+            pieces.push_back(p == rank_ ? in.as_strided({chunk}, {1}, in.offset() + rank_ * chunk)
+                                        : recv.as_strided({chunk}, {1}, static_cast<int64_t>(slot(p) / itemsize(in.dtype()))));
+          const cuda::StreamScope on_comm(cuda::Stream{s, device_});
+          kernels::cuda::sum_pieces(out, pieces, op == ReduceOp::Avg ? 1.0 / size_ : 1.0);
+        });
+  }
+
   std::shared_ptr<Work> broadcast(Tensor& t, int root) override {
     check(t, "broadcast");
     INGOT_CHECK(root >= 0 && root < size_, "broadcast: root must be in [0, ", size_, "), got ", root);
@@ -518,8 +576,11 @@ class NcclProcessGroup final : public ProcessGroup {
   // The stream a collective's inputs were made on: set_input_stream's, else the device's current one.
   cuda::Stream producer_stream() const { return has_input_stream_ ? input_stream_ : cuda::current_stream(device_); }
 
+  // `then`: more work of the collective queued on the comm stream once NCCL's settled (reduce_scatter_widen's sum),
+  // before the end event.
   template <typename Call>
-  std::shared_ptr<Work> issue(const char* op, const Tensor& t, std::vector<Tensor> keep, Call&& call) {
+  std::shared_ptr<Work> issue(const char* op, const Tensor& t, std::vector<Tensor> keep, Call&& call,
+                              const std::function<void(cudaStream_t)>& then = {}) {
     std::lock_guard<std::mutex> lock(issue_mu_);
     int64_t seq = begin(op, t);
     // The watchdog may have aborted the communicator while its failure report is still being written.
@@ -558,6 +619,7 @@ class NcclProcessGroup final : public ProcessGroup {
       fail_in_flight(msg);
       return work;
     }
+    if (then) then(stream_);
     if (slot >= 0) record_timing(timeline_.ends[static_cast<size_t>(slot)], stream_);
     CUDA_CHECK(cudaEventRecord(work->end_, stream_));
     if (work->captured) {  // Note [Collectives in CUDA graphs]: kept until the wait, never watched

@@ -126,6 +126,15 @@ class ProcessGroup {
   // current stream, then all_gather; NCCL casts on its communication stream instead (Note [Gathers cast on the
   // comm stream], nccl_process_group.cpp). The cast copy is kept until the collective read it.
   virtual std::shared_ptr<Work> all_gather_cast(Tensor& out, const Tensor& in);
+  // Note [Narrow wire, wide sum]: reduce_scatter of `in` (a narrow floating dtype: bf16) into `out` of a wider
+  // one (f32), op Sum or Avg: every rank's values as they are in `in`, summed in out's dtype. The same numbers as
+  // widening `in` first and reducing in out's dtype (what this base class does, and what FSDP2 does with bf16
+  // gradients and reduce_dtype f32), but NCCL sends only the narrow bytes: an all-to-all of the chunks in in's
+  // dtype, then each rank adds the world's pieces of its chunk in out's dtype, in rank order, on the comm stream
+  // (kernels' sum_pieces): half of an f32 reduce-scatter's bytes for bf16. The pieces are not rounded on the way
+  // (a bf16 ring reduce-scatter rounds every partial sum to bf16). INGOT_NARROW_WIRE=0 makes NCCL widen first,
+  // as here, for measuring.
+  virtual std::shared_ptr<Work> reduce_scatter_widen(Tensor& out, const Tensor& in, ReduceOp op);
   // t = root's t.
   virtual std::shared_ptr<Work> broadcast(Tensor& t, int root = 0) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;

@@ -104,6 +104,9 @@ std::unique_ptr<DataParallel> DataParallel::join(const RunSettings& run, std::os
     else
       log << ", buckets of " << run.distributed.bucket_cap_mb << " MiB";
     log << (run.distributed.reduce_dtype != "f32" ? ", averaged in " + run.distributed.reduce_dtype : "")
+        << (fsdp && run.distributed.reduce_wire_dtype == "bf16" && run.distributed.reduce_dtype == "f32"
+                ? ", gradients sent in bf16 and summed in f32"
+                : "")
         << (run.distributed.overlap || fsdp ? ", reduced during backward" : ", reduced after backward") << "\n";
     if (sm_carveout() > 0)
       log << "distributed | compute kernels plan for " << usable << " SMs, leaving " << sm_carveout()
@@ -148,6 +151,7 @@ void DataParallel::wrap(nn::Module& model, const std::vector<Tensor>& params, bo
     // f32 unless bf16 was asked for, as FSDP2's MixedPrecisionPolicy(reduce_dtype=f32): a bf16 run's gradients
     // reach its f32 master shards unrounded (Note [Reduced gradients keep their precision], fsdp.h).
     o.reduce_dtype = reduce_dtype.value_or(DType::f32);
+    if (m.run.distributed.reduce_wire_dtype == "bf16") o.reduce_wire_dtype = DType::bf16;  // Note [Narrow wire, wide sum]
     m.fsdp = std::make_unique<dist::FullyShardedDataParallel>(model, m.ctx.group, o);
     m.plans = m.fsdp->layout();
     return;

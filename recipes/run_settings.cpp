@@ -107,6 +107,12 @@ void add_distributed_keys(ConfigSchema& s) {
               "wire, as PyTorch's bf16_compress_hook; the average is widened back before the optimizer)")
             .one_of({"f32", "bf16"})
             .not_in_config_hash());
+  s.add(K::of(T::String, "distributed.reduce_wire_dtype", "f32",
+              "zero_stage 3 with reduce_dtype f32: the dtype each rank's gradients are sent in; bf16 rounds them "
+              "to bf16 (as FSDP2's bf16 gradients are) and sums them in f32 where they arrive: half the bytes of "
+              "f32 on the wire, the f32 sum unrounded (f32: the gradients stay f32 from the products to the sum)")
+            .one_of({"f32", "bf16"})
+            .not_in_config_hash());
   s.add(K::of(T::Int, "distributed.zero_stage", "0",
               "0: plain DDP, 1: shard the optimizer state across ranks (ZeRO-1), 2: and the gradients (ZeRO-2), "
               "3: and the weights, gathered per transformer block when used (ZeRO-3); checkpoints hold "
@@ -414,6 +420,11 @@ void resolve_distributed(const Config& cfg, ConfigErrors& errors, DistributedSet
   d.bucket_cap_mb = rd.f64("distributed.bucket_cap_mb");
   d.reduce_dtype = rd.str("distributed.reduce_dtype");
   d.zero_stage = rd.i64("distributed.zero_stage");
+  d.reduce_wire_dtype = rd.str("distributed.reduce_wire_dtype");
+  if (d.reduce_wire_dtype == "bf16" && d.zero_stage != 3 && !errors.has_error_for("distributed.zero_stage"))
+    errors.fail(cfg, "distributed.reduce_wire_dtype",
+                "bf16 applies to zero_stage 3 (its units' reduce-scatters), this run has zero_stage " +
+                    std::to_string(d.zero_stage) + "; DDP and ZeRO-1/2 send gradients in distributed.reduce_dtype");
   d.reshard_after_forward = rd.flag("distributed.reshard_after_forward");
   d.prefetch = rd.flag("distributed.prefetch");
   d.keep_last_blocks = rd.i64("distributed.keep_last_blocks");

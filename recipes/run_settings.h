@@ -6,7 +6,7 @@
 //   profile:     enabled, start_step, num_steps, top_k
 //   compile:     enabled, mode, fullgraph, dynamic, memory_budget, unit_reduction_lag, cache_dir (the compiler's
 //                options)
-//   distributed: backend, bucket_cap_mb, reduce_dtype, zero_stage, reshard_after_forward, keep_last_blocks,
+//   distributed: backend, bucket_cap_mb, reduce_dtype, reduce_wire_dtype, zero_stage, reshard_after_forward, keep_last_blocks,
 //                vocab_parallel_embeddings, prefetch, overlap, timeout_s, init_timeout_s (DDP's and FSDP's options)
 // A recipe's schema is add_run_keys() plus its own model/data/train keys.
 #pragma once
@@ -46,6 +46,8 @@ struct DistributedSettings {
   std::string backend = "auto";  // auto | nccl | gloo
   double bucket_cap_mb = 100;
   std::string reduce_dtype = "f32";  // f32 | bf16: the dtype gradients are averaged in
+  // f32 | bf16: zero_stage 3, the dtype gradients are sent in, summed in reduce_dtype (FsdpOptions::reduce_wire_dtype)
+  std::string reduce_wire_dtype = "f32";
   int64_t zero_stage = 0;  // 0 (DDP) to 3 (FSDP)
   bool reshard_after_forward = true;  // zero_stage 3
   bool prefetch = true;   // zero_stage 3, eager: Note [Eager prefetch] (distributed/fsdp.h)

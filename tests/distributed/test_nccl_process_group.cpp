@@ -19,6 +19,7 @@
 #include "runtime/cuda_runtime.h"
 #include "runtime/device.h"
 #include "runtime/file_util.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/rng.h"
 #include "tests/testing.h"
 
@@ -132,6 +133,56 @@ TEST(NcclProcessGroup, AnAllGatherCastFromF32ReadsTheProducersLastWriteAndRounds
       for (int64_t i = 0; i < n; i += 4093)
         ASSERT_EQ(got_same.item_at(r * n + i), want.item_at(i)) << "rank " << r << " element " << i;
     }
+    return;
+  }
+  INGOT_REQUIRE_TWO_GPUS();
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(60000ms)));
+}
+
+// Note [Narrow wire, wide sum] (distributed/process_group.h): each rank's chunk is the world's bf16 pieces added in
+// f32 in rank order and scaled once, bit for bit what the CPU's sum_pieces gives from the same pieces, and the
+// all-to-all reads what the producer stream wrote last (queued behind a 50 ms hold). A bf16 reduce-scatter (every
+// partial sum rounded to bf16) gives other values: the test can tell the two apart.
+TEST(NcclProcessGroup, AWidenedReduceScatterSumsEveryRanksBf16PiecesInF32AsTheCpu) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(nccl_init());
+    const int rank = ctx.info.rank, world = ctx.info.world_size;
+    const Device dev(DeviceType::cuda, ctx.info.local_rank);
+    const int64_t chunk = (1 << 20) + 8;
+    auto values_of = [&](int r) {
+      manual_seed(2000 + static_cast<uint64_t>(r));
+      return randn({chunk * world}, DType::f32, Device::cpu()).to(DType::bf16);
+    };
+    Tensor in = zeros({chunk * world}, DType::bf16, dev);
+    const Tensor last = values_of(rank).to(dev);
+    cuda::synchronize_device(dev.index);
+    cuda::hold_stream(cuda::current_stream(dev.index), 50.0);
+    in.copy_(last);  // behind the hold: the all-to-all must see it
+    for (const ReduceOp op : {ReduceOp::Avg, ReduceOp::Sum}) {
+      Tensor out = empty({chunk}, DType::f32, dev);
+      ctx.group->reduce_scatter_widen(out, in, op)->wait(10000ms);
+      std::vector<Tensor> pieces;
+      for (int r = 0; r < world; ++r) pieces.push_back(contiguous(narrow(values_of(r), 0, rank * chunk, chunk)));
+      Tensor want = empty({chunk}, DType::f32);
+      kernels::cpu::sum_pieces(want, pieces, op == ReduceOp::Avg ? 1.0 / world : 1.0);
+      const std::vector<double> got = out.to(Device::cpu()).to_vector(), exp = want.to_vector();
+      int64_t unequal = 0;
+      for (size_t i = 0; i < exp.size(); ++i) unequal += got[i] != exp[i] ? 1 : 0;
+      EXPECT_EQ(unequal, 0) << reduce_op_name(op) << ": elements unlike the CPU's f32 sum of the bf16 pieces";
+      if (op == ReduceOp::Avg) {
+        Tensor narrow_sum = empty({chunk}, DType::bf16, dev);
+        ctx.group->reduce_scatter(narrow_sum, in, ReduceOp::Avg)->wait(10000ms);
+        const std::vector<double> rounded = narrow_sum.to(Device::cpu()).to_vector();
+        int64_t differ = 0;
+        for (size_t i = 0; i < exp.size(); ++i) differ += rounded[i] != exp[i] ? 1 : 0;
+        EXPECT_GT(differ, chunk / 4) << "a bf16 reduce-scatter must round the sums, else this test checks nothing";
+      }
+    }
+    // Not wider: refused by name.
+    Tensor bad = empty({chunk}, DType::bf16, dev);
+    Tensor f32_in = zeros({chunk * world}, DType::f32, dev);
+    EXPECT_NE(error_of([&] { ctx.group->reduce_scatter_widen(bad, f32_in, ReduceOp::Avg); }).find("reduce_scatter_widen"),
+              std::string::npos);
     return;
   }
   INGOT_REQUIRE_TWO_GPUS();

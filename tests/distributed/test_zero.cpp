@@ -24,6 +24,7 @@
 #include "optim/optimizer.h"
 #include "runtime/allocator.h"
 #include "runtime/rng.h"
+#include "tests/testing.h"
 
 namespace ingot::distributed {
 namespace {
@@ -544,6 +545,96 @@ TEST(ZeroStages, OneAndTwoKeepAnF32ReducedGradientUnroundedForTheF32Masters) {
     return;
   }
   expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(std::chrono::seconds(120))));
+}
+
+// Note [Narrow wire, wide sum] (distributed/process_group.h) with FsdpOptions::reduce_wire_dtype bf16: f32 weights,
+// gradients reduced in f32 but sent in bf16. SGD with lr 1 on the shards moves each parameter by the f32 mean of every
+// rank's gradient rounded to bf16 (the reference: a plain model per rank, its gradients rounded, an f32 all-reduce),
+// eagerly and compiled (node by node), on 2 and 4 ranks; the mean of the unrounded gradients, which the same run
+// without the option reaches, is far from it (so the option is seen to act).
+void narrow_wire_rounds_each_rank_and_sums_in_f32(const DistributedContext& ctx) {
+  auto [ids, tgt] = rank_rows(ctx, false);
+  auto build = [] {
+    manual_seed(5);
+    return std::make_unique<models::GPT2>(ingot::testing::tiny_gpt2_config());
+  };
+  std::vector<Tensor> rounded_mean, exact_mean;
+  {
+    auto plain = build();
+    plain->loss(ids, tgt).backward();
+    for (const Tensor& p : plain->parameters()) {
+      Tensor r = p.grad().to(DType::bf16).to(DType::f32).clone_raw(), e = p.grad().clone_raw();
+      ctx.group->all_reduce(r, ReduceOp::Avg)->wait();
+      ctx.group->all_reduce(e, ReduceOp::Avg)->wait();
+      rounded_mean.push_back(r);
+      exact_mean.push_back(e);
+    }
+  }
+  for (const bool compiled : {false, true}) {
+    SCOPED_TRACE(compiled ? "compiled" : "eager");
+    auto model = build();
+    FsdpOptions o;
+    o.reduce_dtype = DType::f32;
+    o.reduce_wire_dtype = DType::bf16;
+    FullyShardedDataParallel fsdp(*model, ctx.group, o);
+    std::vector<Tensor> before;
+    for (const Tensor& s : fsdp.optimizer_params()) before.push_back(s.clone_raw());
+    optim::SGD opt(fsdp.optimizer_params(), optim::SGDOptions{.lr = 1.0});
+    auto step = [&](const std::vector<Tensor>& b) {
+      Tensor l = model->loss(b[0], b[1]);
+      l.backward();
+      fsdp.synchronize();
+      opt.step();
+      opt.zero_grad();
+      return std::vector<Tensor>{l.detach()};
+    };
+    CompileOptions co;
+    co.backend = CompileBackend::Eager;
+    CompiledFunction fn = compile(step, co);
+    if (compiled) fn({ids, tgt});
+    else step({ids, tgt});
+    double worst = 0, unrounded = 0;
+    for (size_t i = 0; i < rounded_mean.size(); ++i) {
+      const Tensor was = fsdp.gather_param(i, before), now = fsdp.gather_param(i, fsdp.optimizer_params());
+      if (ctx.info.rank != 0) continue;
+      const double scale = std::max(1e-12, amax(abs(rounded_mean[i])).item());
+      worst = std::max(worst, amax(abs(sub(now, sub(was, rounded_mean[i])))).item() / scale);
+      unrounded = std::max(unrounded, amax(abs(sub(exact_mean[i], rounded_mean[i]))).item() / scale);
+    }
+    if (ctx.info.rank != 0) continue;
+    std::printf("[ zero     ] world %d, %s: moved by the f32 mean of the bf16-rounded gradients within %.2g; the "
+                "unrounded mean is %.2g away\n", ctx.info.world_size, compiled ? "compiled" : "eager", worst,
+                unrounded);
+    EXPECT_LT(worst, 1e-6);
+    EXPECT_GT(unrounded, 1e-4) << "rounding each rank's gradient must change the mean, else this test checks nothing";
+  }
+}
+
+TEST(ZeroStages, ThreeSendsBf16GradientsAndSumsThemInF32WithANarrowWire) {
+  if (is_rank_process())
+    return narrow_wire_rounds_each_rank_and_sums_in_f32(
+        init_distributed(ingot::testing::gloo_test_init(std::chrono::milliseconds(60000))));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(std::chrono::seconds(120))));
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(4).within(std::chrono::seconds(120))));
+}
+
+TEST(ZeroStages, ANarrowWireWiderThanTheReductionIsRefusedByName) {
+  auto options = [] {
+    FsdpOptions o;
+    o.reduce_dtype = DType::bf16;
+    o.reduce_wire_dtype = DType::f32;
+    return o;
+  };
+  if (is_rank_process()) {
+    auto ctx = init_distributed(ingot::testing::gloo_test_init());
+    manual_seed(5);
+    models::GPT2 m(ingot::testing::tiny_gpt2_config());
+    const std::string err = ingot::testing::error_of([&] { FullyShardedDataParallel f(m, ctx.group, options()); });
+    EXPECT_NE(err.find("reduce_wire_dtype must be a floating dtype no wider than reduce_dtype"), std::string::npos)
+        << err;
+    return;
+  }
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2)));
 }
 
 // Note [Parameters without bytes] (fsdp.h): a Llama built under nn::SkipInit without bytes and sharded makes one

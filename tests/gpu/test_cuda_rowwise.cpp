@@ -250,6 +250,39 @@ TEST(CudaIndex, EmbeddingRowsAndTheirGradientMatchCpu) {
   }
 }
 
+// Note [Narrow wire, wide sum] (distributed/process_group.h): a chunk's pieces from every rank added in out's dtype
+// in piece order and scaled once: the same bits on both devices, on the 16-byte vector path (lengths of whole
+// vectors, aligned) and the scalar one (odd lengths, pieces one element into their buffer), for more pieces than
+// one launch takes (9 > 8: out's running sum carried into the second launch).
+TEST(CudaReduce, SumPiecesMatchesCpuBitForBit) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(109);
+  for (DType piece_dt : {DType::bf16, DType::f16, DType::f32}) {
+    for (DType out_dt : {DType::f32, DType::f64}) {
+      for (int count : {1, 4, 9}) {
+        for (int64_t n : {int64_t{8192}, int64_t{1001}}) {
+          for (bool offset : {false, true}) {
+            const std::string at = detail::str_cat(count, " ", dtype_name(piece_dt), " pieces of ", n, " -> ",
+                                                   dtype_name(out_dt), offset ? ", offset by one" : "");
+            std::vector<Tensor> cpu, gpu;
+            for (int k = 0; k < count; ++k) {
+              Operand base = values({n + 1}, piece_dt);
+              const int64_t at0 = offset ? 1 : 0;
+              cpu.push_back(base.cpu.as_strided({n}, {1}, base.cpu.offset() + at0));
+              gpu.push_back(base.gpu.as_strided({n}, {1}, base.gpu.offset() + at0));
+            }
+            Tensor ref = empty({n}, out_dt), out = poisoned({n}, out_dt, kGpu);
+            kc::sum_pieces(ref, cpu, 1.0 / 3);
+            kg::sum_pieces(out, gpu, 1.0 / 3);
+            EXPECT_EQ(count_unequal(out, ref), 0) << at;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_THROW(kg::sum_pieces(empty({8}, DType::bf16, kGpu), {empty({8}, DType::bf16, kGpu)}, 1.0), Error);
+}
+
 // The embedding op's layout: a [B, T] index, a [B, T, D] output (and gradient), as the models call it.
 TEST(CudaIndex, EmbeddingSizedIndexSelectAndIndexAddMatchCpu) {
   INGOT_REQUIRE_CUDA();

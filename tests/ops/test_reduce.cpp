@@ -1,6 +1,7 @@
 #include <cmath>
 #include <limits>
 
+#include "runtime/kernels/kernels.h"
 #include "testing.h"
 
 namespace ingot {
@@ -246,6 +247,34 @@ TEST(Reduce, SoftmaxBuiltFromLogSumExpHasCorrectGradients) {
     Tensor y = logsumexp(in[0], {1});
     return std::vector<Tensor>{exp(sub(in[0], reshape(y, {2, 1}))), sum(in[0], {1})};
   }, {x});
+}
+
+// Note [Narrow wire, wide sum] (distributed/process_group.h): the world's bf16 pieces of a chunk added in f32 in
+// piece order and scaled once, whatever their count; bf16 values whose sum needs more than bf16's 8 bits come out
+// exact, not rounded to bf16.
+TEST(SumPieces, AddsBf16PiecesInF32InOrderAndScalesOnce) {
+  const std::vector<double> a{1.0, 256.0, -3.5, 1e-3}, b{1.0 / 256, 1.0, 2.0, 1e-3}, c{0.0, 0.5, 1.5, 1e-3};
+  std::vector<Tensor> pieces;
+  for (const auto* v : {&a, &b, &c}) pieces.push_back(from_vector(*v, {4}, DType::bf16));
+  Tensor out = empty({4}, DType::f32);
+  kernels::cpu::sum_pieces(out, pieces, 0.5);
+  const std::vector<double> got = out.to_vector();
+  for (size_t i = 0; i < 4; ++i) {
+    // The same additions in f32 from the bf16-rounded pieces.
+    float want = 0;
+    for (const Tensor& p : pieces) want += static_cast<float>(p.to_vector()[i]);
+    EXPECT_EQ(got[i], static_cast<double>(want * 0.5f)) << i;
+  }
+  EXPECT_EQ(got[0], (1.0 + 1.0 / 256) * 0.5);  // 1 + 2^-8 does not fit bf16's 8 bits: the sum stayed f32
+  EXPECT_EQ(got[1], 257.5 * 0.5);
+  // One piece, f64 output, f32 pieces.
+  Tensor wide = empty({4}, DType::f64);
+  kernels::cpu::sum_pieces(wide, {from_vector(a, {4}, DType::f32)}, 1.0);
+  EXPECT_EQ(wide.to_vector()[3], static_cast<double>(1e-3f));
+  // Pieces of another length or dtype, and a 16-bit output, are refused.
+  EXPECT_THROW(kernels::cpu::sum_pieces(out, {pieces[0], from_vector(a, {4}, DType::f32)}, 1.0), Error);
+  EXPECT_THROW(kernels::cpu::sum_pieces(out, {empty({3}, DType::bf16)}, 1.0), Error);
+  EXPECT_THROW(kernels::cpu::sum_pieces(empty({4}, DType::bf16), pieces, 1.0), Error);
 }
 
 }  // namespace

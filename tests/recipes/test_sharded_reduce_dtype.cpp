@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
@@ -88,6 +89,19 @@ TEST_F(ShardedReduceDtypeRun, Bf16ZeroOneAndTwoLossesEqualZeroThreeWhoseF32Avera
   ASSERT_EQ(losses["3"].size(), 6u);
   EXPECT_EQ(losses["1"], losses["3"]) << "ZeRO-1 vs ZeRO-3";
   EXPECT_EQ(losses["2"], losses["3"]) << "ZeRO-2 vs ZeRO-3";
+  // distributed.reduce_wire_dtype bf16 (Note [Narrow wire, wide sum], distributed/process_group.h): eager ZeRO-3's
+  // gradients of bf16 weights are bf16 already, so sending them in bf16 and summing in f32 is the same average.
+  const ingot::testing::ShellResult wire =
+      launch(2, "z3_wire", bf16 + " distributed.zero_stage=3 distributed.reduce_wire_dtype=bf16");
+  ASSERT_EQ(wire.exit_code, 0) << wire.output;
+  EXPECT_NE(wire.output.find("gradients sent in bf16 and summed in f32"), std::string::npos) << wire.output;
+  EXPECT_EQ(ingot::testing::train_losses(path("z3_wire/metrics.jsonl")), losses["3"]) << "bf16 wire vs f32 wire";
+  const ingot::testing::ShellResult bad =
+      launch(2, "z1_wire", bf16 + " distributed.zero_stage=1 distributed.reduce_wire_dtype=bf16");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("distributed.reduce_wire_dtype: bf16 applies to zero_stage 3"), std::string::npos)
+      << bad.output;
+  EXPECT_FALSE(std::filesystem::exists(path("z1_wire/metrics.jsonl"))) << "nothing may be written";
 }
 
 }  // namespace

@@ -272,4 +272,32 @@ void reduce(ReduceOp op, const Tensor& out, const Tensor& in, int64_t outer, int
   else reduce_impl<double>(op, out, in, outer, n, inner);
 }
 
+void sum_pieces(const Tensor& out, const std::vector<Tensor>& pieces, double scale) {
+  INGOT_INTERNAL_CHECK(out.is_contiguous() && (out.dtype() == DType::f32 || out.dtype() == DType::f64) &&
+                           !pieces.empty(), "sum_pieces: expected a contiguous f32/f64 output and pieces");
+  const int64_t n = out.numel();
+  for (const Tensor& p : pieces)
+    INGOT_INTERNAL_CHECK(p.is_contiguous() && p.numel() == n && p.dtype() == pieces[0].dtype() &&
+                             is_floating(p.dtype()), "sum_pieces: pieces must be contiguous, of ", n,
+                         " elements and one floating dtype");
+  dispatch_dtype(out.dtype(), [&](auto otag) {
+    using Acc = decltype(otag);
+    if constexpr (std::is_floating_point_v<Acc>) {
+      Acc* dst = out.data<Acc>();
+      dispatch_dtype(pieces[0].dtype(), [&](auto ptag) {
+        using T = decltype(ptag);
+        std::vector<const T*> src;
+        for (const Tensor& p : pieces) src.push_back(p.data<T>());
+        const Acc s = static_cast<Acc>(scale);
+#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
+        for (int64_t i = 0; i < n; ++i) {
+          Acc acc = load_one<Acc>(src[0] + i);
+          for (size_t k = 1; k < src.size(); ++k) acc += load_one<Acc>(src[k] + i);
+          dst[i] = acc * s;
+        }
+      });
+    }
+  });
+}
+
 }  // namespace ingot::kernels::cpu

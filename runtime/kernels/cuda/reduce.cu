@@ -367,4 +367,88 @@ void reduce(ReduceOp op, const Tensor& out, const Tensor& in, int64_t outer, int
   else reduce_impl<double>(op, out, in, outer, n, inner);
 }
 
+namespace {
+
+// sum_pieces: up to kMaxPieces pieces per launch (more are folded into out by further launches, which add out's
+// running sum first: the same additions in the same order, as out has the accumulation's dtype).
+constexpr int kMaxPieces = 8;
+
+template <typename T>
+struct Pieces {
+  const T* p[kMaxPieces];
+  int n;
+};
+
+// Each thread adds kVec consecutive elements of every piece: 16-byte loads when every pointer is aligned
+// (8 bf16 elements), else one element at a time (kVec = 1).
+template <typename T, typename Acc, int kVec>
+__global__ void sum_pieces_kernel(Acc* out, Pieces<T> pieces, int64_t groups, bool with_out, bool last, Acc scale) {
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    Acc acc[kVec];
+    if (with_out) {
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) acc[v] = out[g * kVec + v];
+    }
+    for (int k = 0; k < pieces.n; ++k) {
+      T x[kVec];
+      if constexpr (kVec * sizeof(T) == 16) *reinterpret_cast<uint4*>(x) = *reinterpret_cast<const uint4*>(pieces.p[k] + g * kVec);
+      else {
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) x[v] = pieces.p[k][g * kVec + v];
+      }
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) acc[v] = (k == 0 && !with_out) ? to_acc<Acc>(x[v]) : acc[v] + to_acc<Acc>(x[v]);
+    }
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) out[g * kVec + v] = last ? acc[v] * scale : acc[v];
+  }
+}
+
+}  // namespace
+
+void sum_pieces(const Tensor& out, const std::vector<Tensor>& pieces, double scale) {
+  INGOT_INTERNAL_CHECK(out.is_contiguous() && (out.dtype() == DType::f32 || out.dtype() == DType::f64) &&
+                           !pieces.empty(), "sum_pieces: expected a contiguous f32/f64 output and pieces");
+  const int64_t n = out.numel();
+  for (const Tensor& p : pieces) {
+    check_same_device("sum_pieces", {&out, &p});
+    INGOT_INTERNAL_CHECK(p.is_contiguous() && p.numel() == n && p.dtype() == pieces[0].dtype(),
+                         "sum_pieces: pieces must be contiguous, of ", n, " elements and one dtype");
+  }
+  if (n == 0) return;
+  LaunchContext ctx(out);
+  dispatch_float(out.dtype(), "sum_pieces", [&](auto otag) {
+    using Acc = decltype(otag);
+    if constexpr (std::is_same_v<Acc, float> || std::is_same_v<Acc, double>) {
+      dispatch_float(pieces[0].dtype(), "sum_pieces", [&](auto ptag) {
+        using T = decltype(ptag);
+        constexpr int kVec = 16 / sizeof(T);
+        for (size_t first = 0; first < pieces.size(); first += kMaxPieces) {
+          Pieces<T> pp{};
+          pp.n = static_cast<int>(std::min<size_t>(kMaxPieces, pieces.size() - first));
+          bool aligned = n % kVec == 0 && reinterpret_cast<uintptr_t>(out.data_ptr()) % (kVec * sizeof(Acc)) == 0;
+          for (int k = 0; k < pp.n; ++k) {
+            pp.p[k] = static_cast<const T*>(pieces[first + static_cast<size_t>(k)].data_ptr());
+            aligned = aligned && reinterpret_cast<uintptr_t>(pp.p[k]) % 16 == 0;
+          }
+          const bool with_out = first > 0, last = first + kMaxPieces >= pieces.size();
+          Acc* o = static_cast<Acc*>(out.data_ptr());
+          if (aligned) {
+            const int64_t groups = n / kVec;
+            sum_pieces_kernel<T, Acc, kVec><<<grid_for(groups, kBlock, ctx.device), kBlock, 0, ctx.stream>>>(
+                o, pp, groups, with_out, last, static_cast<Acc>(scale));
+          } else {
+            sum_pieces_kernel<T, Acc, 1><<<grid_for(n, kBlock, ctx.device), kBlock, 0, ctx.stream>>>(
+                o, pp, n, with_out, last, static_cast<Acc>(scale));
+          }
+          CUDA_CHECK_LAUNCH();
+        }
+      });
+    } else {
+      INGOT_FAIL("sum_pieces: the output must be f32 or f64, got ", dtype_name(out.dtype()));
+    }
+  });
+}
+
 }  // namespace ingot::kernels::cuda
