@@ -46,6 +46,7 @@ struct Setup {
   bool gather_from_masters = false;
   bool llama = false;         // tiny Llama (an untied table: Note [Vocabulary-parallel embeddings]) instead of GPT-2
   bool gather_table = false;  // FsdpOptions::vocab_parallel_embeddings false
+  std::optional<DType> wire;  // FsdpOptions::reduce_wire_dtype (Note [Narrow wire, wide sum])
 };
 
 struct Trained {
@@ -80,6 +81,7 @@ Trained train(Device dev, const DistributedContext& ctx, const Setup& s, const s
     o.reshard_after_forward = s.reshard;
     o.reduce_dtype = s.reduce_dtype;
     o.vocab_parallel_embeddings = !s.gather_table;
+    o.reduce_wire_dtype = s.wire;
     FullyShardedDataParallel fsdp(model, ctx.group, o);
     std::unique_ptr<optim::MasterWeights> masters;
     std::vector<Tensor> params = fsdp.optimizer_params();
@@ -233,6 +235,32 @@ void rank_body_vocab_parallel() {
   EXPECT_GT(ro.stats.cuda_graphs, 0) << ro.stats.cuda_graph_fallback;
 }
 
+// Note [Narrow wire, wide sum] (distributed/process_group.h) over NCCL (an all-to-all of bf16 chunks, summed in f32
+// on the comm stream): compiled follows eager with the same wire, in f32 weights (1e-4) and bf16 weights from f32
+// masters (2e-2), and captured in CUDA graphs (reduce-overhead); the graph's reduce-scatters say where they sum.
+void rank_body_narrow_wire() {
+  auto ctx = init_distributed(nccl_init(std::chrono::seconds(120)));
+  const Device dev(DeviceType::cuda, ctx.info.local_rank);
+  const std::string cache = std::getenv("INGOT_TEST_CACHE_DIR");
+  Setup eager{.compiled = false, .reshard = true, .reduce_dtype = std::nullopt, .bf16_masters = false,
+              .mode = CompileMode::Default};
+  eager.wire = DType::bf16;
+  Setup comp = eager;
+  comp.compiled = true;
+  const Trained c = train(dev, ctx, comp, cache);
+  expect_same_training(c, train(dev, ctx, eager, cache), 1e-4, "bf16 wire, f32 weights: compiled vs eager ZeRO-3");
+  EXPECT_EQ(count(c.stats.last_graph, "summed in f32"), 5u) << c.stats.last_graph;
+  eager.bf16_masters = comp.bf16_masters = eager.gather_from_masters = comp.gather_from_masters = true;
+  eager.reduce_dtype = comp.reduce_dtype = DType::f32;
+  const Trained e16 = train(dev, ctx, eager, cache);
+  expect_same_training(train(dev, ctx, comp, cache), e16, 2e-2,
+                       "bf16 wire, bf16 weights from f32 masters: compiled vs eager ZeRO-3");
+  comp.mode = CompileMode::ReduceOverhead;
+  const Trained ro = train(dev, ctx, comp, cache);
+  expect_same_training(ro, e16, 2e-2, "bf16 wire: reduce-overhead vs eager ZeRO-3");
+  EXPECT_GT(ro.stats.cuda_graphs, 0) << ro.stats.cuda_graph_fallback;
+}
+
 void spawn(int world) {
   TempDir cache("ingot-fsdp-compiled-gpu-");
   ingot::testing::SpawnOptions o = ingot::testing::world(world).within(600s);
@@ -260,6 +288,18 @@ TEST(CompiledFsdpOnGpus, VocabParallelEmbeddingsFollowTheGatheredTableOnTwoGpus)
 
 TEST(CompiledFsdpOnGpus, VocabParallelEmbeddingsFollowTheGatheredTableOnFourGpus) {
   if (is_rank_process()) return rank_body_vocab_parallel();
+  INGOT_REQUIRE_GPUS(4);
+  spawn(4);
+}
+
+TEST(CompiledFsdpOnGpus, ANarrowWireFollowsEagerZeroThreeOnTwoGpus) {
+  if (is_rank_process()) return rank_body_narrow_wire();
+  INGOT_REQUIRE_GPUS(2);
+  spawn(2);
+}
+
+TEST(CompiledFsdpOnGpus, ANarrowWireFollowsEagerZeroThreeOnFourGpus) {
+  if (is_rank_process()) return rank_body_narrow_wire();
   INGOT_REQUIRE_GPUS(4);
   spawn(4);
 }
