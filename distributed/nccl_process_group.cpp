@@ -98,14 +98,24 @@ bool gather_cast_on_compute() {
   return on;
 }
 
-// Note [Narrow wire, wide sum] (process_group.h): INGOT_NARROW_WIRE=0 widens before an f32 reduce-scatter instead
-// (the base class's way: the same numbers, twice the bytes for bf16), for measuring.
-bool narrow_wire_off() {
-  static const bool off = [] {
+// Note [Narrow wire, wide sum] (process_group.h), for measuring: INGOT_NARROW_WIRE=0 widens before an f32
+// reduce-scatter instead (the base class's way: the same numbers, twice the bytes for bf16); =alltoall exchanges the
+// chunks with ncclAlltoAll (NCCL 2.28+) instead of grouped sends and receives; unset or "send" the latter.
+enum class NarrowWire { Send, AllToAll, Off };
+NarrowWire narrow_wire_mode() {
+  static const NarrowWire mode = [] {
     const char* v = std::getenv("INGOT_NARROW_WIRE");
-    return v != nullptr && std::string_view(v) == "0";
+    const std::string_view s = v == nullptr ? "" : v;
+    if (s.empty() || s == "send") return NarrowWire::Send;
+    if (s == "0") return NarrowWire::Off;
+    INGOT_CHECK(s == "alltoall", "INGOT_NARROW_WIRE must be 'send', 'alltoall' or '0', got '", s, "'");
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
+    INGOT_FAIL("INGOT_NARROW_WIRE=alltoall needs NCCL 2.28 or newer (ncclAlltoAll); this build has NCCL ", NCCL_MAJOR,
+               ".", NCCL_MINOR);
+#endif
+    return NarrowWire::AllToAll;
   }();
-  return off;
+  return mode;
 }
 
 // NCCL's CTA policy for the communicator (ncclConfig_t::CTAPolicy): INGOT_NCCL_CTA_POLICY=default, efficiency
@@ -489,7 +499,8 @@ class NcclProcessGroup final : public ProcessGroup {
   // the collective (its Work ends after the sum; the step timeline counts both). The receive buffer holds world - 1
   // chunks and comes from the producer stream's pool like all_gather_cast's copy, kept until the wait.
   std::shared_ptr<Work> reduce_scatter_widen(Tensor& out, const Tensor& in, ReduceOp op) override {
-    if (in.dtype() == out.dtype() || size_ == 1 || narrow_wire_off())
+    const NarrowWire mode = narrow_wire_mode();
+    if (in.dtype() == out.dtype() || size_ == 1 || mode == NarrowWire::Off)
       return ProcessGroup::reduce_scatter_widen(out, in, op);
     check(out, "reduce_scatter_widen");
     check(in, "reduce_scatter_widen");
@@ -504,13 +515,20 @@ class NcclProcessGroup final : public ProcessGroup {
     ncclDataType_t dt = nccl_dtype(in.dtype(), "reduce_scatter_widen");
     const int64_t chunk = out.numel();
     const size_t bytes = static_cast<size_t>(chunk) * itemsize(in.dtype());
-    Tensor recv = empty({chunk * (size_ - 1)}, in.dtype(), in.device());
+    const bool all_to_all = mode == NarrowWire::AllToAll;
+    // ncclAlltoAll writes every rank's slot, this rank's own too.
+    Tensor recv = empty({chunk * (all_to_all ? size_ : size_ - 1)}, in.dtype(), in.device());
     auto* src = static_cast<const char*>(in.data_ptr());
     auto* dst = static_cast<char*>(recv.data_ptr());
-    auto slot = [&](int peer) { return static_cast<size_t>(peer < rank_ ? peer : peer - 1) * bytes; };
+    auto slot = [&](int peer) {
+      return static_cast<size_t>(all_to_all || peer < rank_ ? peer : peer - 1) * bytes;
+    };
     return issue(
         "reduce_scatter", in, {out, in, recv},
         [&](cudaStream_t s) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+          if (all_to_all) return ncclAlltoAll(src, dst, static_cast<size_t>(chunk), dt, comm_, s);
+#endif
           ncclResult_t r = ncclGroupStart();
           for (int p = 0; p < size_ && (r == ncclSuccess || r == ncclInProgress); ++p) {
             if (p == rank_) continue;
@@ -523,7 +541,7 @@ class NcclProcessGroup final : public ProcessGroup {
         [&](cudaStream_t s) {
           std::vector<Tensor> pieces;
           for (int p = 0; p < size_; ++p)
-            pieces.push_back(p == rank_ ? in.as_strided({chunk}, {1}, in.offset() + rank_ * chunk)
+            pieces.push_back(p == rank_ && !all_to_all ? in.as_strided({chunk}, {1}, in.offset() + rank_ * chunk)
                                         : recv.as_strided({chunk}, {1}, static_cast<int64_t>(slot(p) / itemsize(in.dtype()))));
           const cuda::StreamScope on_comm(cuda::Stream{s, device_});
           kernels::cuda::sum_pieces(out, pieces, op == ReduceOp::Avg ? 1.0 / size_ : 1.0);

@@ -35,7 +35,8 @@
 #         casts the gathers on the compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1); +eff INGOT_NCCL_CTA_POLICY=efficiency; +keepN
 #         --keep-last-blocks N, +keepall --keep-after-forward; +gemb --gather-embeddings (the token table gathered as a
 #         unit instead of looked up where its rows lie); +rbf16 --reduce-dtype bf16; +wire --reduce-wire-dtype bf16
-#         (sent in bf16, summed in f32), +nowire with INGOT_NARROW_WIRE=0 (the same sums, widened before an f32 reduce-scatter); +slots every collective's timeline line (in the log; the last 12 printed); suffixes
+#         (sent in bf16, summed in f32), +nowire with INGOT_NARROW_WIRE=0 (the same sums, widened before an f32 reduce-scatter),
+#         +ata with INGOT_NARROW_WIRE=alltoall (ncclAlltoAll), +env:NAME=VALUE any environment variable; +slots every collective's timeline line (in the log; the last 12 printed); suffixes
 #         combine (ingot-compiled+ctas8+prof);
 #         ingot-memory: compiled, 2 steps under INGOT_LOGS=memory).
 #   (FSDP_SUITES: the fsdp step's gtest filters, FSDP_TEST_TIMEOUT seconds each; ZERO_WORLDS / ZERO_ROWS: the zero
@@ -392,6 +393,8 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
           rbf16) rd=bf16 ;;
           wire) comp="$comp --reduce-wire-dtype bf16" ;;
           nowire) envs+=(INGOT_NARROW_WIRE=0) ;;
+          ata) envs+=(INGOT_NARROW_WIRE=alltoall) ;;
+          env:*) envs+=("${sf#env:}") ;;
           *) echo "fsdp8b: unknown part suffix '+$sf' in $part"; continue 2 ;;
         esac
       done
