@@ -101,6 +101,23 @@ bool gather_cast_on_compute() {
 // Note [Narrow wire, wide sum] (process_group.h), for measuring: INGOT_NARROW_WIRE=0 widens before an f32
 // reduce-scatter instead (the base class's way: the same numbers, twice the bytes for bf16); =alltoall exchanges the
 // chunks with ncclAlltoAll (NCCL 2.28+) instead of grouped sends and receives; unset or "send" the latter.
+// The sum's blocks (INGOT_NARROW_WIRE_BLOCKS, default 16): a sum on the comm stream that filled the GPU (~1000 blocks)
+// would hold every SM while it runs and hold the compute kernels beside it back (measured: the 8B step gained 3-4 ms
+// of the 13 ms a bf16 reduce-scatter gains, bench/RESULTS.md 2026-11-27 twenty-second session); NCCL's own kernels
+// take ~16-32 CTAs.
+int64_t narrow_wire_blocks() {
+  static const int64_t blocks = [] {
+    const char* v = std::getenv("INGOT_NARROW_WIRE_BLOCKS");
+    if (v == nullptr || *v == 0) return int64_t{16};
+    char* end = nullptr;
+    const long long b = std::strtoll(v, &end, 10);
+    INGOT_CHECK(end != v && *end == 0 && b >= 0, "INGOT_NARROW_WIRE_BLOCKS must be a count >= 0 (0: fill the GPU), got '",
+                v, "'");
+    return static_cast<int64_t>(b);
+  }();
+  return blocks;
+}
+
 enum class NarrowWire { Send, AllToAll, Off };
 NarrowWire narrow_wire_mode() {
   static const NarrowWire mode = [] {
@@ -544,7 +561,7 @@ class NcclProcessGroup final : public ProcessGroup {
             pieces.push_back(p == rank_ && !all_to_all ? in.as_strided({chunk}, {1}, in.offset() + rank_ * chunk)
                                         : recv.as_strided({chunk}, {1}, static_cast<int64_t>(slot(p) / itemsize(in.dtype()))));
           const cuda::StreamScope on_comm(cuda::Stream{s, device_});
-          kernels::cuda::sum_pieces(out, pieces, op == ReduceOp::Avg ? 1.0 / size_ : 1.0);
+          kernels::cuda::sum_pieces(out, pieces, op == ReduceOp::Avg ? 1.0 / size_ : 1.0, narrow_wire_blocks());
         });
   }
 

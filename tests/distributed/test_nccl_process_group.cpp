@@ -164,7 +164,7 @@ TEST(NcclProcessGroup, AWidenedReduceScatterSumsEveryRanksBf16PiecesInF32AsTheCp
       std::vector<Tensor> pieces;
       for (int r = 0; r < world; ++r) pieces.push_back(contiguous(narrow(values_of(r), 0, rank * chunk, chunk)));
       Tensor want = empty({chunk}, DType::f32);
-      kernels::cpu::sum_pieces(want, pieces, op == ReduceOp::Avg ? 1.0 / world : 1.0);
+      kernels::cpu::sum_pieces(want, pieces, op == ReduceOp::Avg ? 1.0 / world : 1.0, 0);
       const std::vector<double> got = out.to(Device::cpu()).to_vector(), exp = want.to_vector();
       int64_t unequal = 0;
       for (size_t i = 0; i < exp.size(); ++i) unequal += got[i] != exp[i] ? 1 : 0;

@@ -272,15 +272,19 @@ TEST(CudaReduce, SumPiecesMatchesCpuBitForBit) {
               gpu.push_back(base.gpu.as_strided({n}, {1}, base.gpu.offset() + at0));
             }
             Tensor ref = empty({n}, out_dt), out = poisoned({n}, out_dt, kGpu);
-            kc::sum_pieces(ref, cpu, 1.0 / 3);
-            kg::sum_pieces(out, gpu, 1.0 / 3);
+            kc::sum_pieces(ref, cpu, 1.0 / 3, 0);
+            kg::sum_pieces(out, gpu, 1.0 / 3, 0);
             EXPECT_EQ(count_unequal(out, ref), 0) << at;
+            // Two blocks: each strides over the whole length.
+            Tensor few = poisoned({n}, out_dt, kGpu);
+            kg::sum_pieces(few, gpu, 1.0 / 3, 2);
+            EXPECT_EQ(count_unequal(few, ref), 0) << at << ", two blocks";
           }
         }
       }
     }
   }
-  EXPECT_THROW(kg::sum_pieces(empty({8}, DType::bf16, kGpu), {empty({8}, DType::bf16, kGpu)}, 1.0), Error);
+  EXPECT_THROW(kg::sum_pieces(empty({8}, DType::bf16, kGpu), {empty({8}, DType::bf16, kGpu)}, 1.0, 0), Error);
 }
 
 // The embedding op's layout: a [B, T] index, a [B, T, D] output (and gradient), as the models call it.

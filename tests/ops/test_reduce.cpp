@@ -257,7 +257,7 @@ TEST(SumPieces, AddsBf16PiecesInF32InOrderAndScalesOnce) {
   std::vector<Tensor> pieces;
   for (const auto* v : {&a, &b, &c}) pieces.push_back(from_vector(*v, {4}, DType::bf16));
   Tensor out = empty({4}, DType::f32);
-  kernels::cpu::sum_pieces(out, pieces, 0.5);
+  kernels::cpu::sum_pieces(out, pieces, 0.5, 0);
   const std::vector<double> got = out.to_vector();
   for (size_t i = 0; i < 4; ++i) {
     // The same additions in f32 from the bf16-rounded pieces.
@@ -269,12 +269,12 @@ TEST(SumPieces, AddsBf16PiecesInF32InOrderAndScalesOnce) {
   EXPECT_EQ(got[1], 257.5 * 0.5);
   // One piece, f64 output, f32 pieces.
   Tensor wide = empty({4}, DType::f64);
-  kernels::cpu::sum_pieces(wide, {from_vector(a, {4}, DType::f32)}, 1.0);
+  kernels::cpu::sum_pieces(wide, {from_vector(a, {4}, DType::f32)}, 1.0, 0);
   EXPECT_EQ(wide.to_vector()[3], static_cast<double>(1e-3f));
   // Pieces of another length or dtype, and a 16-bit output, are refused.
-  EXPECT_THROW(kernels::cpu::sum_pieces(out, {pieces[0], from_vector(a, {4}, DType::f32)}, 1.0), Error);
-  EXPECT_THROW(kernels::cpu::sum_pieces(out, {empty({3}, DType::bf16)}, 1.0), Error);
-  EXPECT_THROW(kernels::cpu::sum_pieces(empty({4}, DType::bf16), pieces, 1.0), Error);
+  EXPECT_THROW(kernels::cpu::sum_pieces(out, {pieces[0], from_vector(a, {4}, DType::f32)}, 1.0, 0), Error);
+  EXPECT_THROW(kernels::cpu::sum_pieces(out, {empty({3}, DType::bf16)}, 1.0, 0), Error);
+  EXPECT_THROW(kernels::cpu::sum_pieces(empty({4}, DType::bf16), pieces, 1.0, 0), Error);
 }
 
 }  // namespace

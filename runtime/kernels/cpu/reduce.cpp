@@ -272,7 +272,7 @@ void reduce(ReduceOp op, const Tensor& out, const Tensor& in, int64_t outer, int
   else reduce_impl<double>(op, out, in, outer, n, inner);
 }
 
-void sum_pieces(const Tensor& out, const std::vector<Tensor>& pieces, double scale) {
+void sum_pieces(const Tensor& out, const std::vector<Tensor>& pieces, double scale, int64_t /*max_blocks*/) {
   INGOT_INTERNAL_CHECK(out.is_contiguous() && (out.dtype() == DType::f32 || out.dtype() == DType::f64) &&
                            !pieces.empty(), "sum_pieces: expected a contiguous f32/f64 output and pieces");
   const int64_t n = out.numel();

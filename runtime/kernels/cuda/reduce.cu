@@ -380,25 +380,32 @@ struct Pieces {
 };
 
 // Each thread adds kVec consecutive elements of every piece: 16-byte loads when every pointer is aligned
-// (8 bf16 elements), else one element at a time (kVec = 1).
+// (8 bf16 elements), else one element at a time (kVec = 1). Every piece's load is issued before the first add, so a
+// thread has all of them in flight at once (the sum runs on few blocks beside the compute: it needs the bytes in
+// flight per thread, not more threads).
 template <typename T, typename Acc, int kVec>
 __global__ void sum_pieces_kernel(Acc* out, Pieces<T> pieces, int64_t groups, bool with_out, bool last, Acc scale) {
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    Acc acc[kVec];
-    if (with_out) {
+    T x[kMaxPieces][kVec];
 #pragma unroll
-      for (int v = 0; v < kVec; ++v) acc[v] = out[g * kVec + v];
-    }
-    for (int k = 0; k < pieces.n; ++k) {
-      T x[kVec];
-      if constexpr (kVec * sizeof(T) == 16) *reinterpret_cast<uint4*>(x) = *reinterpret_cast<const uint4*>(pieces.p[k] + g * kVec);
-      else {
+    for (int k = 0; k < kMaxPieces; ++k) {
+      if (k >= pieces.n) break;
+      if constexpr (kVec * sizeof(T) == 16) {
+        *reinterpret_cast<uint4*>(x[k]) = *reinterpret_cast<const uint4*>(pieces.p[k] + g * kVec);
+      } else {
 #pragma unroll
-        for (int v = 0; v < kVec; ++v) x[v] = pieces.p[k][g * kVec + v];
+        for (int v = 0; v < kVec; ++v) x[k][v] = pieces.p[k][g * kVec + v];
       }
+    }
+    Acc acc[kVec];
 #pragma unroll
-      for (int v = 0; v < kVec; ++v) acc[v] = (k == 0 && !with_out) ? to_acc<Acc>(x[v]) : acc[v] + to_acc<Acc>(x[v]);
+    for (int v = 0; v < kVec; ++v) acc[v] = with_out ? out[g * kVec + v] + to_acc<Acc>(x[0][v]) : to_acc<Acc>(x[0][v]);
+#pragma unroll
+    for (int k = 1; k < kMaxPieces; ++k) {
+      if (k >= pieces.n) break;
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) acc[v] += to_acc<Acc>(x[k][v]);
     }
 #pragma unroll
     for (int v = 0; v < kVec; ++v) out[g * kVec + v] = last ? acc[v] * scale : acc[v];
@@ -407,7 +414,7 @@ __global__ void sum_pieces_kernel(Acc* out, Pieces<T> pieces, int64_t groups, bo
 
 }  // namespace
 
-void sum_pieces(const Tensor& out, const std::vector<Tensor>& pieces, double scale) {
+void sum_pieces(const Tensor& out, const std::vector<Tensor>& pieces, double scale, int64_t max_blocks) {
   INGOT_INTERNAL_CHECK(out.is_contiguous() && (out.dtype() == DType::f32 || out.dtype() == DType::f64) &&
                            !pieces.empty(), "sum_pieces: expected a contiguous f32/f64 output and pieces");
   const int64_t n = out.numel();
@@ -434,13 +441,19 @@ void sum_pieces(const Tensor& out, const std::vector<Tensor>& pieces, double sca
           }
           const bool with_out = first > 0, last = first + kMaxPieces >= pieces.size();
           Acc* o = static_cast<Acc*>(out.data_ptr());
+          // Capped: few blocks of many threads (each SM's share of the bytes in flight), else the usual grid.
+          const int threads = max_blocks > 0 ? 1024 : kBlock;
+          auto grid = [&](int64_t items) {
+            const unsigned g = grid_for(items, threads, ctx.device);
+            return max_blocks > 0 ? static_cast<unsigned>(std::min<int64_t>(g, max_blocks)) : g;
+          };
           if (aligned) {
             const int64_t groups = n / kVec;
-            sum_pieces_kernel<T, Acc, kVec><<<grid_for(groups, kBlock, ctx.device), kBlock, 0, ctx.stream>>>(
-                o, pp, groups, with_out, last, static_cast<Acc>(scale));
+            sum_pieces_kernel<T, Acc, kVec><<<grid(groups), threads, 0, ctx.stream>>>(o, pp, groups, with_out, last,
+                                                                                     static_cast<Acc>(scale));
           } else {
-            sum_pieces_kernel<T, Acc, 1><<<grid_for(n, kBlock, ctx.device), kBlock, 0, ctx.stream>>>(
-                o, pp, n, with_out, last, static_cast<Acc>(scale));
+            sum_pieces_kernel<T, Acc, 1><<<grid(n), threads, 0, ctx.stream>>>(o, pp, n, with_out, last,
+                                                                              static_cast<Acc>(scale));
           }
           CUDA_CHECK_LAUNCH();
         }
