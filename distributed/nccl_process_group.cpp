@@ -101,14 +101,12 @@ bool gather_cast_on_compute() {
 // Note [Narrow wire, wide sum] (process_group.h), for measuring: INGOT_NARROW_WIRE=0 widens before an f32
 // reduce-scatter instead (the base class's way: the same numbers, twice the bytes for bf16); =alltoall exchanges the
 // chunks with ncclAlltoAll (NCCL 2.28+) instead of grouped sends and receives; unset or "send" the latter.
-// The sum's blocks (INGOT_NARROW_WIRE_BLOCKS, default 16): a sum on the comm stream that filled the GPU (~1000 blocks)
-// would hold every SM while it runs and hold the compute kernels beside it back (measured: the 8B step gained 3-4 ms
-// of the 13 ms a bf16 reduce-scatter gains, bench/RESULTS.md 2026-11-27 twenty-second session); NCCL's own kernels
-// take ~16-32 CTAs.
+// The sum's blocks (INGOT_NARROW_WIRE_BLOCKS, default 32; 0 fills the GPU): the sum runs beside the compute as
+// NCCL's own kernels do (~16-32 CTAs) rather than taking every SM between two compute kernels.
 int64_t narrow_wire_blocks() {
   static const int64_t blocks = [] {
     const char* v = std::getenv("INGOT_NARROW_WIRE_BLOCKS");
-    if (v == nullptr || *v == 0) return int64_t{16};
+    if (v == nullptr || *v == 0) return int64_t{32};
     char* end = nullptr;
     const long long b = std::strtoll(v, &end, 10);
     INGOT_CHECK(end != v && *end == 0 && b >= 0, "INGOT_NARROW_WIRE_BLOCKS must be a count >= 0 (0: fill the GPU), got '",
@@ -343,6 +341,8 @@ class NcclProcessGroup final : public ProcessGroup {
     CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, low_priority ? least : greatest));
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&cast_ready_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&sum_stream_, cudaStreamNonBlocking, low_priority ? least : greatest));
+    CUDA_CHECK(cudaEventCreateWithFlags(&sum_ready_, cudaEventDisableTiming));
     watchdog_ = std::thread([this] { run_watchdog(); });
   }
 
@@ -370,6 +370,8 @@ class NcclProcessGroup final : public ProcessGroup {
     if (ready_) cudaEventDestroy(ready_);
     if (cast_ready_) cudaEventDestroy(cast_ready_);
     if (stream_) cudaStreamDestroy(stream_);
+    if (sum_ready_) cudaEventDestroy(sum_ready_);
+    if (sum_stream_) cudaStreamDestroy(sum_stream_);
   }
 
   std::string backend() const override { return "nccl"; }
@@ -512,8 +514,9 @@ class NcclProcessGroup final : public ProcessGroup {
 
   // Note [Narrow wire, wide sum] (process_group.h): the chunks cross in in's dtype through one grouped send/recv
   // (rank p's chunk q goes to rank q), then sum_pieces adds the world's pieces of this rank's chunk (its own read
-  // from `in`, the others from the receive buffer) in out's dtype, in rank order, on the comm stream, as part of
-  // the collective (its Work ends after the sum; the step timeline counts both). The receive buffer holds world - 1
+  // from `in`, the others from the receive buffer) in out's dtype, in rank order, on a stream of its own that waits
+  // for the exchange (the comm stream goes on with the next collective meanwhile), as part of the collective (its
+  // Work ends after the sum; the step timeline counts both). The receive buffer holds world - 1
   // chunks and comes from the producer stream's pool like all_gather_cast's copy, kept until the wait.
   std::shared_ptr<Work> reduce_scatter_widen(Tensor& out, const Tensor& in, ReduceOp op) override {
     const NarrowWire mode = narrow_wire_mode();
@@ -560,8 +563,11 @@ class NcclProcessGroup final : public ProcessGroup {
           for (int p = 0; p < size_; ++p)
             pieces.push_back(p == rank_ && !all_to_all ? in.as_strided({chunk}, {1}, in.offset() + rank_ * chunk)
                                         : recv.as_strided({chunk}, {1}, static_cast<int64_t>(slot(p) / itemsize(in.dtype()))));
-          const cuda::StreamScope on_comm(cuda::Stream{s, device_});
+          CUDA_CHECK(cudaEventRecord(sum_ready_, s));
+          CUDA_CHECK(cudaStreamWaitEvent(sum_stream_, sum_ready_, 0));
+          const cuda::StreamScope on_sum(cuda::Stream{sum_stream_, device_});
           kernels::cuda::sum_pieces(out, pieces, op == ReduceOp::Avg ? 1.0 / size_ : 1.0, narrow_wire_blocks());
+          return sum_stream_;
         });
   }
 
@@ -611,11 +617,11 @@ class NcclProcessGroup final : public ProcessGroup {
   // The stream a collective's inputs were made on: set_input_stream's, else the device's current one.
   cuda::Stream producer_stream() const { return has_input_stream_ ? input_stream_ : cuda::current_stream(device_); }
 
-  // `then`: more work of the collective queued on the comm stream once NCCL's settled (reduce_scatter_widen's sum),
-  // before the end event.
+  // `then`: more work of the collective queued once NCCL's settled (reduce_scatter_widen's sum), given the comm stream
+  // and returning the stream it ends on, where the end event is recorded.
   template <typename Call>
   std::shared_ptr<Work> issue(const char* op, const Tensor& t, std::vector<Tensor> keep, Call&& call,
-                              const std::function<void(cudaStream_t)>& then = {}) {
+                              const std::function<cudaStream_t(cudaStream_t)>& then = {}) {
     std::lock_guard<std::mutex> lock(issue_mu_);
     int64_t seq = begin(op, t);
     // The watchdog may have aborted the communicator while its failure report is still being written.
@@ -654,9 +660,9 @@ class NcclProcessGroup final : public ProcessGroup {
       fail_in_flight(msg);
       return work;
     }
-    if (then) then(stream_);
-    if (slot >= 0) record_timing(timeline_.ends[static_cast<size_t>(slot)], stream_);
-    CUDA_CHECK(cudaEventRecord(work->end_, stream_));
+    const cudaStream_t ends_on = then ? then(stream_) : stream_;
+    if (slot >= 0) record_timing(timeline_.ends[static_cast<size_t>(slot)], ends_on);
+    CUDA_CHECK(cudaEventRecord(work->end_, ends_on));
     if (work->captured) {  // Note [Collectives in CUDA graphs]: kept until the wait, never watched
       recorder_.update(seq, FlightRecorder::State::Completed);
       work->finish();
@@ -737,6 +743,10 @@ class NcclProcessGroup final : public ProcessGroup {
   cudaEvent_t ready_ = nullptr;
   cudaEvent_t cast_ready_ = nullptr;  // all_gather_cast: the comm stream waits for the producer before casting
   std::mutex cast_mu_;                // guards cast_ready_'s record-and-wait
+  // reduce_scatter_widen: its sum runs here once the exchange is done, so the comm stream goes on with the next
+  // collective (a gather the compute waits for) meanwhile. Used under issue_mu_.
+  cudaStream_t sum_stream_ = nullptr;
+  cudaEvent_t sum_ready_ = nullptr;
   std::mutex issue_mu_;  // serializes NCCL calls (issue, async-error polls, abort)
   cuda::Stream input_stream_;
   bool has_input_stream_ = false;
