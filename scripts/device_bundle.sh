@@ -3,7 +3,8 @@
 # GPU machine lacks into one archive, so a device call unpacks it instead of compiling (the build took 80-115 s of
 # device time on every fresh machine, bench/RESULTS.md sixteenth session):
 #   scripts/device_bundle.sh [BUILD_DIR] [ARCHIVE]        (defaults: build, .device/bundle.tar.xz)
-# Carry [".device"] without debs/ (the archive holds the libraries: ~41 MB of the 64 MiB a call may carry) and run
+# Carry [".device"] without debs/ (the archive holds the libraries: ~43 MB of the 64 MiB a call may carry, the source
+# snapshot written beside it ~4 MB) and run
 # the device scripts with BUNDLE=.device/bundle.tar.xz: scripts/device_build.sh then unpacks instead of building.
 # Left out, as the GPU machine has its own: glibc, libstdc++, libgcc, and the CUDA driver, cudart, cuBLAS, cuDNN,
 # NCCL and NVRTC libraries (device_build.sh links the machine's beside the bundled ones). Binaries built here run
@@ -26,3 +27,12 @@ mkdir -p "$(dirname "$archive")"
 tar cf - -C "$stage" bin lib | xz -T0 -6 > "$archive.tmp"
 mv "$archive.tmp" "$archive"
 echo "device_bundle: $(ls "$stage/bin" | wc -l) programs, $(ls "$stage/lib" | wc -l) libraries -> $archive ($(du -h "$archive" | cut -f1))"
+# Beside it, the source snapshot the device scripts unpack (scripts/device_dist.sh, device_lora.sh): HEAD (a commit,
+# not the working tree) without data/tokenizers (23 MB; the device tests that read them skip), with tests/fixtures
+# (4 MB compressed; the LoRA tests read tests/fixtures/hf). SNAPSHOT= (empty) skips it.
+snapshot=${SNAPSHOT-$(dirname "$archive")/src.tar.xz}
+if [[ -n $snapshot ]]; then
+  git archive HEAD -- . ':!data/tokenizers' | xz -T0 > "$snapshot.tmp"
+  mv "$snapshot.tmp" "$snapshot"
+  echo "device_bundle: source snapshot of $(git rev-parse --short HEAD) -> $snapshot ($(du -h "$snapshot" | cut -f1))"
+fi
