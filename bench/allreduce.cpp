@@ -1,11 +1,15 @@
-// All-reduce bandwidth of ingot's process group (NCCL on GPUs, Gloo on CPUs), like nccl-tests' all_reduce_perf:
-//   ingot launch --nproc-per-node N -- bench_allreduce [--device cuda|cpu] [--min-mb 1] [--max-mb 1024] [--iters 20]
-// For each size (doubling), f32 sum all-reduce; median over --iters after 5 warm-up runs, timed with CUDA events
-// on the group's work (host clock on CPU). algbw = bytes / time; busbw = algbw * 2 (n - 1) / n, the figure that
-// compares across world sizes. Each timed run includes issuing the collective from the host; the back-to-back
-// columns time --iters collectives issued in a row and divide (nccl-tests' way: the issue overlaps the previous
-// collective, so only the device's throughput is left). The issue column is the host's median time inside the
-// all_reduce call (queueing it, not running it). Rank 0 prints the table.
+// Collective bandwidth of ingot's process group (NCCL on GPUs, Gloo on CPUs), like nccl-tests' all_reduce_perf:
+//   ingot launch --nproc-per-node N -- bench_allreduce [--device cuda|cpu] [--op all_reduce|reduce_scatter|
+//       reduce_scatter_widen] [--dtype f32|bf16] [--min-mb 1] [--max-mb 1024] [--iters 20]
+// For each size (the input's bytes, doubling), a sum: all_reduce in place, reduce_scatter into a chunk of the same
+// dtype, or reduce_scatter_widen (a bf16 input summed into an f32 chunk: Note [Narrow wire, wide sum],
+// distributed/process_group.h; its environment switches INGOT_NARROW_WIRE and INGOT_NARROW_WIRE_BLOCKS apply);
+// median over --iters after 5 warm-up runs, timed with CUDA events on the group's work (host clock on CPU). algbw =
+// input bytes / time; busbw = algbw * 2 (n - 1) / n for the all-reduce and algbw * (n - 1) / n for the
+// reduce-scatters, the figure that compares across world sizes. Each timed run includes issuing the collective from
+// the host; the back-to-back columns time --iters collectives issued in a row and divide (nccl-tests' way: the issue
+// overlaps the previous collective, so only the device's throughput is left). The issue column is the host's median
+// time inside the call (queueing it, not running it). Rank 0 prints the table.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,16 +24,27 @@
 using namespace ingot;
 
 int main(int argc, char** argv) try {
-  std::string device = "cuda";
+  std::string device = "cuda", op = "all_reduce", dtype = "f32";
   double min_mb = 1, max_mb = 1024;
   int iters = 20;
-  CLI::App app{"All-reduce bandwidth of ingot's process group (f32 sum, sizes doubling from --min-mb to --max-mb).",
+  CLI::App app{"Collective bandwidth of ingot's process group (a sum, input sizes doubling from --min-mb to --max-mb).",
                "bench_allreduce"};
   app.add_option("--device", device, "cuda (NCCL) or cpu (Gloo)")->capture_default_str();
+  app.add_option("--op", op, "all_reduce, reduce_scatter, or reduce_scatter_widen (bf16 in, f32 out)")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "reduce_scatter_widen"}))
+      ->capture_default_str();
+  app.add_option("--dtype", dtype, "the input's dtype (reduce_scatter_widen: bf16)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   app.add_option("--min-mb", min_mb, "smallest size, MiB")->capture_default_str();
   app.add_option("--max-mb", max_mb, "largest size, MiB")->capture_default_str();
   app.add_option("--iters", iters, "timed runs per size (after 5 warm-up)")->capture_default_str();
   bench::parse_or_exit(app, argc, argv);
+  if (op == "reduce_scatter_widen" && dtype != "bf16") {
+    std::fprintf(stderr, "bench_allreduce: --op reduce_scatter_widen sums a bf16 input into f32: use --dtype bf16\n");
+    return 2;
+  }
+  const DType in_dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
   distributed::InitOptions opts;
   opts.backend = device == "cpu" ? "gloo" : "nccl";
   distributed::DistributedContext ctx = distributed::init_distributed(opts);
@@ -37,11 +52,19 @@ int main(int argc, char** argv) try {
   Device dev = parse_device(device);
   if (dev.is_cuda() && cuda_device_count() > 1) dev = Device::cuda(ctx.info.local_rank);
   if (ctx.info.rank == 0)
-    std::printf("| bytes | ranks | device | median ms | algbw GB/s | busbw GB/s | back-to-back ms | back-to-back busbw "
-                "GB/s | issue us |\n|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| op | dtype | bytes | ranks | device | median ms | algbw GB/s | busbw GB/s | back-to-back ms | "
+                "back-to-back busbw GB/s | issue us |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  const bool all_reduce = op == "all_reduce";
   for (double mb = min_mb; mb <= max_mb; mb *= 2) {
-    const int64_t n = static_cast<int64_t>(mb * (1 << 20) / 4);
-    Tensor t = ones({n}, DType::f32, dev);
+    // Whole chunks for the reduce-scatters.
+    const int64_t n = static_cast<int64_t>(mb * (1 << 20) / static_cast<double>(itemsize(in_dtype))) / world * world;
+    Tensor t = ones({n}, in_dtype, dev);
+    Tensor out = all_reduce ? Tensor() : empty({n / world}, op == "reduce_scatter_widen" ? DType::f32 : in_dtype, dev);
+    auto issue_one = [&]() -> std::shared_ptr<distributed::Work> {
+      if (all_reduce) return ctx.group->all_reduce(t, distributed::ReduceOp::Sum);
+      if (op == "reduce_scatter") return ctx.group->reduce_scatter(out, t, distributed::ReduceOp::Sum);
+      return ctx.group->reduce_scatter_widen(out, t, distributed::ReduceOp::Sum);
+    };
     std::vector<double> ms, issue_us;
     for (int it = 0; it < iters + 5; ++it) {
       double elapsed;
@@ -50,7 +73,7 @@ int main(int argc, char** argv) try {
         auto stream = cuda::current_stream(dev.index);
         e0.record(stream);
         const auto h0 = std::chrono::steady_clock::now();
-        std::shared_ptr<distributed::Work> work = ctx.group->all_reduce(t, distributed::ReduceOp::Sum);
+        std::shared_ptr<distributed::Work> work = issue_one();
         if (it >= 5)
           issue_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
         work->block_stream(stream);
@@ -59,7 +82,7 @@ int main(int argc, char** argv) try {
         elapsed = e0.elapsed_ms(e1);
       } else {
         auto t0 = std::chrono::steady_clock::now();
-        ctx.group->all_reduce(t, distributed::ReduceOp::Sum)->wait();
+        issue_one()->wait();
         elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       }
       if (it >= 5) ms.push_back(elapsed);
@@ -67,7 +90,8 @@ int main(int argc, char** argv) try {
     std::sort(ms.begin(), ms.end());
     std::sort(issue_us.begin(), issue_us.end());
     const double issue = issue_us.empty() ? 0.0 : issue_us[issue_us.size() / 2];
-    const double med = ms[ms.size() / 2], bytes = static_cast<double>(n) * 4;
+    const double med = ms[ms.size() / 2], bytes = static_cast<double>(t.nbytes());
+    const double bus = all_reduce ? 2.0 * (world - 1) / world : static_cast<double>(world - 1) / world;
     const double algbw = bytes / (med / 1e3) / 1e9;
     double b2b = 0;  // back to back: --iters collectives issued in a row, one pair of events around them
     if (dev.is_cuda()) {
@@ -75,7 +99,7 @@ int main(int argc, char** argv) try {
       auto stream = cuda::current_stream(dev.index);
       e0.record(stream);
       std::shared_ptr<distributed::Work> last;
-      for (int it = 0; it < iters; ++it) last = ctx.group->all_reduce(t, distributed::ReduceOp::Sum);
+      for (int it = 0; it < iters; ++it) last = issue_one();
       last->block_stream(stream);
       e1.record(stream);
       e1.synchronize();
@@ -83,15 +107,14 @@ int main(int argc, char** argv) try {
     } else {
       auto t0 = std::chrono::steady_clock::now();
       std::shared_ptr<distributed::Work> last;
-      for (int it = 0; it < iters; ++it) last = ctx.group->all_reduce(t, distributed::ReduceOp::Sum);
+      for (int it = 0; it < iters; ++it) last = issue_one();
       last->wait();
       b2b = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
     }
     const double b2b_algbw = bytes / (b2b / 1e3) / 1e9;
     if (ctx.info.rank == 0)
-      std::printf("| %.0f | %d | %s | %.3f | %.1f | %.1f | %.3f | %.1f | %.1f |\n", bytes, world,
-                  dev.str().c_str(), med, algbw, algbw * 2.0 * (world - 1) / world, b2b,
-                  b2b_algbw * 2.0 * (world - 1) / world, issue);
+      std::printf("| %s | %s | %.0f | %d | %s | %.3f | %.1f | %.1f | %.3f | %.1f | %.1f |\n", op.c_str(), dtype.c_str(),
+                  bytes, world, dev.str().c_str(), med, algbw, algbw * bus, b2b, b2b_algbw * bus, issue);
   }
   return 0;
 } catch (const std::exception& e) {

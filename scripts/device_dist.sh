@@ -194,7 +194,7 @@ if want bench; then
     (( n <= gpus )) || continue
     if (( n > 1 )); then
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) ingot launch --nproc-per-node gpu --standalone -- \
-        bench_allreduce --min-mb 64 --max-mb 512 > "$out/allreduce_$n.log" 2>&1; grep "^| [0-9]" "$out/allreduce_$n.log" | tail -2
+        bench_allreduce --min-mb 64 --max-mb 512 > "$out/allreduce_$n.log" 2>&1; grep "^| all_reduce" "$out/allreduce_$n.log" | tail -2
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) python3 -m torch.distributed.run --standalone --nproc-per-node $n \
         bench/reference/torch_allreduce.py --min-mb 64 --max-mb 512 > "$out/torch_allreduce_$n.log" 2>&1
       grep "^| [0-9]" "$out/torch_allreduce_$n.log" | tail -2

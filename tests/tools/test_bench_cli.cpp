@@ -122,7 +122,7 @@ TEST(BenchCli, EveryBenchNamesBadFlagsAndListsItsFlags) {
   const auto help = run_bench("--help", "bench_llama_step");
   for (const char* flag : {"--config", "--checkpoint", "--tokens", "--zero-stage", "--keep-after-forward", "--params",
                            "--reduce-dtype", "--timeline", "--losses", "--peak-tflops", "--compile", "--layers",
-                           "--sm-carveout"})
+                           "--sm-carveout", "--reduce-wire-dtype"})
     EXPECT_NE(help.output.find(flag), std::string::npos) << flag << " missing from --help:\n" << help.output;
   const auto typo = run_bench("--batch two", "bench_llama_step");
   EXPECT_NE(typo.exit_code, 0);
@@ -174,6 +174,35 @@ TEST(BenchGpt2Step, ACompiledZero3RowNamesANonDefaultUnitReductionLag) {
   ASSERT_EQ(lag1.exit_code, 0) << lag1.output;
   EXPECT_EQ(row_cells(lag0.output, "ingot compile default ZeRO-3 x2 unit lag 0").size(), 12u) << lag0.output;
   EXPECT_EQ(row_cells(lag1.output, "ingot compile default ZeRO-3 x2").size(), 12u) << lag1.output;
+}
+
+// bench_allreduce's reduce-scatters on 2 Gloo ranks under `ingot launch`: a row per op naming it and its dtype
+// (reduce_scatter_widen: bf16 summed into f32, Note [Narrow wire, wide sum]); a widened f32 input is refused.
+TEST(BenchAllreduce, TimesEachOpOnGlooRanksAndRefusesAWidenedF32Input) {
+  ASSERT_TRUE(fs::exists(bench_binary("ingot"))) << "build the `ingot` target too";
+  auto launched = [&](const std::string& args) {
+    std::string command = "'";
+    command += bench_binary("ingot").string();
+    command += "' launch --nproc-per-node 2 -- '";
+    command += bench_binary("bench_allreduce").string();
+    command += "' --device cpu --min-mb 1 --max-mb 1 --iters 2 ";
+    command += args;
+    command += " 2>&1";
+    return ingot::testing::run_shell(command);
+  };
+  for (const std::string op : {"all_reduce", "reduce_scatter", "reduce_scatter_widen"}) {
+    SCOPED_TRACE(op);
+    const auto r = launched("--op " + op + " --dtype bf16");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<std::string> cells = row_cells(r.output, op);
+    ASSERT_EQ(cells.size(), 11u) << r.output;
+    EXPECT_EQ(cells[1], "bf16") << r.output;
+    EXPECT_EQ(cells[2], "1048576") << "the input's bytes: " << r.output;
+  }
+  const auto bad = launched("--op reduce_scatter_widen --dtype f32");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("--op reduce_scatter_widen sums a bf16 input into f32: use --dtype bf16"),
+            std::string::npos) << bad.output;
 }
 
 }  // namespace
