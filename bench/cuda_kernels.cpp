@@ -151,6 +151,19 @@ int main() {
            }),
            4.0 * rows * classes);
   }
+  {
+    // Note [Narrow wire, wide sum] (distributed/process_group.h): one 8B block's chunk at 4 ranks, 4 bf16 pieces of
+    // 54.5 Mi summed into f32, on every SM and on the narrow wire's 32 and 16 blocks. Bytes: the pieces read, the
+    // sum written.
+    const int64_t chunk = 54525952;
+    std::vector<Tensor> pieces;
+    for (int k = 0; k < 4; ++k) pieces.push_back(randn({chunk}, DType::bf16, g));
+    Tensor out = empty({chunk}, DType::f32, g);
+    const double bytes = 4.0 * 2 * chunk + 4.0 * chunk;
+    report("sum_pieces 4 x 54.5Mi bf16 -> f32", median_ms([&] { kg::sum_pieces(out, pieces, 0.25, 0); }), bytes);
+    report("sum_pieces ... on 32 blocks", median_ms([&] { kg::sum_pieces(out, pieces, 0.25, 32); }), bytes);
+    report("sum_pieces ... on 16 blocks", median_ms([&] { kg::sum_pieces(out, pieces, 0.25, 16); }), bytes);
+  }
   std::printf("device allocator: %.1f MiB reserved, peak %.1f MiB allocated\n",
               static_cast<double>(cuda_allocator(0).stats().reserved_bytes) / (1 << 20),
               static_cast<double>(cuda_allocator(0).stats().peak_allocated_bytes) / (1 << 20));
