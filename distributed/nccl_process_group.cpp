@@ -109,8 +109,8 @@ int64_t narrow_wire_blocks() {
     if (v == nullptr || *v == 0) return int64_t{32};
     char* end = nullptr;
     const long long b = std::strtoll(v, &end, 10);
-    INGOT_CHECK(end != v && *end == 0 && b >= 0, "INGOT_NARROW_WIRE_BLOCKS must be a count >= 0 (0: fill the GPU), got '",
-                v, "'");
+    INGOT_CHECK(end != v && *end == 0 && b >= 0,
+                "INGOT_NARROW_WIRE_BLOCKS must be a count >= 0 (0: fill the GPU), got '", v, "'");
     return static_cast<int64_t>(b);
   }();
   return blocks;
@@ -552,17 +552,21 @@ class NcclProcessGroup final : public ProcessGroup {
           ncclResult_t r = ncclGroupStart();
           for (int p = 0; p < size_ && (r == ncclSuccess || r == ncclInProgress); ++p) {
             if (p == rank_) continue;
-            r = ncclSend(src + static_cast<size_t>(p) * bytes, static_cast<size_t>(chunk), dt, p, comm_, s);
-            if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(dst + slot(p), static_cast<size_t>(chunk), dt, p, comm_, s);
+            const size_t count = static_cast<size_t>(chunk);
+            r = ncclSend(src + static_cast<size_t>(p) * bytes, count, dt, p, comm_, s);
+            if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(dst + slot(p), count, dt, p, comm_, s);
           }
           const ncclResult_t end = ncclGroupEnd();
           return r == ncclSuccess || r == ncclInProgress ? end : r;
         },
         [&](cudaStream_t s) {
           std::vector<Tensor> pieces;
-          for (int p = 0; p < size_; ++p)
-            pieces.push_back(p == rank_ && !all_to_all ? in.as_strided({chunk}, {1}, in.offset() + rank_ * chunk)
-                                        : recv.as_strided({chunk}, {1}, static_cast<int64_t>(slot(p) / itemsize(in.dtype()))));
+          for (int p = 0; p < size_; ++p) {
+            const bool own = p == rank_ && !all_to_all;  // this rank's chunk, never sent
+            const int64_t at = static_cast<int64_t>(slot(p) / itemsize(in.dtype()));
+            pieces.push_back(own ? in.as_strided({chunk}, {1}, in.offset() + rank_ * chunk)
+                                 : recv.as_strided({chunk}, {1}, at));
+          }
           CUDA_CHECK(cudaEventRecord(sum_ready_, s));
           CUDA_CHECK(cudaStreamWaitEvent(sum_stream_, sum_ready_, 0));
           const cuda::StreamScope on_sum(cuda::Stream{sum_stream_, device_});

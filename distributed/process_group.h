@@ -130,10 +130,11 @@ class ProcessGroup {
   // one (f32), op Sum or Avg: every rank's values as they are in `in`, summed in out's dtype. The same numbers as
   // widening `in` first and reducing in out's dtype (what this base class does, and what FSDP2 does with bf16
   // gradients and reduce_dtype f32), but NCCL sends only the narrow bytes: an all-to-all of the chunks in in's
-  // dtype, then each rank adds the world's pieces of its chunk in out's dtype, in rank order, on the comm stream
-  // (kernels' sum_pieces): half of an f32 reduce-scatter's bytes for bf16. The pieces are not rounded on the way
-  // (a bf16 ring reduce-scatter rounds every partial sum to bf16). INGOT_NARROW_WIRE=0 makes NCCL widen first,
-  // as here, for measuring.
+  // dtype, then each rank adds the world's pieces of its chunk in out's dtype, in rank order, on a stream of its
+  // own (kernels' sum_pieces): half of an f32 reduce-scatter's bytes for bf16. The pieces are not rounded on the
+  // way (a bf16 ring reduce-scatter rounds every partial sum to bf16). Measured on the 8B ZeRO-3 step (4x H200):
+  // ~1% faster than f32 on the wire, where NCCL's own bf16 reduce-scatter is ~3.5% faster (bench/RESULTS.md
+  // 2026-11-27, twenty-second session). INGOT_NARROW_WIRE=0 makes NCCL widen first, as here, for measuring.
   virtual std::shared_ptr<Work> reduce_scatter_widen(Tensor& out, const Tensor& in, ReduceOp op);
   // t = root's t.
   virtual std::shared_ptr<Work> broadcast(Tensor& t, int root = 0) = 0;
