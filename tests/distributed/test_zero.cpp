@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "autograd/nn/layers.h"
 #include "autograd/ops.h"
@@ -419,6 +420,16 @@ TEST(ZeroStages, PrefetchesTheirPassDoesNotUseAreFreed) {
 // compares whole parameters gathered from the masters on rank 0; ZeRO-1/2 (DistributedDataParallel, whose shards
 // are chunks of gradient buckets) compare each rank's chunk of the reference laid out as the buckets.
 
+// Runs `step` once on `batch`: traced and run node by node (compiled) or eagerly.
+void run_step_once(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& step,
+                   const std::vector<Tensor>& batch, bool compiled) {
+  CompileOptions co;
+  co.backend = CompileBackend::Eager;
+  CompiledFunction fn = compile(step, co);
+  if (compiled) fn(batch);
+  else step(batch);
+}
+
 // The masters moved from `was` to `now` where `was - g` is wanted: how far they are from it, and how far the bf16
 // rounding of g would put them, both relative to g's largest element (maxima kept in `worst`, `rounded`).
 void measure_move(const Tensor& was, const Tensor& now, const Tensor& g, double& worst, double& rounded) {
@@ -502,11 +513,7 @@ void f32_gradients_reach_the_masters(const DistributedContext& ctx, int stage) {
       }
       return std::vector<Tensor>{l.detach()};
     };
-    CompileOptions co;
-    co.backend = CompileBackend::Eager;
-    CompiledFunction fn = compile(step, co);
-    if (compiled) fn({ids, tgt});
-    else step({ids, tgt});
+    run_step_once(step, {ids, tgt}, compiled);
     double worst = 0, rounded = 0;
     if (fsdp) {
       for (size_t i = 0; i < reference.size(); ++i) {
@@ -588,11 +595,7 @@ void narrow_wire_rounds_each_rank_and_sums_in_f32(const DistributedContext& ctx)
       opt.zero_grad();
       return std::vector<Tensor>{l.detach()};
     };
-    CompileOptions co;
-    co.backend = CompileBackend::Eager;
-    CompiledFunction fn = compile(step, co);
-    if (compiled) fn({ids, tgt});
-    else step({ids, tgt});
+    run_step_once(step, {ids, tgt}, compiled);
     double worst = 0, unrounded = 0;
     for (size_t i = 0; i < rounded_mean.size(); ++i) {
       const Tensor was = fsdp.gather_param(i, before), now = fsdp.gather_param(i, fsdp.optimizer_params());
