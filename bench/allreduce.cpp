@@ -1,12 +1,13 @@
 // Collective bandwidth of ingot's process group (NCCL on GPUs, Gloo on CPUs), like nccl-tests' all_reduce_perf:
 //   ingot launch --nproc-per-node N -- bench_allreduce [--device cuda|cpu] [--op all_reduce|reduce_scatter|
-//       reduce_scatter_widen] [--dtype f32|bf16] [--min-mb 1] [--max-mb 1024] [--iters 20]
+//       reduce_scatter_widen|all_to_all] [--dtype f32|bf16] [--min-mb 1] [--max-mb 1024] [--iters 20]
 // For each size (the input's bytes, doubling), a sum: all_reduce in place, reduce_scatter into a chunk of the same
 // dtype, or reduce_scatter_widen (a bf16 input summed into an f32 chunk: Note [Narrow wire, wide sum],
-// distributed/process_group.h; its environment switches INGOT_NARROW_WIRE and INGOT_NARROW_WIRE_BLOCKS apply);
+// distributed/process_group.h; its environment switches INGOT_NARROW_WIRE and INGOT_NARROW_WIRE_BLOCKS apply); or
+// all_to_all, the widened reduce-scatter's exchange alone (no sum);
 // median over --iters after 5 warm-up runs, timed with CUDA events on the group's work (host clock on CPU). algbw =
 // input bytes / time; busbw = algbw * 2 (n - 1) / n for the all-reduce and algbw * (n - 1) / n for the
-// reduce-scatters, the figure that compares across world sizes. Each timed run includes issuing the collective from
+// reduce-scatters and the all-to-all, the figure that compares across world sizes. Each timed run includes issuing the collective from
 // the host; the back-to-back columns time --iters collectives issued in a row and divide (nccl-tests' way: the issue
 // overlaps the previous collective, so only the device's throughput is left). The issue column is the host's median
 // time inside the call (queueing it, not running it). Rank 0 prints the table.
@@ -30,8 +31,9 @@ int main(int argc, char** argv) try {
   CLI::App app{"Collective bandwidth of ingot's process group (a sum, input sizes doubling from --min-mb to --max-mb).",
                "bench_allreduce"};
   app.add_option("--device", device, "cuda (NCCL) or cpu (Gloo)")->capture_default_str();
-  app.add_option("--op", op, "all_reduce, reduce_scatter, or reduce_scatter_widen (bf16 in, f32 out)")
-      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "reduce_scatter_widen"}))
+  app.add_option("--op", op,
+                 "all_reduce, reduce_scatter, reduce_scatter_widen (bf16 in, f32 out), or all_to_all (its exchange)")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "reduce_scatter_widen", "all_to_all"}))
       ->capture_default_str();
   app.add_option("--dtype", dtype, "the input's dtype (reduce_scatter_widen: bf16)")
       ->check(CLI::IsMember({"f32", "bf16"}))
@@ -59,9 +61,12 @@ int main(int argc, char** argv) try {
     // Whole chunks for the reduce-scatters.
     const int64_t n = static_cast<int64_t>(mb * (1 << 20) / static_cast<double>(itemsize(in_dtype))) / world * world;
     Tensor t = ones({n}, in_dtype, dev);
-    Tensor out = all_reduce ? Tensor() : empty({n / world}, op == "reduce_scatter_widen" ? DType::f32 : in_dtype, dev);
+    Tensor out = all_reduce            ? Tensor()
+                 : op == "all_to_all" ? empty({n}, in_dtype, dev)
+                                      : empty({n / world}, op == "reduce_scatter_widen" ? DType::f32 : in_dtype, dev);
     auto issue_one = [&]() -> std::shared_ptr<distributed::Work> {
       if (all_reduce) return ctx.group->all_reduce(t, distributed::ReduceOp::Sum);
+      if (op == "all_to_all") return ctx.group->all_to_all(out, t);
       if (op == "reduce_scatter") return ctx.group->reduce_scatter(out, t, distributed::ReduceOp::Sum);
       return ctx.group->reduce_scatter_widen(out, t, distributed::ReduceOp::Sum);
     };

@@ -6,6 +6,7 @@
 // failure report. bf16/f16 tensors are reduced in f32 (Gloo has no bf16 math); reduce_scatter is an
 // all-reduce followed by taking this rank's chunk, as Gloo has no general reduce-scatter.
 #include <gloo/allgather.h>
+#include <gloo/alltoall.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -135,6 +136,24 @@ class GlooProcessGroup final : public ProcessGroup {
       o.setTag(tag);
       o.setTimeout(options_.timeout);
       gloo::allgather(o);
+      out.bump_version();
+    });
+  }
+
+  std::shared_ptr<Work> all_to_all(Tensor& out, const Tensor& in) override {
+    check_collective_tensor(out, "all_to_all", false);
+    check_collective_tensor(in, "all_to_all", false);
+    INGOT_CHECK(out.numel() == in.numel() && in.numel() % size_ == 0 && in.dtype() == out.dtype(),
+                "all_to_all: input and output must hold world size (", size_, ") equal chunks of one dtype, got ",
+                in.numel(), " ", dtype_name(in.dtype()), " elements in and ", out.numel(), " ",
+                dtype_name(out.dtype()), " out");
+    return enqueue("all_to_all", in, [this, out, in](uint32_t tag) mutable {
+      gloo::AlltoallOptions o(context_);
+      o.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
+      o.setOutput(static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
+      o.setTag(tag);
+      o.setTimeout(options_.timeout);
+      gloo::alltoall(o);
       out.bump_version();
     });
   }

@@ -512,6 +512,22 @@ class NcclProcessGroup final : public ProcessGroup {
     });
   }
 
+  std::shared_ptr<Work> all_to_all(Tensor& out, const Tensor& in) override {
+    check(out, "all_to_all");
+    check(in, "all_to_all");
+    INGOT_CHECK(out.numel() == in.numel() && in.numel() % size_ == 0 && in.dtype() == out.dtype(),
+                "all_to_all: input and output must hold world size (", size_, ") equal chunks of one dtype, got ",
+                in.numel(), " ", dtype_name(in.dtype()), " elements in and ", out.numel(), " ",
+                dtype_name(out.dtype()), " out");
+    ncclDataType_t dt = nccl_dtype(in.dtype(), "all_to_all");
+    const size_t count = static_cast<size_t>(in.numel() / size_), bytes = count * itemsize(in.dtype());
+    auto* src = static_cast<const char*>(in.data_ptr());
+    auto* dst = static_cast<char*>(out.data_ptr());
+    return issue("all_to_all", in, {out, in}, [&](cudaStream_t s) {
+      return exchange(s, src, dt, count, bytes, true, [&](int p) { return dst + static_cast<size_t>(p) * bytes; });
+    });
+  }
+
   // Note [Narrow wire, wide sum] (process_group.h): the chunks cross in in's dtype through one grouped send/recv
   // (rank p's chunk q goes to rank q), then sum_pieces adds the world's pieces of this rank's chunk (its own read
   // from `in`, the others from the receive buffer) in out's dtype, in rank order, on a stream of its own that waits
@@ -549,15 +565,7 @@ class NcclProcessGroup final : public ProcessGroup {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
           if (all_to_all) return ncclAlltoAll(src, dst, static_cast<size_t>(chunk), dt, comm_, s);
 #endif
-          ncclResult_t r = ncclGroupStart();
-          for (int p = 0; p < size_ && (r == ncclSuccess || r == ncclInProgress); ++p) {
-            if (p == rank_) continue;
-            const size_t count = static_cast<size_t>(chunk);
-            r = ncclSend(src + static_cast<size_t>(p) * bytes, count, dt, p, comm_, s);
-            if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(dst + slot(p), count, dt, p, comm_, s);
-          }
-          const ncclResult_t end = ncclGroupEnd();
-          return r == ncclSuccess || r == ncclInProgress ? end : r;
+          return exchange(s, src, dt, static_cast<size_t>(chunk), bytes, false, [&](int p) { return dst + slot(p); });
         },
         [&](cudaStream_t s) {
           std::vector<Tensor> pieces;
@@ -616,6 +624,21 @@ class NcclProcessGroup final : public ProcessGroup {
                " ms timeout";
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+  }
+
+  // One grouped send/recv: chunk p of `src` (`bytes` each) to rank p, rank p's chunk for this rank into into(p);
+  // with `self`, this rank's own chunk too (NCCL copies it), else it is left where it is.
+  template <typename Into>
+  ncclResult_t exchange(cudaStream_t s, const char* src, ncclDataType_t dt, size_t count, size_t bytes, bool self,
+                        Into&& into) {
+    ncclResult_t r = ncclGroupStart();
+    for (int p = 0; p < size_ && (r == ncclSuccess || r == ncclInProgress); ++p) {
+      if (p == rank_ && !self) continue;
+      r = ncclSend(src + static_cast<size_t>(p) * bytes, count, dt, p, comm_, s);
+      if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(into(p), count, dt, p, comm_, s);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r == ncclSuccess || r == ncclInProgress ? end : r;
   }
 
   // The stream a collective's inputs were made on: set_input_stream's, else the device's current one.

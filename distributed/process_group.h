@@ -122,6 +122,10 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::Sum) = 0;
   // out (out.numel() == size() * in.numel()) = concatenation of every rank's `in`, in rank order.
   virtual std::shared_ptr<Work> all_gather(Tensor& out, const Tensor& in) = 0;
+  // in holds size() equal chunks, chunk q for rank q; out (same numel and dtype) gets rank p's chunk rank() as its
+  // chunk p (an all-to-all: the exchange of Note [Narrow wire, wide sum]'s reduce-scatter, timed alone by
+  // bench_allreduce --op all_to_all).
+  virtual std::shared_ptr<Work> all_to_all(Tensor& out, const Tensor& in) = 0;
   // all_gather of `in` cast to out's dtype (ZeRO-3 gathers bf16 weights from f32 masters). Here: the cast on the
   // current stream, then all_gather; NCCL casts on its communication stream instead (Note [Gathers cast on the
   // comm stream], nccl_process_group.cpp). The cast copy is kept until the collective read it.

@@ -58,6 +58,9 @@ class HeldUntilWait final : public ProcessGroup {
   std::shared_ptr<Work> all_gather(Tensor& out, const Tensor& in) override {
     return done(inner_->all_gather(out, in));
   }
+  std::shared_ptr<Work> all_to_all(Tensor& out, const Tensor& in) override {
+    return done(inner_->all_to_all(out, in), in);
+  }
   std::shared_ptr<Work> broadcast(Tensor& t, int root) override { return done(inner_->broadcast(t, root)); }
   std::shared_ptr<Work> barrier() override { return done(inner_->barrier()); }
 

@@ -12,6 +12,7 @@
 #include "distributed/process_group.h"
 #include "distributed/spawn.h"
 #include "runtime/allocator.h"
+#include "tests/testing.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
 
@@ -120,6 +121,30 @@ TEST(GlooProcessGroup, ReduceScatterGivesEachRankItsChunkAndAllGatherRebuildsThe
       for (int r = 0; r < world; ++r) want += value(r, j);
       EXPECT_NEAR(whole.item_at(j), want, 1e-5) << "j=" << j;
     }
+    return;
+  }
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(3)));
+}
+
+// all_to_all: rank p's chunk q lands on rank q as its chunk p, bit for bit, every rank's own chunk included; a
+// length that does not split over the ranks is refused by name.
+TEST(GlooProcessGroup, AllToAllHandsEachRankEveryRanksChunkForIt) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(quick_init());
+    const int world = ctx.info.world_size, rank = ctx.info.rank;
+    const int64_t chunk = 6;
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Tensor in = rank_tensor(rank, chunk * world, dt), out = empty({chunk * world}, dt);
+      ctx.group->all_to_all(out, in)->wait();
+      for (int p = 0; p < world; ++p)
+        for (int64_t i = 0; i < chunk; ++i)
+          ASSERT_EQ(out.item_at(p * chunk + i), rank_tensor(p, chunk * world, dt).item_at(rank * chunk + i))
+              << dtype_name(dt) << ": from rank " << p << ", element " << i;
+    }
+    Tensor odd = empty({chunk * world + 1});
+    EXPECT_NE(ingot::testing::error_of([&] { ctx.group->all_to_all(odd, odd); }).find("all_to_all: input and output "
+                                                                                      "must hold world size"),
+              std::string::npos);
     return;
   }
   expect_ranks_pass(spawn_ranks(ingot::testing::world(3)));

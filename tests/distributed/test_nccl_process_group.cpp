@@ -178,6 +178,16 @@ TEST(NcclProcessGroup, AWidenedReduceScatterSumsEveryRanksBf16PiecesInF32AsTheCp
         EXPECT_GT(differ, chunk / 4) << "a bf16 reduce-scatter must round the sums, else this test checks nothing";
       }
     }
+    // The exchange alone (all_to_all): rank p's chunk for this rank lands as chunk p, bit for bit.
+    Tensor swapped = empty({chunk * world}, DType::bf16, dev);
+    ctx.group->all_to_all(swapped, in)->wait(10000ms);
+    const std::vector<double> got_all = swapped.to(Device::cpu()).to_vector();
+    for (int r = 0; r < world; ++r) {
+      const std::vector<double> sent = values_of(r).to_vector();
+      for (int64_t i = 0; i < chunk; i += 1021)
+        ASSERT_EQ(got_all[static_cast<size_t>(r * chunk + i)], sent[static_cast<size_t>(rank * chunk + i)])
+            << "from rank " << r << ", element " << i;
+    }
     // Not wider: refused by name.
     Tensor bad = empty({chunk}, DType::bf16, dev);
     Tensor f32_in = zeros({chunk * world}, DType::f32, dev);

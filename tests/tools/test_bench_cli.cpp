@@ -190,7 +190,7 @@ TEST(BenchAllreduce, TimesEachOpOnGlooRanksAndRefusesAWidenedF32Input) {
     command += " 2>&1";
     return ingot::testing::run_shell(command);
   };
-  for (const std::string op : {"all_reduce", "reduce_scatter", "reduce_scatter_widen"}) {
+  for (const std::string op : {"all_reduce", "reduce_scatter", "reduce_scatter_widen", "all_to_all"}) {
     SCOPED_TRACE(op);
     const auto r = launched("--op " + op + " --dtype bf16");
     ASSERT_EQ(r.exit_code, 0) << r.output;
