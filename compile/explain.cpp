@@ -89,8 +89,12 @@ std::vector<std::string> describe_collectives(const Graph& g) {
       if (is_all_gather_start(*start.prim))
         line << (start.forward ? " (weights for forward" : " (weights again for backward")
              << (a->regather && start.forward ? ", resharded after it)" : ")");
+      else if (const DType sent = g.values.at(static_cast<size_t>(start.inputs[0])).dtype,
+               summed = g.values.at(static_cast<size_t>(start.outputs[0])).dtype;
+               sent != summed)  // Note [Narrow wire, wide sum] (distributed/process_group.h)
+        line << " (its gradients, sent in " << dtype_name(sent) << ", summed in " << dtype_name(summed) << ")";
       else
-        line << " (its gradients)";
+        line << " (its gradients, in " << dtype_name(sent) << ")";
     } else {
       line << " of " << value_meta_str(g, start.inputs[0]);
       if (const CollectivePurposeAttrs* p = match<CollectivePurposeAttrs>(*start.prim))

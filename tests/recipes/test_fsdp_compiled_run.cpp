@@ -105,8 +105,8 @@ TEST_F(CompiledFsdpRun, LlamaFullFinetuneFollowsEager) {
 }
 
 // `ingot explain` of a ZeRO-3 config under `ingot launch` (2 ranks, 2 blocks): the report lists each unit's
-// collectives (forward gathers, the blocks' gathers again for backward, one reduce-scatter per unit) and what each
-// overlaps.
+// collectives (forward gathers, the blocks' gathers again for backward, one reduce-scatter per unit, with the dtypes
+// it sends and sums in) and what each overlaps.
 TEST_F(CompiledFsdpRun, ExplainListsTheUnitsCollectivesAndWhatTheyOverlap) {
   // checkpoint.save_every=1: explain writes no checkpoint (each rank's scratch directory is its own, where a
   // sharded checkpoint needs one for all).
@@ -117,7 +117,7 @@ TEST_F(CompiledFsdpRun, ExplainListsTheUnitsCollectivesAndWhatTheyOverlap) {
                            "all_gather of unit transformer.h.1 (weights for forward, resharded after it)",
                            "all_gather of unit transformer.h.0 (weights again for backward)",
                            "all_gather of unit head (weights for forward)",
-                           "reduce_scatter of unit transformer.h.1 (its gradients)",
+                           "reduce_scatter of unit transformer.h.1 (its gradients, in f32)",
                            "reduce_scatter of unit embeddings", "reduce_scatter of unit head"})
     EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
   // Block 0's backward gather is prefetched while block 1's backward computes; block 1's reduce-scatter overlaps
@@ -130,6 +130,13 @@ TEST_F(CompiledFsdpRun, ExplainListsTheUnitsCollectivesAndWhatTheyOverlap) {
   const size_t rs = r.output.find("reduce_scatter of unit transformer.h.1");
   EXPECT_NE(r.output.substr(rs, r.output.find('\n', rs) - rs).find("transformer.h.0 backward"), std::string::npos)
       << r.output;
+  // Note [Narrow wire, wide sum]: the reduce-scatters say what they send and what they sum in.
+  Result wire = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" explain tiny.yaml distributed.zero_stage=3 "
+                   "distributed.reduce_wire_dtype=bf16 compile.cache_dir=" + path("cache"));
+  ASSERT_EQ(wire.exit_code, 0) << wire.output;
+  EXPECT_NE(wire.output.find("reduce_scatter of unit transformer.h.1 (its gradients, sent in bf16, summed in f32)"),
+            std::string::npos)
+      << wire.output;
 }
 
 }  // namespace
