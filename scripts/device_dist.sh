@@ -7,6 +7,7 @@
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
 #                          [fsdp] [zero] [fsdp8b] [fsdp8b_one] [carveout] [clocks] [priority] [kernels] [ddpwhy]
+#                          [wirewhy]
 #                          (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
@@ -56,6 +57,8 @@
 #         the 1-GPU default row first: whether NCCL's kernels scheduled ahead of the compute slow it (issue 21)
 #   kernels: GPT-2 compiled default on 1 GPU and on all GPUs, twice each, with the op profiler timing every op by
 #         CUDA events (bench_gpt2_step --profile 60 --profile-events): which ops slow down beside NCCL (issue 21)
+#   wirewhy: the narrow wire's pieces timed alone (bench_allreduce's reduce-scatters f32 / bf16 / widened / all_to_all
+#         at one 8B block's 436 MB of bf16, bench_cuda_kernels' sum_pieces lines)
 #   ddpwhy: GPT-2 compiled default per-op device times on 1 GPU and on all GPUs reduced in f32 and in bf16 (the ops
 #         that grow), then all GPUs with NCCL held to 2 and 1 CTAs and with NCCL_P2P_DISABLE=1; the ~1B Llama's
 #         per-op device times on 1 GPU and all GPUs (issue 21)
@@ -273,6 +276,19 @@ if want ddpwhy; then  # what slows DDP's compute (issue 21): neither bytes nor t
     > "$out/why_llama_n.log" 2>&1
   grep -h "^| ingot\|^timeline" "$out/why_llama_1.log" "$out/why_llama_n.log"
   python3 bench/reference/op_table_diff.py "$out/why_llama_1.log" "$out/why_llama_n.log" --top 15
+fi
+if want wirewhy; then  # where the narrow wire's cost is (Note [Narrow wire, wide sum], issue 22)
+  # In isolation on all GPUs, one 8B block's gradient (436 MB of bf16 in, 872 MB in f32): NCCL's f32 and bf16
+  # reduce-scatters, the widened one (exchange + f32 sum, by grouped send/recv and by ncclAlltoAll), the exchange
+  # alone (all_to_all), then the sum alone on GPU 0 (bench_cuda_kernels' sum_pieces lines).
+  for spec in "reduce_scatter f32" "reduce_scatter bf16" "reduce_scatter_widen bf16" \
+      "reduce_scatter_widen bf16 alltoall" "all_to_all bf16"; do
+    read -r op dt mode <<< "$spec"; mb=416; [[ $dt == f32 ]] && mb=832  # the same elements
+    INGOT_NARROW_WIRE=$mode timeout 120 ingot launch --nproc-per-node gpu --standalone -- bench_allreduce \
+      --min-mb $mb --max-mb $mb --iters 20 --op $op --dtype $dt > "$out/wirewhy_${op}_${dt}${mode:+_$mode}.log" 2>&1
+    echo "wirewhy $op $dt ${mode}: exit $?"; grep -h "^| $op" "$out/wirewhy_${op}_${dt}${mode:+_$mode}.log" | tail -1
+  done
+  CUDA_VISIBLE_DEVICES=0 timeout 120 bench_cuda_kernels > "$out/wirewhy_kernels.log" 2>&1; grep -h "^sum_pieces" "$out/wirewhy_kernels.log"
 fi
 if want variants; then
   n=$(( gpus >= 4 ? 4 : 2 ))
