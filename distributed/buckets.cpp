@@ -30,6 +30,8 @@ std::vector<BucketPlan> plan_buckets(const std::vector<BucketParam>& params, dou
 std::shared_ptr<Work> reduce_bucket_async(ProcessGroup& group, Tensor& flat, Tensor* shard_out) {
   if (!shard_out) return group.all_reduce(flat, ReduceOp::Avg);
   INGOT_CHECK(shard_out->defined(), "reduce_bucket_async: the ZeRO-1 shard output is undefined");
+  // A wider shard sums the narrow bucket in its own dtype (Note [Narrow wire, wide sum], process_group.h).
+  if (shard_out->dtype() != flat.dtype()) return group.reduce_scatter_widen(*shard_out, flat, ReduceOp::Avg);
   return group.reduce_scatter(*shard_out, flat, ReduceOp::Avg);
 }
 

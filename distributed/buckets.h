@@ -38,7 +38,8 @@ struct BucketPlan {
 std::vector<BucketPlan> plan_buckets(const std::vector<BucketParam>& params, double cap_bytes, int pad_multiple = 1);
 
 // Averages `flat` across the group, in place (all_reduce); with `shard_out` (ZeRO-1), reduce-scatters instead so
-// shard_out (padded_numel / world elements) receives this rank's averaged chunk. Returns at once.
+// shard_out (padded_numel / world elements) receives this rank's averaged chunk, summed in shard_out's dtype when
+// it is wider than flat's (reduce_scatter_widen: ZeRO-3's narrow wire). Returns at once.
 std::shared_ptr<Work> reduce_bucket_async(ProcessGroup& group, Tensor& flat, Tensor* shard_out = nullptr);
 
 }  // namespace ingot::distributed

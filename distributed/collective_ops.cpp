@@ -121,18 +121,32 @@ class CollectiveWaitPrim final : public CollectivePrim {
 // ZeRO-1's collectives, split like the all-reduce so that they overlap the compute around them: the
 // reduce-scatter of a bucket starts when its gradients exist, the all-gather of a shard when its update ran.
 // Neither backend writes the input of a reduce-scatter, so it is not copied first.
+// `into`: a dtype wider than the input's the average is summed in (Note [Narrow wire, wide sum],
+// process_group.h); the result has that dtype.
 class ReduceScatterStartPrim : public CollectivePrim {
  public:
-  explicit ReduceScatterStartPrim(std::shared_ptr<ProcessGroup> g) : CollectivePrim(g, 1, g->size()) {}
+  explicit ReduceScatterStartPrim(std::shared_ptr<ProcessGroup> g, std::optional<DType> into = std::nullopt)
+      : CollectivePrim(g, 1, g->size()), into_(into) {}
   std::string_view name() const override { return "reduce_scatter_start"; }
   CollectiveOp op() const override { return CollectiveOp::ReduceScatter; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    std::vector<TensorMeta> out = CollectivePrim::infer(in);
+    if (into_) out[0].dtype = *into_;
+    return out;
+  }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     Tensor flat = in[0].contiguous_raw();
-    Tensor out = empty({flat.numel() / group_->size()}, flat.dtype(), flat.device());
+    Tensor out = empty({flat.numel() / group_->size()}, into_.value_or(flat.dtype()), flat.device());
     register_pending(out, reduce_bucket_async(*group_, flat, &out));
     return {out};
   }
-  void print_attrs(std::ostream& os) const override { os << "op=avg"; }
+  void print_attrs(std::ostream& os) const override {
+    os << "op=avg";
+    if (into_) os << ", summed in " << dtype_name(*into_);
+  }
+
+ protected:
+  std::optional<DType> into_;
 };
 
 // The sum instead of the average (vocabulary-parallel lookups: each token's row comes from the one rank that
@@ -212,33 +226,15 @@ class AllGatherUnitStartPrim final : public AllGatherStartPrim, public WithAttrs
   std::optional<DType> as_;
 };
 
-// `into`: the average is summed in that wider dtype from the ranks' values in the input's (Note [Narrow wire, wide
-// sum], process_group.h); the result has that dtype.
 class ReduceScatterUnitStartPrim final : public ReduceScatterStartPrim, public WithAttrs<UnitCollectiveAttrs> {
  public:
   ReduceScatterUnitStartPrim(std::shared_ptr<ProcessGroup> g, UnitCollectiveAttrs a, std::optional<DType> into)
-      : ReduceScatterStartPrim(std::move(g)), WithAttrs<UnitCollectiveAttrs>(std::move(a)), into_(into) {}
-  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    std::vector<TensorMeta> out = ReduceScatterStartPrim::infer(in);
-    if (into_) out[0].dtype = *into_;
-    return out;
-  }
-  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
-    if (!into_ || in[0].dtype() == *into_) return ReduceScatterStartPrim::eval(in);
-    Tensor flat = in[0].contiguous_raw();
-    Tensor out = empty({flat.numel() / group_->size()}, *into_, flat.device());
-    register_pending(out, group_->reduce_scatter_widen(out, flat, ReduceOp::Avg));
-    return {out};
-  }
+      : ReduceScatterStartPrim(std::move(g), into), WithAttrs<UnitCollectiveAttrs>(std::move(a)) {}
   void print_attrs(std::ostream& os) const override {
     ReduceScatterStartPrim::print_attrs(os);
-    if (into_) os << ", summed in " << dtype_name(*into_);
     os << ", ";
     print_unit(os, attrs_);
   }
-
- private:
-  std::optional<DType> into_;
 };
 
 template <class Prim>

@@ -212,9 +212,7 @@ struct FullyShardedDataParallel::State {
       }
       if (u.pending > 0) break;
       u.shard_grad = empty({u.plan.padded_numel / group->size()}, reduce_dtype(u), u.device);
-      u.work = u.flat_grad.dtype() == u.shard_grad.dtype()
-                   ? reduce_bucket_async(*group, u.flat_grad, &u.shard_grad)
-                   : group->reduce_scatter_widen(u.shard_grad, u.flat_grad, ReduceOp::Avg);
+      u.work = reduce_bucket_async(*group, u.flat_grad, &u.shard_grad);  // widened when the wire is narrower
       ++next_issue;
     }
     for (Unit& u : units)

@@ -540,11 +540,8 @@ class NcclProcessGroup final : public ProcessGroup {
       return ProcessGroup::reduce_scatter_widen(out, in, op);
     check(out, "reduce_scatter_widen");
     check(in, "reduce_scatter_widen");
-    INGOT_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg, "reduce_scatter_widen: op must be sum or avg, got ",
-                reduce_op_name(op));
-    INGOT_CHECK(in.numel() == out.numel() * size_ && is_floating(in.dtype()) &&
-                    (out.dtype() == DType::f32 || out.dtype() == DType::f64) &&
-                    itemsize(out.dtype()) > itemsize(in.dtype()),
+    check_widen(out, in, op);  // out is strictly wider here: the same dtype took the base class's way above
+    INGOT_CHECK(in.numel() == out.numel() * size_ && (out.dtype() == DType::f32 || out.dtype() == DType::f64),
                 "reduce_scatter_widen: input must hold world size (", size_, ") x output elements, summed into a "
                 "wider f32/f64 output, got ", in.numel(), " ", dtype_name(in.dtype()), " elements in and ",
                 out.numel(), " ", dtype_name(out.dtype()), " out");

@@ -155,12 +155,16 @@ std::shared_ptr<Work> ProcessGroup::all_gather_cast(Tensor& out, const Tensor& i
   return all_gather(out, cast);  // every backend keeps its input until the collective read it
 }
 
-std::shared_ptr<Work> ProcessGroup::reduce_scatter_widen(Tensor& out, const Tensor& in, ReduceOp op) {
+void ProcessGroup::check_widen(const Tensor& out, const Tensor& in, ReduceOp op) {
   INGOT_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg, "reduce_scatter_widen: op must be sum or avg, got ",
               reduce_op_name(op));
   INGOT_CHECK(is_floating(in.dtype()) && is_floating(out.dtype()) && itemsize(out.dtype()) >= itemsize(in.dtype()),
               "reduce_scatter_widen: expected a floating input reduced into a floating output at least as wide, got ",
               dtype_name(in.dtype()), " into ", dtype_name(out.dtype()));
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter_widen(Tensor& out, const Tensor& in, ReduceOp op) {
+  check_widen(out, in, op);
   if (in.dtype() == out.dtype()) return reduce_scatter(out, in, op);
   Tensor wide = empty(in.shape(), out.dtype(), in.device());
   wide.copy_(in);

@@ -184,6 +184,8 @@ class ProcessGroup {
   // group broken. Thread-safe; callable from a watchdog thread.
   std::string failure_message(int64_t seq, const std::string& op, const std::string& cause);
   void check_usable() const;
+  // reduce_scatter_widen's arguments: op sum or avg, floating dtypes, out at least as wide as in.
+  static void check_widen(const Tensor& out, const Tensor& in, ReduceOp op);
 
   std::shared_ptr<Store> store_;  // a PrefixStore private to this group
   int rank_, size_;
