@@ -18,7 +18,7 @@
 namespace ingot {
 
 // The update as one KernelSpec of kind MultiTensor: buffer slots are the input slots then the output slots,
-// each output aliasing the input it updates. Its run-time scalars are {lr, 1 - lr * weight_decay, grad_scale,
+// each output aliasing the input it updates (state_slots()). Its run-time scalars are {lr, 1 - lr * weight_decay, grad_scale,
 // 1 - beta1^step, 1 - beta2^step}, which the executor computes per call from row hyper_row of the hyper
 // tensor {lr, step, grad_scale} (compile/exec/kernel_step.cpp).
 struct MultiTensorKernel {
@@ -45,6 +45,12 @@ class MultiTensorUpdate : public HorizontalUpdate {
   virtual std::shared_ptr<Primitive> for_tensors(size_t n) const = 0;
   // The kernel for inputs of these dtypes (hyper first), or nullopt with the reason in `why`.
   virtual std::optional<MultiTensorKernel> lower(const std::vector<DType>& input_dtypes, std::string* why) const = 0;
+  // Note [Pieces read by the update] (compile/passes/pieces_into_update.h): the same update reading each gradient
+  // as `pieces` inputs summed in f32 in their order and scaled by `scale` (autograd/ops/sum_pieces.h's
+  // arithmetic), its gradient slot becoming `pieces` slots; nullptr when the update cannot.
+  virtual std::shared_ptr<Primitive> with_gradient_pieces(size_t /*pieces*/, double /*scale*/) const { return nullptr; }
+  // The input slots the output slots update, in output order (AdamW: p, m, v).
+  virtual std::vector<size_t> state_slots() const = 0;
 };
 
 inline bool is_horizontal_update(const Primitive& p) { return dynamic_cast<const HorizontalUpdate*>(&p) != nullptr; }

@@ -5,6 +5,8 @@
 #include <sstream>
 
 #include "autograd/ops/attrs.h"
+#include "autograd/ops/sum_pieces.h"
+#include "autograd/primitive_multi_tensor.h"
 #include "autograd/primitive_collective.h"
 #include "compile/ir/graph.h"
 #include "compile/lower/lowering.h"
@@ -24,6 +26,29 @@ std::string ms(double v) {
 }  // namespace
 
 namespace compiler {
+namespace {
+
+// Where the pieces an exchange brings (waited at node `w`) are summed: by a sum_pieces op, or by the optimizer update
+// that reads them (Note [Pieces read by the update], compile/passes/pieces_into_update.h). Views followed.
+std::string pieces_summed_by(const Graph& g, const std::vector<std::vector<int32_t>>& readers, int32_t w) {
+  std::vector<int32_t> work;
+  if (w >= 0) work.push_back(g.nodes[static_cast<size_t>(w)].outputs[0]);
+  while (!work.empty()) {
+    const int32_t v = work.back();
+    work.pop_back();
+    for (int32_t r : readers[static_cast<size_t>(v)]) {
+      const Node& x = g.nodes[static_cast<size_t>(r)];
+      if (std::optional<SumPiecesInfo> sum = as_sum_pieces(*x.prim))
+        return "summed in " + std::string(dtype_name(sum->into)) + " after the wait";
+      if (as_multi_tensor_update(*x.prim)) return "summed in f32 by the optimizer update";
+      if (x.prim->fusion_kind() == FusionKind::View)
+        for (int32_t o : x.outputs) work.push_back(o);
+    }
+  }
+  return "the pieces summed where they are read";
+}
+
+}  // namespace
 
 // Note [Collectives in explain]: each collective start of the scheduled graph, one line: what it moves (an FSDP
 // unit's weights or gradients, or a gradient bucket), where it is issued and waited for, and the compute it
@@ -89,6 +114,9 @@ std::vector<std::string> describe_collectives(const Graph& g) {
       if (is_all_gather_start(*start.prim))
         line << (start.forward ? " (weights for forward" : " (weights again for backward")
              << (a->regather && start.forward ? ", resharded after it)" : ")");
+      else if (kind == "exchange")  // Note [Pieces read by the update] (compile/passes/pieces_into_update.h)
+        line << " (its gradients, sent in " << dtype_name(g.values.at(static_cast<size_t>(start.inputs[0])).dtype)
+             << ", " << pieces_summed_by(g, readers, w) << ")";
       else if (const DType sent = g.values.at(static_cast<size_t>(start.inputs[0])).dtype,
                summed = g.values.at(static_cast<size_t>(start.outputs[0])).dtype;
                sent != summed)  // Note [Narrow wire, wide sum] (distributed/process_group.h)

@@ -231,6 +231,9 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
     return bucket_updates = opts.bucket_updates && (!replays_cuda_graphs(opts.mode) || updates_in_graphs) &&
                             passes::split_update_by_bucket(x, {target});
   });
+  // Note [Pieces read by the update]: after the split, so each unit's update reads its own gradient's pieces
+  // (INGOT_SKIP_PASSES=pieces_into_update keeps the sum a kernel of its own, for measuring).
+  run_pass("pieces_into_update", g, [&](Graph& x) { return generated && passes::pieces_into_update(x, {target}); });
   // Data parallel: each gradient made in its bucket's buffer, so no concatenation copies it (before fuse, which
   // must keep the bucket's view alone and the placed producers' values as their groups' outputs).
   run_pass("bucket_views", g, [&](Graph& x) { return passes::bucket_views(x, {target, generated}); });

@@ -237,6 +237,27 @@ class ReduceScatterUnitStartPrim final : public ReduceScatterStartPrim, public W
   }
 };
 
+// The exchange of a unit's narrow-wire reduce-scatter (exchange_unit_start). A reduce-scatter to the compiler
+// (CollectiveOp::ReduceScatter): its gradients are made in its input's bucket and its wait comes a unit later,
+// like the whole reduce-scatter's.
+class ExchangeUnitStartPrim final : public CollectivePrim, public WithAttrs<UnitCollectiveAttrs> {
+ public:
+  ExchangeUnitStartPrim(std::shared_ptr<ProcessGroup> g, UnitCollectiveAttrs a)
+      : CollectivePrim(g, g->size() - 1, g->size()), WithAttrs<UnitCollectiveAttrs>(std::move(a)) {}
+  std::string_view name() const override { return "exchange_start"; }
+  CollectiveOp op() const override { return CollectiveOp::ReduceScatter; }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    Tensor flat = in[0].contiguous_raw();
+    Tensor out = empty({flat.numel() / group_->size() * (group_->size() - 1)}, flat.dtype(), flat.device());
+    register_pending(out, group_->exchange_chunks(out, flat));
+    return {out};
+  }
+  void print_attrs(std::ostream& os) const override {
+    os << "the others' pieces, ";
+    print_unit(os, attrs_);
+  }
+};
+
 template <class Prim>
 Tensor apply_collective(const char* op, const Tensor& in, std::shared_ptr<ProcessGroup> group) {
   INGOT_CHECK(group != nullptr, op, ": no process group");
@@ -273,6 +294,11 @@ Tensor reduce_scatter_unit_start(const Tensor& flat, std::shared_ptr<ProcessGrou
                                  std::optional<DType> into) {
   INGOT_CHECK(group != nullptr, "reduce_scatter_unit_start: no process group");
   return ingot::apply(std::make_shared<ReduceScatterUnitStartPrim>(std::move(group), std::move(unit), into), {flat})[0];
+}
+
+Tensor exchange_unit_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit) {
+  INGOT_CHECK(group != nullptr && group->size() > 1, "exchange_unit_start: needs a process group of two or more ranks");
+  return ingot::apply(std::make_shared<ExchangeUnitStartPrim>(std::move(group), std::move(unit)), {flat})[0];
 }
 
 Tensor reduce_scatter_avg(const Tensor& flat, std::shared_ptr<ProcessGroup> group) {

@@ -51,5 +51,10 @@ Tensor all_gather_unit_start(const Tensor& shard, std::shared_ptr<ProcessGroup> 
 // they are in flat (Note [Narrow wire, wide sum], distributed/process_group.h); the result has that dtype.
 Tensor reduce_scatter_unit_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit,
                                  std::optional<DType> into = std::nullopt);
+// The exchange half of that reduce-scatter alone (ProcessGroup::exchange_chunks): flat's chunks cross in flat's
+// dtype and the result holds the other ranks' pieces of this rank's chunk (world - 1 chunks, rank order). The
+// caller sums them with its own piece (autograd/ops/sum_pieces.h), so that the optimizer update can read the
+// pieces itself (Note [Pieces read by the update], compile/passes/pieces_into_update.h). A world of two or more.
+Tensor exchange_unit_start(const Tensor& flat, std::shared_ptr<ProcessGroup> group, UnitCollectiveAttrs unit);
 
 }  // namespace ingot::distributed

@@ -32,7 +32,11 @@
 // from the graph).
 #include "distributed/fsdp_compiled.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "autograd/ops.h"
+#include "autograd/ops/sum_pieces.h"
 #include "autograd/primitive.h"
 #include "distributed/collective_ops.h"
 #include "distributed/fsdp_state.h"
@@ -160,6 +164,27 @@ namespace {
 // Starts unit j's reduction: its parameters' .grad (zeros where none) flattened in the unit's padded layout, cast
 // to reduce_dtype, reduce-scattered (synchronize() waits and adds this rank's averaged chunk into the shard's
 // .grad); the whole .grad tensors are dropped (in the traced run too: no more whole gradients than eagerly).
+// Note [Pieces read by the update] (compile/passes/pieces_into_update.h): a narrow wire's sum as a graph op.
+// INGOT_NARROW_WIRE_PIECES=0 keeps the sum inside the collective (reduce_scatter_widen), for measuring.
+bool pieces_in_graph() {
+  const char* v = std::getenv("INGOT_NARROW_WIRE_PIECES");
+  return !(v && std::string(v) == "0");
+}
+
+// The average of the unit's gradient over the ranks, this rank's chunk: the world's pieces of it (the exchanged
+// ones and this rank's own, a slice of the flattened gradient) summed in the reduction's dtype in rank order and
+// scaled by 1 / world, as reduce_scatter_widen sums them.
+Tensor sum_unit_pieces(State& s, State::Unit& u) {
+  const Tensor others = collective_wait(u.traced_reduction);
+  const int world = s.group->size(), rank = s.group->rank();
+  const int64_t chunk = u.traced_flat.numel() / world;
+  std::vector<Tensor> pieces;
+  for (int p = 0; p < world; ++p)
+    pieces.push_back(p == rank ? narrow(u.traced_flat, 0, rank * chunk, chunk)
+                               : narrow(others, 0, (p < rank ? p : p - 1) * chunk, chunk));
+  return sum_pieces(pieces, 1.0 / world, s.reduce_dtype(u));
+}
+
 void reduce_unit(State& s, size_t j) {
   State::Unit& u = s.units[j];
   std::vector<Tensor> parts;
@@ -178,8 +203,14 @@ void reduce_unit(State& s, size_t j) {
   flat = cast(flat, s.wire_dtype(u));
   const DType sum = s.reduce_dtype(u);
   UnitCollectiveAttrs attrs{static_cast<int32_t>(j), u.name, false};
-  u.traced_reduction = reduce_scatter_unit_start(flat, s.group, std::move(attrs),
-                                                 sum != flat.dtype() ? std::optional<DType>(sum) : std::nullopt);
+  if (sum != flat.dtype() && s.group->size() > 1 && pieces_in_graph()) {
+    // Note [Pieces read by the update]: the exchange alone here, the sum in synchronize().
+    u.traced_reduction = exchange_unit_start(flat, s.group, std::move(attrs));
+    u.traced_flat = flat;
+  } else {
+    u.traced_reduction = reduce_scatter_unit_start(flat, s.group, std::move(attrs),
+                                                   sum != flat.dtype() ? std::optional<DType>(sum) : std::nullopt);
+  }
   for (size_t i : u.plan.params) s.params[i].zero_grad();
   u.traced = Tensor();
   u.traced_earlier.clear();
@@ -207,9 +238,11 @@ void synchronize(State& s) {
     State::Unit& u = s.units[j];
     // Note [Vocabulary-parallel embeddings] (fsdp.h): the rows' gradient over every rank's tokens, made by the
     // lookups' backward, is this rank's already.
-    const Tensor avg = u.vocab_parallel ? s.vocab_shard_grad(u)
-                                        : cast(collective_wait(u.traced_reduction), s.grad_dtype(u));
+    const Tensor avg = u.vocab_parallel          ? s.vocab_shard_grad(u)
+                       : u.traced_flat.defined() ? cast(sum_unit_pieces(s, u), s.grad_dtype(u))
+                                                 : cast(collective_wait(u.traced_reduction), s.grad_dtype(u));
     u.traced_reduction = Tensor();
+    u.traced_flat = Tensor();
     // Gradient accumulation: every backward reduces, its averages add up in the shard's .grad (as eagerly).
     u.shard.set_grad(u.shard.grad().defined() ? add(u.shard.grad(), avg) : avg);
   }

@@ -49,6 +49,9 @@ struct Unit {
   // referenced until the reduction for the same reason as `traced`.
   std::vector<Tensor> traced_earlier;
   Tensor traced_reduction;  // compiled ZeRO-3, while tracing: the started reduce-scatter of this round's gradients
+  // ... or, with a narrow wire, the started exchange of its pieces, and the flattened gradient that holds this rank's
+  // own piece (Note [Pieces read by the update], compile/passes/pieces_into_update.h).
+  Tensor traced_flat;
   // Note [Vocabulary-parallel embeddings] (fsdp.h): the unit is one [vocab, dim] table whose shard is rows
   // [rank * rows, (rank + 1) * rows) of rows * world; looked up where it lies, never gathered or reduce-scattered.
   bool vocab_parallel = false;

@@ -5,6 +5,7 @@
 // Gloo enforces the timeout itself (its I/O throws after options.timeout); the error is turned into our
 // failure report. bf16/f16 tensors are reduced in f32 (Gloo has no bf16 math); reduce_scatter is an
 // all-reduce followed by taking this rank's chunk, as Gloo has no general reduce-scatter.
+#include <cstring>
 #include <gloo/allgather.h>
 #include <gloo/alltoall.h>
 #include <gloo/allreduce.h>
@@ -154,6 +155,28 @@ class GlooProcessGroup final : public ProcessGroup {
       o.setTag(tag);
       o.setTimeout(options_.timeout);
       gloo::alltoall(o);
+      out.bump_version();
+    });
+  }
+
+  // Gloo's all-to-all into a whole-world buffer, this rank's own chunk then left out.
+  std::shared_ptr<Work> exchange_chunks(Tensor& out, const Tensor& in) override {
+    check_collective_tensor(out, "exchange_chunks", false);
+    check_collective_tensor(in, "exchange_chunks", false);
+    check_exchange(out, in);
+    return enqueue("exchange_chunks", in, [this, out, in](uint32_t tag) mutable {
+      Tensor all = empty({in.numel()}, in.dtype(), in.device());
+      gloo::AlltoallOptions o(context_);
+      o.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
+      o.setOutput(static_cast<uint8_t*>(all.data_ptr()), all.nbytes());
+      o.setTag(tag);
+      o.setTimeout(options_.timeout);
+      gloo::alltoall(o);
+      const size_t bytes = in.nbytes() / static_cast<size_t>(size_);
+      auto* dst = static_cast<uint8_t*>(out.data_ptr());
+      const auto* src = static_cast<const uint8_t*>(all.data_ptr());
+      for (int p = 0, k = 0; p < size_; ++p)
+        if (p != rank_) std::memcpy(dst + static_cast<size_t>(k++) * bytes, src + static_cast<size_t>(p) * bytes, bytes);
       out.bump_version();
     });
   }

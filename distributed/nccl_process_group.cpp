@@ -528,6 +528,22 @@ class NcclProcessGroup final : public ProcessGroup {
     });
   }
 
+  // The grouped send/recv of reduce_scatter_widen below, without its sum: the other ranks' pieces land in `out`.
+  std::shared_ptr<Work> exchange_chunks(Tensor& out, const Tensor& in) override {
+    check(out, "exchange_chunks");
+    check(in, "exchange_chunks");
+    check_exchange(out, in);
+    const ncclDataType_t dt = nccl_dtype(in.dtype(), "exchange_chunks");
+    const size_t count = static_cast<size_t>(in.numel() / size_);
+    const size_t bytes = count * itemsize(in.dtype());
+    auto* src = static_cast<const char*>(in.data_ptr());
+    auto* dst = static_cast<char*>(out.data_ptr());
+    return issue("exchange_chunks", in, {out, in}, [&](cudaStream_t s) {
+      return exchange(s, src, dt, count, bytes, false,
+                      [&](int p) { return dst + static_cast<size_t>(p < rank_ ? p : p - 1) * bytes; });
+    });
+  }
+
   // Note [Narrow wire, wide sum] (process_group.h): the chunks cross in in's dtype through one grouped send/recv
   // (rank p's chunk q goes to rank q), then sum_pieces adds the world's pieces of this rank's chunk (its own read
   // from `in`, the others from the receive buffer) in out's dtype, in rank order, on a stream of its own that waits

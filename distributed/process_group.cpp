@@ -155,6 +155,18 @@ std::shared_ptr<Work> ProcessGroup::all_gather_cast(Tensor& out, const Tensor& i
   return all_gather(out, cast);  // every backend keeps its input until the collective read it
 }
 
+std::shared_ptr<Work> ProcessGroup::exchange_chunks(Tensor&, const Tensor&) {
+  INGOT_FAIL("exchange_chunks: the ", backend(), " process group '", options_.name, "' does not implement it");
+}
+
+void ProcessGroup::check_exchange(const Tensor& out, const Tensor& in) const {
+  INGOT_CHECK(size_ > 1 && in.numel() % size_ == 0 && out.numel() == in.numel() / size_ * (size_ - 1) &&
+                  in.dtype() == out.dtype(),
+              "exchange_chunks: input must hold world size (", size_, ") equal chunks and the output world size - 1 "
+              "of them, of one dtype, in a world of two or more; got ", in.numel(), " ", dtype_name(in.dtype()),
+              " elements in and ", out.numel(), " ", dtype_name(out.dtype()), " out");
+}
+
 void ProcessGroup::check_widen(const Tensor& out, const Tensor& in, ReduceOp op) {
   INGOT_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg, "reduce_scatter_widen: op must be sum or avg, got ",
               reduce_op_name(op));

@@ -126,6 +126,12 @@ class ProcessGroup {
   // chunk p (an all-to-all: the exchange of Note [Narrow wire, wide sum]'s reduce-scatter, timed alone by
   // bench_allreduce --op all_to_all).
   virtual std::shared_ptr<Work> all_to_all(Tensor& out, const Tensor& in) = 0;
+  // all_to_all without this rank's own chunk: in holds size() equal chunks, out (size() - 1 chunks) gets rank p's
+  // chunk rank() for every other rank p, in rank order. Compiled ZeRO-3's narrow wire (Note [Narrow wire, wide
+  // sum]) sends its gradients this way and sums the pieces as a graph op, which the optimizer update can read
+  // directly (Note [Pieces read by the update], compile/passes/pieces_into_update.h). Gloo and NCCL have it; the
+  // default refuses by name.
+  virtual std::shared_ptr<Work> exchange_chunks(Tensor& out, const Tensor& in);
   // all_gather of `in` cast to out's dtype (ZeRO-3 gathers bf16 weights from f32 masters). Here: the cast on the
   // current stream, then all_gather; NCCL casts on its communication stream instead (Note [Gathers cast on the
   // comm stream], nccl_process_group.cpp). The cast copy is kept until the collective read it.
@@ -186,6 +192,8 @@ class ProcessGroup {
   void check_usable() const;
   // reduce_scatter_widen's arguments: op sum or avg, floating dtypes, out at least as wide as in.
   static void check_widen(const Tensor& out, const Tensor& in, ReduceOp op);
+  // exchange_chunks' arguments: world >= 2, in = size() chunks, out = size() - 1 of them, one dtype.
+  void check_exchange(const Tensor& out, const Tensor& in) const;
 
   std::shared_ptr<Store> store_;  // a PrefixStore private to this group
   int rank_, size_;

@@ -31,20 +31,23 @@ namespace {
 
 class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate, public InPlaceUpdate {
  public:
-  AdamWUpdatePrim(size_t n, int64_t row, const kernels::AdamWArgs& a) : n_(n), row_(row), a_(a) {}
+  // pieces > 1: Note [Pieces read by the update] (MultiTensorUpdate::with_gradient_pieces): the gradient slot is
+  // `pieces` slots, summed in f32 in their order and scaled by piece_scale.
+  AdamWUpdatePrim(size_t n, int64_t row, const kernels::AdamWArgs& a, size_t pieces = 1, double piece_scale = 1.0)
+      : n_(n), row_(row), a_(a), pieces_(pieces), piece_scale_(piece_scale) {}
   std::string_view name() const override { return "adamw_update"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    INGOT_CHECK(in.size() == 1 + 4 * n_, "adamw_update: expected ", 1 + 4 * n_, " inputs, got ", in.size());
+    INGOT_CHECK(in.size() == 1 + (3 + pieces_) * n_, "adamw_update: expected ", 1 + (3 + pieces_) * n_,
+                " inputs, got ", in.size());
     std::vector<TensorMeta> out;
-    for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + k]);
-    for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + 2 * n_ + k]);
-    for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + 3 * n_ + k]);
+    for (size_t s : state_slots())
+      for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + s * n_ + k]);
     return out;
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return run(in, false); }
   std::vector<Tensor> written(const std::vector<Tensor>& in) const override {
     std::vector<Tensor> out;
-    for (size_t s : {size_t{0}, size_t{2}, size_t{3}})
+    for (size_t s : state_slots())
       for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + s * n_ + k]);
     return out;
   }
@@ -52,24 +55,42 @@ class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate, public
   bool differentiable() const override { return false; }
   bool host_input(size_t i) const override { return i == 0; }
   size_t tensors() const override { return n_; }
-  size_t input_slots() const override { return 4; }
+  size_t input_slots() const override { return 3 + pieces_; }
   size_t output_slots() const override { return 3; }
+  std::vector<size_t> state_slots() const override { return {0, 1 + pieces_, 2 + pieces_}; }
   std::shared_ptr<Primitive> for_tensors(size_t n) const override {
-    return std::make_shared<AdamWUpdatePrim>(n, row_, a_);
+    return std::make_shared<AdamWUpdatePrim>(n, row_, a_, pieces_, piece_scale_);
+  }
+  std::shared_ptr<Primitive> with_gradient_pieces(size_t pieces, double scale) const override {
+    if (pieces_ != 1 || pieces < 1) return nullptr;
+    return std::make_shared<AdamWUpdatePrim>(n_, row_, a_, pieces, scale);
   }
   std::optional<MultiTensorKernel> lower(const std::vector<DType>& input_dtypes, std::string* why) const override;
   void print_attrs(std::ostream& os) const override {
     os << "n=" << n_ << ", row=" << row_ << ", beta1=" << a_.beta1 << ", beta2=" << a_.beta2 << ", eps=" << a_.eps
        << ", weight_decay=" << a_.weight_decay;
+    if (pieces_ > 1) os << ", gradient pieces=" << pieces_ << " scaled " << piece_scale_;
   }
 
  private:
   std::vector<Tensor> run(const std::vector<Tensor>& in, bool in_place) const {
     const double* h = hyper_row(in[0], row_, "adamw_update");
-    std::vector<Tensor> p = update_operands(in, 1, n_, in_place), m = update_operands(in, 1 + 2 * n_, n_, in_place),
-                        v = update_operands(in, 1 + 3 * n_, n_, in_place);
-    std::vector<Tensor> g(in.begin() + 1 + static_cast<std::ptrdiff_t>(n_),
-                          in.begin() + 1 + 2 * static_cast<std::ptrdiff_t>(n_));
+    std::vector<Tensor> p = update_operands(in, 1, n_, in_place),
+                        m = update_operands(in, 1 + (1 + pieces_) * n_, n_, in_place),
+                        v = update_operands(in, 1 + (2 + pieces_) * n_, n_, in_place);
+    std::vector<Tensor> g;
+    for (size_t k = 0; k < n_; ++k) {
+      if (pieces_ == 1) {
+        g.push_back(in[1 + n_ + k]);
+        continue;
+      }
+      // The pieces summed first, as sum_pieces does, then the usual update of that f32 gradient.
+      std::vector<Tensor> pieces;
+      for (size_t r = 0; r < pieces_; ++r) pieces.push_back(in[1 + (1 + r) * n_ + k].contiguous_raw());
+      Tensor sum = empty(pieces[0].shape(), DType::f32, pieces[0].device());
+      INGOT_KERNEL_CALL(sum.device(), sum_pieces, sum, pieces, piece_scale_, 0);
+      g.push_back(sum);
+    }
     INGOT_KERNEL_CALL(p[0].device(), adamw_multi, p, g, m, v, adamw_args(a_, h));
     std::vector<Tensor> out = p;
     out.insert(out.end(), m.begin(), m.end());
@@ -80,6 +101,8 @@ class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate, public
   size_t n_;
   int64_t row_;
   kernels::AdamWArgs a_;
+  size_t pieces_;
+  double piece_scale_;
 };
 
 class SgdUpdatePrim final : public Primitive, public HorizontalUpdate, public InPlaceUpdate {
@@ -138,7 +161,7 @@ std::optional<MultiTensorKernel> AdamWUpdatePrim::lower(const std::vector<DType>
                                                         std::string* why) const {
   using codegen::Op;
   const DType gt = input_dtypes.at(1 + n_);
-  for (size_t t = 0; t < n_; ++t)
+  for (size_t t = 0; t < n_ * pieces_; ++t)
     if (input_dtypes.at(1 + n_ + t) != gt) {
       if (why) *why = "gradients of different dtypes";
       return std::nullopt;
@@ -146,15 +169,22 @@ std::optional<MultiTensorKernel> AdamWUpdatePrim::lower(const std::vector<DType>
   MultiTensorKernel mk;
   codegen::KernelSpec& k = mk.spec;
   k.kind = codegen::KernelKind::MultiTensor;
-  k.name = "adamw_update";
-  const int p = k.input(DType::f32, {}, "param"), gr = k.input(gt, {}, "grad"), m = k.input(DType::f32, {}, "exp_avg"),
-            v = k.input(DType::f32, {}, "exp_avg_sq");
+  k.name = pieces_ > 1 ? "adamw_update_pieces" : "adamw_update";
+  const int p = k.input(DType::f32, {}, "param");
+  std::vector<int> gr;
+  for (size_t r = 0; r < pieces_; ++r)
+    gr.push_back(k.input(gt, {}, pieces_ > 1 ? "grad_piece" + std::to_string(r) : std::string("grad")));
+  const int m = k.input(DType::f32, {}, "exp_avg"), v = k.input(DType::f32, {}, "exp_avg_sq");
   const int po = k.output(DType::f32, {}, "param_out", p), mo = k.output(DType::f32, {}, "exp_avg_out", m),
             vo = k.output(DType::f32, {}, "exp_avg_sq_out", v);
   auto f = [&](double x) { return k.constant(static_cast<double>(static_cast<float>(x)), DType::f32); };
   auto scalar = [&](int slot) { return k.scalar(slot, DType::f32); };
   const float b1 = static_cast<float>(a_.beta1), b2 = static_cast<float>(a_.beta2);
-  const int gj = k.binary(Op::Mul, k.cast(k.load(gr), DType::f32), scalar(2));
+  // The gradient: its one input, or its pieces summed in f32 in order and scaled (sum_pieces' arithmetic).
+  int grad = k.cast(k.load(gr[0]), DType::f32);
+  for (size_t r = 1; r < pieces_; ++r) grad = k.binary(Op::Add, grad, k.cast(k.load(gr[r]), DType::f32));
+  if (pieces_ > 1) grad = k.binary(Op::Mul, grad, f(piece_scale_));
+  const int gj = k.binary(Op::Mul, grad, scalar(2));
   const int mj = k.binary(Op::Add, k.binary(Op::Mul, f(b1), k.load(m)), k.binary(Op::Mul, f(1.0f - b1), gj));
   const int vj = k.binary(Op::Add, k.binary(Op::Mul, f(b2), k.load(v)),
                           k.binary(Op::Mul, k.binary(Op::Mul, f(1.0f - b2), gj), gj));

@@ -10,6 +10,7 @@
 #include "autograd/ops.h"
 #include "autograd/ops/attrs.h"
 #include "autograd/ops/reduce_fused.h"
+#include "autograd/ops/sum_pieces.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ingot {
@@ -239,5 +240,64 @@ Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
 }
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) { return reduce(ReduceOp::ArgMax, a, {dim}, keepdim); }
 Tensor argmin(const Tensor& a, int64_t dim, bool keepdim) { return reduce(ReduceOp::ArgMin, a, {dim}, keepdim); }
+
+}  // namespace ingot
+
+// sum_pieces (autograd/ops/sum_pieces.h).
+namespace ingot {
+namespace {
+
+class SumPiecesPrim final : public Primitive {
+ public:
+  explicit SumPiecesPrim(SumPiecesInfo info) : info_(info) {}
+  std::string_view name() const override { return "sum_pieces"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    INGOT_CHECK(in.size() == info_.pieces && !in.empty(), "sum_pieces: expected ", info_.pieces, " pieces, got ",
+                in.size());
+    for (const TensorMeta& m : in)
+      INGOT_CHECK(m.shape.size() == 1 && m.shape == in[0].shape && m.dtype == in[0].dtype && is_floating(m.dtype) &&
+                      m.device == in[0].device,
+                  "sum_pieces: pieces must be 1-d floating tensors of one length, dtype and device, got ",
+                  shape_str(m.shape), " ", dtype_name(m.dtype), " beside ", shape_str(in[0].shape), " ",
+                  dtype_name(in[0].dtype));
+    TensorMeta out = in[0];
+    out.dtype = info_.into;
+    return {out};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    std::vector<Tensor> pieces;
+    for (const Tensor& t : in) pieces.push_back(t.contiguous_raw());
+    Tensor out = empty(in[0].shape(), info_.into, in[0].device());
+    INGOT_KERNEL_CALL(out.device(), sum_pieces, out, pieces, info_.scale, 0);
+    return {out};
+  }
+  bool differentiable() const override { return false; }
+  bool saves_input(size_t) const override { return false; }
+  bool equivalent(const Primitive& other) const override {
+    const auto* o = dynamic_cast<const SumPiecesPrim*>(&other);
+    return o && o->info_.pieces == info_.pieces && o->info_.scale == info_.scale && o->info_.into == info_.into;
+  }
+  void print_attrs(std::ostream& os) const override {
+    os << "pieces=" << info_.pieces << ", scale=" << info_.scale << ", in " << dtype_name(info_.into);
+  }
+  const SumPiecesInfo& info() const { return info_; }
+
+ private:
+  SumPiecesInfo info_;
+};
+
+}  // namespace
+
+Tensor sum_pieces(const std::vector<Tensor>& pieces, double scale, DType into) {
+  INGOT_CHECK(!pieces.empty(), "sum_pieces: no pieces");
+  INGOT_CHECK(into == DType::f32 || into == DType::f64, "sum_pieces: sums in f32 or f64, got ", dtype_name(into));
+  return ingot::apply(std::make_shared<SumPiecesPrim>(SumPiecesInfo{pieces.size(), scale, into}), pieces)[0];
+}
+
+std::optional<SumPiecesInfo> as_sum_pieces(const Primitive& p) {
+  const auto* s = dynamic_cast<const SumPiecesPrim*>(&p);
+  if (!s) return std::nullopt;
+  return s->info();
+}
 
 }  // namespace ingot

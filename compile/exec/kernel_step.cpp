@@ -69,13 +69,14 @@ GroupKernel make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall 
   if (lg.spec.kind == codegen::KernelKind::MultiTensor) {
     const size_t n = lg.tensors;
     int32_t node_index = g.values[static_cast<size_t>(lg.outputs[0])].producer;
-    // inputs: hyper, p[n], g[n], m[n], v[n]; outputs: p'[n], m'[n], v'[n]
-    std::vector<bool> inplace(3 * n);
-    for (size_t s = 0; s < 3; ++s)
-      for (size_t t = 0; t < n; ++t) {
-        const size_t in_slot = s == 0 ? 0 : s + 1;  // p, m, v
-        inplace[s * n + t] = in_place_ok(g, node_index, lg.inputs[1 + in_slot * n + t], lg.outputs[s * n + t]);
-      }
+    // inputs: hyper, then input_slots lists of n (AdamW: p, g, m, v, or p, g's pieces, m, v); outputs: a list per
+    // state slot (AdamW: p', m', v'), each updating its input slot.
+    const std::vector<size_t> state = lg.state_slots;
+    const size_t slots = (lg.inputs.size() - 1) / n, outs_per = state.size();
+    std::vector<bool> inplace(outs_per * n);
+    for (size_t s = 0; s < outs_per; ++s)
+      for (size_t t = 0; t < n; ++t)
+        inplace[s * n + t] = in_place_ok(g, node_index, lg.inputs[1 + state[s] * n + t], lg.outputs[s * n + t]);
     const LoweredGroup meta = lg;  // ids and hyper-parameters only are read below
     constexpr size_t kScalars = 5;
     // The kernel's scalars from this call's hyper-parameter row: computed on the host either way, so a kernel
@@ -89,27 +90,27 @@ GroupKernel make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall 
       std::copy(scalars, scalars + kScalars, out);
     };
     // Gathers the buffers and calls `launch` with them (in place where the graph allows, else into copies).
-    auto run = [meta, inplace, n](std::vector<Tensor>& env, const std::function<void(void* const*, const int64_t*)>& launch) {
+    auto run = [meta, inplace, n, slots, state](std::vector<Tensor>& env,
+                                                const std::function<void(void* const*, const int64_t*)>& launch) {
       std::vector<int64_t> syms{static_cast<int64_t>(n)};
       std::vector<void*> bufs;
-      std::vector<Tensor> outs(3 * n);
+      std::vector<Tensor> outs(state.size() * n);
+      std::vector<Tensor> in(slots);
       for (size_t t = 0; t < n; ++t) {
-        Tensor in[4];
-        for (size_t s = 0; s < 4; ++s) {
+        for (size_t s = 0; s < slots; ++s) {
           in[s] = env[static_cast<size_t>(meta.inputs[1 + s * n + t])];
           if (!in[s].is_contiguous()) in[s] = in[s].contiguous_raw();
         }
         syms.push_back(in[0].numel());
-        const size_t state_slot[3] = {0, 2, 3};
-        for (size_t s = 0; s < 3; ++s) {
-          const Tensor& src = in[state_slot[s]];
+        for (size_t s = 0; s < state.size(); ++s) {
+          const Tensor& src = in[state[s]];
           outs[s * n + t] = inplace[s * n + t] ? src : src.clone_raw();
         }
-        for (size_t s = 0; s < 4; ++s) bufs.push_back(in[s].data_ptr());
-        for (size_t s = 0; s < 3; ++s) bufs.push_back(outs[s * n + t].data_ptr());
+        for (size_t s = 0; s < slots; ++s) bufs.push_back(in[s].data_ptr());
+        for (size_t s = 0; s < state.size(); ++s) bufs.push_back(outs[s * n + t].data_ptr());
       }
       launch(bufs.data(), syms.data());
-      for (size_t k = 0; k < 3 * n; ++k) env[static_cast<size_t>(meta.outputs[k])] = outs[k];
+      for (size_t k = 0; k < outs.size(); ++k) env[static_cast<size_t>(meta.outputs[k])] = outs[k];
     };
     GroupKernel step;
     step.run = [compute, run, kernel](std::vector<Tensor>& env) {

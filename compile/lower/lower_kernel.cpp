@@ -200,6 +200,7 @@ std::optional<LoweredGroup> lower_update(const Graph& g, const FusionGroup& fg, 
   lg.beta2 = mk->beta2;
   lg.weight_decay = mk->weight_decay;
   lg.tensors = update->tensors();
+  lg.state_slots = update->state_slots();
   return lg;
 }
 

@@ -32,11 +32,13 @@ struct LoweredGroup {
   std::vector<int32_t> inputs;   // graph value per input buffer (spec input order; MultiTensor: per slot & tensor)
   std::vector<int32_t> outputs;  // graph value per output buffer
   // MultiTensor (AdamW): the hyper input value and row the scalars come from, the fixed arguments, and the
-  // number of tensors; buffer slots are p, g, m, v (inputs) then p', m', v' (outputs aliasing p, m, v).
+  // number of tensors; buffer slots are the update's input slots (p, g, m, v; or p, g's pieces, m, v) then its
+  // output slots (p', m', v'), each aliasing the input slot state_slots names.
   int32_t hyper_value = -1;
   int64_t hyper_row = 0;
   double beta1 = 0, beta2 = 0, weight_decay = 0;
   size_t tensors = 0;
+  std::vector<size_t> state_slots;
 };
 
 // The KernelSpec for group `fg`, or nullopt with the reason in `why` (an op with no kernel lowering).

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "autograd/ops/attrs.h"
+#include "autograd/ops/sum_pieces.h"
 #include "autograd/primitive_collective.h"
 #include "autograd/primitive_multi_tensor.h"
 
@@ -23,6 +24,13 @@ int32_t source_wait(const Graph& g, int32_t v) {
     if (p < 0) return -1;
     const Node& n = g.nodes[static_cast<size_t>(p)];
     if (is_collective_wait(*n.prim)) return p;
+    // A narrow wire's sum (Note [Pieces read by the update]): its bucket is the exchange's, which one of its pieces
+    // comes from (the others are this rank's own piece, a view of the gradients before their reduction).
+    if (as_sum_pieces(*n.prim)) {
+      for (int32_t in : n.inputs)
+        if (const int32_t w = source_wait(g, in); w >= 0) return w;
+      return -1;
+    }
     const bool passes_through =
         n.prim->fusion_kind() == FusionKind::View || match<CastAttrs>(*n.prim) || match<CopyAttrs>(*n.prim);
     if (!passes_through || n.inputs.empty()) return -1;

@@ -15,6 +15,7 @@
 #include "compile/passes/matmul_epilogue.h"
 #include "compile/passes/memory_plan.h"
 #include "compile/passes/pack_attention_grads.h"
+#include "compile/passes/pieces_into_update.h"
 #include "compile/passes/remat.h"
 #include "compile/passes/schedule.h"
 #include "compile/passes/simplify.h"

@@ -128,7 +128,7 @@ TEST(GlooProcessGroup, ReduceScatterGivesEachRankItsChunkAndAllGatherRebuildsThe
 
 // all_to_all: rank p's chunk q lands on rank q as its chunk p, bit for bit, every rank's own chunk included; a
 // length that does not split over the ranks is refused by name.
-TEST(GlooProcessGroup, AllToAllHandsEachRankEveryRanksChunkForIt) {
+TEST(GlooProcessGroup, AllToAllHandsEachRankEveryRanksChunkForItAndExchangeChunksAllButItsOwn) {
   if (is_rank_process()) {
     auto ctx = init_distributed(quick_init());
     const int world = ctx.info.world_size, rank = ctx.info.rank;
@@ -144,6 +144,22 @@ TEST(GlooProcessGroup, AllToAllHandsEachRankEveryRanksChunkForIt) {
     Tensor odd = empty({chunk * world + 1});
     EXPECT_NE(ingot::testing::error_of([&] { ctx.group->all_to_all(odd, odd); }).find("all_to_all: input and output "
                                                                                       "must hold world size"),
+              std::string::npos);
+    // exchange_chunks (Note [Pieces read by the update]): the same pieces without this rank's own, in rank order.
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Tensor in = rank_tensor(rank, chunk * world, dt), out = empty({chunk * (world - 1)}, dt);
+      ctx.group->exchange_chunks(out, in)->wait();
+      for (int p = 0, k = 0; p < world; ++p) {
+        if (p == rank) continue;
+        for (int64_t i = 0; i < chunk; ++i)
+          ASSERT_EQ(out.item_at(k * chunk + i), rank_tensor(p, chunk * world, dt).item_at(rank * chunk + i))
+              << "exchange_chunks " << dtype_name(dt) << ": from rank " << p << ", element " << i;
+        ++k;
+      }
+    }
+    Tensor whole = empty({chunk * world});
+    EXPECT_NE(ingot::testing::error_of([&] { ctx.group->exchange_chunks(whole, whole); })
+                  .find("exchange_chunks: input must hold world size"),
               std::string::npos);
     return;
   }

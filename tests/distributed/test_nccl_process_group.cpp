@@ -188,6 +188,18 @@ TEST(NcclProcessGroup, AWidenedReduceScatterSumsEveryRanksBf16PiecesInF32AsTheCp
         ASSERT_EQ(got_all[static_cast<size_t>(r * chunk + i)], sent[static_cast<size_t>(rank * chunk + i)])
             << "from rank " << r << ", element " << i;
     }
+    // exchange_chunks (Note [Pieces read by the update]): the others' chunks for this rank, its own left out.
+    Tensor others = empty({chunk * (world - 1)}, DType::bf16, dev);
+    ctx.group->exchange_chunks(others, in)->wait(10000ms);
+    const std::vector<double> got_others = others.to(Device::cpu()).to_vector();
+    for (int r = 0, k = 0; r < world; ++r) {
+      if (r == rank) continue;
+      const std::vector<double> sent = values_of(r).to_vector();
+      for (int64_t i = 0; i < chunk; i += 1021)
+        ASSERT_EQ(got_others[static_cast<size_t>(k * chunk + i)], sent[static_cast<size_t>(rank * chunk + i)])
+            << "exchange_chunks from rank " << r << ", element " << i;
+      ++k;
+    }
     // Not wider: refused by name.
     Tensor bad = empty({chunk}, DType::bf16, dev);
     Tensor f32_in = zeros({chunk * world}, DType::f32, dev);

@@ -235,9 +235,9 @@ void rank_body_vocab_parallel() {
   EXPECT_GT(ro.stats.cuda_graphs, 0) << ro.stats.cuda_graph_fallback;
 }
 
-// Note [Narrow wire, wide sum] (distributed/process_group.h) over NCCL (an all-to-all of bf16 chunks, summed in f32
-// on the comm stream): compiled follows eager with the same wire, in f32 weights (1e-4) and bf16 weights from f32
-// masters (2e-2), and captured in CUDA graphs (reduce-overhead); the graph's reduce-scatters say where they sum.
+// Note [Narrow wire, wide sum] (distributed/process_group.h) over NCCL (an all-to-all of bf16 chunks, summed in f32:
+// eagerly on a stream of its own, compiled by each unit's AdamW update): compiled follows eager with the same wire, in f32 weights (1e-4) and bf16 weights from f32
+// masters (2e-2), and captured in CUDA graphs (reduce-overhead); the graph says where the pieces are summed.
 void rank_body_narrow_wire() {
   auto ctx = init_distributed(nccl_init(std::chrono::seconds(120)));
   const Device dev(DeviceType::cuda, ctx.info.local_rank);
@@ -249,7 +249,10 @@ void rank_body_narrow_wire() {
   comp.compiled = true;
   const Trained c = train(dev, ctx, comp, cache);
   expect_same_training(c, train(dev, ctx, eager, cache), 1e-4, "bf16 wire, f32 weights: compiled vs eager ZeRO-3");
-  EXPECT_EQ(count(c.stats.last_graph, "summed in f32"), 5u) << c.stats.last_graph;
+  // Note [Pieces read by the update]: each unit's exchange, its pieces summed by its AdamW update.
+  EXPECT_EQ(count(c.stats.last_graph, "the others' pieces"), 5u) << c.stats.last_graph;
+  EXPECT_GE(count(c.stats.last_graph, "gradient pieces="), 1u) << c.stats.last_graph;
+  EXPECT_EQ(count(c.stats.last_graph, "sum_pieces("), 0u) << c.stats.last_graph;
   eager.bf16_masters = comp.bf16_masters = eager.gather_from_masters = comp.gather_from_masters = true;
   eager.reduce_dtype = comp.reduce_dtype = DType::f32;
   const Trained e16 = train(dev, ctx, eager, cache);

@@ -104,6 +104,26 @@ TEST_F(CompiledFsdpRun, LlamaFullFinetuneFollowsEager) {
   EXPECT_TRUE(std::ifstream(path("comp/hf/config.json")).good()) << comp.output;
 }
 
+// A narrow wire (distributed.reduce_wire_dtype bf16, 2 ranks, no clipping) compiled: its pieces summed by AdamW
+// itself (Note [Pieces read by the update], compile/passes/pieces_into_update.h) train like eager ZeRO-3 with the
+// same wire (its sum inside the collective), and apart from the f32 wire (so the wire is seen to act).
+TEST_F(CompiledFsdpRun, ANarrowWireSummedByTheUpdateTrainsLikeEager) {
+  const std::string z3 = "distributed.zero_stage=3 distributed.reduce_wire_dtype=bf16 train.grad_clip=0";
+  Result comp = launch(2, "wire_comp", z3 + compiled());
+  ASSERT_EQ(comp.exit_code, 0) << comp.output;
+  Result eager = launch(2, "wire_eager", z3);
+  ASSERT_EQ(eager.exit_code, 0) << eager.output;
+  Result f32 = launch(2, "f32_eager", "distributed.zero_stage=3 train.grad_clip=0");
+  ASSERT_EQ(f32.exit_code, 0) << f32.output;
+  const auto c = train_losses(path("wire_comp/metrics.jsonl")), e = train_losses(path("wire_eager/metrics.jsonl")),
+             f = train_losses(path("f32_eager/metrics.jsonl"));
+  ASSERT_GE(c.size(), 3u);
+  expect_close(c, e, "bf16 wire: compiled (pieces summed by AdamW) vs eager ZeRO-3");
+  double apart = 0;
+  for (const auto& [step, loss] : f) apart = std::max(apart, std::abs(e.at(step) - loss) / std::abs(loss));
+  EXPECT_GT(apart, 1e-6) << "rounding the f32 gradients to bf16 must change the losses, else this test checks nothing";
+}
+
 // `ingot explain` of a ZeRO-3 config under `ingot launch` (2 ranks, 2 blocks): the report lists each unit's
 // collectives (forward gathers, the blocks' gathers again for backward, one reduce-scatter per unit, with the dtypes
 // it sends and sums in) and what each overlaps.
@@ -130,13 +150,17 @@ TEST_F(CompiledFsdpRun, ExplainListsTheUnitsCollectivesAndWhatTheyOverlap) {
   const size_t rs = r.output.find("reduce_scatter of unit transformer.h.1");
   EXPECT_NE(r.output.substr(rs, r.output.find('\n', rs) - rs).find("transformer.h.0 backward"), std::string::npos)
       << r.output;
-  // Note [Narrow wire, wide sum]: the reduce-scatters say what they send and what they sum in.
-  Result wire = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" explain tiny.yaml distributed.zero_stage=3 "
-                   "distributed.reduce_wire_dtype=bf16 compile.cache_dir=" + path("cache"));
-  ASSERT_EQ(wire.exit_code, 0) << wire.output;
-  EXPECT_NE(wire.output.find("reduce_scatter of unit transformer.h.1 (its gradients, sent in bf16, summed in f32)"),
-            std::string::npos)
-      << wire.output;
+  // Note [Narrow wire, wide sum]: the exchanges say what they send and where the pieces are summed: by AdamW itself
+  // without clipping (Note [Pieces read by the update]), by a sum of their own when the clipping norm reads them too.
+  for (const bool clipped : {false, true}) {
+    Result wire = sh("\"$INGOT\" launch --nproc-per-node 2 -- \"$INGOT\" explain tiny.yaml distributed.zero_stage=3 "
+                     "distributed.reduce_wire_dtype=bf16 train.grad_clip=" + std::string(clipped ? "1" : "0") +
+                     " compile.cache_dir=" + path("cache"));
+    ASSERT_EQ(wire.exit_code, 0) << wire.output;
+    const std::string want = std::string("exchange of unit transformer.h.1 (its gradients, sent in bf16, summed in f32 ") +
+                             (clipped ? "after the wait)" : "by the optimizer update)");
+    EXPECT_NE(wire.output.find(want), std::string::npos) << want << "\n" << wire.output;
+  }
 }
 
 }  // namespace

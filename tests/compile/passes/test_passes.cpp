@@ -2,10 +2,14 @@
 #include <gtest/gtest.h>
 
 #include "autograd/ops.h"
+#include "autograd/ops/sum_pieces.h"
+#include "compile/api.h"
 #include "compile/exec/executor.h"
 #include "compile/passes/passes.h"
 #include "compile/trace/trace.h"
 #include "optim/optimizer.h"
+#include "runtime/file_util.h"
+#include "runtime/rng.h"
 
 namespace ingot::compiler {
 namespace {
@@ -321,5 +325,84 @@ TEST(MemoryPlan, ReusesBuffersOfDeadValuesWithoutOverlappingLiveOnes) {
   EXPECT_EQ(p.unplanned_peak, 2 * buf);
 }
 
+
+// Note [Pieces read by the update] (compile/passes/pieces_into_update.h): an update whose gradient is a sum of pieces
+// read by it alone reads the pieces; a sum read elsewhere too stays; both graphs update as the eager step does.
+// A step whose gradients are sums of bf16 pieces (a narrow wire's, compiled ZeRO-3), updated by AdamW; with
+// `also_read` the step returns one sum too, so the update is not its only reader.
+StepFn pieces_step(std::vector<Tensor>& params, optim::AdamW& opt, bool also_read) {
+  return [&params, &opt, also_read](const std::vector<Tensor>& in) {
+    std::vector<Tensor> out;
+    for (size_t k = 0; k < params.size(); ++k) {
+      const std::vector<Tensor> pieces(in.begin() + static_cast<std::ptrdiff_t>(4 * k),
+                                       in.begin() + static_cast<std::ptrdiff_t>(4 * k + 4));
+      Tensor g = sum_pieces(pieces, 0.25, DType::f32);
+      params[k].set_grad(g);
+      if (also_read && k == 0) out.push_back(g * 2.0);
+    }
+    opt.step();
+    opt.zero_grad();
+    out.push_back(params[0] * 1.0);
+    return out;
+  };
+}
+
+std::vector<Tensor> pieces_inputs(const std::vector<int64_t>& sizes) {
+  std::vector<Tensor> in;
+  for (int64_t n : sizes)
+    for (int r = 0; r < 4; ++r) in.push_back(randn({n}).to(DType::bf16));
+  return in;
+}
+
+TEST(PiecesIntoUpdate, AnUpdateReadsTheOnlyReadSumsPiecesAndUpdatesAsTheSum) {
+  for (const bool also_read : {false, true}) {
+    SCOPED_TRACE(also_read ? "a sum read by the step too" : "sums read by the update alone");
+    manual_seed(31);
+    std::vector<Tensor> w{randn({37}), randn({1029})}, ref{w[0].clone_raw(), w[1].clone_raw()};
+    for (Tensor& t : w) t.set_requires_grad(true);
+    for (Tensor& t : ref) t.set_requires_grad(true);
+    optim::AdamWOptions ao;
+    ao.weight_decay = 0.1;
+    optim::AdamW opt(w, ao), ref_opt(ref, ao);
+    const std::vector<Tensor> in1 = pieces_inputs({37, 1029}), in2 = pieces_inputs({37, 1029});
+    Graph g = graph_of(pieces_step(w, opt, also_read), in1);  // step 1 (eager, traced)
+    ASSERT_EQ(count_ops(g, "sum_pieces"), 2u);
+    EXPECT_EQ(passes::pieces_into_update(g, {}), !also_read) << "a sum with another reader stays";
+    g.verify();
+    EXPECT_EQ(count_ops(g, "sum_pieces"), also_read ? 2u : 0u);
+    run(g, in2);  // step 2 through the rewritten graph
+    auto ref_step = pieces_step(ref, ref_opt, also_read);
+    ref_step(in1);
+    ref_step(in2);
+    for (size_t k = 0; k < w.size(); ++k) EXPECT_EQ(amax(abs(sub(w[k], ref[k]))).item(), 0.0) << "parameter " << k;
+  }
+}
+
+// Through the whole pipeline (generated CPU kernels): the update's kernel adds the pieces itself, and three steps
+// follow the eager steps within the f32 rounding of the generated update.
+TEST(PiecesIntoUpdate, TheGeneratedUpdateAddsThePiecesAndFollowsEager) {
+  manual_seed(32);
+  std::vector<Tensor> w{randn({37}), randn({1029})}, ref{w[0].clone_raw(), w[1].clone_raw()};
+  for (Tensor& t : w) t.set_requires_grad(true);
+  for (Tensor& t : ref) t.set_requires_grad(true);
+  optim::AdamWOptions ao;
+  ao.weight_decay = 0.1;
+  optim::AdamW opt(w, ao), ref_opt(ref, ao);
+  TempDir dir("ingot-pieces-");
+  CompileOptions o;
+  o.cache_dir = dir.path();
+  o.split_update = true;  // one update per parameter, as bucket_updates makes one per unit
+  CompiledFunction f = compile(pieces_step(w, opt, false), o);
+  auto ref_step = pieces_step(ref, ref_opt, false);
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<Tensor> in = pieces_inputs({37, 1029});
+    f(in);
+    ref_step(in);
+  }
+  const std::string& graph = f.stats().last_graph;
+  EXPECT_EQ(graph.find("sum_pieces("), std::string::npos) << graph;
+  EXPECT_NE(graph.find("gradient pieces=4"), std::string::npos) << graph;
+  for (size_t k = 0; k < w.size(); ++k) EXPECT_TRUE(allclose(w[k], ref[k], 1e-6, 1e-7)) << "parameter " << k;
+}
 }  // namespace
 }  // namespace ingot::compiler
