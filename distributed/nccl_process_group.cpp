@@ -65,6 +65,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <map>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -337,6 +338,8 @@ class NcclProcessGroup final : public ProcessGroup {
       comm_ = nullptr;
       INGOT_FAIL(failure_message(-1, "communicator init", err));
     }
+    windows_->comm = comm_;
+    windows_->device = device_;
     const auto [least, greatest] = cuda::stream_priority_range(device_);  // Note [Comm stream priority]
     CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, low_priority ? least : greatest));
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
@@ -354,6 +357,7 @@ class NcclProcessGroup final : public ProcessGroup {
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     cuda::DeviceGuard guard(device_);
+    windows_->close();  // symmetric_empty's tensors still alive keep their memory, unregistered
     if (comm_) {
       // Work still in flight means a peer may never come: abort rather than wait on it.
       bool clean = in_flight_.empty();
@@ -596,6 +600,34 @@ class NcclProcessGroup final : public ProcessGroup {
         });
   }
 
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  // ProcessGroup::symmetric_empty: ncclMemAlloc, then a window of its own registered with NCCL_WIN_COLL_SYMMETRIC.
+  Tensor symmetric_empty(const Shape& shape, DType dtype, Device device) override {
+    INGOT_CHECK(device == Device(DeviceType::cuda, device_), "symmetric_empty: this nccl group's device is cuda:",
+                device_, ", got ", device.str());
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const size_t bytes = std::max<size_t>(1, static_cast<size_t>(n) * itemsize(dtype));
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    INGOT_CHECK(comm_ != nullptr, "symmetric_empty: nccl group '", options_.name, "' was aborted");
+    cuda::DeviceGuard guard(device_);
+    void* ptr = nullptr;
+    ncclResult_t r = ncclMemAlloc(&ptr, bytes);
+    INGOT_CHECK(r == ncclSuccess, "symmetric_empty: ncclMemAlloc of ", bytes, " bytes failed: ", ncclGetErrorString(r));
+    ncclWindow_t win = nullptr;
+    r = ncclCommWindowRegister(comm_, ptr, bytes, &win, NCCL_WIN_COLL_SYMMETRIC);
+    const std::string err = r == ncclSuccess || r == ncclInProgress ? settle("symmetric_empty: window registration")
+                                                                    : std::string(ncclGetErrorString(r));
+    if (!err.empty()) {
+      ncclMemFree(ptr);
+      INGOT_FAIL("symmetric_empty: registering a window of ", bytes, " bytes failed: ", err);
+    }
+    windows_->add(ptr, win);
+    std::shared_ptr<Windows> book = windows_;
+    return from_blob(std::shared_ptr<void>(ptr, [book](void* p) { book->release(p); }), ptr, shape, dtype, device);
+  }
+#endif
+
   std::shared_ptr<Work> broadcast(Tensor& t, int root) override {
     check(t, "broadcast");
     INGOT_CHECK(root >= 0 && root < size_, "broadcast: root must be in [0, ", size_, "), got ", root);
@@ -693,6 +725,7 @@ class NcclProcessGroup final : public ProcessGroup {
       err = settle(op);  // Note [Settled before the end event]
     if (!err.empty()) {
       // Issuing failed or never settled: same treatment as a watchdog timeout.
+      windows_->forget();
       ncclCommAbort(comm_);
       comm_ = nullptr;
       std::string msg = failure_message(seq, op, err);
@@ -770,12 +803,57 @@ class NcclProcessGroup final : public ProcessGroup {
       {
         // Abort first so the stuck kernels exit and no stream waits forever; then report.
         std::lock_guard<std::mutex> issue_lock(issue_mu_);
+        windows_->forget();
         if (comm_) ncclCommAbort(comm_);
         comm_ = nullptr;
       }
       fail_in_flight(failure_message(head->seq(), head->op(), cause));
     }
   }
+
+  // symmetric_empty's windows, by base address: a tensor's deleter deregisters and frees its own (collective: the
+  // ranks free the same tensors in the same order), unless the group closed first.
+  struct Windows {
+    std::mutex mu;
+    ncclComm_t comm = nullptr;
+    int device = 0;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    std::map<void*, ncclWindow_t> open;
+    void add(void* p, ncclWindow_t w) {
+      std::lock_guard<std::mutex> lock(mu);
+      open[p] = w;
+    }
+    void release(void* p) {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = open.find(p);
+      if (it == open.end() || comm == nullptr) return;  // closed: the memory stays, unregistered
+      cuda::DeviceGuard guard(device);
+      ncclResult_t r = ncclCommWindowDeregister(comm, it->second);
+      for (ncclResult_t state = r; state == ncclInProgress;)
+        if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+      ncclMemFree(p);
+      open.erase(it);
+    }
+#endif
+    // The communicator aborted: nothing can be deregistered any more.
+    void forget() {
+      std::lock_guard<std::mutex> lock(mu);
+      comm = nullptr;
+    }
+    void close() {
+      std::lock_guard<std::mutex> lock(mu);
+      if (comm == nullptr) return;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+      for (auto& [p, w] : open) {
+        ncclResult_t r = ncclCommWindowDeregister(comm, w);
+        for (ncclResult_t state = r; state == ncclInProgress;)
+          if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+      }
+#endif
+      comm = nullptr;
+    }
+  };
+  std::shared_ptr<Windows> windows_ = std::make_shared<Windows>();
 
   int device_ = 0;
   ncclComm_t comm_ = nullptr;

@@ -159,6 +159,10 @@ std::shared_ptr<Work> ProcessGroup::exchange_chunks(Tensor&, const Tensor&) {
   INGOT_FAIL("exchange_chunks: the ", backend(), " process group '", options_.name, "' does not implement it");
 }
 
+Tensor ProcessGroup::symmetric_empty(const Shape& shape, DType dtype, Device device) {
+  return empty(shape, dtype, device);
+}
+
 void ProcessGroup::check_exchange(const Tensor& out, const Tensor& in) const {
   INGOT_CHECK(size_ > 1 && in.numel() % size_ == 0 && out.numel() == in.numel() / size_ * (size_ - 1) &&
                   in.dtype() == out.dtype(),

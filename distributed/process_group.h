@@ -132,6 +132,13 @@ class ProcessGroup {
   // directly (Note [Pieces read by the update], compile/passes/pieces_into_update.h). Gloo and NCCL have it; the
   // default refuses by name.
   virtual std::shared_ptr<Work> exchange_chunks(Tensor& out, const Tensor& in);
+  // A tensor on `device` that NCCL may address from every rank: allocated by ncclMemAlloc and registered in a window
+  // of its own with NCCL_WIN_COLL_SYMMETRIC (NCCL 2.27+), so a collective whose buffers all lie in such windows at the
+  // same offsets on every rank runs NCCL's symmetric kernels (direct loads over NVLink, sums in f32 accumulators).
+  // Collective: every rank allocates (and frees) the same sizes in the same order. A tensor outliving its group keeps
+  // its memory unregistered. Here (Gloo, and NCCL builds without windows): empty(). Measured by bench_allreduce
+  // --symmetric.
+  virtual Tensor symmetric_empty(const Shape& shape, DType dtype, Device device);
   // all_gather of `in` cast to out's dtype (ZeRO-3 gathers bf16 weights from f32 masters). Here: the cast on the
   // current stream, then all_gather; NCCL casts on its communication stream instead (Note [Gathers cast on the
   // comm stream], nccl_process_group.cpp). The cast copy is kept until the collective read it.

@@ -7,7 +7,7 @@
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
 #                          [fsdp] [zero] [fsdp8b] [fsdp8b_one] [carveout] [clocks] [priority] [kernels] [ddpwhy]
-#                          [wirewhy]
+#                          [wirewhy] [symwhy]
 #                          (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
@@ -57,6 +57,9 @@
 #         the 1-GPU default row first: whether NCCL's kernels scheduled ahead of the compute slow it (issue 21)
 #   kernels: GPT-2 compiled default on 1 GPU and on all GPUs, twice each, with the op profiler timing every op by
 #         CUDA events (bench_gpt2_step --profile 60 --profile-events): which ops slow down beside NCCL (issue 21)
+#   symwhy: NCCL's symmetric kernels (buffers in ProcessGroup::symmetric_empty's windows) against its ordinary ones at
+#         one 8B block's bf16 reduce-scatter, GPT-2's f32 all-reduce and an f32 reduce-scatter, each with an 8192^3
+#         bf16 product timed alone and beside it (bench_allreduce --beside-matmul), and NcclProcessGroup.Symm*
 #   wirewhy: the narrow wire's pieces timed alone (bench_allreduce's reduce-scatters f32 / bf16 / widened / all_to_all
 #         at one 8B block's 436 MB of bf16, bench_cuda_kernels' sum_pieces lines)
 #   ddpwhy: GPT-2 compiled default per-op device times on 1 GPU and on all GPUs reduced in f32 and in bf16 (the ops
@@ -289,6 +292,21 @@ if want wirewhy; then  # where the narrow wire's cost is (Note [Narrow wire, wid
     echo "wirewhy $op $dt ${mode}: exit $?"; grep -h "^| $op" "$out/wirewhy_${op}_${dt}${mode:+_$mode}.log" | tail -1
   done
   CUDA_VISIBLE_DEVICES=0 timeout 120 bench_cuda_kernels > "$out/wirewhy_kernels.log" 2>&1; grep -h "^sum_pieces" "$out/wirewhy_kernels.log"
+fi
+if want symwhy; then  # do NCCL's symmetric kernels slow the compute beside them less? (issues 21 and 22)
+  # On all GPUs: one 8B block's bf16 reduce-scatter (436 MB) and GPT-2's f32 gradient all-reduce (498 MB), in
+  # ordinary buffers and in symmetric windows (ProcessGroup::symmetric_empty), each with an 8192^3 bf16 product timed
+  # alone and beside the collective (--beside-matmul): the product's slowdown is what the steps lose.
+  (cd $src && timeout 120 ingot_tests --gtest_filter='NcclProcessGroup.Symm*' > "$out/test_symm.log" 2>&1)
+  echo "== NcclProcessGroup.Symm*: exit $?"; grep -E "^\[  FAILED|^\[  PASSED|^\[ nccl|Failure|Expected|Which" "$out/test_symm.log" | head
+  for spec in "reduce_scatter bf16 416" "reduce_scatter bf16 416 --symmetric" "all_reduce f32 475" \
+      "all_reduce f32 475 --symmetric" "reduce_scatter f32 832" "reduce_scatter f32 832 --symmetric"; do
+    read -r op dt mb sym <<< "$spec"
+    log="$out/symwhy_${op}_${dt}${sym:+_sym}.log"
+    timeout 150 ingot launch --nproc-per-node gpu --standalone -- bench_allreduce --min-mb $mb --max-mb $mb \
+      --iters 20 --op $op --dtype $dt --beside-matmul 8192 $sym > "$log" 2>&1
+    echo "symwhy $op $dt ${sym}: exit $?"; grep -h "^| $op" "$log" | tail -1; grep -h "error" "$log" | head -3
+  done
 fi
 if want variants; then
   n=$(( gpus >= 4 ? 4 : 2 ))

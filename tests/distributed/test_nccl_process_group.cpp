@@ -211,6 +211,52 @@ TEST(NcclProcessGroup, AWidenedReduceScatterSumsEveryRanksBf16PiecesInF32AsTheCp
   expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(60000ms)));
 }
 
+// ProcessGroup::symmetric_empty: tensors in NCCL symmetric windows (ncclMemAlloc + NCCL_WIN_COLL_SYMMETRIC) hold what
+// ordinary tensors hold, and a bf16 reduce-scatter and an f32 all-reduce between them give every rank's sum: within
+// one bf16 rounding of the f32 sum (NCCL's symmetric kernels sum in f32; a ring may round partial sums: the test
+// prints how many of the sampled elements equal the once-rounded sum). Freed in the same order on every rank.
+TEST(NcclProcessGroup, SymmetricWindowsHoldTensorsAndTheirCollectivesSumEveryRank) {
+  if (is_rank_process()) {
+    auto ctx = init_distributed(nccl_init());
+    const int rank = ctx.info.rank, world = ctx.info.world_size;
+    const Device dev(DeviceType::cuda, ctx.info.local_rank);
+    const int64_t chunk = (1 << 18) + 64;
+    auto values_of = [&](int r) {
+      manual_seed(3000 + static_cast<uint64_t>(r));
+      return randn({chunk * world}, DType::f32, Device::cpu()).to(DType::bf16);
+    };
+    for (int round = 0; round < 2; ++round) {  // the second round reuses freed windows' addresses
+      Tensor in = ctx.group->symmetric_empty({chunk * world}, DType::bf16, dev);
+      Tensor out = ctx.group->symmetric_empty({chunk}, DType::bf16, dev);
+      in.copy_(values_of(rank).to(dev));
+      ctx.group->reduce_scatter(out, in, ReduceOp::Sum)->wait(10000ms);
+      std::vector<double> want(static_cast<size_t>(chunk), 0.0);
+      for (int r = 0; r < world; ++r) {
+        const std::vector<double> v = values_of(r).to_vector();
+        for (int64_t i = 0; i < chunk; ++i) want[static_cast<size_t>(i)] += v[static_cast<size_t>(rank * chunk + i)];
+      }
+      const std::vector<double> got = out.to(Device::cpu()).to_vector();
+      const std::vector<double> once = from_vector(want, {chunk}).to(DType::bf16).to_vector();
+      int64_t exact = 0, sampled = 0;
+      for (int64_t i = 0; i < chunk; i += 97, ++sampled) {
+        const double w = want[static_cast<size_t>(i)];
+        ASSERT_NEAR(got[static_cast<size_t>(i)], w, 1e-2 * std::abs(w) + 2e-2) << "element " << i;
+        exact += got[static_cast<size_t>(i)] == once[static_cast<size_t>(i)];
+      }
+      if (rank == 0 && round == 0)
+        std::printf("[ nccl     ] symmetric bf16 reduce-scatter: %lld of %lld sampled sums equal the f32 sum rounded "
+                    "once\n", static_cast<long long>(exact), static_cast<long long>(sampled));
+      Tensor f = ctx.group->symmetric_empty({4099}, DType::f32, dev);
+      f.fill_(static_cast<double>(rank + 1));
+      ctx.group->all_reduce(f, ReduceOp::Sum)->wait(10000ms);
+      EXPECT_EQ(f.to(Device::cpu()).to_vector()[4098], world * (world + 1) / 2.0);
+    }
+    return;
+  }
+  INGOT_REQUIRE_TWO_GPUS();
+  expect_ranks_pass(spawn_ranks(ingot::testing::world(2).within(60000ms)));
+}
+
 // Note [Collectives in CUDA graphs] (distributed/nccl_process_group.cpp): a captured reduce-scatter whose input
 // the caller drops right after the start (as the compiled step does: the start is the input's last reader) keeps
 // that block until its wait joins the comm stream back, so a later allocation of the capture cannot take it and
