@@ -6,12 +6,14 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "bench/cli.h"
 #include "compile/api.h"
+#include "compile/exec/executor.h"
 #include "distributed/bootstrap.h"
 #include "distributed/ddp.h"
 #include "distributed/fsdp.h"
@@ -196,6 +198,33 @@ struct DataParallelStep {
     }
     ddp = std::make_unique<distributed::DistributedDataParallel>(
         model, w.dist->group, ddp_options(bucket_cap_mb, reduce_dtype, zero_stage));
+    const char* sym = std::getenv("INGOT_SYMMETRIC_BUCKETS");
+    if (sym && std::string(sym) == "1" && zero_stage == 0) {
+      symmetric_buckets(w.dist->group);
+      owns_bucket_allocator = true;
+    }
+  }
+  bool owns_bucket_allocator = false;
+  DataParallelStep() = default;
+  DataParallelStep(const DataParallelStep&) = delete;
+  DataParallelStep& operator=(const DataParallelStep&) = delete;
+  ~DataParallelStep() {
+    if (owns_bucket_allocator) compiler::set_bucket_allocator(nullptr);  // the windows go while the group lives
+  }
+  // INGOT_SYMMETRIC_BUCKETS=1 (measuring, compiled DDP): every bucket's buffer in an NCCL symmetric window of its own
+  // (ProcessGroup::symmetric_empty), the same buffer every step (Note [Buckets from an allocator],
+  // compile/exec/executor.h), so the in-place all-reduce runs NCCL's symmetric kernels, which slowed a product
+  // beside them ~40% less (bench/RESULTS.md twenty-third session). The buffers are made in the order the ranks
+  // first run their buckets (the same on every rank) and handed out as views, so that nothing frees a window.
+  static void symmetric_buckets(std::shared_ptr<distributed::ProcessGroup> group) {
+    auto slots = std::make_shared<std::map<std::pair<const void*, int32_t>, Tensor>>();
+    compiler::set_bucket_allocator([group, slots](const compiler::Graph* g, int32_t value, const Shape& shape,
+                                                  DType dtype, Device device) {
+      Tensor& slot = (*slots)[{g, value}];
+      if (!slot.defined() || slot.shape() != shape || slot.dtype() != dtype)
+        slot = group->symmetric_empty(shape, dtype, device);
+      return from_blob(std::make_shared<Tensor>(slot), slot.data_ptr(), shape, dtype, device);
+    });
   }
   // What the optimizer updates: `params` alone, DDP's shards or FSDP's; with `f32_masters`, f32 copies of them.
   std::vector<Tensor> optimizer_params(const std::vector<Tensor>& params, bool f32_masters) {

@@ -7,7 +7,7 @@
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
 #                          [fsdp] [zero] [fsdp8b] [fsdp8b_one] [carveout] [clocks] [priority] [kernels] [ddpwhy]
-#                          [wirewhy] [symwhy]
+#                          [wirewhy] [symwhy] [symddp]
 #                          (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
@@ -57,6 +57,9 @@
 #         the 1-GPU default row first: whether NCCL's kernels scheduled ahead of the compute slow it (issue 21)
 #   kernels: GPT-2 compiled default on 1 GPU and on all GPUs, twice each, with the op profiler timing every op by
 #         CUDA events (bench_gpt2_step --profile 60 --profile-events): which ops slow down beside NCCL (issue 21)
+#   symddp: GPT-2 compiled DDP at all GPUs (4 at most) with its buckets in NCCL symmetric windows
+#         (INGOT_SYMMETRIC_BUCKETS=1, bench/step_bench.h) and without, two rounds, the 1-GPU row first; the ~1B Llama
+#         likewise once
 #   symwhy: NCCL's symmetric kernels (buffers in ProcessGroup::symmetric_empty's windows) against its ordinary ones at
 #         one 8B block's bf16 reduce-scatter, GPT-2's f32 all-reduce and an f32 reduce-scatter, each with an 8192^3
 #         bf16 product timed alone and beside it (bench_allreduce --beside-matmul), and NcclProcessGroup.Symm*
@@ -185,7 +188,7 @@ PY
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
   want bench || want variants || want memory || want peak || want zero || want carveout || want clocks || want priority ||
-    want kernels || want ddpwhy ||
+    want kernels || want ddpwhy || want symddp ||
     return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   smi_start "$name"
@@ -333,6 +336,24 @@ if want carveout; then  # compute kernels that leave N SMs to NCCL's, 1 GPU and 
       echo "NCCL_MAX_CTAS=$c:"
       NCCL_MAX_CTAS=$c gpt2 $gpus carveout_${c}_ctas_$gpus --compile default --timeline --sm-carveout $c
     fi
+  done
+fi
+if want symddp; then  # compiled DDP with its buckets in NCCL symmetric windows (INGOT_SYMMETRIC_BUCKETS=1), issue 21
+  n=$(( gpus >= 4 ? 4 : gpus ))
+  gpt2 1 symddp_gpt2_1 --compile default
+  for round in a b; do
+    gpt2 $n symddp_gpt2_${n}_$round --compile default --timeline
+    INGOT_SYMMETRIC_BUCKETS=1 gpt2 $n symddp_gpt2_${n}_sym_$round --compile default --timeline
+  done
+  llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
+    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
+  CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/symddp_llama_1.log" 2>&1
+  grep -h "^| ingot" "$out/symddp_llama_1.log" | tail -1
+  for sym in 0 1; do
+    want symddp || break
+    INGOT_SYMMETRIC_BUCKETS=$sym timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama \
+      --timeline > "$out/symddp_llama_${n}_$sym.log" 2>&1
+    echo "llama x$n INGOT_SYMMETRIC_BUCKETS=$sym:"; grep -h "^| ingot\|^timeline\|error" "$out/symddp_llama_${n}_$sym.log" | tail -2
   done
 fi
 if want llama; then

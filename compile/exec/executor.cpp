@@ -1,6 +1,7 @@
 #include "compile/exec/executor.h"
 
 #include <algorithm>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -97,12 +98,21 @@ bool dead_after(const std::vector<int32_t>& release, const std::vector<Tensor>& 
 
 // Note [Values placed in buckets] (compile/ir/graph.h): value v's slice of its bucket's buffer, which the first
 // placed producer of a run makes (the bucket's own node, later, only views it: compile/passes/bucket_views.h).
+std::mutex g_bucket_allocator_mu;
+BucketAllocator g_bucket_allocator;
+
 Tensor bucket_slot(const Graph& g, int32_t v, std::vector<Tensor>& env) {
   const Value& val = g.values[static_cast<size_t>(v)];
   Tensor& bucket = env[static_cast<size_t>(val.placed_in)];
   if (!bucket.defined()) {
     const Value& b = g.values[static_cast<size_t>(val.placed_in)];
-    bucket = empty(trace_shape(b.shape), b.dtype, b.device);
+    BucketAllocator allocate;
+    {
+      std::lock_guard<std::mutex> lock(g_bucket_allocator_mu);
+      allocate = g_bucket_allocator;
+    }
+    bucket = allocate ? allocate(&g, val.placed_in, trace_shape(b.shape), b.dtype, b.device)
+                      : empty(trace_shape(b.shape), b.dtype, b.device);
   }
   const Shape shape = trace_shape(val.shape);
   return bucket.as_strided(shape, contiguous_strides(shape), bucket.offset() + val.placed_at);
@@ -379,6 +389,11 @@ class MemoryWatch {
 };
 
 }  // namespace
+
+void set_bucket_allocator(BucketAllocator allocator) {
+  std::lock_guard<std::mutex> lock(g_bucket_allocator_mu);
+  g_bucket_allocator = std::move(allocator);
+}
 
 std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args) {
   const Graph& g = exe.graph;

@@ -55,6 +55,13 @@ std::vector<ExecStep> plan_steps(const Graph& g, const std::map<int32_t, GroupKe
 // Runs the executable on the caller's args (already checked against the graph's signature).
 std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args);
 
+// Note [Buckets from an allocator]: where the buffer of a data-parallel bucket comes from (Note [Values placed in
+// buckets], compile/ir/graph.h). By default each run allocates it like any value; a data-parallel wrapper may install
+// an allocator instead (distributed/ddp.cpp: buckets in NCCL symmetric windows, the same buffer every step), given the
+// graph and bucket value it is for. Process-wide; nullptr restores the default.
+using BucketAllocator = std::function<Tensor(const Graph* g, int32_t value, const Shape& shape, DType dtype, Device device)>;
+void set_bucket_allocator(BucketAllocator allocator);
+
 // execute() in its three parts, for runners that order the steps differently (compile/exec/graph_replay.h):
 // the value environment with every graph input bound (host inputs produced now; `captured` collects the
 // storages of captured tensors), one step (without its releases), and the results, write-backs and .grads.

@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <set>
 #include <string>
 #include <utility>
 
 #include "autograd/ops.h"
 #include "compile/api.h"
+#include "compile/exec/executor.h"
 #include "distributed/ddp.h"
 #include "distributed/process_group.h"
 #include "distributed/store.h"
@@ -86,6 +89,36 @@ TEST(BucketViews, WeightGradientsAreWrittenIntoTheirBucketAndTrainingFollowsEage
   // Three compiled steps, two weight-gradient products each, every one written into the bucket's buffer.
   EXPECT_EQ(comp.watch.products, 6);
   EXPECT_EQ(comp.watch.in_bucket, comp.watch.products);
+}
+
+// Note [Buckets from an allocator] (compile/exec/executor.h): with an allocator installed, the compiled step takes
+// each bucket's buffer from it (here the same buffer every step, as NCCL symmetric windows would be), the products
+// write into it and training is the same as with the buffers the executor allocates itself.
+TEST(BucketViews, ABucketAllocatorGivesTheBucketsBufferAndTrainingIsUnchanged) {
+  TcpStoreServer server(0, "127.0.0.1");
+  ProcessGroupOptions o;
+  o.hostname = "127.0.0.1";
+  const std::shared_ptr<ProcessGroup> group =
+      new_gloo_group(std::make_shared<TcpStore>("127.0.0.1", server.port()), 0, 1, o);
+  TrainRun own, given;
+  train(group, true, own);
+  int calls = 0;
+  std::map<std::pair<const void*, int32_t>, Tensor> slots;
+  std::set<const void*> buffers;
+  compiler::set_bucket_allocator([&](const compiler::Graph* g, int32_t v, const Shape& shape, DType dtype, Device dev) {
+    ++calls;
+    Tensor& slot = slots[{g, v}];
+    if (!slot.defined()) slot = empty(shape, dtype, dev);
+    buffers.insert(slot.data_ptr());
+    return from_blob(std::make_shared<Tensor>(slot), slot.data_ptr(), shape, dtype, dev);
+  });
+  train(group, true, given);
+  compiler::set_bucket_allocator(nullptr);
+  EXPECT_EQ(calls, 3) << "one bucket per compiled step (three of them)";
+  EXPECT_EQ(buffers.size(), 1u) << "the same buffer every step";
+  EXPECT_EQ(given.watch.in_bucket, given.watch.products);
+  EXPECT_EQ(given.losses, own.losses);
+  for (size_t k = 0; k < own.params.size(); ++k) EXPECT_EQ(max_rel_error(given.params[k], own.params[k], 0, 0), 0.0);
 }
 
 }  // namespace
