@@ -13,9 +13,10 @@
 //   backward           once every parameter of a unit has its gradient (post-accumulate hooks; synchronize()
 //                      for the units with parameters that got none): the parameters' .grad that the trace
 //                      accumulated, flattened and concatenated in the unit's padded layout, cast to reduce_dtype
-//                      (or reduce_wire_dtype, summed in reduce_dtype: Note [Narrow wire, wide sum]),
 //                      reduce_scatter_unit_start + wait (compile/passes/unit_reductions.h: once a later unit's
-//                      reduce-scatter started) and cast to the shard's gradient dtype (State::grad_dtype):
+//                      reduce-scatter started) and cast to the shard's gradient dtype (State::grad_dtype); with
+//                      reduce_wire_dtype (Note [Narrow wire, wide sum]) exchange_unit_start + wait and the world's
+//                      pieces summed in reduce_dtype by sum_pieces (Note [Pieces read by the update]):
 //                      this rank's averaged chunk, added into the shard's .grad; the whole .grad tensors are
 //                      dropped (grad none: no whole gradient leaves the step, and the traced run holds no more of
 //                      them than eager ZeRO-3)

@@ -446,11 +446,22 @@ class NcclProcessGroup final : public ProcessGroup {
 
   std::shared_ptr<Work> all_reduce(Tensor& t, ReduceOp op) override {
     check(t, "all_reduce");
-    ncclRedOp_t rop = nccl_op(op, t.dtype(), "all_reduce");
+    // NCCL's symmetric kernels sum only (NCCL 2.27 release notes): an average of a tensor in a symmetric window
+    // (symmetric_empty) is their sum, scaled on the comm stream after it (the same kernel and rounding as mul();
+    // exact for a world of 2^k).
+    const bool windowed = op == ReduceOp::Avg && windows_->holds(t.data_ptr());
+    ncclRedOp_t rop = nccl_op(windowed ? ReduceOp::Sum : op, t.dtype(), "all_reduce");
     ncclDataType_t dt = nccl_dtype(t.dtype(), "all_reduce");
+    std::function<cudaStream_t(cudaStream_t)> scale;
+    if (windowed)
+      scale = [&](cudaStream_t s) {
+        const cuda::StreamScope on_comm(cuda::Stream{s, device_});
+        kernels::cuda::unary(kernels::UnaryOp::MulScalar, t, t, 1.0 / size_);
+        return s;
+      };
     return issue("all_reduce", t, {t}, [&](cudaStream_t s) {
       return ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), dt, rop, comm_, s);
-    });
+    }, scale);
   }
 
   std::shared_ptr<Work> reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) override {
@@ -835,6 +846,16 @@ class NcclProcessGroup final : public ProcessGroup {
       open.erase(it);
     }
 #endif
+    // Whether `p` is the start of one of this group's windows.
+    bool holds(const void* p) {
+      std::lock_guard<std::mutex> lock(mu);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+      return comm != nullptr && open.count(const_cast<void*>(p)) > 0;
+#else
+      (void)p;
+      return false;
+#endif
+    }
     // The communicator aborted: nothing can be deregistered any more.
     void forget() {
       std::lock_guard<std::mutex> lock(mu);

@@ -151,7 +151,10 @@ class ProcessGroup {
   // own (kernels' sum_pieces): half of an f32 reduce-scatter's bytes for bf16. The pieces are not rounded on the
   // way (a bf16 ring reduce-scatter rounds every partial sum to bf16). Measured on the 8B ZeRO-3 step (4x H200):
   // ~1% faster than f32 on the wire, where NCCL's own bf16 reduce-scatter is ~3.5% faster (bench/RESULTS.md
-  // 2026-11-27, twenty-second session). INGOT_NARROW_WIRE=0 makes NCCL widen first, as here, for measuring.
+  // 2026-11-27, twenty-second session): the sum's own pass over the pieces was the difference, so the compiled step
+  // exchanges alone (exchange_chunks) and lets the optimizer update sum the pieces it reads (Note [Pieces read by
+  // the update]: 2.5% faster than f32 on the wire, twenty-third session). Eager ZeRO-3 uses this call.
+  // INGOT_NARROW_WIRE=0 makes NCCL widen first, as here, for measuring.
   virtual std::shared_ptr<Work> reduce_scatter_widen(Tensor& out, const Tensor& in, ReduceOp op);
   // t = root's t.
   virtual std::shared_ptr<Work> broadcast(Tensor& t, int root = 0) = 0;

@@ -212,7 +212,7 @@ TEST(NcclProcessGroup, AWidenedReduceScatterSumsEveryRanksBf16PiecesInF32AsTheCp
 }
 
 // ProcessGroup::symmetric_empty: tensors in NCCL symmetric windows (ncclMemAlloc + NCCL_WIN_COLL_SYMMETRIC) hold what
-// ordinary tensors hold, and a bf16 reduce-scatter and an f32 all-reduce between them give every rank's sum: within
+// ordinary tensors hold, and a bf16 reduce-scatter and an f32 all-reduce (sum and average) between them give every rank's sum: within
 // one bf16 rounding of the f32 sum (NCCL's symmetric kernels sum in f32; a ring may round partial sums: the test
 // prints how many of the sampled elements equal the once-rounded sum). Freed in the same order on every rank.
 TEST(NcclProcessGroup, SymmetricWindowsHoldTensorsAndTheirCollectivesSumEveryRank) {
@@ -250,6 +250,10 @@ TEST(NcclProcessGroup, SymmetricWindowsHoldTensorsAndTheirCollectivesSumEveryRan
       f.fill_(static_cast<double>(rank + 1));
       ctx.group->all_reduce(f, ReduceOp::Sum)->wait(10000ms);
       EXPECT_EQ(f.to(Device::cpu()).to_vector()[4098], world * (world + 1) / 2.0);
+      // An average in a window: the symmetric kernels' sum, scaled after it on the comm stream.
+      f.fill_(static_cast<double>(rank + 1));
+      ctx.group->all_reduce(f, ReduceOp::Avg)->wait(10000ms);
+      EXPECT_EQ(f.to(Device::cpu()).to_vector()[17], (world + 1) / 2.0);
     }
     return;
   }

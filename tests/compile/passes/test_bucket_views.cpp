@@ -29,12 +29,14 @@ class ProductWatch final : public OpProfilerHook {
  public:
   void begin_op(const Primitive&) override {}
   void end_op(const Primitive& p, const std::vector<Tensor>&, const std::vector<Tensor>& outs) override {
+    if (p.name() == "all_reduce_start" && !outs.empty()) reduced.push_back(outs[0].data_ptr());
     if (p.name() != "matmul" || outs.empty() || (outs[0].shape() != Shape{16, 8} && outs[0].shape() != Shape{4, 16}))
       return;
     ++products;
     in_bucket += static_cast<int64_t>(outs[0].storage()->nbytes) > static_cast<int64_t>(outs[0].nbytes());
   }
   int products = 0, in_bucket = 0;
+  std::vector<const void*> reduced;  // the buffers the all-reduces ran in
 };
 
 struct TrainRun {
@@ -118,6 +120,9 @@ TEST(BucketViews, ABucketAllocatorGivesTheBucketsBufferAndTrainingIsUnchanged) {
   EXPECT_EQ(buffers.size(), 1u) << "the same buffer every step";
   EXPECT_EQ(given.watch.in_bucket, given.watch.products);
   EXPECT_EQ(given.losses, own.losses);
+  // The all-reduce runs in the bucket's buffer itself (Note [In-place bucket reductions]), the allocator's.
+  ASSERT_EQ(given.watch.reduced.size(), 3u);
+  for (const void* p : given.watch.reduced) EXPECT_TRUE(buffers.count(p)) << "an all-reduce ran in a copy of its bucket";
   for (size_t k = 0; k < own.params.size(); ++k) EXPECT_EQ(max_rel_error(given.params[k], own.params[k], 0, 0), 0.0);
 }
 
