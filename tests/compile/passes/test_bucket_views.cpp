@@ -72,12 +72,16 @@ void train(const std::shared_ptr<ProcessGroup>& group, bool compiled, TrainRun& 
   if (compiled) out.graph = fn.stats().last_graph;
 }
 
-TEST(BucketViews, WeightGradientsAreWrittenIntoTheirBucketAndTrainingFollowsEager) {
-  TcpStoreServer server(0, "127.0.0.1");
+// A Gloo group of one in this process (its store served by `server`).
+std::shared_ptr<ProcessGroup> group_of_one(const TcpStoreServer& server) {
   ProcessGroupOptions o;
   o.hostname = "127.0.0.1";
-  const std::shared_ptr<ProcessGroup> group =
-      new_gloo_group(std::make_shared<TcpStore>("127.0.0.1", server.port()), 0, 1, o);
+  return new_gloo_group(std::make_shared<TcpStore>("127.0.0.1", server.port()), 0, 1, o);
+}
+
+TEST(BucketViews, WeightGradientsAreWrittenIntoTheirBucketAndTrainingFollowsEager) {
+  TcpStoreServer server(0, "127.0.0.1");
+  const std::shared_ptr<ProcessGroup> group = group_of_one(server);
   TrainRun eager, comp;
   train(group, false, eager);
   train(group, true, comp);
@@ -98,10 +102,7 @@ TEST(BucketViews, WeightGradientsAreWrittenIntoTheirBucketAndTrainingFollowsEage
 // write into it and training is the same as with the buffers the executor allocates itself.
 TEST(BucketViews, ABucketAllocatorGivesTheBucketsBufferAndTrainingIsUnchanged) {
   TcpStoreServer server(0, "127.0.0.1");
-  ProcessGroupOptions o;
-  o.hostname = "127.0.0.1";
-  const std::shared_ptr<ProcessGroup> group =
-      new_gloo_group(std::make_shared<TcpStore>("127.0.0.1", server.port()), 0, 1, o);
+  const std::shared_ptr<ProcessGroup> group = group_of_one(server);
   TrainRun own, given;
   train(group, true, own);
   int calls = 0;

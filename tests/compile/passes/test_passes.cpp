@@ -347,6 +347,29 @@ StepFn pieces_step(std::vector<Tensor>& params, optim::AdamW& opt, bool also_rea
   };
 }
 
+// Two parameters (37 and 1029 elements, from `seed`) and their copies, each set with an AdamW (weight decay 0.1).
+struct PiecesParams {
+  std::vector<Tensor> w, ref;
+  optim::AdamW opt, ref_opt;
+  static std::vector<Tensor> leaves(std::vector<Tensor> ts) {
+    for (Tensor& t : ts) t.set_requires_grad(true);
+    return ts;
+  }
+  static optim::AdamWOptions options() {
+    optim::AdamWOptions o;
+    o.weight_decay = 0.1;
+    return o;
+  }
+  explicit PiecesParams(uint64_t seed)
+      : w(leaves([seed] {
+          manual_seed(seed);
+          return std::vector<Tensor>{randn({37}), randn({1029})};
+        }())),
+        ref(leaves({w[0].clone_raw(), w[1].clone_raw()})),
+        opt(w, options()),
+        ref_opt(ref, options()) {}
+};
+
 std::vector<Tensor> pieces_inputs(const std::vector<int64_t>& sizes) {
   std::vector<Tensor> in;
   for (int64_t n : sizes)
@@ -357,13 +380,9 @@ std::vector<Tensor> pieces_inputs(const std::vector<int64_t>& sizes) {
 TEST(PiecesIntoUpdate, AnUpdateReadsTheOnlyReadSumsPiecesAndUpdatesAsTheSum) {
   for (const bool also_read : {false, true}) {
     SCOPED_TRACE(also_read ? "a sum read by the step too" : "sums read by the update alone");
-    manual_seed(31);
-    std::vector<Tensor> w{randn({37}), randn({1029})}, ref{w[0].clone_raw(), w[1].clone_raw()};
-    for (Tensor& t : w) t.set_requires_grad(true);
-    for (Tensor& t : ref) t.set_requires_grad(true);
-    optim::AdamWOptions ao;
-    ao.weight_decay = 0.1;
-    optim::AdamW opt(w, ao), ref_opt(ref, ao);
+    PiecesParams ps(31);
+    std::vector<Tensor> &w = ps.w, &ref = ps.ref;
+    optim::AdamW &opt = ps.opt, &ref_opt = ps.ref_opt;
     const std::vector<Tensor> in1 = pieces_inputs({37, 1029}), in2 = pieces_inputs({37, 1029});
     Graph g = graph_of(pieces_step(w, opt, also_read), in1);  // step 1 (eager, traced)
     ASSERT_EQ(count_ops(g, "sum_pieces"), 2u);
@@ -381,13 +400,9 @@ TEST(PiecesIntoUpdate, AnUpdateReadsTheOnlyReadSumsPiecesAndUpdatesAsTheSum) {
 // Through the whole pipeline (generated CPU kernels): the update's kernel adds the pieces itself, and three steps
 // follow the eager steps within the f32 rounding of the generated update.
 TEST(PiecesIntoUpdate, TheGeneratedUpdateAddsThePiecesAndFollowsEager) {
-  manual_seed(32);
-  std::vector<Tensor> w{randn({37}), randn({1029})}, ref{w[0].clone_raw(), w[1].clone_raw()};
-  for (Tensor& t : w) t.set_requires_grad(true);
-  for (Tensor& t : ref) t.set_requires_grad(true);
-  optim::AdamWOptions ao;
-  ao.weight_decay = 0.1;
-  optim::AdamW opt(w, ao), ref_opt(ref, ao);
+  PiecesParams ps(32);
+  std::vector<Tensor> &w = ps.w, &ref = ps.ref;
+  optim::AdamW &opt = ps.opt, &ref_opt = ps.ref_opt;
   TempDir dir("ingot-pieces-");
   CompileOptions o;
   o.cache_dir = dir.path();
