@@ -122,6 +122,15 @@ TEST_F(CompiledFsdpRun, ANarrowWireSummedByTheUpdateTrainsLikeEager) {
   double apart = 0;
   for (const auto& [step, loss] : f) apart = std::max(apart, std::abs(e.at(step) - loss) / std::abs(loss));
   EXPECT_GT(apart, 1e-6) << "rounding the f32 gradients to bf16 must change the losses, else this test checks nothing";
+  // Four ranks (four pieces a chunk) with two micro-batches per step (the second backward's average is added to the
+  // first's, so the update reads a sum of sums and the pieces stay a sum of their own): compiled follows eager.
+  const std::string z3x4 = z3 + " train.gradient_accumulation_steps=2";
+  Result comp4 = launch(4, "wire_comp4", z3x4 + compiled());
+  ASSERT_EQ(comp4.exit_code, 0) << comp4.output;
+  Result eager4 = launch(4, "wire_eager4", z3x4);
+  ASSERT_EQ(eager4.exit_code, 0) << eager4.output;
+  expect_close(train_losses(path("wire_comp4/metrics.jsonl")), train_losses(path("wire_eager4/metrics.jsonl")),
+               "bf16 wire, 4 ranks, accumulation 2: compiled vs eager ZeRO-3");
 }
 
 // `ingot explain` of a ZeRO-3 config under `ingot launch` (2 ranks, 2 blocks): the report lists each unit's
