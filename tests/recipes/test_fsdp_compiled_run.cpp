@@ -106,10 +106,12 @@ TEST_F(CompiledFsdpRun, LlamaFullFinetuneFollowsEager) {
 
 // A narrow wire (distributed.reduce_wire_dtype bf16, 2 ranks, no clipping) compiled: its pieces summed by AdamW
 // itself (Note [Pieces read by the update], compile/passes/pieces_into_update.h) train like eager ZeRO-3 with the
-// same wire (its sum inside the collective), and apart from the f32 wire (so the wire is seen to act).
+// same wire (its sum inside the collective), apart from the f32 wire (so the wire is seen to act), and resume from
+// their sharded checkpoint.
 TEST_F(CompiledFsdpRun, ANarrowWireSummedByTheUpdateTrainsLikeEager) {
   const std::string z3 = "distributed.zero_stage=3 distributed.reduce_wire_dtype=bf16 train.grad_clip=0";
-  Result comp = launch(2, "wire_comp", z3 + compiled());
+  const std::string ckpt = " checkpoint.save_every=3 checkpoint.keep_last=0";
+  Result comp = launch(2, "wire_comp", z3 + ckpt + compiled());
   ASSERT_EQ(comp.exit_code, 0) << comp.output;
   Result eager = launch(2, "wire_eager", z3);
   ASSERT_EQ(eager.exit_code, 0) << eager.output;
@@ -119,6 +121,14 @@ TEST_F(CompiledFsdpRun, ANarrowWireSummedByTheUpdateTrainsLikeEager) {
              f = train_losses(path("f32_eager/metrics.jsonl"));
   ASSERT_GE(c.size(), 3u);
   expect_close(c, e, "bf16 wire: compiled (pieces summed by AdamW) vs eager ZeRO-3");
+  // Its step-3 checkpoint resumes compiled with the uninterrupted run's later losses.
+  std::map<int64_t, double> rest;
+  for (const auto& [step, loss] : c)
+    if (step > 3) rest[step] = loss;
+  ASSERT_FALSE(rest.empty()) << "the run must go on after its checkpoint";
+  Result rc = launch(2, "wire_resumed", z3 + compiled() + " resume_from=" + path("wire_comp/checkpoints/step_00000003"));
+  ASSERT_EQ(rc.exit_code, 0) << rc.output;
+  expect_close(train_losses(path("wire_resumed/metrics.jsonl")), rest, "bf16 wire, compiled, resumed compiled");
   double apart = 0;
   for (const auto& [step, loss] : f) apart = std::max(apart, std::abs(e.at(step) - loss) / std::abs(loss));
   EXPECT_GT(apart, 1e-6) << "rounding the f32 gradients to bf16 must change the losses, else this test checks nothing";
