@@ -247,9 +247,19 @@ Tensor argmin(const Tensor& a, int64_t dim, bool keepdim) { return reduce(Reduce
 namespace ingot {
 namespace {
 
-class SumPiecesPrim final : public Primitive {
+// Pointwise over its pieces, and lowers itself (Note [Ops lower themselves]) with the eager kernels' arithmetic: a
+// sum the update does not read alone (a clipping norm reads it too) fuses into its readers' generated kernels.
+class SumPiecesPrim final : public Primitive, public KernelLowering {
  public:
   explicit SumPiecesPrim(SumPiecesInfo info) : info_(info) {}
+  FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
+  std::vector<int> lower(LowerContext& cx) const override {
+    codegen::KernelSpec& k = cx.spec();
+    int acc = k.cast(cx.input(0), info_.into);
+    for (size_t i = 1; i < info_.pieces; ++i) acc = k.binary(codegen::Op::Add, acc, k.cast(cx.input(i), info_.into));
+    const double scale = info_.into == DType::f32 ? static_cast<double>(static_cast<float>(info_.scale)) : info_.scale;
+    return {k.binary(codegen::Op::Mul, acc, k.constant(scale, info_.into))};
+  }
   std::string_view name() const override { return "sum_pieces"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     INGOT_CHECK(in.size() == info_.pieces && !in.empty(), "sum_pieces: expected ", info_.pieces, " pieces, got ",

@@ -16,13 +16,17 @@ bool pieces_into_update(Graph& g, const PiecesIntoUpdateOptions&) {
     if (!update) continue;
     const size_t count = update->tensors(), slots = update->input_slots();
     if (count == 0 || n.inputs.size() != 1 + slots * count) continue;
-    // Every gradient (slot 1) a sum of the same number of pieces with the same scale, in f32, read here only.
+    // Every gradient (slot 1) a sum of the same number of pieces with the same scale, in f32, read here once (a sum
+    // read elsewhere too stays for those readers).
     std::vector<int32_t> sums;
     std::optional<SumPiecesInfo> first;
     for (size_t t = 0; t < count; ++t) {
       const int32_t v = n.inputs[1 + count + t];
       const int32_t p = v >= 0 ? g.values[static_cast<size_t>(v)].producer : -1;
-      if (p < 0 || uses[static_cast<size_t>(v)] != 1 || g.is_root(v)) break;
+      if (p < 0) break;
+      int32_t here = 0;
+      for (size_t k = 1; k < n.inputs.size(); ++k) here += n.inputs[k] == v;
+      if (here != 1) break;
       const std::optional<SumPiecesInfo> info = as_sum_pieces(*g.nodes[static_cast<size_t>(p)].prim);
       if (!info || info->into != DType::f32 || info->pieces < 2 ||
           (first && (info->pieces != first->pieces || info->scale != first->scale)))
@@ -41,7 +45,10 @@ bool pieces_into_update(Graph& g, const PiecesIntoUpdateOptions&) {
       for (size_t t = 0; t < count; ++t) inputs.push_back(n.inputs[1 + slot * count + t]);
     n.prim = std::move(fused);
     n.inputs = std::move(inputs);
-    for (int32_t s : sums) drop[static_cast<size_t>(s)] = true;
+    for (int32_t s : sums) {  // a sum no one else reads goes
+      const int32_t v = g.nodes[static_cast<size_t>(s)].outputs[0];
+      if (uses[static_cast<size_t>(v)] == 1 && !g.is_root(v)) drop[static_cast<size_t>(s)] = true;
+    }
     changed = true;
   }
   if (!changed) return false;

@@ -1,6 +1,7 @@
-// A narrow wire's gradient pieces read by the optimizer update itself. Invariant afterwards: no sum_pieces node
-// (autograd/ops/sum_pieces.h) whose result only a multi-tensor update reads as a gradient, where the update can take
-// pieces (MultiTensorUpdate::with_gradient_pieces): that update reads the pieces. Test:
+// A narrow wire's gradient pieces read by the optimizer update itself. Invariant afterwards: no multi-tensor update
+// that can take pieces (MultiTensorUpdate::with_gradient_pieces) reads a sum_pieces result (autograd/ops/
+// sum_pieces.h) as its gradients: it reads the pieces, and the sum is gone unless something else reads it (then it is
+// a pointwise op of its own that fuses into those readers' kernels). Test:
 // tests/compile/passes/test_passes.cpp (PiecesIntoUpdate.*).
 //
 // Note [Pieces read by the update]

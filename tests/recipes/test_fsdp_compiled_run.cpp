@@ -132,6 +132,16 @@ TEST_F(CompiledFsdpRun, ANarrowWireSummedByTheUpdateTrainsLikeEager) {
   double apart = 0;
   for (const auto& [step, loss] : f) apart = std::max(apart, std::abs(e.at(step) - loss) / std::abs(loss));
   EXPECT_GT(apart, 1e-6) << "rounding the f32 gradients to bf16 must change the losses, else this test checks nothing";
+  // With clipping the norm reads the sums too: they stay pointwise ops, fused into the generated kernels that read
+  // them (the norm's, the clipped gradient's), and training still follows eager.
+  Result compc = launch(2, "wire_comp_clip", "distributed.zero_stage=3 distributed.reduce_wire_dtype=bf16 "
+                                             "train.grad_clip=0.5" + compiled());
+  ASSERT_EQ(compc.exit_code, 0) << compc.output;
+  Result eagerc = launch(2, "wire_eager_clip", "distributed.zero_stage=3 distributed.reduce_wire_dtype=bf16 "
+                                               "train.grad_clip=0.5");
+  ASSERT_EQ(eagerc.exit_code, 0) << eagerc.output;
+  expect_close(train_losses(path("wire_comp_clip/metrics.jsonl")), train_losses(path("wire_eager_clip/metrics.jsonl")),
+               "bf16 wire, clipped: compiled vs eager ZeRO-3");
   // Four ranks (four pieces a chunk) with two micro-batches per step (the second backward's average is added to the
   // first's, so the update reads a sum of sums and the pieces stay a sum of their own): compiled follows eager.
   const std::string z3x4 = z3 + " train.gradient_accumulation_steps=2";
