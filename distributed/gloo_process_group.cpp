@@ -144,17 +144,9 @@ class GlooProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> all_to_all(Tensor& out, const Tensor& in) override {
     check_collective_tensor(out, "all_to_all", false);
     check_collective_tensor(in, "all_to_all", false);
-    INGOT_CHECK(out.numel() == in.numel() && in.numel() % size_ == 0 && in.dtype() == out.dtype(),
-                "all_to_all: input and output must hold world size (", size_, ") equal chunks of one dtype, got ",
-                in.numel(), " ", dtype_name(in.dtype()), " elements in and ", out.numel(), " ",
-                dtype_name(out.dtype()), " out");
+    check_all_to_all(out, in);
     return enqueue("all_to_all", in, [this, out, in](uint32_t tag) mutable {
-      gloo::AlltoallOptions o(context_);
-      o.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
-      o.setOutput(static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
-      o.setTag(tag);
-      o.setTimeout(options_.timeout);
-      gloo::alltoall(o);
+      alltoall(tag, in, out);
       out.bump_version();
     });
   }
@@ -166,12 +158,7 @@ class GlooProcessGroup final : public ProcessGroup {
     check_exchange(out, in);
     return enqueue("exchange_chunks", in, [this, out, in](uint32_t tag) mutable {
       Tensor all = empty({in.numel()}, in.dtype(), in.device());
-      gloo::AlltoallOptions o(context_);
-      o.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
-      o.setOutput(static_cast<uint8_t*>(all.data_ptr()), all.nbytes());
-      o.setTag(tag);
-      o.setTimeout(options_.timeout);
-      gloo::alltoall(o);
+      alltoall(tag, in, all);
       const size_t bytes = in.nbytes() / static_cast<size_t>(size_);
       auto* dst = static_cast<uint8_t*>(out.data_ptr());
       const auto* src = static_cast<const uint8_t*>(all.data_ptr());
@@ -249,6 +236,16 @@ class GlooProcessGroup final : public ProcessGroup {
     if (op == ReduceOp::Avg) kernels::cpu::unary(kernels::UnaryOp::MulScalar, buf, buf, 1.0 / size_);
     if (!buf.same(t)) t.copy_(buf);
     t.bump_version();
+  }
+
+  // Gloo's all-to-all of `in` into `out` (same bytes), on the worker thread with the collective's tag.
+  void alltoall(uint32_t tag, const Tensor& in, const Tensor& out) {
+    gloo::AlltoallOptions o(context_);
+    o.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
+    o.setOutput(static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
+    o.setTag(tag);
+    o.setTimeout(options_.timeout);
+    gloo::alltoall(o);
   }
 
   std::shared_ptr<Work> enqueue(const std::string& op, const Tensor& t, std::function<void(uint32_t)> fn) {

@@ -530,10 +530,7 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> all_to_all(Tensor& out, const Tensor& in) override {
     check(out, "all_to_all");
     check(in, "all_to_all");
-    INGOT_CHECK(out.numel() == in.numel() && in.numel() % size_ == 0 && in.dtype() == out.dtype(),
-                "all_to_all: input and output must hold world size (", size_, ") equal chunks of one dtype, got ",
-                in.numel(), " ", dtype_name(in.dtype()), " elements in and ", out.numel(), " ",
-                dtype_name(out.dtype()), " out");
+    check_all_to_all(out, in);
     ncclDataType_t dt = nccl_dtype(in.dtype(), "all_to_all");
     const size_t count = static_cast<size_t>(in.numel() / size_), bytes = count * itemsize(in.dtype());
     auto* src = static_cast<const char*>(in.data_ptr());
@@ -834,14 +831,18 @@ class NcclProcessGroup final : public ProcessGroup {
       std::lock_guard<std::mutex> lock(mu);
       open[p] = w;
     }
+    // Deregisters `w`, waiting while the non-blocking communicator has it in progress. Under mu.
+    void deregister(ncclWindow_t w) {
+      ncclResult_t r = ncclCommWindowDeregister(comm, w);
+      for (ncclResult_t state = r; state == ncclInProgress;)
+        if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+    }
     void release(void* p) {
       std::lock_guard<std::mutex> lock(mu);
       auto it = open.find(p);
       if (it == open.end() || comm == nullptr) return;  // closed: the memory stays, unregistered
       cuda::DeviceGuard guard(device);
-      ncclResult_t r = ncclCommWindowDeregister(comm, it->second);
-      for (ncclResult_t state = r; state == ncclInProgress;)
-        if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+      deregister(it->second);
       ncclMemFree(p);
       open.erase(it);
     }
@@ -865,11 +866,7 @@ class NcclProcessGroup final : public ProcessGroup {
       std::lock_guard<std::mutex> lock(mu);
       if (comm == nullptr) return;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-      for (auto& [p, w] : open) {
-        ncclResult_t r = ncclCommWindowDeregister(comm, w);
-        for (ncclResult_t state = r; state == ncclInProgress;)
-          if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
-      }
+      for (auto& [p, w] : open) deregister(w);
 #endif
       comm = nullptr;
     }

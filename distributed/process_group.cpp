@@ -163,6 +163,13 @@ Tensor ProcessGroup::symmetric_empty(const Shape& shape, DType dtype, Device dev
   return empty(shape, dtype, device);
 }
 
+void ProcessGroup::check_all_to_all(const Tensor& out, const Tensor& in) const {
+  INGOT_CHECK(out.numel() == in.numel() && in.numel() % size_ == 0 && in.dtype() == out.dtype(),
+              "all_to_all: input and output must hold world size (", size_, ") equal chunks of one dtype, got ",
+              in.numel(), " ", dtype_name(in.dtype()), " elements in and ", out.numel(), " ", dtype_name(out.dtype()),
+              " out");
+}
+
 void ProcessGroup::check_exchange(const Tensor& out, const Tensor& in) const {
   INGOT_CHECK(size_ > 1 && in.numel() % size_ == 0 && out.numel() == in.numel() / size_ * (size_ - 1) &&
                   in.dtype() == out.dtype(),

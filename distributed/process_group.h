@@ -202,6 +202,8 @@ class ProcessGroup {
   void check_usable() const;
   // reduce_scatter_widen's arguments: op sum or avg, floating dtypes, out at least as wide as in.
   static void check_widen(const Tensor& out, const Tensor& in, ReduceOp op);
+  // all_to_all's arguments: in and out of one dtype, size() equal chunks each.
+  void check_all_to_all(const Tensor& out, const Tensor& in) const;
   // exchange_chunks' arguments: world >= 2, in = size() chunks, out = size() - 1 of them, one dtype.
   void check_exchange(const Tensor& out, const Tensor& in) const;
 

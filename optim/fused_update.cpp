@@ -1,5 +1,6 @@
 #include "optim/fused_update.h"
 
+#include "autograd/ops/sum_pieces.h"
 #include "autograd/primitive_multi_tensor.h"
 #include "runtime/kernels/kernels.h"
 
@@ -180,10 +181,10 @@ std::optional<MultiTensorKernel> AdamWUpdatePrim::lower(const std::vector<DType>
   auto f = [&](double x) { return k.constant(static_cast<double>(static_cast<float>(x)), DType::f32); };
   auto scalar = [&](int slot) { return k.scalar(slot, DType::f32); };
   const float b1 = static_cast<float>(a_.beta1), b2 = static_cast<float>(a_.beta2);
-  // The gradient: its one input, or its pieces summed in f32 in order and scaled (sum_pieces' arithmetic).
-  int grad = k.cast(k.load(gr[0]), DType::f32);
-  for (size_t r = 1; r < pieces_; ++r) grad = k.binary(Op::Add, grad, k.cast(k.load(gr[r]), DType::f32));
-  if (pieces_ > 1) grad = k.binary(Op::Mul, grad, f(piece_scale_));
+  // The gradient: its one input, or its pieces summed as sum_pieces sums them.
+  std::vector<int> loads;
+  for (int r : gr) loads.push_back(k.load(r));
+  const int grad = pieces_ > 1 ? sum_pieces_expr(k, loads, piece_scale_, DType::f32) : k.cast(loads[0], DType::f32);
   const int gj = k.binary(Op::Mul, grad, scalar(2));
   const int mj = k.binary(Op::Add, k.binary(Op::Mul, f(b1), k.load(m)), k.binary(Op::Mul, f(1.0f - b1), gj));
   const int vj = k.binary(Op::Add, k.binary(Op::Mul, f(b2), k.load(v)),

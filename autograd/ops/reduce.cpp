@@ -254,11 +254,9 @@ class SumPiecesPrim final : public Primitive, public KernelLowering {
   explicit SumPiecesPrim(SumPiecesInfo info) : info_(info) {}
   FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
   std::vector<int> lower(LowerContext& cx) const override {
-    codegen::KernelSpec& k = cx.spec();
-    int acc = k.cast(cx.input(0), info_.into);
-    for (size_t i = 1; i < info_.pieces; ++i) acc = k.binary(codegen::Op::Add, acc, k.cast(cx.input(i), info_.into));
-    const double scale = info_.into == DType::f32 ? static_cast<double>(static_cast<float>(info_.scale)) : info_.scale;
-    return {k.binary(codegen::Op::Mul, acc, k.constant(scale, info_.into))};
+    std::vector<int> pieces;
+    for (size_t i = 0; i < info_.pieces; ++i) pieces.push_back(cx.input(i));
+    return {sum_pieces_expr(cx.spec(), pieces, info_.scale, info_.into)};
   }
   std::string_view name() const override { return "sum_pieces"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
@@ -302,6 +300,14 @@ Tensor sum_pieces(const std::vector<Tensor>& pieces, double scale, DType into) {
   INGOT_CHECK(!pieces.empty(), "sum_pieces: no pieces");
   INGOT_CHECK(into == DType::f32 || into == DType::f64, "sum_pieces: sums in f32 or f64, got ", dtype_name(into));
   return ingot::apply(std::make_shared<SumPiecesPrim>(SumPiecesInfo{pieces.size(), scale, into}), pieces)[0];
+}
+
+int sum_pieces_expr(codegen::KernelSpec& k, const std::vector<int>& pieces, double scale, DType into) {
+  INGOT_CHECK(!pieces.empty(), "sum_pieces_expr: no pieces");
+  int acc = k.cast(pieces[0], into);
+  for (size_t i = 1; i < pieces.size(); ++i) acc = k.binary(codegen::Op::Add, acc, k.cast(pieces[i], into));
+  const double rounded = into == DType::f32 ? static_cast<double>(static_cast<float>(scale)) : scale;
+  return k.binary(codegen::Op::Mul, acc, k.constant(rounded, into));
 }
 
 std::optional<SumPiecesInfo> as_sum_pieces(const Primitive& p) {

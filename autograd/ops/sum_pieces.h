@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "autograd/primitive.h"
+#include "compile/codegen/common/kernel_spec.h"
 
 namespace ingot {
 
@@ -25,5 +26,10 @@ struct SumPiecesInfo {
   DType into = DType::f32;
 };
 std::optional<SumPiecesInfo> as_sum_pieces(const Primitive& p);
+
+// The sum's expression in a generated kernel, over nodes already holding the pieces' values: each cast to `into`,
+// added in order, times `scale` rounded to `into`. The one arithmetic of sum_pieces' own lowering and of an
+// update reading the pieces (Note [Pieces read by the update]), so the two give the same bits.
+int sum_pieces_expr(codegen::KernelSpec& k, const std::vector<int>& pieces, double scale, DType into);
 
 }  // namespace ingot
