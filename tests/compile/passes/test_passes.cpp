@@ -12,6 +12,7 @@
 #include "optim/optimizer.h"
 #include "runtime/file_util.h"
 #include "runtime/rng.h"
+#include "tests/testing.h"
 
 namespace ingot::compiler {
 namespace {
@@ -404,6 +405,20 @@ TEST(PiecesIntoUpdate, AnUpdateReadsASumsPiecesAndUpdatesAsTheSum) {
     ref_step(in2);
     for (size_t k = 0; k < w.size(); ++k) EXPECT_EQ(amax(abs(sub(w[k], ref[k]))).item(), 0.0) << "parameter " << k;
   }
+}
+
+// sum_pieces refuses pieces it cannot sum, by name: different lengths or dtypes, no pieces, a narrow sum dtype.
+TEST(PiecesIntoUpdate, SumPiecesRefusesPiecesOfDifferentLengthsOrDtypesAndANarrowSum) {
+  const Tensor a = randn({8}).to(DType::bf16), b = randn({9}).to(DType::bf16), c = randn({8});
+  EXPECT_NE(ingot::testing::error_of([&] { sum_pieces({a, b}, 0.5, DType::f32); }).find("sum_pieces: pieces must be"),
+            std::string::npos);
+  EXPECT_NE(ingot::testing::error_of([&] { sum_pieces({a, c}, 0.5, DType::f32); }).find("sum_pieces: pieces must be"),
+            std::string::npos);
+  EXPECT_NE(ingot::testing::error_of([&] { sum_pieces({}, 0.5, DType::f32); }).find("sum_pieces: no pieces"),
+            std::string::npos);
+  EXPECT_NE(ingot::testing::error_of([&] { sum_pieces({a, a}, 0.5, DType::bf16); }).find("sums in f32 or f64"),
+            std::string::npos);
+  EXPECT_EQ(sum_pieces({a, a}, 0.5, DType::f32).to_vector(), a.to(DType::f32).to_vector());
 }
 
 // Through the whole pipeline (generated CPU kernels): the update's kernel adds the pieces itself, and three steps
