@@ -3,7 +3,7 @@
 //   bench_llama_step --config bench/configs/llama_1b/config.json [--device cuda|cpu] [--batch 2] [--seq 2048]
 //                    [--steps 20] [--warmup 5] [--dtype bf16|f32]
 //                    [--compile none|default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs]
-//                    [--cache-dir DIR] [--layers N]
+//                    [--cache-dir DIR] [--layers N] [--memory-budget B]
 // One step = forward, mean causal-LM cross entropy, backward, fused AdamW (f32 master weights and state),
 // zero_grad, on random tokens: what `ingot run full_finetune` does per optimizer step. bf16 is autocast-style
 // mixed precision (matmuls and attention in bf16; norms, softmax statistics and the loss in f32).
@@ -54,6 +54,7 @@ struct Args {
   std::string params = "f32";
   int64_t batch = 2, seq = 2048, steps = 20, warmup = 5, layers = 0, losses = 0;
   int zero_stage = 0, unit_reduction_lag = 1, keep_last_blocks = 0;
+  double memory_budget = 1.0;
   bool gather_embeddings = false;
   bool timeline = false, timeline_slots = false, keep_after_forward = false, prefetch = true, profile_events = false;
   int64_t profile = 0;
@@ -82,6 +83,9 @@ Args parse(int argc, char** argv) {
   app.add_option("--compile", a.compile, "none, default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs")
       ->capture_default_str();
   app.add_option("--cache-dir", a.cache_dir, "compile cache directory");
+  app.add_option("--memory-budget", a.memory_budget,
+                 "compile.memory_budget: < 1 recomputes cheap saved activations in the backward (1: keep them all)")
+      ->capture_default_str();
   app.add_option("--params", a.params, "f32, or bf16 (bf16 weights, f32 masters)")->capture_default_str();
   app.add_option("--checkpoint", a.checkpoint, "an HF checkpoint directory to load (ZeRO-3: each rank reads its slices)");
   app.add_option("--tokens", a.tokens, "int32 token ids in rows of seq + 1 (fsdp2_llama.py --make-tokens)");
@@ -245,6 +249,7 @@ int main(int argc, char** argv) try {
     o.mode = *mode;
     o.cache_dir = a.cache_dir;
     o.unit_reduction_lag = a.unit_reduction_lag;
+    o.memory_budget = a.memory_budget;
     o.name = "llama_step";
     compiled = compile(step_fn, o);
   }
@@ -293,6 +298,11 @@ int main(int argc, char** argv) try {
   if (!a.prefetch && a.zero_stage == 3 && a.compile == "none") mode += " no prefetch";
   if (compiled && dist && a.zero_stage == 3 && a.unit_reduction_lag != 1)
     mode += " unit lag " + std::to_string(a.unit_reduction_lag);
+  if (compiled && a.memory_budget < 1.0) {
+    char b[32];
+    std::snprintf(b, sizeof b, " memory budget %.2f", a.memory_budget);
+    mode += b;
+  }
   mode += bench::carveout_label();
   if (bf16_params) mode += " bf16 params + f32 masters";
   const double tflops = flops / (med / 1e3) / 1e12;

@@ -210,7 +210,14 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("pack_attention_grads", g, [&](Graph& x) { return generated && passes::pack_attention_grads(x, {target}); });
   run_pass("accumulate_index_add", g, [&](Graph& x) { return generated && passes::accumulate_index_add(x, {target}); });
   run_pass("dce", g, [&](Graph& x) { return passes::dce(x, {target}); });
-  run_pass("remat", g, [&](Graph& x) { return passes::remat(x, {target, opts.memory_budget}); });
+  run_pass("remat", g, [&](Graph& x) {
+    int64_t recomputed = 0, saved = 0;
+    const bool changed = passes::remat(x, {target, opts.memory_budget}, &recomputed, &saved);
+    if (opts.memory_budget < 1.0 && log_on(LogKind::Passes))
+      log(LogKind::Passes, detail::str_cat("remat: budget ", opts.memory_budget, ": recomputes ", recomputed >> 20,
+                                           " MiB of the ", saved >> 20, " MiB saved for the backward"));
+    return changed;
+  });
   // Compiled ZeRO-3: the backward's own unit gathers and the prefetch order (after remat, whose copies read them).
   run_pass("unit_gathers", g, [&](Graph& x) { return passes::unit_gathers(x, {target}); });
   run_pass("unit_reductions", g,

@@ -34,7 +34,8 @@
 #         when used, --no-prefetch; a part ending in +prof adds --timeline and the 40 costliest ops timed by CUDA
 #         events (--profile 40 --profile-events); +ctasN holds NCCL to N CTAs, +minctasN makes it use N; +castc
 #         casts the gathers on the compute stream (INGOT_GATHER_CAST_ON_COMPUTE=1); +eff INGOT_NCCL_CTA_POLICY=efficiency; +keepN
-#         --keep-last-blocks N, +keepall --keep-after-forward; +gemb --gather-embeddings (the token table gathered as a
+#         --keep-last-blocks N, +keepall --keep-after-forward; +mbB --memory-budget B (compiled: cheap saved activations
+#         recomputed in the backward); +gemb --gather-embeddings (the token table gathered as a
 #         unit instead of looked up where its rows lie); +rbf16 --reduce-dtype bf16; +wire --reduce-wire-dtype bf16
 #         (sent in bf16, summed in f32), +nowire with INGOT_NARROW_WIRE=0 (the same sums, widened before an f32 reduce-scatter),
 #         +ata with INGOT_NARROW_WIRE=alltoall (ncclAlltoAll), +env:NAME=VALUE any environment variable; +slots every collective's timeline line (in the log; the last 12 printed); suffixes
@@ -444,6 +445,7 @@ if want fsdp8b; then  # Llama-3-8B-shaped full fine-tune: FSDP2 (eager, + torch.
           keepall) comp="$comp --keep-after-forward" ;;
           gemb) comp="$comp --gather-embeddings" ;;
           keep[0-9]*) comp="$comp --keep-last-blocks ${sf#keep}" ;;
+          mb[0-9]*) comp="$comp --memory-budget ${sf#mb}" ;;
           slots) comp="$comp --timeline --timeline-slots" ;;
           rbf16) rd=bf16 ;;
           wire) comp="$comp --reduce-wire-dtype bf16" ;;
