@@ -214,8 +214,8 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
     int64_t recomputed = 0, saved = 0;
     const bool changed = passes::remat(x, {target, opts.memory_budget}, &recomputed, &saved);
     if (opts.memory_budget < 1.0 && log_on(LogKind::Passes))
-      log(LogKind::Passes, detail::str_cat("remat: budget ", opts.memory_budget, ": recomputes ", recomputed >> 20,
-                                           " MiB of the ", saved >> 20, " MiB saved for the backward"));
+      log(LogKind::Passes, detail::str_cat("remat: budget ", opts.memory_budget, ": recomputes ", recomputed,
+                                           " of the ", saved, " bytes saved for the backward"));
     return changed;
   });
   // Compiled ZeRO-3: the backward's own unit gathers and the prefetch order (after remat, whose copies read them).

@@ -153,6 +153,25 @@ TEST_F(CompiledFsdpRun, ANarrowWireSummedByTheUpdateTrainsLikeEager) {
                "bf16 wire, 4 ranks, accumulation 2: compiled vs eager ZeRO-3");
 }
 
+// The 8B benchmark's settings on the tiny GPT-2 (2 ranks): the narrow wire, the last block kept gathered from
+// forward to backward, and compile.memory_budget 0.5 (the GELU outputs recomputed in the backward, before the
+// backward's own unit gathers are placed): compiled follows eager ZeRO-3 with the same wire and kept block, and the
+// remat pass is seen to recompute something.
+TEST_F(CompiledFsdpRun, RecomputedActivationsAndAKeptBlockFollowEager) {
+  const std::string z3 = "distributed.zero_stage=3 distributed.reduce_wire_dtype=bf16 distributed.keep_last_blocks=1 "
+                         "train.grad_clip=0 max_steps=4";
+  Result comp = launch(2, "remat_comp", z3 + " compile.memory_budget=0.5" + compiled(), "", "INGOT_LOGS=passes");
+  ASSERT_EQ(comp.exit_code, 0) << comp.output;
+  const size_t at = comp.output.find("remat: budget 0.5: recomputes ");
+  ASSERT_NE(at, std::string::npos) << comp.output.substr(0, 4000);
+  EXPECT_EQ(comp.output.substr(at, 34).find("recomputes 0 "), std::string::npos)
+      << comp.output.substr(at, 120) << ": the budget must recompute something, else this test checks nothing";
+  Result eager = launch(2, "remat_eager", z3);
+  ASSERT_EQ(eager.exit_code, 0) << eager.output;
+  expect_close(train_losses(path("remat_comp/metrics.jsonl")), train_losses(path("remat_eager/metrics.jsonl")),
+               "bf16 wire, last block kept, memory_budget 0.5: compiled vs eager ZeRO-3");
+}
+
 // `ingot explain` of a ZeRO-3 config under `ingot launch` (2 ranks, 2 blocks): the report lists each unit's
 // collectives (forward gathers, the blocks' gathers again for backward, one reduce-scatter per unit, with the dtypes
 // it sends and sums in) and what each overlaps.
