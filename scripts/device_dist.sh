@@ -70,7 +70,8 @@
 #         that grow), then all GPUs with NCCL held to 2 and 1 CTAs and with NCCL_P2P_DISABLE=1; the ~1B Llama's
 #         per-op device times on 1 GPU and all GPUs (issue 21)
 #   fsdp8b_one: the 8B's blocks on GPU 0 alone (--layers 4 and 8, random weights, compiled, per-op device times):
-#         its products without NCCL beside them, against fsdp8b's ingot-compiled+prof table
+#         its products without NCCL beside them, against fsdp8b's ingot-compiled+prof table (ONE_RUNS: other layer
+#         counts and flags, "LAYERS[:FLAGS]" words with ',' for spaces: ONE_RUNS="8 8:--memory-budget,0.5")
 #   gpu1: the single-GPU test suites (Cuda*, CodegenCuda*, CompileCudaStep*, ModelsCuda*) on cuda:0
 set -uo pipefail
 # Logs are written to a scratch folder and packed into one logs.tgz under $OUT at exit (the device tool returns
@@ -482,16 +483,19 @@ fi
 if want fsdp8b_one; then  # the 8B's blocks on one GPU, no communication: what its products cost without NCCL beside
   # them. Random weights (--config), 4 and 8 blocks (the difference / 4 is one block's), compiled default, bf16 over
   # f32 masters, the costliest ops by CUDA events; against the ZeRO-3 x4 +prof table of the same call (issue 22).
-  for l in 4 8; do
+  # ONE_RUNS: "LAYERS[:FLAGS]" words (FLAGS with ',' for spaces), e.g. ONE_RUNS="8 8:--memory-budget,0.5".
+  i=0
+  for run in ${ONE_RUNS:-4 8}; do
     want fsdp8b_one || break
-    smi_start fsdp8b_one_$l
+    l=${run%%:*} flags=""; [[ $run == *:* ]] && flags=${run#*:}; flags=${flags//,/ }; i=$((i + 1)); tag=${l}_$i
+    smi_start fsdp8b_one_$tag
     left=$(( ${DEADLINE:-540} - ($(date +%s) - start) )); (( left > 150 )) && left=150
     CUDA_VISIBLE_DEVICES=0 timeout $left bench_llama_step --config "$src/bench/configs/llama_8b/config.json" --layers $l \
       --device cuda --dtype bf16 --params bf16 --batch 2 --seq 2048 --steps 10 --warmup 3 --compile default \
-      --cache-dir /tmp/ingot-dist-cache --profile 40 --profile-events > "$out/fsdp8b_one_$l.log" 2>&1
-    echo "fsdp8b_one layers $l: exit $?"; smi_stop fsdp8b_one_$l 1
-    grep -h "^| ingot" "$out/fsdp8b_one_$l.log" | tail -1
-    sed -n '/^op /,/^(/p' "$out/fsdp8b_one_$l.log" | head -14 | cut -c1-60,120-
+      --cache-dir /tmp/ingot-dist-cache --profile 40 --profile-events $flags > "$out/fsdp8b_one_$tag.log" 2>&1
+    echo "fsdp8b_one layers $l $flags: exit $?"; smi_stop fsdp8b_one_$tag 1
+    grep -h "^| ingot" "$out/fsdp8b_one_$tag.log" | tail -1
+    sed -n '/^op /,/^(/p' "$out/fsdp8b_one_$tag.log" | head -14 | cut -c1-60,120-
   done
 fi
 echo "total: $(( $(date +%s) - t0 )) s"
