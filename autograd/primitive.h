@@ -62,6 +62,12 @@ class Primitive {
     return saves_input(i);
   }
   virtual FusionKind fusion_kind() const { return FusionKind::Opaque; }
+  // Whether compile.memory_budget may recompute this op's outputs in the backward instead of keeping them
+  // (compile/passes/remat.h) when its inputs are at hand there: ops that cost about one read of their inputs.
+  // Default: pointwise ops and views; a row norm (one pass over each row) says so too.
+  virtual bool cheap_to_recompute() const {
+    return fusion_kind() == FusionKind::Pointwise || fusion_kind() == FusionKind::View;
+  }
   // Note [Outputs over dead inputs]: output 0 may be computed into the buffer of input reusable_input() (same
   // shape and dtype; the kernel reads each element before it writes it). An executor that knows nothing else
   // holds that buffer any more calls eval_into, saving an allocation at the step's peak (the cross-entropy

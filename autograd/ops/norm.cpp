@@ -225,6 +225,9 @@ class NormPrim final : public Primitive, public WithAttrs<NormAttrs>, public Ker
   bool saves_input(size_t i) const override { return i < 2; }
   bool saves_output(size_t k) const override { return k > 0; }
   FusionKind fusion_kind() const override { return FusionKind::Reduction; }
+  // One pass over each row of x: a normalized activation that only weight gradients read (a linear's input) is
+  // cheaper to remake from x, which the norm's backward keeps anyway, than to keep.
+  bool cheap_to_recompute() const override { return true; }
   void print_attrs(std::ostream& os) const override {
     os << "eps=" << attrs_.eps << ", weight=" << attrs_.weight << ", bias=" << attrs_.bias;
   }

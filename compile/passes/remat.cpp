@@ -44,9 +44,7 @@ bool remat(Graph& g, const RematOptions& o, int64_t* saved_bytes, int64_t* total
   auto available = [&](int32_t v) { return !node_of(v) || (saved[static_cast<size_t>(v)] && !chosen[static_cast<size_t>(v)]); };
   std::function<bool(int32_t, int)> recomputable = [&](int32_t v, int depth) {
     const Node* p = node_of(v);
-    if (!p || p->outputs.size() != 1 || depth == 0) return false;
-    const FusionKind fk = p->prim->fusion_kind();
-    if (fk != FusionKind::Pointwise && fk != FusionKind::View) return false;
+    if (!p || depth == 0 || !p->prim->cheap_to_recompute()) return false;
     for (int32_t in : p->inputs)
       if (in >= 0 && !available(in) && !recomputable(in, depth - 1)) return false;
     return true;
@@ -58,23 +56,29 @@ bool remat(Graph& g, const RematOptions& o, int64_t* saved_bytes, int64_t* total
   int64_t kept = total;
   const int64_t target = static_cast<int64_t>(budget * static_cast<double>(total));
   std::vector<std::pair<int32_t, Node>> inserts;  // (insert before node index, recompute node), in order
+  // Original value -> (its recomputed copy, the node index the copy is inserted before), for every output of a
+  // copied node: a later candidate at or after that index reads the copy (a norm's statistics come with its
+  // recomputed output, not from a second recompute).
+  std::map<int32_t, std::pair<int32_t, int32_t>> memo;
   for (int32_t v : cands) {
     if (kept <= target) break;
     const int32_t at = first_bwd[static_cast<size_t>(v)];
-    std::map<int32_t, int32_t> memo;
     std::function<int32_t(int32_t, bool)> emit = [&](int32_t u, bool root) -> int32_t {
       if (!root && available(u)) return u;
-      if (auto it = memo.find(u); it != memo.end()) return it->second;
+      if (auto it = memo.find(u); it != memo.end() && it->second.second <= at) return it->second.first;
       const Node& p = *node_of(u);
       Node copy;
       copy.prim = p.prim;
       copy.loc = p.loc;
       for (int32_t in : p.inputs) copy.inputs.push_back(in < 0 ? in : emit(in, false));
-      const Value& old = g.values[static_cast<size_t>(u)];
-      const int32_t nu = g.add_value(old.dtype, old.device, old.shape);
-      copy.outputs = {nu};
+      for (int32_t out : p.outputs) {
+        const Value old = g.values[static_cast<size_t>(out)];  // a copy: add_value may move the values
+        const int32_t nu = g.add_value(old.dtype, old.device, old.shape);
+        copy.outputs.push_back(nu);
+        memo[out] = {nu, at};
+      }
       inserts.emplace_back(at, std::move(copy));
-      return memo[u] = nu;
+      return memo.at(u).first;
     };
     const int32_t nv_id = emit(v, true);
     chosen[static_cast<size_t>(v)] = true;

@@ -1,6 +1,7 @@
 // Rematerialization under a memory budget (greedy on cheap ops). Invariant afterwards: with budget < 1, forward
-// values saved for the backward whose producer is a short chain (depth <= 4) of Pointwise or View nodes are
-// recomputed right before their first backward reader, largest first, until the bytes kept across the
+// values saved for the backward whose producer is a short chain (depth <= 4) of nodes cheap to recompute
+// (Primitive::cheap_to_recompute: pointwise ops, views, row norms; a node of several outputs is recomputed whole,
+// its other outputs unread) are recomputed right before their first backward reader, largest first, until the bytes kept across the
 // forward/backward boundary are at most budget x the original; backward nodes read the recomputed copies and no
 // chosen value is alive across the boundary. `saved_bytes`, if given, receives the bytes no longer kept, and
 // `total_bytes` the bytes saved across the boundary before the pass (INGOT_LOGS=passes prints both).

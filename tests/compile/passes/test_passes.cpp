@@ -153,6 +153,35 @@ TEST(Remat, RecomputesCheapSavedValuesUnderABudget) {
   EXPECT_TRUE(allclose(w.grad(), eager_grad, 1e-5, 1e-6));
 }
 
+// A row norm is cheap to recompute (Primitive::cheap_to_recompute): its output, read in the backward only by the
+// linear's weight gradient, is remade from the input its own backward keeps anyway. One copy of the norm serves
+// both of its saved outputs (the normalized rows and the statistics its backward reads), and the gradients match.
+TEST(Remat, RecomputesARowNormOnceForItsOutputAndStatistics) {
+  Tensor w = randn({16, 8}).set_requires_grad(true), g = randn({16}).set_requires_grad(true);
+  Tensor x = randn({4, 16}).set_requires_grad(true);
+  auto fn = [&](const std::vector<Tensor>& a) {
+    Tensor loss = sum(tanh(matmul(rms_norm(a[0], g, 1e-5), w)));
+    loss.backward();
+    return std::vector<Tensor>{loss};
+  };
+  Graph gr = graph_of(fn, {x});
+  const Tensor want_w = w.grad().clone_raw(), want_g = g.grad().clone_raw();
+  w.zero_grad();
+  g.zero_grad();
+  int64_t recomputed = 0, saved = 0;
+  ASSERT_TRUE(passes::remat(gr, {.budget = 0.1}, &recomputed, &saved));
+  passes::dce(gr, {});
+  gr.verify();
+  EXPECT_GT(recomputed, 0);
+  EXPECT_GT(saved, recomputed);
+  size_t norms = 0;
+  for (const Node& n : gr.nodes) norms += !n.forward && n.prim->name() == "rms_norm";
+  EXPECT_EQ(norms, 1u) << "one recomputed norm for its output and its statistics\n" << gr.str();
+  run(gr, {x});
+  EXPECT_TRUE(allclose(w.grad(), want_w, 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(g.grad(), want_g, 1e-5, 1e-6));
+}
+
 TEST(SplitUpdate, OneUpdatePerParameterAfterEveryReaderOfIt) {
   Tensor w1 = randn({4, 4}).set_requires_grad(true), w2 = randn({4, 3}).set_requires_grad(true);
   Tensor r1 = w1.clone_raw().set_requires_grad(true), r2 = w2.clone_raw().set_requires_grad(true);
