@@ -135,6 +135,9 @@ struct CompileStats {
   int64_t kernels_reused = 0;     // found already compiled (this process, or the disk cache)
   int64_t kernels_disk_hits = 0;
   int64_t planned_peak_bytes = 0, unplanned_peak_bytes = 0;  // memory plan of the last compiled graph
+  // compile.memory_budget < 1 (compile/passes/remat.h), the last compiled graph: the bytes of forward values its
+  // backward reads, and how many of them are recomputed there instead of kept.
+  int64_t saved_for_backward_bytes = 0, recomputed_bytes = 0;
   PhaseTimes time;
   AutotuneStats autotune;  // all compiles of this function
   // reduce-overhead on a GPU (compile/exec/graph_replay.h): CUDA graphs replayed per call and the steps run normally

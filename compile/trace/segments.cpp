@@ -286,6 +286,8 @@ class Segmenter final : public TraceObserver {
     stats_.kernels_disk_hits += s.kernels_disk_hits;
     stats_.planned_peak_bytes = std::max(stats_.planned_peak_bytes, s.planned_peak_bytes);
     stats_.unplanned_peak_bytes = std::max(stats_.unplanned_peak_bytes, s.unplanned_peak_bytes);
+    stats_.saved_for_backward_bytes += s.saved_for_backward_bytes;  // each segment's own forward and backward
+    stats_.recomputed_bytes += s.recomputed_bytes;
     stats_.time.passes_ms += s.time.passes_ms;
     stats_.time.lower_ms += s.time.lower_ms;
     stats_.time.codegen_ms += s.time.codegen_ms;

@@ -7,6 +7,7 @@
 #include "autograd/ops/sum_pieces.h"
 #include "compile/api.h"
 #include "compile/exec/executor.h"
+#include "compile/explain.h"
 #include "compile/passes/passes.h"
 #include "compile/trace/trace.h"
 #include "optim/optimizer.h"
@@ -180,6 +181,28 @@ TEST(Remat, RecomputesARowNormOnceForItsOutputAndStatistics) {
   run(gr, {x});
   EXPECT_TRUE(allclose(w.grad(), want_w, 1e-5, 1e-6));
   EXPECT_TRUE(allclose(g.grad(), want_g, 1e-5, 1e-6));
+}
+
+// explain says what memory_budget recomputed (compile/explain.h): the bytes the backward reads of forward values and
+// how many of them it remakes; at the default budget the line is not there.
+TEST(Remat, ExplainSaysHowMuchIsRecomputed) {
+  Tensor w = randn({256, 256}).set_requires_grad(true);
+  Tensor x = randn({512, 256});
+  auto fn = [&](const std::vector<Tensor>& a) {
+    Tensor loss = sum(tanh(gelu(matmul(a[0], w)) * 1.5));
+    loss.backward();
+    Tensor g = w.grad();  // an output, so the backward is not dead code
+    w.zero_grad();
+    return std::vector<Tensor>{loss, g};
+  };
+  CompileOptions o;
+  o.memory_budget = 0.3;
+  const std::string report = explain(fn, {x}, o);
+  const size_t at = report.find("recomputed in the backward (memory_budget 0.3): ");
+  ASSERT_NE(at, std::string::npos) << report;
+  // gelu(mm) * 1.5 (512 x 256 f32 = 0.5 MiB) at least is remade from the matmul's output.
+  EXPECT_EQ(report.substr(at, 80).find(": 0.00 MiB of"), std::string::npos) << report.substr(at, 120);
+  EXPECT_EQ(explain(fn, {x}, {}).find("recomputed in the backward"), std::string::npos);
 }
 
 TEST(SplitUpdate, OneUpdatePerParameterAfterEveryReaderOfIt) {
