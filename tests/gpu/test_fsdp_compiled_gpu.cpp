@@ -1,7 +1,7 @@
 // Compiled ZeRO-3 on GPUs over NCCL (distributed/fsdp_compiled.h, compile/passes/unit_gathers.h): the step traced
 // into one graph with the units' all-gathers and reduce-scatters as nodes trains like eager ZeRO-3 on 2 GPUs
 // (and 4 where visible): reshard_after_forward on and off, gradients reduced in f32 and bf16, bf16 compute with
-// f32 master shards; reduce-overhead (CUDA graphs) too. The CPU twin runs on Gloo
+// f32 master shards, the last blocks kept with activations recomputed; reduce-overhead (CUDA graphs) too. The CPU twin runs on Gloo
 // (tests/distributed/test_fsdp_compiled.cpp). Without 2 GPUs and NCCL every test skips with the reason.
 #include <gtest/gtest.h>
 
@@ -47,6 +47,8 @@ struct Setup {
   bool llama = false;         // tiny Llama (an untied table: Note [Vocabulary-parallel embeddings]) instead of GPT-2
   bool gather_table = false;  // FsdpOptions::vocab_parallel_embeddings false
   std::optional<DType> wire;  // FsdpOptions::reduce_wire_dtype (Note [Narrow wire, wide sum])
+  int keep_last_blocks = 0;   // FsdpOptions::keep_last_blocks (Note [The last blocks kept])
+  double memory_budget = 1.0; // CompileOptions::memory_budget (compile/passes/remat.h)
 };
 
 struct Trained {
@@ -82,6 +84,7 @@ Trained train(Device dev, const DistributedContext& ctx, const Setup& s, const s
     o.reduce_dtype = s.reduce_dtype;
     o.vocab_parallel_embeddings = !s.gather_table;
     o.reduce_wire_dtype = s.wire;
+    o.keep_last_blocks = s.keep_last_blocks;
     FullyShardedDataParallel fsdp(model, ctx.group, o);
     std::unique_ptr<optim::MasterWeights> masters;
     std::vector<Tensor> params = fsdp.optimizer_params();
@@ -108,6 +111,7 @@ Trained train(Device dev, const DistributedContext& ctx, const Setup& s, const s
     CompileOptions co;
     co.cache_dir = cache;
     co.mode = s.mode;
+    co.memory_budget = s.memory_budget;
     CompiledFunction fn = compile(step, co);
     for (int i = 0; i < 5; ++i) {
       if (i == 4) alloc.reset_peak();
@@ -264,6 +268,33 @@ void rank_body_narrow_wire() {
   EXPECT_GT(ro.stats.cuda_graphs, 0) << ro.stats.cuda_graph_fallback;
 }
 
+// The 8B benchmark's settings on the tiny Llama (SwiGLU, RMSNorm; bench/RESULTS.md 2026-11-27 twenty-fourth
+// session): the narrow wire, the last 2 of 3 blocks kept gathered from forward to backward, and memory_budget 0.5
+// (each block's SwiGLU product and normalized inputs recomputed in the backward). Compiled follows eager ZeRO-3 with
+// the same wire and kept blocks, in f32 weights (1e-4) and bf16 weights from f32 masters (2e-2), and the compiler is
+// seen to recompute.
+void rank_body_recomputed_and_kept() {
+  auto ctx = init_distributed(nccl_init(std::chrono::seconds(120)));
+  const Device dev(DeviceType::cuda, ctx.info.local_rank);
+  const std::string cache = std::getenv("INGOT_TEST_CACHE_DIR");
+  Setup eager{.compiled = false, .reshard = true, .reduce_dtype = std::nullopt, .bf16_masters = false,
+              .mode = CompileMode::Default};
+  eager.llama = true;
+  eager.wire = DType::bf16;
+  eager.keep_last_blocks = 2;
+  Setup comp = eager;
+  comp.compiled = true;
+  comp.memory_budget = 0.5;
+  const Trained c = train(dev, ctx, comp, cache);
+  EXPECT_GT(c.stats.recomputed_bytes, 0) << "memory_budget 0.5 must recompute something, else this checks nothing";
+  expect_same_training(c, train(dev, ctx, eager, cache), 1e-4,
+                       "bf16 wire, 2 blocks kept, memory_budget 0.5, f32 weights: compiled vs eager ZeRO-3");
+  eager.bf16_masters = comp.bf16_masters = eager.gather_from_masters = comp.gather_from_masters = true;
+  eager.reduce_dtype = comp.reduce_dtype = DType::f32;
+  expect_same_training(train(dev, ctx, comp, cache), train(dev, ctx, eager, cache), 2e-2,
+                       "bf16 wire, 2 blocks kept, memory_budget 0.5, bf16 from f32 masters: compiled vs eager ZeRO-3");
+}
+
 void spawn(int world) {
   TempDir cache("ingot-fsdp-compiled-gpu-");
   ingot::testing::SpawnOptions o = ingot::testing::world(world).within(600s);
@@ -303,6 +334,18 @@ TEST(CompiledFsdpOnGpus, ANarrowWireFollowsEagerZeroThreeOnTwoGpus) {
 
 TEST(CompiledFsdpOnGpus, ANarrowWireFollowsEagerZeroThreeOnFourGpus) {
   if (is_rank_process()) return rank_body_narrow_wire();
+  INGOT_REQUIRE_GPUS(4);
+  spawn(4);
+}
+
+TEST(CompiledFsdpOnGpus, RecomputedActivationsAndKeptBlocksFollowEagerOnTwoGpus) {
+  if (is_rank_process()) return rank_body_recomputed_and_kept();
+  INGOT_REQUIRE_GPUS(2);
+  spawn(2);
+}
+
+TEST(CompiledFsdpOnGpus, RecomputedActivationsAndKeptBlocksFollowEagerOnFourGpus) {
+  if (is_rank_process()) return rank_body_recomputed_and_kept();
   INGOT_REQUIRE_GPUS(4);
   spawn(4);
 }
