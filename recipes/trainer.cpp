@@ -102,6 +102,12 @@ void log_compile_stats(const CompiledFunction& compiled, TrainSummary& r, std::o
                 static_cast<long long>(r.recompiles), static_cast<long long>(cs.launches),
                 static_cast<long long>(cs.compute_ops), static_cast<long long>(cs.kernels), *r.compile_s);
   log << buf;
+  // compile.memory_budget < 1: how much of what the backward reads it remakes instead of keeping.
+  if (compiled.options().memory_budget < 1.0)
+    log << "compile | memory_budget " << compiled.options().memory_budget << ": "
+        << format_bytes(static_cast<double>(cs.recomputed_bytes)) << " of the "
+        << format_bytes(static_cast<double>(cs.saved_for_backward_bytes))
+        << " of forward values the backward reads are recomputed there\n";
   for (const std::string& b : cs.graph_breaks) log << "compile | graph break: " << b << "\n";
 }
 
