@@ -10,11 +10,11 @@
 
 namespace ingot::compiler::passes {
 
-bool remat(Graph& g, const RematOptions& o, int64_t* saved_bytes, int64_t* total_bytes) {
+bool remat(Graph& g, const RematOptions& o, int64_t* recomputed_bytes, int64_t* saved_bytes) {
   const double budget = o.budget;
   constexpr int kMaxDepth = 4;
+  if (recomputed_bytes) *recomputed_bytes = 0;
   if (saved_bytes) *saved_bytes = 0;
-  if (total_bytes) *total_bytes = 0;
   if (budget >= 1.0) return false;
   const size_t nv = g.values.size();
   std::vector<int32_t> first_bwd(nv, -1);
@@ -39,7 +39,7 @@ bool remat(Graph& g, const RematOptions& o, int64_t* saved_bytes, int64_t* total
     saved[v] = true;
     total += bytes(static_cast<int32_t>(v));
   }
-  if (total_bytes) *total_bytes = total;
+  if (saved_bytes) *saved_bytes = total;
   // Available in backward without recomputing: graph inputs and saved values not chosen.
   auto available = [&](int32_t v) { return !node_of(v) || (saved[static_cast<size_t>(v)] && !chosen[static_cast<size_t>(v)]); };
   std::function<bool(int32_t, int)> recomputable = [&](int32_t v, int depth) {
@@ -98,7 +98,7 @@ bool remat(Graph& g, const RematOptions& o, int64_t* saved_bytes, int64_t* total
   }
   g.nodes = std::move(nodes);
   g.renumber_nodes();
-  if (saved_bytes) *saved_bytes = total - kept;
+  if (recomputed_bytes) *recomputed_bytes = total - kept;
   return true;
 }
 

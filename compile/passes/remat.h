@@ -3,8 +3,8 @@
 // (Primitive::cheap_to_recompute: pointwise ops, views, row norms; a node of several outputs is recomputed whole,
 // its other outputs unread) are recomputed right before their first backward reader, largest first, until the bytes kept across the
 // forward/backward boundary are at most budget x the original; backward nodes read the recomputed copies and no
-// chosen value is alive across the boundary. `saved_bytes`, if given, receives the bytes no longer kept, and
-// `total_bytes` the bytes saved across the boundary before the pass (INGOT_LOGS=passes prints both).
+// chosen value is alive across the boundary. `recomputed_bytes`, if given, receives the bytes no longer kept, and
+// `saved_bytes` the bytes saved across the boundary before the pass (CompileStats and INGOT_LOGS=passes show both).
 // Test: tests/compile/passes/test_passes.cpp (Remat.*).
 #pragma once
 
@@ -19,6 +19,6 @@ struct RematOptions {
   double budget = 1.0;  // CompileOptions::memory_budget; >= 1 changes nothing
 };
 
-bool remat(Graph& g, const RematOptions& o, int64_t* saved_bytes = nullptr, int64_t* total_bytes = nullptr);
+bool remat(Graph& g, const RematOptions& o, int64_t* recomputed_bytes = nullptr, int64_t* saved_bytes = nullptr);
 
 }  // namespace ingot::compiler::passes
