@@ -213,8 +213,9 @@ struct DataParallelStep {
   }
   // INGOT_SYMMETRIC_BUCKETS=1 (measuring, compiled DDP): every bucket's buffer in an NCCL symmetric window of its own
   // (ProcessGroup::symmetric_empty), the same buffer every step (Note [Buckets from an allocator],
-  // compile/exec/executor.h), so the in-place all-reduce runs NCCL's symmetric kernels, which slowed a product
-  // beside them ~40% less (bench/RESULTS.md twenty-third session). The buffers are made in the order the ranks
+  // compile/exec/executor.h), so the in-place all-reduce runs NCCL's symmetric kernels, which slowed an isolated
+  // product beside them ~40% less but made the DDP step slower at 2 and 4 GPUs (bench/RESULTS.md twenty-third and
+  // twenty-fourth sessions): a switch for measuring, off by default. The buffers are made in the order the ranks
   // first run their buckets (the same on every rank) and handed out as views, so that nothing frees a window.
   static void symmetric_buckets(std::shared_ptr<distributed::ProcessGroup> group) {
     auto slots = std::make_shared<std::map<std::pair<const void*, int32_t>, Tensor>>();

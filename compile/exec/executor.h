@@ -56,9 +56,9 @@ std::vector<ExecStep> plan_steps(const Graph& g, const std::map<int32_t, GroupKe
 std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args);
 
 // Note [Buckets from an allocator]: where the buffer of a data-parallel bucket comes from (Note [Values placed in
-// buckets], compile/ir/graph.h). By default each run allocates it like any value; a data-parallel wrapper may install
-// an allocator instead (distributed/ddp.cpp: buckets in NCCL symmetric windows, the same buffer every step), given the
-// graph and bucket value it is for. Process-wide; nullptr restores the default.
+// buckets], compile/ir/graph.h). By default each run allocates it like any value; a caller may install an allocator
+// instead, given the graph and bucket value it is for (bench/step_bench.h under INGOT_SYMMETRIC_BUCKETS=1: buckets in
+// NCCL symmetric windows, the same buffer every step). Process-wide; nullptr restores the default.
 using BucketAllocator = std::function<Tensor(const Graph* g, int32_t value, const Shape& shape, DType dtype, Device device)>;
 void set_bucket_allocator(BucketAllocator allocator);
 
