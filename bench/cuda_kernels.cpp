@@ -2,6 +2,7 @@
 // achieved bandwidth or FLOP rate; bench/cuda_kernels_torch.py times the same operations with PyTorch.
 //   bench_cuda_kernels            (needs a GPU; prints one line per case: name, median ms, GB/s or TFLOP/s)
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -93,6 +94,26 @@ int main() {
     Tensor xv = x.as_strided({b, heads, t, d}, st, 0), ov = o.as_strided({b, heads, t, d}, st, 0);
     const std::string name = "rope bf16 token-major [2, " + std::to_string(heads) + ", 2048, 128]";
     report(name.c_str(), median_ms([&] { kg::rope(ov, xv, cs, sn, false); }), 4.0 * b * t * heads * d);
+  }
+  // Causal attention at Llama-3-8B's shape, 2 x 2048 tokens, q/k/v token-major ([B, T, H, D] memory seen as
+  // [B, H, T, D], as the model hands them over), with its 8 kv heads (GQA) and with 32: FLOP/s counted as flash
+  // attention's papers do (forward 2 products over the causal half, backward 2.5x the forward).
+  for (int64_t kv_heads : {8, 32}) {
+    const int64_t b = 2, t = 2048, hq = 32, d = 128;
+    auto token_major = [&](int64_t heads) {
+      return randn({b, t, heads, d}, DType::bf16, g).as_strided({b, heads, t, d}, {t * heads * d, d, heads * d, 1}, 0);
+    };
+    Tensor q = token_major(hq), k = token_major(kv_heads), v = token_major(kv_heads), out = token_major(hq);
+    Tensor dout = token_major(hq), dq = token_major(hq), dk = token_major(kv_heads), dv = token_major(kv_heads);
+    Tensor lse = empty({b, hq, t}, DType::f32, g), none;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    const double fwd_flops = 4.0 * b * hq * t * t * d / 2;
+    const std::string shape = "[2, 32/" + std::to_string(kv_heads) + ", 2048, 128]";
+    report(("attention fwd causal bf16 " + shape).c_str(),
+           median_ms([&] { kg::attention_fwd(out, lse, q, k, v, none, true, scale); }), 0, fwd_flops);
+    report(("attention bwd causal bf16 " + shape).c_str(),
+           median_ms([&] { kg::attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, none, true, scale); }), 0,
+           2.5 * fwd_flops);
   }
   // LoRA r=8 products of Llama-3-8B at 2 x 2048 tokens: GB/s of the large operand read or written (its floor is the
   // memory's, ~7 us; cuBLASLt runs them at 1.1-1.8 TB/s, and simple kernels of our own were slower: bench/RESULTS.md

@@ -47,6 +47,37 @@ def main():
         x, y = torch.randn(m, m, device="cuda", dtype=dt), torch.randn(m, m, device="cuda", dtype=dt)
         name = "matmul bf16 8192^3 (a @ b^T)" if dt == torch.bfloat16 else "matmul f32 4096^3 (no TF32)"
         report(name, median_ms(lambda: x @ y.t(), 10), 0, 2.0 * m * m * m)
+    # Causal attention at Llama-3-8B's shape, token-major q/k/v as bench/cuda_kernels.cpp times ingot's; each
+    # backend torch's SDPA offers (flash needs k/v heads expanded or enable_gqa), forward and backward apart.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for kv in (8, 32):
+        b, t, hq, d = 2, 2048, 32, 128
+
+        def tm(heads, grad=False):
+            return torch.randn(b, t, heads, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_(grad)
+
+        fwd_flops = 4.0 * b * hq * t * t * d / 2
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+            q, k, v = tm(hq, True), tm(kv, True), tm(kv, True)
+            dout = tm(hq)
+            name = f"attention {{}} causal bf16 [2, 32/{kv}, 2048, 128] {backend.name.split('_')[0].lower()}"
+            try:
+                with sdpa_kernel([backend]):
+                    def fwd():
+                        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                                enable_gqa=kv != hq)
+                    f_ms = median_ms(fwd)
+                    o = fwd()
+
+                    def both():
+                        out = fwd()
+                        torch.autograd.grad(out, (q, k, v), dout)
+                    b_ms = median_ms(both) - f_ms
+                report(name.format("fwd"), f_ms, 0, fwd_flops)
+                report(name.format("bwd"), b_ms, 0, 2.5 * fwd_flops)
+                del o
+            except RuntimeError as e:
+                print(f"{name.format('fwd/bwd'):<40} unavailable: {str(e).splitlines()[0][:80]}")
     ps = [torch.randn(1 << 20, device="cuda") for _ in range(100)]
     gs = [torch.randn(1 << 20, device="cuda", dtype=torch.bfloat16).float() for _ in range(100)]
     ms_ = [torch.zeros(1 << 20, device="cuda") for _ in range(100)]
