@@ -40,6 +40,7 @@
 #           as xz); carry .device/text50_tokens.bin.xz. Rows must be TEXT_STEPS x BATCH of SEQ + 1 ids.
 # Environment: LAYERS (decoder layers, default 32: the 8B shape), BATCH (2), SEQ (2048), STEPS (timed, 5), WARMUP
 # (3, the first included), WORK (/tmp/ingot-lora), DEADLINE (540 s), INGOT_EXTRA (more key=value for ingot runs),
+# PEFT_EXTRA (more arguments for peft_lora.py, e.g. "--dtype f32" beside INGOT_EXTRA="dtype=f32": a parity check),
 # INGOT_BUILD (a build directory with bin/ingot already built: nothing is built; a CPU dry run uses it).
 set -uo pipefail
 final="${OUT:-out}"; mkdir -p "$final"
@@ -89,7 +90,7 @@ echo "| run | ms/step (median) | tokens/s | peak GB (steady) | first step s | lo
 echo "|---|---|---|---|---|---|"
 peft() {  # peft MODE
   ref --checkpoint "$ckpt" --tokens "$tokens" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --modes "$1" \
-    > "$out/peft_$1.log" 2>&1 || tail -5 "$out/peft_$1.log"
+    ${PEFT_EXTRA:-} > "$out/peft_$1.log" 2>&1 || tail -5 "$out/peft_$1.log"
   grep -h "^torch " "$out/peft_$1.log" | head -1 >> "$out/versions.txt"
   # The reference's own row has more columns (MFU, peak of the whole run, load time); here the common ones.
   grep -h "^| peft" "$out/peft_$1.log" | awk -F'|' '{printf "|%s|%s|%s|%s|%s|%s|\n", $2, $8, $9, $12, $14, $16}'

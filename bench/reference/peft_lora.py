@@ -13,7 +13,7 @@ every step trains on the same batch, so the losses of the first steps compare on
 
   python3 bench/reference/peft_lora.py --config bench/configs/llama_8b/config.json --checkpoint DIR --tokens FILE \\
       [--batch 2] [--seq 2048] [--steps 5] [--warmup 3] [--modes eager,compile] [--rank 8] [--alpha 16]
-      [--targets q_proj,k_proj,v_proj,o_proj] [--no-autocast] [--peak-tflops 989]
+      [--targets q_proj,k_proj,v_proj,o_proj] [--dtype bf16|f32] [--no-autocast] [--peak-tflops 989]
   python3 bench/reference/peft_lora.py --config CONFIG --make-checkpoint DIR [--make-tokens FILE --rows N]
       random bf16 weights (built on the GPU when there is one: an 8B model initializes in seconds there, minutes on
       the CPU), saved with save_pretrained (safetensors), and N rows of random token ids; then exits.
@@ -35,13 +35,14 @@ import fsdp2_llama  # noqa: E402  (its checkpoint writer and token rows)
 
 def load_base(args, cfg):
     torch.manual_seed(1234)
+    dtype = torch.float32 if args.dtype == "f32" else torch.bfloat16
     if not args.checkpoint:
         with torch.device("cuda"):
-            return LlamaForCausalLM(cfg).to(torch.bfloat16)
+            return LlamaForCausalLM(cfg).to(dtype)
     try:
-        model = LlamaForCausalLM.from_pretrained(args.checkpoint, dtype=torch.bfloat16)
+        model = LlamaForCausalLM.from_pretrained(args.checkpoint, dtype=dtype)
     except TypeError:  # transformers < 4.56 names it torch_dtype
-        model = LlamaForCausalLM.from_pretrained(args.checkpoint, torch_dtype=torch.bfloat16)
+        model = LlamaForCausalLM.from_pretrained(args.checkpoint, torch_dtype=dtype)
     return model.cuda()
 
 
@@ -65,7 +66,7 @@ def run(mode, args, cfg):
 
     def step():
         ids, targets = next(batches)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=not args.no_autocast):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=not args.no_autocast and args.dtype == "bf16"):
             logits = fwd(input_ids=ids).logits
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
         loss.backward()
@@ -139,6 +140,9 @@ def main():
     p.add_argument("--alpha", type=float, default=16.0)
     p.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj")
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--dtype", choices=["bf16", "f32"], default="bf16",
+                   help="the base's dtype; f32 runs everything in f32 without autocast (a parity check against ingot's "
+                        "dtype: f32)")
     p.add_argument("--no-autocast", action="store_true", help="run the f32 adapters in f32 (peft without autocast)")
     p.add_argument("--print-losses", type=int, default=6)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of one GPU (H100/H200 SXM: 989)")
@@ -149,7 +153,10 @@ def main():
     cfg = LlamaConfig.from_json_file(args.config)
     if args.layers:
         cfg.num_hidden_layers = args.layers
-    cfg._attn_implementation = "sdpa"
+    # f32 parity runs: transformers' eager attention (exact f32 products) and no TF32 anywhere.
+    cfg._attn_implementation = "eager" if args.dtype == "f32" else "sdpa"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     if args.make_checkpoint:
         make_checkpoint(args, cfg)
         return
