@@ -133,8 +133,9 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
 
 // transformer pieces (autograd/ops/attention.cpp, autograd/ops/random.cpp) ------------------------------------
 // Rotary embedding of x [B, H, T, D] with cos/sin tables [T, D/2] (see rope_tables), or [B, T, D/2] for per-row
-// positions (a table gathered at each token's position: packed documents).
-Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
+// positions (a table gathered at each token's position: packed documents). With an addend (x's shape and dtype),
+// x + addend is rotated, summed in f32 and rounded once (Note [Rope of a sum]: a LoRA projection's base and delta).
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& addend = Tensor());
 // cos/sin tables [T, D/2] for positions start..start+T; rope_scaling handled by the caller via inv_freq.
 std::pair<Tensor, Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double theta, Device device,
                                       int64_t start = 0, const Tensor& inv_freq = Tensor());

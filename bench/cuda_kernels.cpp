@@ -93,7 +93,7 @@ int main() {
     const Strides st{t * heads * d, d, heads * d, 1};
     Tensor xv = x.as_strided({b, heads, t, d}, st, 0), ov = o.as_strided({b, heads, t, d}, st, 0);
     const std::string name = "rope bf16 token-major [2, " + std::to_string(heads) + ", 2048, 128]";
-    report(name.c_str(), median_ms([&] { kg::rope(ov, xv, cs, sn, false); }), 4.0 * b * t * heads * d);
+    report(name.c_str(), median_ms([&] { kg::rope(ov, xv, cs, sn, false, Tensor()); }), 4.0 * b * t * heads * d);
   }
   // Causal attention at Llama-3-8B's shape, 2 x 2048 tokens, q/k/v token-major ([B, T, H, D] memory seen as
   // [B, H, T, D], as the model hands them over), with its 8 kv heads (GQA) and with 32: FLOP/s counted as flash

@@ -1,5 +1,7 @@
 # PyTorch eager reference for bench/cuda_kernels.cpp: the same operations and sizes, timed the same way
 # (CUDA events, 3 warm-up runs, median of 20). Run on the GPU machine: python3 bench/cuda_kernels_torch.py
+import contextlib
+
 import torch
 
 
@@ -57,12 +59,14 @@ def main():
             return torch.randn(b, t, heads, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_(grad)
 
         fwd_flops = 4.0 * b * hq * t * t * d / 2
-        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        # None: torch's own choice, what transformers' sdpa attention (peft's runs) gets.
+        for backend in (None, SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
             q, k, v = tm(hq, True), tm(kv, True), tm(kv, True)
             dout = tm(hq)
-            name = f"attention {{}} causal bf16 [2, 32/{kv}, 2048, 128] {backend.name.split('_')[0].lower()}"
+            label = "default" if backend is None else backend.name.split('_')[0].lower()
+            name = f"attention {{}} causal bf16 [2, 32/{kv}, 2048, 128] {label}"
             try:
-                with sdpa_kernel([backend]):
+                with (sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext()):
                     def fwd():
                         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                                 enable_gqa=kv != hq)

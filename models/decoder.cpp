@@ -118,21 +118,22 @@ Tensor Attention::forward(const Tensor& x, KVCache* cache, size_t layer, const T
     INGOT_CHECK(!cache && positions.shape() == Shape({B, T}) && is_integral(positions.dtype()),
                 "attention: expected positions [", B, ", ", T, "] of an integer type and no KV cache, got ",
                 dtype_name(positions.dtype()), shape_str(positions.shape()), cache ? " with a cache" : "");
-  Tensor q, k, v;
+  // Each projection's base and adapter update apart (delta undefined without an adapter).
+  nn::LoRAParts q, k, v;
   if (c_attn_) {
     std::vector<Tensor> parts = split_sizes(c_attn_->forward(x), {q_dim, kv_dim, kv_dim}, -1);
-    q = parts[0], k = parts[1], v = parts[2];
+    q.base = parts[0], k.base = parts[1], v.base = parts[2];
   } else {
     // Note [Adapters of one input] (autograd/nn/lora.h): q, k and v adapters share their A-products.
-    const std::vector<Tensor> qkv =
-        nn::LoRALinear::forward_shared_input({q_proj_.get(), k_proj_.get(), v_proj_.get()}, x);
+    const std::vector<nn::LoRAParts> qkv =
+        nn::LoRALinear::forward_shared_input_parts({q_proj_.get(), k_proj_.get(), v_proj_.get()}, x);
     q = qkv[0], k = qkv[1], v = qkv[2];
   }
   // [B, T, H*D] -> [B, H, T, D]
-  auto heads = [&](const Tensor& t, int64_t h) { return transpose(reshape(t, {B, T, h, D}), 1, 2); };
-  q = heads(q, cfg_.n_head);
-  k = heads(k, cfg_.n_kv_head);
-  v = heads(v, cfg_.n_kv_head);
+  auto heads = [&](const Tensor& t, int64_t h) {
+    return t.defined() ? transpose(reshape(t, {B, T, h, D}), 1, 2) : Tensor();
+  };
+  Tensor qh, kh, vh = heads(v.sum(), cfg_.n_kv_head);
   if (cfg_.rope) {
     auto [cos_t, sin_t] = rope_for(start, T, x.device());
     if (positions.defined()) {
@@ -140,12 +141,16 @@ Tensor Attention::forward(const Tensor& x, KVCache* cache, size_t layer, const T
       cos_t = embedding(cos_t, positions);
       sin_t = embedding(sin_t, positions);
     }
-    q = rotary_embedding(q, cos_t, sin_t);
-    k = rotary_embedding(k, cos_t, sin_t);
+    // Note [Rope of a sum] (autograd/ops/attention.cpp): an adapter's update is added inside the rotation.
+    qh = rotary_embedding(heads(q.base, cfg_.n_head), cos_t, sin_t, heads(q.delta, cfg_.n_head));
+    kh = rotary_embedding(heads(k.base, cfg_.n_kv_head), cos_t, sin_t, heads(k.delta, cfg_.n_kv_head));
+  } else {
+    qh = heads(q.sum(), cfg_.n_head);
+    kh = heads(k.sum(), cfg_.n_kv_head);
   }
-  if (cache) std::tie(k, v) = cache->append(layer, k, v);
+  if (cache) std::tie(kh, vh) = cache->append(layer, kh, vh);
   // Causal with more keys than queries aligns the queries with the last keys (query i sees keys <= start + i).
-  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true, std::nullopt, positions);
+  Tensor y = scaled_dot_product_attention(qh, kh, vh, /*causal=*/true, std::nullopt, positions);
   y = reshape(transpose(y, 1, 2), {B, T, q_dim});
   return dropout_->forward(out_proj_->forward(y));
 }

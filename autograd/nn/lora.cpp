@@ -39,17 +39,28 @@ Tensor LoRALinear::base_forward(const Tensor& x) {
   return y;
 }
 
-Tensor LoRALinear::forward(const Tensor& x) {
+Tensor LoRAParts::sum() const { return delta.defined() ? add(base, delta) : base; }
+
+Tensor LoRALinear::forward(const Tensor& x) { return forward_parts(x).sum(); }
+
+LoRAParts LoRALinear::forward_parts(const Tensor& x) {
   Tensor y = base_forward(x);
-  if (!lora_a_ || merged_) return y;
+  if (!lora_a_ || merged_) return {y, Tensor()};
   // The scale multiplies the rank-r activation, not the [.., out] update: a scalar product saves its input for
   // the backward, and r columns are what is cheap to keep (a frozen base saves nothing: autograd/ops/matmul.cpp).
   Tensor delta = lora_b_->forward(mul(lora_a_->forward(lora_dropout_->forward(x)), scale_));
   if (delta.dtype() != y.dtype()) delta = cast(delta, y.dtype());
-  return add(y, delta);
+  return {y, delta};
 }
 
 std::vector<Tensor> LoRALinear::forward_shared_input(const std::vector<LoRALinear*>& projections, const Tensor& x) {
+  std::vector<Tensor> out;
+  for (const LoRAParts& p : forward_shared_input_parts(projections, x)) out.push_back(p.sum());
+  return out;
+}
+
+std::vector<LoRAParts> LoRALinear::forward_shared_input_parts(const std::vector<LoRALinear*>& projections,
+                                                              const Tensor& x) {
   // INGOT_LORA_SHARED_A=0: each projection's own forward (the A/B comparison of bench/RESULTS.md).
   static const bool off = [] {
     const char* v = std::getenv("INGOT_LORA_SHARED_A");
@@ -64,9 +75,9 @@ std::vector<Tensor> LoRALinear::forward_shared_input(const std::vector<LoRALinea
             p->lora_a_->compute_dtype() == first->lora_a_->compute_dtype() && p->in_features() == first->in_features();
     if (!joint) break;
   }
-  std::vector<Tensor> out;
+  std::vector<LoRAParts> out;
   if (!joint) {
-    for (LoRALinear* p : projections) out.push_back(p->forward(x));
+    for (LoRALinear* p : projections) out.push_back(p->forward_parts(x));
     return out;
   }
   std::vector<Tensor> a_weights;
@@ -84,7 +95,7 @@ std::vector<Tensor> LoRALinear::forward_shared_input(const std::vector<LoRALinea
     Tensor y = p->base_forward(x);
     Tensor delta = p->lora_b_->forward(hs[i]);
     if (delta.dtype() != y.dtype()) delta = cast(delta, y.dtype());
-    out.push_back(add(y, delta));
+    out.push_back({y, delta});
   }
   return out;
 }

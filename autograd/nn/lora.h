@@ -35,6 +35,14 @@ class FrozenBase {
   virtual Tensor dense(DType dtype) const = 0;        // W [out, in], no gradient
 };
 
+// A projection's output as its two summands: the base product (bias included) and the adapter's scaled update in
+// the base's dtype (undefined without an unmerged adapter). LoRALinear::forward returns base + delta; a caller that
+// can add them in a wider type takes them apart (Note [Rope of a sum], autograd/ops/attention.cpp).
+struct LoRAParts {
+  Tensor base, delta;
+  Tensor sum() const;
+};
+
 class LoRALinear : public Linear {
  public:
   using Linear::Linear;
@@ -45,6 +53,8 @@ class LoRALinear : public Linear {
   double lora_scale() const { return scale_; }
   // Base output plus the adapter's; the adapter is skipped once merged.
   Tensor forward(const Tensor& x);
+  // The same two summands apart.
+  LoRAParts forward_parts(const Tensor& x);
   // Note [Adapters of one input]: projections of one input (an attention's q, k and v) whose adapters are all
   // unmerged, without active dropout and of one scale, dtype and compute dtype run their A-products as one: x
   // times the A weights concatenated ([sum of ranks, in]), so x is read once, and the backward's A-gradient and
@@ -53,6 +63,9 @@ class LoRALinear : public Linear {
   // product of another width may add them in another order). Otherwise, or with INGOT_LORA_SHARED_A=0, forward()
   // of each.
   static std::vector<Tensor> forward_shared_input(const std::vector<LoRALinear*>& projections, const Tensor& x);
+  // The same, each projection's summands apart.
+  static std::vector<LoRAParts> forward_shared_input_parts(const std::vector<LoRALinear*>& projections,
+                                                           const Tensor& x);
   // W + scale * B A as a new tensor (no gradient); the weight itself without an adapter.
   Tensor merged_weight() const;
   // Folds the adapter into the weight in place (inference / export); forward then skips it.

@@ -27,7 +27,16 @@ Tensor empty_bthd(const TensorMeta& m) {
   return t.as_strided(m.shape, {T * H * D, D, H * D, 1}, t.offset());
 }
 
-// Inputs (x, cos, sin); the tables get no gradient.
+// Note [Rope of a sum]
+// A LoRA projection's output is base + delta, the frozen product plus the adapter's. Rounded to bf16 before the
+// rotation, base is already a bf16 value and a delta below half its ulp rounds back to it: early in training (B starts
+// at zero and AdamW moves it by ~lr a step) nearly all of the adapters' effect on q and k is lost, and the 8B LoRA's
+// loss fell ~25% slower over its first steps than peft + torch.compile's, whose fused kernel adds in f32 and rounds
+// after the rotation (bench/RESULTS.md 2026-11-27, twenty-fifth session; in f32 ingot and peft agree to 1e-4). So
+// rope takes an optional addend: it rotates x + addend, summed in f32, rounding once; the rotated values are not bf16
+// values of base, so a small delta survives on average. Its gradient is the inverse rotation for both.
+//
+// Inputs (x, cos, sin[, addend]); the tables get no gradient; the addend has x's shape and dtype.
 class RopePrim final : public Primitive {
  public:
   explicit RopePrim(bool inverse) : inverse_(inverse) {}
@@ -44,6 +53,10 @@ class RopePrim final : public Primitive {
                 ", got ", shape_str(c.shape), " and ", shape_str(s.shape));
     INGOT_CHECK(c.dtype == DType::f32 && s.dtype == DType::f32, "rotary_embedding: cos/sin must be f32, got ",
                 dtype_name(c.dtype), " and ", dtype_name(s.dtype));
+    if (in.size() > 3)
+      INGOT_CHECK(in[3].shape == x.shape && in[3].dtype == x.dtype, "rotary_embedding: the addend must match x (",
+                  shape_str(x.shape), " ", dtype_name(x.dtype), "), got ", shape_str(in[3].shape), " ",
+                  dtype_name(in[3].dtype));
     return {x};
   }
   // Note [Rope keeps the token-major layout]
@@ -57,19 +70,32 @@ class RopePrim final : public Primitive {
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     const TensorMeta m = infer(metas_of(in))[0];
     Tensor x = in[0].stride(3) == 1 ? in[0] : in[0].contiguous_raw();
+    Tensor addend;
+    if (in.size() > 3) {
+      // The kernels read the addend with x's strides; two layouts that differ are both made contiguous (exact
+      // copies; a LoRA projection's base and delta are views of one layout and need none).
+      addend = in[3];
+      if (addend.strides() != x.strides()) {
+        x = x.contiguous_raw();
+        addend = addend.contiguous_raw();
+      }
+    }
     const bool token_major = m.shape[1] > 1 && m.shape[2] > 1 && x.stride(1) == m.shape[3];
     Tensor out = token_major ? empty_bthd(m) : empty(m.shape, m.dtype, m.device);
     if (out.numel() > 0)
-      INGOT_KERNEL_CALL(in[0].device(), rope, out, x, in[1].contiguous_raw(), in[2].contiguous_raw(), inverse_);
+      INGOT_KERNEL_CALL(in[0].device(), rope, out, x, in[1].contiguous_raw(), in[2].contiguous_raw(), inverse_,
+                        addend);
     return {out};
   }
-  bool saves_input(size_t i) const override { return i != 0; }
+  bool saves_input(size_t i) const override { return i == 1 || i == 2; }
   void print_attrs(std::ostream& os) const override {
     if (inverse_) os << "inverse=true";
   }
-  // A rotation's transpose is the rotation by the opposite angle.
+  // A rotation's transpose is the rotation by the opposite angle; x and the addend get the same gradient.
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
-    return {apply1(std::make_shared<RopePrim>(!inverse_), {g[0], c.inputs[1], c.inputs[2]}), Tensor(), Tensor()};
+    Tensor gx = apply1(std::make_shared<RopePrim>(!inverse_), {g[0], c.inputs[1], c.inputs[2]});
+    if (c.input_meta.size() > 3) return {gx, Tensor(), Tensor(), gx};
+    return {gx, Tensor(), Tensor()};
   }
 
  private:
@@ -241,7 +267,8 @@ std::shared_ptr<Primitive> packed_attention_bwd(const Primitive& bwd) {
   return a ? std::make_shared<AttentionBwdPackedPrim>(a->causal, a->scale) : nullptr;
 }
 
-Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& addend) {
+  if (addend.defined()) return apply1(std::make_shared<RopePrim>(false), {x, cos, sin, addend});
   return apply1(std::make_shared<RopePrim>(false), {x, cos, sin});
 }
 

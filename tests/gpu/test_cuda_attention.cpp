@@ -268,13 +268,13 @@ TEST(CudaRope, ForwardAndInverseMatchCpuAndWorkInPlace) {
       Tensor cos = from_vector(cv, {T, half}, DType::f32), sin = from_vector(sv, {T, half}, DType::f32);
       for (bool inverse : {false, true}) {
         Tensor ref = empty(s, dt), out = poisoned(s, dt, kGpu);
-        kc::rope(ref, x.cpu, cos, sin, inverse);
-        kg::rope(out, x.gpu, cos.to(kGpu), sin.to(kGpu), inverse);
+        kc::rope(ref, x.cpu, cos, sin, inverse, Tensor());
+        kg::rope(out, x.gpu, cos.to(kGpu), sin.to(kGpu), inverse, Tensor());
         const std::string at = detail::str_cat(dtype_name(dt), " ", shape_str(s), inverse ? " inverse" : "");
         Tol t = tol_for(dt);
         EXPECT_LE(max_rel_error(out, ref, t.rtol, 10 * t.atol), 1.0) << at;
         Tensor inplace = x.gpu.clone_raw();
-        kg::rope(inplace, inplace, cos.to(kGpu), sin.to(kGpu), inverse);
+        kg::rope(inplace, inplace, cos.to(kGpu), sin.to(kGpu), inverse, Tensor());
         EXPECT_EQ(count_unequal(inplace, out), 0) << "in place " << at;
       }
     }
@@ -309,12 +309,48 @@ TEST(CudaRope, TokenMajorOperandsMatchCpuThroughTheirStrides) {
         const Tensor x_cpu = view(row.cpu), x_gpu = view(row.gpu);
         for (bool inverse : {false, true}) {
           Tensor ref = empty({B, H, T, D}, dt);
-          kc::rope(ref, x_cpu.contiguous_raw(), cos, sin, inverse);
+          kc::rope(ref, x_cpu.contiguous_raw(), cos, sin, inverse, Tensor());
           Tensor out = poisoned({B, T, H, D}, dt, kGpu).as_strided({B, H, T, D}, {T * H * D, D, H * D, 1}, 0);
-          kg::rope(out, x_gpu, cos.to(kGpu), sin.to(kGpu), inverse);
+          kg::rope(out, x_gpu, cos.to(kGpu), sin.to(kGpu), inverse, Tensor());
           const std::string at = detail::str_cat(dtype_name(dt), " D ", D, " slot ", slot, inverse ? " inverse" : "");
           Tol t = tol_for(dt);
           EXPECT_LE(max_rel_error(out.contiguous_raw(), ref, t.rtol, 10 * t.atol), 1.0) << at;
+        }
+      }
+    }
+  }
+}
+
+// Note [Rope of a sum] (autograd/ops/attention.cpp): x + addend rotated, the addend read with x's strides, on the
+// vectorized path (token-major over a projection, aligned), the scalar one (D = 6, and one element off alignment)
+// and in place over x; against the CPU kernel, which sums in f32 too.
+TEST(CudaRope, OfASumMatchesCpuOnEveryPath) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(209);
+  for (DType dt : kFloatDTypes) {
+    for (const int64_t D : {6, 128}) {
+      for (const int64_t off : {0, 1}) {
+        const int64_t B = 2, T = 9, H = 3, half = D / 2, width = H * D + 1;
+        Operand theta = rand_operand({T, half}, DType::f64, 3.0);
+        std::vector<double> cv, sv;
+        for (double t : theta.cpu.to_vector()) {
+          cv.push_back(std::cos(t));
+          sv.push_back(std::sin(t));
+        }
+        Tensor cos = from_vector(cv, {T, half}, DType::f32), sin = from_vector(sv, {T, half}, DType::f32);
+        Operand xrow = rand_operand({B, T, width}, dt), yrow = rand_operand({B, T, width}, dt);
+        auto view = [&](const Tensor& t) { return t.as_strided({B, H, T, D}, {T * width, D, width, 1}, off); };
+        for (bool inverse : {false, true}) {
+          Tensor ref = empty({B, H, T, D}, dt);
+          kc::rope(ref, view(xrow.cpu).contiguous_raw(), cos, sin, inverse, view(yrow.cpu).contiguous_raw());
+          Tensor out = poisoned({B, T, H, D}, dt, kGpu).as_strided({B, H, T, D}, {T * H * D, D, H * D, 1}, 0);
+          kg::rope(out, view(xrow.gpu), cos.to(kGpu), sin.to(kGpu), inverse, view(yrow.gpu));
+          const std::string at = detail::str_cat(dtype_name(dt), " D ", D, " offset ", off, inverse ? " inverse" : "");
+          Tol t = tol_for(dt);
+          EXPECT_LE(max_rel_error(out.contiguous_raw(), ref, t.rtol, 10 * t.atol), 1.0) << at;
+          Tensor inplace = xrow.gpu.clone_raw();
+          kg::rope(view(inplace), view(inplace), cos.to(kGpu), sin.to(kGpu), inverse, view(yrow.gpu));
+          EXPECT_LE(max_rel_error(view(inplace).contiguous_raw(), ref, t.rtol, 10 * t.atol), 1.0) << "in place " << at;
         }
       }
     }
@@ -337,8 +373,8 @@ TEST(CudaRope, PerRowTablesMatchCpu) {
     for (DType dt : kFloatDTypes) {
       Operand x = rand_operand(s, dt);
       Tensor ref = empty(s, dt), out = poisoned(s, dt, kGpu);
-      kc::rope(ref, x.cpu, cos, sin, false);
-      kg::rope(out, x.gpu, cos.to(kGpu), sin.to(kGpu), false);
+      kc::rope(ref, x.cpu, cos, sin, false, Tensor());
+      kg::rope(out, x.gpu, cos.to(kGpu), sin.to(kGpu), false, Tensor());
       Tol t = tol_for(dt);
       EXPECT_LE(max_rel_error(out, ref, t.rtol, 10 * t.atol), 1.0) << dtype_name(dt) << " " << shape_str(s);
     }

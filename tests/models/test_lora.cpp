@@ -143,8 +143,10 @@ TEST(LoRA, AFreshAdapterLeavesTheOutputUnchangedAndMergingKeepsIt) {
   models::Llama model(testing::tiny_llama_config());
   auto [ids, tgt] = testing::repeating_batch(2, 6);
   Tensor base = model.forward(ids);
-  auto adapted = nn::apply_lora(model, {.rank = 4, .alpha = 8, .dropout = 0.1, .target_modules = {"q_proj", "v_proj", "down_proj"}});
-  EXPECT_EQ(adapted.size(), 6u);  // 2 layers x 3 projections
+  // q and k: their adapters' updates are added inside the rotation (Note [Rope of a sum]); v and down_proj's outside.
+  auto adapted = nn::apply_lora(
+      model, {.rank = 4, .alpha = 8, .dropout = 0.1, .target_modules = {"q_proj", "k_proj", "v_proj", "down_proj"}});
+  EXPECT_EQ(adapted.size(), 8u);  // 2 layers x 4 projections
   model.eval();
   EXPECT_EQ(model.forward(ids).to_vector(), base.to_vector());  // B = 0
   perturb_adapters(model);

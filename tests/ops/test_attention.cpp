@@ -232,7 +232,7 @@ TEST(Rope, InverseRotationUndoesTheForward) {
   auto [c, s] = rope_tables(7, 16, 10000.0, Device::cpu(), 100);
   Tensor x = randn({1, 2, 7, 16});
   Tensor y = rotary_embedding(x, c, s), back = empty_like(x);
-  kernels::cpu::rope(back, y, c, s, /*inverse=*/true);
+  kernels::cpu::rope(back, y, c, s, /*inverse=*/true, Tensor());
   EXPECT_LT(max_rel_error(back, x, 1e-5, 1e-6), 1.0);
 }
 
@@ -285,6 +285,66 @@ TEST(Rope, GradientThroughATokenMajorViewMatchesFiniteDifferences) {
         return std::vector<Tensor>{rotary_embedding(transpose(reshape(v[0], {2, 4, 3, 6}), 1, 2), c, s)};
       },
       {p});
+}
+
+// Note [Rope of a sum]: rope(x, addend) rotates x + addend summed in the accumulation type and rounds once: in bf16
+// exactly the f32 rotation of the f32 sum, rounded.
+TEST(Rope, OfASumRotatesTheSumInF32AndRoundsOnce) {
+  manual_seed(33);
+  const int64_t B = 2, T = 5, H = 3, D = 8;
+  auto [c, s] = rope_tables(T, D, 10000.0, Device::cpu(), 2);
+  auto exact = [](const Tensor& a, const Tensor& b) { return sum(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item() == 0.0; };
+  for (DType dt : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // A LoRA projection's two summands, seen as heads (token-major views of [B, T, H * D]).
+    const Tensor base = randn({B, T, H * D}).to(dt), delta = mul(randn({B, T, H * D}), 0.01).to(dt);
+    auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, D}), 1, 2); };
+    const Tensor y = rotary_embedding(heads(base), c, s, heads(delta));
+    const Tensor want = rotary_embedding(heads(add(base.to(DType::f32), delta.to(DType::f32))), c, s).to(dt);
+    EXPECT_TRUE(exact(y, want));
+    EXPECT_EQ(y.stride(1), D) << "token-major result, as without an addend";
+    // An addend laid out otherwise (contiguous [B, H, T, D]) gives the same values.
+    EXPECT_TRUE(exact(rotary_embedding(heads(base), c, s, contiguous(heads(delta))), want));
+  }
+}
+
+// Why the sum is taken inside the rotation: a bf16 base plus a delta below half its ulp rounds back to the base, so
+// rotating the rounded sum loses the delta entirely (an adapter's first updates, B ~ lr); rotated in f32 and rounded
+// once, the delta survives on average: the change of the result, projected on rope(delta), is nearly rope(delta).
+TEST(Rope, ADeltaBelowHalfAnUlpOfTheBaseSurvivesTheRotationOnAverage) {
+  manual_seed(34);
+  const int64_t T = 64, D = 64;
+  auto [c, s] = rope_tables(T, D, 10000.0, Device::cpu());
+  const Tensor base = randn({1, 4, T, D}).to(DType::bf16);
+  const Tensor delta = mul(base.to(DType::f32), 1.0 / 1024).to(DType::bf16);  // |delta| < ulp(base) / 2 everywhere
+  ASSERT_EQ(sum(abs(sub(add(base, delta), base).to(DType::f64))).item(), 0.0) << "the bf16 sum is the base";
+  const Tensor plain = rotary_embedding(base, c, s).to(DType::f64);
+  const Tensor rd = rotary_embedding(delta.to(DType::f64), c, s);
+  auto along_delta = [&](const Tensor& y) { return sum(mul(sub(y.to(DType::f64), plain), rd)).item() / sum(mul(rd, rd)).item(); };
+  // ~0.92: pairs of low frequency at early positions rotate by so little that their results stay near bf16 values,
+  // where the delta is lost again; everywhere else it survives.
+  const double kept = along_delta(rotary_embedding(base, c, s, delta));
+  EXPECT_GT(kept, 0.8);
+  EXPECT_LT(kept, 1.1);
+  EXPECT_EQ(along_delta(rotary_embedding(add(base, delta), c, s)), 0.0);
+}
+
+TEST(Rope, GradientOfASumMatchesFiniteDifferences) {
+  manual_seed(35);
+  auto [c, s] = rope_tables(4, 6, 10000.0, Device::cpu());
+  Tensor x = leaf(randn_noncontig({2, 3, 4, 6})), y = leaf(randn({2, 3, 4, 6}, DType::f64));
+  EXPECT_GRADCHECK(
+      [&](const std::vector<Tensor>& v) { return std::vector<Tensor>{rotary_embedding(v[0], c, s, v[1])}; }, {x, y});
+}
+
+TEST(Rope, AMismatchedAddendNamesTheOp) {
+  auto [c, s] = rope_tables(4, 8, 10000.0, Device::cpu());
+  try {
+    rotary_embedding(zeros({1, 1, 4, 8}), c, s, zeros({1, 2, 4, 8}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rotary_embedding: the addend must match x"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Rope, MismatchedTablesNameTheOp) {

@@ -174,11 +174,13 @@ const std::vector<OpCase>& op_list() {
         with({"attention", [](DType dt) { return V{normal({1, 2, 4, 8}, dt), normal({1, 2, 4, 8}, dt), normal({1, 2, 4, 8}, dt)}; },
               [](const V& x) { return V{scaled_dot_product_attention(x[0], x[1], x[2])}; }},
              "its own kernels (cuDNN or the fallback)"),
+        // Plain, and of a sum (Note [Rope of a sum]: a LoRA projection's base and delta).
         with({"rope", [](DType dt) {
                 auto [c, s] = rope_tables(4, 8, 10000.0, Device::cpu());
-                return V{normal({1, 2, 4, 8}, dt), c, s};
+                return V{normal({1, 2, 4, 8}, dt), normal({1, 2, 4, 8}, dt), c, s};
               },
-              [](const V& x) { return V{rotary_embedding(x[0], x[1], x[2])}; }, "", true, "", 1},
+              [](const V& x) { return V{rotary_embedding(x[0], x[2], x[3]), rotary_embedding(x[0], x[2], x[3], x[1])}; },
+              "", true, "", 2},
              "its own kernel"),
     };
     return l;

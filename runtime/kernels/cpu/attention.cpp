@@ -3,6 +3,7 @@
 // rope: x, out [B, H, T, D]; cos, sin [T, D/2] f32, or [B, T, D/2] (each batch row its own positions). Pair
 // (i, i + D/2) of row t is rotated by angle theta_t,i:
 //   out_i = x_i cos - x_{i+D/2} sin,  out_{i+D/2} = x_{i+D/2} cos + x_i sin   (inverse: sin -> -sin)
+// With an addend, x + addend (summed in the accumulation type, rounded once with the result) is rotated.
 //
 // attention: q [B, Hq, T, D], k, v [B, Hkv, S, D], out [B, Hq, T, D], lse [B, Hq, T] f32. Query head h reads
 // kv head h / (Hq / Hkv) (grouped-query attention). With `causal`, query i sees key j iff j <= i + (S - T)
@@ -165,7 +166,8 @@ void attention_bwd_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 }
 
 template <typename Acc>
-void rope_impl(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
+void rope_impl(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
+               const Tensor& addend) {
   const int64_t H = x.shape()[1], T = x.shape()[2], D = x.shape()[3], half = D / 2;
   const int64_t rows = x.numel() / D;
   const bool per_row = cos.dim() == 3;
@@ -175,13 +177,20 @@ void rope_impl(const Tensor& out, const Tensor& x, const Tensor& cos, const Tens
   const int64_t isz = static_cast<int64_t>(itemsize(x.dtype()));
   const char* xp = static_cast<const char*>(x.data_ptr());
   char* op = static_cast<char*>(out.data_ptr());
+  const bool sum = addend.defined();
+  const char* yp = sum ? static_cast<const char*>(addend.data_ptr()) : nullptr;
+  const Strides ys = sum ? addend.strides() : xs;
 #pragma omp parallel if (x.numel() >= kParallelGrain)
   {
-    std::vector<Acc> in(static_cast<size_t>(D)), res(static_cast<size_t>(D));
+    std::vector<Acc> in(static_cast<size_t>(D)), add(sum ? static_cast<size_t>(D) : 0), res(static_cast<size_t>(D));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = r / (H * T), h = r / T % H, t = r % T;
       load_strided<Acc>(x.dtype(), xp + (b * xs[0] + h * xs[1] + t * xs[2]) * isz, 1, D, in.data());
+      if (sum) {
+        load_strided<Acc>(addend.dtype(), yp + (b * ys[0] + h * ys[1] + t * ys[2]) * isz, 1, D, add.data());
+        for (int64_t i = 0; i < D; ++i) in[i] += add[i];
+      }
       const int64_t tt = (per_row ? b * T : 0) + t;
       const float *c = cp + tt * half, *s = sp + tt * half;
       for (int64_t i = 0; i < half; ++i) {
@@ -200,12 +209,16 @@ void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
 
 }  // namespace
 
-void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
+void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
+          const Tensor& addend) {
   check_contiguous("rope", {&cos, &sin});
   INGOT_INTERNAL_CHECK(x.stride(3) == 1 && out.stride(3) == 1, "rope: x and out need a dense last dim");
   INGOT_INTERNAL_CHECK(cos.dtype() == DType::f32 && sin.dtype() == DType::f32, "rope: tables must be f32");
-  if (x.dtype() == DType::f64) rope_impl<double>(out, x, cos, sin, inverse);
-  else rope_impl<float>(out, x, cos, sin, inverse);
+  INGOT_INTERNAL_CHECK(!addend.defined() || (addend.shape() == x.shape() && addend.dtype() == x.dtype() &&
+                                             addend.stride(3) == 1),
+                       "rope: the addend needs x's shape and dtype and a dense last dim");
+  if (x.dtype() == DType::f64) rope_impl<double>(out, x, cos, sin, inverse, addend);
+  else rope_impl<float>(out, x, cos, sin, inverse, addend);
 }
 
 // positions: undefined, or i64 [B, T] contiguous (the op layer converts).

@@ -81,9 +81,10 @@ struct RopeRows {
 };
 
 // One thread per rotated pair (i, i + D/2) of one row; reads both before writing, so out may alias x (same strides).
-// rows_per_batch = H * T when the tables are per batch row ([B, T, D/2]), 0 for one shared table.
+// rows_per_batch = H * T when the tables are per batch row ([B, T, D/2]), 0 for one shared table. y: null, or an
+// addend laid out as x (Note [Rope of a sum], autograd/ops/attention.cpp): x + y is rotated, summed in f32.
 template <typename T>
-__global__ void rope_kernel(T* out, const T* x, const void* cos, const void* sin, DType cs_dt, RopeRows rr,
+__global__ void rope_kernel(T* out, const T* x, const T* y, const void* cos, const void* sin, DType cs_dt, RopeRows rr,
                             int64_t half, int64_t pairs, int64_t rows_per_batch, bool inverse) {
   using A = acc_t<T>;
   const int64_t T_len = rr.T;
@@ -94,7 +95,11 @@ __global__ void rope_kernel(T* out, const T* x, const void* cos, const void* sin
     const A s = inverse ? -load_dyn<A>(sin, cs_dt, t * half + i) : load_dyn<A>(sin, cs_dt, t * half + i);
     int64_t xo, oo;
     rr.offsets(row, 2 * half, &xo, &oo);
-    const A a = to_acc<A>(x[xo + i]), b = to_acc<A>(x[xo + i + half]);
+    A a = to_acc<A>(x[xo + i]), b = to_acc<A>(x[xo + i + half]);
+    if (y) {
+      a += to_acc<A>(y[xo + i]);
+      b += to_acc<A>(y[xo + i + half]);
+    }
     out[oo + i] = from_acc<T>(a * c - b * s);
     out[oo + i + half] = from_acc<T>(b * c + a * s);
   }
@@ -117,7 +122,7 @@ struct RopeOrder {
 // (63 us for the 8B's 33.5 MB q on an H200, 2026-11-27). Same arithmetic per element as rope_kernel. Needs
 // half % V == 0, 16-byte aligned x, out and tables, row strides that are multiples of V, and < 2^31 vectors.
 template <typename T, int V>
-__global__ void rope_vec_kernel(T* out, const T* x, const float* cos, const float* sin, RopeOrder ro, uint32_t half,
+__global__ void rope_vec_kernel(T* out, const T* x, const T* y, const float* cos, const float* sin, RopeOrder ro, uint32_t half,
                                 uint32_t groups, uint32_t T_len, bool per_row_tables, bool inverse) {
   using A = acc_t<T>;
   static_assert(sizeof(T) * V == 16, "one 16-byte vector per half row");
@@ -142,12 +147,21 @@ __global__ void rope_vec_kernel(T* out, const T* x, const float* cos, const floa
     const Tab c = *reinterpret_cast<const Tab*>(cos + trow * half + i0);
     const Tab sn = *reinterpret_cast<const Tab*>(sin + trow * half + i0);
     const Vec a = *reinterpret_cast<const Vec*>(x + xo + i0), b = *reinterpret_cast<const Vec*>(x + xo + i0 + half);
+    Vec ya{}, yb{};
+    if (y) {
+      ya = *reinterpret_cast<const Vec*>(y + xo + i0);
+      yb = *reinterpret_cast<const Vec*>(y + xo + i0 + half);
+    }
     Vec oa, ob;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const A ck = c.v[k];
       const A sk = inverse ? -A(sn.v[k]) : A(sn.v[k]);
-      const A av = to_acc<A>(a.v[k]), bv = to_acc<A>(b.v[k]);
+      A av = to_acc<A>(a.v[k]), bv = to_acc<A>(b.v[k]);
+      if (y) {
+        av += to_acc<A>(ya.v[k]);
+        bv += to_acc<A>(yb.v[k]);
+      }
       oa.v[k] = from_acc<T>(av * ck - bv * sk);
       ob.v[k] = from_acc<T>(bv * ck + av * sk);
     }
@@ -637,9 +651,17 @@ void fallback_bwd(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Te
 
 }  // namespace
 
-void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
+void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
+          const Tensor& addend) {
   const char* op = "rope";
   check_same_device(op, {&out, &x, &cos, &sin});
+  const bool sum = addend.defined();
+  if (sum) {
+    check_same_device(op, {&x, &addend});
+    INGOT_CHECK(addend.shape() == x.shape() && addend.dtype() == x.dtype() && addend.strides() == x.strides(), op,
+                ": the addend needs x's shape, dtype and strides, got ", shape_str(addend.shape()), " ",
+                dtype_name(addend.dtype()), " for x ", shape_str(x.shape()), " ", dtype_name(x.dtype()));
+  }
   INGOT_CHECK(x.device().is_cuda() && x.dim() == 4 && out.dim() == 4 && x.stride(3) == 1 && out.stride(3) == 1, op,
               ": expected CUDA x and out [B, H, T, D] with a dense last dim");
   check_cuda_contig(cos, op, "cos");
@@ -662,7 +684,9 @@ void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& s
   dispatch_float(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / static_cast<int>(sizeof(T));
+    const T* y = sum ? addend.data<T>() : nullptr;
     bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(sum ? addend.data_ptr() : x.data_ptr()) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(cos.data_ptr()) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(sin.data_ptr()) % 16 == 0;
@@ -689,13 +713,13 @@ void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& s
           if (dims[k] == 0) ro.b_at = k;
         }
         rope_vec_kernel<T, V><<<grid_for(groups, 256, L.device), 256, 0, L.stream>>>(
-            out.data<T>(), x.data<T>(), cos.data<float>(), sin.data<float>(), ro, static_cast<uint32_t>(half),
+            out.data<T>(), x.data<T>(), y, cos.data<float>(), sin.data<float>(), ro, static_cast<uint32_t>(half),
             static_cast<uint32_t>(groups), static_cast<uint32_t>(T_len), per_row, inverse);
         CUDA_CHECK_LAUNCH();
         return;
       }
     }
-    rope_kernel<T><<<grid_for(pairs, 256, L.device), 256, 0, L.stream>>>(out.data<T>(), x.data<T>(), cos.data_ptr(), sin.data_ptr(),
+    rope_kernel<T><<<grid_for(pairs, 256, L.device), 256, 0, L.stream>>>(out.data<T>(), x.data<T>(), y, cos.data_ptr(), sin.data_ptr(),
                                                cos.dtype(), rr, half, pairs, rows_per_batch, inverse);
     CUDA_CHECK_LAUNCH();
   });
