@@ -214,6 +214,7 @@ void load_examples(FinetuneRun& f) {
   lo.seq_len = s.data.seq_len;
   lo.global_batch_size = s.train.batch_size;
   lo.pack = s.data.packing;
+  lo.shuffle = s.data.shuffle;
   lo.pad_id = f.tok.pad_id().value_or(f.tok.eos_id().value_or(0));
   lo.seed = s.run.seed;
   lo.rank = s.run.rank;  // each rank reads its rows of every global batch

@@ -33,6 +33,10 @@ void add_data_keys(ConfigSchema& s, bool training, const std::string& default_fo
   s.add(K::required_key(T::String, "data.path", "the data file (relative to the working directory)"));
   s.add(K::of(T::Int, "data.seq_len", "0", "tokens per row (0: the model's context, at most 2048)").at_least(0));
   if (training) s.add(K::of(T::Bool, "data.packing", "true", "concatenate examples into full rows (false: pad each)"));
+  if (training)
+    s.add(K::of(T::Bool, "data.shuffle", "true",
+                "visit the rows in a new order every epoch, seeded by `seed` (false: in file order, as a reference run "
+                "that reads its rows in order does)"));
   s.add(K::of(T::String, "data.chat_template", "auto",
               "template for instruction/chat data (auto: the tokenizer's own); prompts are masked from the loss")
             .one_of({"auto", "llama3", "chatml", "qwen3", "alpaca"}));
@@ -105,6 +109,7 @@ DataSettings resolve_data(const Config& cfg, const models::HFConfig& model, Conf
   d.seq_len = rd.i64("data.seq_len");
   d.vocab_size = model.vocab_size();
   if (rd.listed("data.packing")) d.packing = rd.flag("data.packing");
+  if (rd.listed("data.shuffle")) d.shuffle = rd.flag("data.shuffle");
   if (rd.listed("data.val_fraction")) d.val_fraction = rd.f64("data.val_fraction");
   const int64_t positions = model.arch == models::HFConfig::Arch::GPT2 ? model.gpt2.n_positions
                                                                         : model.llama.max_position_embeddings;

@@ -5,7 +5,7 @@
 //   model.adapter   a PEFT adapter directory applied on top (eval and generate)
 //   tokenizer.path  a directory with tokenizer.json (or vocab.json + merges.txt); default: model.path
 //   data.format     text | jsonl | instruction (alpaca fields) | chat (messages lists)
-//   data.path, data.seq_len, data.packing, data.chat_template, data.text_field, data.val_fraction
+//   data.path, data.seq_len, data.packing, data.shuffle, data.chat_template, data.text_field, data.val_fraction
 //
 // Checks of files happen when the config is validated, so `ingot validate` reports them with the key's
 // file:line:col: config.json, the data file (present, non-empty, UTF-8), the tokenizer (it loads and fits the
@@ -29,7 +29,7 @@ namespace ingot::recipes {
 
 // model.path (required), tokenizer.path and, with `adapter`, model.adapter.
 void add_model_keys(ConfigSchema& s, bool adapter);
-// data.*; `training` adds data.packing and data.val_fraction (eval reads every row, unpacked).
+// data.*; `training` adds data.packing, data.shuffle and data.val_fraction (eval reads every row, unpacked, in order).
 void add_data_keys(ConfigSchema& s, bool training, const std::string& default_format);
 
 struct ModelSource {
@@ -47,6 +47,7 @@ struct DataSettings {
   int64_t seq_len = 0;        // tokens per row (inputs); at most the model's positions
   int64_t vocab_size = 0;     // the model's: token_rows ids stay below it
   bool packing = true;
+  bool shuffle = true;        // a new row order every epoch (seeded); false: file order
   std::string chat_template;  // auto | llama3 | chatml | qwen3 | alpaca
   std::string text_field;
   double val_fraction = 0;    // trailing fraction of the examples held out for validation

@@ -313,6 +313,40 @@ TEST_F(Finetune, LoraOnTokenRowsStartsFromTheBaseModelsLossOverThoseRows) {
   }
 }
 
+// data.shuffle=false reads the rows in file order, as bench/reference/peft_lora.py does with a token file of more rows
+// than the batch (the real-text comparison); the default visits them in a seeded order.
+TEST_F(Finetune, DataShuffleFalseTrainsOnTheRowsInFileOrder) {
+  const int64_t rows = 8, seq = 16, batch = 2;
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < rows * (seq + 1); ++i) ids.push_back(static_cast<int32_t>((i * 131 + 7) % 509));
+  const std::string path = dir_.file("rows8.bin");
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * sizeof(int32_t)));
+  }
+  models::HFModel base = models::load_hf_model(std::string(kFixtures) + "llama_tiny");
+  auto loss_of_rows = [&](int64_t first) {  // the base model's mean loss over rows [first, first + batch)
+    std::vector<int64_t> in, tgt;
+    for (int64_t r = first; r < first + batch; ++r)
+      for (int64_t t = 0; t < seq; ++t) {
+        in.push_back(ids[static_cast<size_t>(r * (seq + 1) + t)]);
+        tgt.push_back(ids[static_cast<size_t>(r * (seq + 1) + t + 1)]);
+      }
+    NoGradGuard no_grad;
+    return base.model->loss(from_vector_i64(in, {batch, seq}), from_vector_i64(tgt, {batch, seq})).item();
+  };
+  const std::vector<std::string> common = {"data.format=token_rows", "data.path=" + path, "data.seq_len=16",
+                                           "data.packing=false", "train.batch_size=2", "max_steps=1",
+                                           "lora.merge_on_export=false"};
+  std::vector<std::string> ordered = common;
+  ordered.push_back("data.shuffle=false");
+  const double want = loss_of_rows(0);
+  EXPECT_NEAR(run(config("lora_finetune", "llama_tiny", "ordered", ordered)).first_loss, want, 1e-5 * want)
+      << log_.str();
+  // Seeded order (seed 0 does not start with rows 0 and 1): another first batch.
+  EXPECT_GT(std::abs(run(config("lora_finetune", "llama_tiny", "shuffled", common)).first_loss - want), 1e-4 * want);
+}
+
 // compile.memory_budget applies to LoRA steps: under 0.5 the SwiGLU's silu is recomputed in the backward instead
 // of saved (the compiled steps' allocator peak after the first, traced step drops), the losses stay the same.
 TEST_F(Finetune, LoraMemoryBudgetLowersTheCompiledStepsPeakWithTheSameLosses) {
