@@ -83,8 +83,7 @@ class RopePrim final : public Primitive {
     const bool token_major = m.shape[1] > 1 && m.shape[2] > 1 && x.stride(1) == m.shape[3];
     Tensor out = token_major ? empty_bthd(m) : empty(m.shape, m.dtype, m.device);
     if (out.numel() > 0)
-      INGOT_KERNEL_CALL(in[0].device(), rope, out, x, in[1].contiguous_raw(), in[2].contiguous_raw(), inverse_,
-                        addend);
+      INGOT_KERNEL_CALL(in[0].device(), rope, out, x, in[1].contiguous_raw(), in[2].contiguous_raw(), inverse_, addend);
     return {out};
   }
   bool saves_input(size_t i) const override { return i == 1 || i == 2; }

@@ -322,35 +322,41 @@ TEST(CudaRope, TokenMajorOperandsMatchCpuThroughTheirStrides) {
 }
 
 // Note [Rope of a sum] (autograd/ops/attention.cpp): x + addend rotated, the addend read with x's strides, on the
-// vectorized path (token-major over a projection, aligned), the scalar one (D = 6, and one element off alignment)
-// and in place over x; against the CPU kernel, which sums in f32 too.
+// vectorized path (token-major over a projection, aligned), the scalar one (D = 6, and rows one element longer), with
+// shared and per-row tables, and in place over x; against the CPU kernel, which sums in f32 too.
 TEST(CudaRope, OfASumMatchesCpuOnEveryPath) {
   INGOT_REQUIRE_CUDA();
   manual_seed(209);
   for (DType dt : kFloatDTypes) {
     for (const int64_t D : {6, 128}) {
       for (const int64_t off : {0, 1}) {
-        const int64_t B = 2, T = 9, H = 3, half = D / 2, width = H * D + 1;
-        Operand theta = rand_operand({T, half}, DType::f64, 3.0);
-        std::vector<double> cv, sv;
-        for (double t : theta.cpu.to_vector()) {
-          cv.push_back(std::cos(t));
-          sv.push_back(std::sin(t));
-        }
-        Tensor cos = from_vector(cv, {T, half}, DType::f32), sin = from_vector(sv, {T, half}, DType::f32);
-        Operand xrow = rand_operand({B, T, width}, dt), yrow = rand_operand({B, T, width}, dt);
-        auto view = [&](const Tensor& t) { return t.as_strided({B, H, T, D}, {T * width, D, width, 1}, off); };
-        for (bool inverse : {false, true}) {
-          Tensor ref = empty({B, H, T, D}, dt);
-          kc::rope(ref, view(xrow.cpu).contiguous_raw(), cos, sin, inverse, view(yrow.cpu).contiguous_raw());
-          Tensor out = poisoned({B, T, H, D}, dt, kGpu).as_strided({B, H, T, D}, {T * H * D, D, H * D, 1}, 0);
-          kg::rope(out, view(xrow.gpu), cos.to(kGpu), sin.to(kGpu), inverse, view(yrow.gpu));
-          const std::string at = detail::str_cat(dtype_name(dt), " D ", D, " offset ", off, inverse ? " inverse" : "");
-          Tol t = tol_for(dt);
-          EXPECT_LE(max_rel_error(out.contiguous_raw(), ref, t.rtol, 10 * t.atol), 1.0) << at;
-          Tensor inplace = xrow.gpu.clone_raw();
-          kg::rope(view(inplace), view(inplace), cos.to(kGpu), sin.to(kGpu), inverse, view(yrow.gpu));
-          EXPECT_LE(max_rel_error(view(inplace).contiguous_raw(), ref, t.rtol, 10 * t.atol), 1.0) << "in place " << at;
+        for (const bool per_row : {false, true}) {  // per-row tables [B, T, D/2]: packed documents
+          // Rows of H * D elements (16-byte aligned for D = 128: the vectorized kernel), or one more (the scalar one).
+          const int64_t B = 2, T = 9, H = 3, half = D / 2, width = H * D + off;
+          std::vector<double> cv, sv;
+          Operand theta_rows = rand_operand({(per_row ? B : 1) * T, half}, DType::f64, 3.0);
+          for (double t : theta_rows.cpu.to_vector()) {
+            cv.push_back(std::cos(t));
+            sv.push_back(std::sin(t));
+          }
+          const Shape ts = per_row ? Shape{B, T, half} : Shape{T, half};
+          Tensor cos = from_vector(cv, ts, DType::f32), sin = from_vector(sv, ts, DType::f32);
+          Operand xrow = rand_operand({B, T, width}, dt), yrow = rand_operand({B, T, width}, dt);
+          auto view = [&](const Tensor& t) { return t.as_strided({B, H, T, D}, {T * width, D, width, 1}, off); };
+          for (bool inverse : {false, true}) {
+            Tensor ref = empty({B, H, T, D}, dt);
+            kc::rope(ref, view(xrow.cpu).contiguous_raw(), cos, sin, inverse, view(yrow.cpu).contiguous_raw());
+            Tensor out = poisoned({B, T, H, D}, dt, kGpu).as_strided({B, H, T, D}, {T * H * D, D, H * D, 1}, 0);
+            kg::rope(out, view(xrow.gpu), cos.to(kGpu), sin.to(kGpu), inverse, view(yrow.gpu));
+            const std::string at = detail::str_cat(dtype_name(dt), " D ", D, " offset ", off, per_row ? " per row" : "",
+                                                   inverse ? " inverse" : "");
+            Tol t = tol_for(dt);
+            EXPECT_LE(max_rel_error(out.contiguous_raw(), ref, t.rtol, 10 * t.atol), 1.0) << at;
+            Tensor inplace = xrow.gpu.clone_raw();
+            kg::rope(view(inplace), view(inplace), cos.to(kGpu), sin.to(kGpu), inverse, view(yrow.gpu));
+            EXPECT_LE(max_rel_error(view(inplace).contiguous_raw(), ref, t.rtol, 10 * t.atol), 1.0)
+                << "in place " << at;
+          }
         }
       }
     }

@@ -293,7 +293,9 @@ TEST(Rope, OfASumRotatesTheSumInF32AndRoundsOnce) {
   manual_seed(33);
   const int64_t B = 2, T = 5, H = 3, D = 8;
   auto [c, s] = rope_tables(T, D, 10000.0, Device::cpu(), 2);
-  auto exact = [](const Tensor& a, const Tensor& b) { return sum(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item() == 0.0; };
+  auto exact = [](const Tensor& a, const Tensor& b) {
+    return sum(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item() == 0.0;
+  };
   for (DType dt : {DType::bf16, DType::f32}) {
     SCOPED_TRACE(dtype_name(dt));
     // A LoRA projection's two summands, seen as heads (token-major views of [B, T, H * D]).
@@ -305,6 +307,11 @@ TEST(Rope, OfASumRotatesTheSumInF32AndRoundsOnce) {
     EXPECT_EQ(y.stride(1), D) << "token-major result, as without an addend";
     // An addend laid out otherwise (contiguous [B, H, T, D]) gives the same values.
     EXPECT_TRUE(exact(rotary_embedding(heads(base), c, s, contiguous(heads(delta))), want));
+    // Per-row tables (packed documents with LoRA adapters).
+    const Tensor pos = from_vector(std::vector<double>{0, 1, 2, 0, 1, 4, 3, 2, 1, 0}, {B, T}, DType::i64);
+    const Tensor pc = embedding(c, pos), ps = embedding(s, pos);
+    EXPECT_TRUE(exact(rotary_embedding(heads(base), pc, ps, heads(delta)),
+                      rotary_embedding(heads(add(base.to(DType::f32), delta.to(DType::f32))), pc, ps).to(dt)));
   }
 }
 
@@ -320,7 +327,9 @@ TEST(Rope, ADeltaBelowHalfAnUlpOfTheBaseSurvivesTheRotationOnAverage) {
   ASSERT_EQ(sum(abs(sub(add(base, delta), base).to(DType::f64))).item(), 0.0) << "the bf16 sum is the base";
   const Tensor plain = rotary_embedding(base, c, s).to(DType::f64);
   const Tensor rd = rotary_embedding(delta.to(DType::f64), c, s);
-  auto along_delta = [&](const Tensor& y) { return sum(mul(sub(y.to(DType::f64), plain), rd)).item() / sum(mul(rd, rd)).item(); };
+  auto along_delta = [&](const Tensor& y) {
+    return sum(mul(sub(y.to(DType::f64), plain), rd)).item() / sum(mul(rd, rd)).item();
+  };
   // ~0.92: pairs of low frequency at early positions rotate by so little that their results stay near bf16 values,
   // where the delta is lost again; everywhere else it survives.
   const double kept = along_delta(rotary_embedding(base, c, s, delta));

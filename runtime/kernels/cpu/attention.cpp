@@ -214,9 +214,9 @@ void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& s
   check_contiguous("rope", {&cos, &sin});
   INGOT_INTERNAL_CHECK(x.stride(3) == 1 && out.stride(3) == 1, "rope: x and out need a dense last dim");
   INGOT_INTERNAL_CHECK(cos.dtype() == DType::f32 && sin.dtype() == DType::f32, "rope: tables must be f32");
-  INGOT_INTERNAL_CHECK(!addend.defined() || (addend.shape() == x.shape() && addend.dtype() == x.dtype() &&
-                                             addend.stride(3) == 1),
-                       "rope: the addend needs x's shape and dtype and a dense last dim");
+  INGOT_INTERNAL_CHECK(
+      !addend.defined() || (addend.shape() == x.shape() && addend.dtype() == x.dtype() && addend.stride(3) == 1),
+      "rope: the addend needs x's shape and dtype and a dense last dim");
   if (x.dtype() == DType::f64) rope_impl<double>(out, x, cos, sin, inverse, addend);
   else rope_impl<float>(out, x, cos, sin, inverse, addend);
 }

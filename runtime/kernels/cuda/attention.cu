@@ -122,8 +122,8 @@ struct RopeOrder {
 // (63 us for the 8B's 33.5 MB q on an H200, 2026-11-27). Same arithmetic per element as rope_kernel. Needs
 // half % V == 0, 16-byte aligned x, out and tables, row strides that are multiples of V, and < 2^31 vectors.
 template <typename T, int V>
-__global__ void rope_vec_kernel(T* out, const T* x, const T* y, const float* cos, const float* sin, RopeOrder ro, uint32_t half,
-                                uint32_t groups, uint32_t T_len, bool per_row_tables, bool inverse) {
+__global__ void rope_vec_kernel(T* out, const T* x, const T* y, const float* cos, const float* sin, RopeOrder ro,
+                                uint32_t half, uint32_t groups, uint32_t T_len, bool per_row_tables, bool inverse) {
   using A = acc_t<T>;
   static_assert(sizeof(T) * V == 16, "one 16-byte vector per half row");
   struct alignas(16) Vec {
@@ -719,8 +719,9 @@ void rope(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& s
         return;
       }
     }
-    rope_kernel<T><<<grid_for(pairs, 256, L.device), 256, 0, L.stream>>>(out.data<T>(), x.data<T>(), y, cos.data_ptr(), sin.data_ptr(),
-                                               cos.dtype(), rr, half, pairs, rows_per_batch, inverse);
+    rope_kernel<T><<<grid_for(pairs, 256, L.device), 256, 0, L.stream>>>(out.data<T>(), x.data<T>(), y, cos.data_ptr(),
+                                                                         sin.data_ptr(), cos.dtype(), rr, half, pairs,
+                                                                         rows_per_batch, inverse);
     CUDA_CHECK_LAUNCH();
   });
 }
