@@ -105,7 +105,22 @@ std::pair<Tensor, Tensor> Attention::rope_for(int64_t start, int64_t len, Device
   return {narrow(rope_cos_, 0, start, len), narrow(rope_sin_, 0, start, len)};
 }
 
+namespace {
+
+// Dropout of a projection's two summands: one mask for both, so they are summed first when it drops anything.
+nn::LoRAParts dropped(nn::Dropout& d, const nn::LoRAParts& p) {
+  if (!p.delta.defined()) return {d.forward(p.base), Tensor()};
+  if (d.is_training() && d.p() > 0) return {d.forward(p.sum()), Tensor()};
+  return p;
+}
+
+}  // namespace
+
 Tensor Attention::forward(const Tensor& x, KVCache* cache, size_t layer, const Tensor& positions) {
+  return forward_parts(x, cache, layer, positions).sum();
+}
+
+nn::LoRAParts Attention::forward_parts(const Tensor& x, KVCache* cache, size_t layer, const Tensor& positions) {
   INGOT_CHECK(x.dim() == 3 && x.size(2) == cfg_.dim, "attention: expected x [B, T, ", cfg_.dim, "], got ",
               shape_str(x.shape()));
   const int64_t B = x.size(0), T = x.size(1), D = cfg_.head_dim;
@@ -152,7 +167,7 @@ Tensor Attention::forward(const Tensor& x, KVCache* cache, size_t layer, const T
   // Causal with more keys than queries aligns the queries with the last keys (query i sees keys <= start + i).
   Tensor y = scaled_dot_product_attention(qh, kh, vh, /*causal=*/true, std::nullopt, positions);
   y = reshape(transpose(y, 1, 2), {B, T, q_dim});
-  return dropout_->forward(out_proj_->forward(y));
+  return dropped(*dropout_, out_proj_->forward_parts(y));
 }
 
 // MLP and block --------------------------------------------------------------------------------------------
@@ -182,9 +197,11 @@ Tensor swiglu(const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
-Tensor DecoderMLP::forward(const Tensor& x) {
-  if (c_fc_) return dropout_->forward(c_proj_->forward(gelu(c_fc_->forward(x), /*approximate_tanh=*/true)));
-  return down_proj_->forward(swiglu(gate_proj_->forward(x), up_proj_->forward(x)));
+Tensor DecoderMLP::forward(const Tensor& x) { return forward_parts(x).sum(); }
+
+nn::LoRAParts DecoderMLP::forward_parts(const Tensor& x) {
+  if (c_fc_) return dropped(*dropout_, c_proj_->forward_parts(gelu(c_fc_->forward(x), /*approximate_tanh=*/true)));
+  return down_proj_->forward_parts(swiglu(gate_proj_->forward(x), up_proj_->forward(x)));
 }
 
 DecoderBlock::DecoderBlock(const DecoderConfig& cfg) {
@@ -206,9 +223,29 @@ Tensor DecoderBlock::norm(int which, const Tensor& x) {
   return (which == 1 ? rms1_ : rms2_)->forward(x);
 }
 
+namespace {
+
+// Note [Residual of a sum]
+// The residual stream plus a LoRA projection's output, x + (base + delta), with one rounding. As with q and k (Note
+// [Rope of a sum], autograd/ops/attention.cpp), a bf16 base + delta rounded first is the base itself while the
+// adapter's update is below half its ulp, so o_proj's (and down_proj's) early updates would change nothing. Summed in
+// f32 with the residual and rounded once, they move the outputs the way an f32 sum does (x + base, two bf16 values,
+// often lies halfway between two bf16 values, and the update decides the side), as torch.compile's fused kernel
+// rounds them (tests/models/test_lora.cpp). A compiled step fuses these casts and adds
+// into the kernel of the residual add and the next norm, as it did before (which is why compiled runs kept
+// o_proj's update and eager ones did not: bench/RESULTS.md 2026-11-27, twenty-fifth session); an eager one pays
+// three more elementwise passes per LoRA projection.
+Tensor residual_add(const Tensor& x, const nn::LoRAParts& p) {
+  if (!p.delta.defined()) return add(x, p.base);
+  if (x.dtype() == DType::f32 || x.dtype() == DType::f64) return add(add(x, p.base), p.delta);
+  return cast(add(add(cast(x, DType::f32), p.base), p.delta), x.dtype());
+}
+
+}  // namespace
+
 Tensor DecoderBlock::body(const Tensor& x, KVCache* cache, size_t layer, const Tensor& positions) {
-  Tensor h = add(x, attn_->forward(norm(1, x), cache, layer, positions));
-  return add(h, mlp_->forward(norm(2, h)));
+  Tensor h = residual_add(x, attn_->forward_parts(norm(1, x), cache, layer, positions));
+  return residual_add(h, mlp_->forward_parts(norm(2, h)));
 }
 
 Tensor DecoderBlock::forward(const Tensor& x, KVCache* cache, size_t layer, const Tensor& positions) {

@@ -70,6 +70,9 @@ class Attention : public nn::Module {
   // positions [B, T] (no cache): packed documents, each token at its position within its document and
   // attending only inside it (CausalLM::forward).
   Tensor forward(const Tensor& x, KVCache* cache = nullptr, size_t layer = 0, const Tensor& positions = Tensor());
+  // The same as the output projection's base and adapter update apart (Note [Residual of a sum], decoder.cpp).
+  nn::LoRAParts forward_parts(const Tensor& x, KVCache* cache = nullptr, size_t layer = 0,
+                              const Tensor& positions = Tensor());
 
  private:
   std::pair<Tensor, Tensor> rope_for(int64_t start, int64_t len, Device device);
@@ -86,6 +89,8 @@ class DecoderMLP : public nn::Module {
  public:
   explicit DecoderMLP(const DecoderConfig& cfg);
   Tensor forward(const Tensor& x);
+  // The same as the last projection's base and adapter update apart (Note [Residual of a sum], decoder.cpp).
+  nn::LoRAParts forward_parts(const Tensor& x);
 
  private:
   std::shared_ptr<nn::LoRALinear> c_fc_, c_proj_, gate_proj_, up_proj_, down_proj_;

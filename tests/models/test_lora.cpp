@@ -4,6 +4,7 @@
 
 #include "../testing.h"
 #include "autograd/nn/lora.h"
+#include "models/decoder.h"
 #include "models/hf_checkpoint.h"
 #include "models/peft.h"
 #include "optim/optimizer.h"
@@ -161,6 +162,55 @@ TEST(LoRA, AFreshAdapterLeavesTheOutputUnchangedAndMergingKeepsIt) {
   for (auto& [n, m] : model.named_modules())
     if (auto l = std::dynamic_pointer_cast<LoRALinear>(m)) l->merge();
   EXPECT_LE(max_rel_error(model.forward(ids), unmerged, 1e-5, 1e-6), 1.0);
+}
+
+// Note [Residual of a sum] (models/decoder.cpp): an adapter update far below half an ulp of down_proj's bf16 output
+// (an adapter's first steps; here ~1e-6 of outputs ~1) still reaches a bf16 block's output, as it does in
+// torch.compile's fused kernel: x + base is an f32 value with a few more bits than bf16 (often exactly halfway between
+// two bf16 values), and the update, added before the one rounding, moves those to its side. Rounded into base + delta
+// first, the update is lost (2 of the block's 8,192 outputs changed that way, 51 with the sum rounded once), and every
+// output it moves, it moves the way the f64 block moves. (down_proj's sum is the block's last op; o_proj's goes
+// through the same residual_add.)
+TEST(LoRA, ATinyDownProjUpdateReachesABf16BlocksOutputWithTheF64ChangesSign) {
+  manual_seed(16);
+  models::LlamaConfig cfg = testing::tiny_llama_config();
+  cfg.hidden_size = 64;
+  cfg.intermediate_size = 128;
+  cfg.num_hidden_layers = 1;
+  models::Llama model(cfg);
+  nn::apply_lora(model, {.rank = 4, .alpha = 8, .dropout = 0.0, .target_modules = {"down_proj"}});
+  model.eval();
+  std::shared_ptr<models::DecoderBlock> block;
+  for (auto& [name, m] : model.named_modules())
+    if (auto b = std::dynamic_pointer_cast<models::DecoderBlock>(m)) block = b;
+  ASSERT_TRUE(block);
+  const Tensor h0 = randn({8, 16, cfg.hidden_size});
+  perturb_adapters(model, 2e-5);
+  model.to(DType::bf16);
+  Tensor b;
+  for (auto& [name, t] : nn::lora_state_dict(model))
+    if (name.find("lora_B") != std::string::npos) b = t;
+  const Tensor tiny = b.clone_raw();
+  auto change = [&](DType dt) {  // the block's output with the update minus without, in f64
+    NoGradGuard ng;
+    for (auto& [name, t] : nn::lora_state_dict(model))
+      if (name.find("lora_B") != std::string::npos) b = t;
+    b.copy_(tiny.to(dt));
+    const Tensor with = block->forward(h0.to(dt)).to(DType::f64);
+    b.copy_(zeros(b.shape(), dt));
+    return sub(with, block->forward(h0.to(dt)).to(DType::f64));
+  };
+  const std::vector<double> in_bf16 = change(DType::bf16).to_vector();
+  model.to(DType::f64);  // the same (bf16-rounded) weights, computed in f64
+  const std::vector<double> in_f64 = change(DType::f64).to_vector();
+  int moved = 0, agree = 0;
+  for (size_t i = 0; i < in_bf16.size(); ++i)
+    if (in_bf16[i] != 0) {
+      ++moved;
+      agree += (in_bf16[i] > 0) == (in_f64[i] > 0);
+    }
+  EXPECT_GE(moved, 20) << "of " << in_bf16.size() << " outputs";
+  EXPECT_GE(agree, moved * 9 / 10) << moved << " moved";
 }
 
 TEST(LoRA, OnlyAdaptersAreTrainableAndOnlyTheyReceiveGradients) {
