@@ -1,6 +1,8 @@
 #include "models/decoder.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "autograd/checkpoint.h"
 
@@ -107,6 +109,16 @@ std::pair<Tensor, Tensor> Attention::rope_for(int64_t start, int64_t len, Device
 
 namespace {
 
+// INGOT_LORA_ROUNDED_SUMS=1: a LoRA projection's base + delta rounded to its dtype first, as before Notes [Rope of a
+// sum] and [Residual of a sum] (the A/B of bench/RESULTS.md 2026-11-27, twenty-fifth session).
+bool rounded_sums() {
+  static const bool on = [] {
+    const char* v = std::getenv("INGOT_LORA_ROUNDED_SUMS");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
 // Dropout of a projection's two summands: one mask for both, so they are summed first when it drops anything.
 nn::LoRAParts dropped(nn::Dropout& d, const nn::LoRAParts& p) {
   if (!p.delta.defined()) return {d.forward(p.base), Tensor()};
@@ -143,6 +155,7 @@ nn::LoRAParts Attention::forward_parts(const Tensor& x, KVCache* cache, size_t l
     const std::vector<nn::LoRAParts> qkv =
         nn::LoRALinear::forward_shared_input_parts({q_proj_.get(), k_proj_.get(), v_proj_.get()}, x);
     q = qkv[0], k = qkv[1], v = qkv[2];
+    if (rounded_sums()) q = {q.sum(), Tensor()}, k = {k.sum(), Tensor()};
   }
   // [B, T, H*D] -> [B, H, T, D]
   auto heads = [&](const Tensor& t, int64_t h) {
@@ -236,7 +249,7 @@ namespace {
 // o_proj's update and eager ones did not: bench/RESULTS.md 2026-11-27, twenty-fifth session); an eager one pays
 // three more elementwise passes per LoRA projection.
 Tensor residual_add(const Tensor& x, const nn::LoRAParts& p) {
-  if (!p.delta.defined()) return add(x, p.base);
+  if (!p.delta.defined() || rounded_sums()) return add(x, p.sum());
   if (x.dtype() == DType::f32 || x.dtype() == DType::f64) return add(add(x, p.base), p.delta);
   return cast(add(add(cast(x, DType::f32), p.base), p.delta), x.dtype());
 }
