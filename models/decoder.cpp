@@ -244,10 +244,11 @@ namespace {
 // adapter's update is below half its ulp, so o_proj's (and down_proj's) early updates would change nothing. Summed in
 // f32 with the residual and rounded once, they move the outputs the way an f32 sum does (x + base, two bf16 values,
 // often lies halfway between two bf16 values, and the update decides the side), as torch.compile's fused kernel
-// rounds them (tests/models/test_lora.cpp). A compiled step fuses these casts and adds
-// into the kernel of the residual add and the next norm, as it did before (which is why compiled runs kept
-// o_proj's update and eager ones did not: bench/RESULTS.md 2026-11-27, twenty-fifth session); an eager one pays
-// three more elementwise passes per LoRA projection.
+// rounds them (tests/models/test_lora.cpp). A compiled step fuses these casts and adds into the kernel of the
+// residual add and the next norm, as it did with the rounded sum (which is why compiled runs kept o_proj's update and
+// eager ones did not: bench/RESULTS.md 2026-11-27, twenty-fifth session); an eager one pays two more elementwise
+// passes per LoRA projection. (gate_proj's and up_proj's sums still meet the SwiGLU rounded in eager steps, as in
+// peft's; compiled steps fuse them into its kernel.)
 Tensor residual_add(const Tensor& x, const nn::LoRAParts& p) {
   if (!p.delta.defined() || rounded_sums()) return add(x, p.sum());
   if (x.dtype() == DType::f32 || x.dtype() == DType::f64) return add(add(x, p.base), p.delta);

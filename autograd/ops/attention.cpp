@@ -30,9 +30,9 @@ Tensor empty_bthd(const TensorMeta& m) {
 // Note [Rope of a sum]
 // A LoRA projection's output is base + delta, the frozen product plus the adapter's. Rounded to bf16 before the
 // rotation, base is already a bf16 value and a delta below half its ulp rounds back to it: early in training (B starts
-// at zero and AdamW moves it by ~lr a step) nearly all of the adapters' effect on q and k is lost, and the 8B LoRA's
-// loss fell ~25% slower over its first steps than peft + torch.compile's, whose fused kernel adds in f32 and rounds
-// after the rotation (bench/RESULTS.md 2026-11-27, twenty-fifth session; in f32 ingot and peft agree to 1e-4). So
+// at zero and AdamW moves it by ~lr a step) nearly all of the adapters' effect on q and k is lost: the 8B LoRA's loss
+// fell half as far in its first step as peft + torch.compile's, whose fused kernel adds in f32 and rounds after the
+// rotation, and ~22% less over five (bench/RESULTS.md 2026-11-27, twenty-fifth session; in f32 the two agree). So
 // rope takes an optional addend: it rotates x + addend, summed in f32, rounding once; the rotated values are not bf16
 // values of base, so a small delta survives on average. Its gradient is the inverse rotation for both.
 //
