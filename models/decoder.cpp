@@ -246,13 +246,15 @@ namespace {
 // often lies halfway between two bf16 values, and the update decides the side), as torch.compile's fused kernel
 // rounds them (tests/models/test_lora.cpp). A compiled step fuses these casts and adds into the kernel of the
 // residual add and the next norm, as it did with the rounded sum (which is why compiled runs kept o_proj's update and
-// eager ones did not: bench/RESULTS.md 2026-11-27, twenty-fifth session); an eager one pays two more elementwise
-// passes per LoRA projection. (gate_proj's and up_proj's sums still meet the SwiGLU rounded in eager steps, as in
+// eager ones did not: bench/RESULTS.md 2026-11-27, twenty-fifth session), with delta written in f32 by its product;
+// an eager one pays two more elementwise passes per LoRA projection. (gate_proj's and up_proj's sums still meet the SwiGLU rounded in eager steps, as in
 // peft's; compiled steps fuse them into its kernel.)
 Tensor residual_add(const Tensor& x, const nn::LoRAParts& p) {
   if (!p.delta.defined() || rounded_sums()) return add(x, p.sum());
   if (x.dtype() == DType::f32 || x.dtype() == DType::f64) return add(add(x, p.base), p.delta);
-  return cast(add(add(cast(x, DType::f32), p.base), p.delta), x.dtype());
+  // The f32 operand is delta widened (a compiled step's product writes it in f32: matmul_epilogue), not x: a cast
+  // of the block's input alone would be a node a checkpointed backward could run early, for every block at once.
+  return cast(add(x, add(p.base, cast(p.delta, DType::f32))), x.dtype());
 }
 
 }  // namespace
