@@ -53,12 +53,6 @@ LoRAParts LoRALinear::forward_parts(const Tensor& x) {
   return {y, delta};
 }
 
-std::vector<Tensor> LoRALinear::forward_shared_input(const std::vector<LoRALinear*>& projections, const Tensor& x) {
-  std::vector<Tensor> out;
-  for (const LoRAParts& p : forward_shared_input_parts(projections, x)) out.push_back(p.sum());
-  return out;
-}
-
 std::vector<LoRAParts> LoRALinear::forward_shared_input_parts(const std::vector<LoRALinear*>& projections,
                                                               const Tensor& x) {
   // INGOT_LORA_SHARED_A=0: each projection's own forward (the A/B comparison of bench/RESULTS.md).

@@ -60,10 +60,8 @@ class LoRALinear : public Linear {
   // times the A weights concatenated ([sum of ranks, in]), so x is read once, and the backward's A-gradient and
   // input-gradient products are one each instead of one per adapter (the 8B LoRA step ran 768 rank-8 products of
   // 9-20 us: bench/RESULTS.md 2026-11-27, twenty-first session). The same sums per projection as forward() (a
-  // product of another width may add them in another order). Otherwise, or with INGOT_LORA_SHARED_A=0, forward()
-  // of each.
-  static std::vector<Tensor> forward_shared_input(const std::vector<LoRALinear*>& projections, const Tensor& x);
-  // The same, each projection's summands apart.
+  // product of another width may add them in another order). Otherwise, or with INGOT_LORA_SHARED_A=0,
+  // forward_parts() of each. Each projection's summands apart (LoRAParts::sum() is its forward()).
   static std::vector<LoRAParts> forward_shared_input_parts(const std::vector<LoRALinear*>& projections,
                                                            const Tensor& x);
   // W + scale * B A as a new tensor (no gradient); the weight itself without an adapter.

@@ -126,7 +126,8 @@ TEST(LoRA, AdaptersOfOneInputShareTheirAProductAndGiveEachProjectionsValuesAndGr
     backward(alone, g_alone);
     {
       LinearCount count;
-      shared = LoRALinear::forward_shared_input({ps[0].get(), ps[1].get(), ps[2].get()}, x);
+      for (const nn::LoRAParts& p : LoRALinear::forward_shared_input_parts({ps[0].get(), ps[1].get(), ps[2].get()}, x))
+        shared.push_back(p.sum());
       // 3 base products and 3 B-products, and the A-products: one joint, or one per projection.
       EXPECT_EQ(count.linears, k_alpha == 4.0 ? 7 : 9);
     }
