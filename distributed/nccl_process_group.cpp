@@ -162,6 +162,22 @@ bool comm_stream_low_priority() {
   return true;
 }
 
+// For measuring only (issue 21: what slows the compute beside DDP's reductions), the values are then wrong:
+// INGOT_ALL_REDUCE_PROBE=one reduces the first element of every all-reduce (the ranks still meet at each bucket, NCCL's
+// kernel still runs, no bytes move), =skip issues none (no meeting, no kernel). Unset or empty: the whole tensor.
+// Anything else is an error naming the variable.
+std::optional<size_t> all_reduce_probe_count() {
+  static const std::optional<size_t> count = []() -> std::optional<size_t> {
+    const char* v = std::getenv("INGOT_ALL_REDUCE_PROBE");
+    if (v == nullptr || std::string_view(v).empty()) return std::nullopt;
+    const std::string_view s(v);
+    if (s == "one") return size_t{1};
+    INGOT_CHECK(s == "skip", "INGOT_ALL_REDUCE_PROBE must be 'one' or 'skip' (measuring only), got '", v, "'");
+    return size_t{0};
+  }();
+  return count;
+}
+
 using Clock = std::chrono::steady_clock;
 
 #define NCCL_CHECK(expr, comm)                                                                       \
@@ -460,7 +476,10 @@ class NcclProcessGroup final : public ProcessGroup {
         return s;
       };
     return issue("all_reduce", t, {t}, [&](cudaStream_t s) {
-      return ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), dt, rop, comm_, s);
+      const size_t n = static_cast<size_t>(t.numel());
+      const std::optional<size_t> probe = all_reduce_probe_count();
+      if (probe && *probe == 0) return ncclSuccess;
+      return ncclAllReduce(t.data_ptr(), t.data_ptr(), probe ? std::min(n, *probe) : n, dt, rop, comm_, s);
     }, scale);
   }
 

@@ -7,7 +7,7 @@
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
 #                          [fsdp] [zero] [fsdp8b] [fsdp8b_one] [carveout] [clocks] [priority] [kernels] [ddpwhy]
-#                          [wirewhy] [symwhy] [symddp]
+#                          [wirewhy] [symwhy] [symddp] [probe]
 #                          (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
@@ -61,6 +61,11 @@
 #   symddp: GPT-2 compiled DDP at all GPUs (4 at most) with its buckets in NCCL symmetric windows
 #         (INGOT_SYMMETRIC_BUCKETS=1, bench/step_bench.h) and without, two rounds, the 1-GPU row first; the ~1B Llama
 #         likewise once
+#   probe: where the compiled DDP step's time over one GPU goes (issue 21), GPT-2 then the ~1B Llama at all GPUs (4 at
+#         most), compiled default, alternating: reductions as they are, INGOT_ALL_REDUCE_PROBE=one (every all-reduce
+#         reduces one element: the ranks still meet at each bucket and NCCL's kernel runs, no bytes move) and =skip (no
+#         all-reduce: each rank on its own), the 1-GPU row first; GPT-2 reduce-overhead as is and skipped. The probe
+#         rows' values are wrong: timing only
 #   symwhy: NCCL's symmetric kernels (buffers in ProcessGroup::symmetric_empty's windows) against its ordinary ones at
 #         one 8B block's bf16 reduce-scatter, GPT-2's f32 all-reduce and an f32 reduce-scatter, each with an 8192^3
 #         bf16 product timed alone and beside it (bench_allreduce --beside-matmul), and NcclProcessGroup.Symm*
@@ -190,7 +195,7 @@ PY
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
   want bench || want variants || want memory || want peak || want zero || want carveout || want clocks || want priority ||
-    want kernels || want ddpwhy || want symddp ||
+    want kernels || want ddpwhy || want symddp || want probe ||
     return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   smi_start "$name"
@@ -338,6 +343,29 @@ if want carveout; then  # compute kernels that leave N SMs to NCCL's, 1 GPU and 
       echo "NCCL_MAX_CTAS=$c:"
       NCCL_MAX_CTAS=$c gpt2 $gpus carveout_${c}_ctas_$gpus --compile default --timeline --sm-carveout $c
     fi
+  done
+fi
+if want probe; then  # what slows the DDP step: bytes, meetings or neither (INGOT_ALL_REDUCE_PROBE), issue 21
+  n=$(( gpus >= 4 ? 4 : gpus ))
+  gpt2 1 probe_gpt2_1 --compile default
+  for round in a b; do
+    gpt2 $n probe_gpt2_${n}_$round --compile default --timeline
+    INGOT_ALL_REDUCE_PROBE=one gpt2 $n probe_gpt2_${n}_one_$round --compile default --timeline
+    INGOT_ALL_REDUCE_PROBE=skip gpt2 $n probe_gpt2_${n}_skip_$round --compile default --timeline
+  done
+  gpt2 1 probe_gpt2_ro_1 --compile reduce-overhead
+  gpt2 $n probe_gpt2_ro_$n --compile reduce-overhead --timeline
+  INGOT_ALL_REDUCE_PROBE=skip gpt2 $n probe_gpt2_ro_${n}_skip --compile reduce-overhead --timeline
+  llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
+    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
+  CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/probe_llama_1.log" 2>&1
+  echo "llama x1:"; grep -h "^| ingot" "$out/probe_llama_1.log" | tail -1
+  for probe in "" one skip; do
+    want probe || break
+    INGOT_ALL_REDUCE_PROBE=$probe timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama \
+      --timeline > "$out/probe_llama_${n}_${probe:-all}.log" 2>&1
+    echo "llama x$n INGOT_ALL_REDUCE_PROBE=${probe:-(unset)}:"
+    grep -h "^| ingot\|^timeline\|error" "$out/probe_llama_${n}_${probe:-all}.log" | tail -2
   done
 fi
 if want symddp; then  # compiled DDP with its buckets in NCCL symmetric windows (INGOT_SYMMETRIC_BUCKETS=1), issue 21
