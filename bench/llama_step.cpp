@@ -64,6 +64,7 @@ struct Args {
   std::string reduce_wire_dtype;
   int sm_carveout = 0;
   const CLI::Option* sm_carveout_flag = nullptr;
+  bool ddp_alone = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -98,6 +99,8 @@ Args parse(int argc, char** argv) {
   app.add_option("--peak-tflops", a.peak_tflops, "the GPU's dense bf16 peak, for MFU")->capture_default_str();
   const std::string dist = "Under ingot launch";
   app.add_flag("--timeline", a.timeline, "rank 0's communication per step (busy, exposed)")->group(dist);
+  app.add_flag("--ddp", a.ddp_alone, "DDP even in a world of one (under ingot launch): its cost without peers")
+      ->group(dist);
   bench::add_timeline_slots_flag(app, a.timeline_slots, dist);
   app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket size")->capture_default_str()->group(dist);
   app.add_option("--reduce-dtype", a.reduce_dtype, "f32 or bf16: the dtype gradients are reduced in")
@@ -159,7 +162,7 @@ std::vector<int32_t> read_token_rows(const std::string& path, int64_t seq, int64
 
 int main(int argc, char** argv) try {
   Args a = parse(argc, argv);
-  bench::BenchWorld w = bench::join_world(a.device);
+  bench::BenchWorld w = bench::join_world(a.device, a.ddp_alone);
   const int rank = w.rank;
   const Device dev = w.dev;
   bench::apply_sm_carveout(a.sm_carveout_flag, a.sm_carveout, dev);

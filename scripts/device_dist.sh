@@ -7,7 +7,7 @@
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
 #                          [fsdp] [zero] [fsdp8b] [fsdp8b_one] [carveout] [clocks] [priority] [kernels] [ddpwhy]
-#                          [wirewhy] [symwhy] [symddp] [probe]
+#                          [wirewhy] [symwhy] [symddp] [probe] [alone]
 #                          (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
@@ -66,6 +66,9 @@
 #         reduces one element: the ranks still meet at each bucket and NCCL's kernel runs, no bytes move) and =skip (no
 #         all-reduce: each rank on its own), the 1-GPU row first; GPT-2 reduce-overhead as is and skipped. The probe
 #         rows' values are wrong: timing only
+#   alone: the probe's "skip" row taken apart (issue 21): GPT-2 then the ~1B Llama, compiled default: 1 GPU, DDP in a
+#         world of one (`--ddp` under `ingot launch --nproc-per-node 1`: the DDP graph, no peers), four independent
+#         1-GPU runs at once on GPUs 0-3 (the machine busy, no DDP), DDP at all GPUs with INGOT_ALL_REDUCE_PROBE=skip
 #   symwhy: NCCL's symmetric kernels (buffers in ProcessGroup::symmetric_empty's windows) against its ordinary ones at
 #         one 8B block's bf16 reduce-scatter, GPT-2's f32 all-reduce and an f32 reduce-scatter, each with an 8192^3
 #         bf16 product timed alone and beside it (bench_allreduce --beside-matmul), and NcclProcessGroup.Symm*
@@ -366,6 +369,29 @@ if want probe; then  # what slows the DDP step: bytes, meetings or neither (INGO
       --timeline > "$out/probe_llama_${n}_${probe:-all}.log" 2>&1
     echo "llama x$n INGOT_ALL_REDUCE_PROBE=${probe:-(unset)}:"
     grep -h "^| ingot\|^timeline\|error" "$out/probe_llama_${n}_${probe:-all}.log" | tail -2
+  done
+fi
+if want alone; then  # the DDP step without reductions taken apart: its graph, a busy machine (issue 21)
+  n=$(( gpus >= 4 ? 4 : gpus ))
+  llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
+    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
+  for model in gpt2 llama; do
+    want alone || break
+    if [[ $model == gpt2 ]]; then prog="bench_gpt2_step $bench --compile default"; else prog="bench_llama_step $llama"; fi
+    CUDA_VISIBLE_DEVICES=0 timeout 200 $prog > "$out/alone_${model}_1.log" 2>&1
+    echo "$model 1 GPU:"; grep -h "^| ingot" "$out/alone_${model}_1.log" | tail -1
+    CUDA_VISIBLE_DEVICES=0 timeout 200 ingot launch --nproc-per-node 1 --standalone -- $prog --ddp --timeline \
+      > "$out/alone_${model}_ddp1.log" 2>&1
+    echo "$model DDP in a world of one:"; grep -h "^| ingot\|^timeline\|error" "$out/alone_${model}_ddp1.log" | tail -2
+    for g in $(seq 0 $((n - 1))); do
+      CUDA_VISIBLE_DEVICES=$g timeout 200 $prog > "$out/alone_${model}_busy_$g.log" 2>&1 &
+    done
+    wait
+    echo "$model $n independent 1-GPU runs at once (GPUs 0..$((n - 1))):"
+    for g in $(seq 0 $((n - 1))); do grep -h "^| ingot" "$out/alone_${model}_busy_$g.log" | tail -1; done
+    INGOT_ALL_REDUCE_PROBE=skip timeout 200 ingot launch --nproc-per-node gpu --standalone -- $prog --timeline \
+      > "$out/alone_${model}_${n}_skip.log" 2>&1
+    echo "$model DDP x$n, INGOT_ALL_REDUCE_PROBE=skip:"; grep -h "^| ingot\|^timeline\|error" "$out/alone_${model}_${n}_skip.log" | tail -2
   done
 fi
 if want symddp; then  # compiled DDP with its buckets in NCCL symmetric windows (INGOT_SYMMETRIC_BUCKETS=1), issue 21
