@@ -120,6 +120,14 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+int64_t multi_tensor_chunk(int64_t total_elems, int64_t grid_blocks, int block_threads, int vector_width,
+                           int64_t chunk_elems) {
+  const int64_t v = std::max(1, vector_width);
+  const int64_t fill = std::max<int64_t>(ceil_div(total_elems, 4 * std::max<int64_t>(grid_blocks, 1)),
+                                         8 * static_cast<int64_t>(block_threads));
+  return ceil_div(std::min<int64_t>(std::max<int64_t>(chunk_elems, 1), fill), v) * v;
+}
+
 struct LoadedKernel {
   std::shared_ptr<Module> module;
   CUfunction fns[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
@@ -247,12 +255,12 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
   const KernelAbi& abi = L.k.abi;
   const int64_t T = syms[0];
   const int V = std::max(1, abi.vector_width);
-  // Chunks small enough for four blocks per SM: a short list (an update of 0.9M elements, as for adapters or
-  // the norms alone) in 64K-element chunks ran 62 blocks, each looping alone: 95 us on an H200, 10 us in 434.
+  // Note [Multi-tensor chunks] (render_cuda.h). A short list (an update of 0.9M elements, as for adapters or the
+  // norms alone) in 64K-element chunks ran 62 blocks, each looping alone: 95 us on an H200, 10 us in 434.
   int64_t total = 0;
   for (int64_t t = 0; t < T; ++t) total += syms[1 + t];
-  const int64_t fill = std::max<int64_t>(ceil_div(total, 4 * static_cast<int64_t>(L.sms)), 8 * L.block);
-  const int64_t chunk = ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1), fill), V) * V;
+  const int64_t grid = L.cap * 4;
+  const int64_t chunk = multi_tensor_chunk(total, grid, L.block, V, cfg.chunk_elems);
   // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
   std::vector<uint64_t> table;
   std::vector<uint64_t> chunks;
@@ -277,7 +285,7 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
   L.push_scalars(device_scalars ? nullptr : scalars);
   L.params.push_back(L.flags);
   L.params.push_back(reinterpret_cast<uint64_t>(device_scalars));  // cs: null reads c
-  L.run(L.k.loaded->fns[0], std::min<int64_t>(num_chunks, L.cap * 4), L.block);
+  L.run(L.k.loaded->fns[0], std::min<int64_t>(num_chunks, grid), L.block);
 }
 
 void launch_pointwise(Launcher& L, const int64_t* syms, const LaunchConfig& cfg) {

@@ -330,6 +330,34 @@ TEST(CodegenCuda, ACapturedMultiTensorLaunchSurvivesTheTableFlush) {
   EXPECT_TENSOR_CLOSE(host(out), mul(host(in).to(DType::f64), scale).to(DType::f32), DType::f32);
 }
 
+// Note [Multi-tensor chunks]: no GPU needed, the launch's arithmetic only.
+TEST(CodegenCuda, MultiTensorChunksGiveEveryBlockSeveralSoNoSecondWaveOfWholeChunks) {
+  using cuda::multi_tensor_chunk;
+  const int64_t grid = 4 * 8 * 132;  // the launcher's grid on an H100/H200: 4 x (8 waves x 132 SMs)
+  const int block = 256, v = 4;
+  const auto chunks_of = [](const std::vector<int64_t>& sizes, int64_t chunk) {
+    int64_t n = 0;
+    for (int64_t s : sizes) n += (s + chunk - 1) / chunk;
+    return n;
+  };
+  // One ~150 MB f32 bucket of the ~1B Llama (a block's weights: 2048-wide projections and an 8192-wide MLP, norms).
+  const std::vector<int64_t> bucket = {2048 * 2048, 512 * 2048, 512 * 2048, 2048 * 2048, 8192 * 2048, 8192 * 2048,
+                                       2048 * 8192, 2048, 2048, 2048 * 2048, 512 * 2048};
+  int64_t total = 0;
+  for (int64_t s : bucket) total += s;
+  const int64_t chunk = multi_tensor_chunk(total, grid, block, v, 65536);
+  EXPECT_EQ(chunk % v, 0);
+  EXPECT_LE(chunk, 65536);
+  EXPECT_GE(chunks_of(bucket, chunk), 3 * grid) << "chunk " << chunk << " of " << total << " elements";
+  // The whole model's update in one launch keeps the configured chunk: it has plenty.
+  EXPECT_EQ(multi_tensor_chunk(1'236'000'000, grid, block, v, 65536), 65536);
+  // A short list (adapters, norms): at least 8 elements per thread, still a multiple of the width.
+  EXPECT_EQ(multi_tensor_chunk(900'000, grid, block, v, 65536), 8 * block);
+  EXPECT_EQ(multi_tensor_chunk(100, grid, block, 3, 65536) % 3, 0);
+  // max-autotune's smaller candidates are kept as they are.
+  EXPECT_EQ(multi_tensor_chunk(total, grid, block, v, 2048), 2048);
+}
+
 #endif
 
 }  // namespace
