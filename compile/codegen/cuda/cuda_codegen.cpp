@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -260,7 +261,11 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
   int64_t total = 0;
   for (int64_t t = 0; t < T; ++t) total += syms[1 + t];
   const int64_t grid = L.cap * 4;
-  const int64_t chunk = multi_tensor_chunk(total, grid, L.block, V, cfg.chunk_elems);
+  // TEMPORARY A/B (twenty-sixth session): INGOT_MT_CHUNKS_PER_SM=1 sizes chunks as before the note.
+  static const bool per_sm = [] { const char* e = std::getenv("INGOT_MT_CHUNKS_PER_SM"); return e && *e == '1'; }();
+  const int64_t chunk = per_sm ? ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1),
+                                                            std::max<int64_t>(ceil_div(total, 4 * static_cast<int64_t>(L.sms)), 8 * L.block)), V) * V
+                               : multi_tensor_chunk(total, grid, L.block, V, cfg.chunk_elems);
   // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
   std::vector<uint64_t> table;
   std::vector<uint64_t> chunks;
