@@ -51,7 +51,7 @@ const char* rows_name(LaunchConfig::Rows r) {
 bool same(const LaunchConfig& a, const LaunchConfig& b) {
   return a.block_threads == b.block_threads && a.row_block_threads == b.row_block_threads && a.rows == b.rows &&
          a.warp_row_max_cols == b.warp_row_max_cols && a.col_rows == b.col_rows && a.col_splits == b.col_splits &&
-         a.col_grid_splits == b.col_grid_splits && a.vectorize == b.vectorize && a.waves == b.waves;
+         a.col_grid_splits == b.col_grid_splits && a.vectorize == b.vectorize && a.waves == b.waves && a.chunk_elems == b.chunk_elems;
 }
 
 // Timed on scratch buffers only when every size and stride is known now (see tuner.h).

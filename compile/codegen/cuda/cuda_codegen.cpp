@@ -9,7 +9,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdlib>
 #include <cerrno>
 #include <chrono>
@@ -122,34 +121,18 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-MultiTensorSegments multi_tensor_segments(const std::vector<int64_t>& sizes, int64_t max_blocks, int block_threads,
-                                          int vector_width) {
-  MultiTensorSegments out;
-  int64_t total = 0;
-  for (int64_t n : sizes) total += std::max<int64_t>(n, 0);
-  if (total == 0) return out;
-  const int64_t v = std::max(1, vector_width);
+int64_t multi_tensor_chunk(int64_t total_elems, int64_t num_tensors, int64_t resident_blocks, int block_threads,
+                           int vector_width, int64_t chunk_max) {
+  const int64_t v = std::max(1, vector_width), resident = std::max<int64_t>(resident_blocks, 1);
+  const auto round = [&](int64_t n) { return ceil_div(std::max<int64_t>(n, 1), v) * v; };
   const int64_t least = 8 * static_cast<int64_t>(std::max(block_threads, 1));
-  const int64_t blocks = std::clamp<int64_t>(ceil_div(total, least), 1, std::max<int64_t>(max_blocks, 1));
-  const int64_t share = ceil_div(total, blocks);
-  out.first.push_back(0);
-  int64_t used = 0;
-  for (size_t t = 0; t < sizes.size(); ++t) {
-    const int64_t n = sizes[t];
-    for (int64_t pos = 0; pos < n;) {
-      int64_t end = pos + std::min(n - pos, share - used);
-      if (end < n) end = std::min(n, ceil_div(end, v) * v);  // the next segment of this tensor starts aligned
-      out.segs.insert(out.segs.end(), {static_cast<int64_t>(t), pos, end});
-      used += end - pos;
-      pos = end;
-      if (used >= share) {
-        out.first.push_back(out.count());
-        used = 0;
-      }
-    }
+  if (chunk_max <= least) return round(chunk_max);
+  for (int64_t waves = 1;; ++waves) {
+    const int64_t slots = waves * resident - num_tensors;
+    if (slots < resident / 2) continue;  // mostly partial chunks: one more wave
+    const int64_t chunk = round(std::max(ceil_div(total_elems, slots), least));
+    if (chunk <= chunk_max) return chunk;
   }
-  if (used > 0) out.first.push_back(out.count());
-  return out;
 }
 
 struct LoadedKernel {
@@ -275,61 +258,49 @@ CUdeviceptr upload_table(LoadedKernel& loaded, const std::vector<uint64_t>& tabl
 }
 
 void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, const double* scalars,
-                         const double* device_scalars) {
+                         const double* device_scalars, const LaunchConfig& cfg) {
   const KernelAbi& abi = L.k.abi;
   const int64_t T = syms[0];
   const int V = std::max(1, abi.vector_width);
-  // Note [Multi-tensor segments] (render_cuda.h): an equal share of the elements per block. (A short list, an
-  // update of 0.9M elements as for adapters or the norms alone, in 64K-element chunks ran 62 blocks, each looping
-  // alone: 95 us on an H200, 10 us in 434: hence at most 8 elements per thread before another block joins.)
-  std::vector<int64_t> sizes(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) sizes[static_cast<size_t>(t)] = syms[1 + t];
+  // Note [Multi-tensor chunks] (render_cuda.h): whole waves of the blocks the SMs hold. (A short list, an update of
+  // 0.9M elements as for adapters or the norms alone, in 64K-element chunks ran 62 blocks, each looping alone: 95 us
+  // on an H200, 10 us in 434.)
+  int64_t total = 0;
+  for (int64_t t = 0; t < T; ++t) total += syms[1 + t];
   int resident_per_sm = 0;
   check_cu(driver::api().occupancy_max_active_blocks(&resident_per_sm, L.k.loaded->fns[0], L.block, 0),
            "cuOccupancyMaxActiveBlocksPerMultiprocessor", L.k.symbol);
-  MultiTensorSegments parts;
-  // TEMPORARY A/B (twenty-sixth session): INGOT_MT_CHUNKS_PER_SM=1 lays out the old 64K chunks, block b taking
-  // chunks b, b + grid, ... as the old grid-stride loop did.
+  const int64_t resident = static_cast<int64_t>(std::max(resident_per_sm, 1)) * L.sms;
+  // TEMPORARY A/B (twenty-sixth session): INGOT_MT_CHUNKS_PER_SM=1 sizes chunks as before the note.
   static const bool per_sm = [] { const char* e = std::getenv("INGOT_MT_CHUNKS_PER_SM"); return e && *e == '1'; }();
-  if (per_sm) {
-    int64_t total = 0;
-    for (int64_t n : sizes) total += n;
-    const int64_t chunk = ceil_div(std::min<int64_t>(65536, std::max<int64_t>(ceil_div(total, 4 * static_cast<int64_t>(L.sms)), 8 * L.block)), V) * V;
-    std::vector<std::array<int64_t, 3>> chunks;
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t s = 0; s < sizes[static_cast<size_t>(t)]; s += chunk)
-        chunks.push_back({t, s, std::min(s + chunk, sizes[static_cast<size_t>(t)])});
-    const int64_t grid = std::min<int64_t>(static_cast<int64_t>(chunks.size()), L.cap * 4);
-    parts.first.push_back(0);
-    for (int64_t b = 0; b < grid; ++b) {
-      for (size_t c = static_cast<size_t>(b); c < chunks.size(); c += static_cast<size_t>(grid))
-        parts.segs.insert(parts.segs.end(), chunks[c].begin(), chunks[c].end());
-      parts.first.push_back(parts.count());
-    }
-  } else {
-    // Four rounds of the blocks the SMs hold: where other streams' kernels (NCCL's, beside a data-parallel update)
-    // hold SMs, the blocks that wait for one carry a quarter of a slot's work, not all of it.
-    parts = multi_tensor_segments(sizes, 4 * static_cast<int64_t>(std::max(resident_per_sm, 1)) * L.sms, L.block, V);
-  }
-  if (parts.blocks() == 0) return;
-  // The table: T entries of {NB pointers, numel}, then the segments, then each block's first segment.
+  const int64_t chunk = per_sm ? ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1),
+                                                            std::max<int64_t>(ceil_div(total, 4 * static_cast<int64_t>(L.sms)), 8 * L.block)), V) * V
+                               : multi_tensor_chunk(total, T, resident, L.block, V, cfg.chunk_elems);
+  // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
   std::vector<uint64_t> table;
+  std::vector<uint64_t> chunks;
   for (int64_t t = 0; t < T; ++t) {
     for (int b = 0; b < abi.num_buffers; ++b)
       table.push_back(reinterpret_cast<uint64_t>(bufs[t * abi.num_buffers + b]));
-    table.push_back(static_cast<uint64_t>(sizes[static_cast<size_t>(t)]));
+    const int64_t n = syms[1 + t];
+    table.push_back(static_cast<uint64_t>(n));
+    for (int64_t s = 0; s < n; s += chunk) {
+      chunks.push_back(static_cast<uint64_t>(t));
+      chunks.push_back(static_cast<uint64_t>(s));
+    }
   }
-  for (int64_t x : parts.segs) table.push_back(static_cast<uint64_t>(x));
-  for (int64_t x : parts.first) table.push_back(static_cast<uint64_t>(x));
+  const int64_t num_chunks = static_cast<int64_t>(chunks.size() / 2);
+  if (num_chunks == 0) return;
+  table.insert(table.end(), chunks.begin(), chunks.end());
   const CUdeviceptr dev = upload_table(*L.k.loaded, table, L.stream, L.k.symbol);
   L.params.push_back(static_cast<uint64_t>(dev));
   L.params.push_back(static_cast<uint64_t>(T));
-  L.params.push_back(static_cast<uint64_t>(parts.count()));
-  L.params.push_back(0);  // the struct's chunk slot, unused since segments carry their ends
+  L.params.push_back(static_cast<uint64_t>(num_chunks));
+  L.params.push_back(static_cast<uint64_t>(chunk));
   L.push_scalars(device_scalars ? nullptr : scalars);
   L.params.push_back(L.flags);
   L.params.push_back(reinterpret_cast<uint64_t>(device_scalars));  // cs: null reads c
-  L.run(L.k.loaded->fns[0], parts.blocks(), L.block);
+  L.run(L.k.loaded->fns[0], per_sm ? std::min<int64_t>(num_chunks, L.cap * 4) : num_chunks, L.block);
 }
 
 void launch_pointwise(Launcher& L, const int64_t* syms, const LaunchConfig& cfg) {
@@ -435,7 +406,7 @@ void CudaKernel::launch_reading_device_scalars(void* const* bufs, const int64_t*
   INGOT_CHECK(loaded != nullptr, "[codegen] kernel '", symbol, "' was not compiled");
   ensure_context(device);
   Launcher L(*this, config, nullptr);
-  launch_multi_tensor(L, bufs, syms, nullptr, device_scalars);
+  launch_multi_tensor(L, bufs, syms, nullptr, device_scalars, config);
 }
 
 void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* scalars, const LaunchConfig& cfg,
@@ -443,7 +414,7 @@ void CudaKernel::launch(void* const* bufs, const int64_t* syms, const double* sc
   INGOT_CHECK(loaded != nullptr, "[codegen] kernel '", symbol, "' was not compiled");
   ensure_context(device);
   Launcher L(*this, cfg, stream);
-  if (abi.kind == KernelKind::MultiTensor) return launch_multi_tensor(L, bufs, syms, scalars, nullptr);
+  if (abi.kind == KernelKind::MultiTensor) return launch_multi_tensor(L, bufs, syms, scalars, nullptr, cfg);
   for (int b = 0; b < abi.num_buffers; ++b) L.params.push_back(reinterpret_cast<uint64_t>(bufs[b]));
   for (int k = 0; k < abi.sym_slots; ++k) L.params.push_back(static_cast<uint64_t>(k < abi.num_syms ? syms[k] : 0));
   L.push_scalars(scalars);

@@ -52,6 +52,7 @@ struct LaunchConfig {
                                  // 0 = enough to fill the GPU when the tiles alone do not, 1 = never split
   bool vectorize = true;         // allow the 16-byte path (the kernel still checks alignment and sizes)
   int waves = 8;                 // grid cap = waves * multiprocessors; grid-stride loops do the rest
+  int64_t chunk_elems = 65536;   // MultiTensor: elements per chunk of the table (rounded to the width)
 };
 
 // Note [Warp-per-row launch bounds]: a row reduction's _warp function that keeps its rows in registers (Note [Rows
@@ -102,23 +103,17 @@ inline int64_t column_sum_row(int64_t cols, int vector_width) {
 // The shared memory a block's rows may take (without opting in to more per block).
 constexpr int64_t kColumnSumSharedBytes = 48 * 1024;
 
-// Note [Multi-tensor segments]: a multi-tensor launch gives every block an equal share of the list's elements: the
-// concatenated index space cut into at most `max_blocks` ranges (the launcher: four rounds of the blocks the SMs hold) of at least 8 elements per thread of
-// `block_threads` (short lists take fewer blocks), each range split at tensor boundaries into (tensor, start, end)
-// segments, a cut inside a tensor moved up to a multiple of the vector width so that the next segment starts
-// aligned. `first` holds each block's first segment and one past the last. Chunks of a fixed length, walked by a
-// grid-stride loop, left the ~1B Llama's 33 per-bucket AdamW updates (~37M elements each) a tail of a few blocks
-// still streaming their last 64K-element chunk while the rest of the GPU idled: 10.98 ms against 8.60 ms for the same
-// bytes in one launch; smaller chunks cut that tail but cost every chunk two dependent loads of its table entry
-// (GPT-2's single update 0.90 -> 1.11 ms) (bench/RESULTS.md, twenty-sixth session).
-struct MultiTensorSegments {
-  std::vector<int64_t> segs;   // (tensor, start, end) per segment
-  std::vector<int64_t> first;  // per block, its first segment; then the segment count (blocks + 1 entries)
-  int64_t blocks() const { return first.empty() ? 0 : static_cast<int64_t>(first.size()) - 1; }
-  int64_t count() const { return static_cast<int64_t>(segs.size() / 3); }
-};
-MultiTensorSegments multi_tensor_segments(const std::vector<int64_t>& sizes, int64_t max_blocks, int block_threads,
-                                          int vector_width);
+// Note [Multi-tensor chunks]: a multi-tensor launch runs one block per chunk, and the chunks fill whole waves of
+// the blocks the GPU holds at once (`resident_blocks`): the fewest waves whose chunks stay within `chunk_max` (the
+// launch config's chunk_elems; at least 8 elements per thread of `block_threads`, rounded to the vector width), each
+// tensor's last, partial chunk counted as a slot of its own. Sized instead at four chunks per SM capped at 64K, a
+// list of 37M elements (one ~150 MB bucket of the ~1B Llama's per-bucket AdamW updates) made ~570 chunks for the 528
+// blocks an H200 holds: a second wave of 42 whole chunks, and the 33 updates ran 10.98 ms against 8.60 ms for the same
+// bytes in one launch. Chunks far below 64K (four per block of an 8-wave grid) fixed that but cost GPT-2's single
+// update 0.65 ms: each chunk starts with two dependent loads of its table entry (bench/RESULTS.md, twenty-sixth
+// session).
+int64_t multi_tensor_chunk(int64_t total_elems, int64_t num_tensors, int64_t resident_blocks, int block_threads,
+                           int vector_width, int64_t chunk_max);
 
 // The helpers every program starts with (dtype conversions, NaN-propagating max/min, warp/block reductions,
 // vector loads and stores).

@@ -1,8 +1,7 @@
 // MultiTensor kernels of the CUDA renderer (render_cuda_core.h): ONE launch for the whole list; the host uploads a
-// table of tensors, then (tensor, start, end) segments, then each block's first segment (Note [Multi-tensor
-// segments], render_cuda.h): block b walks segments first[b] .. first[b + 1], vectorized when a segment's pointers
-// are aligned (render_cuda.h). The scalars come in the parameters (c) or, when cs is set, from device memory: what
-// lets a CUDA graph replay an optimizer update whose learning rate changes every step.
+// table of tensors followed by (tensor, start) chunks, and each block walks chunks, vectorized when the chunk's
+// pointers are aligned (render_cuda.h). The scalars come in the parameters (c) or, when cs is set, from device
+// memory: what lets a CUDA graph replay an optimizer update whose learning rate changes every step.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -29,10 +28,10 @@ void Renderer::multi_tensor() {
   for (size_t i = 0; i < k_.nodes.size(); ++i)
     if (invariant_[i]) emit_node(static_cast<int>(i));
   line("const " + sym_ + "_t* tab = (const " + sym_ + "_t*)p.table;");
-  line("const long long* segs = (const long long*)(tab + p.num_tensors);");
-  line("const long long* first = segs + 3 * p.num_chunks;");
-  open("for (long long ch = first[blockIdx.x]; ch < first[blockIdx.x + 1]; ++ch) {");
-  line("const long long t = segs[3 * ch], start = segs[3 * ch + 1], end = segs[3 * ch + 2];");
+  line("const long long* chunks = (const long long*)(tab + p.num_tensors);");
+  open("for (long long ch = blockIdx.x; ch < p.num_chunks; ch += gridDim.x) {");
+  line("const long long t = chunks[2 * ch], start = chunks[2 * ch + 1], n = tab[t].n;");
+  line("const long long end = start + p.chunk < n ? start + p.chunk : n;");
   declare_buffers([](int i) { return "tab[t].b[" + std::to_string(i) + "]"; }, /*used_only=*/true);
   std::vector<int> body;
   for (size_t i = 0; i < k_.nodes.size(); ++i)

@@ -330,62 +330,58 @@ TEST(CodegenCuda, ACapturedMultiTensorLaunchSurvivesTheTableFlush) {
   EXPECT_TENSOR_CLOSE(host(out), mul(host(in).to(DType::f64), scale).to(DType::f32), DType::f32);
 }
 
-// Note [Multi-tensor segments]: no GPU needed, the launch's arithmetic only.
-TEST(CodegenCuda, MultiTensorSegmentsGiveEveryBlockAnEqualShareCutAtVectorMultiples) {
-  using cuda::multi_tensor_segments;
+// Note [Multi-tensor chunks]: no GPU needed, the launch's arithmetic only.
+TEST(CodegenCuda, MultiTensorChunksFillWholeWavesOfResidentBlocks) {
+  using cuda::multi_tensor_chunk;
+  const int64_t resident = 4 * 132;  // an H200 holding four 256-thread blocks of the AdamW update per SM
   const int block = 256, v = 8;
-  const int64_t max_blocks = 4 * 4 * 132;  // four rounds of an H200 holding four 256-thread blocks per SM
-  // Every element of every tensor in exactly one segment, in order; blocks' shares within a vector of each other;
-  // a segment that starts inside a tensor starts at a multiple of the width.
-  const auto check = [&](const std::vector<int64_t>& sizes, int64_t blocks_at_most) -> cuda::MultiTensorSegments {
-    const cuda::MultiTensorSegments p = multi_tensor_segments(sizes, blocks_at_most, block, v);
-    int64_t total = 0;
-    for (int64_t n : sizes) total += n;
-    EXPECT_LE(p.blocks(), blocks_at_most);
-    EXPECT_EQ(p.first.front(), 0);
-    EXPECT_EQ(p.first.back(), p.count());
-    std::vector<int64_t> covered(sizes.size(), 0);
-    int64_t lo = total, hi = 0;
-    for (int64_t b = 0; b < p.blocks(); ++b) {
-      int64_t share = 0;
-      for (int64_t s = p.first[static_cast<size_t>(b)]; s < p.first[static_cast<size_t>(b) + 1]; ++s) {
-        const int64_t t = p.segs[static_cast<size_t>(3 * s)], start = p.segs[static_cast<size_t>(3 * s + 1)],
-                      end = p.segs[static_cast<size_t>(3 * s + 2)];
-        EXPECT_EQ(start, covered[static_cast<size_t>(t)]) << "tensor " << t << " in order, no gap, no overlap";
-        EXPECT_LT(start, end);
-        EXPECT_EQ(start % v, 0) << "a segment inside tensor " << t << " starts unaligned";
-        covered[static_cast<size_t>(t)] = end;
-        share += end - start;
-      }
-      if (b + 1 == p.blocks()) {
-        EXPECT_LE(share, hi + v) << "the last block holds what is left";
-        continue;
-      }
-      lo = std::min(lo, share);
-      hi = std::max(hi, share);
-    }
-    for (size_t t = 0; t < sizes.size(); ++t) EXPECT_EQ(covered[t], sizes[t]) << "tensor " << t;
-    if (p.blocks() > 1) {
-      EXPECT_LE(hi - lo, v) << "shares " << lo << " .. " << hi;
-    }
-    return p;
+  const auto chunks_of = [](const std::vector<int64_t>& sizes, int64_t chunk) {
+    int64_t n = 0;
+    for (int64_t s : sizes) n += (s + chunk - 1) / chunk;
+    return n;
   };
-  // A bucket of the ~1B Llama's gradients (one block's weights: 2048-wide projections, an 8192-wide MLP, norms).
+  const auto total_of = [](const std::vector<int64_t>& sizes) {
+    int64_t n = 0;
+    for (int64_t s : sizes) n += s;
+    return n;
+  };
+  // The chunks of a list fill the waves they need: the last wave at least half full, no wave of a few stragglers.
+  const auto expect_whole_waves = [&](const std::vector<int64_t>& list, int64_t chunk_max) {
+    const int64_t total = total_of(list), tensors = static_cast<int64_t>(list.size());
+    const int64_t chunk = multi_tensor_chunk(total, tensors, resident, block, v, chunk_max);
+    EXPECT_EQ(chunk % v, 0);
+    EXPECT_LE(chunk, chunk_max);
+    EXPECT_GE(chunk, 8 * block);
+    const int64_t n = chunks_of(list, chunk);
+    const int64_t waves = (n + resident - 1) / resident;
+    EXPECT_GE(n - (waves - 1) * resident, resident / 2)
+        << total << " elements in " << tensors << " tensors: " << n << " chunks of " << chunk;
+    return n;
+  };
+  // One ~150 MB f32 bucket of the ~1B Llama (a block's weights: 2048-wide projections and an 8192-wide MLP, norms):
+  // 64K chunks would make ~570, a second wave of 42 for the 528 blocks held.
   const std::vector<int64_t> bucket = {2048 * 2048, 512 * 2048, 512 * 2048, 2048 * 2048, 8192 * 2048, 8192 * 2048,
                                        2048 * 8192, 2048, 2048, 2048 * 2048, 512 * 2048};
-  EXPECT_EQ(check(bucket, max_blocks).blocks(), max_blocks);
+  EXPECT_GT(chunks_of(bucket, 65536), resident);
+  EXPECT_LE(expect_whole_waves(bucket, 65536), 2 * resident);
   // GPT-2's whole update: ~124M elements in 148 tensors, many of them biases and norms of 768.
   std::vector<int64_t> gpt2 = {50257 * 768, 1024 * 768};
   for (int l = 0; l < 12; ++l)
     for (int64_t n : {768, 768, 768 * 2304, 2304, 768 * 768, 768, 768, 768, 768 * 3072, 3072, 3072 * 768, 768})
       gpt2.push_back(n);
-  check(gpt2, max_blocks);
-  // Odd sizes and empty tensors: every element still once.
-  check({1, 0, 300, 70001, 129, 0, 7}, 5);
-  // A short list (adapters): 8 elements per thread before another block joins.
-  const std::vector<int64_t> adapters(64, 4096);
-  EXPECT_EQ(check(adapters, max_blocks).blocks(), 64 * 4096 / (8 * block));
-  EXPECT_EQ(multi_tensor_segments({0, 0}, max_blocks, block, v).blocks(), 0);
+  expect_whole_waves(gpt2, 65536);
+  // The ~1B Llama's whole update in one launch keeps chunks close to the configured 64K.
+  std::vector<int64_t> llama = {128256 * 2048};
+  for (int l = 0; l < 16; ++l) llama.insert(llama.end(), bucket.begin(), bucket.end());
+  EXPECT_GE(multi_tensor_chunk(total_of(llama), static_cast<int64_t>(llama.size()), resident, block, v, 65536), 60000);
+  expect_whole_waves(llama, 65536);
+  // A short list (adapters, norms): one wave of chunks of at least 8 elements per thread.
+  const std::vector<int64_t> adapters(64, 14336);
+  EXPECT_EQ(multi_tensor_chunk(total_of(adapters), 64, resident, block, v, 65536), 8 * block);
+  EXPECT_LE(chunks_of(adapters, 8 * block), resident);
+  // A configured chunk at or below the floor (max-autotune's candidates) is taken as it is, rounded to the width.
+  EXPECT_EQ(multi_tensor_chunk(total_of(bucket), 11, resident, block, v, 1000), 1000);
+  EXPECT_EQ(multi_tensor_chunk(total_of(bucket), 11, resident, block, 3, 1000), 1002);
 }
 
 #endif
