@@ -121,18 +121,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-int64_t multi_tensor_chunk(int64_t total_elems, int64_t num_tensors, int64_t resident_blocks, int block_threads,
-                           int vector_width, int64_t chunk_max) {
-  const int64_t v = std::max(1, vector_width), resident = std::max<int64_t>(resident_blocks, 1);
-  const auto round = [&](int64_t n) { return ceil_div(std::max<int64_t>(n, 1), v) * v; };
-  const int64_t least = 8 * static_cast<int64_t>(std::max(block_threads, 1));
-  if (chunk_max <= least) return round(chunk_max);
-  for (int64_t waves = 1;; ++waves) {
-    const int64_t slots = waves * resident - num_tensors;
-    if (slots < resident / 2) continue;  // mostly partial chunks: one more wave
-    const int64_t chunk = round(std::max(ceil_div(total_elems, slots), least));
-    if (chunk <= chunk_max) return chunk;
-  }
+int64_t multi_tensor_chunk(int64_t total_elems, int64_t grid_blocks, int block_threads, int vector_width,
+                           int64_t chunk_elems) {
+  const int64_t v = std::max(1, vector_width);
+  const int64_t fill = std::max<int64_t>(ceil_div(total_elems, 4 * std::max<int64_t>(grid_blocks, 1)),
+                                         8 * static_cast<int64_t>(block_threads));
+  return ceil_div(std::min<int64_t>(std::max<int64_t>(chunk_elems, 1), fill), v) * v;
 }
 
 struct LoadedKernel {
@@ -262,20 +256,16 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
   const KernelAbi& abi = L.k.abi;
   const int64_t T = syms[0];
   const int V = std::max(1, abi.vector_width);
-  // Note [Multi-tensor chunks] (render_cuda.h): whole waves of the blocks the SMs hold. (A short list, an update of
-  // 0.9M elements as for adapters or the norms alone, in 64K-element chunks ran 62 blocks, each looping alone: 95 us
-  // on an H200, 10 us in 434.)
+  // Note [Multi-tensor chunks] (render_cuda.h). A short list (an update of 0.9M elements, as for adapters or the
+  // norms alone) in 64K-element chunks ran 62 blocks, each looping alone: 95 us on an H200, 10 us in 434.
   int64_t total = 0;
   for (int64_t t = 0; t < T; ++t) total += syms[1 + t];
-  int resident_per_sm = 0;
-  check_cu(driver::api().occupancy_max_active_blocks(&resident_per_sm, L.k.loaded->fns[0], L.block, 0),
-           "cuOccupancyMaxActiveBlocksPerMultiprocessor", L.k.symbol);
-  const int64_t resident = static_cast<int64_t>(std::max(resident_per_sm, 1)) * L.sms;
+  const int64_t grid = L.cap * 4;
   // TEMPORARY A/B (twenty-sixth session): INGOT_MT_CHUNKS_PER_SM=1 sizes chunks as before the note.
   static const bool per_sm = [] { const char* e = std::getenv("INGOT_MT_CHUNKS_PER_SM"); return e && *e == '1'; }();
   const int64_t chunk = per_sm ? ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1),
                                                             std::max<int64_t>(ceil_div(total, 4 * static_cast<int64_t>(L.sms)), 8 * L.block)), V) * V
-                               : multi_tensor_chunk(total, T, resident, L.block, V, cfg.chunk_elems);
+                               : multi_tensor_chunk(total, grid, L.block, V, cfg.chunk_elems);
   // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
   std::vector<uint64_t> table;
   std::vector<uint64_t> chunks;
@@ -300,7 +290,7 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
   L.push_scalars(device_scalars ? nullptr : scalars);
   L.params.push_back(L.flags);
   L.params.push_back(reinterpret_cast<uint64_t>(device_scalars));  // cs: null reads c
-  L.run(L.k.loaded->fns[0], per_sm ? std::min<int64_t>(num_chunks, L.cap * 4) : num_chunks, L.block);
+  L.run(L.k.loaded->fns[0], std::min<int64_t>(num_chunks, grid), L.block);
 }
 
 void launch_pointwise(Launcher& L, const int64_t* syms, const LaunchConfig& cfg) {

@@ -103,17 +103,14 @@ inline int64_t column_sum_row(int64_t cols, int vector_width) {
 // The shared memory a block's rows may take (without opting in to more per block).
 constexpr int64_t kColumnSumSharedBytes = 48 * 1024;
 
-// Note [Multi-tensor chunks]: a multi-tensor launch runs one block per chunk, and the chunks fill whole waves of
-// the blocks the GPU holds at once (`resident_blocks`): the fewest waves whose chunks stay within `chunk_max` (the
-// launch config's chunk_elems; at least 8 elements per thread of `block_threads`, rounded to the vector width), each
-// tensor's last, partial chunk counted as a slot of its own. Sized instead at four chunks per SM capped at 64K, a
-// list of 37M elements (one ~150 MB bucket of the ~1B Llama's per-bucket AdamW updates) made ~570 chunks for the 528
-// blocks an H200 holds: a second wave of 42 whole chunks, and the 33 updates ran 10.98 ms against 8.60 ms for the same
-// bytes in one launch. Chunks far below 64K (four per block of an 8-wave grid) fixed that but cost GPT-2's single
-// update 0.65 ms: each chunk starts with two dependent loads of its table entry (bench/RESULTS.md, twenty-sixth
-// session).
-int64_t multi_tensor_chunk(int64_t total_elems, int64_t num_tensors, int64_t resident_blocks, int block_threads,
-                           int vector_width, int64_t chunk_max);
+// Note [Multi-tensor chunks]: a multi-tensor launch runs `grid_blocks` blocks (a grid-stride loop over the chunks);
+// its chunk is at most `chunk_elems` (the launch config's), small enough that each block takes about four chunks,
+// and at least 8 elements per thread (`block_threads`), rounded to the vector width. Sized instead for four chunks
+// per SM, a list of 37M elements (one ~150 MB bucket of the ~1B Llama's per-bucket AdamW updates) made ~570 chunks of
+// 64K for the 528 blocks one wave held: a second wave of 42 whole chunks, and the 33 updates ran 10.98 ms against
+// 8.61 ms for the same bytes in one launch (bench/RESULTS.md, twenty-sixth session).
+int64_t multi_tensor_chunk(int64_t total_elems, int64_t grid_blocks, int block_threads, int vector_width,
+                           int64_t chunk_elems);
 
 // The helpers every program starts with (dtype conversions, NaN-propagating max/min, warp/block reductions,
 // vector loads and stores).
