@@ -121,12 +121,22 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-int64_t multi_tensor_chunk(int64_t total_elems, int64_t grid_blocks, int block_threads, int vector_width,
-                           int64_t chunk_elems) {
-  const int64_t v = std::max(1, vector_width);
-  const int64_t fill = std::max<int64_t>(ceil_div(total_elems, 4 * std::max<int64_t>(grid_blocks, 1)),
-                                         8 * static_cast<int64_t>(block_threads));
-  return ceil_div(std::min<int64_t>(std::max<int64_t>(chunk_elems, 1), fill), v) * v;
+int64_t multi_tensor_chunk(const std::vector<int64_t>& sizes, int64_t sms, int64_t resident_blocks, int block_threads,
+                           int vector_width, int64_t chunk_elems) {
+  const int64_t v = std::max(1, vector_width), least = 8 * static_cast<int64_t>(std::max(block_threads, 1));
+  const auto round = [&](int64_t n) { return ceil_div(std::max<int64_t>(n, 1), v) * v; };
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  const auto count = [&](int64_t chunk) {
+    int64_t c = 0;
+    for (int64_t n : sizes) c += ceil_div(n, chunk);
+    return c;
+  };
+  const int64_t resident = std::max<int64_t>(resident_blocks, 1);
+  const int64_t wide = round(std::min<int64_t>(std::max<int64_t>(chunk_elems, 1),
+                                               std::max(ceil_div(total, 4 * std::max<int64_t>(sms, 1)), least)));
+  if (count(wide) >= 2 * resident) return wide;
+  return round(std::min(wide, std::max(ceil_div(total, 4 * resident), least)));
 }
 
 struct LoadedKernel {
@@ -261,11 +271,24 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
   int64_t total = 0;
   for (int64_t t = 0; t < T; ++t) total += syms[1 + t];
   const int64_t grid = L.cap * 4;
-  // TEMPORARY A/B (twenty-sixth session): INGOT_MT_CHUNKS_PER_SM=1 sizes chunks as before the note.
-  static const bool per_sm = [] { const char* e = std::getenv("INGOT_MT_CHUNKS_PER_SM"); return e && *e == '1'; }();
-  const int64_t chunk = per_sm ? ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1),
-                                                            std::max<int64_t>(ceil_div(total, 4 * static_cast<int64_t>(L.sms)), 8 * L.block)), V) * V
-                               : multi_tensor_chunk(total, grid, L.block, V, cfg.chunk_elems);
+  std::vector<int64_t> sizes(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) sizes[static_cast<size_t>(t)] = syms[1 + t];
+  int resident_per_sm = 0;
+  check_cu(driver::api().occupancy_max_active_blocks(&resident_per_sm, L.k.loaded->fns[0], L.block, 0),
+           "cuOccupancyMaxActiveBlocksPerMultiprocessor", L.k.symbol);
+  // TEMPORARY A/B (twenty-sixth session): INGOT_MT_LAYOUT=old (64K chunks, at most four per SM), v1 (about four
+  // chunks per block of the grid); unset: Note [Multi-tensor chunks].
+  static const std::string layout = [] { const char* e = std::getenv("INGOT_MT_LAYOUT"); return std::string(e ? e : ""); }();
+  int64_t chunk = 0;
+  if (layout == "old")
+    chunk = ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1),
+                                       std::max<int64_t>(ceil_div(total, 4 * static_cast<int64_t>(L.sms)), 8 * L.block)), V) * V;
+  else if (layout == "v1")
+    chunk = ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1),
+                                       std::max<int64_t>(ceil_div(total, 4 * grid), 8 * L.block)), V) * V;
+  else
+    chunk = multi_tensor_chunk(sizes, L.sms, static_cast<int64_t>(std::max(resident_per_sm, 1)) * L.sms, L.block, V,
+                               cfg.chunk_elems);
   // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
   std::vector<uint64_t> table;
   std::vector<uint64_t> chunks;

@@ -33,6 +33,7 @@ Api load() {
   resolve(a.mem_free, "cuMemFree", 3020);
   resolve(a.memcpy_htod, "cuMemcpyHtoD", 3020);
   resolve(a.memcpy_htod_async, "cuMemcpyHtoDAsync", 3020);
+  resolve(a.occupancy_max_active_blocks, "cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050);
   return a;
 }
 

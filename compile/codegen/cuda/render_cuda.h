@@ -103,14 +103,18 @@ inline int64_t column_sum_row(int64_t cols, int vector_width) {
 // The shared memory a block's rows may take (without opting in to more per block).
 constexpr int64_t kColumnSumSharedBytes = 48 * 1024;
 
-// Note [Multi-tensor chunks]: a multi-tensor launch runs `grid_blocks` blocks (a grid-stride loop over the chunks);
-// its chunk is at most `chunk_elems` (the launch config's), small enough that each block takes about four chunks,
-// and at least 8 elements per thread (`block_threads`), rounded to the vector width. Sized instead for four chunks
-// per SM, a list of 37M elements (one ~150 MB bucket of the ~1B Llama's per-bucket AdamW updates) made ~570 chunks of
-// 64K for the 528 blocks one wave held: a second wave of 42 whole chunks, and the 33 updates ran 10.98 ms against
-// 8.61 ms for the same bytes in one launch (bench/RESULTS.md, twenty-sixth session).
-int64_t multi_tensor_chunk(int64_t total_elems, int64_t grid_blocks, int block_threads, int vector_width,
-                           int64_t chunk_elems);
+// Note [Multi-tensor chunks]: a multi-tensor launch walks (tensor, start) chunks of one length with a grid-stride
+// loop. The length: `chunk_elems` (the launch config's, 64K) or less, so that there are about four chunks per SM
+// (`sms`) and at least 8 elements per thread of `block_threads`; and where that leaves fewer than two rounds of the
+// blocks the GPU holds at once (`resident_blocks`), short enough for about four rounds. With the first rule alone a
+// list of ~37M elements (one ~150 MB bucket of the ~1B Llama's per-bucket AdamW updates) made ~570 chunks for the
+// 528 blocks an H200 holds: 42 blocks then streamed a whole 64K chunk each with the rest of the GPU idle, and the 33
+// updates ran ~2.4 ms longer than the same bytes in one launch. Short chunks everywhere cost as much elsewhere: each
+// chunk begins with two dependent loads of its table entry (GPT-2's single update 0.90 -> 1.10 ms with ~7K-element
+// chunks), and so did one block per chunk or one contiguous share per block (the ~1B Llama's single update 8.6 ->
+// 10.6-10.8 ms) (bench/RESULTS.md, twenty-sixth session).
+int64_t multi_tensor_chunk(const std::vector<int64_t>& sizes, int64_t sms, int64_t resident_blocks, int block_threads,
+                           int vector_width, int64_t chunk_elems);
 
 // The helpers every program starts with (dtype conversions, NaN-propagating max/min, warp/block reductions,
 // vector loads and stores).

@@ -331,31 +331,38 @@ TEST(CodegenCuda, ACapturedMultiTensorLaunchSurvivesTheTableFlush) {
 }
 
 // Note [Multi-tensor chunks]: no GPU needed, the launch's arithmetic only.
-TEST(CodegenCuda, MultiTensorChunksGiveEveryBlockSeveralSoNoSecondWaveOfWholeChunks) {
+TEST(CodegenCuda, MultiTensorChunksLeaveNoRoundOfAFewWholeChunks) {
   using cuda::multi_tensor_chunk;
-  const int64_t grid = 4 * 8 * 132;  // the launcher's grid on an H100/H200: 4 x (8 waves x 132 SMs)
-  const int block = 256, v = 4;
+  const int64_t sms = 132, resident = 4 * sms;  // an H200 holding four 256-thread blocks of the AdamW update per SM
+  const int block = 256, v = 8;
   const auto chunks_of = [](const std::vector<int64_t>& sizes, int64_t chunk) {
     int64_t n = 0;
     for (int64_t s : sizes) n += (s + chunk - 1) / chunk;
     return n;
   };
-  // One ~150 MB f32 bucket of the ~1B Llama (a block's weights: 2048-wide projections and an 8192-wide MLP, norms).
-  const std::vector<int64_t> bucket = {2048 * 2048, 512 * 2048, 512 * 2048, 2048 * 2048, 8192 * 2048, 8192 * 2048,
-                                       2048 * 8192, 2048, 2048, 2048 * 2048, 512 * 2048};
-  int64_t total = 0;
-  for (int64_t s : bucket) total += s;
-  const int64_t chunk = multi_tensor_chunk(total, grid, block, v, 65536);
+  // A ~150 MB bucket of the ~1B Llama's f32 gradients (the MLP's and attention's weights of one layer, norms):
+  // 64K chunks would make ~570, a round of 42 whole chunks after the 528 the GPU holds.
+  const std::vector<int64_t> bucket = {8192 * 2048, 2048 * 8192, 2048 * 2048, 512 * 2048, 512 * 2048, 2048, 2048};
+  ASSERT_LT(chunks_of(bucket, 65536), 2 * resident);
+  const int64_t chunk = multi_tensor_chunk(bucket, sms, resident, block, v, 65536);
   EXPECT_EQ(chunk % v, 0);
-  EXPECT_LE(chunk, 65536);
-  EXPECT_GE(chunks_of(bucket, chunk), 3 * grid) << "chunk " << chunk << " of " << total << " elements";
-  // The whole model's update in one launch keeps the configured chunk: it has plenty.
-  EXPECT_EQ(multi_tensor_chunk(1'236'000'000, grid, block, v, 65536), 65536);
-  // A short list (adapters, norms): at least 8 elements per thread, still a multiple of the width.
-  EXPECT_EQ(multi_tensor_chunk(900'000, grid, block, v, 65536), 8 * block);
-  EXPECT_EQ(multi_tensor_chunk(100, grid, block, 3, 65536) % 3, 0);
-  // max-autotune's smaller candidates are kept as they are.
-  EXPECT_EQ(multi_tensor_chunk(total, grid, block, v, 2048), 2048);
+  EXPECT_GE(chunks_of(bucket, chunk), 4 * resident - 8) << chunk;
+  EXPECT_GE(chunk, 8 * block);
+  // GPT-2's whole update (~124M elements in 148 tensors) and the ~1B Llama's keep 64K chunks: rounds to spare.
+  std::vector<int64_t> gpt2 = {50257 * 768, 1024 * 768};
+  for (int l = 0; l < 12; ++l)
+    for (int64_t n : {768, 768, 768 * 2304, 2304, 768 * 768, 768, 768, 768, 768 * 3072, 3072, 3072 * 768, 768})
+      gpt2.push_back(n);
+  EXPECT_EQ(multi_tensor_chunk(gpt2, sms, resident, block, v, 65536), 65536);
+  std::vector<int64_t> llama = {128256 * 2048};
+  for (int l = 0; l < 16; ++l) llama.insert(llama.end(), bucket.begin(), bucket.end());
+  EXPECT_EQ(multi_tensor_chunk(llama, sms, resident, block, v, 65536), 65536);
+  // A short list (adapters, norms): chunks of 8 elements per thread, one round.
+  const std::vector<int64_t> adapters(64, 14336);
+  EXPECT_EQ(multi_tensor_chunk(adapters, sms, resident, block, v, 65536), 8 * block);
+  // max-autotune's configured chunk bounds it; the width rounds it up.
+  EXPECT_EQ(multi_tensor_chunk(gpt2, sms, resident, block, v, 4096), 4096);
+  EXPECT_EQ(multi_tensor_chunk(gpt2, sms, resident, block, 3, 4000), 4002);
 }
 
 #endif
