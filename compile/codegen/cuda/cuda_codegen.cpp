@@ -121,8 +121,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-int64_t multi_tensor_chunk(const std::vector<int64_t>& sizes, int64_t sms, int64_t resident_blocks, int block_threads,
-                           int vector_width, int64_t chunk_elems) {
+int64_t multi_tensor_chunk(const std::vector<int64_t>& sizes, int64_t sms, int64_t resident_blocks, int64_t grid_blocks,
+                           int block_threads, int vector_width, int64_t chunk_elems) {
   const int64_t v = std::max(1, vector_width), least = 8 * static_cast<int64_t>(std::max(block_threads, 1));
   const auto round = [&](int64_t n) { return ceil_div(std::max<int64_t>(n, 1), v) * v; };
   int64_t total = 0;
@@ -136,7 +136,7 @@ int64_t multi_tensor_chunk(const std::vector<int64_t>& sizes, int64_t sms, int64
   const int64_t wide = round(std::min<int64_t>(std::max<int64_t>(chunk_elems, 1),
                                                std::max(ceil_div(total, 4 * std::max<int64_t>(sms, 1)), least)));
   if (count(wide) >= 2 * resident) return wide;
-  return round(std::min(wide, std::max(ceil_div(total, 4 * resident), least)));
+  return round(std::min(wide, std::max(ceil_div(total, 4 * grid_blocks), least)));
 }
 
 struct LoadedKernel {
@@ -276,8 +276,8 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
   int resident_per_sm = 0;
   check_cu(driver::api().occupancy_max_active_blocks(&resident_per_sm, L.k.loaded->fns[0], L.block, 0),
            "cuOccupancyMaxActiveBlocksPerMultiprocessor", L.k.symbol);
-  // TEMPORARY A/B (twenty-sixth session): INGOT_MT_LAYOUT=old (64K chunks, at most four per SM), v1 (about four
-  // chunks per block of the grid); unset: Note [Multi-tensor chunks].
+  // TEMPORARY A/B (twenty-sixth session): INGOT_MT_LAYOUT=old (64K chunks, at most four per SM, as before the
+  // note), v1 (about four chunks per block of the grid everywhere); unset: Note [Multi-tensor chunks].
   static const std::string layout = [] { const char* e = std::getenv("INGOT_MT_LAYOUT"); return std::string(e ? e : ""); }();
   int64_t chunk = 0;
   if (layout == "old")
@@ -287,8 +287,8 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
     chunk = ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1),
                                        std::max<int64_t>(ceil_div(total, 4 * grid), 8 * L.block)), V) * V;
   else
-    chunk = multi_tensor_chunk(sizes, L.sms, static_cast<int64_t>(std::max(resident_per_sm, 1)) * L.sms, L.block, V,
-                               cfg.chunk_elems);
+    chunk = multi_tensor_chunk(sizes, L.sms, static_cast<int64_t>(std::max(resident_per_sm, 1)) * L.sms, grid, L.block,
+                               V, cfg.chunk_elems);
   // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
   std::vector<uint64_t> table;
   std::vector<uint64_t> chunks;

@@ -104,17 +104,18 @@ inline int64_t column_sum_row(int64_t cols, int vector_width) {
 constexpr int64_t kColumnSumSharedBytes = 48 * 1024;
 
 // Note [Multi-tensor chunks]: a multi-tensor launch walks (tensor, start) chunks of one length with a grid-stride
-// loop. The length: `chunk_elems` (the launch config's, 64K) or less, so that there are about four chunks per SM
-// (`sms`) and at least 8 elements per thread of `block_threads`; and where that leaves fewer than two rounds of the
-// blocks the GPU holds at once (`resident_blocks`), short enough for about four rounds. With the first rule alone a
-// list of ~37M elements (one ~150 MB bucket of the ~1B Llama's per-bucket AdamW updates) made ~570 chunks for the
-// 528 blocks an H200 holds: 42 blocks then streamed a whole 64K chunk each with the rest of the GPU idle, and the 33
-// updates ran ~2.4 ms longer than the same bytes in one launch. Short chunks everywhere cost as much elsewhere: each
-// chunk begins with two dependent loads of its table entry (GPT-2's single update 0.90 -> 1.10 ms with ~7K-element
-// chunks), and so did one block per chunk or one contiguous share per block (the ~1B Llama's single update 8.6 ->
-// 10.6-10.8 ms) (bench/RESULTS.md, twenty-sixth session).
-int64_t multi_tensor_chunk(const std::vector<int64_t>& sizes, int64_t sms, int64_t resident_blocks, int block_threads,
-                           int vector_width, int64_t chunk_elems);
+// loop over `grid_blocks` blocks. The length: `chunk_elems` (the launch config's, 64K) or less, so that there are
+// about four chunks per SM (`sms`) and at least 8 elements per thread of `block_threads`; where that leaves fewer
+// than two rounds of the blocks the GPU holds at once (`resident_blocks`), about four chunks per block of the grid
+// instead. Measured, not derived (bench/RESULTS.md, twenty-sixth session, H200): with the first rule alone the ~1B
+// Llama's 33 per-bucket AdamW updates (~37M elements each: ~570 chunks of 64K for the 528 blocks held) ran 10.95 ms
+// against 8.60 ms for the same bytes in one launch, and its DDP step in a world of one ~2 ms over the plain step; the
+// short chunks take ~1.5 ms of that back. Short chunks everywhere cost GPT-2's single update 0.90 -> 1.10 ms (each
+// chunk begins with two dependent loads of its table entry); ~17K-element chunks (four rounds of the resident
+// blocks), one block per chunk in whole waves, and one contiguous share per block gave nothing or lost (the last
+// two: the Llama's single update 8.6 -> 10.6-10.8 ms).
+int64_t multi_tensor_chunk(const std::vector<int64_t>& sizes, int64_t sms, int64_t resident_blocks, int64_t grid_blocks,
+                           int block_threads, int vector_width, int64_t chunk_elems);
 
 // The helpers every program starts with (dtype conversions, NaN-propagating max/min, warp/block reductions,
 // vector loads and stores).

@@ -334,6 +334,7 @@ TEST(CodegenCuda, ACapturedMultiTensorLaunchSurvivesTheTableFlush) {
 TEST(CodegenCuda, MultiTensorChunksLeaveNoRoundOfAFewWholeChunks) {
   using cuda::multi_tensor_chunk;
   const int64_t sms = 132, resident = 4 * sms;  // an H200 holding four 256-thread blocks of the AdamW update per SM
+  const int64_t grid = 4 * 8 * sms;              // the launcher's grid: four blocks per SM in each of 8 waves
   const int block = 256, v = 8;
   const auto chunks_of = [](const std::vector<int64_t>& sizes, int64_t chunk) {
     int64_t n = 0;
@@ -344,25 +345,25 @@ TEST(CodegenCuda, MultiTensorChunksLeaveNoRoundOfAFewWholeChunks) {
   // 64K chunks would make ~570, a round of 42 whole chunks after the 528 the GPU holds.
   const std::vector<int64_t> bucket = {8192 * 2048, 2048 * 8192, 2048 * 2048, 512 * 2048, 512 * 2048, 2048, 2048};
   ASSERT_LT(chunks_of(bucket, 65536), 2 * resident);
-  const int64_t chunk = multi_tensor_chunk(bucket, sms, resident, block, v, 65536);
+  const int64_t chunk = multi_tensor_chunk(bucket, sms, resident, grid, block, v, 65536);
   EXPECT_EQ(chunk % v, 0);
-  EXPECT_GE(chunks_of(bucket, chunk), 4 * resident - 8) << chunk;
+  EXPECT_GE(chunks_of(bucket, chunk), 4 * grid - 8) << chunk;
   EXPECT_GE(chunk, 8 * block);
   // GPT-2's whole update (~124M elements in 148 tensors) and the ~1B Llama's keep 64K chunks: rounds to spare.
   std::vector<int64_t> gpt2 = {50257 * 768, 1024 * 768};
   for (int l = 0; l < 12; ++l)
     for (int64_t n : {768, 768, 768 * 2304, 2304, 768 * 768, 768, 768, 768, 768 * 3072, 3072, 3072 * 768, 768})
       gpt2.push_back(n);
-  EXPECT_EQ(multi_tensor_chunk(gpt2, sms, resident, block, v, 65536), 65536);
+  EXPECT_EQ(multi_tensor_chunk(gpt2, sms, resident, grid, block, v, 65536), 65536);
   std::vector<int64_t> llama = {128256 * 2048};
   for (int l = 0; l < 16; ++l) llama.insert(llama.end(), bucket.begin(), bucket.end());
-  EXPECT_EQ(multi_tensor_chunk(llama, sms, resident, block, v, 65536), 65536);
+  EXPECT_EQ(multi_tensor_chunk(llama, sms, resident, grid, block, v, 65536), 65536);
   // A short list (adapters, norms): chunks of 8 elements per thread, one round.
   const std::vector<int64_t> adapters(64, 14336);
-  EXPECT_EQ(multi_tensor_chunk(adapters, sms, resident, block, v, 65536), 8 * block);
+  EXPECT_EQ(multi_tensor_chunk(adapters, sms, resident, grid, block, v, 65536), 8 * block);
   // max-autotune's configured chunk bounds it; the width rounds it up.
-  EXPECT_EQ(multi_tensor_chunk(gpt2, sms, resident, block, v, 4096), 4096);
-  EXPECT_EQ(multi_tensor_chunk(gpt2, sms, resident, block, 3, 4000), 4002);
+  EXPECT_EQ(multi_tensor_chunk(gpt2, sms, resident, grid, block, v, 4096), 4096);
+  EXPECT_EQ(multi_tensor_chunk(gpt2, sms, resident, grid, block, 3, 4000), 4002);
 }
 
 #endif
