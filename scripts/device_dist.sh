@@ -69,9 +69,9 @@
 #   alone: the probe's "skip" row taken apart (issue 21): GPT-2 then the ~1B Llama, compiled default: 1 GPU, DDP in a
 #         world of one (`--ddp` under `ingot launch --nproc-per-node 1`: the DDP graph, no peers), four independent
 #         1-GPU runs at once on GPUs 0-3 (the machine busy, no DDP), DDP at all GPUs with INGOT_ALL_REDUCE_PROBE=skip
-#   chunks: Note [Multi-tensor chunks] at all GPUs (4 at most), compiled default: GPT-2 and the ~1B Llama on 1 GPU,
-#         DDP with the note's chunks and with the old ones (INGOT_MT_LAYOUT=old, while that switch exists), GPT-2
-#         reduce-overhead 1 GPU and DDP
+#   chunks: DDP scaling at all GPUs (4 at most), compiled default: GPT-2 and the ~1B Llama on 1 GPU and DDP, GPT-2
+#         reduce-overhead 1 GPU and DDP (bench/RESULTS.md, twenty-sixth session, ran it beside the multi-tensor chunks
+#         of before Note [Multi-tensor chunks] through a switch since removed)
 #   symwhy: NCCL's symmetric kernels (buffers in ProcessGroup::symmetric_empty's windows) against its ordinary ones at
 #         one 8B block's bf16 reduce-scatter, GPT-2's f32 all-reduce and an f32 reduce-scatter, each with an 8192^3
 #         bf16 product timed alone and beside it (bench_allreduce --beside-matmul), and NcclProcessGroup.Symm*
@@ -401,7 +401,6 @@ if want chunks; then  # per-bucket updates' chunks at all GPUs (Note [Multi-tens
   n=$(( gpus >= 4 ? 4 : gpus ))
   gpt2 1 chunks_gpt2_1 --compile default
   gpt2 $n chunks_gpt2_$n --compile default --timeline
-  INGOT_MT_LAYOUT=old gpt2 $n chunks_gpt2_${n}_old --compile default --timeline
   gpt2 $n chunks_gpt2_${n}_b --compile default --timeline
   gpt2 1 chunks_gpt2_ro_1 --compile reduce-overhead
   gpt2 $n chunks_gpt2_ro_$n --compile reduce-overhead --timeline
@@ -409,13 +408,9 @@ if want chunks; then  # per-bucket updates' chunks at all GPUs (Note [Multi-tens
     --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
   CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/chunks_llama_1.log" 2>&1
   echo "llama x1:"; grep -h "^| ingot" "$out/chunks_llama_1.log" | tail -1
-  for layout in "" old; do
-    want chunks || break
-    INGOT_MT_LAYOUT=$layout timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama \
-      --timeline > "$out/chunks_llama_${n}_${layout:-note}.log" 2>&1
-    echo "llama x$n INGOT_MT_LAYOUT=${layout:-(unset)}:"
-    grep -h "^| ingot\|^timeline\|error" "$out/chunks_llama_${n}_${layout:-note}.log" | tail -2
-  done
+  timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama --timeline \
+    > "$out/chunks_llama_$n.log" 2>&1
+  echo "llama x$n:"; grep -h "^| ingot\|^timeline\|error" "$out/chunks_llama_$n.log" | tail -2
 fi
 if want symddp; then  # compiled DDP with its buckets in NCCL symmetric windows (INGOT_SYMMETRIC_BUCKETS=1), issue 21
   n=$(( gpus >= 4 ? 4 : gpus ))

@@ -9,7 +9,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -268,27 +267,14 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
   const int V = std::max(1, abi.vector_width);
   // Note [Multi-tensor chunks] (render_cuda.h). A short list (an update of 0.9M elements, as for adapters or the
   // norms alone) in 64K-element chunks ran 62 blocks, each looping alone: 95 us on an H200, 10 us in 434.
-  int64_t total = 0;
-  for (int64_t t = 0; t < T; ++t) total += syms[1 + t];
   const int64_t grid = L.cap * 4;
   std::vector<int64_t> sizes(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) sizes[static_cast<size_t>(t)] = syms[1 + t];
   int resident_per_sm = 0;
   check_cu(driver::api().occupancy_max_active_blocks(&resident_per_sm, L.k.loaded->fns[0], L.block, 0),
            "cuOccupancyMaxActiveBlocksPerMultiprocessor", L.k.symbol);
-  // TEMPORARY A/B (twenty-sixth session): INGOT_MT_LAYOUT=old (64K chunks, at most four per SM, as before the
-  // note), v1 (about four chunks per block of the grid everywhere); unset: Note [Multi-tensor chunks].
-  static const std::string layout = [] { const char* e = std::getenv("INGOT_MT_LAYOUT"); return std::string(e ? e : ""); }();
-  int64_t chunk = 0;
-  if (layout == "old")
-    chunk = ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1),
-                                       std::max<int64_t>(ceil_div(total, 4 * static_cast<int64_t>(L.sms)), 8 * L.block)), V) * V;
-  else if (layout == "v1")
-    chunk = ceil_div(std::min<int64_t>(std::max<int64_t>(cfg.chunk_elems, 1),
-                                       std::max<int64_t>(ceil_div(total, 4 * grid), 8 * L.block)), V) * V;
-  else
-    chunk = multi_tensor_chunk(sizes, L.sms, static_cast<int64_t>(std::max(resident_per_sm, 1)) * L.sms, grid, L.block,
-                               V, cfg.chunk_elems);
+  const int64_t chunk = multi_tensor_chunk(sizes, L.sms, static_cast<int64_t>(std::max(resident_per_sm, 1)) * L.sms,
+                                           grid, L.block, V, cfg.chunk_elems);
   // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
   std::vector<uint64_t> table;
   std::vector<uint64_t> chunks;
