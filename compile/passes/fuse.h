@@ -6,7 +6,8 @@
 //                 shape that feed it (prologue) and the pointwise nodes that consume it (epilogue);
 //   MultiTensor   every multi-tensor optimizer update of the graph (horizontal fusion over all parameters), or,
 //                 with horizontal = false, each update alone; or, on a CUDA target, every cast of an f32 graph
-//                 input (a parameter) to bf16 / f16 that only non-fusible ops read (Note [Parameter casts]).
+//                 input (a parameter) to bf16 / f16 that only non-fusible ops read (Note [Parameter casts]), or
+//                 every cast of an update's f32 output to bf16 / f16 that is only written back (Note [Update copies]).
 // Groups never create a cycle between groups, so they can be scheduled contiguously (schedule.h). Groups list
 // their inputs (values read from outside) and outputs (values read outside or roots). View and Opaque nodes stay
 // alone, and so does an eager_column_sum. Test: tests/compile/passes/test_passes.cpp (Fuse.*).
