@@ -475,9 +475,9 @@ class NcclProcessGroup final : public ProcessGroup {
         kernels::cuda::unary(kernels::UnaryOp::MulScalar, t, t, 1.0 / size_);
         return s;
       };
+    const std::optional<size_t> probe = all_reduce_probe_count();  // a bad value throws before any NCCL call
     return issue("all_reduce", t, {t}, [&](cudaStream_t s) {
       const size_t n = static_cast<size_t>(t.numel());
-      const std::optional<size_t> probe = all_reduce_probe_count();
       if (probe && *probe == 0) return ncclSuccess;
       return ncclAllReduce(t.data_ptr(), t.data_ptr(), probe ? std::min(n, *probe) : n, dt, rop, comm_, s);
     }, scale);

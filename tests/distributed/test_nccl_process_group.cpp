@@ -401,6 +401,35 @@ TEST(NcclProcessGroup, CtaPolicyFollowsItsSwitchAndRefusesAnUnknownValue) {
   }
 }
 
+// INGOT_ALL_REDUCE_PROBE (measuring only, bench/RESULTS.md twenty-sixth session): 'one' sums the first element of
+// an all-reduce and leaves the rest as each rank had it, 'skip' reduces nothing, unset sums everything, and anything
+// else is an error naming the variable before any NCCL call.
+TEST(NcclProcessGroup, AllReduceProbeReducesOneElementOrNoneAndRefusesAnUnknownValue) {
+  if (is_rank_process()) {
+    const std::string v = std::getenv("INGOT_ALL_REDUCE_PROBE") ? std::getenv("INGOT_ALL_REDUCE_PROBE") : "";
+    auto ctx = init_distributed(nccl_init());
+    const int r = ctx.info.rank;
+    Tensor t = rank_tensor(r, 4096, DType::f32, Device(DeviceType::cuda, ctx.info.local_rank));
+    if (v == "half") {
+      const std::string err = error_of([&] { ctx.group->all_reduce(t, ReduceOp::Sum)->wait(10000ms); });
+      EXPECT_NE(err.find("INGOT_ALL_REDUCE_PROBE must be 'one' or 'skip'"), std::string::npos) << err;
+      return;
+    }
+    ctx.group->all_reduce(t, ReduceOp::Sum)->wait(10000ms);
+    const Tensor h = t.to(Device::cpu());
+    const double both0 = value(0, 0) + value(1, 0), both5 = value(0, 5) + value(1, 5);
+    EXPECT_NEAR(h.item_at(0), v == "skip" ? value(r, 0) : both0, 1e-5) << "INGOT_ALL_REDUCE_PROBE='" << v << "'";
+    EXPECT_NEAR(h.item_at(5), v.empty() ? both5 : value(r, 5), 1e-5) << "INGOT_ALL_REDUCE_PROBE='" << v << "'";
+    return;
+  }
+  INGOT_REQUIRE_TWO_GPUS();
+  for (const char* v : {"", "one", "skip", "half"}) {
+    ingot::testing::SpawnOptions o = ingot::testing::world(2).within(60000ms);
+    if (*v) o.env["INGOT_ALL_REDUCE_PROBE"] = v;
+    expect_ranks_pass(spawn_ranks(o));
+  }
+}
+
 TEST(NcclProcessGroup, DdpOnGpusGivesTheGradientsOfTheFullBatchOnTheCpu) {
   if (is_rank_process()) {
     auto ctx = init_distributed(nccl_init());
