@@ -140,50 +140,34 @@ int32_t sibling_group(const Graph& g, const Grouping& gr, const std::vector<std:
   return -1;
 }
 
-// Note [Parameter casts]: the casts of parameters that feed matmuls, as one group when there are several, all of
-// one output dtype (node ids, ascending); else none.
-std::vector<int32_t> grouped_parameter_casts(const Graph& g) {
-  std::vector<std::vector<int32_t>> all_readers(g.values.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (int32_t v : g.nodes[i].inputs)
-      if (v >= 0) all_readers[static_cast<size_t>(v)].push_back(static_cast<int32_t>(i));
-  std::vector<int32_t> param_casts;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (parameter_cast(g, all_readers, g.nodes[i])) param_casts.push_back(static_cast<int32_t>(i));
-  for (int32_t n : param_casts)
-    if (g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(n)].outputs[0])].dtype !=
-        g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(param_casts[0])].outputs[0])].dtype)
-      param_casts.clear();
-  if (param_casts.size() < 2) param_casts.clear();
-  return param_casts;
-}
-
 // Note [Update copies]: with f32 master weights of bf16 parameters (mixed precision, LoRA's adapters), the step
 // ends casting every updated master back into its parameter: one kernel per tensor, the 8B LoRA step's 256 adapter
 // copies of 4.7 us each (1.2 ms). The casts of multi-tensor update outputs that nothing in the step reads (written
 // back only) are one multi-tensor group, as the parameter casts are: they read only updates' outputs and nothing reads
 // them, so joining never closes a cycle.
-std::vector<int32_t> grouped_update_copies(const Graph& g) {
-  std::vector<int32_t> read(g.values.size(), 0);
-  for (const Node& n : g.nodes)
-    for (int32_t v : n.inputs)
-      if (v >= 0) ++read[static_cast<size_t>(v)];
-  std::vector<int32_t> copies;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const Node& n = g.nodes[i];
-    if (!match<CastAttrs>(*n.prim) || n.outputs.size() != 1) continue;
-    const Value& in = g.values[static_cast<size_t>(n.inputs[0])];
-    const Value& out = g.values[static_cast<size_t>(n.outputs[0])];
-    if (in.producer < 0 || !is_multi_tensor_update(*g.nodes[static_cast<size_t>(in.producer)].prim) ||
-        in.dtype != DType::f32 || !in.device.is_cuda() || (out.dtype != DType::bf16 && out.dtype != DType::f16) ||
-        read[static_cast<size_t>(n.outputs[0])] != 0 || !g.is_root(n.outputs[0]))
-      continue;
-    if (!copies.empty() && out.dtype != g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(copies[0])].outputs[0])].dtype)
-      return {};
-    copies.push_back(static_cast<int32_t>(i));
-  }
-  if (copies.size() < 2) copies.clear();
-  return copies;
+bool update_copy(const Graph& g, const std::vector<std::vector<int32_t>>& readers, const Node& n) {
+  if (!match<CastAttrs>(*n.prim) || n.outputs.size() != 1) return false;
+  const Value& in = g.values[static_cast<size_t>(n.inputs[0])];
+  const Value& out = g.values[static_cast<size_t>(n.outputs[0])];
+  return in.producer >= 0 && is_multi_tensor_update(*g.nodes[static_cast<size_t>(in.producer)].prim) &&
+         in.dtype == DType::f32 && in.device.is_cuda() && (out.dtype == DType::bf16 || out.dtype == DType::f16) &&
+         readers[static_cast<size_t>(n.outputs[0])].empty() && g.is_root(n.outputs[0]);
+}
+
+// The casts `take` accepts (Note [Parameter casts], Note [Update copies]), as one group when there are several, all
+// of one output dtype (node ids, ascending); else none.
+template <typename Take>
+std::vector<int32_t> cast_group(const Graph& g, Take take) {
+  std::vector<int32_t> casts;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (take(g.nodes[i])) casts.push_back(static_cast<int32_t>(i));
+  const auto out_dtype = [&](int32_t n) {
+    return g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(n)].outputs[0])].dtype;
+  };
+  for (int32_t n : casts)
+    if (out_dtype(n) != out_dtype(casts[0])) return {};
+  if (casts.size() < 2) casts.clear();
+  return casts;
 }
 
 // The group of one of node n's producers that n joins (first producer first), or -1: a pointwise node joins a
@@ -262,8 +246,15 @@ bool fuse(Graph& g, const FuseOptions& o) {
   Grouping gr(g);
   std::vector<std::vector<int32_t>> readers_before(g.values.size());  // nodes seen so far reading each value
   int32_t multi = -1, casts = -1, copies = -1;
-  const std::vector<int32_t> param_casts = cuda ? grouped_parameter_casts(g) : std::vector<int32_t>{};
-  const std::vector<int32_t> update_copies = cuda ? grouped_update_copies(g) : std::vector<int32_t>{};
+  std::vector<int32_t> param_casts, update_copies;
+  if (cuda) {
+    std::vector<std::vector<int32_t>> readers(g.values.size());  // every node reading each value
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      for (int32_t v : g.nodes[i].inputs)
+        if (v >= 0) readers[static_cast<size_t>(v)].push_back(static_cast<int32_t>(i));
+    param_casts = cast_group(g, [&](const Node& n) { return parameter_cast(g, readers, n); });
+    update_copies = cast_group(g, [&](const Node& n) { return update_copy(g, readers, n); });
+  }
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const int32_t n = static_cast<int32_t>(i);
     const Node& node = g.nodes[i];

@@ -110,10 +110,10 @@ constexpr int64_t kColumnSumSharedBytes = 48 * 1024;
 // instead. Measured, not derived (bench/RESULTS.md, twenty-sixth session, H200): with the first rule alone the ~1B
 // Llama's 33 per-bucket AdamW updates (~37M elements each: ~570 chunks of 64K for the 528 blocks held) ran 10.95 ms
 // against 8.60 ms for the same bytes in one launch, and its DDP step in a world of one ~2 ms over the plain step; the
-// short chunks take ~1.5 ms of that back, and its DDP step at 4 GPUs ran 80.49 ms instead of 83.18. Short chunks everywhere cost GPT-2's single update 0.90 -> 1.10 ms (each
-// chunk begins with two dependent loads of its table entry); ~17K-element chunks (four rounds of the resident
-// blocks), one block per chunk in whole waves, and one contiguous share per block gave nothing or lost (the last
-// two: the Llama's single update 8.6 -> 10.6-10.8 ms).
+// short chunks take ~1.5 ms of that back, and its DDP step at 4 GPUs ran 80.49 ms instead of 83.18. Short chunks
+// everywhere cost GPT-2's single update 0.90 -> 1.10 ms (each chunk begins with two dependent loads of its table
+// entry); ~17K-element chunks (four rounds of the resident blocks), one block per chunk in whole waves, and one
+// contiguous share per block gave nothing or lost (the last two: the Llama's single update 8.6 -> 10.6-10.8 ms).
 int64_t multi_tensor_chunk(const std::vector<int64_t>& sizes, int64_t sms, int64_t resident_blocks, int64_t grid_blocks,
                            int block_threads, int vector_width, int64_t chunk_elems);
 

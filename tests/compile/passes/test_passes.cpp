@@ -315,9 +315,10 @@ TEST(Fuse, ParameterCastsForMatmulsAreOneMultiTensorGroupOnCuda) {
   }
 }
 
-// Note [Parameter casts] for LoRA adapters: the bf16 casts of f32 adapter weights whose readers are matmuls, the
-// concatenation of attention's A weights (Note [Adapters of one input]) and the transposes the backward takes of
-// them are one multi-tensor group too (the 8B LoRA step ran 256 of them as 4.7 us kernels, 1.2 ms per step).
+// Note [Parameter casts] for LoRA adapters kept in f32: the bf16 casts of adapter weights whose readers are matmuls,
+// the concatenation of attention's A weights (Note [Adapters of one input]) and the transposes the backward takes of
+// them are one multi-tensor group too. (The 8B LoRA step's 256 small casts were not these but the copies of updated
+// masters into bf16 adapters: Note [Update copies], the next test.)
 TEST(Fuse, AdapterWeightCastsReadThroughViewsAndACatAreOneMultiTensorGroupOnCuda) {
   Tensor x = randn({8, 16}, DType::bf16), w = randn({24, 16}, DType::bf16);
   Tensor a1 = randn({2, 16}).set_requires_grad(true), a2 = randn({2, 16}).set_requires_grad(true);
