@@ -165,6 +165,9 @@ struct LoadedKernel {
   // Tables a captured launch uses (uploaded in the capture, or found by it): a graph reads them at every replay,
   // for as long as it lives, so the flush past kMaxTables never frees them (Note [Tables of captured launches]).
   std::set<uint64_t> captured_tables;
+  // Note [Multi-tensor chunks]: the blocks of the multi-tensor function (fns[0]) one SM holds, by block size, asked
+  // of the driver once rather than at every launch.
+  std::map<int, int> resident_per_sm;
 };
 
 size_t CudaKernel::split_workspace_bytes() const {
@@ -271,8 +274,15 @@ void launch_multi_tensor(Launcher& L, void* const* bufs, const int64_t* syms, co
   std::vector<int64_t> sizes(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) sizes[static_cast<size_t>(t)] = syms[1 + t];
   int resident_per_sm = 0;
-  check_cu(driver::api().occupancy_max_active_blocks(&resident_per_sm, L.k.loaded->fns[0], L.block, 0),
-           "cuOccupancyMaxActiveBlocksPerMultiprocessor", L.k.symbol);
+  {
+    LoadedKernel& loaded = *L.k.loaded;
+    std::lock_guard<std::mutex> lock(loaded.mu);
+    const auto [it, fresh] = loaded.resident_per_sm.try_emplace(L.block, 0);
+    if (fresh)
+      check_cu(driver::api().occupancy_max_active_blocks(&it->second, loaded.fns[0], L.block, 0),
+               "cuOccupancyMaxActiveBlocksPerMultiprocessor", L.k.symbol);
+    resident_per_sm = it->second;
+  }
   const int64_t chunk = multi_tensor_chunk(sizes, L.sms, static_cast<int64_t>(std::max(resident_per_sm, 1)) * L.sms,
                                            grid, L.block, V, cfg.chunk_elems);
   // The table: T entries of {NB pointers, numel}, then (tensor, start) per chunk.
