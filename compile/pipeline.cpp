@@ -209,6 +209,11 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("fuse_cross_entropy", g, [&](Graph& x) { return generated && passes::fuse_cross_entropy(x, {target}); });
   run_pass("pack_attention_grads", g, [&](Graph& x) { return generated && passes::pack_attention_grads(x, {target}); });
   run_pass("accumulate_index_add", g, [&](Graph& x) { return generated && passes::accumulate_index_add(x, {target}); });
+  // After matmul_epilogues, whose fused products (matmul_dgelu, widened casts) carry no alpha and whose matches
+  // would otherwise see the accumulating and scaled products: Note [Products accumulated in place], Note [Scales
+  // folded into products].
+  run_pass("accumulate_products", g, [&](Graph& x) { return generated && passes::accumulate_products(x, {target}); });
+  run_pass("scale_into_products", g, [&](Graph& x) { return generated && passes::scale_into_products(x, {target}); });
   run_pass("dce", g, [&](Graph& x) { return passes::dce(x, {target}); });
   run_pass("remat", g, [&](Graph& x) {
     int64_t recomputed = 0, saved = 0;

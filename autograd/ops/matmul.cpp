@@ -4,6 +4,8 @@
 //   MatmulPrim(trans_a, trans_b): op(a) @ op(b), a [Ba, M, K] or [M, K] (stored [.., K, M] when trans_a),
 //                                 b likewise; a batch of 1 (or a 2-D operand) broadcasts over the other's batch.
 //   LinearPrim: x [R, in] @ w[out, in]^T + b[out], the bias written first and accumulated into (beta = 1).
+// Both take a scale alpha of the product (1 as built here; compile/passes/scale_into_products.cpp folds a scalar
+// multiply of an operand into it), and MatmulAccumulatePrim adds a product into a third tensor (matmul_fused.h).
 // matmul() promotes 1-D operands, flattens the broadcast batch dims into one, and folds a batched
 // `[..., M, K] @ [K, N]` into a single [.. * M, K] @ [K, N] product. Backward is the two transposed products,
 // expressed with the trans flags so no transpose is ever materialized, and summed over broadcast batches.
@@ -45,25 +47,38 @@ void check_float_pair(const char* op, const TensorMeta& a, const TensorMeta& b) 
               dtype_name(a.dtype), " and ", dtype_name(b.dtype));
 }
 
+// The shape of op(a) @ op(b) for operands a, b of matmul's rules (2-D or 3-D, a batch of 1 broadcasting).
+Shape product_shape(const char* op, const TensorMeta& a, const TensorMeta& b, bool ta, bool tb) {
+  const Shape &sa = a.shape, &sb = b.shape;
+  INGOT_CHECK((sa.size() == 2 || sa.size() == 3) && (sb.size() == 2 || sb.size() == 3), op,
+              ": expected 2-D or 3-D operands, got ", shape_str(sa), " and ", shape_str(sb));
+  check_float_pair(op, a, b);
+  auto [m, k] = logical_dims(sa, ta);
+  auto [k2, n] = logical_dims(sb, tb);
+  INGOT_CHECK(k == k2, op, ": inner dims differ: ", shape_str(sa), (ta ? "^T" : ""), " @ ", shape_str(sb),
+              (tb ? "^T" : ""), " (", k, " vs ", k2, ")");
+  const int64_t ba = sa.size() == 3 ? sa[0] : 1, bb = sb.size() == 3 ? sb[0] : 1;
+  INGOT_CHECK(ba == bb || ba == 1 || bb == 1, op, ": batch sizes ", ba, " and ", bb, " do not broadcast");
+  Shape out = {m, n};
+  if (sa.size() == 3 || sb.size() == 3) out.insert(out.begin(), std::max(ba, bb));
+  return out;
+}
+
+// A product's scale, printed only when it is not 1 so graphs without folded scales print (and hash) as before,
+// at full precision through exact_attrs (Note [Exact attributes], autograd/primitive.h).
+void print_alpha(std::ostream& os, double alpha, bool first) {
+  if (alpha != 1.0) os << (first ? "" : ", ") << "alpha=" << alpha;
+}
+
 class MatmulPrim final : public Primitive {
  public:
-  // widened: an f32 product of bf16 / f16 operands (matmul_fused.h); only compiled graphs build it.
-  MatmulPrim(bool trans_a, bool trans_b, bool widened = false) : ta_(trans_a), tb_(trans_b), widened_(widened) {}
+  // widened: an f32 product of bf16 / f16 operands (matmul_fused.h); alpha: the product's scale
+  // (scaled_product); only compiled graphs build either.
+  MatmulPrim(bool trans_a, bool trans_b, bool widened = false, double alpha = 1.0)
+      : ta_(trans_a), tb_(trans_b), widened_(widened), alpha_(alpha) {}
   std::string_view name() const override { return "matmul"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
-    const Shape &sa = in[0].shape, &sb = in[1].shape;
-    INGOT_CHECK((sa.size() == 2 || sa.size() == 3) && (sb.size() == 2 || sb.size() == 3),
-                "matmul: expected 2-D or 3-D operands, got ", shape_str(sa), " and ", shape_str(sb));
-    check_float_pair("matmul", in[0], in[1]);
-    auto [m, k] = logical_dims(sa, ta_);
-    auto [k2, n] = logical_dims(sb, tb_);
-    INGOT_CHECK(k == k2, "matmul: inner dims differ: ", shape_str(sa), (ta_ ? "^T" : ""), " @ ", shape_str(sb),
-                (tb_ ? "^T" : ""), " (", k, " vs ", k2, ")");
-    const int64_t ba = sa.size() == 3 ? sa[0] : 1, bb = sb.size() == 3 ? sb[0] : 1;
-    INGOT_CHECK(ba == bb || ba == 1 || bb == 1, "matmul: batch sizes ", ba, " and ", bb, " do not broadcast");
-    Shape out = {m, n};
-    if (sa.size() == 3 || sb.size() == 3) out.insert(out.begin(), std::max(ba, bb));
-    return {{out, widened_ ? DType::f32 : in[0].dtype, in[0].device}};
+    return {{product_shape("matmul", in[0], in[1], ta_, tb_), widened_ ? DType::f32 : in[0].dtype, in[0].device}};
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     Tensor out = alloc_outputs(infer(metas_of(in)))[0];
@@ -77,22 +92,74 @@ class MatmulPrim final : public Primitive {
     const Tensor& out = outs[0];
     if (out.numel() == 0) return;
     KernelOperand a = kernel_operand(in[0], ta_), b = kernel_operand(in[1], tb_);
-    INGOT_KERNEL_CALL(out.device(), matmul, kernel_operand(out, false).t, a.t, b.t, a.trans, b.trans, 1.0, 0.0);
+    INGOT_KERNEL_CALL(out.device(), matmul, kernel_operand(out, false).t, a.t, b.t, a.trans, b.trans, alpha_, 0.0);
   }
   void print_attrs(std::ostream& os) const override {
     os << "trans_a=" << ta_ << ", trans_b=" << tb_;
     if (widened_) os << ", out=f32";
+    print_alpha(os, alpha_, false);
   }
-  bool differentiable() const override { return !widened_; }
+  // The compiler's variants have no vjp of their own (they appear only in graphs the passes rewrote).
+  bool differentiable() const override { return !widened_ && alpha_ == 1.0; }
   // dA reads b and dB reads a: an operand is kept only for the other's gradient.
   bool saves_input_given(size_t i, const std::vector<bool>& needs) const override { return needs[1 - i]; }
-  MatmulFlags flags() const { return {ta_, tb_}; }
+  MatmulFlags flags() const { return {ta_, tb_, widened_, alpha_}; }
   // With A = op(a), B = op(b): dA = dC @ B^T and dB = A^T @ dC; a stored transposed gets the transpose of
   // that, which the flags express without copies.
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override;
 
  private:
   bool ta_, tb_, widened_;
+  double alpha_;
+};
+
+// See autograd/ops/matmul_fused.h. Inputs (a, b, c), output alpha * op(a) @ op(b) + c shaped like c: the kernel's
+// beta = 1 over a buffer holding c (Note [Outputs over dead inputs]). Never differentiated, like matmul_dgelu.
+class MatmulAccumulatePrim final : public Primitive {
+ public:
+  MatmulAccumulatePrim(bool trans_a, bool trans_b, double alpha) : ta_(trans_a), tb_(trans_b), alpha_(alpha) {}
+  std::string_view name() const override { return "matmul_accumulate"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const Shape p = product_shape("matmul_accumulate", in[0], in[1], ta_, tb_);
+    INGOT_CHECK(
+        ingot::numel(in[2].shape) == ingot::numel(p) && in[2].dtype == in[0].dtype && in[2].device == in[0].device,
+        "matmul_accumulate: the product ", shape_str(p), " ", dtype_name(in[0].dtype), " cannot accumulate into ",
+        shape_str(in[2].shape), " ", dtype_name(in[2].dtype));
+    return {in[2]};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return eval_into(in, in[2].clone_raw()); }
+  // The kernel reads each element of c before it writes it (out = alpha * a @ b + 1 * out).
+  std::optional<size_t> reusable_input() const override { return 2; }
+  std::vector<Tensor> eval_into(const std::vector<Tensor>& in, const Tensor& into) const override {
+    if (!into.is_contiguous()) return eval(in);
+    const Shape p = product_shape("matmul_accumulate", meta_of(in[0]), meta_of(in[1]), ta_, tb_);
+    if (ingot::numel(p) > 0) {
+      KernelOperand a = kernel_operand(in[0], ta_), b = kernel_operand(in[1], tb_);
+      const Tensor out = kernel_operand(into.as_strided(p, contiguous_strides(p), into.offset()), false).t;
+      INGOT_KERNEL_CALL(into.device(), matmul, out, a.t, b.t, a.trans, b.trans, alpha_, 1.0);
+    }
+    return {into};
+  }
+  // Into a gradient bucket's slice as well: c is copied there unless its producer already wrote it there
+  // (compile/passes/bucket_views.cpp follows reusable inputs).
+  bool writes_given_outputs() const override { return true; }
+  void eval_to(const std::vector<Tensor>& in, const std::vector<Tensor>& outs) const override {
+    Tensor out = outs[0];
+    if (!(in[2].storage() == out.storage() && in[2].offset() == out.offset() && in[2].is_contiguous()))
+      out.copy_(in[2]);
+    eval_into(in, out);
+  }
+  bool differentiable() const override { return false; }
+  void print_attrs(std::ostream& os) const override {
+    os << "trans_a=" << ta_ << ", trans_b=" << tb_;
+    print_alpha(os, alpha_, false);
+  }
+  double alpha() const { return alpha_; }
+  MatmulFlags flags() const { return {ta_, tb_, false, alpha_}; }
+
+ private:
+  bool ta_, tb_;
+  double alpha_;
 };
 
 // See autograd/ops/matmul_fused.h. Inputs (a, b, pre); never differentiated (it only appears in backward
@@ -185,6 +252,8 @@ std::vector<Tensor> MatmulPrim::vjp(const VjpContext& c, const std::vector<Tenso
 
 class LinearPrim final : public Primitive {
  public:
+  // alpha: the product's scale (scaled_product, compiler-only); the bias is never scaled.
+  explicit LinearPrim(double alpha = 1.0) : alpha_(alpha) {}
   std::string_view name() const override { return "linear"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     const Shape &sx = in[0].shape, &sw = in[1].shape;
@@ -199,13 +268,20 @@ class LinearPrim final : public Primitive {
     Tensor out = alloc_outputs(infer(metas_of(in)))[0];
     if (out.numel() == 0) return {out};
     KernelOperand x = kernel_operand(in[0], false), w = kernel_operand(in[1], true);
+    // The bias kernel (cuBLASLt's bias epilogue) has no alpha, so scale_into_products folds only into bias-free
+    // linears.
+    INGOT_INTERNAL_CHECK(!in[2].defined() || alpha_ == 1.0, "linear: a scaled product (alpha=", alpha_,
+                         ") with a bias, which the bias kernel cannot scale apart from it");
     if (in[2].defined())
       INGOT_KERNEL_CALL(out.device(), matmul_bias, kernel_operand(out, false).t, x.t, w.t, x.trans, w.trans,
                         in[2].contiguous_raw());
     else
-      INGOT_KERNEL_CALL(out.device(), matmul, kernel_operand(out, false).t, x.t, w.t, x.trans, w.trans, 1.0, 0.0);
+      INGOT_KERNEL_CALL(out.device(), matmul, kernel_operand(out, false).t, x.t, w.t, x.trans, w.trans, alpha_, 0.0);
     return {out};
   }
+  void print_attrs(std::ostream& os) const override { print_alpha(os, alpha_, true); }
+  bool differentiable() const override { return alpha_ == 1.0; }
+  double alpha() const { return alpha_; }
   bool saves_input(size_t i) const override { return i < 2; }
   // dx reads w and dw reads x (db neither): a frozen weight's linear keeps no input alive for the backward.
   bool saves_input_given(size_t i, const std::vector<bool>& needs) const override {
@@ -220,6 +296,9 @@ class LinearPrim final : public Primitive {
     if (c.needs_grad[2]) r[2] = sum(d, {0});
     return r;
   }
+
+ private:
+  double alpha_;
 };
 
 // [..batch, r, c] -> the broadcast batch flattened to one dim; a batch that is all ones stays 2-D, so the
@@ -253,6 +332,30 @@ std::optional<MatmulFlags> matmul_flags(const Primitive& p) {
 }
 
 bool is_linear(const Primitive& p) { return dynamic_cast<const LinearPrim*>(&p) != nullptr; }
+
+std::shared_ptr<Primitive> make_matmul_accumulate(bool trans_a, bool trans_b, double alpha) {
+  return std::make_shared<MatmulAccumulatePrim>(trans_a, trans_b, alpha);
+}
+
+std::optional<double> product_alpha(const Primitive& p) {
+  if (const auto* m = dynamic_cast<const MatmulPrim*>(&p)) return m->flags().alpha;
+  if (const auto* l = dynamic_cast<const LinearPrim*>(&p)) return l->alpha();
+  if (const auto* a = dynamic_cast<const MatmulAccumulatePrim*>(&p)) return a->alpha();
+  return std::nullopt;
+}
+
+std::shared_ptr<Primitive> scaled_product(const Primitive& p, double s) {
+  if (const auto* m = dynamic_cast<const MatmulPrim*>(&p)) {
+    const MatmulFlags f = m->flags();
+    return std::make_shared<MatmulPrim>(f.trans_a, f.trans_b, f.widened, f.alpha * s);
+  }
+  if (const auto* l = dynamic_cast<const LinearPrim*>(&p)) return std::make_shared<LinearPrim>(l->alpha() * s);
+  if (const auto* a = dynamic_cast<const MatmulAccumulatePrim*>(&p)) {
+    const MatmulFlags f = a->flags();
+    return std::make_shared<MatmulAccumulatePrim>(f.trans_a, f.trans_b, f.alpha * s);
+  }
+  return nullptr;
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   INGOT_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: operands must have at least 1 dim, got ",

@@ -92,7 +92,8 @@ struct Epilogues {
       }
       if (!p || uses[static_cast<size_t>(dh)] != 1) continue;
       const std::optional<MatmulFlags> mf = matmul_flags(*p->prim);
-      if (!mf || shape(p->inputs[0]).size() != 2 || shape(p->inputs[1]).size() != 2) continue;
+      // matmul_dgelu has no alpha: a product carrying a folded scale (scale_into_products) stays.
+      if (!mf || mf->alpha != 1.0 || shape(p->inputs[0]).size() != 2 || shape(p->inputs[1]).size() != 2) continue;
       const Shape ms = shape(dh);
       if (g.values[static_cast<size_t>(dh)].dtype != pv.dtype || numel(ms) != numel(shape(pre))) continue;
       // The bias gradient: sum over the rows of the GELU gradient seen as [M, N].

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "compile/passes/accumulate_index_add.h"
+#include "compile/passes/accumulate_products.h"
 #include "compile/passes/bucket_updates.h"
 #include "compile/passes/bucket_views.h"
 #include "compile/passes/cast_pieces.h"
@@ -17,6 +18,7 @@
 #include "compile/passes/pack_attention_grads.h"
 #include "compile/passes/pieces_into_update.h"
 #include "compile/passes/remat.h"
+#include "compile/passes/scale_into_products.h"
 #include "compile/passes/schedule.h"
 #include "compile/passes/simplify.h"
 #include "compile/passes/split_update.h"
