@@ -116,8 +116,9 @@ int main() {
            2.5 * fwd_flops);
   }
   // LoRA r=8 products of Llama-3-8B at 2 x 2048 tokens: GB/s of the large operand read or written (its floor is the
-  // memory's, ~7 us; cuBLASLt runs them at 1.1-1.8 TB/s, and simple kernels of our own were slower: bench/RESULTS.md
-  // 2026-11-27, twenty-first session).
+  // memory's, ~7 us; cuBLASLt runs them at 1.1-1.8 TB/s). Kernels of our own were tried twice and not kept: faster here,
+  // where the 32 MB operand stays in the 50 MB L2 between repetitions, but no faster inside the step, where it comes
+  // from HBM (bench/RESULTS.md 2026-11-27, twenty-first and twenty-seventh sessions).
   {
     const int64_t t = 4096, r = 8;
     for (int64_t d : {4096, 1024}) {
@@ -130,6 +131,19 @@ int main() {
       report(("lora dY @ B " + sz + " -> r8").c_str(), median_ms([&] { kg::matmul(small, x, bt, false, false, 1.0, 0.0); }), bytes);
       report(("lora h @ B^T r8 -> " + sz).c_str(), median_ms([&] { kg::matmul(big, h, bt, false, true, 1.0, 0.0); }), bytes);
       report(("lora dh @ A r8 -> " + sz).c_str(), median_ms([&] { kg::matmul(big, h, a, false, false, 1.0, 0.0); }), bytes);
+      // What the compiled step runs besides: the up-product into an f32 delta (Note [Residual of a sum]), the
+      // input-gradient product accumulated into the base's (beta = 1), and q/k/v's shared rank-24 products.
+      Tensor big32 = empty({1, t, d}, DType::f32, g);
+      report(("lora h @ B^T r8 -> " + sz + " f32").c_str(),
+             median_ms([&] { kg::matmul(big32, h, bt, false, true, 1.0, 0.0); }), 2 * bytes);
+      report(("lora dh @ A r8 -> " + sz + " beta 1").c_str(),
+             median_ms([&] { kg::matmul(big, h, a, false, false, 1.0, 1.0); }), 2 * bytes);
+      Tensor a24 = randn({1, 3 * r, d}, DType::bf16, g), h24 = randn({1, t, 3 * r}, DType::bf16, g);
+      Tensor small24 = empty({1, t, 3 * r}, DType::bf16, g);
+      report(("lora x @ A^T " + sz + " -> r24").c_str(),
+             median_ms([&] { kg::matmul(small24, x, a24, false, true, 1.0, 0.0); }), bytes);
+      report(("lora dh @ A r24 -> " + sz).c_str(), median_ms([&] { kg::matmul(big, h24, a24, false, false, 1.0, 0.0); }),
+             bytes);
     }
   }
   // Llama-3-8B's weight-gradient products at 2 x 2048 tokens (dW = dY^T @ X, K = 4096 tokens): bf16 out, and
