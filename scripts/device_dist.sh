@@ -7,7 +7,7 @@
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_dist.sh [tests] [gpu1] [race] [bucket] [bench] [variants] [peak] [memory] [torch] [llama]
 #                          [fsdp] [zero] [fsdp8b] [fsdp8b_one] [carveout] [clocks] [priority] [kernels] [ddpwhy]
-#                          [wirewhy] [symwhy] [symddp] [probe] [alone] [chunks]
+#                          [wirewhy] [symwhy] [symddp] [probe] [alone] [chunks] [updates]
 #                          (default: tests bench torch)
 #   race: the compiled-DDP-vs-eager tests in fresh processes, counting the runs that fail (the default-mode
 #         ordering race of bench/RESULTS.md 2026-11-26 showed up in 3-4 runs of 5 before its fix)
@@ -72,6 +72,11 @@
 #   chunks: DDP scaling at all GPUs (4 at most), compiled default: GPT-2 and the ~1B Llama on 1 GPU and DDP, GPT-2
 #         reduce-overhead 1 GPU and DDP (bench/RESULTS.md, twenty-sixth session, ran it beside the multi-tensor chunks
 #         of before Note [Multi-tensor chunks] through a switch since removed)
+#   updates: the optimizer update per bucket (as it is: each bucket's AdamW right after its all-reduce) against one
+#         update after the last all-reduce (INGOT_SKIP_PASSES=split_update_by_bucket), alternating, compiled default at
+#         all GPUs (4 at most), GPT-2 then the ~1B Llama, the 1-GPU rows first (issue 21: the per-bucket updates run
+#         beside NCCL's kernels and slowed 40% there in the nineteenth session; one update at the end runs alone but
+#         waits for the last bucket)
 #   symwhy: NCCL's symmetric kernels (buffers in ProcessGroup::symmetric_empty's windows) against its ordinary ones at
 #         one 8B block's bf16 reduce-scatter, GPT-2's f32 all-reduce and an f32 reduce-scatter, each with an 8192^3
 #         bf16 product timed alone and beside it (bench_allreduce --beside-matmul), and NcclProcessGroup.Symm*
@@ -201,7 +206,7 @@ PY
 gpt2() {  # gpt2 N NAME FLAGS...
   local n=$1 name=$2; shift 2
   want bench || want variants || want memory || want peak || want zero || want carveout || want clocks || want priority ||
-    want kernels || want ddpwhy || want symddp || want probe || want chunks ||
+    want kernels || want ddpwhy || want symddp || want probe || want chunks || want updates ||
     return 0
   local vis; vis=$(seq -s, 0 $((n - 1)))
   smi_start "$name"
@@ -411,6 +416,25 @@ if want chunks; then  # per-bucket updates' chunks at all GPUs (Note [Multi-tens
   timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama --timeline \
     > "$out/chunks_llama_$n.log" 2>&1
   echo "llama x$n:"; grep -h "^| ingot\|^timeline\|error" "$out/chunks_llama_$n.log" | tail -2
+fi
+if want updates; then  # per-bucket updates beside NCCL or one update after the last all-reduce, issue 21
+  n=$(( gpus >= 4 ? 4 : gpus ))
+  gpt2 1 updates_gpt2_1 --compile default
+  for round in a b; do
+    gpt2 $n updates_gpt2_${n}_$round --compile default --timeline
+    INGOT_SKIP_PASSES=split_update_by_bucket gpt2 $n updates_gpt2_${n}_one_$round --compile default --timeline
+  done
+  llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
+    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
+  CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/updates_llama_1.log" 2>&1
+  echo "llama x1:"; grep -h "^| ingot" "$out/updates_llama_1.log" | tail -1
+  for skip in "" split_update_by_bucket; do
+    want updates || break
+    INGOT_SKIP_PASSES=$skip timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama \
+      --timeline > "$out/updates_llama_${n}_${skip:-bucketed}.log" 2>&1
+    echo "llama x$n INGOT_SKIP_PASSES=${skip:-(unset)}:"
+    grep -h "^| ingot\|^timeline\|error" "$out/updates_llama_${n}_${skip:-bucketed}.log" | tail -2
+  done
 fi
 if want symddp; then  # compiled DDP with its buckets in NCCL symmetric windows (INGOT_SYMMETRIC_BUCKETS=1), issue 21
   n=$(( gpus >= 4 ? 4 : gpus ))
