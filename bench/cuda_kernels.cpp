@@ -116,34 +116,44 @@ int main() {
            2.5 * fwd_flops);
   }
   // LoRA r=8 products of Llama-3-8B at 2 x 2048 tokens: GB/s of the large operand read or written (its floor is the
-  // memory's, ~7 us; cuBLASLt runs them at 1.1-1.8 TB/s). Kernels of our own were tried twice and not kept: faster here,
-  // where the 32 MB operand stays in the 50 MB L2 between repetitions, but no faster inside the step, where it comes
-  // from HBM (bench/RESULTS.md 2026-11-27, twenty-first and twenty-seventh sessions).
+  // memory's, ~8 us from HBM). Each repetition takes the next of kCopies large operands (kCopies x 32 MB, several
+  // times the H200's 50 MB L2), so the large operand comes from HBM as it does in the step: with one operand it stayed
+  // in L2 between repetitions, and kernels of our own that looked 1.2-1.6x faster than cuBLASLt here were no faster
+  // in the step (bench/RESULTS.md 2026-11-27, twenty-first and twenty-seventh sessions).
   {
     const int64_t t = 4096, r = 8;
+    constexpr int kCopies = 6;
     for (int64_t d : {4096, 1024}) {
-      Tensor x = randn({1, t, d}, DType::bf16, g), a = randn({1, r, d}, DType::bf16, g);
-      Tensor bt = randn({1, d, r}, DType::bf16, g), h = randn({1, t, r}, DType::bf16, g);
-      Tensor small = empty({1, t, r}, DType::bf16, g), big = empty({1, t, d}, DType::bf16, g);
+      std::vector<Tensor> xs, bigs, big32s;
+      for (int i = 0; i < kCopies; ++i) {
+        xs.push_back(randn({1, t, d}, DType::bf16, g));
+        bigs.push_back(randn({1, t, d}, DType::bf16, g));
+        big32s.push_back(empty({1, t, d}, DType::f32, g));
+      }
+      int next = 0;
+      auto pick = [&](std::vector<Tensor>& v) -> const Tensor& { return v[static_cast<size_t>(next++ % kCopies)]; };
+      Tensor a = randn({1, r, d}, DType::bf16, g), bt = randn({1, d, r}, DType::bf16, g);
+      Tensor h = randn({1, t, r}, DType::bf16, g), small = empty({1, t, r}, DType::bf16, g);
       const double bytes = 2.0 * t * d;
       const std::string sz = std::to_string(t) + "x" + std::to_string(d);
-      report(("lora x @ A^T " + sz + " -> r8").c_str(), median_ms([&] { kg::matmul(small, x, a, false, true, 1.0, 0.0); }), bytes);
-      report(("lora dY @ B " + sz + " -> r8").c_str(), median_ms([&] { kg::matmul(small, x, bt, false, false, 1.0, 0.0); }), bytes);
-      report(("lora h @ B^T r8 -> " + sz).c_str(), median_ms([&] { kg::matmul(big, h, bt, false, true, 1.0, 0.0); }), bytes);
-      report(("lora dh @ A r8 -> " + sz).c_str(), median_ms([&] { kg::matmul(big, h, a, false, false, 1.0, 0.0); }), bytes);
+      auto time = [&](const std::string& name, double moved, const std::function<void()>& fn) {
+        report(name.c_str(), median_ms(fn), moved);
+      };
+      time("lora x @ A^T " + sz + " -> r8", bytes, [&] { kg::matmul(small, pick(xs), a, false, true, 1.0, 0.0); });
+      time("lora dY @ B " + sz + " -> r8", bytes, [&] { kg::matmul(small, pick(xs), bt, false, false, 1.0, 0.0); });
+      time("lora h @ B^T r8 -> " + sz, bytes, [&] { kg::matmul(pick(bigs), h, bt, false, true, 1.0, 0.0); });
+      time("lora dh @ A r8 -> " + sz, bytes, [&] { kg::matmul(pick(bigs), h, a, false, false, 1.0, 0.0); });
       // What the compiled step runs besides: the up-product into an f32 delta (Note [Residual of a sum]), the
-      // input-gradient product accumulated into the base's (beta = 1), and q/k/v's shared rank-24 products.
-      Tensor big32 = empty({1, t, d}, DType::f32, g);
-      report(("lora h @ B^T r8 -> " + sz + " f32").c_str(),
-             median_ms([&] { kg::matmul(big32, h, bt, false, true, 1.0, 0.0); }), 2 * bytes);
-      report(("lora dh @ A r8 -> " + sz + " beta 1").c_str(),
-             median_ms([&] { kg::matmul(big, h, a, false, false, 1.0, 1.0); }), 2 * bytes);
+      // input-gradient product accumulated into the base's (beta = 1: read and written), and q/k/v's shared rank-24
+      // products (Note [Adapters of one input]).
+      time("lora h @ B^T r8 -> " + sz + " f32", 2 * bytes,
+           [&] { kg::matmul(pick(big32s), h, bt, false, true, 1.0, 0.0); });
+      time("lora dh @ A r8 -> " + sz + " beta 1", 2 * bytes,
+           [&] { kg::matmul(pick(bigs), h, a, false, false, 1.0, 1.0); });
       Tensor a24 = randn({1, 3 * r, d}, DType::bf16, g), h24 = randn({1, t, 3 * r}, DType::bf16, g);
       Tensor small24 = empty({1, t, 3 * r}, DType::bf16, g);
-      report(("lora x @ A^T " + sz + " -> r24").c_str(),
-             median_ms([&] { kg::matmul(small24, x, a24, false, true, 1.0, 0.0); }), bytes);
-      report(("lora dh @ A r24 -> " + sz).c_str(), median_ms([&] { kg::matmul(big, h24, a24, false, false, 1.0, 0.0); }),
-             bytes);
+      time("lora x @ A^T " + sz + " -> r24", bytes, [&] { kg::matmul(small24, pick(xs), a24, false, true, 1.0, 0.0); });
+      time("lora dh @ A r24 -> " + sz, bytes, [&] { kg::matmul(pick(bigs), h24, a24, false, false, 1.0, 0.0); });
     }
   }
   // Llama-3-8B's weight-gradient products at 2 x 2048 tokens (dW = dY^T @ X, K = 4096 tokens): bf16 out, and
