@@ -76,7 +76,7 @@
 #         update after the last all-reduce (INGOT_SKIP_PASSES=split_update_by_bucket), alternating, compiled default at
 #         all GPUs (4 at most), GPT-2 then the ~1B Llama, the 1-GPU rows first (issue 21: the per-bucket updates run
 #         beside NCCL's kernels and slowed 40% there in the nineteenth session; one update at the end runs alone but
-#         waits for the last bucket)
+#         waits for the last bucket); then ZeRO-1 and ZeRO-2 (--zero-stage: a quarter of the update on each rank)
 #   symwhy: NCCL's symmetric kernels (buffers in ProcessGroup::symmetric_empty's windows) against its ordinary ones at
 #         one 8B block's bf16 reduce-scatter, GPT-2's f32 all-reduce and an f32 reduce-scatter, each with an 8192^3
 #         bf16 product timed alone and beside it (bench_allreduce --beside-matmul), and NcclProcessGroup.Symm*
@@ -434,6 +434,15 @@ if want updates; then  # per-bucket updates beside NCCL or one update after the 
       --timeline > "$out/updates_llama_${n}_${skip:-bucketed}.log" 2>&1
     echo "llama x$n INGOT_SKIP_PASSES=${skip:-(unset)}:"
     grep -h "^| ingot\|^timeline\|error" "$out/updates_llama_${n}_${skip:-bucketed}.log" | tail -2
+  done
+  # ZeRO-1 / ZeRO-2: each rank updates a quarter of the parameters (the ~1B Llama's AdamW is 8.6 ms on one GPU) and
+  # the same bytes move (reduce-scatter, then all-gather of the updated parameters).
+  for z in 1 2; do
+    want updates || break
+    gpt2 $n updates_gpt2_${n}_zero$z --compile default --timeline --zero-stage $z
+    timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama --timeline --zero-stage $z \
+      > "$out/updates_llama_${n}_zero$z.log" 2>&1
+    echo "llama x$n ZeRO-$z:"; grep -h "^| ingot\|^timeline\|error" "$out/updates_llama_${n}_zero$z.log" | tail -2
   done
 fi
 if want symddp; then  # compiled DDP with its buckets in NCCL symmetric windows (INGOT_SYMMETRIC_BUCKETS=1), issue 21
