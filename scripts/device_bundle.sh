@@ -14,6 +14,11 @@ build=${1:-build}; archive=${2:-.device/bundle.tar.xz}
 programs=(ingot ingot_tests bench_gpt2_step bench_llama_step bench_allreduce bench_cuda_kernels)
 own='linux-vdso|ld-linux|/libc\.so|/libm\.so|/libstdc\+\+|/libgcc_s|/libpthread|/libdl\.so|/librt\.so|/libcuda\.so'
 cuda='/usr/local/cuda|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink'
+# Built first, so the archive never carries a program older than the tree (a stale `ingot` beside a fresh ingot_tests
+# once made an A/B compare two identical binaries: bench/RESULTS.md 2026-11-27, twenty-seventh session).
+if [[ -f $build/build.ninja ]]; then
+  ninja -C "$build" "${programs[@]}" > /dev/null || { echo "device_bundle: building ${programs[*]} in $build failed" >&2; exit 1; }
+fi
 stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 for p in "${programs[@]}"; do
