@@ -41,6 +41,17 @@ void Primitive::eval_to(const std::vector<Tensor>& inputs, const std::vector<Ten
   }
 }
 
+void Primitive::eval_into_given(const std::vector<Tensor>& inputs, const Tensor& out) const {
+  const std::optional<size_t> k = reusable_input();
+  INGOT_INTERNAL_CHECK(k && *k < inputs.size(), name(), ": eval_into_given needs an input to accumulate into");
+  const Tensor& base = inputs[*k];
+  if (!(base.storage() == out.storage() && base.offset() == out.offset() && base.is_contiguous())) {
+    Tensor o = out;  // a handle: the copy writes the caller's buffer
+    o.copy_(base);
+  }
+  eval_into(inputs, out);
+}
+
 bool Primitive::equivalent(const Primitive& other) const {
   return name() == other.name() && exact_attrs(*this) == exact_attrs(other);
 }

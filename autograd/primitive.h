@@ -83,6 +83,10 @@ class Primitive {
   // (compile/passes/bucket_views.h). The default eval_to evaluates and copies.
   virtual bool writes_given_outputs() const { return false; }
   virtual void eval_to(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs) const;
+  // Both notes at once, for an op that accumulates into input reusable_input() (index_add_accumulate,
+  // matmul_accumulate): that input's values are copied into `out` unless its producer already wrote them there
+  // (compile/passes/bucket_views.cpp places it in the same slice), then eval_into(inputs, out).
+  void eval_into_given(const std::vector<Tensor>& inputs, const Tensor& out) const;
   // Input i is read on the host whatever device the other inputs live on (the optimizers' [G, 3] f64 rows of
   // learning rate, step and grad scale): exempt from the same-device check of apply().
   virtual bool host_input(size_t) const { return false; }

@@ -133,10 +133,7 @@ class IndexAddAccumulatePrim final : public Primitive {
   // producer wrote it into the same slice: compile/passes/bucket_views.cpp follows reusable inputs).
   bool writes_given_outputs() const override { return true; }
   void eval_to(const std::vector<Tensor>& in, const std::vector<Tensor>& outs) const override {
-    Tensor out = outs[0];
-    if (!(in[0].storage() == out.storage() && in[0].offset() == out.offset() && in[0].is_contiguous()))
-      out.copy_(in[0]);
-    eval_into(in, out);
+    eval_into_given(in, outs[0]);
   }
   bool differentiable() const override { return false; }
   void print_attrs(std::ostream& os) const override { os << "dim=" << dim_; }

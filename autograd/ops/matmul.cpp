@@ -144,10 +144,7 @@ class MatmulAccumulatePrim final : public Primitive {
   // (compile/passes/bucket_views.cpp follows reusable inputs).
   bool writes_given_outputs() const override { return true; }
   void eval_to(const std::vector<Tensor>& in, const std::vector<Tensor>& outs) const override {
-    Tensor out = outs[0];
-    if (!(in[2].storage() == out.storage() && in[2].offset() == out.offset() && in[2].is_contiguous()))
-      out.copy_(in[2]);
-    eval_into(in, out);
+    eval_into_given(in, outs[0]);
   }
   bool differentiable() const override { return false; }
   void print_attrs(std::ostream& os) const override {
