@@ -216,6 +216,18 @@ gpt2() {  # gpt2 N NAME FLAGS...
   smi_stop "$name" "$n"
   row "$out/$name.log"
 }
+# The ~1B Llama full fine-tune (bench/configs/llama_1b), bf16, 2 x 2048 tokens per GPU, compiled default: what the
+# Llama rows of every part run, and llama1b N NAME FLAGS... runs it on one GPU (N = 1) or on all of them under ingot
+# launch, into $out/NAME.log, printing NAME and its row (and timeline).
+llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
+  --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
+llama1b() {
+  local n=$1 name=$2; shift 2
+  if (( n == 1 )); then CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama "$@" > "$out/$name.log" 2>&1
+  else timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama "$@" > "$out/$name.log" 2>&1
+  fi
+  echo "$name:"; grep -h "^| ingot\|^timeline\|error" "$out/$name.log" | tail -2
+}
 if want bench; then
   for n in 1 2 4; do
     (( n <= gpus )) || continue
@@ -293,8 +305,7 @@ if want ddpwhy; then  # what slows DDP's compute (issue 21): neither bytes nor t
   NCCL_MAX_CTAS=1 NCCL_MIN_CTAS=1 gpt2 $gpus why_ctas1 --compile default --timeline
   NCCL_P2P_DISABLE=1 gpt2 $gpus why_nop2p --compile default --timeline
   # The ~1B Llama (its step grows 73.5 -> 84.7 ms at 4 GPUs, f32 or bf16 alike): per-op device times, 1 GPU vs all.
-  lw="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
-    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache --profile 40 --profile-events"
+  lw="$llama --profile 40 --profile-events"
   CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $lw > "$out/why_llama_1.log" 2>&1
   timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $lw --timeline \
     > "$out/why_llama_n.log" 2>&1
@@ -367,22 +378,14 @@ if want probe; then  # what slows the DDP step: bytes, meetings or neither (INGO
   gpt2 1 probe_gpt2_ro_1 --compile reduce-overhead
   gpt2 $n probe_gpt2_ro_$n --compile reduce-overhead --timeline
   INGOT_ALL_REDUCE_PROBE=skip gpt2 $n probe_gpt2_ro_${n}_skip --compile reduce-overhead --timeline
-  llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
-    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
-  CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/probe_llama_1.log" 2>&1
-  echo "llama x1:"; grep -h "^| ingot" "$out/probe_llama_1.log" | tail -1
-  for probe in "" one skip; do
+  llama1b 1 probe_llama_1
+  for probe in "" one skip; do  # INGOT_ALL_REDUCE_PROBE unset, one, skip
     want probe || break
-    INGOT_ALL_REDUCE_PROBE=$probe timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama \
-      --timeline > "$out/probe_llama_${n}_${probe:-all}.log" 2>&1
-    echo "llama x$n INGOT_ALL_REDUCE_PROBE=${probe:-(unset)}:"
-    grep -h "^| ingot\|^timeline\|error" "$out/probe_llama_${n}_${probe:-all}.log" | tail -2
+    INGOT_ALL_REDUCE_PROBE=$probe llama1b $n probe_llama_${n}_${probe:-all} --timeline
   done
 fi
 if want alone; then  # the DDP step without reductions taken apart: its graph, a busy machine (issue 21)
   n=$(( gpus >= 4 ? 4 : gpus ))
-  llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
-    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
   for model in gpt2 llama; do
     want alone || break
     if [[ $model == gpt2 ]]; then prog="bench_gpt2_step $bench --compile default"; else prog="bench_llama_step $llama"; fi
@@ -409,13 +412,8 @@ if want chunks; then  # per-bucket updates' chunks at all GPUs (Note [Multi-tens
   gpt2 $n chunks_gpt2_${n}_b --compile default --timeline
   gpt2 1 chunks_gpt2_ro_1 --compile reduce-overhead
   gpt2 $n chunks_gpt2_ro_$n --compile reduce-overhead --timeline
-  llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
-    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
-  CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/chunks_llama_1.log" 2>&1
-  echo "llama x1:"; grep -h "^| ingot" "$out/chunks_llama_1.log" | tail -1
-  timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama --timeline \
-    > "$out/chunks_llama_$n.log" 2>&1
-  echo "llama x$n:"; grep -h "^| ingot\|^timeline\|error" "$out/chunks_llama_$n.log" | tail -2
+  llama1b 1 chunks_llama_1
+  llama1b $n chunks_llama_$n --timeline
 fi
 if want updates; then  # per-bucket updates beside NCCL or one update after the last all-reduce, issue 21
   n=$(( gpus >= 4 ? 4 : gpus ))
@@ -424,25 +422,17 @@ if want updates; then  # per-bucket updates beside NCCL or one update after the 
     gpt2 $n updates_gpt2_${n}_$round --compile default --timeline
     INGOT_SKIP_PASSES=split_update_by_bucket gpt2 $n updates_gpt2_${n}_one_$round --compile default --timeline
   done
-  llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
-    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
-  CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/updates_llama_1.log" 2>&1
-  echo "llama x1:"; grep -h "^| ingot" "$out/updates_llama_1.log" | tail -1
-  for skip in "" split_update_by_bucket; do
+  llama1b 1 updates_llama_1
+  for skip in "" split_update_by_bucket; do  # INGOT_SKIP_PASSES unset, then the per-bucket split left out
     want updates || break
-    INGOT_SKIP_PASSES=$skip timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama \
-      --timeline > "$out/updates_llama_${n}_${skip:-bucketed}.log" 2>&1
-    echo "llama x$n INGOT_SKIP_PASSES=${skip:-(unset)}:"
-    grep -h "^| ingot\|^timeline\|error" "$out/updates_llama_${n}_${skip:-bucketed}.log" | tail -2
+    INGOT_SKIP_PASSES=$skip llama1b $n updates_llama_${n}_${skip:-bucketed} --timeline
   done
   # ZeRO-1 / ZeRO-2: each rank updates a quarter of the parameters (the ~1B Llama's AdamW is 8.6 ms on one GPU) and
   # the same bytes move (reduce-scatter, then all-gather of the updated parameters).
   for z in 1 2; do
     want updates || break
     gpt2 $n updates_gpt2_${n}_zero$z --compile default --timeline --zero-stage $z
-    timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama --timeline --zero-stage $z \
-      > "$out/updates_llama_${n}_zero$z.log" 2>&1
-    echo "llama x$n ZeRO-$z:"; grep -h "^| ingot\|^timeline\|error" "$out/updates_llama_${n}_zero$z.log" | tail -2
+    llama1b $n updates_llama_${n}_zero$z --timeline --zero-stage $z
   done
 fi
 if want symddp; then  # compiled DDP with its buckets in NCCL symmetric windows (INGOT_SYMMETRIC_BUCKETS=1), issue 21
@@ -452,21 +442,13 @@ if want symddp; then  # compiled DDP with its buckets in NCCL symmetric windows 
     gpt2 $n symddp_gpt2_${n}_$round --compile default --timeline
     INGOT_SYMMETRIC_BUCKETS=1 gpt2 $n symddp_gpt2_${n}_sym_$round --compile default --timeline
   done
-  llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
-    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
-  CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/symddp_llama_1.log" 2>&1
-  grep -h "^| ingot" "$out/symddp_llama_1.log" | tail -1
-  for sym in 0 1; do
+  llama1b 1 symddp_llama_1
+  for sym in 0 1; do  # INGOT_SYMMETRIC_BUCKETS
     want symddp || break
-    INGOT_SYMMETRIC_BUCKETS=$sym timeout 200 ingot launch --nproc-per-node gpu --standalone -- bench_llama_step $llama \
-      --timeline > "$out/symddp_llama_${n}_$sym.log" 2>&1
-    echo "llama x$n INGOT_SYMMETRIC_BUCKETS=$sym:"; grep -h "^| ingot\|^timeline\|error" "$out/symddp_llama_${n}_$sym.log" | tail -2
+    INGOT_SYMMETRIC_BUCKETS=$sym llama1b $n symddp_llama_${n}_$sym --timeline
   done
 fi
-if want llama; then
-  # ~1B Llama full fine-tune (bench/configs/llama_1b), 2 x 2048 tokens per GPU.
-  llama="--config $src/bench/configs/llama_1b/config.json --device cuda --dtype bf16 --batch 2 --seq 2048 --steps 10
-    --warmup 3 --compile default --cache-dir /tmp/ingot-dist-cache"
+if want llama; then  # the ~1B Llama ($llama), with the smi samples and bucket variants
   smi_start llama_1
   CUDA_VISIBLE_DEVICES=0 timeout 200 bench_llama_step $llama > "$out/llama_1.log" 2>&1
   smi_stop llama_1 1
