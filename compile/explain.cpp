@@ -58,10 +58,7 @@ std::vector<std::string> describe_collectives(const Graph& g) {
   std::vector<std::string> out;
   const size_t n = g.nodes.size();
   std::vector<std::string> label(n);
-  std::vector<std::vector<int32_t>> readers(g.values.size());
-  for (size_t i = 0; i < n; ++i)
-    for (int32_t v : g.nodes[i].inputs)
-      if (v >= 0) readers[static_cast<size_t>(v)].push_back(static_cast<int32_t>(i));
+  const std::vector<std::vector<int32_t>> readers = g.readers();
   // A start's own wait reads its buffer first; another wait may read it after as an ordering token
   // (compile/passes/unit_reductions.h).
   auto wait_of = [&](size_t s) -> int32_t {

@@ -99,6 +99,15 @@ std::vector<int32_t> Graph::use_counts() const {
   return uses;
 }
 
+std::vector<std::vector<int32_t>> Graph::readers() const {
+  std::vector<std::vector<int32_t>> r(values.size());
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (int32_t v : nodes[i].inputs)
+      if (v >= 0 && (r[static_cast<size_t>(v)].empty() || r[static_cast<size_t>(v)].back() != static_cast<int32_t>(i)))
+        r[static_cast<size_t>(v)].push_back(static_cast<int32_t>(i));
+  return r;
+}
+
 bool Graph::is_root(int32_t value) const {
   for (int32_t o : outputs)
     if (o == value) return true;

@@ -129,6 +129,8 @@ class Graph {
   void replace_uses(int32_t from, int32_t to);
   // Use counts per value over node inputs plus outputs, write-backs and grad outs (the "roots").
   std::vector<int32_t> use_counts() const;
+  // The nodes reading each value as an input, each node once, in node order.
+  std::vector<std::vector<int32_t>> readers() const;
   bool is_root(int32_t value) const;
   // Renumbers node ids after a pass removed or reordered nodes (values keep their ids).
   void renumber_nodes();

@@ -39,16 +39,12 @@ namespace {
 struct Accumulate {
   Graph& g;
   std::vector<int32_t> uses;
-  std::vector<std::vector<size_t>> readers;
+  std::vector<std::vector<int32_t>> readers;
   std::map<size_t, Node> replace;
   std::vector<bool> drop;
 
   explicit Accumulate(Graph& graph)
-      : g(graph), uses(graph.use_counts()), readers(graph.values.size()), drop(graph.nodes.size(), false) {
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-      for (int32_t v : g.nodes[i].inputs)
-        if (v >= 0) readers[static_cast<size_t>(v)].push_back(i);
-  }
+      : g(graph), uses(graph.use_counts()), readers(graph.readers()), drop(graph.nodes.size(), false) {}
   const Value& value(int32_t v) const { return g.values[static_cast<size_t>(v)]; }
 
   // A summand's product: the producer reached from `v` through reshapes (each value on the way read only once, so

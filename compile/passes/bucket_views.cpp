@@ -86,10 +86,7 @@ std::vector<int32_t> piece_chain(const Graph& g, int32_t piece, DType dtype, con
 
 bool bucket_views(Graph& g, const BucketViewOptions& o) {
   const std::vector<int32_t> uses = g.use_counts();
-  std::vector<std::vector<int32_t>> readers(g.values.size());
-  for (const Node& n : g.nodes)
-    for (int32_t v : n.inputs)
-      if (v >= 0) readers[static_cast<size_t>(v)].push_back(n.id);
+  const std::vector<std::vector<int32_t>> readers = g.readers();
   bool changed = false;
   for (Node& cat : g.nodes) {
     const CatAttrs* along = match<CatAttrs>(*cat.prim);

@@ -38,17 +38,13 @@ bool moved_cast(DType from, DType to) {
 struct Rewrite {
   Graph& g;
   std::vector<int32_t> uses;
-  std::vector<std::vector<size_t>> readers;
+  std::vector<std::vector<int32_t>> readers;
   std::map<size_t, Node> replace;
   std::map<size_t, std::vector<Node>> before;  // nodes to insert just before node i
   std::vector<bool> drop;
 
-  explicit Rewrite(Graph& graph) : g(graph), uses(graph.use_counts()), readers(graph.values.size()),
-                                   drop(graph.nodes.size(), false) {
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-      for (int32_t v : g.nodes[i].inputs)
-        if (v >= 0) readers[static_cast<size_t>(v)].push_back(i);
-  }
+  explicit Rewrite(Graph& graph)
+      : g(graph), uses(graph.use_counts()), readers(graph.readers()), drop(graph.nodes.size(), false) {}
 
   bool free_node(size_t i) const { return !replace.count(i) && !drop[i]; }
 

@@ -248,10 +248,7 @@ bool fuse(Graph& g, const FuseOptions& o) {
   int32_t multi = -1, casts = -1, copies = -1;
   std::vector<int32_t> param_casts, update_copies;
   if (cuda) {
-    std::vector<std::vector<int32_t>> readers(g.values.size());  // every node reading each value
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-      for (int32_t v : g.nodes[i].inputs)
-        if (v >= 0) readers[static_cast<size_t>(v)].push_back(static_cast<int32_t>(i));
+    const std::vector<std::vector<int32_t>> readers = g.readers();
     param_casts = cast_group(g, [&](const Node& n) { return parameter_cast(g, readers, n); });
     update_copies = cast_group(g, [&](const Node& n) { return update_copy(g, readers, n); });
   }

@@ -35,16 +35,12 @@ struct Epilogues {
   Graph& g;
   const MatmulEpilogueOptions& o;
   std::vector<int32_t> uses;
-  std::vector<std::vector<size_t>> readers;
+  std::vector<std::vector<int32_t>> readers;
   std::map<size_t, Node> replace;  // node index -> the node that takes its place
   std::vector<bool> drop;
 
   Epilogues(Graph& graph, const MatmulEpilogueOptions& options)
-      : g(graph), o(options), uses(graph.use_counts()), readers(graph.values.size()), drop(graph.nodes.size(), false) {
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-      for (int32_t v : g.nodes[i].inputs)
-        if (v >= 0) readers[static_cast<size_t>(v)].push_back(i);
-  }
+      : g(graph), o(options), uses(graph.use_counts()), readers(graph.readers()), drop(graph.nodes.size(), false) {}
   const Node* producer(int32_t v) const {
     const int32_t p = g.values[static_cast<size_t>(v)].producer;
     return p < 0 ? nullptr : &g.nodes[static_cast<size_t>(p)];

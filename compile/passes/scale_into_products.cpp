@@ -33,15 +33,10 @@ namespace {
 
 struct Scales {
   Graph& g;
-  std::vector<std::vector<size_t>> readers;
+  std::vector<std::vector<int32_t>> readers;
   std::vector<bool> drop;
 
-  explicit Scales(Graph& graph) : g(graph), readers(graph.values.size()), drop(graph.nodes.size(), false) {
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-      for (int32_t v : g.nodes[i].inputs)
-        if (v >= 0 && (readers[static_cast<size_t>(v)].empty() || readers[static_cast<size_t>(v)].back() != i))
-          readers[static_cast<size_t>(v)].push_back(i);
-  }
+  explicit Scales(Graph& graph) : g(graph), readers(graph.readers()), drop(graph.nodes.size(), false) {}
 
   // Adds to `operands` each product reading `v` (or a view of it) and how many of its operands do; false when
   // anything else reads it or a value on the way must hold the scaled elements (a root, a placed value).

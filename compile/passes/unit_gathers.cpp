@@ -55,17 +55,10 @@ Window window_of(const Graph& g, int32_t start, const std::vector<std::vector<in
   return w;
 }
 
-std::vector<std::vector<int32_t>> readers_of(const Graph& g) {
-  std::vector<std::vector<int32_t>> r(g.values.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (int32_t v : g.nodes[i].inputs)
-      if (v >= 0) r[static_cast<size_t>(v)].push_back(static_cast<int32_t>(i));
-  return r;
-}
 
 // (a): the backward readers of each regather window read copies of its start, wait and views.
 bool split_backward_gathers(Graph& g) {
-  const auto readers = readers_of(g);
+  const auto readers = g.readers();
   std::vector<std::pair<int32_t, Node>> inserts;  // (insert before node index, copy)
   for (size_t s = 0; s < g.nodes.size(); ++s) {
     const UnitCollectiveAttrs* a = unit_gather(g.nodes[s]);
@@ -123,7 +116,7 @@ bool split_backward_gathers(Graph& g) {
 
 // (b): each window's start waits for a token of the window before it.
 bool order_prefetches(Graph& g) {
-  const auto readers = readers_of(g);
+  const auto readers = g.readers();
   std::vector<Window> windows;
   for (size_t s = 0; s < g.nodes.size(); ++s)
     if (unit_gather(g.nodes[s]) && g.nodes[s].inputs.size() == 1) {

@@ -30,6 +30,24 @@ TEST(GraphIr, TracedGraphVerifiesAndPrintsEveryOpWithItsCallSite) {
   EXPECT_NE(s.find("captured \"w\""), std::string::npos) << s;
 }
 
+// Graph::readers, what the passes walk: each node once per value it reads (x * x is one reader of x), in node order.
+TEST(GraphIr, ReadersListEachReadingNodeOnceInNodeOrder) {
+  TraceResult r = trace(
+      [](const std::vector<Tensor>& a) {
+        Tensor sq = a[0] * a[0];
+        return std::vector<Tensor>{sq + a[0], relu(sq)};
+      },
+      {randn({2, 3})});
+  const Graph& g = r.graph;
+  ASSERT_EQ(g.nodes.size(), 3u);
+  const int32_t x = g.nodes[0].inputs[0], sq = g.nodes[0].outputs[0];
+  const std::vector<std::vector<int32_t>> readers = g.readers();
+  ASSERT_EQ(readers.size(), g.values.size());
+  EXPECT_EQ(readers[static_cast<size_t>(x)], (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(readers[static_cast<size_t>(sq)], (std::vector<int32_t>{1, 2}));
+  EXPECT_TRUE(readers[static_cast<size_t>(g.nodes[2].outputs[0])].empty());
+}
+
 TEST(GraphIr, VerifyRejectsANodeReadingALaterValue) {
   Graph g = traced_graph();
   std::swap(g.nodes[0], g.nodes[1]);
