@@ -70,7 +70,8 @@ struct CompileOptions {
   bool regional = false;  // repeated blocks share kernels by structural hash in every mode
   CompileBackend backend = CompileBackend::Auto;
   std::string cache_dir;       // empty: $INGOT_CACHE_DIR or ~/.cache/ingot
-  double memory_budget = 1.0;  // fraction of saved activations kept; the rest is recomputed in backward
+  double memory_budget = 1.0;  // fraction of saved activations kept; the rest is recomputed in backward (values
+                               // free to remake are remade at any budget: Note [Saved values remade for free])
   // Each parameter's optimizer update right after its gradient is complete (compile/passes/split_update.cpp):
   // gradients die early (lower peak), at the cost of one update launch per parameter instead of one in all.
   bool split_update = false;
@@ -135,7 +136,7 @@ struct CompileStats {
   int64_t kernels_reused = 0;     // found already compiled (this process, or the disk cache)
   int64_t kernels_disk_hits = 0;
   int64_t planned_peak_bytes = 0, unplanned_peak_bytes = 0;  // memory plan of the last compiled graph
-  // compile.memory_budget < 1 (compile/passes/remat.h), the last compiled graph: the bytes of forward values its
+  // remat (compile/passes/remat.h: memory_budget < 1, and values free to remake), the last compiled graph: the bytes of forward values its
   // backward reads, and how many of them are recomputed there instead of kept.
   int64_t saved_for_backward_bytes = 0, recomputed_bytes = 0;
   PhaseTimes time;

@@ -217,10 +217,10 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   run_pass("dce", g, [&](Graph& x) { return passes::dce(x, {target}); });
   run_pass("remat", g, [&](Graph& x) {
     int64_t recomputed = 0, saved = 0;
-    const bool changed = passes::remat(x, {target, opts.memory_budget}, &recomputed, &saved);
+    const bool changed = passes::remat(x, {target, opts.memory_budget, generated}, &recomputed, &saved);
     stats.saved_for_backward_bytes = saved;
     stats.recomputed_bytes = recomputed;
-    if (opts.memory_budget < 1.0 && log_on(LogKind::Passes))
+    if ((opts.memory_budget < 1.0 || recomputed > 0) && log_on(LogKind::Passes))
       log(LogKind::Passes, detail::str_cat("remat: budget ", opts.memory_budget, ": recomputes ", recomputed,
                                            " of the ", saved, " bytes saved for the backward"));
     return changed;

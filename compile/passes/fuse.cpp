@@ -199,6 +199,83 @@ int32_t join_producer_group(const Graph& g, Grouping& gr, int32_t n, FusionKind 
   return -1;
 }
 
+// Note [Sibling groups merged]: sibling fusion (above) works in node order, so it misses a node that reads a value
+// before the group that reads it too exists. The case: a SwiGLU's silu(g) remade in the backward (Note [Saved
+// values remade for free], remat.cpp) comes right before the product's gradient dh * silu(g), but the silu gradient
+// that reads g comes after it, in the group of dh * u: two kernels, each reading g and dh, instead of one. After
+// grouping, a pointwise group merges into an earlier pointwise group of its shape in the same pass that reads one
+// of its inputs at full size, when neither reaches the other through nodes outside both (so no cycle results: the
+// schedule then runs the merged group as one kernel). Returns how many groups merged away.
+int merge_sibling_groups(const Graph& g, Grouping& gr) {
+  const std::vector<std::vector<int32_t>> readers = g.readers();
+  const size_t ng = gr.first.size();
+  std::vector<std::vector<int32_t>> members(ng);
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (gr.group_of[i] >= 0) members[static_cast<size_t>(gr.group_of[i])].push_back(static_cast<int32_t>(i));
+  // True when a member of A reads a value made outside A and B by a node that reaches B.
+  auto reaches = [&](int32_t A, int32_t B) {
+    for (int32_t n : members[static_cast<size_t>(A)])
+      for (int32_t v : g.nodes[static_cast<size_t>(n)].inputs) {
+        const int32_t p = gr.producer_node(v);
+        if (p < 0) continue;
+        const int32_t P = gr.group_of[static_cast<size_t>(p)];
+        if (P != A && P != B && gr.depends_on(p, B)) return true;
+      }
+    return false;
+  };
+  auto pointwise = [&](size_t G) { return gr.kind[G] == GroupKind::Pointwise && !members[G].empty(); };
+  int merged = 0;
+  for (size_t G2 = 0; G2 < ng; ++G2) {
+    if (!pointwise(G2)) continue;
+    const bool fwd = g.nodes[static_cast<size_t>(members[G2][0])].forward;
+    int32_t into = -1;
+    for (int32_t n : members[G2]) {
+      for (int32_t v : g.nodes[static_cast<size_t>(n)].inputs) {
+        if (v < 0 || trace_shape(g.values[static_cast<size_t>(v)].shape) != gr.shape[G2]) continue;
+        for (int32_t r : readers[static_cast<size_t>(v)]) {
+          const int32_t G1 = gr.group_of[static_cast<size_t>(r)];
+          if (G1 < 0 || static_cast<size_t>(G1) >= G2 || !pointwise(static_cast<size_t>(G1)) ||
+              gr.shape[static_cast<size_t>(G1)] != gr.shape[G2] || g.nodes[static_cast<size_t>(r)].forward != fwd)
+            continue;
+          if (reaches(static_cast<int32_t>(G2), G1) || reaches(G1, static_cast<int32_t>(G2))) continue;
+          into = G1;
+          break;
+        }
+        if (into >= 0) break;
+      }
+      if (into >= 0) break;
+    }
+    if (into < 0) continue;
+    for (int32_t n : members[G2]) gr.group_of[static_cast<size_t>(n)] = into;
+    auto& dst = members[static_cast<size_t>(into)];
+    dst.insert(dst.end(), members[G2].begin(), members[G2].end());
+    std::sort(dst.begin(), dst.end());
+    gr.first[static_cast<size_t>(into)] = dst.front();
+    members[G2].clear();
+    ++merged;
+  }
+  if (merged == 0) return 0;
+  // Group ids contiguous again, in their first members' order.
+  std::vector<int32_t> id(ng, -1);
+  Grouping out(gr.g);
+  for (size_t G = 0; G < ng; ++G) {
+    if (members[G].empty()) continue;
+    id[G] = static_cast<int32_t>(out.first.size());
+    out.first.push_back(gr.first[G]);
+    out.shape.push_back(gr.shape[G]);
+    out.has_reduction.push_back(gr.has_reduction[G]);
+    out.kind.push_back(gr.kind[G]);
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    out.group_of[i] = gr.group_of[i] < 0 ? -1 : id[static_cast<size_t>(gr.group_of[i])];
+  gr.group_of = std::move(out.group_of);
+  gr.first = std::move(out.first);
+  gr.shape = std::move(out.shape);
+  gr.has_reduction = std::move(out.has_reduction);
+  gr.kind = std::move(out.kind);
+  return merged;
+}
+
 // The grouping written into the graph: each node's group, and each group's nodes, boundary values and name.
 void materialize_groups(Graph& g, const Grouping& gr) {
   const size_t ngroups = gr.first.size();
@@ -291,6 +368,7 @@ bool fuse(Graph& g, const FuseOptions& o) {
       gr.new_group(n, GroupKind::Pointwise, out_shape(g, node));
     }
   }
+  merge_sibling_groups(g, gr);
   materialize_groups(g, gr);
   return !g.groups.empty();
 }

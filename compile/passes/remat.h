@@ -5,6 +5,8 @@
 // forward/backward boundary are at most budget x the original; backward nodes read the recomputed copies and no
 // chosen value is alive across the boundary. `recomputed_bytes`, if given, receives the bytes no longer kept, and
 // `saved_bytes` the bytes saved across the boundary before the pass (CompileStats and INGOT_LOGS=passes show both).
+// At any budget, when the step's ops become generated kernels, saved values that cost nothing to remake are
+// remade first (Note [Saved values remade for free], remat.cpp).
 // Test: tests/compile/passes/test_passes.cpp (Remat.*).
 #pragma once
 
@@ -16,7 +18,10 @@ namespace ingot::compiler::passes {
 
 struct RematOptions {
   Device target = Device::cpu();
-  double budget = 1.0;  // CompileOptions::memory_budget; >= 1 changes nothing
+  double budget = 1.0;  // CompileOptions::memory_budget; >= 1 recomputes only what is free
+  // Whether pointwise ops become generated kernels (CompileBackend other than Eager): only then does a remade
+  // pointwise value fuse into the kernel of its backward readers, which makes it free.
+  bool generated = false;
 };
 
 bool remat(Graph& g, const RematOptions& o, int64_t* recomputed_bytes = nullptr, int64_t* saved_bytes = nullptr);

@@ -184,6 +184,58 @@ TEST(Remat, RecomputesARowNormOnceForItsOutputAndStatistics) {
   EXPECT_TRUE(allclose(g.grad(), want_g, 1e-5, 1e-6));
 }
 
+// Note [Saved values remade for free]: a SwiGLU's silu(g) is read in the backward only by the product's gradient
+// (pointwise) and made from g, which silu's own gradient keeps anyway: with generated kernels it is remade there at
+// the default budget (the forward's copy is no longer kept), and the gradients stay the same. With eager kernels
+// (generated = false) the default budget changes nothing.
+TEST(Remat, RemakesAPointwiseValueOfKeptInputsForItsPointwiseReadersAtAnyBudget) {
+  Tensor w1 = randn({16, 32}).set_requires_grad(true), w2 = randn({16, 32}).set_requires_grad(true);
+  Tensor x = randn({8, 16});
+  auto fn = [&](const std::vector<Tensor>& a) {
+    Tensor loss = sum(tanh(silu(matmul(a[0], w1)) * matmul(a[0], w2)));
+    loss.backward();
+    return std::vector<Tensor>{loss};
+  };
+  Graph g = graph_of(fn, {x});
+  const Tensor want1 = w1.grad().clone_raw(), want2 = w2.grad().clone_raw();
+  w1.zero_grad();
+  w2.zero_grad();
+  auto backward_silus = [](const Graph& gr) {
+    size_t n = 0;
+    for (const Node& node : gr.nodes) n += !node.forward && node.prim->name() == "silu";
+    return n;
+  };
+  EXPECT_FALSE(passes::remat(g, {.budget = 1.0, .generated = false}));
+  int64_t recomputed = 0, saved = 0;
+  ASSERT_TRUE(passes::remat(g, {.budget = 1.0, .generated = true}, &recomputed, &saved)) << g.str();
+  passes::dce(g, {});
+  g.verify();
+  EXPECT_EQ(backward_silus(g), 1u) << g.str();
+  EXPECT_EQ(recomputed, 8 * 32 * 4) << "silu(g), 8 x 32 f32, and nothing else";
+  EXPECT_GT(saved, recomputed);
+  const std::vector<std::vector<int32_t>> readers = g.readers();
+  for (const Node& node : g.nodes)  // the forward's silu is read by the forward only
+    if (node.forward && node.prim->name() == "silu")
+      for (int32_t r : readers[static_cast<size_t>(node.outputs[0])])
+        EXPECT_TRUE(g.nodes[static_cast<size_t>(r)].forward) << g.str();
+  run(g, {x});
+  EXPECT_TRUE(allclose(w1.grad(), want1, 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(w2.grad(), want2, 1e-5, 1e-6));
+}
+
+// The same silu(g) read in the backward by a product (the weight gradient of a linear that follows it) is not free:
+// remade, it would be a kernel of its own writing what was kept. At the default budget it stays kept.
+TEST(Remat, KeepsAPointwiseValueAProductReadsInTheBackward) {
+  Tensor w1 = randn({16, 32}).set_requires_grad(true), w3 = randn({32, 8}).set_requires_grad(true);
+  Tensor x = randn({8, 16});
+  Graph g = graph_of([&](const std::vector<Tensor>& a) {
+    Tensor loss = sum(tanh(matmul(silu(matmul(a[0], w1)), w3)));
+    loss.backward();
+    return std::vector<Tensor>{loss};
+  }, {x});
+  EXPECT_FALSE(passes::remat(g, {.budget = 1.0, .generated = true})) << g.str();
+}
+
 // explain says what memory_budget recomputed (compile/explain.h): the bytes the backward reads of forward values and
 // how many of them it remakes; at the default budget the line is not there.
 TEST(Remat, ExplainSaysHowMuchIsRecomputed) {
