@@ -33,7 +33,8 @@ namespace ingot::codegen::cuda {
 namespace {
 
 constexpr const char* kEntryKind = "cuda_kernel";
-constexpr size_t kMaxTables = 64;  // distinct multi-tensor tables kept per kernel
+// Note [Tables of per-bucket updates]: the multi-tensor tables one kernel keeps uploaded before a flush.
+constexpr size_t kMaxTableBytesPerKernel = size_t{64} << 20;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -163,12 +164,14 @@ struct LoadedKernel {
   // is captured as a memcpy node that reads them again at every replay.
   std::map<uint64_t, std::vector<uint64_t>> table_bytes;
   // Tables a captured launch uses (uploaded in the capture, or found by it): a graph reads them at every replay,
-  // for as long as it lives, so the flush past kMaxTables never frees them (Note [Tables of captured launches]).
+  // for as long as it lives, so the flush past multi_tensor_table_limit() never frees them (Note [Tables of captured launches]).
   std::set<uint64_t> captured_tables;
   // Note [Multi-tensor chunks]: the blocks of the multi-tensor function (fns[0]) one SM holds, by block size, asked
   // of the driver once rather than at every launch.
   std::map<int, int> resident_per_sm;
 };
+
+size_t multi_tensor_table_limit() { return 1024; }
 
 size_t CudaKernel::split_workspace_bytes() const {
   if (!loaded) return 0;
@@ -220,9 +223,20 @@ struct Launcher {
   }
 };
 
+// Note [Tables of per-bucket updates]
+// The flush below synchronizes the device: the host waits for the GPU to drain, and the GPU then idles while the
+// host queues the rest of the step. It must not happen in a steady training step. Compiled DDP updates each bucket
+// right after its all-reduce (split_update_by_bucket), one launch of the one AdamW kernel per bucket: the ~1B Llama
+// at PyTorch's 25 MB buckets made 65 distinct tables per step, past the 64 the cache then kept, so every step
+// flushed: 102.8-105.3 ms per step on 2x H200 against 82.7 ms with one update after all reductions, and the host
+// busy for the whole step (bench/RESULTS.md, twenty-eighth session). The cache now keeps up to
+// multi_tensor_table_limit() (1024) tables and kMaxTableBytesPerKernel (64 MiB) per kernel (an update table is ~16 bytes per chunk:
+// ~64 KB for a 67M-element bucket in 17K chunks): a step's tables stay, and only pointers that keep changing
+// (outputs not updated in place, many compiled shapes sharing a kernel) reach the flush.
+//
 // Note [Tables of captured launches]
 // Tables pile up when a kernel's pointers keep changing (outputs not updated in place, several compiled steps or
-// shapes sharing the kernel), so past kMaxTables the uploaded ones are freed after a device synchronize. A
+// shapes sharing the kernel), so past multi_tensor_table_limit() the uploaded ones are freed after a device synchronize. A
 // captured CUDA graph, though, keeps reading its tables (and re-copying them from their host bytes) at every
 // replay, long after the synchronize: freed, a later replay would read pointers from reused memory. So a table
 // that a capturing stream uploads or finds is pinned: it is never flushed (they are few: one per captured launch),
@@ -237,8 +251,12 @@ CUdeviceptr upload_table(LoadedKernel& loaded, const std::vector<uint64_t>& tabl
   if (capturing) loaded.captured_tables.insert(h);
   auto it = loaded.tables.find(h);
   if (it != loaded.tables.end()) return it->second;
+  size_t unpinned_bytes = 0;  // Note [Tables of per-bucket updates]
+  for (const auto& [key, host] : loaded.table_bytes)
+    if (!loaded.captured_tables.count(key)) unpinned_bytes += host.size() * 8;
   const size_t pinned = std::min(loaded.captured_tables.size(), loaded.tables.size());
-  if (!capturing && loaded.tables.size() - pinned >= kMaxTables) {
+  if (!capturing && (loaded.tables.size() - pinned >= multi_tensor_table_limit() ||
+                     unpinned_bytes + bytes.size() > kMaxTableBytesPerKernel)) {
     check_cu(driver::api().ctx_synchronize(), "cuCtxSynchronize (multi-tensor tables)", symbol);
     for (auto t = loaded.tables.begin(); t != loaded.tables.end();) {
       if (loaded.captured_tables.count(t->first)) {

@@ -97,4 +97,8 @@ class CudaCodegen {
   CodegenStats totals_;
 };
 
+// How many multi-tensor tables one kernel keeps uploaded before it frees them after a device synchronize (Note
+// [Tables of per-bucket updates], cuda_codegen.cpp; tables a CUDA graph captured are never freed).
+size_t multi_tensor_table_limit();
+
 }  // namespace ingot::codegen::cuda
