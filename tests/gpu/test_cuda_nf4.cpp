@@ -9,6 +9,7 @@
 #include "autograd/nn/lora.h"
 #include "autograd/ops/nf4_linear.h"
 #include "models/qlora.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/kernels/nf4.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/models/tiny_models.h"
@@ -47,6 +48,24 @@ TEST(CudaNf4, DequantizeMatchesTheCpuKernelBitForBit) {
       ASSERT_EQ(a.device(), kGpu);
       EXPECT_EQ(count_unequal(a, b), 0) << dtype_name(dt) << " " << shape_str(shape) << " seed " << seed;
     }
+  }
+}
+
+// Note [NF4 codebook and stores] (runtime/kernels/cuda/nf4.cu): an output that starts 8 bytes past a 16-byte
+// boundary (a contiguous slice of a larger buffer) takes the element-by-element stores, and still equals the CPU's.
+TEST(CudaNf4, DequantizeIntoAnUnalignedOutputMatchesTheCpuKernel) {
+  INGOT_REQUIRE_CUDA();
+  const uint64_t seed = fresh_seed();
+  Tensor w = randn({150, 128}, DType::f32, Device::cpu(), 0.0, 0.02);
+  const Nf4Tensor cpu = nf4_quantize(w, "w"), gpu = cpu.to(kGpu);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    const int64_t n = w.numel(), skip = 8 / static_cast<int64_t>(itemsize(dt));
+    Tensor buffer = zeros({n + skip}, dt, kGpu);
+    Tensor out = narrow(buffer, 0, skip, n);
+    ASSERT_NE(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16, 0u);
+    INGOT_KERNEL_CALL(kGpu, nf4_dequantize, out, gpu.codes, gpu.absmax_codes, gpu.absmax_scales, gpu.absmax_map,
+                      static_cast<double>(gpu.absmax_offset));
+    EXPECT_EQ(count_unequal(reshape(out, w.shape()), nf4_dequantize(cpu, dt)), 0) << dtype_name(dt) << " seed " << seed;
   }
 }
 

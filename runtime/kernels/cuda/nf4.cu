@@ -6,8 +6,13 @@
 // each recompute its absmax from the 8-bit code, the chunk scale and the offset (three cached loads) instead of
 // sharing it through shared memory. The absmax is map[q] * scale + offset with __fmul_rn / __fadd_rn, never an
 // FMA, and each weight codebook[c] * absmax rounded once, so the result equals the CPU kernel's bit for bit.
-// Stores are 8 consecutive elements a thread (32 bytes in f32, 16 in bf16/f16). Memory bound: reads 0.5 byte
-// and writes 2 (bf16) per weight.
+// Memory bound: reads 0.5 byte and writes 2 (bf16) per weight.
+// Note [NF4 codebook and stores]: the 16-entry codebook is indexed by each thread's own codes, so a warp reads up to
+// 16 different entries at once: from __constant__ memory, whose cache serves one address per cycle, those reads
+// serialize; from shared memory they are one bank each. A thread's 8 results go out as whole 16-byte stores (one for
+// bf16/f16, two for f32) when the output is 16-byte aligned (scratch buffers are), else element by element. The QLoRA
+// 8B step spent ~44 ms more than bf16 LoRA's for ~40 GB of dequantization (~0.9 TB/s; twenty-eighth session, before
+// this change; not yet measured after it).
 //   out [n] (f32/bf16/f16), codes [n / 8] i32, absmax_codes [>= n / 256] i32, absmax_scales [>= n / 16384] f32,
 //   absmax_map [256] f32.
 #include "runtime/kernels/cuda/common.cuh"
@@ -23,12 +28,15 @@ __constant__ float c_nf4_codebook[16] = {INGOT_NF4_CODEBOOK};
 
 // kernels
 
-template <typename T>
+template <typename T, bool kVector>
 __global__ void nf4_dequantize_kernel(T* __restrict__ out, const uint32_t* __restrict__ codes,
                                       const uint8_t* __restrict__ absmax_codes,
                                       const float* __restrict__ absmax_scales, const float* __restrict__ map,
                                       float offset, int64_t words) {
   constexpr int64_t kWordsPerBlock = kNf4BlockSize / 8;
+  __shared__ float codebook[16];  // Note [NF4 codebook and stores]
+  if (threadIdx.x < 16) codebook[threadIdx.x] = c_nf4_codebook[threadIdx.x];
+  __syncthreads();
   for (int64_t w = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; w < words;
        w += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t b = w / kWordsPerBlock;
@@ -36,13 +44,29 @@ __global__ void nf4_dequantize_kernel(T* __restrict__ out, const uint32_t* __res
                                              __ldg(absmax_scales + b / kNf4AbsmaxBlockSize)),
                                    offset);
     const uint32_t word = __ldg(codes + w);
-    T* o = out + w * 8;
+    float v[8];
 #pragma unroll
     for (int byte = 0; byte < 4; ++byte) {
       // Little-endian: byte k of the word is byte 4w + k of the packed codes; its high nibble comes first.
-      const uint32_t v = (word >> (8 * byte)) & 0xffu;
-      o[2 * byte] = from_acc<T>(__fmul_rn(c_nf4_codebook[v >> 4], absmax));
-      o[2 * byte + 1] = from_acc<T>(__fmul_rn(c_nf4_codebook[v & 15u], absmax));
+      const uint32_t c = (word >> (8 * byte)) & 0xffu;
+      v[2 * byte] = __fmul_rn(codebook[c >> 4], absmax);
+      v[2 * byte + 1] = __fmul_rn(codebook[c & 15u], absmax);
+    }
+    T* o = out + w * 8;
+    if constexpr (!kVector) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = from_acc<T>(v[i]);
+    } else if constexpr (sizeof(T) == 4) {
+      reinterpret_cast<float4*>(o)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<float4*>(o)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+      union {
+        uint4 whole;
+        T parts[8];
+      } pack;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) pack.parts[i] = from_acc<T>(v[i]);
+      *reinterpret_cast<uint4*>(o) = pack.whole;
     }
   }
 }
@@ -63,9 +87,11 @@ void nf4_dequantize(const Tensor& out, const Tensor& codes, const Tensor& absmax
   LaunchContext ctx(out);
   const int64_t words = n / 8;
   const unsigned grid = grid_for(words, kBlock, ctx.device);
+  const bool aligned = reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;  // Note [NF4 codebook and stores]
   auto launch = [&](auto tag) {
     using T = decltype(tag);
-    nf4_dequantize_kernel<T><<<grid, kBlock, 0, ctx.stream>>>(
+    auto* kernel = aligned ? nf4_dequantize_kernel<T, true> : nf4_dequantize_kernel<T, false>;
+    kernel<<<grid, kBlock, 0, ctx.stream>>>(
         static_cast<T*>(out.data_ptr()), static_cast<const uint32_t*>(codes.data_ptr()),
         static_cast<const uint8_t*>(absmax_codes.data_ptr()), absmax_scales.data<float>(), absmax_map.data<float>(),
         static_cast<float>(absmax_offset), words);
