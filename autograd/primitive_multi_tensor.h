@@ -51,6 +51,10 @@ class MultiTensorUpdate : public HorizontalUpdate {
   virtual std::shared_ptr<Primitive> with_gradient_pieces(size_t /*pieces*/, double /*scale*/) const { return nullptr; }
   // The input slots the output slots update, in output order (AdamW: p, m, v).
   virtual std::vector<size_t> state_slots() const = 0;
+  // Note [Narrow gradients read by the update] (compile/passes/widen_in_update.h): whether input slot 1 (the
+  // gradients) may be of any float dtype, widened to f32 as it is loaded exactly as a cast would, in the lowered
+  // kernel and the eager ones alike (all of one dtype per update).
+  virtual bool widens_gradients() const { return false; }
 };
 
 inline bool is_horizontal_update(const Primitive& p) { return dynamic_cast<const HorizontalUpdate*>(&p) != nullptr; }

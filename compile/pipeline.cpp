@@ -248,6 +248,8 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   // Note [Pieces read by the update]: after the split, so each unit's update reads its own gradient's pieces
   // (INGOT_SKIP_PASSES=pieces_into_update keeps the sum a kernel of its own, for measuring).
   run_pass("pieces_into_update", g, [&](Graph& x) { return generated && passes::pieces_into_update(x, {target}); });
+  // Note [Narrow gradients read by the update]: bf16-reduced gradients reach AdamW without a widening copy.
+  run_pass("widen_in_update", g, [&](Graph& x) { return passes::widen_in_update(x, {target}); });
   // Data parallel: each gradient made in its bucket's buffer, so no concatenation copies it (before fuse, which
   // must keep the bucket's view alone and the placed producers' values as their groups' outputs).
   run_pass("bucket_views", g, [&](Graph& x) { return passes::bucket_views(x, {target, generated}); });

@@ -59,6 +59,8 @@ class AdamWUpdatePrim final : public Primitive, public MultiTensorUpdate, public
   size_t input_slots() const override { return 3 + pieces_; }
   size_t output_slots() const override { return 3; }
   std::vector<size_t> state_slots() const override { return {0, 1 + pieces_, 2 + pieces_}; }
+  // adamw_multi loads each gradient in its own float dtype and lower() casts it to f32 (one slot when not pieces).
+  bool widens_gradients() const override { return pieces_ == 1; }
   std::shared_ptr<Primitive> for_tensors(size_t n) const override {
     return std::make_shared<AdamWUpdatePrim>(n, row_, a_, pieces_, piece_scale_);
   }

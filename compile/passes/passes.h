@@ -22,3 +22,4 @@
 #include "compile/passes/schedule.h"
 #include "compile/passes/simplify.h"
 #include "compile/passes/split_update.h"
+#include "compile/passes/widen_in_update.h"

@@ -176,6 +176,15 @@ TEST(CompiledDdp, Bf16ReductionFollowsEagerAndStaysNearTheF32Reduction) {
     const std::string& g = comp.stats.last_graph;
     EXPECT_NE(g.find("all_reduce_start(") , std::string::npos);
     EXPECT_NE(g.find("bf16"), std::string::npos) << "the buckets are reduced in bf16: " << g;
+    // Note [Narrow gradients read by the update]: AdamW reads slices of each bf16 average; no cast widens it first.
+    size_t waits = 0;
+    for (size_t at = g.find("= collective_wait("); at != std::string::npos; at = g.find("= collective_wait(", at + 1)) {
+      const size_t line = g.rfind('%', g.rfind(':', at));
+      const std::string id = g.substr(line, g.find(':', line) - line);
+      EXPECT_EQ(g.find("cast(" + id + ")"), std::string::npos) << id << " is widened before the update:\n" << g;
+      ++waits;
+    }
+    EXPECT_GT(waits, 0u) << g;
     return;
   }
   run_compiled_ranks(2, 120s);

@@ -621,5 +621,72 @@ TEST(PiecesIntoUpdate, TheGeneratedUpdateAddsThePiecesAndFollowsEager) {
   EXPECT_NE(graph.find("gradient pieces=4"), std::string::npos) << graph;
   for (size_t k = 0; k < w.size(); ++k) EXPECT_TRUE(allclose(w[k], ref[k], 1e-6, 1e-7)) << "parameter " << k;
 }
+
+// Note [Narrow gradients read by the update] (compile/passes/widen_in_update.h): a bf16 "bucket" widened to f32 and
+// sliced into the parameters' gradients, as DDP with reduce_dtype bf16 leaves it; with `also_read` the step returns
+// the widened bucket too, so the cast has a reader besides the update.
+StepFn widened_bucket_step(std::vector<Tensor>& params, optim::AdamW& opt, bool also_read) {
+  return [&params, &opt, also_read](const std::vector<Tensor>& in) {
+    const Tensor wide = cast(in[0], DType::f32);
+    int64_t at = 0;
+    for (Tensor& p : params) {
+      p.set_grad(reshape(narrow(wide, 0, at, p.numel()), p.shape()));
+      at += p.numel();
+    }
+    opt.step();
+    opt.zero_grad();
+    std::vector<Tensor> out{params[0] * 1.0};
+    if (also_read) out.push_back(wide * 2.0);
+    return out;
+  };
+}
+
+TEST(WidenInUpdate, AnUpdateReadsTheNarrowSlicesAndUpdatesAsAfterTheCast) {
+  for (const bool also_read : {false, true}) {
+    SCOPED_TRACE(also_read ? "the widened bucket read by the step too" : "the widened bucket read by the update alone");
+    PiecesParams ps(33);
+    std::vector<Tensor> &w = ps.w, &ref = ps.ref;
+    optim::AdamW &opt = ps.opt, &ref_opt = ps.ref_opt;
+    const Tensor in1 = randn({37 + 1029 + 6}).to(DType::bf16), in2 = randn({37 + 1029 + 6}).to(DType::bf16);
+    Graph g = graph_of(widened_bucket_step(w, opt, also_read), {in1});  // step 1 (eager, traced)
+    ASSERT_EQ(count_ops(g, "cast"), 1u) << g.str();
+    EXPECT_EQ(passes::widen_in_update(g, {}), !also_read);
+    g.verify();
+    EXPECT_EQ(count_ops(g, "cast"), also_read ? 1u : 0u) << g.str();
+    for (const Node& n : g.nodes) {
+      if (n.prim->name() != "adamw_update") continue;
+      for (size_t t = 0; t < w.size(); ++t) {
+        EXPECT_EQ(g.values[static_cast<size_t>(n.inputs[1 + w.size() + t])].dtype,
+                  also_read ? DType::f32 : DType::bf16) << "gradient " << t;
+      }
+    }
+    run(g, {in2});  // step 2 through the rewritten graph
+    auto ref_step = widened_bucket_step(ref, ref_opt, also_read);
+    ref_step({in1});
+    ref_step({in2});
+    for (size_t k = 0; k < w.size(); ++k) EXPECT_EQ(amax(abs(sub(w[k], ref[k]))).item(), 0.0) << "parameter " << k;
+  }
+}
+
+// Through the whole pipeline (generated CPU kernels): the update's kernel loads the bf16 gradients itself, and
+// three steps follow the eager steps within the f32 rounding of the generated update.
+TEST(WidenInUpdate, TheGeneratedUpdateLoadsBf16GradientsAndFollowsEager) {
+  PiecesParams ps(34);
+  std::vector<Tensor> &w = ps.w, &ref = ps.ref;
+  optim::AdamW &opt = ps.opt, &ref_opt = ps.ref_opt;
+  TempDir dir("ingot-widen-");
+  CompileOptions o;
+  o.cache_dir = dir.path();
+  CompiledFunction f = compile(widened_bucket_step(w, opt, false), o);
+  auto ref_step = widened_bucket_step(ref, ref_opt, false);
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<Tensor> in{randn({37 + 1029 + 6}).to(DType::bf16)};
+    f(in);
+    ref_step(in);
+  }
+  const std::string& graph = f.stats().last_graph;
+  EXPECT_EQ(graph.find("cast("), std::string::npos) << graph;
+  for (size_t k = 0; k < w.size(); ++k) EXPECT_TRUE(allclose(w[k], ref[k], 1e-6, 1e-7)) << "parameter " << k;
+}
 }  // namespace
 }  // namespace ingot::compiler
