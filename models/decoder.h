@@ -91,8 +91,11 @@ class DecoderMLP : public nn::Module {
   Tensor forward(const Tensor& x);
   // The same as the last projection's base and adapter update apart (Note [Residual of a sum], decoder.cpp).
   nn::LoRAParts forward_parts(const Tensor& x);
+  // Activation checkpointing of the up-projections and the activation only (Note [MLP checkpointing], decoder.cpp).
+  void set_checkpointing(bool on) { checkpointing_ = on; }
 
  private:
+  bool checkpointing_ = false;
   std::shared_ptr<nn::LoRALinear> c_fc_, c_proj_, gate_proj_, up_proj_, down_proj_;
   std::shared_ptr<nn::Dropout> dropout_;
 };
@@ -121,5 +124,7 @@ class DecoderBlock : public nn::Module {
 // Turns activation checkpointing on or off for every DecoderBlock under `model` (the model's
 // `activation_checkpointing: blocks`); returns how many blocks it set.
 int64_t set_block_checkpointing(nn::Module& model, bool on);
+// The same for every DecoderMLP (`activation_checkpointing: mlp`, Note [MLP checkpointing]); returns how many.
+int64_t set_mlp_checkpointing(nn::Module& model, bool on);
 
 }  // namespace ingot::models

@@ -267,6 +267,7 @@ void build_model(FinetuneRun& f) {
   }
   model.set_tensor_names();
   if (s.train.checkpoint_blocks) models::set_block_checkpointing(model, true);  // train.activation_checkpointing
+  if (s.train.checkpoint_mlp) models::set_mlp_checkpointing(model, true);
 }
 
 // Shard-wise weights of a fresh ZeRO-3 start, read from the checkpoint's files (checked against the model now,

@@ -165,6 +165,7 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   const std::shared_ptr<models::GPT2> model = built.model;
   const models::GPT2Config& mc = model->config();
   if (o.checkpoint_blocks) models::set_block_checkpointing(*model, true);  // train.activation_checkpointing
+  if (o.checkpoint_mlp) models::set_mlp_checkpointing(*model, true);
 
   TrainTask task;
   task.model = model.get();

@@ -65,8 +65,10 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
   s.add(K::of(T::Float, "train.grad_clip", d.grad_clip, "max global gradient norm (0: no clipping)").at_least(0));
   s.add(K::of(T::String, "train.activation_checkpointing", "none",
               "blocks: each decoder block keeps only its input for the backward, which runs the block's forward "
-              "again (less activation memory for about one more forward; eager and compiled steps)")
-            .one_of({"none", "blocks"})
+              "again (less activation memory for about one more forward; eager and compiled steps); mlp: only each "
+              "MLP's up-projections and activation are run again (most of a block's activation memory for about a "
+              "third of the recomputation)")
+            .one_of({"none", "blocks", "mlp"})
             .not_in_config_hash());
   s.add(K::of(T::Int, "train.log_every", d.log_every, "steps between progress lines").at_least(1).not_in_config_hash());
   s.add(K::of(T::Int, "train.eval_every", "0", "steps between validation evals (0: only at the end)")
@@ -94,6 +96,7 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
   o.beta2 = rd.f64("train.beta2");
   o.grad_clip = rd.f64("train.grad_clip");
   o.checkpoint_blocks = rd.str("train.activation_checkpointing") == "blocks";
+  o.checkpoint_mlp = rd.str("train.activation_checkpointing") == "mlp";
   o.log_every = rd.i64("train.log_every");
   o.eval_every = rd.i64("train.eval_every");
   o.eval_batches = rd.i64("train.eval_batches");

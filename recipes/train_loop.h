@@ -69,6 +69,7 @@ struct TrainOptions {
   bool nesterov = false;            // optimizer.nesterov (sgd)
   double init_loss_scale = 1;       // train.init_loss_scale (dtype f16)
   bool checkpoint_blocks = false;   // train.activation_checkpointing: blocks (models::set_block_checkpointing)
+  bool checkpoint_mlp = false;      // train.activation_checkpointing: mlp (models::set_mlp_checkpointing)
 };
 
 // Reads the keys add_train_keys adds; problems (min_lr > lr, eval_every without eval_batches, an optimizer.* key

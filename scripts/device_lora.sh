@@ -9,9 +9,10 @@
 # from metrics.jsonl, its allocator's per-step peak, with the first step's beside it), the first step's seconds
 # and the losses of the first steps (with BATCH rows every step trains on the same batch: they compare one to one).
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
-#   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [qlora_ckpt] [ckpt] [text50] [ingot_eager] [memory]
+#   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [qlora_ckpt] [qlora_mlp] [ckpt] [mlp] [text50]
+#                          [ingot_eager] [memory]
 #                          [budget] [long] [long_eager] [long_plain]
-#                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, ckpt,
+#                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, qlora_mlp, mlp, ckpt,
 #                              text50, peft, budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while
 #                              DEADLINE allows)
 #   peft: peft + torch.compile; peft_eager: peft eager
@@ -19,6 +20,8 @@
 #         shape, CUDA graphs), max-autotune-no-cudagraphs, reduce-overhead
 #   memory: ingot compiled with INGOT_LOGS=memory (what is alive at the peak), 2 steps
 #   qlora_ckpt / ckpt: qlora / ingot with train.activation_checkpointing=blocks (only each block's input kept)
+#   qlora_mlp / mlp: qlora / ingot with train.activation_checkpointing=mlp (Note [MLP checkpointing]: the MLP's
+#         up-projections and activation run again in the backward)
 #   qlora: ingot compiled with lora.quantize_base=nf4 (the frozen base in NF4, block 64, double-quantized absmax)
 #   budget: ingot compiled with compile.memory_budget=$BUDGET (default 0.5: cheap saved values, the SwiGLU's silu,
 #           are recomputed in the backward)
@@ -128,6 +131,8 @@ want autotune_nocg && ingot_run max_autotune_nocg compile.enabled=true compile.m
 want overhead && ingot_run reduce_overhead compile.enabled=true compile.mode=reduce-overhead
 want qlora && ingot_run qlora compile.enabled=true lora.quantize_base=nf4
 want qlora_ckpt && ingot_run qlora_ckpt compile.enabled=true lora.quantize_base=nf4 train.activation_checkpointing=blocks
+want qlora_mlp && ingot_run qlora_mlp compile.enabled=true lora.quantize_base=nf4 train.activation_checkpointing=mlp
+want mlp && ingot_run compiled_mlp compile.enabled=true train.activation_checkpointing=mlp
 want ckpt && ingot_run compiled_ckpt compile.enabled=true train.activation_checkpointing=blocks
 TEXT_STEPS=${TEXT_STEPS:-50} TEXT_TOKENS=${TEXT_TOKENS:-.device/text50_tokens.bin.xz}
 # text50_row NAME METRICS [BF16_METRICS]: the run's losses at steps 1, 10, 25, TEXT_STEPS (and the mean of the

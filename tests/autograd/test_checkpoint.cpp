@@ -184,6 +184,36 @@ TEST(ActivationCheckpoint, LlamaBlocksGiveEagersGradientsAndKeepLessForTheBackwa
   EXPECT_LT(ckpt.peak, plain.peak);
 }
 
+// Note [MLP checkpointing] (models/decoder.cpp): only each MLP's up-projections and SwiGLU are a region. The loss and
+// gradients are eager's bit for bit, and each layer keeps its MLP input ([2, 256, 64] f32) instead of the SwiGLU's
+// two [2, 256, 176] operands.
+TEST(ActivationCheckpoint, LlamaMlpRegionsGiveEagersGradientsAndKeepTheMlpInputOnly) {
+  auto [ids, tgt] = testing::repeating_batch(2, 256, 7);
+  struct Run {
+    double loss = 0;
+    int64_t kept = 0;
+    std::vector<Tensor> grads;
+  };
+  auto run = [&](bool mlp) {
+    auto m = lora_llama(false);
+    EXPECT_EQ(models::set_mlp_checkpointing(*m, mlp), 4);
+    Run r;
+    const int64_t before = allocated();
+    Tensor loss = m->loss(ids, tgt);
+    r.kept = allocated() - before;
+    loss.backward();
+    r.loss = loss.item();
+    for (const Tensor& p : trained(*m)) r.grads.push_back(clone(p.grad()));
+    return r;
+  };
+  const Run plain = run(false), mlp = run(true);
+  EXPECT_EQ(mlp.loss, plain.loss);
+  ASSERT_EQ(mlp.grads.size(), plain.grads.size());
+  for (size_t i = 0; i < plain.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(mlp.grads[i], plain.grads[i])) << i;
+  const int64_t operand = 2 * 256 * 176 * 4, input = 2 * 256 * 64 * 4;
+  EXPECT_LE(mlp.kept, plain.kept - 4 * (2 * operand - input)) << plain.kept << " vs " << mlp.kept;
+}
+
 // The compiled step traces the recomputation where the eager backward runs it: its graph keeps the blocks' inputs
 // only, so the planned peak drops, with the same losses and adapters as the plain compiled step.
 TEST(ActivationCheckpoint, CompiledLlamaBlocksLowerThePlannedPeakWithTheSameTraining) {

@@ -368,8 +368,9 @@ TEST_F(Finetune, LoraMemoryBudgetLowersTheCompiledStepsPeakWithTheSameLosses) {
 }
 
 // train.activation_checkpointing: blocks (autograd/checkpoint.h): each decoder block keeps only its input for the
-// backward and runs its forward again there, eagerly and in the compiled step. The losses stay (eager bit for bit:
-// the same ops on the same values), every step's peak drops, and a value other than none / blocks names the key.
+// backward and runs its forward again there, eagerly and in the compiled step; mlp: only the MLP's widening half. The
+// losses stay (eager bit for bit: the same ops on the same values), every step's peak drops, and a value other than
+// none / blocks / mlp names the key.
 TEST_F(Finetune, LoraBlockCheckpointingKeepsTheLossesAndLowersEveryStepsPeak) {
   const std::vector<std::string> common = {"max_steps=3", "compile.cache_dir=" + dir_.file("cache"),
                                            "lora.target_modules=[q_proj, k_proj, v_proj, o_proj]"};
@@ -378,19 +379,23 @@ TEST_F(Finetune, LoraBlockCheckpointingKeepsTheLossesAndLowersEveryStepsPeak) {
     return extra;
   };
   run(config("lora_finetune", "llama_tiny", "eager", with({})));
-  run(config("lora_finetune", "llama_tiny", "eager_ckpt", with({"train.activation_checkpointing=blocks"})));
   run(config("lora_finetune", "llama_tiny", "compiled", with({"compile.enabled=true"})));
-  run(config("lora_finetune", "llama_tiny", "compiled_ckpt",
-             with({"compile.enabled=true", "train.activation_checkpointing=blocks"})));
-  EXPECT_EQ(losses("eager_ckpt"), losses("eager"));
-  const std::vector<double> lc = losses("compiled"), lk = losses("compiled_ckpt");
-  ASSERT_EQ(lk.size(), 3u);
-  for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lk[i], lc[i], 1e-6 * lc[i]) << "step " << i + 1;
-  for (const char* pair : {"eager", "compiled"}) {
-    const std::vector<int64_t> plain = step_peaks(pair), ckpt = step_peaks(std::string(pair) + "_ckpt");
-    ASSERT_EQ(ckpt.size(), 3u);
-    // The traced first step too: it runs the checkpointed blocks eagerly.
-    for (size_t i = 0; i < 3; ++i) EXPECT_LT(ckpt[i], plain[i]) << pair << " step " << i + 1;
+  // blocks, and mlp (Note [MLP checkpointing]: the MLP's up-projections and SwiGLU only).
+  for (const std::string mode : {"blocks", "mlp"}) {
+    SCOPED_TRACE(mode);
+    run(config("lora_finetune", "llama_tiny", "eager_" + mode, with({"train.activation_checkpointing=" + mode})));
+    run(config("lora_finetune", "llama_tiny", "compiled_" + mode,
+               with({"compile.enabled=true", "train.activation_checkpointing=" + mode})));
+    EXPECT_EQ(losses("eager_" + mode), losses("eager"));
+    const std::vector<double> lc = losses("compiled"), lk = losses("compiled_" + mode);
+    ASSERT_EQ(lk.size(), 3u);
+    for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lk[i], lc[i], 1e-6 * lc[i]) << "step " << i + 1;
+    for (const std::string pair : {"eager", "compiled"}) {
+      const std::vector<int64_t> plain = step_peaks(pair), ckpt = step_peaks(pair + "_" + mode);
+      ASSERT_EQ(ckpt.size(), 3u);
+      // The traced first step too: it runs the checkpointed regions eagerly.
+      for (size_t i = 0; i < 3; ++i) EXPECT_LT(ckpt[i], plain[i]) << pair << " step " << i + 1;
+    }
   }
   std::string bad;
   try {
