@@ -294,24 +294,22 @@ Tensor DecoderBlock::forward(const Tensor& x, KVCache* cache, size_t layer, cons
   });
 }
 
-int64_t set_mlp_checkpointing(nn::Module& model, bool on) {
+namespace {
+// set_checkpointing(on) on every module of type M under `model`; how many.
+template <typename M>
+int64_t set_checkpointing_of(nn::Module& model, bool on) {
   int64_t n = 0;
   for (auto& [name, m] : model.named_modules())
-    if (auto* mlp = dynamic_cast<DecoderMLP*>(m.get())) {
-      mlp->set_checkpointing(on);
+    if (auto* x = dynamic_cast<M*>(m.get())) {
+      x->set_checkpointing(on);
       ++n;
     }
   return n;
 }
+}  // namespace
 
-int64_t set_block_checkpointing(nn::Module& model, bool on) {
-  int64_t n = 0;
-  for (auto& [name, m] : model.named_modules())
-    if (auto* b = dynamic_cast<DecoderBlock*>(m.get())) {
-      b->set_checkpointing(on);
-      ++n;
-    }
-  return n;
-}
+int64_t set_mlp_checkpointing(nn::Module& model, bool on) { return set_checkpointing_of<DecoderMLP>(model, on); }
+
+int64_t set_block_checkpointing(nn::Module& model, bool on) { return set_checkpointing_of<DecoderBlock>(model, on); }
 
 }  // namespace ingot::models
