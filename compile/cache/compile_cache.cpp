@@ -10,6 +10,8 @@
 #include <map>
 #include <tuple>
 
+#include <openssl/evp.h>
+
 #include "compile/cache/cache_entry.pb.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
@@ -90,13 +92,19 @@ std::set<std::string> g_warned;  // one warning per entry file per process
 }  // namespace
 
 uint64_t hash_bytes(std::string_view bytes, uint64_t seed) {
-  uint64_t h = 1469598103934665603ull ^ (seed * 0x9e3779b97f4a7c15ull);
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
+  // One-shot SHA-256 over seed || bytes (OpenSSL picks SHA-NI / AVX2 where the CPU has them).
+  unsigned char seed_le[8];
+  for (int k = 0; k < 8; ++k) seed_le[k] = static_cast<unsigned char>(seed >> (8 * k));
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  const bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1 &&
+                  EVP_DigestUpdate(ctx, seed_le, sizeof seed_le) == 1 &&
+                  EVP_DigestUpdate(ctx, bytes.data(), bytes.size()) == 1 && EVP_DigestFinal_ex(ctx, md, &n) == 1;
+  EVP_MD_CTX_free(ctx);
+  INGOT_CHECK(ok && n >= 8, "hash_bytes: OpenSSL's SHA-256 failed");
+  uint64_t h = 0;
+  for (int k = 0; k < 8; ++k) h |= static_cast<uint64_t>(md[k]) << (8 * k);
   return h;
 }
 

@@ -38,8 +38,8 @@ struct CacheStats {
   int64_t writes = 0;
 };
 
-// 64-bit content hash used for checksums and file names (FNV-1a with a splitmix64 finalizer). `seed`
-// selects an independent hash of the same bytes.
+// 64-bit content hash used for checksums and file names: the first 8 bytes of OpenSSL's SHA-256 of the seed (8 bytes,
+// little-endian) and the bytes. `seed` selects an independent hash of the same bytes.
 uint64_t hash_bytes(std::string_view bytes, uint64_t seed = 0);
 // 16 lower-case hex digits.
 std::string hex64(uint64_t v);

@@ -245,7 +245,7 @@ struct Launcher {
 CUdeviceptr upload_table(LoadedKernel& loaded, const std::vector<uint64_t>& table, CUstream st,
                          const std::string& symbol) {
   const std::string_view bytes(reinterpret_cast<const char*>(table.data()), table.size() * 8);
-  const uint64_t h = cache::hash_bytes(bytes) ^ (cache::hash_bytes(bytes, 1) << 1);
+  const uint64_t h = cache::hash_bytes(bytes);  // SHA-256-derived: one 64-bit key suffices
   const bool capturing = ingot::cuda::is_capturing(ingot::cuda::Stream{st});
   std::lock_guard<std::mutex> lock(loaded.mu);
   if (capturing) loaded.captured_tables.insert(h);

@@ -20,6 +20,14 @@ void overwrite(const std::string& path, const std::string& bytes) {
   out << bytes;
 }
 
+// hash_bytes is OpenSSL's SHA-256 of the little-endian seed and the bytes, its first 8 bytes little-endian: the values
+// Python's hashlib gives for b"abc" under seeds 0 and 1.
+TEST(CompileCacheHash, HashBytesIsTheSeededSha256Prefix) {
+  EXPECT_EQ(hash_bytes("abc"), 0x99bb38e94c2e65f3ull);
+  EXPECT_EQ(hash_bytes("abc", 1), 0x326ac35b04c7a522ull);
+  EXPECT_EQ(hex64(hash_bytes("abc")), "99bb38e94c2e65f3");
+}
+
 TEST(CompileCache, PutThenGetRoundTripsAndUnknownKeysMiss) {
   TempDir dir("ingot-cache-");
   CompileCache c(dir.path());
