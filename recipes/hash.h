@@ -9,26 +9,11 @@
 #include <string>
 #include <string_view>
 
-struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+#include "runtime/sha256.h"
 
 namespace ingot::recipes {
 
-// Incremental SHA-256: update() any number of times, then hex() (or digest()) once.
-class Sha256 {
- public:
-  Sha256();
-  ~Sha256();
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  void update(const void* data, size_t n);
-  void update(std::string_view s) { update(s.data(), s.size()); }
-  std::array<uint8_t, 32> digest();  // finishes the hash; the object must not be updated afterwards
-  std::string hex();                 // digest() as 64 lowercase hex digits
-
- private:
-  evp_md_ctx_st* ctx_;
-};
-
+// SHA-256 itself: ingot::Sha256 (runtime/sha256.h).
 std::string sha256_hex(std::string_view data);
 // Streams the file through SHA-256; throws ingot::Error naming the file when it cannot be read.
 std::string sha256_file(const std::string& path);

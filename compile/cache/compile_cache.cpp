@@ -4,17 +4,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <tuple>
 
-#include <openssl/evp.h>
-
 #include "compile/cache/cache_entry.pb.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
+#include "runtime/sha256.h"
 
 #ifndef INGOT_VERSION
 #error "INGOT_VERSION must be defined by the build (compile/cache/cache.cmake)"
@@ -92,17 +92,12 @@ std::set<std::string> g_warned;  // one warning per entry file per process
 }  // namespace
 
 uint64_t hash_bytes(std::string_view bytes, uint64_t seed) {
-  // One-shot SHA-256 over seed || bytes (OpenSSL picks SHA-NI / AVX2 where the CPU has them).
   unsigned char seed_le[8];
   for (int k = 0; k < 8; ++k) seed_le[k] = static_cast<unsigned char>(seed >> (8 * k));
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  const bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1 &&
-                  EVP_DigestUpdate(ctx, seed_le, sizeof seed_le) == 1 &&
-                  EVP_DigestUpdate(ctx, bytes.data(), bytes.size()) == 1 && EVP_DigestFinal_ex(ctx, md, &n) == 1;
-  EVP_MD_CTX_free(ctx);
-  INGOT_CHECK(ok && n >= 8, "hash_bytes: OpenSSL's SHA-256 failed");
+  Sha256 sha;
+  sha.update(seed_le, sizeof seed_le);
+  sha.update(bytes);
+  const std::array<uint8_t, 32> md = sha.digest();
   uint64_t h = 0;
   for (int k = 0; k < 8; ++k) h |= static_cast<uint64_t>(md[k]) << (8 * k);
   return h;

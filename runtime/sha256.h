@@ -1,0 +1,31 @@
+// SHA-256 (FIPS 180-4) through OpenSSL's EVP interface, for every layer that hashes bytes: checkpoint manifests and
+// config hashes (recipes/hash.h), the compile cache's content keys (compile/cache/compile_cache.h: hash_bytes).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+
+namespace ingot {
+
+// Incremental SHA-256: update() any number of times, then hex() (or digest()) once.
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void update(const void* data, size_t n);
+  void update(std::string_view s) { update(s.data(), s.size()); }
+  std::array<uint8_t, 32> digest();  // finishes the hash; the object must not be updated afterwards
+  std::string hex();                 // digest() as 64 lowercase hex digits
+
+ private:
+  evp_md_ctx_st* ctx_;
+};
+
+}  // namespace ingot
