@@ -11,6 +11,17 @@ Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
   return cross_entropy(reshape(logits, {-1, logits.size(2)}), reshape(targets, {-1}));
 }
 
+Tensor lm_loss(const Tensor& hidden, const Tensor& head, const Tensor& targets) {
+  INGOT_CHECK(hidden.dim() == 3, "lm_loss: expected hidden states [B, T, H], got ", shape_str(hidden.shape()));
+  INGOT_CHECK(targets.shape() == Shape({hidden.size(0), hidden.size(1)}), "lm_loss: expected targets [",
+              hidden.size(0), ", ", hidden.size(1), "], got ", shape_str(targets.shape()));
+  return linear_cross_entropy(reshape(hidden, {-1, hidden.size(2)}), head, reshape(targets, {-1}));
+}
+
+bool head_without_gradient(const Tensor& w, const Tensor& bias) {
+  return w.defined() && !bias.defined() && !(grad_enabled() && w.requires_grad());
+}
+
 Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const Tensor& positions) {
   return lm_loss(forward(ids, positions), targets);
 }

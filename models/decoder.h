@@ -91,29 +91,33 @@ class DecoderMLP : public nn::Module {
   Tensor forward(const Tensor& x);
   // The same as the last projection's base and adapter update apart (Note [Residual of a sum], decoder.cpp).
   nn::LoRAParts forward_parts(const Tensor& x);
-  // Activation checkpointing of the up-projections and the activation only (Note [MLP checkpointing], decoder.cpp).
-  void set_checkpointing(bool on) { checkpointing_ = on; }
+  // forward_parts(x) in its two halves: the up-projections and the activation, [..., intermediate], then the last
+  // projection (and GPT-2's dropout) of that. The block checkpoints the first (Note [MLP checkpointing]).
+  Tensor widen(const Tensor& x);
+  nn::LoRAParts narrow(const Tensor& h);
 
  private:
-  bool checkpointing_ = false;
   std::shared_ptr<nn::LoRALinear> c_fc_, c_proj_, gate_proj_, up_proj_, down_proj_;
   std::shared_ptr<nn::Dropout> dropout_;
 };
+
+// What a block's backward runs again instead of keeping it from the forward (train.activation_checkpointing;
+// autograd/checkpoint.h, traced, a compiled step does the same): nothing; the whole block (it keeps only its input);
+// or the MLP's norm, up-projections and activation (Note [MLP checkpointing], decoder.cpp).
+enum class Checkpointing { none, blocks, mlp };
 
 // Pre-norm residual block: x + attn(norm1(x)), then h + mlp(norm2(h)).
 class DecoderBlock : public nn::Module {
  public:
   explicit DecoderBlock(const DecoderConfig& cfg);
   Tensor forward(const Tensor& x, KVCache* cache = nullptr, size_t layer = 0, const Tensor& positions = Tensor());
-  // Activation checkpointing: a training forward keeps only the block's input for the backward, which runs the
-  // block's forward again (autograd/checkpoint.h; traced, the compiled step does the same).
-  void set_checkpointing(bool on) { checkpointing_ = on; }
+  void set_checkpointing(Checkpointing mode) { checkpointing_ = mode; }
 
  private:
   Tensor norm(int which, const Tensor& x);
   Tensor body(const Tensor& x, KVCache* cache, size_t layer, const Tensor& positions);
 
-  bool checkpointing_ = false;
+  Checkpointing checkpointing_ = Checkpointing::none;
 
   std::shared_ptr<nn::LayerNorm> ln1_, ln2_;
   std::shared_ptr<nn::RMSNorm> rms1_, rms2_;
@@ -121,10 +125,9 @@ class DecoderBlock : public nn::Module {
   std::shared_ptr<DecoderMLP> mlp_;
 };
 
-// Turns activation checkpointing on or off for every DecoderBlock under `model` (the model's
-// `activation_checkpointing: blocks`); returns how many blocks it set.
-int64_t set_block_checkpointing(nn::Module& model, bool on);
-// The same for every DecoderMLP (`activation_checkpointing: mlp`, Note [MLP checkpointing]); returns how many.
-int64_t set_mlp_checkpointing(nn::Module& model, bool on);
+// Sets `mode` on the first `count` DecoderBlocks under `model` in their order (every one when count is 0) and
+// Checkpointing::none on the others: train.activation_checkpointing and train.activation_checkpointing_layers.
+// Returns how many blocks got `mode` (0 for none).
+int64_t set_checkpointing(nn::Module& model, Checkpointing mode, int64_t count = 0);
 
 }  // namespace ingot::models

@@ -266,8 +266,7 @@ void build_model(FinetuneRun& f) {
     if (s.lora) f.adapted = nn::apply_lora(model, s.lora_config);  // freezes every other parameter
   }
   model.set_tensor_names();
-  if (s.train.checkpoint_blocks) models::set_block_checkpointing(model, true);  // train.activation_checkpointing
-  if (s.train.checkpoint_mlp) models::set_mlp_checkpointing(model, true);
+  models::set_checkpointing(model, s.train.checkpointing, s.train.checkpointing_layers);  // train.activation_checkpointing
 }
 
 // Shard-wise weights of a fresh ZeRO-3 start, read from the checkpoint's files (checked against the model now,

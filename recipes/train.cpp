@@ -164,8 +164,7 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   PretrainModel built = build_pretrain_model(s, data.vocab_size());
   const std::shared_ptr<models::GPT2> model = built.model;
   const models::GPT2Config& mc = model->config();
-  if (o.checkpoint_blocks) models::set_block_checkpointing(*model, true);  // train.activation_checkpointing
-  if (o.checkpoint_mlp) models::set_mlp_checkpointing(*model, true);
+  models::set_checkpointing(*model, o.checkpointing, o.checkpointing_layers);  // train.activation_checkpointing
 
   TrainTask task;
   task.model = model.get();

@@ -66,9 +66,14 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
   s.add(K::of(T::String, "train.activation_checkpointing", "none",
               "blocks: each decoder block keeps only its input for the backward, which runs the block's forward "
               "again (less activation memory for about one more forward; eager and compiled steps); mlp: only each "
-              "MLP's up-projections and activation are run again (most of a block's activation memory for about a "
+              "MLP's norm, up-projections and activation are run again (most of a block's activation memory for about a "
               "third of the recomputation)")
             .one_of({"none", "blocks", "mlp"})
+            .not_in_config_hash());
+  s.add(K::of(T::Int, "train.activation_checkpointing_layers", "0",
+              "how many decoder blocks, from the first, train.activation_checkpointing covers (0: every block); "
+              "each block left out keeps its activations (faster, more memory)")
+            .at_least(0)
             .not_in_config_hash());
   s.add(K::of(T::Int, "train.log_every", d.log_every, "steps between progress lines").at_least(1).not_in_config_hash());
   s.add(K::of(T::Int, "train.eval_every", "0", "steps between validation evals (0: only at the end)")
@@ -95,8 +100,15 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
   o.beta1 = rd.f64("train.beta1");
   o.beta2 = rd.f64("train.beta2");
   o.grad_clip = rd.f64("train.grad_clip");
-  o.checkpoint_blocks = rd.str("train.activation_checkpointing") == "blocks";
-  o.checkpoint_mlp = rd.str("train.activation_checkpointing") == "mlp";
+  const std::string ckpt = rd.str("train.activation_checkpointing");
+  o.checkpointing = ckpt == "blocks" ? models::Checkpointing::blocks
+                    : ckpt == "mlp"  ? models::Checkpointing::mlp
+                                     : models::Checkpointing::none;
+  o.checkpointing_layers = rd.i64("train.activation_checkpointing_layers");
+  if (o.checkpointing_layers > 0 && o.checkpointing == models::Checkpointing::none &&
+      !errors.has_error_for("train.activation_checkpointing_layers"))
+    errors.fail(cfg, "train.activation_checkpointing_layers",
+                "is set but train.activation_checkpointing is none, so no block would be checkpointed");
   o.log_every = rd.i64("train.log_every");
   o.eval_every = rd.i64("train.eval_every");
   o.eval_batches = rd.i64("train.eval_batches");

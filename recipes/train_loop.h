@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "autograd/nn/module.h"
+#include "models/decoder.h"
 #include "recipes/config.h"
 #include "recipes/run_settings.h"
 
@@ -68,8 +69,9 @@ struct TrainOptions {
   double momentum = 0;              // optimizer.momentum (sgd)
   bool nesterov = false;            // optimizer.nesterov (sgd)
   double init_loss_scale = 1;       // train.init_loss_scale (dtype f16)
-  bool checkpoint_blocks = false;   // train.activation_checkpointing: blocks (models::set_block_checkpointing)
-  bool checkpoint_mlp = false;      // train.activation_checkpointing: mlp (models::set_mlp_checkpointing)
+  // train.activation_checkpointing and train.activation_checkpointing_layers (models::set_checkpointing).
+  models::Checkpointing checkpointing = models::Checkpointing::none;
+  int64_t checkpointing_layers = 0;  // the first N blocks; 0: every block
 };
 
 // Reads the keys add_train_keys adds; problems (min_lr > lr, eval_every without eval_batches, an optimizer.* key

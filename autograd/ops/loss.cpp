@@ -6,6 +6,8 @@
 // targets that are not ignore_index, counted with tensor ops rather than on the host. Losses are f32 (f64 for
 // f64 inputs) whatever the input dtype: bf16 logits still get an f32 loss, and logits get their gradient in
 // their own dtype. cross_entropy_fused (loss_fused.h) is both primitives in one, for compiled training steps.
+// linear_cross_entropy is the product into the logits and the loss in one primitive that never holds all the
+// logits (Note [Logits in chunks]).
 #include "autograd/ops.h"
 #include "autograd/ops/loss_fused.h"
 #include "runtime/kernels/kernels.h"
@@ -134,6 +136,106 @@ class CrossEntropyFusedPrim final : public Primitive {
   double ls_;
 };
 
+// Note [Logits in chunks]: linear_cross_entropy(x [N, H], w [V, H], target [N]) is cross_entropy(x w^T, target)
+// with the logits made a chunk of rows at a time into one [chunk, V] buffer, so a step never holds all N x V of
+// them: the 8B Llama's 128,256-word head at 2 x 2048 makes 1.05 GB of bf16 logits, and the eager backward (a
+// compiled step's first, traced step included) held their gradient beside them, another 1.05 GB. When x needs a
+// gradient the forward computes it too (Liger-Kernel's fused linear cross entropy does the same), chunk by chunk
+// over the same buffer: dlogits = softmax - onehot over the logits (cross_entropy_fused with a cotangent of 1), then
+// dlogits w into dx's rows. That costs no product more than cross_entropy(linear(x, w)), and row i of dx depends on
+// row i's loss alone, so the backward is dx scaled row by row by each row's cotangent, whatever the reduction after.
+// A weight gradient would not scale that way (it sums over the rows), so w must need none: the frozen head of a
+// LoRA or QLoRA fine-tune, or any head without grad mode (evaluation). Outputs: the per-row loss [N] (the loss
+// dtype) and, with input_grad, dx [N, H] (x's dtype), saved for the backward.
+class LinearCrossEntropyPrim final : public Primitive {
+ public:
+  LinearCrossEntropyPrim(int64_t ignore_index, double label_smoothing, int64_t chunk_rows, bool input_grad)
+      : ignore_(ignore_index), ls_(label_smoothing), chunk_(chunk_rows), input_grad_(input_grad) {}
+  std::string_view name() const override { return "linear_cross_entropy"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    INGOT_CHECK(in.size() == 3, "linear_cross_entropy: expected x, w, target, got ", in.size(), " inputs");
+    const TensorMeta &x = in[0], &w = in[1];
+    INGOT_CHECK(x.shape.size() == 2 && w.shape.size() == 2 && x.shape[1] == w.shape[1],
+                "linear_cross_entropy: expected x [N, H] and w [V, H], got ", shape_str(x.shape), " and ",
+                shape_str(w.shape));
+    INGOT_CHECK(x.dtype == w.dtype, "linear_cross_entropy: x is ", dtype_name(x.dtype), ", w ", dtype_name(w.dtype));
+    const TensorMeta row = loss_row_meta(name(), {{x.shape[0], w.shape[0]}, x.dtype, x.device}, in[2]);
+    if (!input_grad_) return {row};
+    return {row, x};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    std::vector<Tensor> out = alloc_outputs(infer(metas_of(in)));
+    const Tensor x = in[0].contiguous_raw(), w = in[1].contiguous_raw(), t = in[2].contiguous_raw();
+    const int64_t n = x.size(0), h = x.size(1), v = w.size(0), c = std::min(chunk_, n);
+    if (n == 0) return out;
+    const DType st = out[0].dtype();
+    const Device dev = x.device();
+    // One logits buffer for every chunk: the kernels run in order on the device's stream, and the allocator hands
+    // the buffer out again only to work ordered after them.
+    const Tensor logits = empty({c, v}, x.dtype(), dev), lse = empty({c}, st, dev);
+    const Tensor ones = input_grad_ ? full({c}, 1.0, st, dev) : Tensor();
+    const Tensor w3 = w.as_strided({1, v, h}, {v * h, h, 1}, w.offset());
+    for (int64_t r = 0; r < n; r += c) {
+      const int64_t m = std::min(c, n - r);
+      const Tensor lg = logits.as_strided({m, v}, {v, 1}, logits.offset());
+      const Tensor xs = x.as_strided({1, m, h}, {m * h, h, 1}, x.offset() + r * h);
+      const Tensor loss = out[0].as_strided({m}, {1}, out[0].offset() + r);
+      const Tensor tr = t.as_strided({m}, {1}, t.offset() + r);
+      const Tensor ls = lse.as_strided({m}, {1}, lse.offset());
+      INGOT_KERNEL_CALL(dev, matmul, lg.as_strided({1, m, v}, {m * v, v, 1}, lg.offset()), xs, w3, false, true,
+                        1.0, 0.0);
+      if (!input_grad_) {
+        INGOT_KERNEL_CALL(dev, cross_entropy_fwd, loss, ls, lg, tr, ignore_, ls_);
+        continue;
+      }
+      // The gradient over the logits, in place (each row is read whole before it is written).
+      INGOT_KERNEL_CALL(dev, cross_entropy_fused, loss, ls, lg, lg, tr, ones.as_strided({m}, {1}, ones.offset()),
+                        ignore_, ls_);
+      const Tensor& dx = out[1];
+      INGOT_KERNEL_CALL(dev, matmul, dx.as_strided({1, m, h}, {m * h, h, 1}, dx.offset() + r * h),
+                        lg.as_strided({1, m, v}, {m * v, v, 1}, lg.offset()), w3, false, false, 1.0, 0.0);
+    }
+    return out;
+  }
+  bool saves_input(size_t) const override { return false; }
+  bool saves_output(size_t k) const override { return k == 1; }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    INGOT_CHECK(!c.needs_grad[1], "linear_cross_entropy: the weight cannot get a gradient (Note [Logits in chunks])");
+    std::vector<Tensor> grads(3);
+    if (!c.needs_grad[0] || !g[0].defined()) return grads;
+    INGOT_CHECK(input_grad_, "linear_cross_entropy: built without the input's gradient (no grad mode then)");
+    const Tensor& dx = c.outputs[1];
+    const Tensor row_scale = reshape(g[0], {dx.size(0), 1});
+    grads[0] = cast(mul(cast(dx, row_scale.dtype()), row_scale), dx.dtype());
+    return grads;
+  }
+  void print_attrs(std::ostream& os) const override {
+    os << "ignore_index=" << ignore_ << ", label_smoothing=" << ls_ << ", chunk_rows=" << chunk_
+       << ", input_grad=" << input_grad_;
+  }
+
+ private:
+  int64_t ignore_;
+  double ls_;
+  int64_t chunk_;
+  bool input_grad_;
+};
+
+// The per-row losses `loss` [N] of targets `t1` [N] reduced as cross_entropy's `reduction` asks; None gives them
+// the targets' shape.
+Tensor reduce_rows(const Tensor& loss, const Tensor& t1, const Shape& target_shape, int64_t ignore_index,
+                   Reduction reduction) {
+  switch (reduction) {
+    case Reduction::None: return target_shape == loss.shape() ? loss : reshape(loss, target_shape);
+    case Reduction::Sum: return sum(loss);
+    case Reduction::Mean: {
+      Tensor kept = ne(t1, full({}, static_cast<double>(ignore_index), DType::i64, t1.device()));
+      return div(sum(loss), sum(cast(kept, loss.dtype())));
+    }
+  }
+  INGOT_FAIL("cross_entropy: unknown reduction");
+}
+
 }  // namespace
 
 std::shared_ptr<Primitive> make_cross_entropy_fused(int64_t ignore_index, double label_smoothing) {
@@ -161,15 +263,36 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   const Tensor l2 = contiguous(logits.dim() == 2 ? logits : reshape(logits, {n, classes}));
   const Tensor t1 = contiguous(target.dim() == 1 ? target : reshape(target, {n}));
   Tensor loss = apply(std::make_shared<CrossEntropyPrim>(ignore_index, label_smoothing), {l2, t1})[0];
-  switch (reduction) {
-    case Reduction::None: return target.shape() == loss.shape() ? loss : reshape(loss, target.shape());
-    case Reduction::Sum: return sum(loss);
-    case Reduction::Mean: {
-      Tensor kept = ne(t1, full({}, static_cast<double>(ignore_index), DType::i64, t1.device()));
-      return div(sum(loss), sum(cast(kept, loss.dtype())));
-    }
-  }
-  INGOT_FAIL("cross_entropy: unknown reduction");
+  return reduce_rows(loss, t1, target.shape(), ignore_index, reduction);
+}
+
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target, int64_t ignore_index,
+                            double label_smoothing, Reduction reduction, int64_t chunk_rows) {
+  INGOT_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1),
+              "linear_cross_entropy: expected x [..., H] and w [V, H], got ", shape_str(x.shape()), " and ",
+              shape_str(w.shape()));
+  INGOT_CHECK(!(grad_enabled() && w.requires_grad()), "linear_cross_entropy: the weight ",
+              w.name().empty() ? std::string("w") : w.name(),
+              " requires a gradient, which it does not compute (Note [Logits in chunks]): use "
+              "cross_entropy(linear(x, w), target)");
+  INGOT_CHECK(target.dtype() == DType::i64, "linear_cross_entropy: expected target of dtype i64, got ",
+              dtype_name(target.dtype()));
+  INGOT_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0,
+              "linear_cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
+  const int64_t h = x.size(-1), n = x.numel() / std::max<int64_t>(h, 1), v = w.size(0);
+  INGOT_CHECK(target.numel() == n, "linear_cross_entropy: target ", shape_str(target.shape()), " does not match x ",
+              shape_str(x.shape()));
+  INGOT_CHECK(chunk_rows >= 0, "linear_cross_entropy: chunk_rows must be >= 0, got ", chunk_rows);
+  // 256 MiB of logits a chunk by default: 1,046 rows of the 8B's 128,256 words in bf16, products still wide.
+  const int64_t row_bytes = std::max<int64_t>(v, 1) * static_cast<int64_t>(itemsize(x.dtype()));
+  const int64_t chunk = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, (int64_t{256} << 20) / row_bytes);
+  const bool input_grad = grad_enabled() && x.requires_grad();
+  const Tensor x2 = contiguous(x.dim() == 2 ? x : reshape(x, {n, h}));
+  const Tensor t1 = contiguous(target.dim() == 1 ? target : reshape(target, {n}));
+  Tensor loss = apply(std::make_shared<LinearCrossEntropyPrim>(ignore_index, label_smoothing, std::max<int64_t>(chunk, 1),
+                                                               input_grad),
+                      {x2, w, t1})[0];
+  return reduce_rows(loss, t1, target.shape(), ignore_index, reduction);
 }
 
 Tensor mse_loss(const Tensor& a, const Tensor& b) {

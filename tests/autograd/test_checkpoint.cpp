@@ -138,7 +138,7 @@ std::unique_ptr<models::Llama> lora_llama(bool ckpt) {
       Tensor w = t;
       w.copy_(randn(t.shape(), t.dtype(), t.device(), 0.0, 0.1));
     }
-  EXPECT_EQ(models::set_block_checkpointing(*m, ckpt), 4);
+  EXPECT_EQ(models::set_checkpointing(*m, ckpt ? models::Checkpointing::blocks : models::Checkpointing::none), ckpt ? 4 : 0);
   return m;
 }
 
@@ -184,9 +184,9 @@ TEST(ActivationCheckpoint, LlamaBlocksGiveEagersGradientsAndKeepLessForTheBackwa
   EXPECT_LT(ckpt.peak, plain.peak);
 }
 
-// Note [MLP checkpointing] (models/decoder.cpp): only each MLP's up-projections and SwiGLU are a region. The loss and
-// gradients are eager's bit for bit, and each layer keeps its MLP input ([2, 256, 64] f32) instead of the SwiGLU's
-// two [2, 256, 176] operands.
+// Note [MLP checkpointing] (models/decoder.cpp): only each MLP's norm, up-projections and SwiGLU are a region. The
+// loss and gradients are eager's bit for bit, and each layer keeps the region's input ([2, 256, 64] f32, the residual
+// stream, which the norm's backward read anyway) instead of the SwiGLU's two [2, 256, 176] operands. With train.activation_checkpointing_layers = 3, the fourth block keeps them again.
 TEST(ActivationCheckpoint, LlamaMlpRegionsGiveEagersGradientsAndKeepTheMlpInputOnly) {
   auto [ids, tgt] = testing::repeating_batch(2, 256, 7);
   struct Run {
@@ -194,9 +194,11 @@ TEST(ActivationCheckpoint, LlamaMlpRegionsGiveEagersGradientsAndKeepTheMlpInputO
     int64_t kept = 0;
     std::vector<Tensor> grads;
   };
-  auto run = [&](bool mlp) {
+  auto run = [&](int64_t layers) {
     auto m = lora_llama(false);
-    EXPECT_EQ(models::set_mlp_checkpointing(*m, mlp), 4);
+    EXPECT_EQ(models::set_checkpointing(*m, layers < 0 ? models::Checkpointing::none : models::Checkpointing::mlp,
+                                        std::max<int64_t>(layers, 0)),
+              layers < 0 ? 0 : layers == 0 ? 4 : layers);
     Run r;
     const int64_t before = allocated();
     Tensor loss = m->loss(ids, tgt);
@@ -206,12 +208,18 @@ TEST(ActivationCheckpoint, LlamaMlpRegionsGiveEagersGradientsAndKeepTheMlpInputO
     for (const Tensor& p : trained(*m)) r.grads.push_back(clone(p.grad()));
     return r;
   };
-  const Run plain = run(false), mlp = run(true);
-  EXPECT_EQ(mlp.loss, plain.loss);
-  ASSERT_EQ(mlp.grads.size(), plain.grads.size());
-  for (size_t i = 0; i < plain.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(mlp.grads[i], plain.grads[i])) << i;
-  const int64_t operand = 2 * 256 * 176 * 4, input = 2 * 256 * 64 * 4;
-  EXPECT_LE(mlp.kept, plain.kept - 4 * (2 * operand - input)) << plain.kept << " vs " << mlp.kept;
+  const Run plain = run(-1), mlp = run(0), three = run(3);
+  for (const Run* r : {&mlp, &three}) {
+    EXPECT_EQ(r->loss, plain.loss);
+    ASSERT_EQ(r->grads.size(), plain.grads.size());
+    for (size_t i = 0; i < plain.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(r->grads[i], plain.grads[i])) << i;
+  }
+  // Per block the two operands are no longer kept; the region's input is what the norm's backward kept anyway (a
+  // region starting after the norm kept its output too: 4 * [2, 256, 64] f32 more).
+  const int64_t operand = 2 * 256 * 176 * 4, per_block = 2 * operand;
+  EXPECT_LE(mlp.kept, plain.kept - 4 * per_block) << plain.kept << " vs " << mlp.kept;
+  EXPECT_LE(three.kept, plain.kept - 3 * per_block) << plain.kept << " vs " << three.kept;
+  EXPECT_GE(three.kept, mlp.kept + per_block) << mlp.kept << " vs " << three.kept;
 }
 
 // The compiled step traces the recomputation where the eager backward runs it: its graph keeps the blocks' inputs

@@ -231,6 +231,47 @@ TEST(LoRA, OnlyAdaptersAreTrainableAndOnlyTheyReceiveGradients) {
   EXPECT_EQ(trainable[0].name(), "transformer.h.0.attn.c_attn.lora_A.weight");
 }
 
+// Note [Logits in chunks]: a frozen head's loss comes from the hidden states without the logits (Llama's own head
+// and GPT-2's tied one): the same loss and adapter gradients as the loss of the logits, in f64; an adapted head
+// goes through the logits.
+TEST(LoRA, AFrozenHeadsLossWithoutTheLogitsEqualsTheLossOfTheLogits) {
+  auto check = [](nn::Module& model, models::CausalLM& lm, const std::string& what) {
+    SCOPED_TRACE(what);
+    perturb_adapters(model);
+    auto [ids, tgt] = testing::repeating_batch(2, 6);
+    Tensor fused = lm.loss(ids, tgt);
+    fused.backward();
+    std::map<std::string, Tensor> g1;
+    for (auto& [name, p] : model.named_parameters())
+      if (p.grad().defined()) g1[name] = clone(p.grad());
+    model.zero_grad();
+    Tensor plain = models::lm_loss(lm.forward(ids), tgt);
+    plain.backward();
+    EXPECT_NEAR(fused.item(), plain.item(), 1e-12);
+    ASSERT_FALSE(g1.empty());
+    for (auto& [name, p] : model.named_parameters()) {
+      if (!p.grad().defined()) continue;
+      ASSERT_TRUE(g1.count(name)) << name;
+      EXPECT_LE(max_rel_error(g1[name], p.grad(), 1e-10, 1e-13), 1.0) << name;
+    }
+  };
+  manual_seed(16);
+  models::LlamaConfig lc = testing::tiny_llama_config();
+  lc.tie_word_embeddings = false;
+  models::Llama llama(lc);
+  llama.to(DType::f64);
+  nn::apply_lora(llama, {.rank = 2, .alpha = 4, .dropout = 0.0, .target_modules = {"q_proj", "v_proj"}});
+  check(llama, llama, "llama, frozen lm_head");
+  models::GPT2 gpt2(testing::tiny_gpt2_config());
+  gpt2.to(DType::f64);
+  nn::apply_lora(gpt2, {.rank = 2, .alpha = 4, .dropout = 0.0, .target_modules = {"c_attn"}});
+  check(gpt2, gpt2, "gpt2, frozen tied head");
+  models::Llama adapted_head(lc);
+  adapted_head.to(DType::f64);
+  nn::apply_lora(adapted_head, {.rank = 2, .alpha = 4, .dropout = 0.0, .target_modules = {"q_proj", "lm_head"}});
+  check(adapted_head, adapted_head, "llama, adapted lm_head (through the logits)");
+}
+
 TEST(LoRA, AdamWOnTheAdaptersAloneLowersTheLossAndLeavesTheBaseUnchanged) {
   manual_seed(15);
   models::HFModel m = models::load_hf_model(fixture("llama_tiny"));

@@ -138,6 +138,91 @@ TEST(CrossEntropy, BadTargetsAreErrorsNamingTheOp) {
   EXPECT_NE(msg.find("cross_entropy: label_smoothing"), std::string::npos) << msg;
 }
 
+// Note [Logits in chunks] (autograd/ops/loss.cpp): linear_cross_entropy is cross_entropy(linear(x, w)) in every
+// chunking (a chunk of one row, chunks that divide the rows and one that does not, one chunk larger than all of
+// them), every reduction, with ignored rows and label smoothing; x's gradient under per-row cotangents (None) too.
+TEST(LinearCrossEntropy, MatchesCrossEntropyOfTheLinearInEveryChunkingAndReduction) {
+  manual_seed(33);
+  const Tensor x0 = randn({3, 3, 6}, DType::f64), w = mul(randn({11, 6}, DType::f64), 0.7);
+  const Tensor t = targets({0, 10, -100, 4, 4, 7, -100, 1, 9}, {3, 3});
+  const Tensor row_cot = randn({3, 3}, DType::f64);
+  for (Reduction red : {Reduction::None, Reduction::Mean, Reduction::Sum})
+    for (double ls : {0.0, 0.1}) {
+      Tensor xr = leaf(x0);
+      Tensor ref = cross_entropy(linear(xr, w), t, -100, ls, red);
+      (red == Reduction::None ? sum(mul(ref, row_cot)) : ref).backward();
+      for (int64_t chunk : {0, 1, 2, 4, 9, 20}) {
+        SCOPED_TRACE(detail::str_cat("reduction ", static_cast<int>(red), " ls ", ls, " chunk_rows ", chunk));
+        Tensor x = leaf(x0);
+        Tensor got = linear_cross_entropy(x, w, t, -100, ls, red, chunk);
+        ASSERT_EQ(got.shape(), ref.shape());
+        EXPECT_LE(max_rel_error(got, ref, 1e-12, 1e-13), 1.0);
+        (red == Reduction::None ? sum(mul(got, row_cot)) : got).backward();
+        EXPECT_LE(max_rel_error(x.grad(), xr.grad(), 1e-12, 1e-13), 1.0);
+      }
+    }
+}
+
+TEST(LinearCrossEntropy, GradientsMatchFiniteDifferences) {
+  manual_seed(34);
+  const Tensor w = randn({6, 5}, DType::f64);
+  const std::vector<int64_t> t = {1, 5, 7, 3};  // 7 is the ignore_index here
+  for (Reduction red : {Reduction::None, Reduction::Mean})
+    for (int64_t chunk : {1, 3}) {
+      SCOPED_TRACE(detail::str_cat("reduction ", static_cast<int>(red), " chunk_rows ", chunk));
+      Tensor x = leaf(randn_noncontig({4, 5}));
+      EXPECT_GRADCHECK(
+          [&](const std::vector<Tensor>& v) {
+            return std::vector<Tensor>{linear_cross_entropy(v[0], w, targets(t, {4}), 7, 0.1, red, chunk)};
+          },
+          {x});
+    }
+}
+
+// bf16: the same products and row kernels as cross_entropy(linear(x, w)) on each chunk, so the same loss and the
+// same gradient up to bf16's rounding of the gradient (cast after the row scale instead of before).
+TEST(LinearCrossEntropy, Bf16MatchesCrossEntropyOfTheLinearAndGivesAnF32Loss) {
+  manual_seed(35);
+  const Tensor x0 = randn({16, 32}, DType::f64).to(DType::bf16), w = mul(randn({50, 32}, DType::f64), 0.2).to(DType::bf16);
+  std::vector<int64_t> tv;
+  for (int i = 0; i < 16; ++i) tv.push_back(i % 5 == 4 ? -100 : (i * 7) % 50);
+  const Tensor t = targets(tv, {16});
+  Tensor xr = leaf(x0), x = leaf(x0);
+  Tensor ref = cross_entropy(linear(xr, w), t);
+  ref.backward();
+  Tensor got = linear_cross_entropy(x, w, t, -100, 0.0, Reduction::Mean, 5);
+  got.backward();
+  EXPECT_EQ(got.dtype(), DType::f32);
+  EXPECT_EQ(x.grad().dtype(), DType::bf16);
+  EXPECT_NEAR(got.item(), ref.item(), 1e-6 * std::abs(ref.item()));
+  EXPECT_LE(max_rel_error(x.grad(), xr.grad(), 1e-2, 1e-4), 1.0);
+}
+
+// Without grad mode nothing but the loss is computed, and a weight that needs a gradient is an error naming it
+// (its gradient would not follow the rows' cotangents).
+TEST(LinearCrossEntropy, NoGradModeComputesTheLossAloneAndATrainedWeightIsAnErrorNamingIt) {
+  manual_seed(36);
+  Tensor x = leaf(randn({4, 3}, DType::f64));
+  const Tensor w = randn({5, 3}, DType::f64), t = targets({0, 1, 2, 3}, {4});
+  Tensor with_grad = linear_cross_entropy(x, w, t);
+  Tensor plain;
+  {
+    NoGradGuard ng;
+    plain = linear_cross_entropy(x, w, t);
+  }
+  EXPECT_FALSE(plain.requires_grad());
+  EXPECT_NEAR(plain.item(), with_grad.item(), 1e-14);
+  Tensor trained = leaf(randn({5, 3}, DType::f64));
+  trained.set_name("lm_head.weight");
+  const std::string e = error_of([&] { linear_cross_entropy(x, trained, t); });
+  EXPECT_NE(e.find("linear_cross_entropy"), std::string::npos) << e;
+  EXPECT_NE(e.find("lm_head.weight"), std::string::npos) << e;
+  {
+    NoGradGuard ng;
+    EXPECT_NO_THROW(linear_cross_entropy(x, trained, t));
+  }
+}
+
 TEST(MseLoss, MatchesNaiveLoopsAndFiniteDifferences) {
   manual_seed(35);
   Tensor a = leaf(randn_noncontig({3, 4})), b = leaf(randn({3, 4}, DType::f64));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "autograd/kernel_lowering.h"
+#include "autograd/nn/lora.h"
 #include "compile/api.h"
 #include "runtime/file_util.h"
 #include "runtime/kernels/kernels.h"
@@ -153,6 +154,15 @@ const std::vector<OpCase>& op_list() {
         with({"cross_entropy", [](DType dt) { return V{normal({4, 7}, dt), ids({4}, 7)}; },
               [](const V& x) { return V{cross_entropy(x[0], x[1])}; }},
              "its own row kernels (fused with its gradient by compile/passes/fuse_cross_entropy.cpp)"),
+        // Chunks of 2 of the 5 rows (the last one short), one target ignored; w is a frozen head (no gradient).
+        with({"linear_cross_entropy",
+              [](DType dt) {
+                std::vector<int64_t> t = {3, -100, 6, 0, 2};
+                return V{normal({5, 4}, dt), normal({7, 4}, dt), from_vector_i64(t, {5})};
+              },
+              [](const V& x) { return V{linear_cross_entropy(x[0], x[1], x[2], -100, 0.0, Reduction::None, 2)}; },
+              "", true, "", 1},
+             "its products and row kernels a chunk of rows at a time (Note [Logits in chunks])"),
         // indexing (autograd/ops/index.cpp)
         with({"index_select", [](DType dt) { return V{normal({6, 4}, dt), ids({5}, 6)}; },
               [](const V& x) { return V{index_select(x[0], 0, x[1])}; }},
@@ -390,8 +400,13 @@ TEST(OpConsistencyList, CoversEveryKernelOpAndEveryOpOfTheModels) {
     gpt2.loss(ids_, tgt).backward();
     models::Llama llama(tiny_llama_config());
     llama.loss(ids_, tgt).backward();
+    // A LoRA fine-tune's frozen head: the loss without the logits (Note [Logits in chunks]).
+    models::Llama lora(tiny_llama_config());
+    nn::apply_lora(lora, nn::LoRAConfig{});
+    lora.loss(ids_, tgt).backward();
     for (const auto& [name, lowers] : models_rec.prims) required.insert(name);
-    for (const char* op : {"index_select", "layer_norm_bwd", "rms_norm_bwd", "attention_bwd", "rope", "linear"})
+    for (const char* op :
+         {"index_select", "layer_norm_bwd", "rms_norm_bwd", "attention_bwd", "rope", "linear", "linear_cross_entropy"})
       EXPECT_TRUE(models_rec.prims.count(op)) << "the models' step did not apply " << op;
   }
   for (const std::string& name : required) {

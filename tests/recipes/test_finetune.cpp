@@ -368,7 +368,7 @@ TEST_F(Finetune, LoraMemoryBudgetLowersTheCompiledStepsPeakWithTheSameLosses) {
 }
 
 // train.activation_checkpointing: blocks (autograd/checkpoint.h): each decoder block keeps only its input for the
-// backward and runs its forward again there, eagerly and in the compiled step; mlp: only the MLP's widening half. The
+// backward and runs its forward again there, eagerly and in the compiled step; mlp: only the MLP's norm and widening half. The
 // losses stay (eager bit for bit: the same ops on the same values), every step's peak drops, and a value other than
 // none / blocks / mlp names the key.
 TEST_F(Finetune, LoraBlockCheckpointingKeepsTheLossesAndLowersEveryStepsPeak) {
@@ -380,7 +380,7 @@ TEST_F(Finetune, LoraBlockCheckpointingKeepsTheLossesAndLowersEveryStepsPeak) {
   };
   run(config("lora_finetune", "llama_tiny", "eager", with({})));
   run(config("lora_finetune", "llama_tiny", "compiled", with({"compile.enabled=true"})));
-  // blocks, and mlp (Note [MLP checkpointing]: the MLP's up-projections and SwiGLU only).
+  // blocks, and mlp (Note [MLP checkpointing]: the MLP's norm, up-projections and SwiGLU only).
   for (const std::string mode : {"blocks", "mlp"}) {
     SCOPED_TRACE(mode);
     run(config("lora_finetune", "llama_tiny", "eager_" + mode, with({"train.activation_checkpointing=" + mode})));
@@ -397,13 +397,33 @@ TEST_F(Finetune, LoraBlockCheckpointingKeepsTheLossesAndLowersEveryStepsPeak) {
       for (size_t i = 0; i < 3; ++i) EXPECT_LT(ckpt[i], plain[i]) << pair << " step " << i + 1;
     }
   }
-  std::string bad;
-  try {
-    config("lora_finetune", "llama_tiny", "bad", with({"train.activation_checkpointing=layers"}));
-  } catch (const std::exception& e) {
-    bad = e.what();
+  // train.activation_checkpointing_layers=1: the first of the two blocks only. The same losses; every step's peak
+  // between none and both blocks.
+  run(config("lora_finetune", "llama_tiny", "eager_mlp_first",
+             with({"train.activation_checkpointing=mlp", "train.activation_checkpointing_layers=1"})));
+  EXPECT_EQ(losses("eager_mlp_first"), losses("eager"));
+  {
+    const std::vector<int64_t> plain = step_peaks("eager"), first = step_peaks("eager_mlp_first"),
+                               both = step_peaks("eager_mlp");
+    ASSERT_EQ(first.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_LT(first[i], plain[i]) << "step " << i + 1;
+      EXPECT_GT(first[i], both[i]) << "step " << i + 1;
+    }
   }
+  auto error_of_config = [&](std::vector<std::string> keys) {
+    try {
+      run(config("lora_finetune", "llama_tiny", "bad", with(std::move(keys))));
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string bad = error_of_config({"train.activation_checkpointing=layers"});
   EXPECT_NE(bad.find("train.activation_checkpointing"), std::string::npos) << bad;
+  const std::string no_mode = error_of_config({"train.activation_checkpointing_layers=1"});
+  EXPECT_NE(no_mode.find("train.activation_checkpointing_layers"), std::string::npos) << no_mode;
+  EXPECT_NE(no_mode.find("is none"), std::string::npos) << no_mode;
 }
 
 // Issue 24's long-context shape on the CPU at a tiny size: LoRA on one row of 8192 tokens with checkpointed blocks

@@ -107,7 +107,8 @@ TEST(RecipeKeys, TheResumeHashLeavesOutTheKeysThatDoNotChangeTheMath) {
   const std::set<std::string> exact = {"output_dir",       "resume",          "resume_from",
                                        "max_steps",        "overwrite_output_dir", "resume_schedule",
                                        "device",           "train.log_every", "train.eval_every",
-                                       "train.eval_batches", "train.activation_checkpointing"};
+                                       "train.eval_batches", "train.activation_checkpointing",
+                                       "train.activation_checkpointing_layers"};
   const std::vector<std::string> sections = {"checkpoint.", "logging.", "profile.", "distributed.", "compile."};
   for (const char* name : {"pretrain", "full_finetune", "lora_finetune"}) {
     const ConfigSchema& schema = find_recipe(name)->schema();
