@@ -283,9 +283,13 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   INGOT_CHECK(target.numel() == n, "linear_cross_entropy: target ", shape_str(target.shape()), " does not match x ",
               shape_str(x.shape()));
   INGOT_CHECK(chunk_rows >= 0, "linear_cross_entropy: chunk_rows must be >= 0, got ", chunk_rows);
-  // 256 MiB of logits a chunk by default: 1,046 rows of the 8B's 128,256 words in bf16, products still wide.
+  // At most 256 MiB of logits a chunk by default, in whole 128-row tiles: 1,024 rows of the 8B's 128,256 words in
+  // bf16. The input gradient's product of a chunk, [rows, H] over K = V, has few output tiles: 1,046 rows made 9 x 16
+  // tiles of 128 x 256 for 132 SMs, a second wave of 12 (the 8B LoRA step took ~6 ms longer on an H200: bench/
+  // RESULTS.md, twenty-ninth session); 1,024 rows make 8 x 16, one wave.
   const int64_t row_bytes = std::max<int64_t>(v, 1) * static_cast<int64_t>(itemsize(x.dtype()));
-  const int64_t chunk = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, (int64_t{256} << 20) / row_bytes);
+  int64_t chunk = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, (int64_t{256} << 20) / row_bytes);
+  if (chunk_rows == 0 && chunk >= 256) chunk -= chunk % 128;
   const bool input_grad = grad_enabled() && x.requires_grad();
   const Tensor x2 = contiguous(x.dim() == 2 ? x : reshape(x, {n, h}));
   const Tensor t1 = contiguous(target.dim() == 1 ? target : reshape(target, {n}));
