@@ -41,6 +41,7 @@
 #               --out .device/text50_tokens.bin && xz -9f .device/text50_tokens.bin
 #           (100 rows of 2049 int32 ids, BOS then consecutive KJV text from Genesis 1:1: 819,600 bytes, 158 KB
 #           as xz); carry .device/text50_tokens.bin.xz. Rows must be TEXT_STEPS x BATCH of SEQ + 1 ids.
+#           TEXT_QLORA_EXTRA: more key=value for the QLoRA run only (e.g. train.activation_checkpointing=mlp).
 # Environment: LAYERS (decoder layers, default 32: the 8B shape), BATCH (2), SEQ (2048), STEPS (timed, 5), WARMUP
 # (3, the first included), WORK (/tmp/ingot-lora), DEADLINE (540 s), INGOT_EXTRA (more key=value for ingot runs),
 # PEFT_EXTRA (more arguments for peft_lora.py, e.g. "--dtype f32" beside INGOT_EXTRA="dtype=f32": a parity check),
@@ -181,7 +182,7 @@ if want text50; then
       || echo "text50: $TEXT_TOKENS has $rows rows of $((SEQ + 1)) ids, fewer than $TEXT_STEPS x $BATCH: rows repeat"
     if text50_run bf16; then
       text50_row "bf16 LoRA" "$WORK/run_text50_bf16/metrics.jsonl"
-      text50_run qlora lora.quantize_base=nf4 \
+      text50_run qlora lora.quantize_base=nf4 ${TEXT_QLORA_EXTRA:-} \
         && text50_row "QLoRA nf4" "$WORK/run_text50_qlora/metrics.jsonl" "$WORK/run_text50_bf16/metrics.jsonl"
     fi
   fi
