@@ -223,7 +223,8 @@ Tensor DecoderMLP::forward(const Tensor& x) { return forward_parts(x).sum(); }
 // before. Per block it costs the up-projections' forward once more (about a third of what `blocks` recomputes, which
 // includes the attention and the down projection) for most of the block's activation memory.
 // train.activation_checkpointing_layers checkpoints the first N blocks only (set_checkpointing): each block left out
-// keeps ~0.2 GB more (the 8B, QLoRA at 2 x 2048) and saves ~1.6 ms of products (H100).
+// keeps 0.20-0.24 GB more (the 8B, QLoRA at 2 x 2048) and saves 1.3-1.9 ms of products (H200: bench/RESULTS.md,
+// twenty-ninth session).
 Tensor DecoderMLP::widen(const Tensor& x) {
   if (c_fc_) return gelu(c_fc_->forward(x), /*approximate_tanh=*/true);
   return swiglu(gate_proj_->forward(x), up_proj_->forward(x));
