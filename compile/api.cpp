@@ -11,6 +11,7 @@
 #include "compile/pipeline.h"
 #include "compile/trace/segments.h"
 #include "compile/trace/trace.h"
+#include "runtime/sha256.h"
 
 namespace ingot {
 namespace {
@@ -57,21 +58,14 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 uint64_t CompileOptions::hash() const {
   // Only what changes the compiled artifact: not disable/stance/limits (they decide whether to compile).
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](uint64_t x) { h = (h ^ x) * 1099511628211ull; };
-  mix(static_cast<uint64_t>(mode));
-  mix(fullgraph);
-  mix(static_cast<uint64_t>(dynamic));
-  mix(regional);
-  mix(static_cast<uint64_t>(backend));
-  mix(static_cast<uint64_t>(memory_budget * 1e6));
-  mix(split_update);
-  mix(bucket_updates);
-  mix(static_cast<uint64_t>(unit_reduction_lag));
+  Key64 k;
+  k.add(static_cast<uint64_t>(mode)).add(fullgraph).add(static_cast<uint64_t>(dynamic)).add(regional);
+  k.add(static_cast<uint64_t>(backend)).add(static_cast<uint64_t>(memory_budget * 1e6)).add(split_update);
+  k.add(bucket_updates).add(static_cast<uint64_t>(unit_reduction_lag));
   // Passes left out for a diagnosis (compile/pipeline.cpp) make another artifact.
-  if (const char* skipped = std::getenv("INGOT_SKIP_PASSES"))
-    for (const char* c = skipped; *c; ++c) mix(static_cast<unsigned char>(*c));
-  return h;
+  const char* skipped = std::getenv("INGOT_SKIP_PASSES");
+  k.add(std::string_view(skipped ? skipped : ""));
+  return k.value();
 }
 
 void mark_dynamic(const Tensor& t, int64_t dim, std::optional<int64_t> min, std::optional<int64_t> max) {

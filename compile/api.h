@@ -152,6 +152,12 @@ struct CompileStats {
   std::vector<std::string> collectives;
 };
 
+// Whether the logs, explain and the trainer's compile line report remat's recomputation: under a memory budget
+// (< 1), or at any budget when something was remade for free (Note [Saved values remade for free], remat.cpp).
+inline bool recomputation_to_report(double memory_budget, int64_t recomputed_bytes) {
+  return memory_budget < 1.0 || recomputed_bytes > 0;
+}
+
 class CompiledFunction {
  public:
   using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;

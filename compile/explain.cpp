@@ -175,8 +175,7 @@ std::string explain_report(const CompiledFunction& f) {
   for (const std::string& r : s.recompile_reasons) os << "    " << r << "\n";
   os << "  planned peak memory (intermediates): " << mib(s.planned_peak_bytes) << " arena, "
      << mib(s.unplanned_peak_bytes) << " live at peak\n";
-  // At the default budget the line says what was remade for free (Note [Saved values remade for free]), if any.
-  if (o.memory_budget < 1.0 || s.recomputed_bytes > 0)
+  if (recomputation_to_report(o.memory_budget, s.recomputed_bytes))
     os << "  recomputed in the backward (memory_budget " << o.memory_budget << "): " << mib(s.recomputed_bytes)
        << " of the " << mib(s.saved_for_backward_bytes) << " of forward values the backward reads\n";
   if (!s.collectives.empty()) {

@@ -220,7 +220,7 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
     const bool changed = passes::remat(x, {target, opts.memory_budget, generated}, &recomputed, &saved);
     stats.saved_for_backward_bytes = saved;
     stats.recomputed_bytes = recomputed;
-    if ((opts.memory_budget < 1.0 || recomputed > 0) && log_on(LogKind::Passes))
+    if (recomputation_to_report(opts.memory_budget, recomputed) && log_on(LogKind::Passes))
       log(LogKind::Passes, detail::str_cat("remat: budget ", opts.memory_budget, ": recomputes ", recomputed,
                                            " of the ", saved, " bytes saved for the backward"));
     return changed;

@@ -102,9 +102,8 @@ void log_compile_stats(const CompiledFunction& compiled, TrainSummary& r, std::o
                 static_cast<long long>(r.recompiles), static_cast<long long>(cs.launches),
                 static_cast<long long>(cs.compute_ops), static_cast<long long>(cs.kernels), *r.compile_s);
   log << buf;
-  // How much of what the backward reads it remakes instead of keeping: compile.memory_budget < 1, and at any budget
-  // what is free to remake (Note [Saved values remade for free], compile/passes/remat.cpp).
-  if (compiled.options().memory_budget < 1.0 || cs.recomputed_bytes > 0)
+  // How much of what the backward reads it remakes instead of keeping.
+  if (recomputation_to_report(compiled.options().memory_budget, cs.recomputed_bytes))
     log << "compile | memory_budget " << compiled.options().memory_budget << ": "
         << format_bytes(static_cast<double>(cs.recomputed_bytes)) << " of the "
         << format_bytes(static_cast<double>(cs.saved_for_backward_bytes))

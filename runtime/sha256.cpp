@@ -36,4 +36,24 @@ std::string Sha256::hex() {
   return s;
 }
 
+Key64& Key64::add(uint64_t x) {
+  unsigned char le[8];
+  for (int k = 0; k < 8; ++k) le[k] = static_cast<unsigned char>(x >> (8 * k));
+  sha_.update(le, sizeof le);
+  return *this;
+}
+
+Key64& Key64::add(std::string_view s) {
+  add(static_cast<uint64_t>(s.size()));
+  sha_.update(s);
+  return *this;
+}
+
+uint64_t Key64::value() {
+  const std::array<uint8_t, 32> md = sha_.digest();
+  uint64_t h = 0;
+  for (int k = 0; k < 8; ++k) h |= static_cast<uint64_t>(md[k]) << (8 * k);
+  return h;
+}
+
 }  // namespace ingot

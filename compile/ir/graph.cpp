@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "runtime/sha256.h"
+
 namespace ingot::compiler {
 
 SymShape concrete_shape(const Shape& s) {
@@ -156,42 +158,36 @@ void Graph::renumber_nodes() {
   for (Node& n : nodes) n.group = -1;
 }
 
-namespace {
-uint64_t mix(uint64_t h, uint64_t x) {
-  h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h * 0x100000001b3ull;
-}
-uint64_t mix_str(uint64_t h, std::string_view s) {
-  for (char c : s) h = mix(h, static_cast<unsigned char>(c));
-  return mix(h, s.size());
-}
-}  // namespace
-
 uint64_t Graph::structural_hash() const {
-  uint64_t h = 0xcbf29ce484222325ull;
+  Key64 k;
   auto meta = [&](const Value& v) {
-    h = mix(h, static_cast<uint64_t>(v.dtype));
-    h = mix(h, static_cast<uint64_t>(v.device.type) * 131 + static_cast<uint64_t>(v.device.index));
-    for (const Dim& d : v.shape) h = mix(h, d.is_symbolic() ? 0x5000000000ull + static_cast<uint64_t>(d.sym) : static_cast<uint64_t>(d.value));
-    h = mix(h, v.shape.size());
+    k.add(static_cast<uint64_t>(v.dtype));
+    k.add(static_cast<uint64_t>(v.device.type) * 131 + static_cast<uint64_t>(v.device.index));
+    k.add(v.shape.size());
+    for (const Dim& d : v.shape) k.add(d.is_symbolic() ? 1 : 0).add(d.is_symbolic() ? static_cast<uint64_t>(d.sym) : static_cast<uint64_t>(d.value));
   };
   for (const GraphInput& in : inputs) {
-    h = mix(h, static_cast<uint64_t>(in.role));
-    h = mix(h, static_cast<uint64_t>(in.arg + 1));
+    k.add(static_cast<uint64_t>(in.role)).add(static_cast<uint64_t>(in.arg + 1));
     meta(values[static_cast<size_t>(in.value)]);
   }
+  k.add(nodes.size());
   for (const Node& n : nodes) {
-    h = mix_str(h, n.prim->name());
-    h = mix_str(h, exact_attrs(*n.prim));  // Note [Exact attributes]
-    for (int32_t i : n.inputs) h = mix(h, static_cast<uint64_t>(i + 1));
+    k.add(n.prim->name()).add(exact_attrs(*n.prim));  // Note [Exact attributes]
+    k.add(n.inputs.size());
+    for (int32_t i : n.inputs) k.add(static_cast<uint64_t>(i + 1));
+    k.add(n.outputs.size());
     for (int32_t o : n.outputs) meta(values[static_cast<size_t>(o)]);
-    if (n.recomputed) h = mix(h, 0x7265636f6d70ull);  // CSE treats them apart (Note [Recomputed nodes])
+    k.add(n.recomputed ? 1 : 0);  // CSE treats them apart (Note [Recomputed nodes])
   }
-  for (int32_t o : outputs) h = mix(h, static_cast<uint64_t>(o));
-  for (const WriteBack& w : writebacks) h = mix(mix(h, static_cast<uint64_t>(w.input)), static_cast<uint64_t>(w.value));
-  for (const GradOut& g : grad_outs) h = mix(h, static_cast<uint64_t>(g.value + 1));
-  for (const Symbol& s : symbols) h = mix(mix(h, static_cast<uint64_t>(s.min)), static_cast<uint64_t>(s.max));
-  return h;
+  k.add(outputs.size());
+  for (int32_t o : outputs) k.add(static_cast<uint64_t>(o));
+  k.add(writebacks.size());
+  for (const WriteBack& w : writebacks) k.add(static_cast<uint64_t>(w.input)).add(static_cast<uint64_t>(w.value));
+  k.add(grad_outs.size());
+  for (const GradOut& g : grad_outs) k.add(static_cast<uint64_t>(g.value + 1));
+  k.add(symbols.size());
+  for (const Symbol& sym : symbols) k.add(static_cast<uint64_t>(sym.min)).add(static_cast<uint64_t>(sym.max));
+  return k.value();
 }
 
 std::string value_meta_str(const Graph& g, int32_t id) {

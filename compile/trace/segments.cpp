@@ -7,6 +7,7 @@
 #include "compile/logs.h"
 #include "compile/pipeline.h"
 #include "compile/trace/tracer.h"
+#include "runtime/sha256.h"
 
 namespace ingot::compiler {
 namespace {
@@ -22,14 +23,13 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 // precision (Note [Exact attributes], autograd/primitive.h): a host value fed into an op (x * m with m from
 // item()) must not find a graph made for a nearby m.
 uint64_t segment_key(const Graph& g) {
-  uint64_t h = g.structural_hash();
-  auto mix = [&](uint64_t x) { h = (h ^ x) * 1099511628211ull; };
-  mix(g.values.size());
+  Key64 k;
+  k.add(g.structural_hash()).add(g.values.size()).add(g.inputs.size());
   for (const GraphInput& in : g.inputs) {
-    mix(static_cast<uint64_t>(in.tensor.offset()));
-    for (int64_t s : in.tensor.strides()) mix(static_cast<uint64_t>(s));
+    k.add(static_cast<uint64_t>(in.tensor.offset())).add(in.tensor.strides().size());
+    for (int64_t s : in.tensor.strides()) k.add(static_cast<uint64_t>(s));
   }
-  return h;
+  return k.value();
 }
 
 // A deferred output still to be filled: the stand-in's storage (weakly: a stand-in nobody holds is not an

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "runtime/error.h"
+#include "runtime/sha256.h"
 
 namespace ingot::codegen {
 
@@ -401,17 +402,7 @@ std::string KernelSpec::structural_key() const {
 }
 
 namespace {
-uint64_t structural_hash_of(const std::string& key) {
-  // FNV-1a, then a splitmix64 finalizer so that nearby keys spread over all 64 bits.
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : key) h = (h ^ ch) * 1099511628211ull;
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
-  return h;
-}
+uint64_t structural_hash_of(const std::string& key) { return Key64().add(key).value(); }
 }  // namespace
 
 uint64_t KernelSpec::structural_hash() const { return structural_hash_of(structural_key()); }

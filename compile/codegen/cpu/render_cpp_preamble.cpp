@@ -5,6 +5,7 @@
 
 #include "compile/codegen/common/scalar_math.h"
 #include "compile/codegen/cpu/render_cpp.h"
+#include "runtime/sha256.h"
 
 namespace ingot::codegen::cpu {
 
@@ -182,8 +183,7 @@ const std::string& renderer_fingerprint() {
     const int p = mt.input(DType::f32, {});
     mt.store(mt.output(DType::f32, {}, "", p), mt.binary(Op::Mul, mt.load(p), mt.scalar(0, DType::f32)));
     text += render_kernel(mt, "p3");
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+    const uint64_t h = Key64().add(text).value();
     char buf[32];
     std::snprintf(buf, sizeof buf, "renderer-%016llx", static_cast<unsigned long long>(h));
     return std::string(buf);

@@ -4,6 +4,7 @@
 // compile_cubins hands NVRTC by name.
 #include "compile/codegen/cuda/render_cuda.h"
 #include "compile/codegen/common/scalar_math.h"
+#include "runtime/sha256.h"
 
 #include <cmath>
 #include <cstdio>
@@ -182,8 +183,7 @@ const std::string& renderer_fingerprint() {
     const int p = mt.input(DType::f32, {});
     mt.store(mt.output(DType::f32, {}, "", p), mt.binary(Op::Mul, mt.load(p), mt.scalar(0, DType::f32)));
     text += render_kernel(mt, "p3").source;
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+    const uint64_t h = Key64().add(text).value();
     char buf[48];
     std::snprintf(buf, sizeof buf, "cuda-renderer-%016llx", static_cast<unsigned long long>(h));
     return std::string(buf);

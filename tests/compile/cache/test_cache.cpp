@@ -9,6 +9,7 @@
 
 #include "compile/cache/compile_cache.h"
 #include "runtime/error.h"
+#include "runtime/sha256.h"
 #include "runtime/file_util.h"
 #include "tests/compile/codegen/test_codegen_util.h"
 
@@ -26,6 +27,15 @@ TEST(CompileCacheHash, HashBytesIsTheSeededSha256Prefix) {
   EXPECT_EQ(hash_bytes("abc"), 0x99bb38e94c2e65f3ull);
   EXPECT_EQ(hash_bytes("abc", 1), 0x326ac35b04c7a522ull);
   EXPECT_EQ(hex64(hash_bytes("abc")), "99bb38e94c2e65f3");
+}
+
+// The compiler's in-memory keys (runtime/sha256.h): SHA-256 of 8-byte little-endian integers and length-prefixed
+// strings, first 8 bytes; values from Python's hashlib. "a" then "bc" is not "ab" then "c".
+TEST(CompileCacheHash, Key64IsTheSha256PrefixOfLengthPrefixedAdditions) {
+  EXPECT_EQ(Key64().add(std::string_view("abc")).value(), 0xad3901ec5edc91ceull);
+  EXPECT_EQ(Key64().add(uint64_t{7}).add(std::string_view("xy")).value(), 0xa76f6d6e3c23c714ull);
+  EXPECT_EQ(Key64().add(std::string_view("a")).add(std::string_view("bc")).value(), 0xbec0c6b6a1cc8a9aull);
+  EXPECT_EQ(Key64().add(std::string_view("ab")).add(std::string_view("c")).value(), 0xca01de795565ee43ull);
 }
 
 TEST(CompileCache, PutThenGetRoundTripsAndUnknownKeysMiss) {
