@@ -1,5 +1,7 @@
 #include "models/causal_lm.h"
 
+#include "autograd/nn/lora.h"
+
 namespace ingot::models {
 
 Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
@@ -18,12 +20,32 @@ Tensor lm_loss(const Tensor& hidden, const Tensor& head, const Tensor& targets) 
   return linear_cross_entropy(reshape(hidden, {-1, hidden.size(2)}), head, reshape(targets, {-1}));
 }
 
+namespace {
+// A head of weight `w` (and `bias`, may be undefined) that may go through lm_loss(hidden, head, targets): no bias,
+// and no gradient for w in this forward.
 bool head_without_gradient(const Tensor& w, const Tensor& bias) {
   return w.defined() && !bias.defined() && !(grad_enabled() && w.requires_grad());
 }
+}  // namespace
 
+// An adapted, quantized or biased lm_head, or a trained one, goes through the logits.
 Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const Tensor& positions) {
-  return lm_loss(forward(ids, positions), targets);
+  nn::LoRALinear* head = untied_head();
+  const bool plain = head ? !head->has_lora() && !head->frozen_base() && head_without_gradient(head->weight(), head->bias())
+                          : head_without_gradient(tied_head_weight(), Tensor());
+  if (!plain) return lm_loss(forward(ids, positions), targets);
+  return with_forward_hooks([&] {
+    const Tensor h = hidden_states(ids, positions);
+    // The weight is read inside the hooks: a sharded model gathers it there.
+    const Tensor w = head ? head->weight() : tied_head_weight();
+    const auto c = compute_dtype();
+    return lm_loss(nn::maybe_cast(h, c), nn::maybe_cast(w, c), targets);
+  });
+}
+
+Tensor CausalLM::hidden_states(const Tensor&, const Tensor&) {
+  INGOT_CHECK(false, "this model does not give its hidden states");
+  return Tensor();
 }
 
 Tensor CausalLM::forward_cached(const Tensor&, KVCache&) {

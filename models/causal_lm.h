@@ -7,6 +7,11 @@
 namespace ingot::models {
 
 class KVCache;  // models/decoder.h
+}  // namespace ingot::models
+namespace ingot::nn {
+class LoRALinear;  // autograd/nn/lora.h
+}  // namespace ingot::nn
+namespace ingot::models {
 
 class CausalLM : public nn::Module {
  public:
@@ -20,13 +25,21 @@ class CausalLM : public nn::Module {
   // logits [B, T, vocab] and appends their keys and values. The default refuses (a model without a cache).
   virtual Tensor forward_cached(const Tensor& ids, KVCache& cache);
   // Mean cross entropy of forward(ids, positions) against targets [B, T] (i64; -100 is ignored): an f32 scalar
-  // (f64 for an f64 model). A model whose head is a plain linear that gets no gradient (a LoRA or QLoRA fine-tune's
-  // frozen lm_head, or no grad mode) computes it without ever holding all the logits (lm_loss of the hidden states
-  // and the head's weight below).
-  virtual Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions = Tensor());
+  // (f64 for an f64 model). When the head is a linear without bias, adapter or quantized base whose weight gets no
+  // gradient (a LoRA or QLoRA fine-tune's frozen lm_head or tied embedding, or no grad mode), it is computed from
+  // hidden_states() without ever holding all the logits (lm_loss of the hidden states and the head's weight below).
+  Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions = Tensor());
   virtual int64_t vocab_size() const = 0;
   // Longest sequence the position embedding covers (0: unknown).
   virtual int64_t max_positions() const { return 0; }
+
+ protected:
+  // What loss() needs to skip the logits; the defaults make it go through forward(). The trunk's output [B, T, H]
+  // (what the head reads), run inside the model's forward hooks by loss(); the untied lm_head, or null; the tied
+  // head's weight (the token embedding's) when there is no lm_head.
+  virtual Tensor hidden_states(const Tensor& ids, const Tensor& positions);
+  virtual nn::LoRALinear* untied_head() { return nullptr; }
+  virtual Tensor tied_head_weight() const { return Tensor(); }
 };
 
 // Mean cross entropy of logits [B, T, V] against targets [B, T] (f32 for 16-bit logits).
@@ -34,9 +47,6 @@ Tensor lm_loss(const Tensor& logits, const Tensor& targets);
 // The same of the logits hidden [B, T, H] x head^T (head [V, H], no gradient), made a chunk of rows at a time and
 // never whole (linear_cross_entropy, Note [Logits in chunks] in autograd/ops/loss.cpp).
 Tensor lm_loss(const Tensor& hidden, const Tensor& head, const Tensor& targets);
-// Whether a head of weight `w` (and `bias`, may be undefined) may go through lm_loss(hidden, head, targets): no
-// bias, and no gradient for w in this forward.
-bool head_without_gradient(const Tensor& w, const Tensor& bias);
 
 // Next-token targets for ids [B, T]: ids shifted left by one with -100 in the last column, so
 // lm_loss(forward(ids), shifted_targets(ids)) is Hugging Face's causal-LM loss with labels = ids.

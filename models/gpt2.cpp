@@ -58,20 +58,9 @@ Tensor GPT2::head(const Tensor& h) {
   return linear(nn::maybe_cast(h, c), nn::maybe_cast(transformer_->wte().weight(), c));
 }
 
-// A head that gets no gradient computes the loss from the hidden states chunk by chunk (Note [Logits in chunks],
-// autograd/ops/loss.cpp): an adapted, quantized or biased lm_head, or a trained one, goes through the logits.
-Tensor GPT2::loss(const Tensor& ids, const Tensor& targets, const Tensor& positions) {
-  const bool plain = lm_head_ ? !lm_head_->has_lora() && !lm_head_->frozen_base() &&
-                                    head_without_gradient(lm_head_->weight(), lm_head_->bias())
-                              : head_without_gradient(transformer_->wte().weight(), Tensor());
-  if (!plain) return CausalLM::loss(ids, targets, positions);
-  return with_forward_hooks([&] {
-    // The weight is read inside the hooks: a sharded model gathers it there.
-    const Tensor& w = lm_head_ ? lm_head_->weight() : transformer_->wte().weight();
-    const auto c = compute_dtype();
-    return lm_loss(nn::maybe_cast(transformer_->forward(ids, nullptr, positions), c), nn::maybe_cast(w, c), targets);
-  });
-}
+Tensor GPT2::hidden_states(const Tensor& ids, const Tensor& positions) { return transformer_->forward(ids, nullptr, positions); }
+
+Tensor GPT2::tied_head_weight() const { return lm_head_ ? Tensor() : transformer_->wte().weight(); }
 
 Tensor GPT2::forward(const Tensor& ids, const Tensor& positions) {
   return with_forward_hooks([&] { return head(transformer_->forward(ids, nullptr, positions)); });

@@ -59,20 +59,9 @@ Tensor Llama::head(const Tensor& h) {
   return linear(nn::maybe_cast(h, c), nn::maybe_cast(model_->embed_tokens().weight(), c));
 }
 
-// A head that gets no gradient computes the loss from the hidden states chunk by chunk (Note [Logits in chunks],
-// autograd/ops/loss.cpp): an adapted, quantized or biased lm_head, or a trained one, goes through the logits.
-Tensor Llama::loss(const Tensor& ids, const Tensor& targets, const Tensor& positions) {
-  const bool plain = lm_head_ ? !lm_head_->has_lora() && !lm_head_->frozen_base() &&
-                                    head_without_gradient(lm_head_->weight(), lm_head_->bias())
-                              : head_without_gradient(model_->embed_tokens().weight(), Tensor());
-  if (!plain) return CausalLM::loss(ids, targets, positions);
-  return with_forward_hooks([&] {
-    // The weight is read inside the hooks: a sharded model gathers it there.
-    const Tensor& w = lm_head_ ? lm_head_->weight() : model_->embed_tokens().weight();
-    const auto c = compute_dtype();
-    return lm_loss(nn::maybe_cast(model_->forward(ids, nullptr, positions), c), nn::maybe_cast(w, c), targets);
-  });
-}
+Tensor Llama::hidden_states(const Tensor& ids, const Tensor& positions) { return model_->forward(ids, nullptr, positions); }
+
+Tensor Llama::tied_head_weight() const { return lm_head_ ? Tensor() : model_->embed_tokens().weight(); }
 
 Tensor Llama::forward(const Tensor& ids, const Tensor& positions) {
   return with_forward_hooks([&] { return head(model_->forward(ids, nullptr, positions)); });

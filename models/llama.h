@@ -49,11 +49,15 @@ class Llama : public CausalLM {
   using CausalLM::forward;
   // ids [B, T] i64 -> logits [B, T, vocab_size]; positions as in CausalLM.
   Tensor forward(const Tensor& ids, const Tensor& positions) override;
-  Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions = Tensor()) override;
   Tensor forward_cached(const Tensor& ids, KVCache& cache) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_positions() const override { return cfg_.max_position_embeddings; }
   const LlamaConfig& config() const { return cfg_; }
+
+ protected:
+  Tensor hidden_states(const Tensor& ids, const Tensor& positions) override;
+  nn::LoRALinear* untied_head() override { return lm_head_.get(); }
+  Tensor tied_head_weight() const override;
 
  private:
   Tensor head(const Tensor& h);
