@@ -181,15 +181,15 @@ class LinearCrossEntropyPrim final : public Primitive {
       const Tensor xs = x.as_strided({1, m, h}, {m * h, h, 1}, x.offset() + r * h);
       const Tensor loss = out[0].as_strided({m}, {1}, out[0].offset() + r);
       const Tensor tr = t.as_strided({m}, {1}, t.offset() + r);
-      const Tensor ls = lse.as_strided({m}, {1}, lse.offset());
+      const Tensor lse_rows = lse.as_strided({m}, {1}, lse.offset());
       INGOT_KERNEL_CALL(dev, matmul, lg.as_strided({1, m, v}, {m * v, v, 1}, lg.offset()), xs, w3, false, true,
                         1.0, 0.0);
       if (!input_grad_) {
-        INGOT_KERNEL_CALL(dev, cross_entropy_fwd, loss, ls, lg, tr, ignore_, ls_);
+        INGOT_KERNEL_CALL(dev, cross_entropy_fwd, loss, lse_rows, lg, tr, ignore_, ls_);
         continue;
       }
       // The gradient over the logits, in place (each row is read whole before it is written).
-      INGOT_KERNEL_CALL(dev, cross_entropy_fused, loss, ls, lg, lg, tr, ones.as_strided({m}, {1}, ones.offset()),
+      INGOT_KERNEL_CALL(dev, cross_entropy_fused, loss, lse_rows, lg, lg, tr, ones.as_strided({m}, {1}, ones.offset()),
                         ignore_, ls_);
       const Tensor& dx = out[1];
       INGOT_KERNEL_CALL(dev, matmul, dx.as_strided({1, m, h}, {m * h, h, 1}, dx.offset() + r * h),
