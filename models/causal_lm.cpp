@@ -13,11 +13,15 @@ Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
   return cross_entropy(reshape(logits, {-1, logits.size(2)}), reshape(targets, {-1}));
 }
 
-Tensor lm_loss(const Tensor& hidden, const Tensor& head, const Tensor& targets) {
+Tensor lm_loss(const Tensor& hidden, const Tensor& head, const Tensor& targets, int64_t chunks) {
   INGOT_CHECK(hidden.dim() == 3, "lm_loss: expected hidden states [B, T, H], got ", shape_str(hidden.shape()));
   INGOT_CHECK(targets.shape() == Shape({hidden.size(0), hidden.size(1)}), "lm_loss: expected targets [",
               hidden.size(0), ", ", hidden.size(1), "], got ", shape_str(targets.shape()));
-  return linear_cross_entropy(reshape(hidden, {-1, hidden.size(2)}), head, reshape(targets, {-1}));
+  INGOT_CHECK(chunks >= 0, "lm_loss: chunks must be >= 0, got ", chunks);
+  const int64_t rows = hidden.size(0) * hidden.size(1);
+  const int64_t chunk_rows = chunks == 0 ? 0 : std::max<int64_t>(1, (rows + chunks - 1) / chunks);
+  return linear_cross_entropy(reshape(hidden, {-1, hidden.size(2)}), head, reshape(targets, {-1}), -100, 0.0,
+                              Reduction::Mean, chunk_rows);
 }
 
 namespace {
@@ -39,8 +43,13 @@ Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const Tensor& po
     // The weight is read inside the hooks: a sharded model gathers it there.
     const Tensor w = head ? head->weight() : tied_head_weight();
     const auto c = compute_dtype();
-    return lm_loss(nn::maybe_cast(h, c), nn::maybe_cast(w, c), targets);
+    return lm_loss(nn::maybe_cast(h, c), nn::maybe_cast(w, c), targets, loss_chunks_);
   });
+}
+
+void CausalLM::set_loss_chunks(int64_t chunks) {
+  INGOT_CHECK(chunks >= 0, "set_loss_chunks: chunks must be >= 0 (0: chunks of at most 256 MiB of logits), got ", chunks);
+  loss_chunks_ = chunks;
 }
 
 Tensor CausalLM::hidden_states(const Tensor&, const Tensor&) {

@@ -32,6 +32,9 @@ class CausalLM : public nn::Module {
   virtual int64_t vocab_size() const = 0;
   // Longest sequence the position embedding covers (0: unknown).
   virtual int64_t max_positions() const { return 0; }
+  // How many chunks loss() splits the rows into when it skips the logits (train.loss_chunks); 0: as many as keep each
+  // chunk's logits under 256 MiB (linear_cross_entropy's default).
+  void set_loss_chunks(int64_t chunks);
 
  protected:
   // What loss() needs to skip the logits; the defaults make it go through forward(). The trunk's output [B, T, H]
@@ -40,13 +43,17 @@ class CausalLM : public nn::Module {
   virtual Tensor hidden_states(const Tensor& ids, const Tensor& positions);
   virtual nn::LoRALinear* untied_head() { return nullptr; }
   virtual Tensor tied_head_weight() const { return Tensor(); }
+
+ private:
+  int64_t loss_chunks_ = 0;
 };
 
 // Mean cross entropy of logits [B, T, V] against targets [B, T] (f32 for 16-bit logits).
 Tensor lm_loss(const Tensor& logits, const Tensor& targets);
 // The same of the logits hidden [B, T, H] x head^T (head [V, H], no gradient), made a chunk of rows at a time and
-// never whole (linear_cross_entropy, Note [Logits in chunks] in autograd/ops/loss.cpp).
-Tensor lm_loss(const Tensor& hidden, const Tensor& head, const Tensor& targets);
+// never whole (linear_cross_entropy, Note [Logits in chunks] in autograd/ops/loss.cpp): `chunks` chunks of the
+// B x T rows, or 0 for linear_cross_entropy's default.
+Tensor lm_loss(const Tensor& hidden, const Tensor& head, const Tensor& targets, int64_t chunks = 0);
 
 // Next-token targets for ids [B, T]: ids shifted left by one with -100 in the last column, so
 // lm_loss(forward(ids), shifted_targets(ids)) is Hugging Face's causal-LM loss with labels = ids.

@@ -165,6 +165,7 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   const std::shared_ptr<models::GPT2> model = built.model;
   const models::GPT2Config& mc = model->config();
   models::set_checkpointing(*model, o.checkpointing, o.checkpointing_layers);  // train.activation_checkpointing
+  model->set_loss_chunks(o.loss_chunks);
 
   TrainTask task;
   task.model = model.get();

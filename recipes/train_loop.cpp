@@ -70,6 +70,12 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
               "third of the recomputation)")
             .one_of({"none", "blocks", "mlp"})
             .not_in_config_hash());
+  s.add(K::of(T::Int, "train.loss_chunks", "0",
+              "when the output head gets no gradient (LoRA, QLoRA, evaluation) the loss never holds all the logits: "
+              "it makes them this many chunks of the batch's rows at a time (0: chunks of at most 256 MiB of "
+              "logits; 1: all at once, fastest products, most memory)")
+            .at_least(0)
+            .not_in_config_hash());
   s.add(K::of(T::Int, "train.activation_checkpointing_layers", "0",
               "how many decoder blocks, from the first, train.activation_checkpointing covers (0: every block); "
               "each block left out keeps its activations (faster, more memory)")
@@ -105,6 +111,7 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
                     : ckpt == "mlp"  ? models::Checkpointing::mlp
                                      : models::Checkpointing::none;
   o.checkpointing_layers = rd.i64("train.activation_checkpointing_layers");
+  o.loss_chunks = rd.i64("train.loss_chunks");
   if (o.checkpointing_layers > 0 && o.checkpointing == models::Checkpointing::none &&
       !errors.has_error_for("train.activation_checkpointing_layers"))
     errors.fail(cfg, "train.activation_checkpointing_layers",

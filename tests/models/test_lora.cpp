@@ -245,6 +245,12 @@ TEST(LoRA, AFrozenHeadsLossWithoutTheLogitsEqualsTheLossOfTheLogits) {
     for (auto& [name, p] : model.named_parameters())
       if (p.grad().defined()) g1[name] = clone(p.grad());
     model.zero_grad();
+    // train.loss_chunks: 3 chunks of the 12 rows, then all at once; the same loss.
+    for (int64_t chunks : {3, 1}) {
+      lm.set_loss_chunks(chunks);
+      EXPECT_NEAR(lm.loss(ids, tgt).item(), fused.item(), 1e-12) << chunks << " chunks";
+    }
+    lm.set_loss_chunks(0);
     Tensor plain = models::lm_loss(lm.forward(ids), tgt);
     plain.backward();
     EXPECT_NEAR(fused.item(), plain.item(), 1e-12);

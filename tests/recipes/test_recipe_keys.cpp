@@ -108,7 +108,7 @@ TEST(RecipeKeys, TheResumeHashLeavesOutTheKeysThatDoNotChangeTheMath) {
                                        "max_steps",        "overwrite_output_dir", "resume_schedule",
                                        "device",           "train.log_every", "train.eval_every",
                                        "train.eval_batches", "train.activation_checkpointing",
-                                       "train.activation_checkpointing_layers"};
+                                       "train.activation_checkpointing_layers", "train.loss_chunks"};
   const std::vector<std::string> sections = {"checkpoint.", "logging.", "profile.", "distributed.", "compile."};
   for (const char* name : {"pretrain", "full_finetune", "lora_finetune"}) {
     const ConfigSchema& schema = find_recipe(name)->schema();
