@@ -217,8 +217,9 @@ Tensor DecoderMLP::forward(const Tensor& x) { return forward_parts(x).sum(); }
 // Note [MLP checkpointing]: `train.activation_checkpointing: mlp` checkpoints the MLP's widening half with the norm
 // before it: norm2, the up-projections and the activation, a region of each block (autograd/checkpoint.h). The
 // backward keeps the region's input h, [tokens, dim] (the residual stream), instead of what the norm's and the
-// activation's backwards read: h and norm2(h), and two [tokens, intermediate] values for a SwiGLU (268 MB per block
-// of the 8B at 2 x 2048 in bf16, against 34 MB), and runs the norm and the up-projections again. The last projection
+// activation's backwards read: h, two [tokens, intermediate] values for a SwiGLU (268 MB per block of the 8B at
+// 2 x 2048 in bf16, against 34 MB), and norm2(h) too where the up-projections train; it runs the norm and the
+// up-projections again. The last projection
 // stays outside the region: a frozen one (LoRA, QLoRA) keeps nothing, a trained one keeps the activation's output as
 // before. Per block it costs the up-projections' forward once more (about a third of what `blocks` recomputes, which
 // includes the attention and the down projection) for most of the block's activation memory.

@@ -43,8 +43,9 @@ Key64& Key64::add(uint64_t x) {
   return *this;
 }
 
-Key64& Key64::add(std::string_view s) {
-  add(static_cast<uint64_t>(s.size()));
+Key64& Key64::add(std::string_view s) { return add(static_cast<uint64_t>(s.size())).add_bytes(s); }
+
+Key64& Key64::add_bytes(std::string_view s) {
   sha_.update(s);
   return *this;
 }

@@ -37,6 +37,9 @@ class Key64 {
  public:
   Key64& add(uint64_t x);
   Key64& add(std::string_view s);
+  // The bytes alone, without their length: for a hash whose definition is one run of bytes (compile/cache's
+  // hash_bytes: the seed, then the content).
+  Key64& add_bytes(std::string_view s);
   uint64_t value();  // finishes; the object must not be added to afterwards
 
  private:

@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -91,17 +90,7 @@ std::set<std::string> g_warned;  // one warning per entry file per process
 
 }  // namespace
 
-uint64_t hash_bytes(std::string_view bytes, uint64_t seed) {
-  unsigned char seed_le[8];
-  for (int k = 0; k < 8; ++k) seed_le[k] = static_cast<unsigned char>(seed >> (8 * k));
-  Sha256 sha;
-  sha.update(seed_le, sizeof seed_le);
-  sha.update(bytes);
-  const std::array<uint8_t, 32> md = sha.digest();
-  uint64_t h = 0;
-  for (int k = 0; k < 8; ++k) h |= static_cast<uint64_t>(md[k]) << (8 * k);
-  return h;
-}
+uint64_t hash_bytes(std::string_view bytes, uint64_t seed) { return Key64().add(seed).add_bytes(bytes).value(); }
 
 std::string hex64(uint64_t v) {
   char buf[17];

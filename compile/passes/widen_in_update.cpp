@@ -102,21 +102,14 @@ bool widen_in_update(Graph& g, const WidenInUpdateOptions&) {
     }
   }
   if (casts.empty()) return false;
-  std::set<int32_t> drop;
+  std::vector<bool> drop(g.nodes.size(), false);
   for (const auto& [c, cast] : casts) {
     const Node& cn = g.nodes[static_cast<size_t>(c)];
-    const int32_t narrow_value = cn.inputs[0], wide = cn.outputs[0];
     for (int32_t r : cast.views) g.values[static_cast<size_t>(g.nodes[static_cast<size_t>(r)].outputs[0])].dtype = cast.narrow;
-    for (Node& n : g.nodes)
-      for (int32_t& in : n.inputs)
-        if (in == wide) in = narrow_value;
-    drop.insert(c);
+    g.replace_uses(cn.outputs[0], cn.inputs[0]);  // the wide value is no root (only_gradients): node inputs only
+    drop[static_cast<size_t>(c)] = true;
   }
-  std::vector<Node> kept;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (!drop.count(static_cast<int32_t>(i))) kept.push_back(std::move(g.nodes[i]));
-  g.nodes = std::move(kept);
-  g.renumber_nodes();
+  g.rewrite_nodes({}, drop);
   return true;
 }
 
