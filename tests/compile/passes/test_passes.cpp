@@ -551,6 +551,38 @@ struct PiecesParams {
         ref_opt(ref, options()) {}
 };
 
+// A step over given parameters and their optimizer (pieces_step, widened_bucket_step with their flag bound).
+using MakeStep = std::function<StepFn(std::vector<Tensor>&, optim::AdamW&)>;
+
+// Step 2 through the rewritten graph `g` (traced from step 1 of ps.w on in1) against two eager steps of ps.ref: the
+// same bits.
+void expect_second_step_as_eager(const Graph& g, PiecesParams& ps, const MakeStep& make,
+                                 const std::vector<Tensor>& in1, const std::vector<Tensor>& in2) {
+  run(g, in2);
+  StepFn ref_step = make(ps.ref, ps.ref_opt);
+  ref_step(in1);
+  ref_step(in2);
+  for (size_t k = 0; k < ps.w.size(); ++k)
+    EXPECT_EQ(amax(abs(sub(ps.w[k], ps.ref[k]))).item(), 0.0) << "parameter " << k;
+}
+
+// Three steps compiled through the whole pipeline (generated CPU kernels) against eager steps of ps.ref on the same
+// fresh inputs, within the f32 rounding of the generated update. Returns the last compiled graph.
+std::string expect_compiled_steps_follow_eager(PiecesParams& ps, const MakeStep& make, CompileOptions o,
+                                               const std::function<std::vector<Tensor>()>& inputs) {
+  TempDir dir("ingot-update-");
+  o.cache_dir = dir.path();
+  CompiledFunction f = compile(make(ps.w, ps.opt), o);
+  StepFn ref_step = make(ps.ref, ps.ref_opt);
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<Tensor> in = inputs();
+    f(in);
+    ref_step(in);
+  }
+  for (size_t k = 0; k < ps.w.size(); ++k) EXPECT_TRUE(allclose(ps.w[k], ps.ref[k], 1e-6, 1e-7)) << "parameter " << k;
+  return f.stats().last_graph;
+}
+
 std::vector<Tensor> pieces_inputs(const std::vector<int64_t>& sizes) {
   std::vector<Tensor> in;
   for (int64_t n : sizes)
@@ -562,8 +594,8 @@ TEST(PiecesIntoUpdate, AnUpdateReadsASumsPiecesAndUpdatesAsTheSum) {
   for (const bool also_read : {false, true}) {
     SCOPED_TRACE(also_read ? "a sum read by the step too" : "sums read by the update alone");
     PiecesParams ps(31);
-    std::vector<Tensor> &w = ps.w, &ref = ps.ref;
-    optim::AdamW &opt = ps.opt, &ref_opt = ps.ref_opt;
+    std::vector<Tensor>& w = ps.w;
+    optim::AdamW& opt = ps.opt;
     const std::vector<Tensor> in1 = pieces_inputs({37, 1029}), in2 = pieces_inputs({37, 1029});
     Graph g = graph_of(pieces_step(w, opt, also_read), in1);  // step 1 (eager, traced)
     ASSERT_EQ(count_ops(g, "sum_pieces"), 2u);
@@ -577,11 +609,9 @@ TEST(PiecesIntoUpdate, AnUpdateReadsASumsPiecesAndUpdatesAsTheSum) {
       with_pieces += n.prim->name() == "adamw_update" && attrs.str().find("gradient pieces=4") != std::string::npos;
     }
     EXPECT_EQ(with_pieces, 1u) << "the update reads the pieces either way";
-    run(g, in2);  // step 2 through the rewritten graph
-    auto ref_step = pieces_step(ref, ref_opt, also_read);
-    ref_step(in1);
-    ref_step(in2);
-    for (size_t k = 0; k < w.size(); ++k) EXPECT_EQ(amax(abs(sub(w[k], ref[k]))).item(), 0.0) << "parameter " << k;
+    expect_second_step_as_eager(
+        g, ps, [also_read](std::vector<Tensor>& p, optim::AdamW& o) { return pieces_step(p, o, also_read); }, in1,
+        in2);
   }
 }
 
@@ -603,23 +633,13 @@ TEST(PiecesIntoUpdate, SumPiecesRefusesPiecesOfDifferentLengthsOrDtypesAndANarro
 // follow the eager steps within the f32 rounding of the generated update.
 TEST(PiecesIntoUpdate, TheGeneratedUpdateAddsThePiecesAndFollowsEager) {
   PiecesParams ps(32);
-  std::vector<Tensor> &w = ps.w, &ref = ps.ref;
-  optim::AdamW &opt = ps.opt, &ref_opt = ps.ref_opt;
-  TempDir dir("ingot-pieces-");
   CompileOptions o;
-  o.cache_dir = dir.path();
   o.split_update = true;  // one update per parameter, as bucket_updates makes one per unit
-  CompiledFunction f = compile(pieces_step(w, opt, false), o);
-  auto ref_step = pieces_step(ref, ref_opt, false);
-  for (int step = 0; step < 3; ++step) {
-    const std::vector<Tensor> in = pieces_inputs({37, 1029});
-    f(in);
-    ref_step(in);
-  }
-  const std::string& graph = f.stats().last_graph;
+  const std::string graph = expect_compiled_steps_follow_eager(
+      ps, [](std::vector<Tensor>& p, optim::AdamW& opt) { return pieces_step(p, opt, false); }, o,
+      [] { return pieces_inputs({37, 1029}); });
   EXPECT_EQ(graph.find("sum_pieces("), std::string::npos) << graph;
   EXPECT_NE(graph.find("gradient pieces=4"), std::string::npos) << graph;
-  for (size_t k = 0; k < w.size(); ++k) EXPECT_TRUE(allclose(w[k], ref[k], 1e-6, 1e-7)) << "parameter " << k;
 }
 
 // Note [Narrow gradients read by the update] (compile/passes/widen_in_update.h): a bf16 "bucket" widened to f32 and
@@ -645,8 +665,8 @@ TEST(WidenInUpdate, AnUpdateReadsTheNarrowSlicesAndUpdatesAsAfterTheCast) {
   for (const bool also_read : {false, true}) {
     SCOPED_TRACE(also_read ? "the widened bucket read by the step too" : "the widened bucket read by the update alone");
     PiecesParams ps(33);
-    std::vector<Tensor> &w = ps.w, &ref = ps.ref;
-    optim::AdamW &opt = ps.opt, &ref_opt = ps.ref_opt;
+    std::vector<Tensor>& w = ps.w;
+    optim::AdamW& opt = ps.opt;
     const Tensor in1 = randn({37 + 1029 + 6}).to(DType::bf16), in2 = randn({37 + 1029 + 6}).to(DType::bf16);
     Graph g = graph_of(widened_bucket_step(w, opt, also_read), {in1});  // step 1 (eager, traced)
     ASSERT_EQ(count_ops(g, "cast"), 1u) << g.str();
@@ -660,11 +680,9 @@ TEST(WidenInUpdate, AnUpdateReadsTheNarrowSlicesAndUpdatesAsAfterTheCast) {
                   also_read ? DType::f32 : DType::bf16) << "gradient " << t;
       }
     }
-    run(g, {in2});  // step 2 through the rewritten graph
-    auto ref_step = widened_bucket_step(ref, ref_opt, also_read);
-    ref_step({in1});
-    ref_step({in2});
-    for (size_t k = 0; k < w.size(); ++k) EXPECT_EQ(amax(abs(sub(w[k], ref[k]))).item(), 0.0) << "parameter " << k;
+    expect_second_step_as_eager(
+        g, ps, [also_read](std::vector<Tensor>& p, optim::AdamW& o) { return widened_bucket_step(p, o, also_read); },
+        {in1}, {in2});
   }
 }
 
@@ -672,21 +690,10 @@ TEST(WidenInUpdate, AnUpdateReadsTheNarrowSlicesAndUpdatesAsAfterTheCast) {
 // three steps follow the eager steps within the f32 rounding of the generated update.
 TEST(WidenInUpdate, TheGeneratedUpdateLoadsBf16GradientsAndFollowsEager) {
   PiecesParams ps(34);
-  std::vector<Tensor> &w = ps.w, &ref = ps.ref;
-  optim::AdamW &opt = ps.opt, &ref_opt = ps.ref_opt;
-  TempDir dir("ingot-widen-");
-  CompileOptions o;
-  o.cache_dir = dir.path();
-  CompiledFunction f = compile(widened_bucket_step(w, opt, false), o);
-  auto ref_step = widened_bucket_step(ref, ref_opt, false);
-  for (int step = 0; step < 3; ++step) {
-    const std::vector<Tensor> in{randn({37 + 1029 + 6}).to(DType::bf16)};
-    f(in);
-    ref_step(in);
-  }
-  const std::string& graph = f.stats().last_graph;
+  const std::string graph = expect_compiled_steps_follow_eager(
+      ps, [](std::vector<Tensor>& p, optim::AdamW& opt) { return widened_bucket_step(p, opt, false); }, CompileOptions{},
+      [] { return std::vector<Tensor>{randn({37 + 1029 + 6}).to(DType::bf16)}; });
   EXPECT_EQ(graph.find("cast("), std::string::npos) << graph;
-  for (size_t k = 0; k < w.size(); ++k) EXPECT_TRUE(allclose(w[k], ref[k], 1e-6, 1e-7)) << "parameter " << k;
 }
 }  // namespace
 }  // namespace ingot::compiler
