@@ -73,7 +73,8 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
   s.add(K::of(T::Int, "train.loss_chunks", "0",
               "when the output head gets no gradient (LoRA, QLoRA, evaluation) the loss never holds all the logits: "
               "it makes them this many chunks of the batch's rows at a time (0: chunks of at most 256 MiB of "
-              "logits; 1: all at once, in the products' shapes of an unchunked head, with the most memory)")
+              "logits; 1: all at once, with the most memory: 0.76 GB more for an 8B Llama at 2 x 2048 and no faster on an "
+              "H200)")
             .at_least(0)
             .not_in_config_hash());
   s.add(K::of(T::Int, "train.activation_checkpointing_layers", "0",
