@@ -56,27 +56,12 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-int effective_separate_bucket_updates(const CompileOptions& options) {
-  const char* e = std::getenv("INGOT_SEPARATE_BUCKET_UPDATES");
-  if (!e || !*e) {
-    INGOT_CHECK(options.separate_bucket_updates >= 0, "CompileOptions::separate_bucket_updates must be >= 0, got ",
-                options.separate_bucket_updates);
-    return options.separate_bucket_updates;
-  }
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  INGOT_CHECK(*end == '\0' && v >= 0 && v <= 1 << 20, "INGOT_SEPARATE_BUCKET_UPDATES must be a whole number >= 0, got '",
-              e, "'");
-  return static_cast<int>(v);
-}
-
 uint64_t CompileOptions::hash() const {
   // Only what changes the compiled artifact: not disable/stance/limits (they decide whether to compile).
   Key64 k;
   k.add(static_cast<uint64_t>(mode)).add(fullgraph).add(static_cast<uint64_t>(dynamic)).add(regional);
   k.add(static_cast<uint64_t>(backend)).add(static_cast<uint64_t>(memory_budget * 1e6)).add(split_update);
   k.add(bucket_updates).add(static_cast<uint64_t>(unit_reduction_lag));
-  k.add(static_cast<uint64_t>(effective_separate_bucket_updates(*this)));
   // Passes left out for a diagnosis (compile/pipeline.cpp) make another artifact.
   const char* skipped = std::getenv("INGOT_SKIP_PASSES");
   k.add(std::string_view(skipped ? skipped : ""));

@@ -83,13 +83,6 @@ struct CompileOptions {
   // DDP x4 on H200: 33.03 -> 32.56 ms, exposed 0.81 -> 0.00 ms, bench/RESULTS.md 2026-11-26); exact against eager
   // DDP on CPUs and on 2 GPUs (tests/gpu/test_ddp_multi_gpu.cpp).
   bool bucket_updates = true;
-  // With bucket_updates: how many of the last buckets get an update each; the buckets before them share one update,
-  // placed after the wait of the last of them (0: every bucket its own). The backward's last buckets (the
-  // embeddings' among them) are still reducing when it ends and want updates of their own to run beside; the first
-  // ones are long reduced by then, and one launch over all of them runs like the single update of one GPU instead
-  // of as many launches, each with its own tail (Note [Leading buckets share an update],
-  // compile/passes/bucket_updates.cpp). INGOT_SEPARATE_BUCKET_UPDATES=N overrides it (measuring).
-  int separate_bucket_updates = 0;
   // Compiled ZeRO-3: a unit's gradient reduce-scatter is waited for, and its whole flattened input released, once
   // the reduce-scatter this many units later is issued (compile/passes/unit_reductions.h), so at most lag + 1
   // units' inputs are alive at once; 0 waits for all of them at the end of the backward, where the trace put them.
@@ -103,10 +96,6 @@ struct CompileOptions {
   double autotune_budget_s = 60;
   uint64_t hash() const;       // the options part of a cache key
 };
-
-// options.separate_bucket_updates, or INGOT_SEPARATE_BUCKET_UPDATES=N (>= 0) when set (measuring); a value that is
-// not a whole number >= 0 is an error naming the variable.
-int effective_separate_bucket_updates(const CompileOptions& options);
 
 // Marks dim `dim` of `t` dynamic for the next call that receives `t` (optionally bounded, inclusive).
 void mark_dynamic(const Tensor& t, int64_t dim, std::optional<int64_t> min = std::nullopt,

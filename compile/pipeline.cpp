@@ -243,7 +243,7 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   bool bucket_updates = false;
   run_pass("split_update_by_bucket", g, [&](Graph& x) {
     return bucket_updates = opts.bucket_updates && (!replays_cuda_graphs(opts.mode) || updates_in_graphs) &&
-                            passes::split_update_by_bucket(x, {target, effective_separate_bucket_updates(opts)});
+                            passes::split_update_by_bucket(x, {target});
   });
   // Note [Pieces read by the update]: after the split, so each unit's update reads its own gradient's pieces
   // (INGOT_SKIP_PASSES=pieces_into_update keeps the sum a kernel of its own, for measuring).

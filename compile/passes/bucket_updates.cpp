@@ -4,16 +4,8 @@
 // bucket (made when the backward ends: the embeddings) is exposed in full. Split per bucket, the update of
 // bucket k runs while the buckets after it are still being reduced: schedule.cpp runs a ready update before
 // the next (late) collective_wait. Invariant: bucket_updates.h.
-//
-// Note [Leading buckets share an update]: one update per bucket is one multi-tensor launch per bucket, each with its
-// own table and its own last, partly filled wave: the ~1B Llama's 33 per-bucket AdamW launches took 9.4-11.0 ms where
-// the one update of the same parameters took 8.6 (bench/RESULTS.md, twenty-sixth session). Only the buckets still
-// reducing when the backward ends need an update of their own (so the others' update runs beside their
-// reductions); with separate_last = K the buckets before the last K (in the order of their waits) share one update,
-// which waits for the last of them. The updates are elementwise per tensor, so any grouping computes the same values.
 #include "compile/passes/bucket_updates.h"
 
-#include <algorithm>
 #include <map>
 
 #include "autograd/ops/attrs.h"
@@ -49,7 +41,7 @@ int32_t source_wait(const Graph& g, int32_t v) {
 
 }  // namespace
 
-bool split_update_by_bucket(Graph& g, const BucketUpdateOptions& o) {
+bool split_update_by_bucket(Graph& g, const BucketUpdateOptions&) {
   // Per node: the parameters of each bucket (in the bucket order), for the updates that split.
   std::vector<std::vector<std::vector<size_t>>> split(g.nodes.size());
   bool any = false;
@@ -65,22 +57,6 @@ bool split_update_by_bucket(Graph& g, const BucketUpdateOptions& o) {
       auto [it, fresh] = bucket_of_wait.emplace(w, buckets.size());
       if (fresh) buckets.emplace_back();
       buckets[it->second].push_back(t);
-    }
-    // Note [Leading buckets share an update]: the map orders the waits as the graph does (-1 first: tensors whose
-    // gradient comes from no wait keep an update of their own).
-    std::vector<size_t> waited;
-    for (const auto& [w, b] : bucket_of_wait)
-      if (w >= 0) waited.push_back(b);
-    const size_t keep = static_cast<size_t>(o.separate_last);
-    if (keep > 0 && waited.size() > keep + 1) {
-      std::vector<size_t> shared;
-      for (size_t k = 0; k + keep < waited.size(); ++k) {
-        shared.insert(shared.end(), buckets[waited[k]].begin(), buckets[waited[k]].end());
-        buckets[waited[k]].clear();
-      }
-      std::sort(shared.begin(), shared.end());
-      buckets[waited.front()] = std::move(shared);
-      std::erase_if(buckets, [](const std::vector<size_t>& b) { return b.empty(); });
     }
     if (buckets.size() < 2) continue;
     split[i] = std::move(buckets);

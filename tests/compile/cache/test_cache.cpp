@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "compile/api.h"
 #include "compile/cache/compile_cache.h"
 #include "runtime/error.h"
 #include "runtime/sha256.h"
@@ -37,29 +36,6 @@ TEST(CompileCacheHash, Key64IsTheSha256PrefixOfLengthPrefixedAdditions) {
   EXPECT_EQ(Key64().add(uint64_t{7}).add(std::string_view("xy")).value(), 0xa76f6d6e3c23c714ull);
   EXPECT_EQ(Key64().add(std::string_view("a")).add(std::string_view("bc")).value(), 0xbec0c6b6a1cc8a9aull);
   EXPECT_EQ(Key64().add(std::string_view("ab")).add(std::string_view("c")).value(), 0xca01de795565ee43ull);
-}
-
-// CompileOptions::separate_bucket_updates makes another artifact, so it is in the options' key; the measuring
-// override INGOT_SEPARATE_BUCKET_UPDATES counts as the option it sets, and a value that is not a count is an error
-// naming the variable.
-TEST(CompileCacheHash, SeparateBucketUpdatesAreInTheKeyAndTheirOverrideIsChecked) {
-  ASSERT_EQ(std::getenv("INGOT_SEPARATE_BUCKET_UPDATES"), nullptr) << "the test sets it itself";
-  CompileOptions each, two;
-  two.separate_bucket_updates = 2;
-  EXPECT_NE(each.hash(), two.hash());
-  ::setenv("INGOT_SEPARATE_BUCKET_UPDATES", "2", 1);
-  EXPECT_EQ(effective_separate_bucket_updates(each), 2);
-  EXPECT_EQ(each.hash(), two.hash());
-  ::setenv("INGOT_SEPARATE_BUCKET_UPDATES", "two", 1);
-  try {
-    (void)effective_separate_bucket_updates(each);
-    ADD_FAILURE() << "a value that is not a count was taken";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("INGOT_SEPARATE_BUCKET_UPDATES"), std::string::npos) << e.what();
-  }
-  ::unsetenv("INGOT_SEPARATE_BUCKET_UPDATES");
-  two.separate_bucket_updates = -1;
-  EXPECT_THROW((void)effective_separate_bucket_updates(two), Error);
 }
 
 TEST(CompileCache, PutThenGetRoundTripsAndUnknownKeysMiss) {
