@@ -2,7 +2,7 @@
 // from two different collective waits (data parallel: one update per gradient bucket, run as soon as its bucket
 // is reduced); a graph without collectives is unchanged. Horizontal fusion must then keep the updates apart
 // (the pipeline fuses with horizontal = false when this pass split anything).
-// Test: tests/compile/passes/test_passes.cpp (BucketUpdates.*).
+// Tests: tests/distributed/test_ddp_compiled.cpp (CompiledDdp.*), tests/gpu/test_ddp_multi_gpu.cpp (DdpOnGpus.PerBucket*).
 #pragma once
 
 #include "compile/passes/pass.h"
