@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -18,10 +19,13 @@
 
 namespace ingot::testing {
 
+// The folder of the running test binary, where the build puts `ingot` and the benchmarks beside it.
+inline std::filesystem::path bin_dir() { return std::filesystem::read_symlink("/proc/self/exe").parent_path(); }
+
 class TinyRun : public ::testing::Test {
  protected:
   TinyRun(const char* dir_prefix, int n_layer) : n_layer_(n_layer), dir_(dir_prefix) {}
-  static std::filesystem::path bin_dir() { return std::filesystem::read_symlink("/proc/self/exe").parent_path(); }
+  static std::filesystem::path bin_dir() { return testing::bin_dir(); }
   void SetUp() override {
     ASSERT_TRUE(std::filesystem::exists(bin_dir() / "ingot")) << "build the `ingot` target too";
     std::string text;
@@ -70,6 +74,17 @@ inline std::map<int64_t, double> train_losses(const std::string& metrics, bool e
     out[step] = j["loss"].get<double>();
   }
   return out;
+}
+
+// Every step of `want` is in `got` with a loss within `rel_tol` of want's, relatively, and no step more.
+inline void expect_same_losses(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want,
+                               double rel_tol, const std::string& what) {
+  ASSERT_FALSE(want.empty()) << what;
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [step, loss] : want) {
+    ASSERT_TRUE(got.count(step)) << what << ": no step " << step;
+    EXPECT_NEAR(got.at(step), loss, rel_tol * std::abs(loss)) << what << " at step " << step;
+  }
 }
 
 }  // namespace ingot::testing

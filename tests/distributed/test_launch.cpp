@@ -22,6 +22,7 @@
 #include "runtime/device.h"
 #include "runtime/file_util.h"
 #include "tests/shell.h"
+#include "tests/tiny_run.h"
 
 namespace ingot::distributed::launch {
 namespace {
@@ -30,7 +31,7 @@ namespace fs = std::filesystem;
 
 using Result = ingot::testing::ShellResult;  // stdout and stderr together
 
-fs::path bin_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
+using ingot::testing::bin_dir;
 
 // Runs a shell command line in `cwd` with `ingot` meaning the built binary.
 Result run_sh(const std::string& cwd, const std::string& cmd) {

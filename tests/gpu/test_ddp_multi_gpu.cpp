@@ -30,6 +30,7 @@
 #include "runtime/rng.h"
 #include "tests/gpu/multi_gpu.h"
 #include "tests/shell.h"
+#include "tests/tiny_run.h"
 
 namespace ingot::distributed {
 namespace {
@@ -228,27 +229,9 @@ TEST(DdpOnGpus, CompiledDdpFollowsEagerDdpAndOneGpuOnFourGpus) {
 
 // ---- `ingot launch` on GPUs ---------------------------------------------------------------------------------
 
-fs::path bin_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
-
-std::map<int64_t, double> train_losses(const std::string& metrics) {
-  std::map<int64_t, double> out;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
-
-void expect_same_losses(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, double tol,
-                        const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (const auto& [step, loss] : want) {
-    ASSERT_TRUE(got.count(step)) << what << ": no step " << step;
-    EXPECT_NEAR(got.at(step), loss, tol * std::abs(loss)) << what << " at step " << step;
-  }
-}
+using ingot::testing::bin_dir;
+using ingot::testing::expect_same_losses;
+using ingot::testing::train_losses;
 
 class LaunchOnGpus : public ::testing::Test {
  protected:
@@ -282,7 +265,7 @@ TEST_F(LaunchOnGpus, AKilledGpuWorkerRestartsTheJobFromTheNewestCheckpoint) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("was killed by SIGKILL"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("continuing after step 2"), std::string::npos) << r.output;
-  expect_same_losses(train_losses(path("killed/metrics.jsonl")), train_losses(path("ref/metrics.jsonl")), 1e-5,
+  expect_same_losses(train_losses(path("killed/metrics.jsonl"), false), train_losses(path("ref/metrics.jsonl")), 1e-5,
                      "restarted vs uninterrupted on GPUs");
 }
 

@@ -33,6 +33,7 @@
 #include "runtime/rng.h"
 #include "tests/gpu/multi_gpu.h"
 #include "tests/shell.h"
+#include "tests/tiny_run.h"
 
 namespace ingot::distributed {
 namespace {
@@ -247,28 +248,9 @@ TEST(FsdpOnGpus, ZeroTwoAndThreeFollowOneGpuAndDdpOnFourGpus) {
 
 // ---- `ingot launch` of the pretraining recipe with zero_stage 3 ----------------------------------------------
 
-fs::path bin_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
-
-std::map<int64_t, double> train_losses(const std::string& metrics) {
-  std::map<int64_t, double> out;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
-
-void expect_same_losses(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, double tol,
-                        const std::string& what) {
-  ASSERT_FALSE(want.empty()) << what;
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (const auto& [step, loss] : want) {
-    ASSERT_TRUE(got.count(step)) << what << ": no step " << step;
-    EXPECT_NEAR(got.at(step), loss, tol * std::abs(loss)) << what << " at step " << step;
-  }
-}
+using ingot::testing::bin_dir;
+using ingot::testing::expect_same_losses;
+using ingot::testing::train_losses;
 
 class FsdpLaunchOnGpus : public ::testing::Test {
  protected:
