@@ -89,17 +89,7 @@ TEST(GPT2, ThirtyAdamWStepsOnARepeatingSequenceLowerTheLoss) {
     auto cfg = testing::tiny_gpt2_config();
     cfg.tie_word_embeddings = tied;
     GPT2 model(cfg);
-    auto [ids, tgt] = testing::repeating_batch(2, 12);
-    optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.0});
-    double first = 0, last = 0;
-    for (int step = 0; step < 30; ++step) {
-      Tensor loss = model.loss(ids, tgt);
-      if (step == 0) first = loss.item();
-      last = loss.item();
-      opt.zero_grad();
-      loss.backward();
-      opt.step();
-    }
+    const auto [first, last] = testing::first_and_last_adamw_losses(model);
     EXPECT_LT(last, tied ? 0.4 * first : 0.05 * first) << "first " << first << " last " << last;
   }
 }

@@ -70,17 +70,7 @@ TEST(Llama, LossGradientMatchesFiniteDifferencesInF64) {
 TEST(Llama, ThirtyAdamWStepsOnARepeatingSequenceLowerTheLoss) {
   manual_seed(4);
   Llama model(testing::tiny_llama_config());
-  auto [ids, tgt] = testing::repeating_batch(2, 12);
-  optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.0});
-  double first = 0, last = 0;
-  for (int step = 0; step < 30; ++step) {
-    Tensor loss = model.loss(ids, tgt);
-    if (step == 0) first = loss.item();
-    last = loss.item();
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-  }
+  const auto [first, last] = testing::first_and_last_adamw_losses(model);
   EXPECT_LT(last, 0.05 * first) << "first " << first << " last " << last;
 }
 

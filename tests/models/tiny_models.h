@@ -3,6 +3,7 @@
 
 #include "models/gpt2.h"
 #include "models/llama.h"
+#include "optim/optimizer.h"
 
 namespace ingot::testing {
 
@@ -37,6 +38,23 @@ inline std::pair<Tensor, Tensor> repeating_batch(int64_t B, int64_t T, int64_t p
       tgt.push_back((3 * b + t + 1) % period * 7 % 64);
     }
   return {from_vector_i64(ids, {B, T}), from_vector_i64(tgt, {B, T})};
+}
+
+// The losses of the first and the last of `steps` AdamW steps (lr 1e-2, no weight decay) on repeating_batch(2, 12):
+// whether a model learns a sequence it sees again and again.
+inline std::pair<double, double> first_and_last_adamw_losses(models::CausalLM& model, int steps = 30) {
+  auto [ids, tgt] = repeating_batch(2, 12);
+  optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.0});
+  double first = 0, last = 0;
+  for (int step = 0; step < steps; ++step) {
+    Tensor loss = model.loss(ids, tgt);
+    if (step == 0) first = loss.item();
+    last = loss.item();
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+  return {first, last};
 }
 
 }  // namespace ingot::testing
