@@ -33,6 +33,21 @@ double median_ms(const std::function<void()>& fn, int reps = 20) {
   return ms[ms.size() / 2];
 }
 
+// AdamW's operands for `count` tensors of `size` elements: f32 parameters, bf16 gradients, f32 moments at zero.
+struct AdamWLists {
+  std::vector<Tensor> p, g, m1, m2;
+};
+AdamWLists adamw_lists(int count, int64_t size, Device dev) {
+  AdamWLists l;
+  for (int i = 0; i < count; ++i) {
+    l.p.push_back(randn({size}, DType::f32, dev));
+    l.g.push_back(randn({size}, DType::bf16, dev));
+    l.m1.push_back(zeros({size}, DType::f32, dev));
+    l.m2.push_back(zeros({size}, DType::f32, dev));
+  }
+  return l;
+}
+
 void report(const char* name, double ms, double bytes, double flops = 0) {
   if (flops > 0) std::printf("%-40s %9.3f ms %9.1f TFLOP/s\n", name, ms, flops / ms / 1e9);
   else std::printf("%-40s %9.3f ms %9.1f GB/s\n", name, ms, bytes / ms / 1e6);
@@ -173,16 +188,10 @@ int main() {
     std::printf("%-40s %9.3f (f32 out / bf16 out)\n", ("dW " + shape + " ratio").c_str(), wf / bf);
   }
   {
-    std::vector<Tensor> p, gr, m1, m2;
-    for (int i = 0; i < 100; ++i) {
-      p.push_back(randn({1 << 20}, DType::f32, g));
-      gr.push_back(randn({1 << 20}, DType::bf16, g));
-      m1.push_back(zeros({1 << 20}, DType::f32, g));
-      m2.push_back(zeros({1 << 20}, DType::f32, g));
-    }
+    AdamWLists l = adamw_lists(100, 1 << 20, g);
     kernels::AdamWArgs args;
     const double bytes = 100.0 * (1 << 20) * (4 * 3 * 2 + 2);
-    report("adamw_multi 100 x 1Mi (bf16 grads)", median_ms([&] { kg::adamw_multi(p, gr, m1, m2, args); }), bytes);
+    report("adamw_multi 100 x 1Mi (bf16 grads)", median_ms([&] { kg::adamw_multi(l.p, l.g, l.m1, l.m2, args); }), bytes);
   }
   {
     // Could an optimizer update hide under the backward's products (issue 21's untried idea: updates on a side
@@ -190,24 +199,18 @@ int main() {
     // with bf16 gradients (memory-bound), alone, one after the other on one stream, and at once on two streams.
     const int64_t m = 8192;
     Tensor a = randn({1, m, m}, DType::bf16, g), b = randn({1, m, m}, DType::bf16, g), c = empty({1, m, m}, DType::bf16, g);
-    std::vector<Tensor> p, gr, m1, m2;
-    for (int i = 0; i < 100; ++i) {
-      p.push_back(randn({2 << 20}, DType::f32, g));
-      gr.push_back(randn({2 << 20}, DType::bf16, g));
-      m1.push_back(zeros({2 << 20}, DType::f32, g));
-      m2.push_back(zeros({2 << 20}, DType::f32, g));
-    }
+    AdamWLists l = adamw_lists(100, 2 << 20, g);
     kernels::AdamWArgs args;
     auto products = [&] {
       for (int i = 0; i < 4; ++i) kg::matmul(c, a, b, false, true, 1.0, 0.0);
     };
-    auto update = [&] { kg::adamw_multi(p, gr, m1, m2, args); };
-    const cuda::Stream main = cuda::current_stream(0), side = cuda::create_stream(0);
+    auto update = [&] { kg::adamw_multi(l.p, l.g, l.m1, l.m2, args); };
+    const cuda::Stream compute = cuda::current_stream(0), side = cuda::create_stream(0);
     const double prod_ms = median_ms(products, 10), upd_ms = median_ms(update, 10);
     const double serial_ms = median_ms([&] { products(); update(); }, 10);
     const double overlap_ms = median_ms([&] {
       cuda::Event start, done;
-      start.record(main);
+      start.record(compute);
       start.wait(side);
       {
         cuda::StreamScope on_side(side);
@@ -215,7 +218,7 @@ int main() {
       }
       products();
       done.record(side);
-      done.wait(main);
+      done.wait(compute);
     }, 10);
     const double flops = 4 * 2.0 * static_cast<double>(m) * m * m, bytes = 100.0 * (2 << 20) * (4 * 3 * 2 + 2);
     report("4 x matmul bf16 8192^3 alone", prod_ms, 0, flops);

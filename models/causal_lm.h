@@ -4,14 +4,13 @@
 
 #include "autograd/nn/module.h"
 
-namespace ingot::models {
-
-class KVCache;  // models/decoder.h
-}  // namespace ingot::models
 namespace ingot::nn {
 class LoRALinear;  // autograd/nn/lora.h
 }  // namespace ingot::nn
+
 namespace ingot::models {
+
+class KVCache;  // models/decoder.h
 
 class CausalLM : public nn::Module {
  public:
