@@ -90,6 +90,10 @@ Attention::Attention(const DecoderConfig& cfg) : cfg_(resolved(cfg)) {
     v_proj_ = register_module("v_proj", std::make_shared<LoRALinear>(cfg_.dim, kv_dim, cfg_.qkv_bias, cfg_.init_std));
     out_proj_ = register_module("o_proj", std::make_shared<LoRALinear>(q_dim, cfg_.dim, cfg_.out_bias, cfg_.out_init_std));
   }
+  if (cfg_.qk_norm) {
+    q_norm_ = register_module("q_norm", std::make_shared<nn::RMSNorm>(cfg_.head_dim, cfg_.norm_eps));
+    k_norm_ = register_module("k_norm", std::make_shared<nn::RMSNorm>(cfg_.head_dim, cfg_.norm_eps));
+  }
   dropout_ = register_module("resid_dropout", std::make_shared<nn::Dropout>(cfg_.dropout));
   // Unscaled rotary frequencies are rope_tables' own (same f32 formula); only scaled ones are passed in.
   if (cfg_.rope && cfg_.rope_scaling.kind != RopeScaling::Kind::None)
@@ -162,6 +166,15 @@ nn::LoRAParts Attention::forward_parts(const Tensor& x, KVCache* cache, size_t l
     return t.defined() ? transpose(reshape(t, {B, T, h, D}), 1, 2) : Tensor();
   };
   Tensor qh, kh, vh = heads(v.sum(), cfg_.n_kv_head);
+  if (cfg_.qk_norm) {
+    // Qwen3 normalizes each head of the projection's output (base and adapter update summed, as peft's forward
+    // does), so an update can no longer be added inside the rotation (Note [Rope of a sum]).
+    auto normed = [&](nn::RMSNorm& norm, const nn::LoRAParts& p, int64_t h) -> nn::LoRAParts {
+      return {reshape(norm.forward(reshape(p.sum(), {B, T, h, D})), {B, T, h * D}), Tensor()};
+    };
+    q = normed(*q_norm_, q, cfg_.n_head);
+    k = normed(*k_norm_, k, cfg_.n_kv_head);
+  }
   if (cfg_.rope) {
     auto [cos_t, sin_t] = rope_for(start, T, x.device());
     if (positions.defined()) {

@@ -52,6 +52,7 @@ struct DecoderConfig {
   bool fused_qkv = false;  // GPT-2's c_attn
   bool qkv_bias = false, out_bias = false, mlp_bias = false;
   bool rope = false;
+  bool qk_norm = false;  // Qwen3: an RMSNorm over each head of q and of k (weights [head_dim]) before RoPE
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   int64_t sliding_window = 0;  // 0: none; longer contexts are refused rather than silently attended in full
@@ -79,6 +80,7 @@ class Attention : public nn::Module {
 
   DecoderConfig cfg_;
   std::shared_ptr<nn::LoRALinear> c_attn_, q_proj_, k_proj_, v_proj_, out_proj_;
+  std::shared_ptr<nn::RMSNorm> q_norm_, k_norm_;  // cfg_.qk_norm only
   std::shared_ptr<nn::Dropout> dropout_;
   Tensor inv_freq_;              // f32, host; undefined without rope scaling
   Tensor rope_cos_, rope_sin_;   // positions [0, rope_cos_.size(0)); not part of the state dict

@@ -144,13 +144,14 @@ void parse_llama(const Keys& k, HFConfig& out) {
   c.intermediate_size = k.positive("intermediate_size");
   c.num_hidden_layers = k.positive("num_hidden_layers");
   c.num_attention_heads = k.positive("num_attention_heads");
-  // transformers' class defaults: Llama falls back to MHA, Mistral to 8 kv heads, Qwen2 to 32.
-  const int64_t kv_default = t == "mistral" ? 8 : t == "qwen2" ? 32 : c.num_attention_heads;
+  // transformers' class defaults: Llama falls back to MHA, Mistral to 8 kv heads, Qwen2 and Qwen3 to 32.
+  const int64_t kv_default = t == "mistral" ? 8 : (t == "qwen2" || t == "qwen3") ? 32 : c.num_attention_heads;
   c.num_key_value_heads = k.positive("num_key_value_heads", kv_default);
   INGOT_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, k.where("num_key_value_heads"), ": ",
               c.num_key_value_heads, " does not divide num_attention_heads (", c.num_attention_heads, ")");
   const bool divisible = c.hidden_size % c.num_attention_heads == 0;
-  c.head_dim = k.has("head_dim") ? k.positive("head_dim") : 0;
+  // Qwen3Config's head_dim defaults to 128 whatever the hidden size; the others' to hidden_size / heads.
+  c.head_dim = k.has("head_dim") ? k.positive("head_dim") : t == "qwen3" ? 128 : 0;
   if (c.head_dim == 0) {
     INGOT_CHECK(divisible, k.where("hidden_size"), ": ", c.hidden_size, " is not a multiple of num_attention_heads (",
                 c.num_attention_heads, ") and there is no head_dim");
@@ -160,7 +161,7 @@ void parse_llama(const Keys& k, HFConfig& out) {
   INGOT_CHECK(c.head_dim % 2 == 0, k.where("head_dim"), ": rotary embeddings need an even head_dim, got ", c.head_dim);
   c.rms_norm_eps = k.number("rms_norm_eps", 1e-6);
   parse_rope(k, c.rope_theta, c.rope_scaling);
-  const int64_t max_pos_default = t == "mistral" ? 4096 * 32 : t == "qwen2" ? 32768 : 2048;
+  const int64_t max_pos_default = t == "mistral" ? 4096 * 32 : (t == "qwen2" || t == "qwen3") ? 32768 : 2048;
   c.max_position_embeddings = k.positive("max_position_embeddings", max_pos_default);
   c.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
   c.initializer_range = k.number("initializer_range", 0.02);
@@ -171,6 +172,12 @@ void parse_llama(const Keys& k, HFConfig& out) {
     // Qwen2 always has q/k/v biases and no o_proj bias; its sliding window applies only when enabled.
     c.attention_bias = true;
     c.attention_out_bias = false;
+    k.require("use_sliding_window", false, "sliding-window attention is not implemented");
+  } else if (t == "qwen3") {
+    // Qwen3: attention_bias puts biases on q/k/v and o_proj alike, the MLP has none, and every layer normalizes
+    // each head of q and k (q_norm, k_norm) before RoPE.
+    c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+    c.qk_norm = true;
     k.require("use_sliding_window", false, "sliding-window attention is not implemented");
   } else {
     c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
@@ -205,12 +212,13 @@ HFConfig parse_hf_config(const std::string& json_text, const std::string& source
   if (out.model_type == "gpt2") {
     out.arch = HFConfig::Arch::GPT2;
     parse_gpt2(k, out);
-  } else if (out.model_type == "llama" || out.model_type == "mistral" || out.model_type == "qwen2") {
+  } else if (out.model_type == "llama" || out.model_type == "mistral" || out.model_type == "qwen2" ||
+             out.model_type == "qwen3") {
     out.arch = HFConfig::Arch::Llama;
     parse_llama(k, out);
   } else {
     INGOT_CHECK(false, k.where("model_type"), ": '", out.model_type,
-                "' is not supported (supported: gpt2, llama, mistral, qwen2)");
+                "' is not supported (supported: gpt2, llama, mistral, qwen2, qwen3)");
   }
   if (k.has("bos_token_id")) out.bos_token_id = k.integer("bos_token_id");
   if (k.has("pad_token_id")) out.pad_token_id = k.integer("pad_token_id");
@@ -301,8 +309,11 @@ std::string hf_config_json(const HFConfig& cfg, DType dtype) {
   } else {
     const LlamaConfig& c = cfg.llama;
     const std::string arch = c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                             : c.model_type == "qwen3"   ? "Qwen3ForCausalLM"
                              : c.model_type == "mistral" ? "MistralForCausalLM"
                                                          : "LlamaForCausalLM";
+    INGOT_CHECK(c.qk_norm == (c.model_type == "qwen3"), "Hugging Face export: model_type '", c.model_type, "' ",
+                c.qk_norm ? "has no q/k norms; use model_type qwen3" : "always has q/k norms (qk_norm)");
     j = {{"model_type", c.model_type},
          {"architectures", {arch}},
          {"vocab_size", c.vocab_size},
@@ -318,9 +329,16 @@ std::string hf_config_json(const HFConfig& cfg, DType dtype) {
          {"initializer_range", c.initializer_range},
          {"tie_word_embeddings", c.tie_word_embeddings}};
     if (c.head_dim > 0) j["head_dim"] = c.head_dim;
+    // Qwen3's head_dim defaults to 128, not hidden_size / heads: always written.
+    if (c.model_type == "qwen3") j["head_dim"] = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads;
     if (c.model_type == "qwen2") {
       INGOT_CHECK(c.attention_bias && !c.attention_out_bias && !c.mlp_bias,
                   "Hugging Face export: a qwen2 model has q/k/v biases only");
+      j["use_sliding_window"] = false;
+    } else if (c.model_type == "qwen3") {
+      INGOT_CHECK(c.attention_bias == c.attention_out_bias && !c.mlp_bias,
+                  "Hugging Face export: a qwen3 model has no MLP biases and q/k/v and o_proj biases together");
+      j["attention_bias"] = c.attention_bias;
       j["use_sliding_window"] = false;
     } else {
       INGOT_CHECK(c.attention_bias == c.attention_out_bias,

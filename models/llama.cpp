@@ -21,6 +21,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg) : cfg_(cfg) {
   b.out_bias = cfg.attention_out_bias;
   b.mlp_bias = cfg.mlp_bias;
   b.rope = true;
+  b.qk_norm = cfg.qk_norm;
   b.rope_theta = cfg.rope_theta;
   b.rope_scaling = cfg.rope_scaling;
   b.sliding_window = cfg.sliding_window;

@@ -24,8 +24,9 @@ struct LlamaConfig {
   bool attention_bias = false;      // biases on q/k/v_proj (Qwen2)
   bool attention_out_bias = false;  // bias on o_proj (HF Llama's attention_bias sets both)
   bool mlp_bias = false;            // biases on gate/up/down_proj (HF Llama's mlp_bias)
+  bool qk_norm = false;             // an RMSNorm over each head of q and k before RoPE (Qwen3)
   double initializer_range = 0.02;
-  std::string model_type = "llama";  // Hugging Face model_type written on export: llama, mistral or qwen2
+  std::string model_type = "llama";  // Hugging Face model_type written on export: llama, mistral, qwen2 or qwen3
 };
 
 // The trunk ("model"): ids [B, T] -> hidden states [B, T, hidden_size] after the final norm.

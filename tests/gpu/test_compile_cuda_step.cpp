@@ -190,6 +190,36 @@ TEST(CompileCudaStep, LoraLlamaFollowsEagerFromTheFirstCompiledCall) {
   }
 }
 
+// Qwen3's q/k norms between the projections (with their adapters) and RoPE, compiled for the GPU: f32 follows
+// eager within 1e-4, bf16 within 1e-2 (as LoraLlamaFollowsEagerFromTheFirstCompiledCall).
+TEST(CompileCudaStep, LoraQwen3FollowsEager) {
+  INGOT_REQUIRE_CUDA();
+  auto qwen3 = [] {
+    models::LlamaConfig c = tiny_llama_config();
+    c.model_type = "qwen3";
+    c.qk_norm = true;
+    c.head_dim = 2 * c.hidden_size / c.num_attention_heads;
+    return std::make_shared<models::Llama>(c);
+  };
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f32");
+    TempDir dir("ingot-compile-cuda-");
+    auto lora = [bf16](auto& m) {
+      if (bf16) m->set_compute_dtype(DType::bf16);
+      nn::apply_lora(*m, {.rank = 4, .alpha = 8, .dropout = 0.0,
+                          .target_modules = std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}});
+    };
+    const StepRun eager = train_steps(qwen3, false, 6, {}, 2, 16, kGpu, lora);
+    const StepRun comp = train_steps(qwen3, true, 6, fresh_cache(dir), 2, 16, kGpu, lora);
+    const double tol = bf16 ? 1e-2 : 1e-4;
+    for (size_t i = 0; i < eager.losses.size(); ++i)
+      EXPECT_NEAR(comp.losses[i], eager.losses[i], tol * std::abs(eager.losses[i])) << "step " << i;
+    EXPECT_GT(std::abs(eager.losses[5] - eager.losses[0]), 1e-3 * std::abs(eager.losses[0])) << "the adapters train";
+    EXPECT_EQ(comp.stats.compiles, 1);
+    EXPECT_TRUE(comp.stats.graph_breaks.empty());
+  }
+}
+
 // The LoRA recipe's precision on the GPU: a bf16 model whose bf16 adapters train through f32 master weights, the
 // updated masters cast back into the adapters at the step's end (one multi-tensor kernel in compiled steps, Note
 // [Update copies], compile/passes/fuse.cpp). Compiled, in default mode and under CUDA graphs, follows eager: the

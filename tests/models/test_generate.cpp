@@ -17,7 +17,7 @@ using models::KVCache;
 std::string fixture(const std::string& name) { return std::string(INGOT_SOURCE_DIR) + "/tests/fixtures/hf/" + name; }
 
 TEST(Generate, KVCachedLogitsEqualAFullRecomputeForEveryFixture) {
-  for (const char* name : {"gpt2_tiny", "llama3_tiny", "qwen2_tiny"}) {
+  for (const char* name : {"gpt2_tiny", "llama3_tiny", "qwen2_tiny", "qwen3_tiny"}) {
     SCOPED_TRACE(name);
     models::HFModel m = models::load_hf_model(fixture(name));
     Tensor ids = SafetensorsFile::open(fixture(name) + "/reference.safetensors").get("input_ids");

@@ -58,6 +58,39 @@ TEST(HFConfig, Qwen2HasQkvBiasOnlyAndTransformers5RopeParameters) {
   EXPECT_EQ(c.llama.max_position_embeddings, 32768);  // Qwen2Config's default
 }
 
+TEST(HFConfig, Qwen3NormalizesQAndKHeadsAndDefaultsItsHeadDimTo128) {
+  const std::string qwen3 = R"({"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32,
+    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "use_sliding_window": false,
+    "sliding_window": null, "max_window_layers": 28, "layer_types": ["full_attention", "full_attention"],
+    "tie_word_embeddings": true, "attention_bias": false})";
+  HFConfig c = parse_hf_config(qwen3);
+  EXPECT_TRUE(c.llama.qk_norm);
+  EXPECT_FALSE(c.llama.attention_bias || c.llama.attention_out_bias || c.llama.mlp_bias);
+  EXPECT_EQ(c.llama.head_dim, 128);  // Qwen3Config's default, not hidden_size / heads = 8
+  EXPECT_EQ(c.llama.max_position_embeddings, 32768);
+  // attention_bias: q/k/v and o_proj alike (Qwen3Attention), unlike Qwen2's q/k/v only.
+  HFConfig b = parse_hf_config(R"({"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32,
+    "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 8, "attention_bias": true})");
+  EXPECT_TRUE(b.llama.attention_bias && b.llama.attention_out_bias);
+  // Exported from a model built in ingot: the head_dim is written even when it is hidden_size / heads.
+  b.json.clear();
+  const std::string text = models::hf_config_json(b, DType::bf16);
+  EXPECT_NE(text.find("\"head_dim\": 8"), std::string::npos) << text;
+  EXPECT_NE(text.find("Qwen3ForCausalLM"), std::string::npos) << text;
+  HFConfig back = parse_hf_config(text);
+  EXPECT_TRUE(back.llama.qk_norm);
+  EXPECT_TRUE(back.llama.attention_bias && back.llama.attention_out_bias);
+  EXPECT_EQ(back.llama.head_dim, 0);  // 8 = 32 / 4: the resolved default
+  // A Llama config with q/k norms cannot be written as any other model_type.
+  HFConfig l = parse_hf_config(R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 32,
+    "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4})");
+  l.json.clear();
+  l.llama.qk_norm = true;
+  EXPECT_THROW(models::hf_config_json(l, DType::f32), Error);
+}
+
 TEST(HFConfig, MistralKeepsItsSlidingWindowAndDefaultsToEightKvHeads) {
   HFConfig c = parse_hf_config(R"({"model_type": "mistral", "vocab_size": 64, "hidden_size": 64,
     "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 8, "sliding_window": 4096})");
@@ -131,6 +164,10 @@ TEST(HFConfig, UnsupportedValuesNameTheFileAndTheKey) {
   expect_error(R"({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
     "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
     "use_sliding_window": true})", {"use_sliding_window"});
+  expect_error(R"({"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "use_sliding_window": true})",
+               {"use_sliding_window"});
+  expect_error(R"({"model_type": "gemma", "vocab_size": 64})", {"gemma", "qwen3"});
   expect_error(R"({"model_type": "gpt2", "activation_function": "relu"})", {"activation_function", "relu"});
   expect_error(R"({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": true})",
                {"scale_attn_by_inverse_layer_idx"});

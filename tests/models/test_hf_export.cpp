@@ -36,7 +36,7 @@ TEST(HFExport, ExportedCheckpointsAndAdaptersReloadAndCarryReferencesForTransfor
     root = tmp->path();
   }
   NoGradGuard ng;
-  for (const char* name : {"gpt2_tiny", "llama_tiny", "llama3_tiny", "qwen2_tiny", "mistral_tiny"}) {
+  for (const char* name : {"gpt2_tiny", "llama_tiny", "llama3_tiny", "qwen2_tiny", "mistral_tiny", "qwen3_tiny"}) {
     SCOPED_TRACE(name);
     models::HFModel m = models::load_hf_model(fixture(name));
     Tensor ids = SafetensorsFile::open(fixture(name) + "/reference.safetensors").get("input_ids");

@@ -82,7 +82,8 @@ TEST_P(HFParity, GreedyGenerationWithTheKVCacheReproducesTransformersIds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HFParity,
-                         ::testing::Values("gpt2_tiny", "llama_tiny", "llama3_tiny", "qwen2_tiny", "mistral_tiny"),
+                         ::testing::Values("gpt2_tiny", "llama_tiny", "llama3_tiny", "qwen2_tiny", "mistral_tiny",
+                                           "qwen3_tiny"),
                          [](const auto& info) { return info.param; });
 
 TEST(HFCheckpoint, ShardedLoadEqualsSingleFileLoad) {

@@ -52,6 +52,16 @@ TEST(ModelsCuda, LlamaTrainsLikeTheCpuPath) {
   EXPECT_LE((cpu_vs_cuda<models::Llama>(cfg, 3)), 1.0);
 }
 
+// Qwen3's shape: per-head RMSNorms of q and k before RoPE, heads wider than hidden_size / heads.
+TEST(ModelsCuda, Qwen3TrainsLikeTheCpuPath) {
+  INGOT_REQUIRE_CUDA();
+  auto cfg = testing::tiny_llama_config();
+  cfg.model_type = "qwen3";
+  cfg.qk_norm = true;
+  cfg.head_dim = 2 * cfg.hidden_size / cfg.num_attention_heads;
+  EXPECT_LE((cpu_vs_cuda<models::Llama>(cfg, 3)), 1.0);
+}
+
 TEST(ModelsCuda, Bf16LlamaWithF32MastersLowersTheLoss) {
   INGOT_REQUIRE_CUDA();
   manual_seed(12);

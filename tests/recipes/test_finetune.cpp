@@ -263,6 +263,33 @@ TEST_F(Finetune, CompiledStepsFollowTheEagerRunInOneGraph) {
   }
 }
 
+// Qwen3 (per-head q/k norms before RoPE, a head_dim wider than hidden_size / heads): LoRA on q/k/v/o trains,
+// the norms stay frozen, the compiled step follows the eager one in one graph, and the merged export reloads as
+// a qwen3 checkpoint with the trained model's logits (its transformers parity: HFParity.*/qwen3_tiny).
+TEST_F(Finetune, Qwen3LoraTrainsAndCompiledStepsFollowTheEagerRun) {
+  const std::vector<std::string> common = {"max_steps=8", "train.lr=2.0e-2",
+                                           "lora.target_modules=[q_proj, k_proj, v_proj, o_proj]"};
+  TrainSummary e = run(config("lora_finetune", "qwen3_tiny", "q3_eager", common));
+  std::vector<std::string> comp = common;
+  comp.push_back("compile.enabled=true");
+  comp.push_back("compile.cache_dir=" + dir_.file("cache"));
+  TrainSummary c = run(config("lora_finetune", "qwen3_tiny", "q3_compiled", comp));
+  EXPECT_LT(e.final_loss, e.first_loss - 0.1) << log_.str();
+  EXPECT_NEAR(c.first_loss, e.first_loss, 1e-5 * e.first_loss);
+  EXPECT_NEAR(c.final_loss, e.final_loss, 1e-3 * e.final_loss) << log_.str();
+  EXPECT_EQ(c.graphs, 1) << log_.str();
+  EXPECT_EQ(c.graph_breaks, 0) << log_.str();
+  // The q/k norms are base weights: the adapter holds none of them.
+  for (auto& [name, t] : read_tensors(dir_.file("q3_eager/adapter/adapter_model.safetensors")))
+    EXPECT_EQ(name.find("_norm"), std::string::npos) << name;
+  models::HFModel merged = models::load_hf_model(dir_.file("q3_eager/hf"));
+  EXPECT_EQ(merged.config.model_type, "qwen3");
+  EXPECT_TRUE(merged.config.llama.qk_norm);
+  models::HFModel base = models::load_hf_model(std::string(kFixtures) + "qwen3_tiny");
+  EXPECT_EQ(merged.model->state_dict().at("model.layers.1.self_attn.k_norm.weight").to_vector(),
+            base.model->state_dict().at("model.layers.1.self_attn.k_norm.weight").to_vector());
+}
+
 // bench/reference/peft_lora.py's token file (int32 rows of seq_len + 1 ids): with as many rows as the batch,
 // every step trains on the same rows, so the first loss is the base model's mean loss over them, as the peft
 // reference computes it; compiled steps follow the eager ones (issue 24's comparison on the device).
@@ -502,7 +529,7 @@ TEST_F(Finetune, ExportsForTheTransformersCheck) {
   };
   for (Case c : {Case{"full_finetune", "gpt2_tiny", "chatml"}, Case{"full_finetune", "llama3_tiny", "llama3"},
                  Case{"full_finetune", "mistral_tiny", "chatml"}, Case{"lora_finetune", "qwen2_tiny", "chatml"},
-                 Case{"lora_finetune", "llama_tiny", "llama3"}}) {
+                 Case{"lora_finetune", "llama_tiny", "llama3"}, Case{"lora_finetune", "qwen3_tiny", "chatml"}}) {
     const std::string name = std::string(c.recipe) + "_" + c.model;
     std::vector<std::string> extra = {"max_steps=8", std::string("data.chat_template=") + c.template_name};
     if (std::string(c.recipe) == "lora_finetune" && std::string(c.model) == "llama_tiny")
