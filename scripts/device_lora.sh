@@ -42,7 +42,9 @@
 #           (100 rows of 2049 int32 ids, BOS then consecutive KJV text from Genesis 1:1: 819,600 bytes, 158 KB
 #           as xz); carry .device/text50_tokens.bin.xz. Rows must be TEXT_STEPS x BATCH of SEQ + 1 ids.
 #           TEXT_QLORA_EXTRA: more key=value for the QLoRA run only (e.g. train.activation_checkpointing=mlp).
-# Environment: LAYERS (decoder layers, default 32: the 8B shape), BATCH (2), SEQ (2048), STEPS (timed, 5), WARMUP
+# Environment: CONFIG (the model's config.json, default bench/configs/llama_8b/config.json; bench/configs/qwen3_8b's
+# is Qwen3-8B's shape, whose q/k norms ingot and transformers both run), LAYERS (decoder layers, default the config's: 32 for
+# the Llama, 36 for the Qwen3), BATCH (2), SEQ (2048), STEPS (timed, 5), WARMUP
 # (3, the first included), WORK (/tmp/ingot-lora), DEADLINE (540 s), INGOT_EXTRA (more key=value for ingot runs),
 # PEFT_EXTRA (more arguments for peft_lora.py, e.g. "--dtype f32" beside INGOT_EXTRA="dtype=f32": a parity check),
 # INGOT_BUILD (a build directory with bin/ingot already built: nothing is built; a CPU dry run uses it).
@@ -57,7 +59,7 @@ want() {
   (( $(date +%s) - start < ${DEADLINE:-540} )) || { echo "skipped $1: out of time"; return 1; }
 }
 steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(ingot peft budget ingot_eager)
-LAYERS=${LAYERS:-32} BATCH=${BATCH:-2} SEQ=${SEQ:-2048} STEPS=${STEPS:-5} WARMUP=${WARMUP:-3}
+LAYERS=${LAYERS:-} BATCH=${BATCH:-2} SEQ=${SEQ:-2048} STEPS=${STEPS:-5} WARMUP=${WARMUP:-3}
 WORK=${WORK:-/tmp/ingot-lora}; mkdir -p "$WORK"
 nvidia-smi -L | tee "$out/gpu.txt"
 src=$PWD
@@ -75,8 +77,10 @@ multi=/opt/deps/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$multi:$multi/openblas-pthread:${LD_LIBRARY_PATH:-}" PATH="$build/bin:$PATH"
 export INGOT_TEST_ROOT=$src INGOT_CONFIG_PATH=$src/configs OMP_WAIT_POLICY=passive
 
-config=$src/bench/configs/llama_8b/config.json
-ckpt=$WORK/ckpt_${LAYERS}l tokens=$WORK/tokens_${BATCH}x${SEQ}.bin
+config=$src/${CONFIG:-bench/configs/llama_8b/config.json}
+[[ -n $LAYERS ]] || LAYERS=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$config")
+tag=$(basename "$(dirname "$config")")  # llama_8b, qwen3_8b: each shape its own checkpoint and tokens
+ckpt=$WORK/ckpt_${tag}_${LAYERS}l tokens=$WORK/tokens_${tag}_${BATCH}x${SEQ}.bin
 ref() { python3 "$src/bench/reference/peft_lora.py" --config "$config" --layers "$LAYERS" --seq "$SEQ" "$@"; }
 # The checkpoint and tokens are made whenever they are missing (a fresh machine), whatever steps are named; they
 # count as made once written whole (.complete: a call cut off mid-write leaves a config.json before the weights).

@@ -26,7 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 
 def fully_shard_api():
@@ -140,7 +140,8 @@ def make_checkpoint(args, cfg):
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-            model = LlamaForCausalLM(cfg)
+            # The config's own class: LlamaForCausalLM for a LlamaConfig, Qwen3ForCausalLM for peft_lora.py's Qwen3.
+            model = AutoModelForCausalLM.from_config(cfg)
     finally:
         torch.set_default_dtype(prev)
     model.save_pretrained(args.make_checkpoint, safe_serialization=True)

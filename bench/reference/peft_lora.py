@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""transformers + peft reference for ingot's LoRA fine-tune on one GPU (issue 24): LlamaForCausalLM with a bf16 base
+"""transformers + peft reference for ingot's LoRA fine-tune on one GPU (issue 24): the config's causal LM (Llama, or
+any model_type transformers knows, as bench/configs/qwen3_8b's Qwen3) with a bf16 base
 from a Hugging Face checkpoint, peft LoRA (r 8, alpha 16, dropout 0, q/k/v/o by default; peft's default f32
 adapters), bf16 autocast as transformers' Trainer runs it with bf16=True, mean causal-LM cross entropy, AdamW
 (lr 1e-4, betas 0.9/0.999, no weight decay, fused) over the adapters. Eager and torch.compile(model). CUDA-event
@@ -25,9 +26,11 @@ import statistics
 import sys
 import time
 
+import json
+
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fsdp2_llama  # noqa: E402  (its checkpoint writer and token rows)
@@ -38,11 +41,11 @@ def load_base(args, cfg):
     dtype = torch.float32 if args.dtype == "f32" else torch.bfloat16
     if not args.checkpoint:
         with torch.device("cuda"):
-            return LlamaForCausalLM(cfg).to(dtype)
+            return AutoModelForCausalLM.from_config(cfg).to(dtype)
     try:
-        model = LlamaForCausalLM.from_pretrained(args.checkpoint, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=dtype)
     except TypeError:  # transformers < 4.56 names it torch_dtype
-        model = LlamaForCausalLM.from_pretrained(args.checkpoint, torch_dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(args.checkpoint, torch_dtype=dtype)
     return model.cuda()
 
 
@@ -108,6 +111,13 @@ def run(mode, args, cfg):
     torch.cuda.empty_cache()
 
 
+def load_config(path):
+    """The config.json at `path` as its model_type's config class (LlamaConfig, Qwen3Config, ...)."""
+    with open(path) as f:
+        d = json.load(f)
+    return AutoConfig.for_model(d.pop("model_type", "llama"), **d)
+
+
 def make_checkpoint(args, cfg):
     """fsdp2_llama's writer, with the model built on the GPU in bf16 when there is one."""
     a = copy.copy(args)
@@ -150,7 +160,7 @@ def main():
     p.add_argument("--make-tokens", default="")
     p.add_argument("--rows", type=int, default=2)
     args = p.parse_args()
-    cfg = LlamaConfig.from_json_file(args.config)
+    cfg = load_config(args.config)
     if args.layers:
         cfg.num_hidden_layers = args.layers
     # f32 parity runs: transformers' eager attention (exact f32 products) and no TF32 anywhere.

@@ -91,6 +91,20 @@ TEST(HFConfig, Qwen3NormalizesQAndKHeadsAndDefaultsItsHeadDimTo128) {
   EXPECT_THROW(models::hf_config_json(l, DType::f32), Error);
 }
 
+// The benchmarks' model shapes (scripts/device_lora.sh CONFIG=...) parse before a device call finds out.
+TEST(HFConfig, BenchmarkShapesParse) {
+  const std::string dir = std::string(INGOT_SOURCE_DIR) + "/bench/configs/";
+  HFConfig llama = models::load_hf_config(dir + "llama_8b/config.json");
+  EXPECT_EQ(llama.llama.num_hidden_layers, 32);
+  EXPECT_FALSE(llama.llama.qk_norm);
+  HFConfig qwen3 = models::load_hf_config(dir + "qwen3_8b/config.json");
+  EXPECT_TRUE(qwen3.llama.qk_norm);
+  EXPECT_EQ(qwen3.llama.num_hidden_layers, 36);
+  EXPECT_EQ(qwen3.llama.num_key_value_heads, 8);
+  EXPECT_EQ(qwen3.llama.intermediate_size, 12288);
+  EXPECT_EQ(qwen3.eos_token_ids, (std::vector<int64_t>{151645}));
+}
+
 TEST(HFConfig, MistralKeepsItsSlidingWindowAndDefaultsToEightKvHeads) {
   HFConfig c = parse_hf_config(R"({"model_type": "mistral", "vocab_size": 64, "hidden_size": 64,
     "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 8, "sliding_window": 4096})");
