@@ -32,7 +32,8 @@ TEST(FinetuneCli, LsListsTheRecipesAndTheirConfigs) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* s : {"full_finetune  fine-tune every weight", "lora_finetune  train LoRA adapters", "eval  perplexity",
                         "generate  continue a prompt", "    gpt2_full_finetune ", "    llama_full_finetune ",
-                        "    llama_lora_finetune ", "    qwen2_lora_finetune ", "    eval_perplexity ",
+                        "    llama_lora_finetune ", "    qwen2_lora_finetune ", "    qwen3_lora_finetune ",
+                        "    eval_perplexity ",
                         "    generate_text "})
     EXPECT_TRUE(has(r, s)) << s << "\n" << r.output;
 }
@@ -42,7 +43,7 @@ TEST(FinetuneCli, CatValidateAndRunHelpDescribeTheConfigs) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r, "recipe: lora_finetune")) << r.output;
   for (const char* c : {"gpt2_full_finetune", "llama_full_finetune", "llama_lora_finetune", "qwen2_lora_finetune",
-                        "eval_perplexity", "generate_text"}) {
+                        "qwen3_lora_finetune", "eval_perplexity", "generate_text"}) {
     r = ingot(std::string("validate ") + c + " device=cpu");
     EXPECT_EQ(r.exit_code, 0) << c << ": " << r.output;
   }
@@ -99,7 +100,7 @@ TEST(FinetuneCli, ARecipeNameRunSaysWhichBuiltInConfigItTookAndAKeyTypoPointsAtI
   Result r = ingot("run lora_finetune device=cpu max_steps=1 logging.plot=false output_dir=" + dir.file("run"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r, "configs/llama_lora_finetune.yaml (recipe 'lora_finetune': its built-in config "
-                     "'llama_lora_finetune' (also: qwen2_lora_finetune)) | output_dir " + dir.file("run")))
+                     "'llama_lora_finetune' (also: qwen2_lora_finetune, qwen3_lora_finetune)) | output_dir " + dir.file("run")))
       << r.output;
   r = ingot("validate lora_finetune device=cpu lora.rnk=4");
   EXPECT_EQ(r.exit_code, 2) << r.output;
