@@ -37,6 +37,9 @@ Tensor silu(const Tensor& a);
 Tensor relu2(const Tensor& a);  // relu(a)^2 (squared ReLU: Primer, modded-nanogpt)
 // silu(a) * b as one op (SwiGLU): a and b of one shape and floating dtype; its backward keeps a and b only.
 Tensor silu_mul(const Tensor& a, const Tensor& b);
+// silu(a + da) * (b + db) with the sums in f32 and one rounding (Note [SwiGLU of sums], autograd/ops/pointwise.cpp):
+// a LoRA MLP's gate and up outputs as base + adapter update. Four operands of one shape and floating dtype.
+Tensor silu_mul_sums(const Tensor& a, const Tensor& da, const Tensor& b, const Tensor& db);
 Tensor sin(const Tensor& a);
 Tensor cos(const Tensor& a);
 Tensor square(const Tensor& a);

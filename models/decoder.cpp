@@ -241,7 +241,16 @@ Tensor DecoderMLP::forward(const Tensor& x) { return forward_parts(x).sum(); }
 // twenty-ninth session).
 Tensor DecoderMLP::widen(const Tensor& x) {
   if (c_fc_) return gelu(c_fc_->forward(x), /*approximate_tanh=*/true);
-  return swiglu(gate_proj_->forward(x), up_proj_->forward(x));
+  // Note [Adapters of one input] (autograd/nn/lora.h): gate's and up's adapters share their A-product.
+  const std::vector<nn::LoRAParts> gu = nn::LoRALinear::forward_shared_input_parts({gate_proj_.get(), up_proj_.get()}, x);
+  const nn::LoRAParts &g = gu[0], &u = gu[1];
+  // Note [SwiGLU of sums] (autograd/ops/pointwise.cpp): with both adapted, in bf16 / f16, the updates are added in f32
+  // inside the activation; f32 / f64 sums are exact enough as they are.
+  const DType dt = g.base.dtype();
+  if (g.delta.defined() && u.delta.defined() && (dt == DType::bf16 || dt == DType::f16) && !rounded_sums() &&
+      g.delta.dtype() == dt && u.base.dtype() == dt && u.delta.dtype() == dt && g.base.shape() == u.base.shape())
+    return silu_mul_sums(g.base, g.delta, u.base, u.delta);
+  return swiglu(g.sum(), u.sum());
 }
 
 nn::LoRAParts DecoderMLP::narrow(const Tensor& h) {
@@ -281,8 +290,8 @@ namespace {
 // rounds them (tests/models/test_lora.cpp). A compiled step fuses these casts and adds into the kernel of the
 // residual add and the next norm, as it did with the rounded sum (which is why compiled runs kept o_proj's update and
 // eager ones did not: bench/RESULTS.md 2026-11-27, twenty-fifth session), with delta written in f32 by its product;
-// an eager one pays two more elementwise passes per LoRA projection. (gate_proj's and up_proj's sums still meet the SwiGLU rounded in eager steps, as in
-// peft's; compiled steps fuse them into its kernel.)
+// an eager one pays two more elementwise passes per LoRA projection. (gate_proj's and up_proj's updates are added
+// inside the SwiGLU instead: Note [SwiGLU of sums], autograd/ops/pointwise.cpp.)
 Tensor residual_add(const Tensor& x, const nn::LoRAParts& p) {
   if (!p.delta.defined() || rounded_sums()) return add(x, p.sum());
   if (x.dtype() == DType::f32 || x.dtype() == DType::f64) return add(add(x, p.base), p.delta);

@@ -214,6 +214,60 @@ TEST(LoRA, ATinyDownProjUpdateReachesABf16BlocksOutputWithTheF64ChangesSign) {
   EXPECT_GE(agree, moved * 9 / 10) << moved << " moved";
 }
 
+// Note [SwiGLU of sums]: tiny gate_proj and up_proj updates (B of 2e-5) move a bf16 MLP's widened output where the
+// f64 result rounded to bf16 moves (one rounding), and the way f64 moves it. Rounding gate's and up's sums before the
+// activation (INGOT_LORA_ROUNDED_SUMS=1) moved 1,993 outputs where one rounding moves 3,549.
+TEST(LoRA, TinyGateAndUpUpdatesMoveABf16MlpAsOneRoundingOfF64Does) {
+  manual_seed(17);
+  models::LlamaConfig cfg = testing::tiny_llama_config();
+  cfg.hidden_size = 64;
+  cfg.intermediate_size = 128;
+  cfg.num_hidden_layers = 1;
+  models::Llama model(cfg);
+  nn::apply_lora(model, {.rank = 4, .alpha = 8, .dropout = 0.0, .target_modules = {"gate_proj", "up_proj"}});
+  model.eval();
+  std::shared_ptr<models::DecoderMLP> mlp;
+  for (auto& [name, m] : model.named_modules())
+    if (auto p = std::dynamic_pointer_cast<models::DecoderMLP>(m)) mlp = p;
+  ASSERT_TRUE(mlp);
+  const Tensor x0 = randn({8, 16, cfg.hidden_size});
+  perturb_adapters(model, 2e-5);
+  model.to(DType::bf16);
+  std::vector<Tensor> tiny;
+  for (auto& [name, t] : nn::lora_state_dict(model))
+    if (name.find("lora_B") != std::string::npos) tiny.push_back(t.clone_raw());
+  ASSERT_EQ(tiny.size(), 2u);
+  // The MLP's widened output with the updates and without, in f64.
+  auto outputs = [&](DType dt) {
+    NoGradGuard ng;
+    std::vector<Tensor> bs;
+    for (auto& [name, t] : nn::lora_state_dict(model))
+      if (name.find("lora_B") != std::string::npos) bs.push_back(t);
+    for (size_t i = 0; i < bs.size(); ++i) bs[i].copy_(tiny[i].to(dt));
+    const Tensor with = mlp->widen(x0.to(dt)).to(DType::f64);
+    for (Tensor& b : bs) b.copy_(zeros(b.shape(), dt));
+    return std::pair{with, mlp->widen(x0.to(dt)).to(DType::f64)};
+  };
+  const auto [w16, wo16] = outputs(DType::bf16);
+  model.to(DType::f64);  // the same (bf16-rounded) weights, computed in f64
+  const auto [w64, wo64] = outputs(DType::f64);
+  const std::vector<double> got = sub(w16, wo16).to_vector(), exact = sub(w64, wo64).to_vector();
+  // Where one rounding of the f64 values to bf16 moves.
+  const std::vector<double> ideal = sub(w64.to(DType::bf16).to(DType::f64), wo64.to(DType::bf16).to(DType::f64)).to_vector();
+  int moved = 0, agree = 0, should = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    should += ideal[i] != 0;
+    if (got[i] != 0) {
+      ++moved;
+      agree += (got[i] > 0) == (exact[i] > 0);
+    }
+  }
+  std::printf("[ lora     ] gate/up updates moved %d of %zu bf16 outputs (%d the way f64 does); one rounding of f64 "
+              "moves %d\n", moved, got.size(), agree, should);
+  EXPECT_GE(moved, should * 9 / 10) << "of " << got.size() << " outputs";
+  EXPECT_GE(agree, moved * 9 / 10) << moved << " moved";
+}
+
 TEST(LoRA, OnlyAdaptersAreTrainableAndOnlyTheyReceiveGradients) {
   manual_seed(13);
   models::GPT2 model(testing::tiny_gpt2_config());
@@ -276,6 +330,58 @@ TEST(LoRA, AFrozenHeadsLossWithoutTheLogitsEqualsTheLossOfTheLogits) {
   adapted_head.to(DType::f64);
   nn::apply_lora(adapted_head, {.rank = 2, .alpha = 4, .dropout = 0.0, .target_modules = {"q_proj", "lm_head"}});
   check(adapted_head, adapted_head, "llama, adapted lm_head (through the logits)");
+}
+
+// Every adapter of every projection (attention and MLP, all-linear) gets the gradient of the chain rule through its
+// merged weight W' = W + s B A: with G = dL/dW' (a copy of the model with W' trainable), dB = s G A^T and
+// dA = s B^T G. f32 on the CPU, for Llama (SwiGLU) and GPT-2 (fused c_attn, GELU).
+TEST(LoRA, EveryAdaptersGradientIsTheChainRuleThroughItsMergedWeight) {
+  for (const char* name : {"llama_tiny", "gpt2_tiny"}) {
+    SCOPED_TRACE(name);
+    manual_seed(23);
+    models::HFModel m = models::load_hf_model(fixture(name));
+    models::HFModel merged = models::load_hf_model(fixture(name));
+    const std::vector<std::string> all_linear =
+        std::string(name) == "gpt2_tiny"
+            ? std::vector<std::string>{"c_attn", "c_proj", "c_fc"}
+            : std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    const LoRAConfig cfg{.rank = 4, .alpha = 8, .dropout = 0.0, .target_modules = all_linear};
+    const std::vector<std::string> adapted = nn::apply_lora(*m.model, cfg);
+    ASSERT_GE(adapted.size(), 8u);
+    perturb_adapters(*m.model, 0.1);
+    std::map<std::string, std::shared_ptr<nn::Module>> mods;
+    for (auto& [n, mod] : m.model->named_modules()) mods[n] = mod;
+    std::map<std::string, Tensor> targets;
+    for (auto& [n, p] : merged.model->named_parameters()) targets[n] = p;
+    for (const std::string& a : adapted) {
+      auto l = std::dynamic_pointer_cast<LoRALinear>(mods.at(a));
+      Tensor w = targets.at(a + ".weight");
+      w.copy_(l->merged_weight());
+    }
+    Tensor ids = SafetensorsFile::open(fixture(name) + "/reference.safetensors").get("input_ids");
+    Tensor tgt = models::shifted_targets(ids);
+    Tensor loss = m.model->loss(ids, tgt), loss_merged = merged.model->loss(ids, tgt);
+    EXPECT_NEAR(loss.item(), loss_merged.item(), 1e-5 * std::abs(loss.item()));
+    loss.backward();
+    loss_merged.backward();
+    std::map<std::string, Tensor> lora;
+    for (auto& [n, t] : nn::lora_state_dict(*m.model)) lora[n] = t;
+    for (const std::string& a : adapted) {
+      SCOPED_TRACE(a);
+      auto l = std::dynamic_pointer_cast<LoRALinear>(mods.at(a));
+      const Tensor A = lora.at(a + ".lora_A.weight"), B = lora.at(a + ".lora_B.weight");
+      Tensor G = targets.at(a + ".weight").grad();
+      ASSERT_TRUE(G.defined() && A.grad().defined() && B.grad().defined());
+      // GPT-2's Conv1D weights are [in, out] in the checkpoint but [out, in] here, as W' = W + s B A.
+      const double s = l->lora_scale();
+      Tensor want_b = mul(matmul(G, transpose(A, 0, 1)), s), want_a = mul(matmul(transpose(B, 0, 1), G), s);
+      EXPECT_LE(max_rel_error(B.grad(), want_b, 1e-4, 1e-6), 1.0) << "dB";
+      EXPECT_LE(max_rel_error(A.grad(), want_a, 1e-4, 1e-6), 1.0) << "dA";
+      double largest = 0;
+      for (double v : want_b.to_vector()) largest = std::max(largest, std::abs(v));
+      EXPECT_GT(largest, 1e-6) << "the chain rule's dB must not be zero for the check to mean anything";
+    }
+  }
 }
 
 TEST(LoRA, AdamWOnTheAdaptersAloneLowersTheLossAndLeavesTheBaseUnchanged) {

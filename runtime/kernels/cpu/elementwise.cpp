@@ -170,6 +170,14 @@ void silu_mul_fwd(const Tensor& out, const Tensor& a, const Tensor& b) {
   else elementwise<float, 2>(out, {&a, &b}, body);
 }
 
+void silu_mul_sums_fwd(const Tensor& out, const Tensor& a, const Tensor& da, const Tensor& b, const Tensor& db) {
+  auto body = [](auto* o, const auto* const* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) o[i] = ig_math::silu(x[0][i] + x[1][i]) * (x[2][i] + x[3][i]);
+  };
+  if (needs_double({out.dtype()})) elementwise<double, 4>(out, {&a, &da, &b, &db}, body);
+  else elementwise<float, 4>(out, {&a, &da, &b, &db}, body);
+}
+
 namespace {
 
 // Two outputs, so not the one-output elementwise driver: contiguous chunks loaded into Acc buffers.

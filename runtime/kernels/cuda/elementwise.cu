@@ -331,6 +331,11 @@ struct SiluMulFn {
   __device__ A operator()(const A (&x)[2]) const { return ig_math::silu(x[0]) * x[1]; }
 };
 
+template <typename A>
+struct SiluMulSumsFn {
+  __device__ A operator()(const A (&x)[4]) const { return ig_math::silu(x[0] + x[1]) * (x[2] + x[3]); }
+};
+
 // da, db (either may be null), dy, a, b: n contiguous elements of T each.
 template <typename T>
 __global__ void silu_mul_bwd_kernel(T* da, T* db, const T* dy, const T* a, const T* b, int64_t n) {
@@ -452,6 +457,14 @@ void silu_mul_fwd(const Tensor& out, const Tensor& a, const Tensor& b) {
   check_same_device("silu_mul", {&out, &a, &b});
   if (needs_double({out.dtype()})) launch<double, 3>("silu_mul", {&out, &a, &b}, SiluMulFn<double>{});
   else launch<float, 3>("silu_mul", {&out, &a, &b}, SiluMulFn<float>{});
+}
+
+void silu_mul_sums_fwd(const Tensor& out, const Tensor& a, const Tensor& da, const Tensor& b, const Tensor& db) {
+  check_same_device("silu_mul_sums", {&out, &a, &da, &b, &db});
+  if (needs_double({out.dtype()}))
+    launch<double, 5>("silu_mul_sums", {&out, &a, &da, &b, &db}, SiluMulSumsFn<double>{});
+  else
+    launch<float, 5>("silu_mul_sums", {&out, &a, &da, &b, &db}, SiluMulSumsFn<float>{});
 }
 
 void silu_mul_bwd(const Tensor& da, const Tensor& db, const Tensor& dy, const Tensor& a, const Tensor& b) {
