@@ -40,6 +40,8 @@ Tensor silu_mul(const Tensor& a, const Tensor& b);
 // silu(a + da) * (b + db) with the sums in f32 and one rounding (Note [SwiGLU of sums], autograd/ops/pointwise.cpp):
 // a LoRA MLP's gate and up outputs as base + adapter update. Four operands of one shape and floating dtype.
 Tensor silu_mul_sums(const Tensor& a, const Tensor& da, const Tensor& b, const Tensor& db);
+// gelu(a + da) (tanh approximation) with the sum in f32 and one rounding: GPT-2's c_fc as base + adapter update.
+Tensor gelu_tanh_sum(const Tensor& a, const Tensor& da);
 Tensor sin(const Tensor& a);
 Tensor cos(const Tensor& a);
 Tensor square(const Tensor& a);

@@ -240,7 +240,14 @@ Tensor DecoderMLP::forward(const Tensor& x) { return forward_parts(x).sum(); }
 // keeps 0.20-0.24 GB more (the 8B, QLoRA at 2 x 2048) and saves 1.3-1.9 ms of products (H200: bench/RESULTS.md,
 // twenty-ninth session).
 Tensor DecoderMLP::widen(const Tensor& x) {
-  if (c_fc_) return gelu(c_fc_->forward(x), /*approximate_tanh=*/true);
+  if (c_fc_) {
+    // Note [SwiGLU of sums] (autograd/ops/pointwise.cpp), GPT-2's GELU: c_fc's update added inside the activation.
+    const nn::LoRAParts p = c_fc_->forward_parts(x);
+    const DType dt = p.base.dtype();
+    if (p.delta.defined() && (dt == DType::bf16 || dt == DType::f16) && !rounded_sums() && p.delta.dtype() == dt)
+      return gelu_tanh_sum(p.base, p.delta);
+    return gelu(p.sum(), /*approximate_tanh=*/true);
+  }
   // Note [Adapters of one input] (autograd/nn/lora.h): gate's and up's adapters share their A-product.
   const std::vector<nn::LoRAParts> gu = nn::LoRALinear::forward_shared_input_parts({gate_proj_.get(), up_proj_.get()}, x);
   const nn::LoRAParts &g = gu[0], &u = gu[1];

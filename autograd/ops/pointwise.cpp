@@ -476,6 +476,44 @@ class SiluMulSumsPrim final : public Primitive, public KernelLowering {
   }
 };
 
+// GPT-2's MLP the same way: gelu_tanh_sum(a, da) = gelu_tanh(a + da), the sum in f32 and one rounding (c_fc's base
+// and adapter update); its backward runs at round(a + da), which it writes as a second output and keeps (as gelu of
+// the rounded sum kept it).
+class GeluTanhSumPrim final : public Primitive, public KernelLowering {
+ public:
+  std::string_view name() const override { return "gelu_tanh_sum"; }
+  // a, da -> out, round(a + da)
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    const TensorMeta m = silu_mul_meta(in, "gelu_tanh_sum");
+    return {m, m};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    auto out = alloc_outputs(infer(metas_of(in)));
+    if (out[0].numel() == 0) return out;
+    const Device d = in[0].device();
+    // The sum in f32 (f64 stays f64), then the activation rounded once into out[0].
+    const DType wide = in[0].dtype() == DType::f64 ? DType::f64 : DType::f32;
+    const Tensor sum = empty(in[0].shape(), wide, d);
+    INGOT_KERNEL_CALL(d, binary, BinaryOp::Add, sum, in[0].contiguous_raw(), in[1].contiguous_raw());
+    INGOT_KERNEL_CALL(d, unary, UnaryOp::GeluTanh, out[0], sum, 0.0);
+    INGOT_KERNEL_CALL(d, binary, BinaryOp::Add, out[1], in[0].contiguous_raw(), in[1].contiguous_raw());
+    return out;
+  }
+  bool saves_input(size_t) const override { return false; }
+  bool saves_output(size_t i) const override { return i == 1; }
+  FusionKind fusion_kind() const override { return FusionKind::Pointwise; }
+  std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
+    if (!g[0].defined()) return {Tensor(), Tensor()};
+    const Tensor d = binary_raw(BinaryOp::GeluTanhGrad, c.outputs[1], cast(g[0], c.input_meta[0].dtype));
+    return {c.needs_grad[0] ? d : Tensor(), c.needs_grad[1] ? d : Tensor()};
+  }
+  std::vector<int> lower(LowerContext& cx) const override {
+    codegen::KernelSpec& k = cx.spec();
+    const int s = k.binary(KOp::Add, cx.input(0), cx.input(1));
+    return {k.unary(KOp::GeluTanh, s), s};
+  }
+};
+
 Tensor unary(UnaryOp op, const Tensor& x, double alpha = 0.0) {
   return apply1(std::make_shared<UnaryPrim>(op, alpha), {x});
 }
@@ -515,6 +553,9 @@ Tensor gelu(const Tensor& a, bool approximate_tanh) {
 Tensor silu(const Tensor& a) { return unary(UnaryOp::Silu, a); }
 Tensor relu2(const Tensor& a) { return apply1(std::make_shared<Relu2Prim>(), {a}); }
 Tensor silu_mul(const Tensor& a, const Tensor& b) { return apply1(std::make_shared<SiluMulPrim>(), {a, b}); }
+Tensor gelu_tanh_sum(const Tensor& a, const Tensor& da) {
+  return apply(std::make_shared<GeluTanhSumPrim>(), {a, da})[0];
+}
 Tensor silu_mul_sums(const Tensor& a, const Tensor& da, const Tensor& b, const Tensor& db) {
   return apply(std::make_shared<SiluMulSumsPrim>(), {a, da, b, db})[0];
 }

@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <array>
 #include <filesystem>
 
 #include "../testing.h"
 #include "autograd/nn/lora.h"
 #include "models/decoder.h"
+#include "models/gpt2.h"
 #include "models/hf_checkpoint.h"
 #include "models/peft.h"
 #include "optim/optimizer.h"
@@ -214,29 +216,25 @@ TEST(LoRA, ATinyDownProjUpdateReachesABf16BlocksOutputWithTheF64ChangesSign) {
   EXPECT_GE(agree, moved * 9 / 10) << moved << " moved";
 }
 
-// Note [SwiGLU of sums]: tiny gate_proj and up_proj updates (B of 2e-5) move a bf16 MLP's widened output where the
-// f64 result rounded to bf16 moves (one rounding), and the way f64 moves it. Rounding gate's and up's sums before the
-// activation (INGOT_LORA_ROUNDED_SUMS=1) moved 1,993 outputs where one rounding moves 3,549.
-TEST(LoRA, TinyGateAndUpUpdatesMoveABf16MlpAsOneRoundingOfF64Does) {
+// Note [SwiGLU of sums]: tiny updates (B of 2e-5) of the MLP's widening projections move a bf16 MLP's widened output
+// where the f64 result rounded to bf16 moves (one rounding), and the way f64 moves it. Returns {moved, agreeing,
+// moved by one rounding of f64}.
+template <typename Model, typename Config>
+std::array<int, 3> tiny_widening_updates(Config cfg, const std::vector<std::string>& targets) {
   manual_seed(17);
-  models::LlamaConfig cfg = testing::tiny_llama_config();
-  cfg.hidden_size = 64;
-  cfg.intermediate_size = 128;
-  cfg.num_hidden_layers = 1;
-  models::Llama model(cfg);
-  nn::apply_lora(model, {.rank = 4, .alpha = 8, .dropout = 0.0, .target_modules = {"gate_proj", "up_proj"}});
+  Model model(cfg);
+  nn::apply_lora(model, {.rank = 4, .alpha = 8, .dropout = 0.0, .target_modules = targets});
   model.eval();
   std::shared_ptr<models::DecoderMLP> mlp;
   for (auto& [name, m] : model.named_modules())
     if (auto p = std::dynamic_pointer_cast<models::DecoderMLP>(m)) mlp = p;
-  ASSERT_TRUE(mlp);
-  const Tensor x0 = randn({8, 16, cfg.hidden_size});
+  EXPECT_TRUE(mlp);
+  const Tensor x0 = randn({8, 16, 64});
   perturb_adapters(model, 2e-5);
   model.to(DType::bf16);
   std::vector<Tensor> tiny;
   for (auto& [name, t] : nn::lora_state_dict(model))
     if (name.find("lora_B") != std::string::npos) tiny.push_back(t.clone_raw());
-  ASSERT_EQ(tiny.size(), 2u);
   // The MLP's widened output with the updates and without, in f64.
   auto outputs = [&](DType dt) {
     NoGradGuard ng;
@@ -252,19 +250,39 @@ TEST(LoRA, TinyGateAndUpUpdatesMoveABf16MlpAsOneRoundingOfF64Does) {
   model.to(DType::f64);  // the same (bf16-rounded) weights, computed in f64
   const auto [w64, wo64] = outputs(DType::f64);
   const std::vector<double> got = sub(w16, wo16).to_vector(), exact = sub(w64, wo64).to_vector();
-  // Where one rounding of the f64 values to bf16 moves.
   const std::vector<double> ideal = sub(w64.to(DType::bf16).to(DType::f64), wo64.to(DType::bf16).to(DType::f64)).to_vector();
-  int moved = 0, agree = 0, should = 0;
+  std::array<int, 3> r{0, 0, 0};
   for (size_t i = 0; i < got.size(); ++i) {
-    should += ideal[i] != 0;
+    r[2] += ideal[i] != 0;
     if (got[i] != 0) {
-      ++moved;
-      agree += (got[i] > 0) == (exact[i] > 0);
+      ++r[0];
+      r[1] += (got[i] > 0) == (exact[i] > 0);
     }
   }
-  std::printf("[ lora     ] gate/up updates moved %d of %zu bf16 outputs (%d the way f64 does); one rounding of f64 "
-              "moves %d\n", moved, got.size(), agree, should);
-  EXPECT_GE(moved, should * 9 / 10) << "of " << got.size() << " outputs";
+  std::printf("[ lora     ] %s updates moved %d of %zu bf16 outputs (%d the way f64 does); one rounding of f64 moves %d\n",
+              targets[0].c_str(), r[0], got.size(), r[1], r[2]);
+  return r;
+}
+
+// Rounding gate's and up's sums before the activation (INGOT_LORA_ROUNDED_SUMS=1) moved 1,993 outputs where one
+// rounding moves 3,612.
+TEST(LoRA, TinyGateAndUpUpdatesMoveABf16MlpAsOneRoundingOfF64Does) {
+  models::LlamaConfig cfg = testing::tiny_llama_config();
+  cfg.hidden_size = 64;
+  cfg.intermediate_size = 128;
+  cfg.num_hidden_layers = 1;
+  const auto [moved, agree, should] = tiny_widening_updates<models::Llama>(cfg, {"gate_proj", "up_proj"});
+  EXPECT_GE(moved, should * 9 / 10);
+  EXPECT_GE(agree, moved * 9 / 10) << moved << " moved";
+}
+
+// GPT-2's GELU (gelu_tanh_sum): the rounded sum moved 2,027 outputs where one rounding moves 3,881.
+TEST(LoRA, TinyCFcUpdatesMoveABf16Gpt2MlpAsOneRoundingOfF64Does) {
+  models::GPT2Config cfg = testing::tiny_gpt2_config();
+  cfg.n_embd = 64;
+  cfg.n_layer = 1;
+  const auto [moved, agree, should] = tiny_widening_updates<models::GPT2>(cfg, {"c_fc"});
+  EXPECT_GE(moved, should * 9 / 10);
   EXPECT_GE(agree, moved * 9 / 10) << moved << " moved";
 }
 

@@ -91,6 +91,8 @@ const std::vector<OpCase>& op_list() {
         {"silu_mul_sums",
          [](DType dt) { return V{normal({3, 5}, dt), normal({3, 5}, dt), normal({3, 5}, dt), normal({3, 5}, dt)}; },
          [](const V& x) { return V{silu_mul_sums(x[0], x[1], x[2], x[3])}; }},
+        {"gelu_tanh_sum", [](DType dt) { return V{normal({3, 5}, dt), normal({3, 5}, dt)}; },
+         [](const V& x) { return V{gelu_tanh_sum(x[0], x[1])}; }},
         {"gelu_tanh", [](DType dt) { return V{normal({3, 5}, dt)}; }, [](const V& x) { return V{gelu(x[0], true)}; }},
         {"gelu_erf", [](DType dt) { return V{normal({3, 5}, dt)}; }, [](const V& x) { return V{gelu(x[0], false)}; }},
         {"pow_scalar", [](DType dt) { return V{positive({3, 5}, dt)}; }, [](const V& x) { return V{pow(x[0], 2.5)}; }},
