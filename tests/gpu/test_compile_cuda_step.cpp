@@ -156,6 +156,15 @@ TEST(CompileCudaStep, ReduceOverheadBf16LlamaMatchesEager) {
   EXPECT_GE(comp.stats.cuda_graphs, 1);
 }
 
+// Rank-4 adapters on q/k/v/o, after a bf16 compute dtype when `bf16`: what the LoRA step tests apply to a model.
+auto qkvo_lora(bool bf16) {
+  return [bf16](auto& m) {
+    if (bf16) m->set_compute_dtype(DType::bf16);
+    nn::apply_lora(*m, {.rank = 4, .alpha = 8, .dropout = 0.0,
+                        .target_modules = std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}});
+  };
+}
+
 // LoRA on the GPU (rank 4 on q/k/v/o, B starting at zero as in a fine-tune, AdamW inside the compiled step on
 // the adapters alone): the compiled steps follow the eager ones from the first compiled call on, and so does each
 // step's loss change, which is what the previous update did to the adapters' output. A compiled step that read
@@ -167,11 +176,7 @@ TEST(CompileCudaStep, LoraLlamaFollowsEagerFromTheFirstCompiledCall) {
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16" : "f32");
     TempDir dir("ingot-compile-cuda-");
-    auto lora = [bf16](auto& m) {
-      if (bf16) m->set_compute_dtype(DType::bf16);
-      nn::apply_lora(*m, {.rank = 4, .alpha = 8, .dropout = 0.0,
-                          .target_modules = std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}});
-    };
+    const auto lora = qkvo_lora(bf16);
     const StepRun eager = train_steps(tiny_llama, false, 6, {}, 2, 16, kGpu, lora);
     const StepRun comp = train_steps(tiny_llama, true, 6, fresh_cache(dir), 2, 16, kGpu, lora);
     const double tol = bf16 ? 1e-2 : 1e-4;
@@ -204,11 +209,7 @@ TEST(CompileCudaStep, LoraQwen3FollowsEager) {
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16" : "f32");
     TempDir dir("ingot-compile-cuda-");
-    auto lora = [bf16](auto& m) {
-      if (bf16) m->set_compute_dtype(DType::bf16);
-      nn::apply_lora(*m, {.rank = 4, .alpha = 8, .dropout = 0.0,
-                          .target_modules = std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}});
-    };
+    const auto lora = qkvo_lora(bf16);
     const StepRun eager = train_steps(qwen3, false, 6, {}, 2, 16, kGpu, lora);
     const StepRun comp = train_steps(qwen3, true, 6, fresh_cache(dir), 2, 16, kGpu, lora);
     const double tol = bf16 ? 1e-2 : 1e-4;
