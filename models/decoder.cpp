@@ -223,6 +223,14 @@ Tensor swiglu(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return mul(silu(a), b);
   return silu_mul(a, b);
 }
+
+// Note [SwiGLU of sums] (autograd/ops/pointwise.cpp): whether a projection's update is added inside the activation,
+// in f32: an adapted bf16 / f16 projection (f32 / f64 sums are exact enough as they are). A delta always has its
+// base's dtype (LoRALinear::forward_parts).
+bool adds_inside_activation(const nn::LoRAParts& p) {
+  const DType dt = p.base.dtype();
+  return p.delta.defined() && (dt == DType::bf16 || dt == DType::f16) && !rounded_sums();
+}
 }  // namespace
 
 Tensor DecoderMLP::forward(const Tensor& x) { return forward_parts(x).sum(); }
@@ -241,22 +249,15 @@ Tensor DecoderMLP::forward(const Tensor& x) { return forward_parts(x).sum(); }
 // twenty-ninth session).
 Tensor DecoderMLP::widen(const Tensor& x) {
   if (c_fc_) {
-    // Note [SwiGLU of sums] (autograd/ops/pointwise.cpp), GPT-2's GELU: c_fc's update added inside the activation.
     const nn::LoRAParts p = c_fc_->forward_parts(x);
-    const DType dt = p.base.dtype();
-    if (p.delta.defined() && (dt == DType::bf16 || dt == DType::f16) && !rounded_sums() && p.delta.dtype() == dt)
-      return gelu_tanh_sum(p.base, p.delta);
+    if (adds_inside_activation(p)) return gelu_tanh_sum(p.base, p.delta);
     return gelu(p.sum(), /*approximate_tanh=*/true);
   }
-  // Note [Adapters of one input] (autograd/nn/lora.h): gate's and up's adapters share their A-product.
+  // Note [Adapters of one input] (autograd/nn/lora.h): gate's and up's adapters share their A-product. Gate and up
+  // read one input in one compute dtype, so their outputs share shape and dtype.
   const std::vector<nn::LoRAParts> gu = nn::LoRALinear::forward_shared_input_parts({gate_proj_.get(), up_proj_.get()}, x);
   const nn::LoRAParts &g = gu[0], &u = gu[1];
-  // Note [SwiGLU of sums] (autograd/ops/pointwise.cpp): with both adapted, in bf16 / f16, the updates are added in f32
-  // inside the activation; f32 / f64 sums are exact enough as they are.
-  const DType dt = g.base.dtype();
-  if (g.delta.defined() && u.delta.defined() && (dt == DType::bf16 || dt == DType::f16) && !rounded_sums() &&
-      g.delta.dtype() == dt && u.base.dtype() == dt && u.delta.dtype() == dt && g.base.shape() == u.base.shape())
-    return silu_mul_sums(g.base, g.delta, u.base, u.delta);
+  if (adds_inside_activation(g) && adds_inside_activation(u)) return silu_mul_sums(g.base, g.delta, u.base, u.delta);
   return swiglu(g.sum(), u.sum());
 }
 

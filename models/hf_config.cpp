@@ -328,9 +328,9 @@ std::string hf_config_json(const HFConfig& cfg, DType dtype) {
          {"max_position_embeddings", c.max_position_embeddings},
          {"initializer_range", c.initializer_range},
          {"tie_word_embeddings", c.tie_word_embeddings}};
-    if (c.head_dim > 0) j["head_dim"] = c.head_dim;
-    // Qwen3's head_dim defaults to 128, not hidden_size / heads: always written.
-    if (c.model_type == "qwen3") j["head_dim"] = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads;
+    // Qwen3's head_dim defaults to 128, not hidden_size / heads: always written for it.
+    if (c.head_dim > 0 || c.model_type == "qwen3")
+      j["head_dim"] = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads;
     if (c.model_type == "qwen2") {
       INGOT_CHECK(c.attention_bias && !c.attention_out_bias && !c.mlp_bias,
                   "Hugging Face export: a qwen2 model has q/k/v biases only");

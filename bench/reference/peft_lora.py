@@ -21,12 +21,11 @@ every step trains on the same batch, so the losses of the first steps compare on
 """
 import argparse
 import copy
+import json
 import os
 import statistics
 import sys
 import time
-
-import json
 
 import torch
 import torch.nn.functional as F

@@ -72,6 +72,12 @@ class Finetune : public ::testing::Test {
     c.validate(recipe == "lora_finetune" ? lora_finetune_schema() : full_finetune_schema());
     return c;
   }
+  // `overrides` with the step compiled, into this test's cache directory.
+  std::vector<std::string> compiled(std::vector<std::string> overrides) {
+    overrides.push_back("compile.enabled=true");
+    overrides.push_back("compile.cache_dir=" + dir_.file("cache"));
+    return overrides;
+  }
   TrainSummary run(const Config& c, int64_t halt = 0) {
     FinetuneSettings s = resolve_finetune(c);
     s.halt_after_steps = halt;
@@ -251,9 +257,7 @@ TEST_F(Finetune, CompiledStepsFollowTheEagerRunInOneGraph) {
     SCOPED_TRACE(recipe);
     const std::vector<std::string> common = {"max_steps=6", "train.grad_clip=0.5", "train.gradient_accumulation_steps=2"};
     TrainSummary e = run(config(recipe, "llama_tiny", "eager", common));
-    std::vector<std::string> comp = common;
-    comp.push_back("compile.enabled=true");
-    comp.push_back("compile.cache_dir=" + dir_.file("cache"));
+    const std::vector<std::string> comp = compiled(common);
     TrainSummary c = run(config(recipe, "llama_tiny", "compiled", comp));
     EXPECT_NEAR(c.first_loss, e.first_loss, 1e-5 * e.first_loss);
     EXPECT_NEAR(c.final_loss, e.final_loss, 1e-3 * e.final_loss) << log_.str();
@@ -270,9 +274,7 @@ TEST_F(Finetune, Qwen3LoraTrainsAndCompiledStepsFollowTheEagerRun) {
   const std::vector<std::string> common = {"max_steps=8", "train.lr=2.0e-2",
                                            "lora.target_modules=[q_proj, k_proj, v_proj, o_proj]"};
   TrainSummary e = run(config("lora_finetune", "qwen3_tiny", "q3_eager", common));
-  std::vector<std::string> comp = common;
-  comp.push_back("compile.enabled=true");
-  comp.push_back("compile.cache_dir=" + dir_.file("cache"));
+  const std::vector<std::string> comp = compiled(common);
   TrainSummary c = run(config("lora_finetune", "qwen3_tiny", "q3_compiled", comp));
   EXPECT_LT(e.final_loss, e.first_loss - 0.1) << log_.str();
   EXPECT_NEAR(c.first_loss, e.first_loss, 1e-5 * e.first_loss);
@@ -307,9 +309,7 @@ TEST_F(Finetune, LoraOnTokenRowsStartsFromTheBaseModelsLossOverThoseRows) {
                                            "train.warmup_steps=0", "lora.merge_on_export=false",
                                            "lora.target_modules=[q_proj, k_proj, v_proj, o_proj]"};
   TrainSummary e = run(config("lora_finetune", "llama_tiny", "eager", common));
-  std::vector<std::string> comp = common;
-  comp.push_back("compile.enabled=true");
-  comp.push_back("compile.cache_dir=" + dir_.file("cache"));
+  const std::vector<std::string> comp = compiled(common);
   TrainSummary c = run(config("lora_finetune", "llama_tiny", "compiled", comp));
 
   models::HFModel base = models::load_hf_model(std::string(kFixtures) + "llama_tiny");
