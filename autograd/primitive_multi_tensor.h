@@ -19,7 +19,7 @@ namespace ingot {
 
 // The update as one KernelSpec of kind MultiTensor: buffer slots are the input slots then the output slots,
 // each output aliasing the input it updates (state_slots()). Its run-time scalars are {lr, 1 - lr * weight_decay, grad_scale,
-// 1 - beta1^step, 1 - beta2^step}, which the executor computes per call from row hyper_row of the hyper
+// 1 - beta1^step, 1 - beta2^step, step}, which the executor computes per call from row hyper_row of the hyper
 // tensor {lr, step, grad_scale} (compile/exec/kernel_step.cpp).
 struct MultiTensorKernel {
   codegen::KernelSpec spec;

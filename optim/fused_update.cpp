@@ -158,8 +158,9 @@ class SgdUpdatePrim final : public Primitive, public HorizontalUpdate, public In
 };
 
 // The update of one element in the f32 arithmetic of runtime/kernels/cpu/optim.cpp, in its order. Scalars: 0 lr,
-// 1 decay = 1 - lr * weight_decay, 2 grad scale, 3 bias correction 1, 4 bias correction 2 (Note [Multi-tensor
-// updates], autograd/primitive_multi_tensor.h).
+// 1 decay = 1 - lr * weight_decay, 2 grad scale, 3 bias correction 1, 4 bias correction 2, 5 step (Note
+// [Multi-tensor updates], autograd/primitive_multi_tensor.h). bf16 parameters (no f32 masters) are rounded
+// stochastically as the eager kernels round them (Note [Stochastic rounding], runtime/kernels/scalar_math.h).
 std::optional<MultiTensorKernel> AdamWUpdatePrim::lower(const std::vector<DType>& input_dtypes,
                                                         std::string* why) const {
   using codegen::Op;
@@ -169,16 +170,22 @@ std::optional<MultiTensorKernel> AdamWUpdatePrim::lower(const std::vector<DType>
       if (why) *why = "gradients of different dtypes";
       return std::nullopt;
     }
+  const DType pt = input_dtypes.at(1);
+  for (size_t t = 0; t < n_; ++t)
+    if (input_dtypes.at(1 + t) != pt || (pt != DType::f32 && pt != DType::bf16)) {
+      if (why) *why = "parameters of different dtypes, or neither f32 nor bf16";
+      return std::nullopt;
+    }
   MultiTensorKernel mk;
   codegen::KernelSpec& k = mk.spec;
   k.kind = codegen::KernelKind::MultiTensor;
   k.name = pieces_ > 1 ? "adamw_update_pieces" : "adamw_update";
-  const int p = k.input(DType::f32, {}, "param");
+  const int p = k.input(pt, {}, "param");
   std::vector<int> gr;
   for (size_t r = 0; r < pieces_; ++r)
     gr.push_back(k.input(gt, {}, pieces_ > 1 ? "grad_piece" + std::to_string(r) : std::string("grad")));
   const int m = k.input(DType::f32, {}, "exp_avg"), v = k.input(DType::f32, {}, "exp_avg_sq");
-  const int po = k.output(DType::f32, {}, "param_out", p), mo = k.output(DType::f32, {}, "exp_avg_out", m),
+  const int po = k.output(pt, {}, "param_out", p), mo = k.output(DType::f32, {}, "exp_avg_out", m),
             vo = k.output(DType::f32, {}, "exp_avg_sq_out", v);
   auto f = [&](double x) { return k.constant(static_cast<double>(static_cast<float>(x)), DType::f32); };
   auto scalar = [&](int slot) { return k.scalar(slot, DType::f32); };
@@ -193,7 +200,15 @@ std::optional<MultiTensorKernel> AdamWUpdatePrim::lower(const std::vector<DType>
                           k.binary(Op::Mul, k.binary(Op::Mul, f(1.0f - b2), gj), gj));
   const int step = k.binary(Op::Div, k.binary(Op::Mul, scalar(0), k.binary(Op::Div, mj, scalar(3))),
                             k.binary(Op::Add, k.unary(Op::Sqrt, k.binary(Op::Div, vj, scalar(4))), f(a_.eps)));
-  k.store(po, k.binary(Op::Sub, k.binary(Op::Mul, k.load(p), scalar(1)), step));
+  const int updated = k.binary(Op::Sub, k.binary(Op::Mul, pt == DType::f32 ? k.load(p) : k.cast(k.load(p), DType::f32), scalar(1)), step);
+  if (pt == DType::bf16) {
+    // stochastic_salt(element, step): the element's index in its tensor plus the step times 2^40.
+    const int salt = k.binary(Op::Add, k.index(0),
+                              k.binary(Op::Mul, k.scalar(5, DType::i64), k.constant(1099511627776.0, DType::i64)));
+    k.store(po, k.binary(Op::RoundBf16Stochastic, updated, salt));
+  } else {
+    k.store(po, updated);
+  }
   k.store(mo, mj);
   k.store(vo, vj);
   mk.hyper_row = row_;

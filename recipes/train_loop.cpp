@@ -58,6 +58,11 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
             .one_of({"adamw", "adamw8bit", "sgd", "lion"}));
   s.add(K::of(T::Float, "optimizer.momentum", "0.9", "sgd: momentum (0: plain SGD)").at_least(0).at_most(0.999999));
   s.add(K::of(T::Bool, "optimizer.nesterov", "false", "sgd: Nesterov momentum"));
+  s.add(K::of(T::Bool, "train.master_weights", "true",
+              "dtype bf16: the optimizer updates f32 master copies of the weights (true), or the bf16 weights "
+              "themselves, each update rounded stochastically so that steps below half a bf16 ulp still move a weight "
+              "on average (false: no f32 copy, 4 bytes a parameter less: 32 GB for an 8B model; adamw or adamw8bit, "
+              "one process or plain DDP)"));
   s.add(K::of(T::Float, "train.init_loss_scale", "65536",
               "dtype f16: the first loss scale (halved on each step whose gradients overflow, which is skipped; "
               "doubled after 2000 good steps)")
@@ -145,6 +150,22 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
                     " shards the optimizer state element by element, and optimizer.name is adamw8bit, whose state is "
                     "quantized in 256-element blocks: use distributed.zero_stage=0 (plain DDP) with adamw8bit, or "
                     "optimizer.name=adamw to shard");
+  // Note [Stochastic rounding] (runtime/kernels/scalar_math.h): the kernels that round bf16 weights are AdamW's.
+  o.master_weights = rd.flag("train.master_weights");
+  if (!o.master_weights && !errors.has_error_for("train.master_weights")) {
+    const std::string dtype = cfg.value("dtype").text;
+    if (dtype != "bf16")
+      errors.fail(cfg, "train.master_weights",
+                  "false updates bf16 weights without f32 masters, and dtype is " + dtype + ": set dtype=bf16");
+    else if (o.optimizer != "adamw" && o.optimizer != "adamw8bit" && !errors.has_error_for("optimizer.name"))
+      errors.fail(cfg, "train.master_weights",
+                  "false rounds AdamW's updates into bf16 weights stochastically, and optimizer.name is " +
+                      o.optimizer + ": use adamw or adamw8bit, or train.master_weights=true");
+    else if (cfg.has("distributed.zero_stage") && cfg.value("distributed.zero_stage").text != "0")
+      errors.fail(cfg, "train.master_weights",
+                  "false keeps no f32 masters, and distributed.zero_stage " + cfg.value("distributed.zero_stage").text +
+                      " shards f32 masters: use distributed.zero_stage=0 (plain DDP), or train.master_weights=true");
+  }
   o.init_loss_scale = rd.f64("train.init_loss_scale");
   if (set_by_user("train.init_loss_scale") && cfg.value("dtype").text != "f16")
     errors.fail(cfg, "train.init_loss_scale", "is read with dtype: f16 only, and dtype is " + cfg.value("dtype").text);

@@ -355,7 +355,8 @@ std::string Trainer::set_up_parameters() {
   checkpoints_->read_before_wrap();
   std::string load_note = load_weights_and_wrap(run_, task_, dp_.get());
   opt_params_ = dp_ ? dp_->optimizer_params() : task_.params;
-  if (run_.dtype != DType::f32) {
+  // train.master_weights false: AdamW updates the bf16 weights themselves (Note [Stochastic rounding]).
+  if (run_.dtype != DType::f32 && o_.master_weights) {
     masters_ = std::make_unique<optim::MasterWeights>(opt_params_);
     opt_params_ = masters_->master();
     // ZeRO-3: no 16-bit shards beside the f32 masters; each unit is gathered from its masters, rounded (Note

@@ -9,33 +9,13 @@
 
 #include "runtime/device.h"
 #include "runtime/dtype.h"  // INGOT_HD
+#include "runtime/kernels/scalar_math.h"
 
 namespace ingot {
 
-struct Philox4 {
-  uint32_t v[4];
-};
-
-INGOT_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
-  uint64_t p = static_cast<uint64_t>(a) * b;
-  *hi = static_cast<uint32_t>(p >> 32);
-  *lo = static_cast<uint32_t>(p);
-}
-
-INGOT_HD Philox4 philox4x32_10(uint64_t seed, uint64_t counter) {
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int r = 0; r < 10; ++r) {
-    uint32_t hi0, lo0, hi1, lo1;
-    philox_mulhilo(0xD2511F53u, c0, &hi0, &lo0);
-    philox_mulhilo(0xCD9E8D57u, c2, &hi1, &lo1);
-    uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return Philox4{{c0, c1, c2, c3}};
-}
+// Philox4 and philox4x32_10 are defined once, in the header the generated kernels include.
+using ig_math::Philox4;
+using ig_math::philox4x32_10;
 
 // Uniform in [0, 1) with 24 bits of mantissa; identical on host and device.
 INGOT_HD float philox_uniform(uint64_t seed, uint64_t index) {

@@ -11,11 +11,15 @@
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [qlora_ckpt] [qlora_mlp] [ckpt] [mlp] [text50]
 #                          [ingot_eager] [memory]
-#                          [budget] [long] [long_eager] [long_plain]
+#                          [budget] [long] [long_eager] [long_plain] [full] [full_adamw] [full_torch]
 #                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, qlora_mlp, mlp, ckpt,
 #                              text50, peft, budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while
 #                              DEADLINE allows)
 #   peft: peft + torch.compile; peft_eager: peft eager
+#   full: a full fine-tune on the one GPU (bench/configs/llama_8b/full_finetune.yaml: bf16 weights without f32
+#         masters, rounded stochastically; AdamW8bit; every block checkpointed), compiled; full_adamw: the same
+#         with AdamW's f32 state; full_torch: PyTorch's pure-bf16 full fine-tune (peft_lora.py --full --grad-ckpt:
+#         bf16 weights and AdamW state, gradient checkpointing, torch.compile), lr 1e-5 as the yaml
 #   autotune / autotune_nocg / overhead: ingot compiled in max-autotune (cuBLASLt candidates timed per product
 #         shape, CUDA graphs), max-autotune-no-cudagraphs, reduce-overhead
 #   memory: ingot compiled with INGOT_LOGS=memory (what is alive at the peak), 2 steps
@@ -98,10 +102,10 @@ echo "| run | ms/step (median) | tokens/s | peak GB (steady) | first step s | lo
 echo "|---|---|---|---|---|---|"
 peft() {  # peft MODE
   ref --checkpoint "$ckpt" --tokens "$tokens" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --modes "$1" \
-    ${PEFT_EXTRA:-} > "$out/peft_$1.log" 2>&1 || tail -5 "$out/peft_$1.log"
-  grep -h "^torch " "$out/peft_$1.log" | head -1 >> "$out/versions.txt"
+    ${PEFT_EXTRA:-} > "$out/peft_$1${PEFT_TAG:-}.log" 2>&1 || tail -5 "$out/peft_$1${PEFT_TAG:-}.log"
+  grep -h "^torch " "$out/peft_$1${PEFT_TAG:-}.log" | head -1 >> "$out/versions.txt"
   # The reference's own row has more columns (MFU, peak of the whole run, load time); here the common ones.
-  grep -h "^| peft" "$out/peft_$1.log" | awk -F'|' '{printf "|%s|%s|%s|%s|%s|%s|\n", $2, $8, $9, $12, $14, $16}'
+  grep -h -e "^| peft" -e "^| torch full" "$out/peft_$1${PEFT_TAG:-}.log" | awk -F'|' '{printf "|%s|%s|%s|%s|%s|%s|\n", $2, $8, $9, $12, $14, $16}'
 }
 # ingot_row NAME RUN_DIR: the same columns from metrics.jsonl (steps after the warm-up) and the log.
 ingot_row() {
@@ -120,9 +124,9 @@ print(f"| {name} | {tokens / rate * 1e3:.1f} | {rate:.0f} | {peak / 1e9:.2f} (fi
       f"{first:.1f} | {losses} |")
 EOF
 }
-ingot_run() {  # ingot_run NAME key=value...
+ingot_run() {  # ingot_run NAME key=value... (RECIPE_YAML: another config of bench/configs/llama_8b)
   local name=$1; shift
-  (cd "$src" && timeout 400 ingot run bench/configs/llama_8b/lora_finetune.yaml model.path="$ckpt" \
+  (cd "$src" && timeout 400 ingot run ${RECIPE_YAML:-bench/configs/llama_8b/lora_finetune.yaml} model.path="$ckpt" \
     data.path="$tokens" data.seq_len="$SEQ" train.batch_size="$BATCH" max_steps=$((WARMUP + STEPS)) \
     output_dir="$WORK/run_$name" compile.cache_dir=/tmp/ingot-lora-cache "$@" ${INGOT_EXTRA:-} \
     --summary "$WORK/run_$name.summary.json") > "$out/ingot_$name.log" 2>&1 || { tail -8 "$out/ingot_$name.log"; return 0; }
@@ -139,6 +143,10 @@ want qlora_ckpt && ingot_run qlora_ckpt compile.enabled=true lora.quantize_base=
 want qlora_mlp && ingot_run qlora_mlp compile.enabled=true lora.quantize_base=nf4 train.activation_checkpointing=mlp
 want mlp && ingot_run compiled_mlp compile.enabled=true train.activation_checkpointing=mlp
 want ckpt && ingot_run compiled_ckpt compile.enabled=true train.activation_checkpointing=blocks
+want full && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full compile.enabled=true
+want full_adamw && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_adamw compile.enabled=true \
+  optimizer.name=adamw
+want full_torch && PEFT_TAG=_full PEFT_EXTRA="${PEFT_EXTRA:-} --full --grad-ckpt --lr 1e-5" peft compile
 TEXT_STEPS=${TEXT_STEPS:-50} TEXT_TOKENS=${TEXT_TOKENS:-.device/text50_tokens.bin.xz}
 # text50_row NAME METRICS [BF16_METRICS]: the run's losses at steps 1, 10, 25, TEXT_STEPS (and the mean of the
 # last 5), its tokens/s and peak; with BF16_METRICS also the ratio of its last losses to bf16's.

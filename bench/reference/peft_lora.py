@@ -15,6 +15,10 @@ every step trains on the same batch, so the losses of the first steps compare on
   python3 bench/reference/peft_lora.py --config bench/configs/llama_8b/config.json --checkpoint DIR --tokens FILE \\
       [--batch 2] [--seq 2048] [--steps 5] [--warmup 3] [--modes eager,compile] [--rank 8] [--alpha 16]
       [--targets q_proj,k_proj,v_proj,o_proj] [--dtype bf16|f32] [--no-autocast] [--peak-tflops 989]
+  python3 bench/reference/peft_lora.py --config CONFIG --checkpoint DIR --tokens FILE --full [--grad-ckpt]
+      no adapters: a full fine-tune in pure bf16 (bf16 weights, gradients and torch AdamW state, fused, no f32
+      masters), the setting of torchtune's single-device full fine-tunes; ingot's side is
+      bench/configs/llama_8b/full_finetune.yaml (scripts/device_lora.sh full full_torch)
   python3 bench/reference/peft_lora.py --config CONFIG --make-checkpoint DIR [--make-tokens FILE --rows N]
       random bf16 weights (built on the GPU when there is one: an 8B model initializes in seconds there, minutes on
       the CPU), saved with save_pretrained (safetensors), and N rows of random token ids; then exits.
@@ -55,9 +59,12 @@ def run(mode, args, cfg):
     t_build = time.perf_counter()
     model = load_base(args, cfg)
     model.config.use_cache = False
-    lcfg = LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0, target_modules=args.targets.split(","),
-                      bias="none", task_type="CAUSAL_LM")
-    model = get_peft_model(model, lcfg)
+    if args.grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not args.full:
+        lcfg = LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0, target_modules=args.targets.split(","),
+                          bias="none", task_type="CAUSAL_LM")
+        model = get_peft_model(model, lcfg)
     build_s = time.perf_counter() - t_build
     n = sum(p.numel() for p in model.parameters())
     trained = [p for p in model.parameters() if p.requires_grad]
@@ -68,7 +75,8 @@ def run(mode, args, cfg):
 
     def step():
         ids, targets = next(batches)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=not args.no_autocast and args.dtype == "bf16"):
+        with torch.autocast("cuda", dtype=torch.bfloat16,
+                            enabled=not args.full and not args.no_autocast and args.dtype == "bf16"):
             logits = fwd(input_ids=ids).logits
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
         loss.backward()
@@ -97,10 +105,15 @@ def run(mode, args, cfg):
     tokens = args.batch * args.seq
     # The products that run, as ingot's MFU counts them (recipes/metrics.cpp): 4 FLOPs per frozen weight and token
     # (forward and input gradient), 6 per adapter weight, none for the embedding lookup, attention 12 L T d.
+    # A full fine-tune: 6 per weight but the embedding lookup's (which runs no product; a tied one is the head's).
     frozen = n - n_trained - cfg.vocab_size * cfg.hidden_size
+    if args.full:
+        frozen, n_trained = 0, n if cfg.tie_word_embeddings else n - cfg.vocab_size * cfg.hidden_size
     flops = tokens * (4 * frozen + 6 * n_trained + 12 * cfg.num_hidden_layers * args.seq * cfg.hidden_size)
     tflops = flops / med / 1e9
-    name = "peft LoRA" + (" + torch.compile" if mode == "compile" else " eager")
+    name = ("torch full bf16" if args.full else "peft LoRA") + (" + torch.compile" if mode == "compile" else " eager")
+    if args.grad_ckpt:
+        name += " + checkpointing"
     print(f"| {name} | {torch.cuda.get_device_name()} | bf16{'' if args.no_autocast else ' autocast'} | "
           f"{args.batch} x {args.seq} | r={args.rank} {args.targets} | {n_trained / 1e6:.2f}M of {n / 1e9:.2f}B | "
           f"{med:.1f} | {tokens / med * 1e3:.0f} | {tflops:.1f} | {100 * tflops / args.peak_tflops:.1f}% | "
@@ -154,6 +167,8 @@ def main():
                         "dtype: f32)")
     p.add_argument("--no-autocast", action="store_true", help="run the f32 adapters in f32 (peft without autocast)")
     p.add_argument("--print-losses", type=int, default=6)
+    p.add_argument("--full", action="store_true", help="no adapters: every weight trains, pure bf16 (see above)")
+    p.add_argument("--grad-ckpt", action="store_true", help="transformers' gradient checkpointing of every layer")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of one GPU (H100/H200 SXM: 989)")
     p.add_argument("--make-checkpoint", default="")
     p.add_argument("--make-tokens", default="")

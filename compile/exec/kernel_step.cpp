@@ -78,7 +78,7 @@ GroupKernel make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall 
       for (size_t t = 0; t < n; ++t)
         inplace[s * n + t] = in_place_ok(g, node_index, lg.inputs[1 + state[s] * n + t], lg.outputs[s * n + t]);
     const LoweredGroup meta = lg;  // ids and hyper-parameters only are read below
-    constexpr size_t kScalars = 5;
+    constexpr size_t kScalars = 6;
     // The kernel's scalars from this call's hyper-parameter row: computed on the host either way, so a kernel
     // that reads them from device memory gets the same doubles as one passed them.
     auto compute = [meta](const std::vector<Tensor>& env, double* out) {
@@ -86,7 +86,7 @@ GroupKernel make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall 
       const double* h = hyper.data<double>() + meta.hyper_row * 3;
       const double lr = h[0], step = h[1], scale = h[2];
       const double scalars[kScalars] = {lr, 1.0 - lr * meta.weight_decay, scale, 1.0 - std::pow(meta.beta1, step),
-                                        1.0 - std::pow(meta.beta2, step)};
+                                        1.0 - std::pow(meta.beta2, step), step};
       std::copy(scalars, scalars + kScalars, out);
     };
     // Gathers the buffers and calls `launch` with them (in place where the graph allows, else into copies).

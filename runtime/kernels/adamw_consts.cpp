@@ -18,6 +18,7 @@ AdamWConsts adamw_consts(const AdamWArgs& args, const char* op) {
   c.scale = static_cast<float>(args.grad_scale);
   c.bc1 = static_cast<float>(1.0 - std::pow(args.beta1, static_cast<double>(args.step)));
   c.bc2 = static_cast<float>(1.0 - std::pow(args.beta2, static_cast<double>(args.step)));
+  c.step = args.step;
   return c;
 }
 

@@ -66,8 +66,8 @@ void quant8_quantize(const float* x, int64_t n, const float* map, uint8_t* codes
 
 void check_adamw8bit_operands(size_t i, const Tensor& p, const Tensor& g, const Tensor& m_codes, const Tensor& m_absmax,
                               const Tensor& v_codes, const Tensor& v_absmax) {
-  INGOT_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), "adamw8bit_multi: parameter ", i,
-              " must be a contiguous f32 tensor, got ", dtype_name(p.dtype()), shape_str(p.shape()));
+  INGOT_CHECK((p.dtype() == DType::f32 || p.dtype() == DType::bf16) && p.is_contiguous(), "adamw8bit_multi: parameter ",
+              i, " must be a contiguous f32 or bf16 tensor, got ", dtype_name(p.dtype()), shape_str(p.shape()));
   INGOT_CHECK(is_floating(g.dtype()) && g.is_contiguous() && g.shape() == p.shape(), "adamw8bit_multi: grad ", i,
               " must be a contiguous float tensor of shape ", shape_str(p.shape()), ", got ", dtype_name(g.dtype()),
               shape_str(g.shape()));

@@ -84,6 +84,74 @@ INGOT_MATH_FN T gelu_erf_grad(T x, T dy) {
   return dy * (T(0.5) * (T(1) + erf(x * T(0.7071067811865476))) + x * T(0.3989422804014327) * exp(T(-0.5) * x * x));
 }
 
+
+// Philox4x32-10 (Salmon et al., SC'11): four 32-bit words from a 64-bit key and a 64-bit counter. runtime/rng.h's
+// generators draw from it; it lives here because the generated kernels see only this header.
+struct Philox4 {
+  unsigned int v[4];
+};
+
+INGOT_MATH_FN Philox4 philox4x32_10(unsigned long long seed, unsigned long long counter) {
+  unsigned int c0 = static_cast<unsigned int>(counter), c1 = static_cast<unsigned int>(counter >> 32), c2 = 0, c3 = 0;
+  unsigned int k0 = static_cast<unsigned int>(seed), k1 = static_cast<unsigned int>(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    const unsigned long long p0 = static_cast<unsigned long long>(0xD2511F53u) * c0;
+    const unsigned long long p1 = static_cast<unsigned long long>(0xCD9E8D57u) * c2;
+    const unsigned int hi0 = static_cast<unsigned int>(p0 >> 32), lo0 = static_cast<unsigned int>(p0);
+    const unsigned int hi1 = static_cast<unsigned int>(p1 >> 32), lo1 = static_cast<unsigned int>(p1);
+    const unsigned int n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return Philox4{{c0, c1, c2, c3}};
+}
+
+INGOT_MATH_FN unsigned int float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  unsigned int b;
+  __builtin_memcpy(&b, &x, sizeof b);
+  return b;
+#endif
+}
+
+INGOT_MATH_FN float float_from_bits(unsigned int b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float x;
+  __builtin_memcpy(&x, &b, sizeof x);
+  return x;
+#endif
+}
+
+// Note [Stochastic rounding]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// bf16 weights updated without f32 masters (train.master_weights: false) lose every update below half an ulp
+// when rounded to nearest: at lr 2e-5 AdamW moves a weight by ~2e-5, while a bf16 weight of magnitude 0.02 has an
+// ulp of 1.2e-4, so most weights would never move. Rounded stochastically, a value between two bf16 neighbours goes
+// up with probability equal to its distance from the lower one over their gap, so the expected stored weight is
+// the exact update (Gupta et al. 2015; Zamirai et al. 2020, "Revisiting BFloat16 Training"; torchao's
+// bf16_stochastic_round). Adding a uniform 16-bit integer to the f32's low 16 bits and clearing them does that for
+// either sign (the bits are a magnitude). The 16 random bits are Philox's word 0 keyed by the value's own bits and
+// counted by `salt` (stochastic_salt: the element's index in its tensor and the optimizer step), a pure function
+// of what every kernel has at hand: eager CPU and CUDA and the generated kernels round alike, bit for bit, and a
+// resumed run rounds as the uninterrupted one did (no generator state to save). Inf and NaN pass unchanged; the
+// result is a bf16 value, which the store's round-to-nearest conversion keeps exactly.
+INGOT_MATH_FN long long stochastic_salt(long long index, long long step) { return index + step * (1LL << 40); }
+
+INGOT_MATH_FN float round_bf16_stochastic(float x, long long salt) {
+  unsigned int b = float_bits(x);
+  if ((b & 0x7F800000u) == 0x7F800000u) return x;
+  const Philox4 r = philox4x32_10(b, static_cast<unsigned long long>(salt));
+  return float_from_bits((b + (r.v[0] & 0xFFFFu)) & 0xFFFF0000u);
+}
+
 }  // namespace ig_math
 
 #undef INGOT_MATH_LIB

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 
 #include "compile/step_fixture.h"
 #include "optim/clip.h"
@@ -287,6 +288,47 @@ TEST(CompileStep, TheWholeStepIsOneGraphWithForwardBackwardAndOneFusedUpdate) {
   EXPECT_EQ(updates, 1u) << "one horizontal optimizer update over every parameter";
   EXPECT_NE(g.find("write-back"), std::string::npos);
   EXPECT_GT(comp.stats.ops_before, comp.stats.ops_after);
+}
+
+// train.master_weights: false. bf16 weights updated by AdamW (a generated kernel) and AdamW8bit (its eager kernel
+// inside the graph) in a compiled step round stochastically exactly as the eager step does (Note [Stochastic
+// rounding], runtime/kernels/scalar_math.h): the same bits after six steps. The loss sum(p * c) has gradient c
+// exactly, so only the updates can differ.
+TEST(CompileStep, Bf16WeightsWithoutMastersUpdateAsEagerBitForBit) {
+  for (bool eight_bit : {false, true}) {
+    SCOPED_TRACE(eight_bit ? "AdamW8bit" : "AdamW");
+    manual_seed(5);
+    const std::vector<Tensor> start = {mul(randn({300}), 0.02).to(DType::bf16), mul(randn({4200}), 0.02).to(DType::bf16)};
+    std::vector<std::vector<Tensor>> batches;
+    for (int i = 0; i < 6; ++i) batches.push_back({randn({300}).to(DType::bf16), randn({4200}).to(DType::bf16)});
+    auto train = [&](bool compiled) {
+      std::vector<Tensor> ps = {leaf(start[0].clone_raw()), leaf(start[1].clone_raw())};
+      const optim::AdamWOptions o{.lr = 1e-4, .weight_decay = 0.1};
+      std::unique_ptr<optim::Optimizer> opt;
+      if (eight_bit) opt = std::make_unique<optim::AdamW8bit>(ps, o);
+      else opt = std::make_unique<optim::AdamW>(ps, o);
+      auto fn = [&](const std::vector<Tensor>& c) {
+        Tensor loss = add(sum(mul(ps[0], c[0])), sum(mul(ps[1], c[1])));
+        loss.backward();
+        opt->step();
+        opt->zero_grad();
+        return std::vector<Tensor>{loss};
+      };
+      CompiledFunction step = compile(fn, {});
+      for (const auto& b : batches) compiled ? step(b) : fn(b);
+      return std::make_pair(ps, compiled ? step.stats().last_graph : std::string());
+    };
+    auto [eager, unused] = train(false);
+    auto [comp, graph] = train(true);
+    for (size_t i = 0; i < eager.size(); ++i) {
+      EXPECT_EQ(comp[i].dtype(), DType::bf16);
+      EXPECT_EQ(comp[i].to_vector(), eager[i].to_vector()) << "parameter " << i;
+      EXPECT_NE(comp[i].to_vector(), start[i].to_vector()) << "parameter " << i << " never moved";
+    }
+    if (!eight_bit) {
+      EXPECT_NE(graph.find("adamw_update("), std::string::npos) << graph;
+    }
+  }
 }
 
 }  // namespace

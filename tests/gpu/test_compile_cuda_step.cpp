@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
+#include <string>
 
 #include "autograd/nn/lora.h"
 #include "compile/step_fixture.h"
@@ -11,6 +13,7 @@
 #include "optim/optimizer.h"
 #include "runtime/allocator.h"
 #include "runtime/file_util.h"
+#include "tests/gpu/cuda_test_util.h"
 #include "tests/testing.h"
 
 namespace ingot::testing {
@@ -366,4 +369,43 @@ TEST(CompileCudaStep, ReduceOverheadReplayPeakCountsTheGraphsPool) {
 }
 
 }  // namespace
+// train.master_weights: false on a GPU: bf16 weights updated by AdamW's generated kernel (default and
+// reduce-overhead) and by AdamW8bit's eager kernel inside the graph round stochastically as the eager CUDA step and
+// the CPU do (Note [Stochastic rounding], runtime/kernels/scalar_math.h): the same bits after six steps. The loss
+// sum(p * c) has gradient c exactly, so only the updates can differ.
+TEST(CompileCudaStep, Bf16WeightsWithoutMastersUpdateAsEagerAndTheCpuBitForBit) {
+  for (bool eight_bit : {false, true}) {
+    manual_seed(5);
+    const std::vector<Tensor> start = {mul(randn({300}), 0.02).to(DType::bf16), mul(randn({70001}), 0.02).to(DType::bf16)};
+    std::vector<std::vector<Tensor>> batches;
+    for (int i = 0; i < 6; ++i) batches.push_back({randn({300}).to(DType::bf16), randn({70001}).to(DType::bf16)});
+    auto train = [&](Device d, const char* mode) {
+      std::vector<Tensor> ps = {leaf(start[0].to(d)), leaf(start[1].to(d))};
+      const optim::AdamWOptions o{.lr = 1e-4, .weight_decay = 0.1};
+      std::unique_ptr<optim::Optimizer> opt;
+      if (eight_bit) opt = std::make_unique<optim::AdamW8bit>(ps, o);
+      else opt = std::make_unique<optim::AdamW>(ps, o);
+      auto fn = [&](const std::vector<Tensor>& c) {
+        Tensor loss = add(sum(mul(ps[0], c[0])), sum(mul(ps[1], c[1])));
+        loss.backward();
+        opt->step();
+        opt->zero_grad();
+        return std::vector<Tensor>{loss};
+      };
+      CompileOptions co;
+      if (mode) co.mode = *parse_compile_mode(mode);
+      CompiledFunction step = compile(fn, co);
+      for (const auto& b : batches) mode ? step({b[0].to(d), b[1].to(d)}) : fn({b[0].to(d), b[1].to(d)});
+      return std::vector<Tensor>{ps[0].to(Device::cpu()), ps[1].to(Device::cpu())};
+    };
+    const std::vector<Tensor> cpu = train(Device::cpu(), nullptr);
+    for (const char* mode : {static_cast<const char*>(nullptr), "default", "reduce-overhead"}) {
+      SCOPED_TRACE(std::string(eight_bit ? "AdamW8bit " : "AdamW ") + (mode ? mode : "eager"));
+      const std::vector<Tensor> gpu = train(kGpu, mode);
+      for (size_t i = 0; i < cpu.size(); ++i) EXPECT_EQ(count_unequal(gpu[i], cpu[i]), 0) << "parameter " << i;
+      EXPECT_GT(count_unequal(gpu[1], start[1]), 1000) << "the weight hardly moved";
+    }
+  }
+}
+
 }  // namespace ingot::testing

@@ -42,7 +42,13 @@ struct Lists {
   }
 };
 
-TEST(CudaAdamW8bit, UpdatesEqualCpuBitForBitOverStepsFromRandomState) {
+// f32 parameters, and bf16 ones without masters whose updates are rounded stochastically (Note [Stochastic
+// rounding], runtime/kernels/scalar_math.h): the same bits on both devices either way.
+class CudaAdamW8bitParams : public ::testing::TestWithParam<DType> {};
+INSTANTIATE_TEST_SUITE_P(CudaParamDtypes, CudaAdamW8bitParams, ::testing::Values(DType::f32, DType::bf16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST_P(CudaAdamW8bitParams, UpdatesEqualCpuBitForBitOverStepsFromRandomState) {
   INGOT_REQUIRE_CUDA();
   manual_seed(77);
   // One block, a partial last block, many grid-stride waves, a size under 256; grads of every float dtype.
@@ -51,7 +57,7 @@ TEST(CudaAdamW8bit, UpdatesEqualCpuBitForBitOverStepsFromRandomState) {
   Lists cpu;
   for (size_t i = 0; i < std::size(sizes); ++i) {
     const int64_t n = sizes[i];
-    cpu.p.push_back(randn({n}));
+    cpu.p.push_back(randn({n}).to(GetParam()));
     cpu.g.push_back((randn({n}) * 0.1).to(grad_types[i]));
     cpu.mq.push_back(random_codes(n));
     cpu.vq.push_back(random_codes(n));

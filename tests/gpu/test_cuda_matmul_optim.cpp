@@ -319,6 +319,28 @@ TEST(CudaOptim, AdamWUpdatesEqualCpuBitForBitOverSteps) {
   expect_equal_lists(s.s2_gpu, s.s2_cpu, "exp_avg_sq");
 }
 
+// bf16 weights without f32 masters (train.master_weights: false): the CUDA kernel rounds each update as the CPU one
+// does (Note [Stochastic rounding], runtime/kernels/scalar_math.h), bit for bit, over several steps.
+TEST(CudaOptim, AdamWRoundsBf16WeightsStochasticallyAsTheCpuBitForBit) {
+  INGOT_REQUIRE_CUDA();
+  manual_seed(42);
+  OptimState s = make_optim_state();
+  for (std::vector<Tensor>* list : {&s.p_cpu, &s.p_gpu})
+    for (Tensor& p : *list) p = p.to(DType::bf16);
+  const std::vector<Tensor> start = s.p_cpu;
+  kernels::AdamWArgs args;
+  args.lr = 1e-4;  // steps of a fraction of a bf16 ulp: only the rounding moves them
+  args.weight_decay = 0.1;
+  for (int64_t step = 1; step <= 3; ++step) {
+    args.step = step;
+    kc::adamw_multi(s.p_cpu, s.g_cpu, s.s1_cpu, s.s2_cpu, args);
+    kg::adamw_multi(s.p_gpu, s.g_gpu, s.s1_gpu, s.s2_gpu, args);
+  }
+  expect_equal_lists(s.p_gpu, s.p_cpu, "bf16 param");
+  expect_equal_lists(s.s1_gpu, s.s1_cpu, "exp_avg");
+  EXPECT_GT(count_unequal(s.p_cpu[2], start[2]), 1000) << "the 40000-element weight hardly moved";
+}
+
 // Note [Optimizer tables in flight] (runtime/kernels/cuda/optim.cu): updates queue behind work the GPU has not
 // reached without the host waiting for it. The stream is held by a host function that returns only when the gate
 // opens; three updates must be queued before that (with one staging buffer the second update waited for the

@@ -124,4 +124,46 @@ TEST(Rng, RandintCoversTheHalfOpenRangeOnly) {
 }
 
 }  // namespace
+// Note [Stochastic rounding] (runtime/kernels/scalar_math.h): each result is one of x's two bf16 neighbours, and
+// over many salts their mean is x (round-to-nearest would give the nearer neighbour every time: off by at least a
+// quarter of the gap for the fractions below).
+TEST(StochasticRounding, GivesANeighbourAndIsUnbiased) {
+  for (float raw : {1.0f, -0.015625f, 3.0e-5f, -1234.0f}) {
+    const float lo = bf16_to_float(float_to_bf16(raw));
+    const float gap = bf16_to_float(static_cast<uint16_t>(float_to_bf16(lo) + 1)) - lo;  // lo's next bf16 up
+    for (double frac : {0.25, 0.5, 0.75, 0.0625}) {
+      const float x = lo + static_cast<float>(frac) * gap;
+      const int n = 20000;
+      double sum = 0;
+      int ups = 0;
+      for (int i = 0; i < n; ++i) {
+        const float r = ig_math::round_bf16_stochastic(x, ig_math::stochastic_salt(i, 7));
+        ASSERT_TRUE(r == lo || r == lo + gap) << x << " rounded to " << r;
+        ASSERT_EQ(bf16_to_float(float_to_bf16(r)), r) << "not a bf16 value";
+        ups += r != lo;
+        sum += r;
+      }
+      // Binomial: the fraction rounded away from lo is |frac| within 5 standard deviations.
+      const double p = static_cast<double>(ups) / n, sd = std::sqrt(frac * (1 - frac) / n);
+      EXPECT_NEAR(p, frac, 5 * sd) << "x = " << x;
+      EXPECT_NEAR(sum / n, x, 5 * sd * std::abs(gap)) << "x = " << x;
+    }
+  }
+}
+
+TEST(StochasticRounding, KeepsBf16ValuesAndNonFiniteOnesAndDependsOnTheSalt) {
+  for (float v : {0.0f, -0.0f, 1.0f, -2.5f, 0.0078125f}) EXPECT_EQ(ig_math::round_bf16_stochastic(v, 123), v);
+  EXPECT_TRUE(std::isinf(ig_math::round_bf16_stochastic(INFINITY, 5)));
+  EXPECT_TRUE(std::isnan(ig_math::round_bf16_stochastic(NAN, 5)));
+  // The same value and salt round alike (what makes eager, compiled and resumed runs equal); other steps differ.
+  const float x = 1.0f + 0.5f * 0.0078125f;
+  std::set<float> by_step;
+  for (int step = 1; step <= 64; ++step) {
+    const long long salt = ig_math::stochastic_salt(3, step);
+    EXPECT_EQ(ig_math::round_bf16_stochastic(x, salt), ig_math::round_bf16_stochastic(x, salt));
+    by_step.insert(ig_math::round_bf16_stochastic(x, salt));
+  }
+  EXPECT_EQ(by_step.size(), 2u);
+}
+
 }  // namespace ingot

@@ -19,7 +19,7 @@ namespace {
 constexpr int kFirstUnary = static_cast<int>(Op::Neg);
 constexpr int kLastUnary = static_cast<int>(Op::Cast);
 constexpr int kFirstBinary = static_cast<int>(Op::Add);
-constexpr int kLastBinary = static_cast<int>(Op::GeluErfGrad);
+constexpr int kLastBinary = static_cast<int>(Op::RoundBf16Stochastic);
 constexpr int kFirstReduce = static_cast<int>(Op::ReduceSum);
 constexpr int kLastReduce = static_cast<int>(Op::ReduceMin);
 
@@ -134,6 +134,7 @@ int KernelSpec::binary(Op op, int a, int b) {
   INGOT_CHECK(is_binary(op), "[codegen] kernel '", name, "': binary() got op ", op_name(op));
   DType t = promote(node_dtype(*this, a, op_name(op)), node_dtype(*this, b, op_name(op)));
   if (is_comparison(op) || op == Op::And || op == Op::Or) t = DType::b8;
+  if (op == Op::RoundBf16Stochastic) t = DType::f32;
   return push(*this, Node{op, t, a, b, -1, -1, 0});
 }
 int KernelSpec::where(int cond, int a, int b) {

@@ -134,7 +134,10 @@ struct Buffer {
   X(Gt, 2, "gt") X(Ge, 2, "ge") X(And, 2, "and") X(Or, 2, "or")                                 \
   /* activation gradients (a = x, or the output for sigmoid / tanh; b = dy): scalar_math.h's */ \
   X(ReluGrad, 2, "relu_grad") X(SigmoidGrad, 2, "sigmoid_grad") X(TanhGrad, 2, "tanh_grad")     \
-  X(SiluGrad, 2, "silu_grad") X(GeluTanhGrad, 2, "gelu_tanh_grad") X(GeluErfGrad, 2, "gelu_grad")
+  X(SiluGrad, 2, "silu_grad") X(GeluTanhGrad, 2, "gelu_tanh_grad") X(GeluErfGrad, 2, "gelu_grad")          \
+  /* a = an f32 value, b = an i64 salt: a rounded stochastically to a bf16 value (scalar_math.h's             \
+     round_bf16_stochastic, Note [Stochastic rounding]); f32 result */                                          \
+  X(RoundBf16Stochastic, 2, "round_bf16_stochastic")
 #define INGOT_KERNEL_REDUCE_OPS(X) \
   X(ReduceSum, 1, "reduce_sum") X(ReduceMax, 1, "reduce_max") X(ReduceMin, 1, "reduce_min")
 

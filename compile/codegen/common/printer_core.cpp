@@ -245,7 +245,7 @@ std::string PrinterCore::binary_expr(const Node& n) const {
   switch (n.op) {
     case Op::Add: return x + " + " + y;
     case Op::Sub: return x + " - " + y;
-    case Op::Mul: return x + " * " + y;
+    case Op::Mul: return mul_expr(T, x, y);
     case Op::Div: return x + " / " + y;
     case Op::Pow: return pow_expr(n, x, y);
     case Op::Max: return max_expr(x, y);
@@ -264,6 +264,9 @@ std::string PrinterCore::binary_expr(const Node& n) const {
     case Op::SiluGrad:
     case Op::GeluTanhGrad:
     case Op::GeluErfGrad: return scalar_math_call(n.op, T, x + ", " + y);
+    // The salt stays an integer (Note [Stochastic rounding], runtime/kernels/scalar_math.h).
+    case Op::RoundBf16Stochastic:
+      return "ig_math::round_bf16_stochastic(" + as(n.a, DType::f32) + ", " + as(n.b, DType::i64) + ")";
     default: break;
   }
   INGOT_INTERNAL_CHECK(false, "codegen: binary op ", op_name(n.op));

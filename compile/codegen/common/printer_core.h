@@ -64,6 +64,11 @@ class PrinterCore {
   virtual std::string pow_expr(const Node& n, const std::string& x, const std::string& y) const = 0;
   virtual std::string max_expr(const std::string& x, const std::string& y) const = 0;  // NaN-propagating
   virtual std::string min_expr(const std::string& x, const std::string& y) const = 0;
+  // x * y for a Mul node of compute type T (a renderer may keep it from fusing into an FMA).
+  virtual std::string mul_expr(const std::string& T, const std::string& x, const std::string& y) const {
+    (void)T;
+    return x + " * " + y;
+  }
   // The current point.
   virtual std::string access(int buf) const = 0;  // buffer `buf`'s element there
   virtual std::string scalar_expr(const Node& n) const = 0;

@@ -74,8 +74,11 @@ const Toolchain& Toolchain::host() {
     t.compiler = env && *env ? env : "c++";
     // No -ffast-math: it assumes no NaN/inf (masks use -inf) and, linked into a shared object by GCC < 13,
     // turns on flush-to-zero for the whole process. -fno-math-errno is what vectorizing math calls needs.
-    t.flags = {"-std=c++17", "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
-               "-fPIC", "-shared", "-w"};
+    // -ffp-contract=off: no a * b + c fused into one FMA (-march=native has them; the eager kernels, built for the
+    // baseline x86-64, do not), so a generated kernel rounds each operation as the eager one does: an optimizer
+    // update of bf16 weights keys its stochastic rounding on the f32 result's bits (Note [Stochastic rounding]).
+    t.flags = {"-std=c++17", "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fno-math-errno",
+               "-fno-trapping-math", "-fPIC", "-shared", "-w"};
 #if defined(__x86_64__)
     if (has_libmvec()) t.flags.insert(t.flags.end(), {"-DINGOT_JIT_MVEC", "-lmvec"});
 #endif

@@ -153,7 +153,7 @@ const std::string& renderer_fingerprint() {
     acc = pw.binary(Op::Add, acc, pw.constant(0.1, DType::f32));  // how finite constants are written
     for (int op = static_cast<int>(Op::Neg); op < static_cast<int>(Op::Cast); ++op)
       acc = pw.binary(Op::Add, acc, pw.unary(static_cast<Op>(op), x));
-    for (int op = static_cast<int>(Op::Add); op <= static_cast<int>(Op::GeluErfGrad); ++op)
+    for (int op = static_cast<int>(Op::Add); op <= static_cast<int>(Op::RoundBf16Stochastic); ++op)
       acc = pw.where(pw.cast(pw.binary(static_cast<Op>(op), x, z), DType::b8), acc, pw.cast(i, DType::f32));
     acc = pw.binary(Op::Add, acc, pw.cast(pw.index(0), DType::f32));
     pw.store(pw.output(DType::bf16, {SymInt::constant(3), SymInt::constant(1)}), pw.cast(acc, DType::f16));

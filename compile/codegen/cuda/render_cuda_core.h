@@ -56,6 +56,13 @@ class Renderer : public PrinterCore {
   std::string pow_expr(const Node& n, const std::string& x, const std::string& y) const override;
   std::string max_expr(const std::string& x, const std::string& y) const override { return "ig_max(" + x + ", " + y + ")"; }
   std::string min_expr(const std::string& x, const std::string& y) const override { return "ig_min(" + x + ", " + y + ")"; }
+  // A multi-tensor (optimizer) kernel rounds every f32 product on its own, as the eager CUDA kernels do with
+  // __fmul_rn: NVRTC's --fmad=true would fuse it with the following add, and an update of bf16 weights keys its
+  // stochastic rounding on the f32 result's bits (Note [Stochastic rounding], runtime/kernels/scalar_math.h).
+  std::string mul_expr(const std::string& T, const std::string& x, const std::string& y) const override {
+    if (k_.kind == KernelKind::MultiTensor && T == "float") return "__fmul_rn(" + x + ", " + y + ")";
+    return x + " * " + y;
+  }
   // acc_[buf]: what the kind's loop set for the current point.
   std::string access(int buf) const override { return acc_[static_cast<size_t>(buf)]; }
   std::string scalar_expr(const Node& n) const override;

@@ -10,6 +10,7 @@
 #include "runtime/kernels/cpu/loops.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/quant8.h"
+#include "runtime/kernels/scalar_math.h"
 
 namespace ingot::kernels::cpu {
 
@@ -27,7 +28,10 @@ void adamw8bit_multi(const std::vector<Tensor>& params, const std::vector<Tensor
   const float* map2 = unsigned_map.data<float>();
   for (size_t i = 0; i < params.size(); ++i) {
     check_adamw8bit_operands(i, params[i], grads[i], m_codes[i], m_absmax[i], v_codes[i], v_absmax[i]);
-    float* p = params[i].data<float>();
+    // bf16 parameters (no f32 masters) are rounded stochastically (Note [Stochastic rounding], scalar_math.h).
+    const bool sr = params[i].dtype() == DType::bf16;
+    float* p32 = sr ? nullptr : params[i].data<float>();
+    bf16_t* p16 = sr ? params[i].data<bf16_t>() : nullptr;
     auto* q1 = static_cast<uint8_t*>(m_codes[i].data_ptr());
     auto* q2 = static_cast<uint8_t*>(v_codes[i].data_ptr());
     float* a1 = m_absmax[i].data<float>();
@@ -46,7 +50,10 @@ void adamw8bit_multi(const std::vector<Tensor>& params, const std::vector<Tensor
           const float gj = load_one<float>(g + k) * c.scale;
           const float mj = c.b1 * (map1[q1[k]] * a1[b]) + c.one_minus_b1 * gj;
           const float vj = c.b2 * (map2[q2[k]] * a2[b]) + c.one_minus_b2 * gj * gj;
-          p[k] = p[k] * c.decay - c.lr * (mj / c.bc1) / (std::sqrt(vj / c.bc2) + c.eps);
+          const float pk = sr ? load_one<float>(p16 + k) : p32[k];
+          const float out = pk * c.decay - c.lr * (mj / c.bc1) / (std::sqrt(vj / c.bc2) + c.eps);
+          if (sr) store_one(p16 + k, ig_math::round_bf16_stochastic(out, ig_math::stochastic_salt(k, c.step)));
+          else p32[k] = out;
           m[j] = mj;
           v[j] = vj;
           max1 = std::max(max1, std::fabs(mj));

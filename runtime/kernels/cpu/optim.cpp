@@ -2,19 +2,24 @@
 // is updated in one pass over its elements, threads splitting the elements of large tensors. The math is the
 // same as the CUDA kernels: f32 arithmetic per element, bias corrections computed once in double.
 //
-// params [n] f32, grads [n] any float dtype, state [n] f32, all contiguous and of equal shape per index.
+// params [n] f32 (AdamW: or bf16, updated without f32 masters and rounded stochastically, Note [Stochastic
+// rounding] in runtime/kernels/scalar_math.h), grads [n] any float dtype, state [n] f32, all contiguous and of
+// equal shape per index.
 #include <cmath>
 
 #include "runtime/kernels/adamw_consts.h"
 #include "runtime/kernels/cpu/loops.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/scalar_math.h"
 
 namespace ingot::kernels::cpu {
 namespace {
 
-void check_slot(const char* op, size_t i, const Tensor& p, const Tensor& g, std::initializer_list<const Tensor*> state) {
-  INGOT_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), op, ": parameter ", i,
-              " must be a contiguous f32 tensor, got ", dtype_name(p.dtype()), shape_str(p.shape()));
+void check_slot(const char* op, size_t i, const Tensor& p, const Tensor& g, std::initializer_list<const Tensor*> state,
+                bool bf16_params = false) {
+  INGOT_CHECK((p.dtype() == DType::f32 || (bf16_params && p.dtype() == DType::bf16)) && p.is_contiguous(), op,
+              ": parameter ", i, " must be a contiguous f32", bf16_params ? " or bf16" : "", " tensor, got ",
+              dtype_name(p.dtype()), shape_str(p.shape()));
   INGOT_CHECK(is_floating(g.dtype()) && g.is_contiguous() && g.shape() == p.shape(), op, ": grad ", i,
               " must be a contiguous float tensor of shape ", shape_str(p.shape()), ", got ", dtype_name(g.dtype()),
               shape_str(g.shape()));
@@ -31,11 +36,13 @@ void adamw_multi(const std::vector<Tensor>& params, const std::vector<Tensor>& g
                        exp_avg_sq.size() == params.size());
   const AdamWConsts c = adamw_consts(args, "adamw_multi");
   for (size_t i = 0; i < params.size(); ++i) {
-    check_slot("adamw_multi", i, params[i], grads[i], {&exp_avg[i], &exp_avg_sq[i]});
-    float* p = params[i].data<float>();
+    check_slot("adamw_multi", i, params[i], grads[i], {&exp_avg[i], &exp_avg_sq[i]}, /*bf16_params=*/true);
     float* m = exp_avg[i].data<float>();
     float* v = exp_avg_sq[i].data<float>();
     const int64_t n = params[i].numel();
+    const bool sr = params[i].dtype() == DType::bf16;
+    float* p32 = sr ? nullptr : params[i].data<float>();
+    bf16_t* p16 = sr ? params[i].data<bf16_t>() : nullptr;
     dispatch_dtype(grads[i].dtype(), [&](auto tag) {
       using T = decltype(tag);
       const T* g = grads[i].data<T>();
@@ -46,7 +53,10 @@ void adamw_multi(const std::vector<Tensor>& params, const std::vector<Tensor>& g
         float vj = c.b2 * v[j] + c.one_minus_b2 * gj * gj;
         m[j] = mj;
         v[j] = vj;
-        p[j] = p[j] * c.decay - c.lr * (mj / c.bc1) / (std::sqrt(vj / c.bc2) + c.eps);
+        const float pj = sr ? load_one<float>(p16 + j) : p32[j];
+        const float out = pj * c.decay - c.lr * (mj / c.bc1) / (std::sqrt(vj / c.bc2) + c.eps);
+        if (sr) store_one(p16 + j, ig_math::round_bf16_stochastic(out, ig_math::stochastic_salt(j, c.step)));
+        else p32[j] = out;
       }
     });
   }

@@ -9,11 +9,12 @@
 // Numerics: the CPU kernel's f32 operations in the same order, each rounded separately (__fmul_rn and friends,
 // never an FMA), with the same host-side constants, and the same search: CPU and GPU agree bit for bit.
 // Memory bound: per element it reads 4 (p) + 2..4 (g) + 2 (codes) bytes and writes 4 + 2.
-//   p [n] f32, g [n] any float dtype, codes i32 [ceil(n / 4)] (bytes), absmax f32 [ceil(n / 256)], maps f32 [256].
+//   p [n] f32 or bf16, g [n] any float dtype, codes i32 [ceil(n / 4)] (bytes), absmax f32 [ceil(n / 256)], maps f32 [256].
 #include "runtime/kernels/adamw_consts.h"
 #include "runtime/kernels/cuda/common.cuh"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/quant8.h"
+#include "runtime/kernels/scalar_math.h"
 
 namespace ingot::kernels::cuda {
 namespace {
@@ -25,7 +26,8 @@ static_assert(kBlock == 256, "the maps are staged one value a thread");
 
 // kernels
 
-__global__ void adamw8bit_kernel(float* __restrict__ p, const void* __restrict__ g, DType g_dtype,
+// p is f32, or bf16 (p_dtype) rounded stochastically (Note [Stochastic rounding], scalar_math.h).
+__global__ void adamw8bit_kernel(void* __restrict__ p, DType p_dtype, const void* __restrict__ g, DType g_dtype,
                                  uint8_t* __restrict__ q1, float* __restrict__ a1, uint8_t* __restrict__ q2,
                                  float* __restrict__ a2, const float* __restrict__ map1, const float* __restrict__ map2,
                                  int64_t n, AdamWConsts c) {
@@ -52,7 +54,11 @@ __global__ void adamw8bit_kernel(float* __restrict__ p, const void* __restrict__
             __fadd_rn(__fmul_rn(c.b2, __fmul_rn(s2[q2[j]], old2)), __fmul_rn(__fmul_rn(c.one_minus_b2, gj), gj));
         const float step =
             __fdiv_rn(__fmul_rn(c.lr, __fdiv_rn(mj, c.bc1)), __fadd_rn(__fsqrt_rn(__fdiv_rn(vj, c.bc2)), c.eps));
-        p[j] = __fsub_rn(__fmul_rn(p[j], c.decay), step);
+        const float out = __fsub_rn(__fmul_rn(load_dyn<float>(p, p_dtype, j), c.decay), step);
+        if (p_dtype == DType::bf16)
+          store_dyn(p, DType::bf16, j, ig_math::round_bf16_stochastic(out, ig_math::stochastic_salt(j, c.step)));
+        else
+          static_cast<float*>(p)[j] = out;
         m[k] = mj;
         v[k] = vj;
         max1 = fmaxf(max1, fabsf(mj));
@@ -104,7 +110,7 @@ void adamw8bit_multi(const std::vector<Tensor>& params, const std::vector<Tensor
     if (n == 0) continue;
     const unsigned grid = grid_for(quant8_blocks(n), kWarps, ctx.device);
     adamw8bit_kernel<<<grid, kBlock, 0, ctx.stream>>>(
-        params[i].data<float>(), grads[i].data_ptr(), grads[i].dtype(), static_cast<uint8_t*>(m_codes[i].data_ptr()),
+        params[i].data_ptr(), params[i].dtype(), grads[i].data_ptr(), grads[i].dtype(), static_cast<uint8_t*>(m_codes[i].data_ptr()),
         m_absmax[i].data<float>(), static_cast<uint8_t*>(v_codes[i].data_ptr()), v_absmax[i].data<float>(),
         signed_map.data<float>(), unsigned_map.data<float>(), n, c);
     CUDA_CHECK_LAUNCH();

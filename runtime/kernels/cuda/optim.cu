@@ -12,7 +12,7 @@
 // update until the GPU had reached the previous one and the GPU then idled while the host queued the kernels that
 // follow. With the ring the host waits only for the upload of kStagingRing launches ago.
 //
-// Shapes: params [n] f32, grads [n] any float dtype, state [n] f32, contiguous, equal shapes per index.
+// Shapes: params [n] f32 (AdamW: or bf16), grads [n] any float dtype, state [n] f32, contiguous, equal shapes per index.
 // Numerics: the CPU kernels' f32 operations in the same order, each rounded separately (__fmul_rn and
 // friends are never contracted into FMAs), with the same host-side constants: CPU and GPU updates are equal
 // bit for bit.
@@ -25,6 +25,7 @@
 #include "runtime/kernels/adamw_consts.h"
 #include "runtime/kernels/cuda/common.cuh"
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/scalar_math.h"
 
 namespace ingot::kernels::cuda {
 namespace {
@@ -33,12 +34,13 @@ constexpr int kBlock = 256;
 constexpr int64_t kChunk = 16384;
 
 struct Slot {
-  float* p;
+  void* p;  // f32; AdamW: or bf16 (p_dtype), rounded stochastically (Note [Stochastic rounding], scalar_math.h)
   const void* g;
   float* s1;  // AdamW: exp_avg; SGD: momentum buffer (null without momentum)
   float* s2;  // AdamW: exp_avg_sq
   int64_t n;
   DType g_dtype;
+  DType p_dtype = DType::f32;
 };
 
 struct Chunk {
@@ -62,7 +64,11 @@ __global__ void adamw_kernel(const Slot* slots, const Chunk* chunks, AdamWConsts
     s.s1[j] = m;
     s.s2[j] = v;
     const float step = __fdiv_rn(__fmul_rn(c.lr, __fdiv_rn(m, c.bc1)), __fadd_rn(__fsqrt_rn(__fdiv_rn(v, c.bc2)), c.eps));
-    s.p[j] = __fsub_rn(__fmul_rn(s.p[j], c.decay), step);
+    const float out = __fsub_rn(__fmul_rn(load_dyn<float>(s.p, s.p_dtype, j), c.decay), step);
+    if (s.p_dtype == DType::bf16)
+      store_dyn(s.p, DType::bf16, j, ig_math::round_bf16_stochastic(out, ig_math::stochastic_salt(j, c.step)));
+    else
+      static_cast<float*>(s.p)[j] = out;
   }
 }
 
@@ -70,14 +76,15 @@ __global__ void sgd_kernel(const Slot* slots, const Chunk* chunks, SgdConsts c) 
   const Chunk ch = chunks[blockIdx.x];
   const Slot s = slots[ch.slot];
   const int64_t end = ch.start + kChunk < s.n ? ch.start + kChunk : s.n;
+  float* p = static_cast<float*>(s.p);
   for (int64_t j = ch.start + threadIdx.x; j < end; j += blockDim.x) {
-    float d = __fadd_rn(__fmul_rn(load_dyn<float>(s.g, s.g_dtype, j), c.scale), __fmul_rn(c.wd, s.p[j]));
+    float d = __fadd_rn(__fmul_rn(load_dyn<float>(s.g, s.g_dtype, j), c.scale), __fmul_rn(c.wd, p[j]));
     if (c.use_momentum) {
       const float b = c.first ? d : __fadd_rn(__fmul_rn(c.mu, s.s1[j]), __fmul_rn(c.damp, d));
       s.s1[j] = b;
       d = c.nesterov ? __fadd_rn(d, __fmul_rn(c.mu, b)) : b;
     }
-    s.p[j] = __fsub_rn(s.p[j], __fmul_rn(c.lr, d));
+    p[j] = __fsub_rn(p[j], __fmul_rn(c.lr, d));
   }
 }
 
@@ -105,9 +112,11 @@ Staging& staging(int device) {
   return *s;
 }
 
-void check_slot(const char* op, size_t i, const Tensor& p, const Tensor& g, std::initializer_list<const Tensor*> state) {
-  INGOT_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), op, ": parameter ", i,
-              " must be a contiguous f32 tensor, got ", dtype_name(p.dtype()), shape_str(p.shape()));
+void check_slot(const char* op, size_t i, const Tensor& p, const Tensor& g, std::initializer_list<const Tensor*> state,
+                bool bf16_params = false) {
+  INGOT_CHECK((p.dtype() == DType::f32 || (bf16_params && p.dtype() == DType::bf16)) && p.is_contiguous(), op,
+              ": parameter ", i, " must be a contiguous f32", bf16_params ? " or bf16" : "", " tensor, got ",
+              dtype_name(p.dtype()), shape_str(p.shape()));
   INGOT_CHECK(is_floating(g.dtype()) && g.is_contiguous() && g.shape() == p.shape(), op, ": grad ", i,
               " must be a contiguous float tensor of shape ", shape_str(p.shape()), ", got ", dtype_name(g.dtype()),
               shape_str(g.shape()));
@@ -165,10 +174,10 @@ void adamw_multi(const std::vector<Tensor>& params, const std::vector<Tensor>& g
   if (params.empty()) return;
   std::vector<Slot> slots;
   for (size_t i = 0; i < params.size(); ++i) {
-    check_slot("adamw_multi", i, params[i], grads[i], {&exp_avg[i], &exp_avg_sq[i]});
+    check_slot("adamw_multi", i, params[i], grads[i], {&exp_avg[i], &exp_avg_sq[i]}, /*bf16_params=*/true);
     check_same_device("adamw_multi", {&params[0], &params[i]});
-    slots.push_back(Slot{params[i].data<float>(), grads[i].data_ptr(), exp_avg[i].data<float>(),
-                         exp_avg_sq[i].data<float>(), params[i].numel(), grads[i].dtype()});
+    slots.push_back(Slot{params[i].data_ptr(), grads[i].data_ptr(), exp_avg[i].data<float>(),
+                         exp_avg_sq[i].data<float>(), params[i].numel(), grads[i].dtype(), params[i].dtype()});
   }
   launch("adamw_multi", params[0], slots, adamw_kernel, c);
 }
