@@ -57,6 +57,21 @@ class MultiTensorUpdate : public HorizontalUpdate {
   virtual bool widens_gradients() const { return false; }
 };
 
+// An update primitive that can also run over its inputs (Note [Traced updates run in place], optim/fused_update.h):
+// every optimizer's update. A compiled step whose graph lets each written input be overwritten runs it so too
+// (compile/exec/executor.cpp) instead of its functional eval, which copies every parameter and state tensor first
+// (32 GB for AdamW8bit's update of an 8B model's bf16 weights and 8-bit moments).
+class InPlaceUpdate {
+ public:
+  virtual ~InPlaceUpdate() = default;
+  // The inputs the outputs overwrite, in output order.
+  virtual std::vector<Tensor> written(const std::vector<Tensor>& in) const = 0;
+  // The update computed over those inputs: what eval returns, in them.
+  virtual void update_in_place(const std::vector<Tensor>& in) const = 0;
+  // The indices of the inputs written() returns, in output order; empty when the executor should run eval.
+  virtual std::vector<size_t> written_inputs() const { return {}; }
+};
+
 inline bool is_horizontal_update(const Primitive& p) { return dynamic_cast<const HorizontalUpdate*>(&p) != nullptr; }
 
 inline const MultiTensorUpdate* as_multi_tensor_update(const Primitive& p) {

@@ -46,11 +46,16 @@ class AdamW8bitUpdatePrim final : public Primitive, public InPlaceUpdate {
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override { return run(in, false); }
   std::vector<Tensor> written(const std::vector<Tensor>& in) const override {
     std::vector<Tensor> out;
-    for (size_t s : {size_t{0}, size_t{2}, size_t{3}, size_t{4}, size_t{5}})
-      for (size_t k = 0; k < n_; ++k) out.push_back(in[1 + s * n_ + k]);
+    for (size_t i : written_inputs()) out.push_back(in[i]);
     return out;
   }
   void update_in_place(const std::vector<Tensor>& in) const override { run(in, true); }
+  std::vector<size_t> written_inputs() const override {
+    std::vector<size_t> out;
+    for (size_t s : {size_t{0}, size_t{2}, size_t{3}, size_t{4}, size_t{5}})
+      for (size_t k = 0; k < n_; ++k) out.push_back(1 + s * n_ + k);
+    return out;
+  }
   bool differentiable() const override { return false; }
   bool host_input(size_t i) const override { return i == 0; }
   void print_attrs(std::ostream& os) const override {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "autograd/primitive.h"
+#include "autograd/primitive_multi_tensor.h"  // InPlaceUpdate
 #include "runtime/kernels/kernels.h"
 
 namespace ingot::optim {
@@ -42,15 +43,7 @@ kernels::AdamWArgs adamw_args(const kernels::AdamWArgs& fixed, const double* hyp
 // write-backs as for the functional form (TraceObserver::on_apply_over). Deferred segments (compile/trace/
 // segments.h) cannot: their inputs are computed at the segment's end; there the functional form remains.
 //
-// An update primitive that can also run over its inputs: every optimizer's update (AdamW, SGD, Lion, AdamW8bit).
-class InPlaceUpdate {
- public:
-  virtual ~InPlaceUpdate() = default;
-  // The inputs the outputs overwrite, in output order.
-  virtual std::vector<Tensor> written(const std::vector<Tensor>& in) const = 0;
-  // The update computed over those inputs: what eval returns, in them.
-  virtual void update_in_place(const std::vector<Tensor>& in) const = 0;
-};
+// Every optimizer's update (AdamW, SGD, Lion, AdamW8bit) is an InPlaceUpdate (autograd/primitive_multi_tensor.h).
 
 // Applies `update` (a Primitive that is an InPlaceUpdate) to `in` under a trace, its outputs written over the
 // parameters and state they update.

@@ -6,11 +6,28 @@
 #include <set>
 #include <sstream>
 
+#include "autograd/primitive_multi_tensor.h"
 #include "compile/logs.h"
 #include "runtime/allocator.h"
 #include "runtime/allocator_census.h"
 
 namespace ingot::compiler {
+
+// Note [In-place optimizer update]: the update may write into a parameter's (or state's) own buffer when
+// the graph reads that input nowhere after the update and writes the matching output back into it: the
+// write-back then finds the value already in place (compile/exec/executor.cpp skips the copy).
+bool in_place_ok(const Graph& g, int32_t node_index, int32_t in_value, int32_t out_value) {
+  const Value& in = g.values[static_cast<size_t>(in_value)];
+  if (in.producer >= 0) return false;
+  for (size_t i = static_cast<size_t>(node_index) + 1; i < g.nodes.size(); ++i)
+    for (int32_t v : g.nodes[i].inputs)
+      if (v == in_value) return false;
+  for (int32_t o : g.outputs)
+    if (o == in_value) return false;
+  for (const WriteBack& w : g.writebacks)
+    if (w.input == in.input_index) return w.value == out_value;
+  return false;
+}
 
 std::vector<ExecStep> plan_steps(const Graph& g, const std::map<int32_t, GroupKernel>& group_kernels) {
   std::vector<ExecStep> steps;
@@ -41,6 +58,16 @@ std::vector<ExecStep> plan_steps(const Graph& g, const std::map<int32_t, GroupKe
       s.group = G;
       s.kernel = k->second.run;
       s.host_scalars = k->second.host_scalars;
+    }
+    // Note [In-place optimizer update] for an update that runs as its own node (AdamW8bit's eager kernel): over its
+    // inputs when the graph lets every written one be overwritten, not over copies of them.
+    const Node& node = g.nodes[n];
+    if (const auto* u = dynamic_cast<const InPlaceUpdate*>(node.prim.get()); u && !s.kernel) {
+      const std::vector<size_t> w = u->written_inputs();
+      bool ok = !w.empty() && w.size() == node.outputs.size();
+      for (size_t i = 0; ok && i < w.size(); ++i)
+        ok = in_place_ok(g, static_cast<int32_t>(n), node.inputs[w[i]], node.outputs[i]);
+      s.update_in_place = ok;
     }
     step_of[n] = static_cast<int32_t>(steps.size());
     steps.push_back(std::move(s));
@@ -148,6 +175,14 @@ void run_step(const Graph& g, const ExecStep& s, std::vector<Tensor>& env) {
     // A generated kernel writes each placed output into the slot found in env (compile/exec/kernel_step.cpp).
     for (int32_t v : s.placed) env[static_cast<size_t>(v)] = bucket_slot(g, v, env);
     s.kernel(env);
+  } else if (s.update_in_place) {
+    const Node& n = g.nodes[static_cast<size_t>(s.node)];
+    const auto* u = dynamic_cast<const InPlaceUpdate*>(n.prim.get());
+    std::vector<Tensor> ins;
+    for (int32_t v : n.inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
+    u->update_in_place(ins);
+    const std::vector<size_t> w = u->written_inputs();
+    for (size_t i = 0; i < w.size(); ++i) env[static_cast<size_t>(n.outputs[i])] = ins[w[i]];
   } else if (!s.placed.empty()) {
     run_placed_node(g, s, env);
   } else {

@@ -41,7 +41,13 @@ struct ExecStep {
   std::shared_ptr<const HostScalars> host_scalars;  // set when the kernel can read its scalars from the device
   std::vector<int32_t> release;  // values dead after this step
   std::vector<int32_t> placed;   // values it makes in their bucket's buffer (Note [Values placed in buckets])
+  bool update_in_place = false;  // an InPlaceUpdate node whose every written input may be overwritten
 };
+
+// Whether node `node_index` may write its output `out_value` over its input `in_value`: the input is a graph input
+// that nothing after the node reads and whose write-back is that output (the write-back then finds the value in
+// place and copies nothing).
+bool in_place_ok(const Graph& g, int32_t node_index, int32_t in_value, int32_t out_value);
 
 struct Executable {
   Graph graph;

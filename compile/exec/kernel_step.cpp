@@ -24,22 +24,6 @@ std::vector<OutMeta> out_metas(const Graph& g, const std::vector<int32_t>& value
   return outs;
 }
 
-// Note [In-place optimizer update]: the update may write into a parameter's (or state's) own buffer when
-// the graph reads that input nowhere after the update and writes the matching output back into it: the
-// write-back then finds the value already in place (compile/exec/executor.cpp skips the copy).
-bool in_place_ok(const Graph& g, int32_t node_index, int32_t in_value, int32_t out_value) {
-  const Value& in = g.values[static_cast<size_t>(in_value)];
-  if (in.producer >= 0) return false;
-  for (size_t i = static_cast<size_t>(node_index) + 1; i < g.nodes.size(); ++i)
-    for (int32_t v : g.nodes[i].inputs)
-      if (v == in_value) return false;
-  for (int32_t o : g.outputs)
-    if (o == in_value) return false;
-  for (const WriteBack& w : g.writebacks)
-    if (w.input == in.input_index) return w.value == out_value;
-  return false;
-}
-
 }  // namespace
 
 GroupKernel make_kernel_step(const Graph& g, const LoweredGroup& lg, KernelCall kernel, DeviceScalarsCall device_call) {

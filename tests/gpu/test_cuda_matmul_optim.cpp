@@ -327,7 +327,8 @@ TEST(CudaOptim, AdamWRoundsBf16WeightsStochasticallyAsTheCpuBitForBit) {
   OptimState s = make_optim_state();
   for (std::vector<Tensor>* list : {&s.p_cpu, &s.p_gpu})
     for (Tensor& p : *list) p = p.to(DType::bf16);
-  const std::vector<Tensor> start = s.p_cpu;
+  std::vector<Tensor> start;
+  for (const Tensor& p : s.p_cpu) start.push_back(p.clone_raw());
   kernels::AdamWArgs args;
   args.lr = 1e-4;  // steps of a fraction of a bf16 ulp: only the rounding moves them
   args.weight_decay = 0.1;
