@@ -381,7 +381,8 @@ TEST(CompileCudaStep, Bf16WeightsWithoutMastersUpdateAsEagerAndTheCpuBitForBit) 
     std::vector<std::vector<Tensor>> batches;
     for (int i = 0; i < 6; ++i) batches.push_back({randn({300}).to(DType::bf16), randn({70001}).to(DType::bf16)});
     auto train = [&](Device d, const char* mode) {
-      std::vector<Tensor> ps = {leaf(start[0].to(d)), leaf(start[1].to(d))};
+      // Copies: on the CPU .to() would hand back start itself, which the update would then train in place.
+      std::vector<Tensor> ps = {leaf(start[0].clone_raw().to(d)), leaf(start[1].clone_raw().to(d))};
       const optim::AdamWOptions o{.lr = 1e-4, .weight_decay = 0.1};
       std::unique_ptr<optim::Optimizer> opt;
       if (eight_bit) opt = std::make_unique<optim::AdamW8bit>(ps, o);
