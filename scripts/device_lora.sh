@@ -11,14 +11,16 @@
 # Logs: $OUT/logs.tgz (or ./out/logs.tgz); the rows are printed as they come.
 #   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [qlora_ckpt] [qlora_mlp] [ckpt] [mlp] [text50]
 #                          [ingot_eager] [memory]
-#                          [budget] [long] [long_eager] [long_plain] [full] [full_adamw] [full_masters] [full_torch]
+#                          [budget] [long] [long_eager] [long_plain] [full] [full_adamw] [full_masters] [full_f32]
+#                          [full_torch]
 #                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, qlora_mlp, mlp, ckpt,
 #                              text50, peft, budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while
 #                              DEADLINE allows)
 #   peft: peft + torch.compile; peft_eager: peft eager
 #   full: a full fine-tune on the one GPU (bench/configs/llama_8b/full_finetune.yaml: bf16 weights without f32
 #         masters, rounded stochastically; AdamW8bit; every block checkpointed), compiled; full_adamw: the same
-#         with AdamW's f32 state; full_masters: the same as full through f32 masters (the losses SR should follow); full_torch: PyTorch's pure-bf16 full fine-tune (peft_lora.py --full --grad-ckpt:
+#         with AdamW's f32 state; full_masters: the same as full through f32 masters; full_f32: all in f32 (the losses rounding should
+#         follow); full_torch: PyTorch's pure-bf16 full fine-tune (peft_lora.py --full --grad-ckpt:
 #         bf16 weights and AdamW state, gradient checkpointing, torch.compile), lr 1e-5 as the yaml
 #   autotune / autotune_nocg / overhead: ingot compiled in max-autotune (cuBLASLt candidates timed per product
 #         shape, CUDA graphs), max-autotune-no-cudagraphs, reduce-overhead
@@ -131,6 +133,8 @@ ingot_run() {  # ingot_run NAME key=value... (RECIPE_YAML: another config of ben
     output_dir="$WORK/run_$name" compile.cache_dir=/tmp/ingot-lora-cache "$@" ${INGOT_EXTRA:-} \
     --summary "$WORK/run_$name.summary.json") > "$out/ingot_$name.log" 2>&1 || { tail -8 "$out/ingot_$name.log"; return 0; }
   cp "$WORK/run_$name/metrics.jsonl" "$out/ingot_$name.metrics.jsonl" 2>/dev/null
+  # A full fine-tune's export is the whole model (16 GB for the 8B): a few would fill the machine's disk.
+  [[ -n ${RECIPE_YAML:-} ]] && rm -rf "$WORK/run_$name/hf"
   cp "$WORK/run_$name.summary.json" "$out/" 2>/dev/null
   ingot_row "ingot $name" "$WORK/run_$name"
 }
@@ -148,6 +152,8 @@ want full_adamw && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_r
   optimizer.name=adamw
 want full_masters && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_masters compile.enabled=true \
   train.master_weights=true
+want full_f32 && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_f32 compile.enabled=true \
+  train.master_weights=true dtype=f32
 want full_torch && PEFT_TAG=_full PEFT_EXTRA="${PEFT_EXTRA:-} --full --grad-ckpt --lr 1e-5" peft compile
 TEXT_STEPS=${TEXT_STEPS:-50} TEXT_TOKENS=${TEXT_TOKENS:-.device/text50_tokens.bin.xz}
 # text50_row NAME METRICS [BF16_METRICS]: the run's losses at steps 1, 10, 25, TEXT_STEPS (and the mean of the

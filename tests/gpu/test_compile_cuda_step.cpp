@@ -391,9 +391,11 @@ TEST(CompileCudaStep, Bf16WeightsWithoutMastersUpdateAsEagerAndTheCpuBitForBit) 
       auto fn = [&](const std::vector<Tensor>& c) {
         Tensor loss = add(sum(mul(ps[0], c[0])), sum(mul(ps[1], c[1])));
         loss.backward();
-        if (first_grads.empty()) first_grads = {ps[0].grad().to(Device::cpu()), ps[1].grad().to(Device::cpu())};
+        // Copies (clone_raw): on the CPU .to() hands back the live tensor, which later steps change.
+        if (first_grads.empty())
+          first_grads = {ps[0].grad().to(Device::cpu()).clone_raw(), ps[1].grad().to(Device::cpu()).clone_raw()};
         opt->step();
-        if (after_first.empty()) after_first = {ps[0].to(Device::cpu()), ps[1].to(Device::cpu())};
+        if (after_first.empty()) after_first = {ps[0].to(Device::cpu()).clone_raw(), ps[1].to(Device::cpu()).clone_raw()};
         opt->zero_grad();
         return std::vector<Tensor>{loss};
       };
