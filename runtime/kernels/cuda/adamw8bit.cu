@@ -24,49 +24,6 @@ constexpr int kWarps = kBlock / 32;
 constexpr int kPerLane = static_cast<int>(kQuant8Block) / 32;
 static_assert(kBlock == 256, "the maps are staged one value a thread");
 
-// Note [Map search in breadth-first order]
-// quant8_nearest's binary search over a map in shared memory reads, at depth k, up to 2^k different entries across a
-// warp, all of them odd multiples of 2^(8-k): 8- to 16-way bank conflicts at depths 4-6, which made the search most
-// of the kernel's time (an 8B model's update: ~185 ms against ~60 ms for AdamW with f32 moments, H200). The same
-// search over the map laid out breadth-first (Eytzinger: node i's children at 2i and 2i + 1, so depth k is the
-// 2^k consecutive entries from 2^k) reads consecutive entries at each depth: no conflicts up to depth 5, at most 4-way
-// after. It finds the same first index whose value is >= x (its node's sorted index, kept beside it), and the
-// nearest-value comparison is quant8_nearest's own, so codes stay equal to the CPU's bit for bit.
-struct MapTree {
-  float value[257];         // value[i]: node i's map value (1-based; node 0 unused)
-  unsigned char index[257];  // its sorted index
-};
-
-// Fills `t` from the ascending `map` (in shared memory) on one thread: an in-order walk of nodes 1..256 visits them
-// in sorted order. 256 steps once per block, which then updates thousands of quantization blocks.
-__device__ void build_tree(MapTree& t, const float* map) {
-  int stack[10], sp = 0, i = 1, k = 0;
-  while (sp > 0 || i <= 256) {
-    if (i <= 256) {
-      stack[sp++] = i;
-      i = 2 * i;
-    } else {
-      i = stack[--sp];
-      t.value[i] = map[k];
-      t.index[i] = static_cast<unsigned char>(k);
-      ++k;
-      i = 2 * i + 1;
-    }
-  }
-}
-
-// quant8_nearest(map, x) through the tree (Note [Map search in breadth-first order]).
-__device__ __forceinline__ int tree_nearest(const MapTree& t, const float* map, float x) {
-  int i = 1;
-  while (i <= 256) i = 2 * i + (t.value[i] < x ? 1 : 0);
-  // The last node where the search went left is the first value >= x: strip the trailing right turns.
-  i >>= __ffs(~i);
-  const int lo = i == 0 ? 256 : t.index[i];
-  if (lo == 0) return 0;
-  if (lo == 256) return 255;
-  return (map[lo] - x) < (x - map[lo - 1]) ? lo : lo - 1;
-}
-
 // kernels
 
 // p is f32, or bf16 (p_dtype) rounded stochastically (Note [Stochastic rounding], scalar_math.h).
@@ -75,12 +32,8 @@ __global__ void adamw8bit_kernel(void* __restrict__ p, DType p_dtype, const void
                                  float* __restrict__ a2, const float* __restrict__ map1, const float* __restrict__ map2,
                                  int64_t n, AdamWConsts c) {
   __shared__ float s1[256], s2[256];
-  __shared__ MapTree t1, t2;
   s1[threadIdx.x] = map1[threadIdx.x];
   s2[threadIdx.x] = map2[threadIdx.x];
-  __syncthreads();
-  if (threadIdx.x == 0) build_tree(t1, s1);
-  if (threadIdx.x == 32) build_tree(t2, s2);
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t blocks = ceil_div(n, kQuant8Block);
@@ -123,8 +76,8 @@ __global__ void adamw8bit_kernel(void* __restrict__ p, DType p_dtype, const void
     for (int k = 0; k < kPerLane; ++k) {
       const int64_t j = lo + lane + 32 * k;
       if (j < n) {
-        q1[j] = static_cast<uint8_t>(tree_nearest(t1, s1, max1 > 0.0f ? __fdiv_rn(m[k], max1) : 0.0f));
-        q2[j] = static_cast<uint8_t>(tree_nearest(t2, s2, max2 > 0.0f ? __fdiv_rn(v[k], max2) : 0.0f));
+        q1[j] = static_cast<uint8_t>(quant8_nearest(s1, max1 > 0.0f ? __fdiv_rn(m[k], max1) : 0.0f));
+        q2[j] = static_cast<uint8_t>(quant8_nearest(s2, max2 > 0.0f ? __fdiv_rn(v[k], max2) : 0.0f));
       }
     }
   }
