@@ -114,8 +114,10 @@ def run(mode, args, cfg):
     name = ("torch full bf16" if args.full else "peft LoRA") + (" + torch.compile" if mode == "compile" else " eager")
     if args.grad_ckpt:
         name += " + checkpointing"
-    print(f"| {name} | {torch.cuda.get_device_name()} | bf16{'' if args.no_autocast else ' autocast'} | "
-          f"{args.batch} x {args.seq} | r={args.rank} {args.targets} | {n_trained / 1e6:.2f}M of {n / 1e9:.2f}B | "
+    precision = "bf16 weights" if args.full else "bf16" + ("" if args.no_autocast else " autocast")
+    trains = "every weight" if args.full else f"r={args.rank} {args.targets}"
+    print(f"| {name} | {torch.cuda.get_device_name()} | {precision} | "
+          f"{args.batch} x {args.seq} | {trains} | {n_trained / 1e6:.2f}M of {n / 1e9:.2f}B | "
           f"{med:.1f} | {tokens / med * 1e3:.0f} | {tflops:.1f} | {100 * tflops / args.peak_tflops:.1f}% | "
           f"{peak / 1e9:.2f} | {peak_all / 1e9:.2f} | {first_s:.1f} | {build_s:.1f} | "
           f"{' '.join(f'{x:.4f}' for x in losses[:args.print_losses])} |", flush=True)
