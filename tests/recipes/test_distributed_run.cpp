@@ -296,6 +296,24 @@ TEST_F(DistributedRun, Bf16GradientAveragingTrainsNearTheF32RunAndSaysSo) {
   EXPECT_NE(bad.output.find("distributed.reduce_dtype"), std::string::npos) << bad.output;
 }
 
+// train.master_weights: false under plain DDP: every rank rounds the same averaged update of the same bf16 weights
+// the same way (the rounding is a function of the value, its index and the step), so two workers train as one
+// process does on the same global batch, to the bf16 averaging's rounding.
+TEST_F(DistributedRun, Bf16WeightsWithoutMastersTrainOnTwoWorkersLikeOneProcess) {
+  const std::string bare = "max_steps=4 dtype=bf16 train.master_weights=false";
+  Result one = single("bare1", bare);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  Result two = launch(2, "bare2", bare);
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const std::map<int64_t, double> l1 = train_losses(path("bare1/metrics.jsonl")), l2 = train_losses(path("bare2/metrics.jsonl"));
+  ASSERT_EQ(l1.size(), 4u);
+  ASSERT_EQ(l2.size(), 4u);
+  for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 1e-2 * std::abs(loss)) << "step " << step;
+  Result z = single("bare_z1", bare + " distributed.zero_stage=1");
+  EXPECT_EQ(z.exit_code, 2) << z.output;
+  EXPECT_NE(z.output.find("train.master_weights"), std::string::npos) << z.output;
+}
+
 TEST_F(DistributedRun, CompiledDdpFollowsEagerDdpInOneGraph) {
   Result eager = launch(2, "eager", "max_steps=4");
   ASSERT_EQ(eager.exit_code, 0) << eager.output;
