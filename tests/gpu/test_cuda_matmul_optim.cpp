@@ -301,6 +301,15 @@ void expect_equal_lists(const std::vector<Tensor>& gpu, const std::vector<Tensor
   for (size_t i = 0; i < gpu.size(); ++i) EXPECT_EQ(count_unequal(gpu[i], cpu[i]), 0) << what << " " << i;
 }
 
+// Steps 1..steps of AdamW with `args` on the CPU lists and on the GPU lists of `s`.
+void adamw_steps_on_both(OptimState& s, kernels::AdamWArgs args, int64_t steps) {
+  for (int64_t step = 1; step <= steps; ++step) {
+    args.step = step;
+    kc::adamw_multi(s.p_cpu, s.g_cpu, s.s1_cpu, s.s2_cpu, args);
+    kg::adamw_multi(s.p_gpu, s.g_gpu, s.s1_gpu, s.s2_gpu, args);
+  }
+}
+
 TEST(CudaOptim, AdamWUpdatesEqualCpuBitForBitOverSteps) {
   INGOT_REQUIRE_CUDA();
   manual_seed(41);
@@ -309,11 +318,7 @@ TEST(CudaOptim, AdamWUpdatesEqualCpuBitForBitOverSteps) {
   args.lr = 3e-3;
   args.weight_decay = 0.1;
   args.grad_scale = 0.7;
-  for (int64_t step = 1; step <= 3; ++step) {
-    args.step = step;
-    kc::adamw_multi(s.p_cpu, s.g_cpu, s.s1_cpu, s.s2_cpu, args);
-    kg::adamw_multi(s.p_gpu, s.g_gpu, s.s1_gpu, s.s2_gpu, args);
-  }
+  adamw_steps_on_both(s, args, 3);
   expect_equal_lists(s.p_gpu, s.p_cpu, "param");
   expect_equal_lists(s.s1_gpu, s.s1_cpu, "exp_avg");
   expect_equal_lists(s.s2_gpu, s.s2_cpu, "exp_avg_sq");
@@ -332,11 +337,7 @@ TEST(CudaOptim, AdamWRoundsBf16WeightsStochasticallyAsTheCpuBitForBit) {
   kernels::AdamWArgs args;
   args.lr = 1e-4;  // steps of a fraction of a bf16 ulp: only the rounding moves them
   args.weight_decay = 0.1;
-  for (int64_t step = 1; step <= 3; ++step) {
-    args.step = step;
-    kc::adamw_multi(s.p_cpu, s.g_cpu, s.s1_cpu, s.s2_cpu, args);
-    kg::adamw_multi(s.p_gpu, s.g_gpu, s.s1_gpu, s.s2_gpu, args);
-  }
+  adamw_steps_on_both(s, args, 3);
   expect_equal_lists(s.p_gpu, s.p_cpu, "bf16 param");
   expect_equal_lists(s.s1_gpu, s.s1_cpu, "exp_avg");
   EXPECT_GT(count_unequal(s.p_cpu[2], start[2]), 1000) << "the 40000-element weight hardly moved";
