@@ -90,8 +90,8 @@ class AdamW8bitUpdatePrim final : public Primitive, public InPlaceUpdate {
 AdamW8bit::AdamW8bit(std::vector<Tensor> params, AdamWOptions opts)
     : Optimizer(std::move(params), opts.lr), opts_(opts) {
   for (size_t i = 0; i < params_.size(); ++i)
-    INGOT_CHECK(params_[i].dtype() == DType::f32 || params_[i].dtype() == DType::bf16, "AdamW8bit: parameter ", i, " ('",
-                params_[i].name(), "') is ", dtype_name(params_[i].dtype()),
+    INGOT_CHECK(params_[i].dtype() == DType::f32 || params_[i].dtype() == DType::bf16, "AdamW8bit: parameter ", i,
+                " ('", params_[i].name(), "') is ", dtype_name(params_[i].dtype()),
                 "; the update runs on f32 parameters (for 16-bit models keep f32 master weights, "
                 "optim/mixed_precision.h), or on bf16 ones rounded stochastically (Note [Stochastic rounding], "
                 "runtime/kernels/scalar_math.h)");

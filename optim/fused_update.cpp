@@ -200,7 +200,8 @@ std::optional<MultiTensorKernel> AdamWUpdatePrim::lower(const std::vector<DType>
                           k.binary(Op::Mul, k.binary(Op::Mul, f(1.0f - b2), gj), gj));
   const int step = k.binary(Op::Div, k.binary(Op::Mul, scalar(0), k.binary(Op::Div, mj, scalar(3))),
                             k.binary(Op::Add, k.unary(Op::Sqrt, k.binary(Op::Div, vj, scalar(4))), f(a_.eps)));
-  const int updated = k.binary(Op::Sub, k.binary(Op::Mul, pt == DType::f32 ? k.load(p) : k.cast(k.load(p), DType::f32), scalar(1)), step);
+  const int p32 = pt == DType::f32 ? k.load(p) : k.cast(k.load(p), DType::f32);
+  const int updated = k.binary(Op::Sub, k.binary(Op::Mul, p32, scalar(1)), step);
   if (pt == DType::bf16) {
     // stochastic_salt(element, step): the element's index in its tensor plus the step times 2^40.
     const int salt = k.binary(Op::Add, k.index(0),

@@ -298,15 +298,18 @@ TEST(CompileStep, Bf16WeightsWithoutMastersUpdateAsEagerBitForBit) {
   for (bool eight_bit : {false, true}) {
     SCOPED_TRACE(eight_bit ? "AdamW8bit" : "AdamW");
     manual_seed(5);
-    const std::vector<Tensor> start = {mul(randn({300}), 0.02).to(DType::bf16), mul(randn({4200}), 0.02).to(DType::bf16)};
+    const std::vector<Tensor> start = {mul(randn({300}), 0.02).to(DType::bf16),
+                                       mul(randn({4200}), 0.02).to(DType::bf16)};
     std::vector<std::vector<Tensor>> batches;
     for (int i = 0; i < 6; ++i) batches.push_back({randn({300}).to(DType::bf16), randn({4200}).to(DType::bf16)});
     auto train = [&](bool compiled) {
       std::vector<Tensor> ps = {leaf(start[0].clone_raw()), leaf(start[1].clone_raw())};
       const optim::AdamWOptions o{.lr = 1e-4, .weight_decay = 0.1};
       std::unique_ptr<optim::Optimizer> opt;
-      if (eight_bit) opt = std::make_unique<optim::AdamW8bit>(ps, o);
-      else opt = std::make_unique<optim::AdamW>(ps, o);
+      if (eight_bit)
+        opt = std::make_unique<optim::AdamW8bit>(ps, o);
+      else
+        opt = std::make_unique<optim::AdamW>(ps, o);
       auto fn = [&](const std::vector<Tensor>& c) {
         Tensor loss = add(sum(mul(ps[0], c[0])), sum(mul(ps[1], c[1])));
         loss.backward();

@@ -305,7 +305,8 @@ TEST_F(DistributedRun, Bf16WeightsWithoutMastersTrainOnTwoWorkersLikeOneProcess)
   ASSERT_EQ(one.exit_code, 0) << one.output;
   Result two = launch(2, "bare2", bare);
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  const std::map<int64_t, double> l1 = train_losses(path("bare1/metrics.jsonl")), l2 = train_losses(path("bare2/metrics.jsonl"));
+  const std::map<int64_t, double> l1 = train_losses(path("bare1/metrics.jsonl")),
+                                  l2 = train_losses(path("bare2/metrics.jsonl"));
   ASSERT_EQ(l1.size(), 4u);
   ASSERT_EQ(l2.size(), 4u);
   for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 1e-2 * std::abs(loss)) << "step " << step;

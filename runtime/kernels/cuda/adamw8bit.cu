@@ -9,7 +9,8 @@
 // Numerics: the CPU kernel's f32 operations in the same order, each rounded separately (__fmul_rn and friends,
 // never an FMA), with the same host-side constants, and the same search: CPU and GPU agree bit for bit.
 // Memory bound: per element it reads 4 (p) + 2..4 (g) + 2 (codes) bytes and writes 4 + 2.
-//   p [n] f32 or bf16, g [n] any float dtype, codes i32 [ceil(n / 4)] (bytes), absmax f32 [ceil(n / 256)], maps f32 [256].
+//   p [n] f32 or bf16, g [n] any float dtype, codes i32 [ceil(n / 4)] (bytes), absmax f32 [ceil(n / 256)],
+//   maps f32 [256].
 #include "runtime/kernels/adamw_consts.h"
 #include "runtime/kernels/cuda/common.cuh"
 #include "runtime/kernels/kernels.h"
@@ -110,9 +111,10 @@ void adamw8bit_multi(const std::vector<Tensor>& params, const std::vector<Tensor
     if (n == 0) continue;
     const unsigned grid = grid_for(quant8_blocks(n), kWarps, ctx.device);
     adamw8bit_kernel<<<grid, kBlock, 0, ctx.stream>>>(
-        params[i].data_ptr(), params[i].dtype(), grads[i].data_ptr(), grads[i].dtype(), static_cast<uint8_t*>(m_codes[i].data_ptr()),
-        m_absmax[i].data<float>(), static_cast<uint8_t*>(v_codes[i].data_ptr()), v_absmax[i].data<float>(),
-        signed_map.data<float>(), unsigned_map.data<float>(), n, c);
+        params[i].data_ptr(), params[i].dtype(), grads[i].data_ptr(), grads[i].dtype(),
+        static_cast<uint8_t*>(m_codes[i].data_ptr()), m_absmax[i].data<float>(),
+        static_cast<uint8_t*>(v_codes[i].data_ptr()), v_absmax[i].data<float>(), signed_map.data<float>(),
+        unsigned_map.data<float>(), n, c);
     CUDA_CHECK_LAUNCH();
   }
 }

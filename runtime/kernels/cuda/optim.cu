@@ -12,7 +12,8 @@
 // update until the GPU had reached the previous one and the GPU then idled while the host queued the kernels that
 // follow. With the ring the host waits only for the upload of kStagingRing launches ago.
 //
-// Shapes: params [n] f32 (AdamW: or bf16), grads [n] any float dtype, state [n] f32, contiguous, equal shapes per index.
+// Shapes: params [n] f32 (AdamW: or bf16), grads [n] any float dtype, state [n] f32, contiguous, equal shapes
+// per index.
 // Numerics: the CPU kernels' f32 operations in the same order, each rounded separately (__fmul_rn and
 // friends are never contracted into FMAs), with the same host-side constants: CPU and GPU updates are equal
 // bit for bit.
