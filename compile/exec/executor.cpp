@@ -150,6 +150,25 @@ bool same_place(const Tensor& a, const Tensor& b) {
   return a.storage() == b.storage() && a.offset() == b.offset() && a.is_contiguous();
 }
 
+// The values node `n` reads, in its input order (undefined for an absent optional input).
+std::vector<Tensor> node_inputs(const Node& n, const std::vector<Tensor>& env) {
+  std::vector<Tensor> ins;
+  ins.reserve(n.inputs.size());
+  for (int32_t v : n.inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
+  return ins;
+}
+
+// Note [In-place optimizer update] for an update that runs its own eager kernel: over its inputs, each output then
+// the input it overwrote.
+void run_update_in_place(const Graph& g, const ExecStep& s, std::vector<Tensor>& env) {
+  const Node& n = g.nodes[static_cast<size_t>(s.node)];
+  const auto* u = dynamic_cast<const InPlaceUpdate*>(n.prim.get());
+  const std::vector<Tensor> ins = node_inputs(n, env);
+  u->update_in_place(ins);
+  const std::vector<size_t> w = u->written_inputs();
+  for (size_t i = 0; i < w.size(); ++i) env[static_cast<size_t>(n.outputs[i])] = ins[w[i]];
+}
+
 // A node step whose outputs are placed: an op that writes given outputs computes into the slots; any other op
 // (a group that did not lower, an op without eval_to) computes as usual and its result is copied there, so a
 // placed value is always in its slot after its step.
@@ -159,8 +178,7 @@ void run_placed_node(const Graph& g, const ExecStep& s, std::vector<Tensor>& env
     run_node(n, s.release, env);
     return;
   }
-  std::vector<Tensor> ins, outs;
-  for (int32_t v : n.inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
+  std::vector<Tensor> ins = node_inputs(n, env), outs;
   for (int32_t o : n.outputs) {
     const Value& val = g.values[static_cast<size_t>(o)];
     outs.push_back(val.placed_in >= 0 ? bucket_slot(g, o, env) : empty(trace_shape(val.shape), val.dtype, val.device));
@@ -176,13 +194,7 @@ void run_step(const Graph& g, const ExecStep& s, std::vector<Tensor>& env) {
     for (int32_t v : s.placed) env[static_cast<size_t>(v)] = bucket_slot(g, v, env);
     s.kernel(env);
   } else if (s.update_in_place) {
-    const Node& n = g.nodes[static_cast<size_t>(s.node)];
-    const auto* u = dynamic_cast<const InPlaceUpdate*>(n.prim.get());
-    std::vector<Tensor> ins;
-    for (int32_t v : n.inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
-    u->update_in_place(ins);
-    const std::vector<size_t> w = u->written_inputs();
-    for (size_t i = 0; i < w.size(); ++i) env[static_cast<size_t>(n.outputs[i])] = ins[w[i]];
+    run_update_in_place(g, s, env);
   } else if (!s.placed.empty()) {
     run_placed_node(g, s, env);
   } else {
@@ -198,9 +210,7 @@ void run_step(const Graph& g, const ExecStep& s, std::vector<Tensor>& env) {
 }
 
 void run_node(const Node& n, const std::vector<int32_t>& release, std::vector<Tensor>& env) {
-  std::vector<Tensor> ins;
-  ins.reserve(n.inputs.size());
-  for (int32_t v : n.inputs) ins.push_back(v >= 0 ? env[static_cast<size_t>(v)] : Tensor());
+  const std::vector<Tensor> ins = node_inputs(n, env);
   const std::optional<size_t> k = n.prim->reusable_input();
   std::vector<Tensor> outs =
       k && dead_after(release, env, ins, *k) ? n.prim->eval_into(ins, ins[*k]) : n.prim->eval(ins);

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -127,6 +129,54 @@ inline LinearHeadStep linear_head_step(uint64_t seed, int64_t n, int64_t vocab, 
   s.x = randn({n, d});
   s.t = randint(0, vocab, {n});
   return s;
+}
+
+// train.master_weights: false, isolated: two bf16 weights of magnitude ~0.02 (n0 and n1 elements) updated by AdamW or
+// AdamW8bit for six steps of the loss sum(p0 * c0) + sum(p1 * c1), whose gradient is c exactly, so only the updates
+// can differ between devices or modes. Everything returned is a CPU copy.
+struct Bf16UpdateRun {
+  std::vector<Tensor> first_grads, after_first, final;  // the first (eager or traced) step's, then the last
+  std::string graph;                                    // the compiled graph (empty when eager)
+};
+struct Bf16UpdateCase {
+  std::vector<Tensor> start;                 // bf16 weights
+  std::vector<std::vector<Tensor>> batches;  // six (c0, c1), bf16
+  // `mode` unset: eager steps.
+  Bf16UpdateRun train(bool eight_bit, Device d, std::optional<CompileMode> mode) const {
+    // Copies: on the CPU .to() hands back the tensor itself, which the update (or a later step) would change.
+    auto cpu_copy = [](const Tensor& t) { return t.to(Device::cpu()).clone_raw(); };
+    std::vector<Tensor> ps = {leaf(start[0].clone_raw().to(d)), leaf(start[1].clone_raw().to(d))};
+    const optim::AdamWOptions o{.lr = 1e-4, .weight_decay = 0.1};
+    std::unique_ptr<optim::Optimizer> opt;
+    if (eight_bit)
+      opt = std::make_unique<optim::AdamW8bit>(ps, o);
+    else
+      opt = std::make_unique<optim::AdamW>(ps, o);
+    Bf16UpdateRun r;
+    auto fn = [&](const std::vector<Tensor>& c) {
+      Tensor loss = add(sum(mul(ps[0], c[0])), sum(mul(ps[1], c[1])));
+      loss.backward();
+      if (r.first_grads.empty()) r.first_grads = {cpu_copy(ps[0].grad()), cpu_copy(ps[1].grad())};
+      opt->step();
+      if (r.after_first.empty()) r.after_first = {cpu_copy(ps[0]), cpu_copy(ps[1])};
+      opt->zero_grad();
+      return std::vector<Tensor>{loss};
+    };
+    CompileOptions co;
+    if (mode) co.mode = *mode;
+    CompiledFunction step = compile(fn, co);
+    for (const auto& b : batches) mode ? step({b[0].to(d), b[1].to(d)}) : fn({b[0].to(d), b[1].to(d)});
+    r.final = {cpu_copy(ps[0]), cpu_copy(ps[1])};
+    if (mode) r.graph = step.stats().last_graph;
+    return r;
+  }
+};
+inline Bf16UpdateCase bf16_update_case(int64_t n0, int64_t n1) {
+  manual_seed(5);
+  Bf16UpdateCase c;
+  c.start = {mul(randn({n0}), 0.02).to(DType::bf16), mul(randn({n1}), 0.02).to(DType::bf16)};
+  for (int i = 0; i < 6; ++i) c.batches.push_back({randn({n0}).to(DType::bf16), randn({n1}).to(DType::bf16)});
+  return c;
 }
 
 }  // namespace ingot::testing

@@ -295,41 +295,18 @@ TEST(CompileStep, TheWholeStepIsOneGraphWithForwardBackwardAndOneFusedUpdate) {
 // rounding], runtime/kernels/scalar_math.h): the same bits after six steps. The loss sum(p * c) has gradient c
 // exactly, so only the updates can differ.
 TEST(CompileStep, Bf16WeightsWithoutMastersUpdateAsEagerBitForBit) {
+  const Bf16UpdateCase c = bf16_update_case(300, 4200);
   for (bool eight_bit : {false, true}) {
     SCOPED_TRACE(eight_bit ? "AdamW8bit" : "AdamW");
-    manual_seed(5);
-    const std::vector<Tensor> start = {mul(randn({300}), 0.02).to(DType::bf16),
-                                       mul(randn({4200}), 0.02).to(DType::bf16)};
-    std::vector<std::vector<Tensor>> batches;
-    for (int i = 0; i < 6; ++i) batches.push_back({randn({300}).to(DType::bf16), randn({4200}).to(DType::bf16)});
-    auto train = [&](bool compiled) {
-      std::vector<Tensor> ps = {leaf(start[0].clone_raw()), leaf(start[1].clone_raw())};
-      const optim::AdamWOptions o{.lr = 1e-4, .weight_decay = 0.1};
-      std::unique_ptr<optim::Optimizer> opt;
-      if (eight_bit)
-        opt = std::make_unique<optim::AdamW8bit>(ps, o);
-      else
-        opt = std::make_unique<optim::AdamW>(ps, o);
-      auto fn = [&](const std::vector<Tensor>& c) {
-        Tensor loss = add(sum(mul(ps[0], c[0])), sum(mul(ps[1], c[1])));
-        loss.backward();
-        opt->step();
-        opt->zero_grad();
-        return std::vector<Tensor>{loss};
-      };
-      CompiledFunction step = compile(fn, {});
-      for (const auto& b : batches) compiled ? step(b) : fn(b);
-      return std::make_pair(ps, compiled ? step.stats().last_graph : std::string());
-    };
-    auto [eager, unused] = train(false);
-    auto [comp, graph] = train(true);
-    for (size_t i = 0; i < eager.size(); ++i) {
-      EXPECT_EQ(comp[i].dtype(), DType::bf16);
-      EXPECT_EQ(comp[i].to_vector(), eager[i].to_vector()) << "parameter " << i;
-      EXPECT_NE(comp[i].to_vector(), start[i].to_vector()) << "parameter " << i << " never moved";
+    const Bf16UpdateRun eager = c.train(eight_bit, Device::cpu(), std::nullopt);
+    const Bf16UpdateRun comp = c.train(eight_bit, Device::cpu(), CompileMode::Default);
+    for (size_t i = 0; i < eager.final.size(); ++i) {
+      EXPECT_EQ(comp.final[i].dtype(), DType::bf16);
+      EXPECT_EQ(comp.final[i].to_vector(), eager.final[i].to_vector()) << "parameter " << i;
+      EXPECT_NE(comp.final[i].to_vector(), c.start[i].to_vector()) << "parameter " << i << " never moved";
     }
     if (!eight_bit) {
-      EXPECT_NE(graph.find("adamw_update("), std::string::npos) << graph;
+      EXPECT_NE(comp.graph.find("adamw_update("), std::string::npos) << comp.graph;
     }
   }
 }

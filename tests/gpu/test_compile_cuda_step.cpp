@@ -375,51 +375,22 @@ TEST(CompileCudaStep, ReduceOverheadReplayPeakCountsTheGraphsPool) {
 // sum(p * c) has gradient c exactly, so only the updates can differ.
 TEST(CompileCudaStep, Bf16WeightsWithoutMastersUpdateAsEagerAndTheCpuBitForBit) {
   INGOT_REQUIRE_CUDA();
+  const Bf16UpdateCase c = bf16_update_case(300, 70001);
   for (bool eight_bit : {false, true}) {
-    manual_seed(5);
-    const std::vector<Tensor> start = {mul(randn({300}), 0.02).to(DType::bf16),
-                                       mul(randn({70001}), 0.02).to(DType::bf16)};
-    std::vector<std::vector<Tensor>> batches;
-    for (int i = 0; i < 6; ++i) batches.push_back({randn({300}).to(DType::bf16), randn({70001}).to(DType::bf16)});
-    auto train = [&](Device d, const char* mode) {
-      // Copies: on the CPU .to() would hand back start itself, which the update would then train in place.
-      std::vector<Tensor> ps = {leaf(start[0].clone_raw().to(d)), leaf(start[1].clone_raw().to(d))};
-      const optim::AdamWOptions o{.lr = 1e-4, .weight_decay = 0.1};
-      std::unique_ptr<optim::Optimizer> opt;
-      if (eight_bit)
-        opt = std::make_unique<optim::AdamW8bit>(ps, o);
-      else
-        opt = std::make_unique<optim::AdamW>(ps, o);
-      std::vector<Tensor> first_grads, after_first;
-      auto fn = [&](const std::vector<Tensor>& c) {
-        Tensor loss = add(sum(mul(ps[0], c[0])), sum(mul(ps[1], c[1])));
-        loss.backward();
-        // Copies (clone_raw): on the CPU .to() hands back the live tensor, which later steps change.
-        if (first_grads.empty())
-          first_grads = {ps[0].grad().to(Device::cpu()).clone_raw(), ps[1].grad().to(Device::cpu()).clone_raw()};
-        opt->step();
-        if (after_first.empty())
-          after_first = {ps[0].to(Device::cpu()).clone_raw(), ps[1].to(Device::cpu()).clone_raw()};
-        opt->zero_grad();
-        return std::vector<Tensor>{loss};
-      };
-      CompileOptions co;
-      if (mode) co.mode = *parse_compile_mode(mode);
-      CompiledFunction step = compile(fn, co);
-      for (const auto& b : batches) mode ? step({b[0].to(d), b[1].to(d)}) : fn({b[0].to(d), b[1].to(d)});
-      // The first (eager or traced) step's gradients and weights, then the last ones.
-      return std::vector<Tensor>{first_grads[0], first_grads[1],          after_first[0],
-                                 after_first[1], ps[0].to(Device::cpu()), ps[1].to(Device::cpu())};
-    };
-    const std::vector<Tensor> cpu = train(Device::cpu(), nullptr);
-    for (const char* mode : {static_cast<const char*>(nullptr), "default", "reduce-overhead"}) {
-      SCOPED_TRACE(std::string(eight_bit ? "AdamW8bit " : "AdamW ") + (mode ? mode : "eager"));
-      const std::vector<Tensor> gpu = train(kGpu, mode);
-      const char* what[] = {"first gradient", "first gradient", "after step 1",
-                            "after step 1",   "after 6 steps",  "after 6 steps"};
-      for (size_t i = 0; i < cpu.size(); ++i)
-        EXPECT_EQ(count_unequal(gpu[i], cpu[i]), 0) << what[i] << " of parameter " << i % 2;
-      EXPECT_GT(count_unequal(gpu[5], start[1]), 1000) << "the weight hardly moved";
+    const Bf16UpdateRun cpu = c.train(eight_bit, Device::cpu(), std::nullopt);
+    for (std::optional<CompileMode> mode : {std::optional<CompileMode>(), std::optional(CompileMode::Default),
+                                            std::optional(CompileMode::ReduceOverhead)}) {
+      SCOPED_TRACE(std::string(eight_bit ? "AdamW8bit " : "AdamW ") + (!mode ? "eager"
+                                                                       : *mode == CompileMode::Default
+                                                                           ? "default"
+                                                                           : "reduce-overhead"));
+      const Bf16UpdateRun gpu = c.train(eight_bit, kGpu, mode);
+      for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(count_unequal(gpu.first_grads[i], cpu.first_grads[i]), 0) << "first gradient of parameter " << i;
+        EXPECT_EQ(count_unequal(gpu.after_first[i], cpu.after_first[i]), 0) << "after step 1, parameter " << i;
+        EXPECT_EQ(count_unequal(gpu.final[i], cpu.final[i]), 0) << "after 6 steps, parameter " << i;
+      }
+      EXPECT_GT(count_unequal(gpu.final[1], c.start[1]), 1000) << "the weight hardly moved";
     }
   }
 }
