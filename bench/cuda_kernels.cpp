@@ -2,6 +2,7 @@
 // achieved bandwidth or FLOP rate; bench/cuda_kernels_torch.py times the same operations with PyTorch.
 //   bench_cuda_kernels            (needs a GPU; prints one line per case: name, median ms, GB/s or TFLOP/s)
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -11,6 +12,7 @@
 
 #include "runtime/cuda_runtime.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/quant8.h"
 #include "runtime/tensor.h"
 
 using namespace ingot;
@@ -192,6 +194,40 @@ int main() {
     kernels::AdamWArgs args;
     const double bytes = 100.0 * (1 << 20) * (4 * 3 * 2 + 2);
     report("adamw_multi 100 x 1Mi (bf16 grads)", median_ms([&] { kg::adamw_multi(l.p, l.g, l.m1, l.m2, args); }), bytes);
+  }
+  {
+    // AdamW with 8-bit moments (runtime/kernels/quant8.h) over 16 x 16 Mi parameters, f32 and bf16 (stochastically
+    // rounded), bf16 gradients: the 8B full fine-tune's update (issue 24). Bytes: p read and written, g read, both
+    // moments' codes read and written (absmax ~1%, not counted). The first warm-up call fills the moments.
+    const int count = 16;
+    const int64_t size = int64_t{16} << 20;
+    auto map_tensor = [&](const std::array<float, 256>& map) {
+      Tensor t = empty({256}, DType::f32);
+      std::copy(map.begin(), map.end(), t.data<float>());
+      return t.to(g);
+    };
+    const Tensor smap = map_tensor(quant8_signed_map()), umap = map_tensor(quant8_unsigned_map());
+    for (DType pd : {DType::f32, DType::bf16}) {
+      std::vector<Tensor> p, gr, mc, ma, vc, va;
+      for (int i = 0; i < count; ++i) {
+        p.push_back(randn({size}, pd, g));
+        gr.push_back(randn({size}, DType::bf16, g));
+        mc.push_back(zeros({quant8_code_words(size)}, DType::i32, g));
+        vc.push_back(zeros({quant8_code_words(size)}, DType::i32, g));
+        ma.push_back(zeros({quant8_blocks(size)}, DType::f32, g));
+        va.push_back(zeros({quant8_blocks(size)}, DType::f32, g));
+      }
+      kernels::AdamWArgs args;
+      args.lr = 1e-4;
+      args.weight_decay = 0.01;
+      const double bytes = static_cast<double>(count) * size * (2.0 * static_cast<double>(itemsize(pd)) + 2 + 4);
+      const std::string name = std::string("adamw8bit_multi 16 x 16Mi ") + (pd == DType::f32 ? "f32" : "bf16") + " p";
+      report(name.c_str(), median_ms([&] {
+               ++args.step;
+               kg::adamw8bit_multi(p, gr, mc, ma, vc, va, smap, umap, args);
+             }, 10),
+             bytes);
+    }
   }
   {
     // Could an optimizer update hide under the backward's products (issue 21's untried idea: updates on a side
