@@ -46,9 +46,12 @@ constexpr int64_t quant8_blocks(int64_t n) { return (n + kQuant8Block - 1) / kQu
 
 // The index of the value of the ascending 256-value `map` nearest to x; a tie takes the lower index. Binary
 // search plus one comparison of distances, the same float operations on the host and on a GPU (no products to
-// contract), so both find the same code.
-INGOT_HD int quant8_nearest(const float* map, float x) {
-  int lo = 0, hi = 256;  // lo: the first index whose value is >= x
+// contract), so both find the same code. The GPU kernel starts its search nearer (quant8_lower_bound from a
+// table of lower bounds, adamw8bit.cu) and ends with the same quant8_pick, so it finds the same code too.
+//
+// The first index whose value is >= x (256 if none; NaN gives 0).
+INGOT_HD int quant8_lower_bound(const float* map, float x) {
+  int lo = 0, hi = 256;
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
     if (map[mid] < x)
@@ -56,10 +59,15 @@ INGOT_HD int quant8_nearest(const float* map, float x) {
     else
       hi = mid;
   }
+  return lo;
+}
+// The nearer of map[lo - 1] and map[lo] given lo = quant8_lower_bound(map, x).
+INGOT_HD int quant8_pick(const float* map, float x, int lo) {
   if (lo == 0) return 0;
   if (lo == 256) return 255;
   return (map[lo] - x) < (x - map[lo - 1]) ? lo : lo - 1;
 }
+INGOT_HD int quant8_nearest(const float* map, float x) { return quant8_pick(map, x, quant8_lower_bound(map, x)); }
 
 // Host quantization of n f32 values (format above): codes [n] bytes, absmax [quant8_blocks(n)].
 void quant8_quantize(const float* x, int64_t n, const float* map, uint8_t* codes, float* absmax);

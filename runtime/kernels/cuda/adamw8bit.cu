@@ -2,13 +2,28 @@
 // launch per parameter tensor that dequantizes, updates and requantizes its moments and updates it.
 //
 // Approach: a warp owns one 256-element quantization block at a time (8 warps a CUDA block, grid-stride over the
-// blocks), lane l holding elements l, l + 32, ..., l + 224 in registers (coalesced loads and byte stores). Each
-// lane dequantizes its moments through the two maps staged in shared memory, updates them and the parameter,
-// the warp takes each moment's new absmax with shuffles (no __syncthreads after the maps are staged), and each
-// lane requantizes its 8 values by binary search over the map (quant8_nearest, shared with the CPU kernel).
+// blocks), lane l holding the 8 consecutive elements 8l .. 8l + 7 in registers, loaded and stored 16 bytes at a
+// time (codes 8) where the block is whole and the tensors aligned, one by one elsewhere. Each lane dequantizes
+// its moments through the two maps staged in shared memory, updates them and the parameter, the warp takes each
+// moment's new absmax with shuffles (no __syncthreads after the staging), and each lane requantizes its 8 values.
+// Types are template parameters (no per-element dtype switch).
+//
+// Note [Requantizing from a table of lower bounds]
+// The kernel is bound by instructions, not bytes (ncu, 2026-11-28: ~360 instructions an element, 14 bytes;
+// 0.5 TB/s), and an 8-step binary search over each 256-value map, twice an element, was a third of them, each
+// step waiting on the shared-memory load before. The search's answer lo(x) (quant8_lower_bound: the first index
+// whose value is >= x) only grows with x, so a table of lo at the least value of a range of x is a lower bound for
+// every x in that range, and scanning up from it while map[lo] < x finds lo(x) exactly: the same code as the CPU's
+// binary search (quant8_pick ends both). The ranges cut |x| in [2^-26, 1] at its exponent and top 7 mantissa bits
+// (the float's bits are monotonic in |x|; 26 x 128 ranges, one more below 2^-26 and one for 1 itself), a table a
+// sign and a map: 13 KB, made once per call by a small kernel from the maps on the device and staged in shared
+// memory by every block. A range holds at most one or two map values (the densest, the unsigned map's top decade,
+// is 0.007 apart; a range there is 0.0039 wide), so the scan takes one or two steps; |x| > 1 and NaN (never from
+// an absmax division) take the binary search.
+//
 // Numerics: the CPU kernel's f32 operations in the same order, each rounded separately (__fmul_rn and friends,
-// never an FMA), with the same host-side constants, and the same search: CPU and GPU agree bit for bit.
-// Memory bound: per element it reads 4 (p) + 2..4 (g) + 2 (codes) bytes and writes 4 + 2.
+// never an FMA), with the same host-side constants, and the same codes: CPU and GPU agree bit for bit.
+// Memory: per element it reads 4 (p) + 2..4 (g) + 2 (codes) bytes and writes 4 + 2.
 //   p [n] f32 or bf16, g [n] any float dtype, codes i32 [ceil(n / 4)] (bytes), absmax f32 [ceil(n / 256)],
 //   maps f32 [256].
 #include "runtime/kernels/adamw_consts.h"
@@ -23,49 +38,145 @@ namespace {
 constexpr int kBlock = 256;
 constexpr int kWarps = kBlock / 32;
 constexpr int kPerLane = static_cast<int>(kQuant8Block) / 32;
-static_assert(kBlock == 256, "the maps are staged one value a thread");
+static_assert(kBlock == 256 && kPerLane == 8, "the maps are staged one value a thread; a lane holds 16 bytes of bf16");
 
-// kernels
+// Note [Requantizing from a table of lower bounds]: the ranges of |x| and the tables' layout.
+constexpr int kMantissaBits = 7;
+constexpr int kShift = 23 - kMantissaBits;
+constexpr unsigned kWidth = 1u << kShift;         // bits of |x| per range
+constexpr unsigned kLowBits = (127u - 26u) << 23;  // 2^-26: smaller magnitudes share range 0
+constexpr unsigned kOneBits = 127u << 23;          // 1.0: the last range
+constexpr int kKeys = 26 * (1 << kMantissaBits) + 2;
+constexpr int kStride = (kKeys + 15) / 16 * 16;  // a table's bytes, a whole number of 16-byte loads
+constexpr int kTableBytes = 4 * kStride;         // signed map: x >= 0, x < 0; unsigned map: x >= 0, x < 0
 
-// p is f32, or bf16 (p_dtype) rounded stochastically (Note [Stochastic rounding], scalar_math.h).
-__global__ void adamw8bit_kernel(void* __restrict__ p, DType p_dtype, const void* __restrict__ g, DType g_dtype,
-                                 uint8_t* __restrict__ q1, float* __restrict__ a1, uint8_t* __restrict__ q2,
-                                 float* __restrict__ a2, const float* __restrict__ map1, const float* __restrict__ map2,
-                                 int64_t n, AdamWConsts c) {
+// Table t = 2 * map + (x < 0), entry k: lo at the least x of range k (for x < 0, the greatest magnitude).
+__global__ void quant8_tables_kernel(const float* __restrict__ map1, const float* __restrict__ map2,
+                                     uint8_t* __restrict__ tables) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= kTableBytes) return;
+  const int which = t / kStride, k = t % kStride;
+  if (k >= kKeys) {
+    tables[t] = 0;
+    return;
+  }
+  const bool negative = which & 1;
+  const unsigned bits = negative ? (k == 0 ? kLowBits - 1 : kLowBits + k * kWidth - 1)
+                                 : (k == 0 ? 0u : kLowBits + (k - 1) * kWidth);
+  const float x = negative ? -__uint_as_float(bits) : __uint_as_float(bits);
+  // lo = 256 (x above every value) fits no byte; 255 is as good a lower bound.
+  tables[t] = static_cast<uint8_t>(min(quant8_lower_bound(which < 2 ? map1 : map2, x), 255));
+}
+
+// quant8_nearest(map, x) from the table of lower bounds of x's sign (`tables`: the map's two).
+__device__ __forceinline__ int quant8_code(const float* map, const uint8_t* tables, float x) {
+  const unsigned b = __float_as_uint(x), a = b & 0x7FFFFFFFu;
+  int lo;
+  if (a <= kOneBits) {
+    const int key = a < kLowBits ? 0 : static_cast<int>((a - kLowBits) >> kShift) + 1;
+    lo = tables[(b >> 31) * kStride + key];
+    while (lo < 256 && map[lo] < x) ++lo;
+  } else {
+    lo = quant8_lower_bound(map, x);
+  }
+  return quant8_pick(map, x, lo);
+}
+
+// 8 consecutive values of T at x as f32: 16-byte loads when `vec` (x aligned), else one by one up to `count`.
+template <typename T>
+__device__ __forceinline__ void load8(const T* x, bool vec, int count, float (&out)[kPerLane]) {
+  alignas(16) T v[kPerLane];
+  if (vec) {
+#pragma unroll
+    for (int c = 0; c < static_cast<int>(sizeof v / 16); ++c)
+      reinterpret_cast<uint4*>(v)[c] = reinterpret_cast<const uint4*>(x)[c];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) v[k] = k < count ? x[k] : T{};
+  }
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) out[k] = to_acc<float>(v[k]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store8(T* x, bool vec, int count, const float (&in)[kPerLane]) {
+  alignas(16) T v[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) v[k] = from_acc<T>(in[k]);
+  if (vec) {
+#pragma unroll
+    for (int c = 0; c < static_cast<int>(sizeof v / 16); ++c)
+      reinterpret_cast<uint4*>(x)[c] = reinterpret_cast<const uint4*>(v)[c];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k)
+      if (k < count) x[k] = v[k];
+  }
+}
+
+// p is float, or bf16 rounded stochastically (Note [Stochastic rounding], scalar_math.h); g any float type.
+// `aligned`: p and g on 16 bytes, the codes on 8, so whole blocks take the 16-byte path.
+template <typename P, typename G>
+__global__ void __launch_bounds__(kBlock) adamw8bit_kernel(P* __restrict__ p, const G* __restrict__ g,
+                                                           uint8_t* __restrict__ q1, float* __restrict__ a1,
+                                                           uint8_t* __restrict__ q2, float* __restrict__ a2,
+                                                           const float* __restrict__ map1,
+                                                           const float* __restrict__ map2,
+                                                           const uint8_t* __restrict__ tables, int64_t n,
+                                                           AdamWConsts c, bool aligned) {
   __shared__ float s1[256], s2[256];
+  __shared__ alignas(16) uint8_t st[kTableBytes];
   s1[threadIdx.x] = map1[threadIdx.x];
   s2[threadIdx.x] = map2[threadIdx.x];
+  for (int i = threadIdx.x; i < kTableBytes / 16; i += kBlock)
+    reinterpret_cast<uint4*>(st)[i] = reinterpret_cast<const uint4*>(tables)[i];
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t blocks = ceil_div(n, kQuant8Block);
   for (int64_t b = blockIdx.x * static_cast<int64_t>(kWarps) + warp; b < blocks;
        b += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int64_t lo = b * kQuant8Block;
+    const int64_t i0 = b * kQuant8Block + kPerLane * lane;
+    const int64_t left = n - i0;
+    const int count = left <= 0 ? 0 : left >= kPerLane ? kPerLane : static_cast<int>(left);
+    const bool vec = aligned && count == kPerLane;
     const float old1 = a1[b], old2 = a2[b];
-    float m[kPerLane], v[kPerLane];
+    float pv[kPerLane], gv[kPerLane], m[kPerLane], v[kPerLane];
+    load8(p + i0, vec, count, pv);
+    load8(g + i0, vec, count, gv);
+    uint8_t c1[kPerLane], c2[kPerLane];
+    if (vec) {
+      *reinterpret_cast<uint2*>(c1) = *reinterpret_cast<const uint2*>(q1 + i0);
+      *reinterpret_cast<uint2*>(c2) = *reinterpret_cast<const uint2*>(q2 + i0);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        c1[k] = k < count ? q1[i0 + k] : 0;
+        c2[k] = k < count ? q2[i0 + k] : 0;
+      }
+    }
     float max1 = 0.0f, max2 = 0.0f;
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
-      const int64_t j = lo + lane + 32 * k;
       m[k] = v[k] = 0.0f;
-      if (j < n) {
-        const float gj = __fmul_rn(load_dyn<float>(g, g_dtype, j), c.scale);
-        const float mj = __fadd_rn(__fmul_rn(c.b1, __fmul_rn(s1[q1[j]], old1)), __fmul_rn(c.one_minus_b1, gj));
+      if (k < count) {
+        const float gj = __fmul_rn(gv[k], c.scale);
+        const float mj = __fadd_rn(__fmul_rn(c.b1, __fmul_rn(s1[c1[k]], old1)), __fmul_rn(c.one_minus_b1, gj));
         const float vj =
-            __fadd_rn(__fmul_rn(c.b2, __fmul_rn(s2[q2[j]], old2)), __fmul_rn(__fmul_rn(c.one_minus_b2, gj), gj));
+            __fadd_rn(__fmul_rn(c.b2, __fmul_rn(s2[c2[k]], old2)), __fmul_rn(__fmul_rn(c.one_minus_b2, gj), gj));
         const float step =
             __fdiv_rn(__fmul_rn(c.lr, __fdiv_rn(mj, c.bc1)), __fadd_rn(__fsqrt_rn(__fdiv_rn(vj, c.bc2)), c.eps));
-        const float out = __fsub_rn(__fmul_rn(load_dyn<float>(p, p_dtype, j), c.decay), step);
-        if (p_dtype == DType::bf16)
-          store_dyn(p, DType::bf16, j, ig_math::round_bf16_stochastic(out, ig_math::stochastic_salt(j, c.step)));
+        const float out = __fsub_rn(__fmul_rn(pv[k], c.decay), step);
+        if constexpr (std::is_same_v<P, bf16>)
+          pv[k] = ig_math::round_bf16_stochastic(out, ig_math::stochastic_salt(i0 + k, c.step));
         else
-          static_cast<float*>(p)[j] = out;
+          pv[k] = out;
         m[k] = mj;
         v[k] = vj;
         max1 = fmaxf(max1, fabsf(mj));
         max2 = fmaxf(max2, fabsf(vj));
       }
     }
+    store8(p + i0, vec, count, pv);
     // Every lane read old1/old2 before the shuffles, which join the warp; lane 0 writes the new values after.
     max1 = warp_reduce(max1, MaxOp{});
     max2 = warp_reduce(max2, MaxOp{});
@@ -75,14 +186,24 @@ __global__ void adamw8bit_kernel(void* __restrict__ p, DType p_dtype, const void
     }
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
-      const int64_t j = lo + lane + 32 * k;
-      if (j < n) {
-        q1[j] = static_cast<uint8_t>(quant8_nearest(s1, max1 > 0.0f ? __fdiv_rn(m[k], max1) : 0.0f));
-        q2[j] = static_cast<uint8_t>(quant8_nearest(s2, max2 > 0.0f ? __fdiv_rn(v[k], max2) : 0.0f));
-      }
+      c1[k] = static_cast<uint8_t>(quant8_code(s1, st, max1 > 0.0f ? __fdiv_rn(m[k], max1) : 0.0f));
+      c2[k] = static_cast<uint8_t>(quant8_code(s2, st + 2 * kStride, max2 > 0.0f ? __fdiv_rn(v[k], max2) : 0.0f));
+    }
+    if (vec) {
+      *reinterpret_cast<uint2*>(q1 + i0) = *reinterpret_cast<const uint2*>(c1);
+      *reinterpret_cast<uint2*>(q2 + i0) = *reinterpret_cast<const uint2*>(c2);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k)
+        if (k < count) {
+          q1[i0 + k] = c1[k];
+          q2[i0 + k] = c2[k];
+        }
     }
   }
 }
+
+bool aligned_to(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
 }  // namespace
 
@@ -106,15 +227,34 @@ void adamw8bit_multi(const std::vector<Tensor>& params, const std::vector<Tensor
                       {&params[0], &params[i], &grads[i], &m_codes[i], &m_absmax[i], &v_codes[i], &v_absmax[i]});
   }
   LaunchContext ctx(params[0]);
+  // Note [Requantizing from a table of lower bounds]; freed in stream order after the launches below.
+  Tensor tables = empty({kTableBytes}, DType::b8, params[0].device());
+  auto* tables_ptr = static_cast<uint8_t*>(tables.data_ptr());
+  quant8_tables_kernel<<<ceil_div(kTableBytes, kBlock), kBlock, 0, ctx.stream>>>(
+      signed_map.data<float>(), unsigned_map.data<float>(), tables_ptr);
+  CUDA_CHECK_LAUNCH();
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t n = params[i].numel();
     if (n == 0) continue;
+    auto* q1 = static_cast<uint8_t*>(m_codes[i].data_ptr());
+    auto* q2 = static_cast<uint8_t*>(v_codes[i].data_ptr());
+    const bool aligned = aligned_to(params[i].data_ptr(), 16) && aligned_to(grads[i].data_ptr(), 16) &&
+                         aligned_to(q1, 8) && aligned_to(q2, 8);
     const unsigned grid = grid_for(quant8_blocks(n), kWarps, ctx.device);
-    adamw8bit_kernel<<<grid, kBlock, 0, ctx.stream>>>(
-        params[i].data_ptr(), params[i].dtype(), grads[i].data_ptr(), grads[i].dtype(),
-        static_cast<uint8_t*>(m_codes[i].data_ptr()), m_absmax[i].data<float>(),
-        static_cast<uint8_t*>(v_codes[i].data_ptr()), v_absmax[i].data<float>(), signed_map.data<float>(),
-        unsigned_map.data<float>(), n, c);
+    auto launch = [&](auto p_type, auto g_type) {
+      using P = decltype(p_type);
+      using G = decltype(g_type);
+      adamw8bit_kernel<P, G><<<grid, kBlock, 0, ctx.stream>>>(
+          static_cast<P*>(params[i].data_ptr()), static_cast<const G*>(grads[i].data_ptr()), q1,
+          m_absmax[i].data<float>(), q2, v_absmax[i].data<float>(), signed_map.data<float>(),
+          unsigned_map.data<float>(), tables_ptr, n, c, aligned);
+    };
+    dispatch_float(grads[i].dtype(), "adamw8bit_multi", [&](auto g_type) {
+      if (params[i].dtype() == DType::bf16)
+        launch(bf16{}, g_type);
+      else
+        launch(float{}, g_type);
+    });
     CUDA_CHECK_LAUNCH();
   }
 }
