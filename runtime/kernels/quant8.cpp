@@ -60,7 +60,8 @@ void quant8_quantize(const float* x, int64_t n, const float* map, uint8_t* codes
     float m = 0.0f;
     for (int64_t i = lo; i < hi; ++i) m = std::max(m, std::fabs(x[i]));
     absmax[b] = m;
-    for (int64_t i = lo; i < hi; ++i) codes[i] = static_cast<uint8_t>(quant8_nearest(map, m > 0.0f ? x[i] / m : 0.0f));
+    const float inv = quant8_inverse(m);
+    for (int64_t i = lo; i < hi; ++i) codes[i] = static_cast<uint8_t>(quant8_nearest(map, quant8_normalize(x[i], inv)));
   }
 }
 

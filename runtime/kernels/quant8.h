@@ -5,8 +5,9 @@
 // A tensor of n f32 values is cut into blocks of kQuant8Block = 256 consecutive elements (the last one may be
 // shorter; 256 is bitsandbytes' block for its blockwise optimizers, 2048 was the paper's):
 //   absmax[b] = max |x| over block b                                                  (f32, one per block)
-//   code[i]   = the index of the map value nearest to x[i] / absmax[b] (f32 division; a value exactly between
-//               two map values takes the lower index); any code when absmax[b] is 0
+//   code[i]   = the index of the map value nearest to x[i] * (1 / absmax[b]) (f32 reciprocal and product,
+//               held within [-1, 1]: quant8_normalize; a value exactly between two map values takes the lower
+//               index); any code when absmax[b] is 0
 //   x'[i]     = map[code[i]] * absmax[b]
 // Codes are bytes, held in i32 tensors of ceil(n / 4) elements (ingot has no u8 dtype): byte i of the tensor's
 // memory is element i's code. A block of zeros (absmax 0) decodes to zeros whatever its codes, so zero-filled
@@ -26,6 +27,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 
 #include "runtime/dtype.h"
@@ -68,6 +70,18 @@ INGOT_HD int quant8_pick(const float* map, float x, int lo) {
   return (map[lo] - x) < (x - map[lo - 1]) ? lo : lo - 1;
 }
 INGOT_HD int quant8_nearest(const float* map, float x) { return quant8_pick(map, x, quant8_lower_bound(map, x)); }
+
+// A block's values normalized for the search: one f32 division a block (quant8_inverse), then a product an element,
+// held within [-1, 1] (the product of the absmax itself may land an ulp beyond 1; every map lies within [-1, 1],
+// so the nearest code is unchanged, and NaN becomes -1). A division an element cost the GPU kernel ~10% of its time.
+INGOT_HD float quant8_inverse(float absmax) {
+#if defined(__CUDA_ARCH__)
+  return absmax > 0.0f ? __fdiv_rn(1.0f, absmax) : 0.0f;
+#else
+  return absmax > 0.0f ? 1.0f / absmax : 0.0f;
+#endif
+}
+INGOT_HD float quant8_normalize(float x, float inverse) { return fminf(fmaxf(x * inverse, -1.0f), 1.0f); }
 
 // Host quantization of n f32 values (format above): codes [n] bytes, absmax [quant8_blocks(n)].
 void quant8_quantize(const float* x, int64_t n, const float* map, uint8_t* codes, float* absmax);

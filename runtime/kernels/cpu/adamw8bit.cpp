@@ -61,9 +61,10 @@ void adamw8bit_multi(const std::vector<Tensor>& params, const std::vector<Tensor
         }
         a1[b] = max1;
         a2[b] = max2;
+        const float inv1 = quant8_inverse(max1), inv2 = quant8_inverse(max2);
         for (int64_t j = 0; j < len; ++j) {
-          q1[lo + j] = static_cast<uint8_t>(quant8_nearest(map1, max1 > 0.0f ? m[j] / max1 : 0.0f));
-          q2[lo + j] = static_cast<uint8_t>(quant8_nearest(map2, max2 > 0.0f ? v[j] / max2 : 0.0f));
+          q1[lo + j] = static_cast<uint8_t>(quant8_nearest(map1, quant8_normalize(m[j], inv1)));
+          q2[lo + j] = static_cast<uint8_t>(quant8_nearest(map2, quant8_normalize(v[j], inv2)));
         }
       }
     });

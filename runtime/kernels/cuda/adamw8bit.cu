@@ -19,7 +19,7 @@
 // sign and a map: 13 KB, made once per call by a small kernel from the maps on the device and staged in shared
 // memory by every block. A range holds at most one or two map values (the densest, the unsigned map's top decade,
 // is 0.007 apart; a range there is 0.0039 wide), so the scan takes one or two steps; |x| > 1 and NaN (never from
-// an absmax division) take the binary search.
+// quant8_normalize) take the binary search.
 //
 // Numerics: the CPU kernel's f32 operations in the same order, each rounded separately (__fmul_rn and friends,
 // never an FMA), with the same host-side constants, and the same codes: CPU and GPU agree bit for bit.
@@ -184,10 +184,11 @@ __global__ void __launch_bounds__(kBlock) adamw8bit_kernel(P* __restrict__ p, co
       a1[b] = max1;
       a2[b] = max2;
     }
+    const float inv1 = quant8_inverse(max1), inv2 = quant8_inverse(max2);
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
-      c1[k] = static_cast<uint8_t>(quant8_code(s1, st, max1 > 0.0f ? __fdiv_rn(m[k], max1) : 0.0f));
-      c2[k] = static_cast<uint8_t>(quant8_code(s2, st + 2 * kStride, max2 > 0.0f ? __fdiv_rn(v[k], max2) : 0.0f));
+      c1[k] = static_cast<uint8_t>(quant8_code(s1, st, quant8_normalize(m[k], inv1)));
+      c2[k] = static_cast<uint8_t>(quant8_code(s2, st + 2 * kStride, quant8_normalize(v[k], inv2)));
     }
     if (vec) {
       *reinterpret_cast<uint2*>(q1 + i0) = *reinterpret_cast<const uint2*>(c1);
