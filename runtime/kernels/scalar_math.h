@@ -138,18 +138,38 @@ INGOT_MATH_FN float float_from_bits(unsigned int b) {
 // up with probability equal to its distance from the lower one over their gap, so the expected stored weight is
 // the exact update (Gupta et al. 2015; Zamirai et al. 2020, "Revisiting BFloat16 Training"; torchao's
 // bf16_stochastic_round). Adding a uniform 16-bit integer to the f32's low 16 bits and clearing them does that for
-// either sign (the bits are a magnitude). The 16 random bits are Philox's word 0 keyed by the value's own bits and
-// counted by `salt` (stochastic_salt: the element's index in its tensor and the optimizer step), a pure function
-// of what every kernel has at hand: eager CPU and CUDA and the generated kernels round alike, bit for bit, and a
-// resumed run rounds as the uninterrupted one did (no generator state to save). Inf and NaN pass unchanged; the
-// result is a bf16 value, which the store's round-to-nearest conversion keeps exactly.
+// either sign (the bits are a magnitude). Inf and NaN pass unchanged; the result is a bf16 value, which the store's
+// round-to-nearest conversion keeps exactly.
+//
+// The 16 bits: a half of a Philox word counted by `salt` (stochastic_salt: the element's index in its tensor and the
+// optimizer step) under a fixed key, XORed with a hash of the value's own bits. The Philox half is uniform and
+// independent of the value, so the XOR is uniform given the value (unbiased as above); the hash keeps element j of
+// two tensors, whose salts are equal, from rounding with one number. One Philox call (128 bits) serves the eight
+// elements whose salts differ in the low three bits only: a kernel holding eight consecutive elements calls
+// stochastic_block once (adamw8bit.cu: Philox was a quarter of its instructions), one holding one element calls
+// round_bf16_stochastic, and both round alike. All of it is a pure function of what every kernel has at hand:
+// eager CPU and CUDA and the generated kernels round alike, bit for bit, and a resumed run rounds as the
+// uninterrupted one did (no generator state to save).
 INGOT_MATH_FN long long stochastic_salt(long long index, long long step) { return index + step * (1LL << 40); }
 
-INGOT_MATH_FN float round_bf16_stochastic(float x, long long salt) {
-  unsigned int b = float_bits(x);
+// The Philox output of the eight salts salt & ~7 .. salt | 7.
+INGOT_MATH_FN Philox4 stochastic_block(long long salt) {
+  return philox4x32_10(0x5EEDB16F2545F491ULL, static_cast<unsigned long long>(salt) >> 3);
+}
+// The Philox half of the salt whose low three bits are k.
+INGOT_MATH_FN unsigned int stochastic_bits(const Philox4& r, int k) {
+  const unsigned int w = k < 2 ? r.v[0] : k < 4 ? r.v[1] : k < 6 ? r.v[2] : r.v[3];
+  return (k & 1) ? w >> 16 : w & 0xFFFFu;
+}
+// x rounded with the Philox half `bits` (stochastic_bits) of its salt.
+INGOT_MATH_FN float round_bf16_with(float x, unsigned int bits) {
+  const unsigned int b = float_bits(x);
   if ((b & 0x7F800000u) == 0x7F800000u) return x;
-  const Philox4 r = philox4x32_10(b, static_cast<unsigned long long>(salt));
-  return float_from_bits((b + (r.v[0] & 0xFFFFu)) & 0xFFFF0000u);
+  const unsigned int u = (bits ^ ((b * 0x9E3779B1u) >> 16)) & 0xFFFFu;
+  return float_from_bits((b + u) & 0xFFFF0000u);
+}
+INGOT_MATH_FN float round_bf16_stochastic(float x, long long salt) {
+  return round_bf16_with(x, stochastic_bits(stochastic_block(salt), static_cast<int>(salt & 7)));
 }
 
 }  // namespace ig_math

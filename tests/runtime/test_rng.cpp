@@ -166,4 +166,29 @@ TEST(StochasticRounding, KeepsBf16ValuesAndNonFiniteOnesAndDependsOnTheSalt) {
   EXPECT_EQ(by_step.size(), 2u);
 }
 
+
+// Note [Stochastic rounding]: a kernel holding eight consecutive elements draws one Philox block for them and
+// rounds each as round_bf16_stochastic does alone; element j of two tensors (equal salts) does not round with one
+// number.
+TEST(StochasticRounding, EightElementsShareOnePhiloxCallAndValuesOfOtherTensorsRoundApart) {
+  for (long long base : {0LL, 8LL, 4096LL, (1LL << 40) * 3 + 64}) {
+    const ig_math::Philox4 r = ig_math::stochastic_block(base);
+    for (int k = 0; k < 8; ++k)
+      for (float x : {1.00390625f + 3e-4f, -0.0123f, 7.77e-3f, 12345.678f})
+        EXPECT_EQ(ig_math::round_bf16_with(x, ig_math::stochastic_bits(r, k)),
+                  ig_math::round_bf16_stochastic(x, base + k))
+            << "salt " << base + k << ", x " << x;
+  }
+  // Halfway between neighbours: one number would round both alike every time.
+  const float a = 1.0f + 0.5f * 0.0078125f, b = -3.0f - 0.5f * 0.015625f;
+  int same = 0;
+  const int n = 4000;
+  for (int i = 0; i < n; ++i) {
+    const long long salt = ig_math::stochastic_salt(i, 11);
+    same += (ig_math::round_bf16_stochastic(a, salt) != a - 0.5f * 0.0078125f) ==
+            (ig_math::round_bf16_stochastic(b, salt) != b + 0.5f * 0.015625f);
+  }
+  EXPECT_LT(same, n);
+}
+
 }  // namespace ingot

@@ -155,6 +155,9 @@ __global__ void __launch_bounds__(kBlock) adamw8bit_kernel(P* __restrict__ p, co
       }
     }
     float max1 = 0.0f, max2 = 0.0f;
+    // i0 is a multiple of 8: one Philox call rounds the lane's 8 elements (Note [Stochastic rounding]).
+    ig_math::Philox4 noise{};
+    if constexpr (std::is_same_v<P, bf16>) noise = ig_math::stochastic_block(ig_math::stochastic_salt(i0, c.step));
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       m[k] = v[k] = 0.0f;
@@ -167,7 +170,7 @@ __global__ void __launch_bounds__(kBlock) adamw8bit_kernel(P* __restrict__ p, co
             __fdiv_rn(__fmul_rn(c.lr, __fdiv_rn(mj, c.bc1)), __fadd_rn(__fsqrt_rn(__fdiv_rn(vj, c.bc2)), c.eps));
         const float out = __fsub_rn(__fmul_rn(pv[k], c.decay), step);
         if constexpr (std::is_same_v<P, bf16>)
-          pv[k] = ig_math::round_bf16_stochastic(out, ig_math::stochastic_salt(i0 + k, c.step));
+          pv[k] = ig_math::round_bf16_with(out, ig_math::stochastic_bits(noise, k));
         else
           pv[k] = out;
         m[k] = mj;
