@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kBlock, 4) adamw8bit_kernel(P* __restrict__ p,
       float pv[kPerLane], gv[kPerLane], m[kPerLane], v[kPerLane];
       load8(p + i0, vec, count, pv);
       load8(g + i0, vec, count, gv);
-      uint8_t c1[kPerLane], c2[kPerLane];
+      alignas(8) uint8_t c1[kPerLane], c2[kPerLane];  // moved 8 bytes at a time
       if (vec) {
         *reinterpret_cast<uint2*>(c1) = *reinterpret_cast<const uint2*>(q1 + i0);
         *reinterpret_cast<uint2*>(c2) = *reinterpret_cast<const uint2*>(q2 + i0);
@@ -213,7 +213,6 @@ __global__ void __launch_bounds__(kBlock, 4) adamw8bit_kernel(P* __restrict__ p,
             q2[i0 + k] = c2[k];
           }
       }
-
     };
     if (whole)
       lane_block(std::true_type{});
