@@ -222,10 +222,13 @@ int main() {
       args.weight_decay = 0.01;
       const double bytes = static_cast<double>(count) * size * (2.0 * static_cast<double>(itemsize(pd)) + 2 + 4);
       const std::string name = std::string("adamw8bit_multi 16 x 16Mi ") + (pd == DType::f32 ? "f32" : "bf16") + " p";
-      report(name.c_str(), median_ms([&] {
-               ++args.step;
-               kg::adamw8bit_multi(p, gr, mc, ma, vc, va, smap, umap, args);
-             }, 10),
+      report(name.c_str(),
+             median_ms(
+                 [&] {
+                   ++args.step;
+                   kg::adamw8bit_multi(p, gr, mc, ma, vc, va, smap, umap, args);
+                 },
+                 10),
              bytes);
     }
   }

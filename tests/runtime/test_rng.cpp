@@ -166,7 +166,6 @@ TEST(StochasticRounding, KeepsBf16ValuesAndNonFiniteOnesAndDependsOnTheSalt) {
   EXPECT_EQ(by_step.size(), 2u);
 }
 
-
 // Note [Stochastic rounding]: a kernel holding eight consecutive elements draws one Philox block for them and
 // rounds each as round_bf16_stochastic does alone; element j of two tensors (equal salts) does not round with one
 // number.

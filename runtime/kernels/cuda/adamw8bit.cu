@@ -46,7 +46,7 @@ static_assert(kBlock == 256 && kPerLane == 8, "the maps are staged one value a t
 // Note [Requantizing from a table of lower bounds]: the ranges of |x| and the tables' layout.
 constexpr int kMantissaBits = 7;
 constexpr int kShift = 23 - kMantissaBits;
-constexpr unsigned kWidth = 1u << kShift;         // bits of |x| per range
+constexpr unsigned kWidth = 1u << kShift;          // bits of |x| per range
 constexpr unsigned kLowBits = (127u - 26u) << 23;  // 2^-26: smaller magnitudes share range 0
 constexpr unsigned kOneBits = 127u << 23;          // 1.0: the last range
 constexpr int kKeys = 26 * (1 << kMantissaBits) + 2;
@@ -64,8 +64,8 @@ __global__ void quant8_tables_kernel(const float* __restrict__ map1, const float
     return;
   }
   const bool negative = which & 1;
-  const unsigned bits = negative ? (k == 0 ? kLowBits - 1 : kLowBits + k * kWidth - 1)
-                                 : (k == 0 ? 0u : kLowBits + (k - 1) * kWidth);
+  const unsigned bits =
+      negative ? (k == 0 ? kLowBits - 1 : kLowBits + k * kWidth - 1) : (k == 0 ? 0u : kLowBits + (k - 1) * kWidth);
   const float x = negative ? -__uint_as_float(bits) : __uint_as_float(bits);
   // lo = 256 (x above every value) fits no byte; 255 is as good a lower bound.
   tables[t] = static_cast<uint8_t>(min(quant8_lower_bound(which < 2 ? map1 : map2, x), 255));
@@ -120,13 +120,11 @@ __device__ __forceinline__ void store8(T* x, bool vec, int count, const float (&
 // p is float, or bf16 rounded stochastically (Note [Stochastic rounding], scalar_math.h); g any float type.
 // `aligned`: p and g on 16 bytes, the codes on 8, so whole blocks take the 16-byte path.
 template <typename P, typename G>
-__global__ void __launch_bounds__(kBlock, 4) adamw8bit_kernel(P* __restrict__ p, const G* __restrict__ g,
-                                                           uint8_t* __restrict__ q1, float* __restrict__ a1,
-                                                           uint8_t* __restrict__ q2, float* __restrict__ a2,
-                                                           const float* __restrict__ map1,
-                                                           const float* __restrict__ map2,
-                                                           const uint8_t* __restrict__ tables, int64_t n,
-                                                           AdamWConsts c, bool aligned) {
+__global__ void __launch_bounds__(kBlock, 4)
+    adamw8bit_kernel(P* __restrict__ p, const G* __restrict__ g, uint8_t* __restrict__ q1, float* __restrict__ a1,
+                     uint8_t* __restrict__ q2, float* __restrict__ a2, const float* __restrict__ map1,
+                     const float* __restrict__ map2, const uint8_t* __restrict__ tables, int64_t n, AdamWConsts c,
+                     bool aligned) {
   __shared__ float s1[256], s2[256];
   __shared__ alignas(16) uint8_t st[kTableBytes];
   s1[threadIdx.x] = map1[threadIdx.x];
