@@ -12,7 +12,7 @@
 #   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [qlora_ckpt] [qlora_mlp] [ckpt] [mlp] [text50]
 #                          [ingot_eager] [memory]
 #                          [budget] [long] [long_eager] [long_plain] [full] [full_adamw] [full_masters] [full_f32]
-#                          [full_torch]
+#                          [full_torch] [full_ddp]
 #                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, qlora_mlp, mlp, ckpt,
 #                              text50, peft, budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while
 #                              DEADLINE allows)
@@ -21,7 +21,8 @@
 #         masters, rounded stochastically; AdamW8bit; every block checkpointed), compiled; full_adamw: the same
 #         with AdamW's f32 state; full_masters: the same as full through f32 masters; full_f32: all in f32 (the losses rounding should
 #         follow); full_torch: PyTorch's pure-bf16 full fine-tune (peft_lora.py --full --grad-ckpt:
-#         bf16 weights and AdamW state, gradient checkpointing, torch.compile), lr 1e-5 as the yaml
+#         bf16 weights and AdamW state, gradient checkpointing, torch.compile), lr 1e-5 as the yaml;
+#         full_ddp: full under `ingot launch --nproc-per-node gpu` (plain DDP; BATCH is the global batch)
 #   autotune / autotune_nocg / overhead: ingot compiled in max-autotune (cuBLASLt candidates timed per product
 #         shape, CUDA graphs), max-autotune-no-cudagraphs, reduce-overhead
 #   memory: ingot compiled with INGOT_LOGS=memory (what is alive at the peak), 2 steps
@@ -128,7 +129,7 @@ EOF
 }
 ingot_run() {  # ingot_run NAME key=value... (RECIPE_YAML: another config of bench/configs/llama_8b)
   local name=$1; shift
-  (cd "$src" && timeout 400 ingot run ${RECIPE_YAML:-bench/configs/llama_8b/lora_finetune.yaml} model.path="$ckpt" \
+  (cd "$src" && timeout 400 ${LAUNCH:-} ingot run ${RECIPE_YAML:-bench/configs/llama_8b/lora_finetune.yaml} model.path="$ckpt" \
     data.path="$tokens" data.seq_len="$SEQ" train.batch_size="$BATCH" max_steps=$((WARMUP + STEPS)) \
     output_dir="$WORK/run_$name" compile.cache_dir=/tmp/ingot-lora-cache "$@" ${INGOT_EXTRA:-} \
     --summary "$WORK/run_$name.summary.json") > "$out/ingot_$name.log" 2>&1 || { tail -8 "$out/ingot_$name.log"; return 0; }
@@ -154,6 +155,9 @@ want full_masters && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot
   train.master_weights=true
 want full_f32 && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_f32 compile.enabled=true \
   train.master_weights=true dtype=f32
+# Plain DDP on the machine's GPUs (BATCH: the global batch, e.g. 4 for 2 x 2048 per GPU on two).
+want full_ddp && LAUNCH="ingot launch --nproc-per-node gpu --" RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml \
+  ingot_run full_ddp compile.enabled=true
 want full_torch && PEFT_TAG=_full PEFT_EXTRA="${PEFT_EXTRA:-} --full --grad-ckpt --lr 1e-5" peft compile
 TEXT_STEPS=${TEXT_STEPS:-50} TEXT_TOKENS=${TEXT_TOKENS:-.device/text50_tokens.bin.xz}
 # text50_row NAME METRICS [BF16_METRICS]: the run's losses at steps 1, 10, 25, TEXT_STEPS (and the mean of the
