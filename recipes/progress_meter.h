@@ -24,7 +24,7 @@ struct ProgressOptions {
   int64_t log_every = 1;        // train.log_every
   double tokens_per_step = 0;   // over all ranks and micro-batches
   double flops_per_token = 0;   // 0: no MFU
-  double peak_flops = 0;        // the device's peak FLOP/s (0: no MFU)
+  double peak_flops = 0;        // the peak FLOP/s of all ranks' devices together (0: no MFU)
   bool compiled = false;        // the first step traces and compiles, so it is left out of the ETA
   double earlier_train_s = 0;   // training time of the processes before a resume
 };

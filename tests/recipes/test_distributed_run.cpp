@@ -315,6 +315,30 @@ TEST_F(DistributedRun, Bf16WeightsWithoutMastersTrainOnTwoWorkersLikeOneProcess)
   EXPECT_NE(z.output.find("train.master_weights"), std::string::npos) << z.output;
 }
 
+// MFU over all ranks' devices: tokens/s counts every rank's tokens, so two workers at the same FLOPs a token
+// report half one process's MFU per token a second (a 2-GPU run once printed 83% for 41% a GPU).
+TEST_F(DistributedRun, MfuDividesByEveryRanksDevice) {
+  const std::string args = "max_steps=3 logging.peak_tflops=1";
+  Result one = single("mfu1", args);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  Result two = launch(2, "mfu2", args);
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  // MFU / (tokens/s) = FLOPs a token / peak, the same every step.
+  auto mfu_per_rate = [&](const std::string& run) {
+    std::vector<double> out;
+    std::istringstream lines(slurp(path(run + "/metrics.jsonl")));
+    for (std::string l; std::getline(lines, l);) {
+      const nlohmann::json j = nlohmann::json::parse(l);
+      if (j.value("kind", "") == "train") out.push_back(j.at("mfu").get<double>() / j.at("tokens_per_s").get<double>());
+    }
+    return out;
+  };
+  const std::vector<double> r1 = mfu_per_rate("mfu1"), r2 = mfu_per_rate("mfu2");
+  ASSERT_EQ(r1.size(), 3u);
+  ASSERT_EQ(r2.size(), 3u);
+  for (size_t i = 0; i < r1.size(); ++i) EXPECT_NEAR(r2[i], 0.5 * r1[i], 1e-9 * r1[i]) << "step " << i + 1;
+}
+
 TEST_F(DistributedRun, CompiledDdpFollowsEagerDdpInOneGraph) {
   Result eager = launch(2, "eager", "max_steps=4");
   ASSERT_EQ(eager.exit_code, 0) << eager.output;
