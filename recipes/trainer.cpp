@@ -327,10 +327,10 @@ Trainer::Trainer(const RunSettings& run, const TrainOptions& opts, TrainTask& ta
   allocator_for(run.device).reset_peak();
   // tokens/s counts every rank's tokens, so MFU divides by every rank's device: the peak of one device times the
   // world (a DDP run of two GPUs printed twice its per-GPU utilization before).
-  const double peak = task.flops_per_token > 0 ? peak_flops(run.device.is_cuda(), run.dtype != DType::f32,
-                                                            run.peak_tflops) *
-                                                     static_cast<double>(dp_ ? dp_->world_size() : 1)
-                                               : 0;
+  const double peak = task.flops_per_token > 0
+                          ? peak_flops(run.device.is_cuda(), run.dtype != DType::f32, run.peak_tflops) *
+                                static_cast<double>(dp_ ? dp_->world_size() : 1)
+                          : 0;
   meter_ = std::make_unique<ProgressMeter>(ProgressOptions{.start_step = start_step_,
                                                            .max_steps = run.max_steps,
                                                            .log_every = o_.log_every,
