@@ -2,7 +2,6 @@
 // achieved bandwidth or FLOP rate; bench/cuda_kernels_torch.py times the same operations with PyTorch.
 //   bench_cuda_kernels            (needs a GPU; prints one line per case: name, median ms, GB/s or TFLOP/s)
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -201,12 +200,7 @@ int main() {
     // moments' codes read and written (absmax ~1%, not counted). The first warm-up call fills the moments.
     const int count = 16;
     const int64_t size = int64_t{16} << 20;
-    auto map_tensor = [&](const std::array<float, 256>& map) {
-      Tensor t = empty({256}, DType::f32);
-      std::copy(map.begin(), map.end(), t.data<float>());
-      return t.to(g);
-    };
-    const Tensor smap = map_tensor(quant8_signed_map()), umap = map_tensor(quant8_unsigned_map());
+    const Tensor smap = quant8_map_tensor(quant8_signed_map(), g), umap = quant8_map_tensor(quant8_unsigned_map(), g);
     for (DType pd : {DType::f32, DType::bf16}) {
       std::vector<Tensor> p, gr, mc, ma, vc, va;
       for (int i = 0; i < count; ++i) {

@@ -4,7 +4,6 @@
 // own primitive (optim/fused_update.h: the compiler fuses and lowers it) and the 8-bit ones adamw8bit_update,
 // a primitive that compiled steps run through its eager kernel (it has no kernel lowering), reading lr, step
 // and grad scale from the same host row, so an LR schedule never changes the graph.
-#include <cstring>
 #include <exception>
 #include <map>
 #include <string>
@@ -22,12 +21,6 @@ constexpr const char* kMCodes = "exp_avg_q";
 constexpr const char* kMAbsmax = "exp_avg_absmax";
 constexpr const char* kVCodes = "exp_avg_sq_q";
 constexpr const char* kVAbsmax = "exp_avg_sq_absmax";
-
-Tensor map_tensor(const std::array<float, 256>& map, Device device) {
-  Tensor t = empty({256}, DType::f32);
-  std::memcpy(t.data_ptr(), map.data(), sizeof(float) * 256);
-  return t.to(device);
-}
 
 // inputs:  hyper [G, 3] = {lr, step, grad_scale} per launch, p[0..n), g[0..n), m_codes[0..n), m_absmax[0..n),
 //          v_codes[0..n), v_absmax[0..n), signed map, unsigned map
@@ -96,8 +89,8 @@ AdamW8bit::AdamW8bit(std::vector<Tensor> params, AdamWOptions opts)
                 "optim/mixed_precision.h), or on bf16 ones rounded stochastically (Note [Stochastic rounding], "
                 "runtime/kernels/scalar_math.h)");
   const Device device = params_.empty() ? Device::cpu() : params_[0].device();
-  signed_map_ = map_tensor(quant8_signed_map(), device);
-  unsigned_map_ = map_tensor(quant8_unsigned_map(), device);
+  signed_map_ = quant8_map_tensor(quant8_signed_map(), device);
+  unsigned_map_ = quant8_map_tensor(quant8_unsigned_map(), device);
 }
 
 bool AdamW8bit::quantized(size_t index) const { return params_.at(index).numel() >= kQuant8MinElements; }

@@ -89,6 +89,12 @@ void check_quant8_map(const Tensor& map, const char* which) {
               "adamw8bit_multi: the ", which, " map must be a contiguous f32 tensor of 256 values");
 }
 
+Tensor quant8_map_tensor(const std::array<float, 256>& map, Device device) {
+  Tensor t = empty({256}, DType::f32);
+  std::copy(map.begin(), map.end(), t.data<float>());
+  return t.to(device);
+}
+
 void quant8_dequantize(const uint8_t* codes, const float* absmax, int64_t n, const float* map, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = map[codes[i]] * absmax[i / kQuant8Block];
 }

@@ -83,6 +83,9 @@ INGOT_HD float quant8_inverse(float absmax) {
 }
 INGOT_HD float quant8_normalize(float x, float inverse) { return fminf(fmaxf(x * inverse, -1.0f), 1.0f); }
 
+// `map` as the [256] f32 tensor on `device` that adamw8bit_multi takes.
+Tensor quant8_map_tensor(const std::array<float, 256>& map, Device device = Device::cpu());
+
 // Host quantization of n f32 values (format above): codes [n] bytes, absmax [quant8_blocks(n)].
 void quant8_quantize(const float* x, int64_t n, const float* map, uint8_t* codes, float* absmax);
 // x'[0..n) from codes and absmax.

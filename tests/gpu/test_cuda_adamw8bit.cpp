@@ -3,8 +3,6 @@
 // map search, so parameters, codes and absmax values must be equal bit for bit; the tolerance is zero.
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include "compile/api.h"
 #include "optim/optimizer.h"
 #include "runtime/kernels/kernels.h"
@@ -16,12 +14,6 @@ namespace ingot::testing {
 namespace {
 
 const Device kGpu = Device::cuda(0);
-
-Tensor map_tensor(const std::array<float, 256>& map) {
-  Tensor t = empty({256}, DType::f32);
-  std::memcpy(t.data_ptr(), map.data(), sizeof(float) * 256);
-  return t;
-}
 
 // Random bytes as codes (any state, not only what a previous step could write), in the i32 layout.
 Tensor random_codes(int64_t n) {
@@ -76,7 +68,7 @@ TEST_P(CudaAdamW8bitParams, UpdatesEqualCpuBitForBitOverStepsFromRandomState) {
       view.copy_(t);
       (*list)[1] = view;
     }
-  const Tensor smap = map_tensor(quant8_signed_map()), umap = map_tensor(quant8_unsigned_map());
+  const Tensor smap = quant8_map_tensor(quant8_signed_map()), umap = quant8_map_tensor(quant8_unsigned_map());
   const Tensor smap_gpu = smap.to(kGpu), umap_gpu = umap.to(kGpu);
   kernels::AdamWArgs args{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   for (int64_t step = 1; step <= 3; ++step) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 
@@ -20,12 +19,6 @@
 
 namespace ingot {
 namespace {
-
-Tensor map_tensor(const std::array<float, 256>& map) {
-  Tensor t = empty({256}, DType::f32);
-  std::memcpy(t.data_ptr(), map.data(), sizeof(float) * 256);
-  return t;
-}
 
 std::vector<float> floats(const Tensor& t) { return kernels::cpu::load_all<float>(t.contiguous_raw()); }
 
@@ -325,7 +318,7 @@ TEST(AdamW8bit, ALinearMapForTheSecondMomentLeavesTheToleranceOfTheFollowTest) {
     };
     auto st = std::make_shared<State>();
     auto step = std::make_shared<int64_t>(0);
-    const Tensor smap = map_tensor(quant8_signed_map()), umap = map_tensor(second);
+    const Tensor smap = quant8_map_tensor(quant8_signed_map()), umap = quant8_map_tensor(second);
     return [=](std::vector<Tensor>& ps) {
       if (!st->mq.defined()) {
         const int64_t n = ps[0].numel();

@@ -145,13 +145,12 @@ __global__ void __launch_bounds__(kBlock, 4)
       const int64_t left = n - i0;
       // kWhole: the count is a constant, so the unrolled loops below carry no per-element branch.
       const int count = kWhole ? kPerLane : left <= 0 ? 0 : left >= kPerLane ? kPerLane : static_cast<int>(left);
-      constexpr bool vec = kWhole;
       const float old1 = a1[b], old2 = a2[b];
       float pv[kPerLane], gv[kPerLane], m[kPerLane], v[kPerLane];
-      load8(p + i0, vec, count, pv);
-      load8(g + i0, vec, count, gv);
+      load8(p + i0, kWhole, count, pv);
+      load8(g + i0, kWhole, count, gv);
       alignas(8) uint8_t c1[kPerLane], c2[kPerLane];  // moved 8 bytes at a time
-      if (vec) {
+      if constexpr (kWhole) {
         *reinterpret_cast<uint2*>(c1) = *reinterpret_cast<const uint2*>(q1 + i0);
         *reinterpret_cast<uint2*>(c2) = *reinterpret_cast<const uint2*>(q2 + i0);
       } else {
@@ -186,7 +185,7 @@ __global__ void __launch_bounds__(kBlock, 4)
           max2 = fmaxf(max2, fabsf(vj));
         }
       }
-      store8(p + i0, vec, count, pv);
+      store8(p + i0, kWhole, count, pv);
       // Every lane read old1/old2 before the shuffles, which join the warp; lane 0 writes the new values after.
       max1 = warp_reduce(max1, MaxOp{});
       max2 = warp_reduce(max2, MaxOp{});
@@ -200,7 +199,7 @@ __global__ void __launch_bounds__(kBlock, 4)
         c1[k] = static_cast<uint8_t>(quant8_code(s1, st, quant8_normalize(m[k], inv1)));
         c2[k] = static_cast<uint8_t>(quant8_code(s2, st + 2 * kStride, quant8_normalize(v[k], inv2)));
       }
-      if (vec) {
+      if constexpr (kWhole) {
         *reinterpret_cast<uint2*>(q1 + i0) = *reinterpret_cast<const uint2*>(c1);
         *reinterpret_cast<uint2*>(q2 + i0) = *reinterpret_cast<const uint2*>(c2);
       } else {
