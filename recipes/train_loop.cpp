@@ -61,8 +61,8 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
   s.add(K::of(T::Bool, "train.master_weights", "true",
               "dtype bf16: the optimizer updates f32 master copies of the weights (true), or the bf16 weights "
               "themselves, each update rounded stochastically so that steps below half a bf16 ulp still move a weight "
-              "on average (false: no f32 copy, 4 bytes a parameter less: 32 GB for an 8B model; adamw or adamw8bit, "
-              "one process or plain DDP)"));
+              "on average (false: no f32 copy, 4 bytes a parameter less: 32 GB for an 8B model; adamw or adamw8bit; "
+              "under distributed.zero_stage >= 1 each rank updates its bf16 shard in place)"));
   s.add(K::of(T::Float, "train.init_loss_scale", "65536",
               "dtype f16: the first loss scale (halved on each step whose gradients overflow, which is skipped; "
               "doubled after 2000 good steps)")
@@ -161,10 +161,6 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
       errors.fail(cfg, "train.master_weights",
                   "false rounds AdamW's updates into bf16 weights stochastically, and optimizer.name is " +
                       o.optimizer + ": use adamw or adamw8bit, or train.master_weights=true");
-    else if (cfg.has("distributed.zero_stage") && cfg.value("distributed.zero_stage").text != "0")
-      errors.fail(cfg, "train.master_weights",
-                  "false keeps no f32 masters, and distributed.zero_stage " + cfg.value("distributed.zero_stage").text +
-                      " shards f32 masters: use distributed.zero_stage=0 (plain DDP), or train.master_weights=true");
   }
   o.init_loss_scale = rd.f64("train.init_loss_scale");
   if (set_by_user("train.init_loss_scale") && cfg.value("dtype").text != "f16")

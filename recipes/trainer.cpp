@@ -37,7 +37,9 @@ optim::OptimizerSpec optimizer_spec(const TrainOptions& o) {
 
 // The banner's optimizer line: the rule and the state it keeps besides the weights, e.g. "optimizer | adamw8bit:
 // 8-bit moments for 12 of 26 tensors (1.2M of 1.3M parameters; ...) | state 2.6 MiB (f32 AdamW: 10.0 MiB)".
-std::string optimizer_line(const optim::OptimizerSpec& spec, const std::vector<Tensor>& params, bool sharded) {
+// `masters`: the f32 master weights' bytes (0 without them); `in_place`: 16-bit weights updated without masters.
+std::string optimizer_line(const optim::OptimizerSpec& spec, const std::vector<Tensor>& params, bool sharded,
+                           int64_t masters, bool in_place) {
   std::string line = "optimizer | " + spec.name;
   if (spec.name == "adamw8bit") {
     int64_t tensors = 0, elements = 0, all = 0;
@@ -53,12 +55,15 @@ std::string optimizer_line(const optim::OptimizerSpec& spec, const std::vector<T
             std::to_string(kQuant8MinElements) + " elements)";
   }
   line += " | state " + format_bytes(static_cast<double>(optim::optimizer_state_bytes(spec, params)));
+  if (sharded) line += " on this rank";
   if (spec.name == "adamw8bit") {
     optim::OptimizerSpec f32 = spec;
     f32.name = "adamw";
     line += " (f32 AdamW: " + format_bytes(static_cast<double>(optim::optimizer_state_bytes(f32, params))) + ")";
   }
-  return line + (sharded ? " on this rank\n" : "\n");
+  if (masters > 0) line += " | f32 master weights " + format_bytes(static_cast<double>(masters));
+  if (in_place) line += " | no f32 masters: the bf16 weights take each update rounded stochastically";
+  return line + "\n";
 }
 
 int64_t count_elements(const std::vector<Tensor>& ts) {
@@ -384,7 +389,9 @@ TrainState Trainer::resume(const std::string& load_note) {
   TrainState st = checkpoints_->resume();
   if (!run_.resume_checkpoint.empty()) continue_from(st, run_, task_, scaler_.get(), r_);
   start_step_ = saved_step_ = st.step;
-  *log_ << task_.header << "\n" << load_note << optimizer_line(spec_, opt_params_, dp_ && dp_->sharded());
+  *log_ << task_.header << "\n" << load_note << optimizer_line(spec_, opt_params_, dp_ && dp_->sharded(),
+                                                           masters_ ? count_elements(opt_params_) * 4 : 0,
+                                                           run_.dtype == DType::bf16 && !o_.master_weights);
   log_resume(run_, st.step, *log_);
   return st;
 }
