@@ -4,9 +4,11 @@
 // own primitive (optim/fused_update.h: the compiler fuses and lowers it) and the 8-bit ones adamw8bit_update,
 // a primitive that compiled steps run through its eager kernel (it has no kernel lowering), reading lr, step
 // and grad scale from the same host row, so an LR schedule never changes the graph.
+#include <array>
 #include <exception>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include "autograd/primitive.h"
 #include "optim/fused_update.h"
@@ -111,9 +113,74 @@ std::optional<std::pair<Shape, DType>> AdamW8bit::state_layout(size_t index, con
   return std::nullopt;
 }
 
+// Note [8-bit state element by element]
+// ZeRO moves optimizer state element by element: ZeRO-1 gathers it per parameter for its checkpoints and
+// scatters it back, ZeRO-2/3 cut their sharded checkpoints per parameter, and a resume under another world size
+// or in one process reads other element ranges than were written. 8-bit state is blocks of 256 elements of the
+// tensor it belongs to, and under ZeRO that tensor is a rank's flat chunk across several parameters. So the
+// moments travel as f32 tensors shaped like the parameter (element_state_dict) and are quantized where they land
+// (load_state_dict). The f32 form is exact: quantized again in the same blocks it gives the same codes and absmax
+// bit for bit, so a run resumed under the same world size and stage continues exactly. Each element is written
+// as map[code] * absmax, except the signed map's most negative code (about -0.9935: bitsandbytes' signed map has
+// no -1) written as -absmax. A block's largest magnitude normalizes to +-1 and so takes the code 1 or that one;
+// written this way the block's largest f32 magnitude is its absmax itself, and every element normalizes back to
+// its own code (the maps' neighbours are far apart next to an f32 rounding). Read in other blocks (another world
+// size, one process, f32 AdamW) the values are the moments to within that code's step.
+namespace {
+
+// The signed map as written element by element: the most negative code stands for -1 (see the Note).
+std::array<float, 256> signed_map_as_written() {
+  std::array<float, 256> map = quant8_signed_map();
+  map[0] = -1.0f;
+  return map;
+}
+
+Tensor dequantized(const Tensor& codes, const Tensor& absmax, const Tensor& param, const std::array<float, 256>& map) {
+  const Tensor c = codes.to(Device::cpu()), a = absmax.to(Device::cpu());
+  Tensor out = empty(param.shape(), DType::f32);
+  quant8_dequantize(reinterpret_cast<const uint8_t*>(c.data_ptr()), a.data<float>(), param.numel(), map.data(),
+                    out.data<float>());
+  return out.to(param.device());
+}
+
+}  // namespace
+
+std::map<std::string, Tensor> AdamW8bit::element_state_dict() const {
+  std::map<std::string, Tensor> sd = state_dict();
+  const std::array<float, 256> written = signed_map_as_written();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string k = std::to_string(i) + ".";
+    if (!sd.count(k + kMCodes)) continue;
+    sd[k + "exp_avg"] = dequantized(sd.at(k + kMCodes), sd.at(k + kMAbsmax), params_[i], written);
+    sd[k + "exp_avg_sq"] = dequantized(sd.at(k + kVCodes), sd.at(k + kVAbsmax), params_[i], quant8_unsigned_map());
+    for (const char* name : {kMCodes, kMAbsmax, kVCodes, kVAbsmax}) sd.erase(k + name);
+  }
+  return sd;
+}
+
+void AdamW8bit::quantize_f32_moments() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!quantized(i) || !has_state(i, "exp_avg")) continue;
+    INGOT_CHECK(has_state(i, "exp_avg_sq"), "AdamW8bit::load_state_dict: parameter ", i,
+                " has 'exp_avg' but no 'exp_avg_sq'");
+    const int64_t n = params_[i].numel();
+    for (const auto& [f32, codes, absmax, map] :
+         {std::tuple{"exp_avg", kMCodes, kMAbsmax, &quant8_signed_map()},
+          std::tuple{"exp_avg_sq", kVCodes, kVAbsmax, &quant8_unsigned_map()}}) {
+      const Tensor x = state_[i].at(f32).to(Device::cpu());
+      Tensor c = zeros({quant8_code_words(n)}, DType::i32), a = empty({quant8_blocks(n)}, DType::f32);
+      quant8_quantize(x.data<float>(), n, map->data(), reinterpret_cast<uint8_t*>(c.data_ptr()), a.data<float>());
+      state_[i][codes] = c.to(params_[i].device());
+      state_[i][absmax] = a.to(params_[i].device());
+      state_[i].erase(f32);
+    }
+  }
+}
+
 void AdamW8bit::load_state_dict(const std::map<std::string, Tensor>& sd) {
-  // A state that the other layout names (a checkpoint of optimizer.name adamw, or one made with other parameter
-  // sizes) would leave this optimizer without moments for that parameter: refuse it before anything changes.
+  // A state that the other layout names (one made with other parameter sizes) would leave this optimizer without
+  // moments for that parameter: refuse it before anything changes. f32 moments of an 8-bit parameter are taken
+  // (Note [8-bit state element by element]).
   for (const auto& [key, t] : sd) {
     const size_t dot = key.find('.');
     if (key == "step" || dot == std::string::npos) continue;
@@ -126,16 +193,17 @@ void AdamW8bit::load_state_dict(const std::map<std::string, Tensor>& sd) {
     }
     if (index >= params_.size()) continue;
     const bool eight = name == kMCodes || name == kMAbsmax || name == kVCodes || name == kVAbsmax;
-    const bool f32 = name == "exp_avg" || name == "exp_avg_sq";
-    INGOT_CHECK(!(quantized(index) ? f32 : eight), "AdamW8bit::load_state_dict: '", key, "' is ",
-                eight ? "8-bit" : "f32", " state, but parameter ", index, " (", params_[index].numel(),
-                " elements) keeps ", quantized(index) ? "8-bit" : "f32", " state (8 bits from ", kQuant8MinElements,
-                " elements; was the checkpoint made with another optimizer.name?)");
+    INGOT_CHECK(!(eight && !quantized(index)), "AdamW8bit::load_state_dict: '", key,
+                "' is 8-bit state, but parameter ", index, " (", params_[index].numel(),
+                " elements) keeps f32 state (8 bits from ", kQuant8MinElements,
+                " elements; was the checkpoint made for other parameters?)");
   }
   Optimizer::load_state_dict(sd);
+  if (!hold_) quantize_f32_moments();
 }
 
 void AdamW8bit::step() {
+  quantize_f32_moments();  // held ones (hold_loaded_state), should this optimizer step after all
   if (trace_observer()) return traced_step();
   const double scale = begin_step();
   const std::map<int64_t, std::vector<size_t>> groups = advance_step_groups();

@@ -39,6 +39,13 @@ class Optimizer {
   virtual std::map<std::string, Tensor> state_dict() const;
   // Copies state in; names, shapes and parameter indices must match what state_dict() would give.
   virtual void load_state_dict(const std::map<std::string, Tensor>& sd);
+  // state_dict() with every per-parameter buffer shaped like its parameter, so that ZeRO can cut, gather and
+  // scatter it element by element (AdamW8bit's codes come in blocks: Note [8-bit state element by element]);
+  // load_state_dict() takes it back.
+  virtual std::map<std::string, Tensor> element_state_dict() const { return state_dict(); }
+  // For an optimizer that only carries state between a checkpoint and the shards (it never steps): later
+  // load_state_dict() calls keep what they are given as it is (AdamW8bit: f32 moments stay f32).
+  virtual void hold_loaded_state() {}
 
  protected:
   // The shape and dtype that load_state_dict() requires of state `name` of parameter `index`, for state that is
@@ -104,7 +111,11 @@ class AdamW8bit : public Optimizer {
  public:
   AdamW8bit(std::vector<Tensor> params, AdamWOptions opts = {});
   void step() override;
+  // Takes 8-bit codes, or f32 moments ("exp_avg", "exp_avg_sq", e.g. element_state_dict()'s), which it quantizes
+  // at once unless hold_loaded_state() was called.
   void load_state_dict(const std::map<std::string, Tensor>& sd) override;
+  std::map<std::string, Tensor> element_state_dict() const override;
+  void hold_loaded_state() override { hold_ = true; }
   const AdamWOptions& options() const { return opts_; }
   // Whether parameter `index` keeps 8-bit state (it has at least kQuant8MinElements elements).
   bool quantized(size_t index) const;
@@ -115,7 +126,9 @@ class AdamW8bit : public Optimizer {
  private:
   void traced_step();  // under a trace: records AdamW's primitive for the f32 state, adamw8bit_update for the rest
   Tensor& state8(size_t index, const std::string& name);  // the 8-bit state slots, created zero (the zero state)
+  void quantize_f32_moments();  // f32 moments of 8-bit parameters (loaded) into codes
   AdamWOptions opts_;
+  bool hold_ = false;
   Tensor signed_map_, unsigned_map_;  // f32 [256] on the parameters' device
 };
 

@@ -13,8 +13,9 @@ namespace ingot::recipes {
 namespace fs = std::filesystem;
 
 CheckpointIO::CheckpointIO(const RunSettings& run, TrainTask& task, DataParallel* dp, const optim::OptimizerSpec& spec,
-                           std::ostream& log)
-    : run_(run), task_(task), dp_(dp), spec_(spec), log_(log), is_main_(!dp || dp->rank() == 0),
+                           bool masters, std::ostream& log)
+    : run_(run), task_(task), dp_(dp), spec_(spec), log_(log), with_masters_(masters && run.dtype != DType::f32),
+      is_main_(!dp || dp->rank() == 0),
       sharded_(dp && dp->sharded()) {}
 
 void CheckpointIO::read_before_wrap() {
@@ -26,10 +27,12 @@ void CheckpointIO::read_before_wrap() {
     read_state_ = load_sharded_model_state(*shards_, model, task_.params, /*load_trained=*/dp_->zero_stage() == 2);
   } else if (sharded_) {
     std::unique_ptr<optim::MasterWeights> m;
-    if (run_.dtype != DType::f32) m = std::make_unique<optim::MasterWeights>(task_.params);
+    if (with_masters_) m = std::make_unique<optim::MasterWeights>(task_.params);
     std::unique_ptr<optim::Optimizer> stand_in = optim::make_optimizer(m ? m->master() : task_.params, spec_);
+    stand_in->hold_loaded_state();
     read_state_ = load_training_checkpoint(run_.resume_checkpoint, model, *stand_in, m.get());
-    full_opt_state_ = stand_in->state_dict();
+    // Element by element, as the shards cut it (Note [8-bit state element by element], optim/adamw8bit.cpp).
+    full_opt_state_ = stand_in->element_state_dict();
     if (m) full_masters_ = m->master();
   }
 }
@@ -72,7 +75,7 @@ std::string CheckpointIO::write(const TrainState& state) {
     return save_training_checkpoint(run_.output_dir, *task_.model, *opt_, masters_, state);
   }
   if (dp_->zero_stage() >= 2)
-    return dp_->save_sharded_checkpoint(run_.output_dir, state.step, *task_.model, opt_->state_dict(),
+    return dp_->save_sharded_checkpoint(run_.output_dir, state.step, *task_.model, opt_->element_state_dict(),
                                         masters_ ? masters_->master() : std::vector<Tensor>{},
                                         train_state_json(state));
   return write_zero1(state);
@@ -81,7 +84,7 @@ std::string CheckpointIO::write(const TrainState& state) {
 // Every rank takes part in the gathers; rank 0 puts the whole state into a stand-in optimizer over the whole
 // parameters and writes it as a plain checkpoint.
 std::string CheckpointIO::write_zero1(const TrainState& state) {
-  std::map<std::string, Tensor> opt_state = dp_->gather_optimizer_state(opt_->state_dict());
+  std::map<std::string, Tensor> opt_state = dp_->gather_optimizer_state(opt_->element_state_dict());
   std::vector<Tensor> gathered_masters;
   if (masters_) gathered_masters = dp_->gather_to_params(masters_->master());
   if (!is_main_) return checkpoint_path(run_.output_dir, state.step);
@@ -95,6 +98,7 @@ std::string CheckpointIO::write_zero1(const TrainState& state) {
     }
   }
   std::unique_ptr<optim::Optimizer> stand_in = optim::make_optimizer(m ? m->master() : task_.params, spec_);
+  stand_in->hold_loaded_state();  // AdamW8bit: the f32 moments are written as they are, exact for the shards' blocks
   stand_in->load_state_dict(opt_state);
   return save_training_checkpoint(run_.output_dir, *task_.model, *stand_in, m.get(), state);
 }

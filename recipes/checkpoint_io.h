@@ -28,9 +28,10 @@ class DataParallel;
 
 class CheckpointIO {
  public:
-  // `dp` is null without data parallelism; rank 0 (or the only process) logs to `log`.
+  // `dp` is null without data parallelism; rank 0 (or the only process) logs to `log`. `masters`: a 16-bit run
+  // keeps f32 master weights (train.master_weights).
   CheckpointIO(const RunSettings& run, TrainTask& task, DataParallel* dp, const optim::OptimizerSpec& spec,
-               std::ostream& log);
+               bool masters, std::ostream& log);
 
   // Before dp->wrap, on resume: what can only be read while the parameters are whole. Nothing otherwise.
   void read_before_wrap();
@@ -57,6 +58,7 @@ class CheckpointIO {
   DataParallel* dp_;
   optim::OptimizerSpec spec_;
   std::ostream& log_;
+  bool with_masters_ = false;
   bool is_main_ = true, sharded_ = false, stale_removed_ = false;
   optim::Optimizer* opt_ = nullptr;
   optim::MasterWeights* masters_ = nullptr;

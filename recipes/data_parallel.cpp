@@ -547,8 +547,10 @@ void DataParallel::load_shards(const ShardedCheckpoint& c, const nn::Module& mod
   }
   const bool has_masters = c.has("optimizer/master.0");
   INGOT_CHECK(has_masters == !master_chunks.empty(), what,
-              has_masters ? " holds f32 master weights but this run keeps none (was the checkpoint made with dtype bf16?)"
-                          : " holds no f32 master weights (was the checkpoint made with dtype f32?)");
+              has_masters ? " holds f32 master weights but this run keeps none (dtype f32, or train.master_weights "
+                            "false; was the checkpoint made with dtype bf16 and f32 masters?)"
+                          : " holds no f32 master weights (was the checkpoint made with dtype f32 or "
+                            "train.master_weights false?)");
   for (size_t b = 0; b < master_chunks.size(); ++b) {
     Tensor dst = master_chunks[b];
     dst.copy_(c.read_chunk(layouts[b], rank(), world_size(), DType::f32,

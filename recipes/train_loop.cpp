@@ -142,14 +142,6 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
   if (o.optimizer == "sgd" && o.nesterov && o.momentum == 0 && !errors.has_error_for("optimizer.momentum"))
     errors.fail(cfg, "optimizer.nesterov", "true needs optimizer.momentum > 0 (it is 0)");
   if (o.optimizer != "sgd") o.momentum = 0, o.nesterov = false;
-  // ZeRO shards the optimizer state element-wise; 8-bit state comes in blocks with one absmax each.
-  if (o.optimizer == "adamw8bit" && cfg.has("distributed.zero_stage") &&
-      cfg.value("distributed.zero_stage").text != "0")
-    errors.fail(cfg, "distributed.zero_stage",
-                cfg.value("distributed.zero_stage").text +
-                    " shards the optimizer state element by element, and optimizer.name is adamw8bit, whose state is "
-                    "quantized in 256-element blocks: use distributed.zero_stage=0 (plain DDP) with adamw8bit, or "
-                    "optimizer.name=adamw to shard");
   // Note [Stochastic rounding] (runtime/kernels/scalar_math.h): the kernels that round bf16 weights are AdamW's.
   o.master_weights = rd.flag("train.master_weights");
   if (!o.master_weights && !errors.has_error_for("train.master_weights")) {

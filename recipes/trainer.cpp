@@ -360,7 +360,7 @@ std::string Trainer::set_up_parameters() {
     scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerOptions{.init_scale = o_.init_loss_scale});
   spec_ = optimizer_spec(o_);
   // Resuming ZeRO-1/2/3 reads part of the checkpoint while the parameters are still whole (checkpoint_io.h).
-  checkpoints_ = std::make_unique<CheckpointIO>(run_, task_, dp_.get(), spec_, *log_);
+  checkpoints_ = std::make_unique<CheckpointIO>(run_, task_, dp_.get(), spec_, o_.master_weights, *log_);
   checkpoints_->read_before_wrap();
   std::string load_note = load_weights_and_wrap(run_, task_, dp_.get());
   opt_params_ = dp_ ? dp_->optimizer_params() : task_.params;

@@ -427,15 +427,14 @@ TEST(AdamW8bit, ResumeFromSavedStateReproducesTheUninterruptedRunExactly) {
   const auto a = opt_ref.state_dict(), b = opt2.state_dict();
   for (const auto& [key, t] : a) EXPECT_EQ(t.to_vector(), b.at(key).to_vector()) << key;
 
-  // Wrong layouts are refused by name, before anything changes.
-  optim::AdamW f32_opt({testing::leaf(init_w.clone_raw()), testing::leaf(init_b.clone_raw())}, o);
-  std::vector<Tensor> again = {f32_opt.params()[0], f32_opt.params()[1]};
-  run(f32_opt, again, 0, 1);
+  // 8-bit state for a parameter that keeps f32 state is refused by name, before anything changes.
+  std::map<std::string, Tensor> small = loaded;
+  small["1.exp_avg_q"] = zeros({75}, DType::i32);
   try {
-    opt2.load_state_dict(f32_opt.state_dict());
-    ADD_FAILURE() << "AdamW state loaded into AdamW8bit";
+    opt2.load_state_dict(small);
+    ADD_FAILURE() << "8-bit state loaded for a 300-element parameter";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'0.exp_avg' is f32 state, but parameter 0 (12000 elements) keeps 8-bit"),
+    EXPECT_NE(std::string(e.what()).find("'1.exp_avg_q' is 8-bit state, but parameter 1 (300 elements) keeps f32"),
               std::string::npos)
         << e.what();
   }
@@ -449,7 +448,77 @@ TEST(AdamW8bit, ResumeFromSavedStateReproducesTheUninterruptedRunExactly) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(optim::AdamW(ref, o).load_state_dict(a), Error);  // and the other way round
+  EXPECT_THROW(optim::AdamW(ref, o).load_state_dict(a), Error);  // 8-bit codes into f32 AdamW
+}
+
+// Note [8-bit state element by element] (optim/adamw8bit.cpp): element_state_dict() writes the moments as f32
+// tensors shaped like their parameters, and quantizing them again in the same blocks gives the same codes and
+// absmax bit for bit, blocks whose largest first moment is negative included (the signed map has no -1: written
+// as map[code] * absmax alone, such a block's absmax would shrink by 0.65% and its codes move). A stand-in that
+// holds its loaded state writes the f32 moments back as they came. f32 AdamW moments (another optimizer's, or
+// another world size's) load too: quantized in this optimizer's blocks, to within their steps.
+TEST(AdamW8bit, MomentsElementByElementQuantizeBackToTheSameCodes) {
+  ASSERT_GT(quant8_signed_map()[0], -1.0f);
+  ASSERT_LT(quant8_signed_map()[0], -0.99f);
+  manual_seed(21);
+  const optim::AdamWOptions o{.lr = 0.01, .weight_decay = 0.01};
+  std::vector<Tensor> ps = {testing::leaf(randn({9000})), testing::leaf(randn({17, 300}))};
+  optim::AdamW8bit opt(ps, o);
+  for (int s = 0; s < 4; ++s) {
+    for (Tensor& p : ps) {
+      NoGradGuard ng;
+      p.set_grad(mul(randn(p.shape()), 1e-3 * (s + 1)).contiguous_raw());
+    }
+    opt.step();
+  }
+  const std::map<std::string, Tensor> codes = opt.state_dict();
+  const std::map<std::string, Tensor> dense = opt.element_state_dict();
+  for (const char* gone : {"0.exp_avg_q", "0.exp_avg_absmax", "1.exp_avg_sq_q", "1.exp_avg_sq_absmax"})
+    EXPECT_EQ(dense.count(gone), 0u) << gone;
+  ASSERT_EQ(dense.at("1.exp_avg").shape(), (Shape{17, 300}));
+  ASSERT_EQ(dense.at("0.exp_avg_sq").dtype(), DType::f32);
+  // Some blocks' largest first moment is negative: the case the written form exists for.
+  int negative_max_blocks = 0;
+  const std::vector<double> m0 = dense.at("0.exp_avg").to_vector();
+  for (size_t b = 0; b * 256 < m0.size(); ++b) {
+    double lo = 0, hi = 0;
+    for (size_t i = b * 256; i < std::min(m0.size(), b * 256 + 256); ++i) lo = std::min(lo, m0[i]), hi = std::max(hi, m0[i]);
+    negative_max_blocks += -lo > hi;
+  }
+  EXPECT_GT(negative_max_blocks, 5);
+
+  std::vector<Tensor> qs = {testing::leaf(ps[0].clone_raw()), testing::leaf(ps[1].clone_raw())};
+  optim::AdamW8bit back(qs, o);
+  back.load_state_dict(dense);
+  const std::map<std::string, Tensor> again = back.state_dict();
+  ASSERT_EQ(again.size(), codes.size());
+  for (const auto& [key, t] : codes) {
+    ASSERT_TRUE(again.count(key)) << key;
+    EXPECT_EQ(again.at(key).dtype(), t.dtype()) << key;
+    EXPECT_EQ(again.at(key).to_vector(), t.to_vector()) << key;
+  }
+
+  optim::AdamW8bit holder({testing::leaf(ps[0].clone_raw()), testing::leaf(ps[1].clone_raw())}, o);
+  holder.hold_loaded_state();
+  holder.load_state_dict(dense);
+  EXPECT_EQ(holder.state_dict().at("0.exp_avg").to_vector(), dense.at("0.exp_avg").to_vector());
+  EXPECT_EQ(holder.state_dict().count("0.exp_avg_q"), 0u);
+
+  // f32 AdamW's moments: quantized at once, within each value's code step (1/8 of the value at most for the
+  // dynamic map's sparse low codes; the bound of FirstStepEqualsAdamWBitForBit... is tighter for large values).
+  optim::AdamW f32({testing::leaf(ps[0].clone_raw()), testing::leaf(ps[1].clone_raw())}, o);
+  std::vector<Tensor> fs = {f32.params()[0], f32.params()[1]};
+  for (Tensor& p : fs) p.set_grad(mul(randn(p.shape()), 1e-3).contiguous_raw());
+  f32.step();
+  optim::AdamW8bit from_f32({testing::leaf(ps[0].clone_raw()), testing::leaf(ps[1].clone_raw())}, o);
+  from_f32.load_state_dict(f32.state_dict());
+  EXPECT_EQ(from_f32.state_dict().count("0.exp_avg"), 0u);
+  EXPECT_EQ(from_f32.state_dict().at("0.exp_avg_q").dtype(), DType::i32);
+  const std::vector<double> want = f32.state_dict().at("0.exp_avg").to_vector(),
+                            got = from_f32.element_state_dict().at("0.exp_avg").to_vector();
+  double absmax = 0;
+  for (double w : want) absmax = std::max(absmax, std::abs(w));
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 0.05 * absmax) << i;
 }
 
 TEST(AdamW8bit, ACompiledStepUpdatesLikeTheEagerOne) {

@@ -104,6 +104,18 @@ TEST_F(CompiledFsdpRun, Bf16WithoutMastersFollowsEagerAndResumes) {
   // above, 1e-4 for the same reason). Eager ZeRO-3 without masters resumes exactly: DistributedRun's
   // Bf16WeightsWithoutMastersShardUnderZeroOneTwoAndThreeAndResumeExactly.
   expect_close(train_losses(path("resumed/metrics.jsonl")), rest, "without masters, resumed compiled", 3e-4);
+
+  // AdamW8bit on the shards (wider blocks, so that the shards reach 8-bit state): its update runs through its
+  // eager kernel inside the compiled step, on the same flat shards.
+  const std::string q = z3 + " optimizer.name=adamw8bit model.n_embd=64";
+  Result qe = launch(2, "q_eager", q);
+  ASSERT_EQ(qe.exit_code, 0) << qe.output;
+  Result qc = launch(2, "q_comp", q + compiled());
+  ASSERT_EQ(qc.exit_code, 0) << qc.output;
+  EXPECT_EQ(qc.output.find("8-bit moments for 0 of"), std::string::npos) << qc.output;
+  EXPECT_NE(qc.output.find("compile | 1 graph(s), 0 break(s), 0 recompile(s)"), std::string::npos) << qc.output;
+  expect_close(train_losses(path("q_comp/metrics.jsonl")), train_losses(path("q_eager/metrics.jsonl")),
+               "AdamW8bit without masters: compiled vs eager ZeRO-3", 1e-2);
 }
 
 // Full fine-tuning of the tiny Llama 3 fixture (its HF checkpoint read shard-wise into the shards, DecoderBlock
