@@ -12,7 +12,7 @@
 #   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [qlora_ckpt] [qlora_mlp] [ckpt] [mlp] [text50]
 #                          [ingot_eager] [memory]
 #                          [budget] [long] [long_eager] [long_plain] [full] [full_adamw] [full_masters] [full_f32]
-#                          [full_torch] [full_ddp]
+#                          [full_torch] [full_ddp] [full_zero3] [full_zero3_nockpt] [full_fsdp2]
 #                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, qlora_mlp, mlp, ckpt,
 #                              text50, peft, budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while
 #                              DEADLINE allows)
@@ -23,6 +23,10 @@
 #         follow); full_torch: PyTorch's pure-bf16 full fine-tune (peft_lora.py --full --grad-ckpt:
 #         bf16 weights and AdamW state, gradient checkpointing, torch.compile), lr 1e-5 as the yaml;
 #         full_ddp: full under `ingot launch --nproc-per-node gpu` (plain DDP; BATCH is the global batch)
+#         full_zero3: full under ZeRO-3 on every GPU (bf16 shards updated in place, AdamW8bit on the shards,
+#         gradients reduced in bf16; BATCH global), full_zero3_nockpt: the same without activation checkpointing;
+#         full_fsdp2: torchtune's recipe under torchrun on every GPU (bench/reference/fsdp2_llama.py --pure-bf16
+#         --grad-ckpt: FSDP2 over bf16 parameters, bf16 AdamW state, per-layer checkpointing and torch.compile)
 #   autotune / autotune_nocg / overhead: ingot compiled in max-autotune (cuBLASLt candidates timed per product
 #         shape, CUDA graphs), max-autotune-no-cudagraphs, reduce-overhead
 #   memory: ingot compiled with INGOT_LOGS=memory (what is alive at the peak), 2 steps
@@ -158,6 +162,21 @@ want full_f32 && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run
 # Plain DDP on the machine's GPUs (BATCH: the global batch, e.g. 4 for 2 x 2048 per GPU on two).
 want full_ddp && LAUNCH="ingot launch --nproc-per-node gpu --" RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml \
   ingot_run full_ddp compile.enabled=true
+# ZeRO-3 on the machine's GPUs: about 6 bytes a parameter over the GPUs (bf16 shard, its bf16 gradient, 8-bit moments).
+zero3=(distributed.zero_stage=3 distributed.reduce_dtype=bf16 compile.enabled=true)
+want full_zero3 && LAUNCH="ingot launch --nproc-per-node gpu --" RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml \
+  ingot_run full_zero3 "${zero3[@]}"
+want full_zero3_nockpt && LAUNCH="ingot launch --nproc-per-node gpu --" \
+  RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_zero3_nockpt "${zero3[@]}" \
+  train.activation_checkpointing=none
+if want full_fsdp2; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  timeout 400 python3 -m torch.distributed.run --standalone --nproc-per-node "$ngpu" \
+    "$src/bench/reference/fsdp2_llama.py" --config "$config" --layers "$LAYERS" --checkpoint "$ckpt" \
+    --tokens "$tokens" --batch $((BATCH / ngpu)) --seq "$SEQ" --steps "$STEPS" --warmup "$WARMUP" --modes compile \
+    --pure-bf16 --grad-ckpt > "$out/fsdp2_full.log" 2>&1 || tail -5 "$out/fsdp2_full.log"
+  grep -h "^| transformers\|^first step" "$out/fsdp2_full.log"
+fi
 want full_torch && PEFT_TAG=_full PEFT_EXTRA="${PEFT_EXTRA:-} --full --grad-ckpt --lr 1e-5" peft compile
 TEXT_STEPS=${TEXT_STEPS:-50} TEXT_TOKENS=${TEXT_TOKENS:-.device/text50_tokens.bin.xz}
 # text50_row NAME METRICS [BF16_METRICS]: the run's losses at steps 1, 10, 25, TEXT_STEPS (and the mean of the

@@ -14,7 +14,7 @@ or random (seed 4321 + rank).
 
   torchrun --standalone --nproc-per-node 4 bench/reference/fsdp2_llama.py --config bench/configs/llama_8b/config.json \\
       [--checkpoint DIR] [--tokens FILE] [--batch 2] [--seq 2048] [--steps 10] [--warmup 3] [--modes eager,compile]
-      [--peak-tflops 989]
+      [--peak-tflops 989] [--pure-bf16] [--grad-ckpt]
   python3 bench/reference/fsdp2_llama.py --config CONFIG --make-checkpoint DIR [--make-tokens FILE --rows N]
       writes random bf16 weights (save_pretrained, safetensors) and optionally N rows of random token ids, then exits.
 """
@@ -40,7 +40,8 @@ def fully_shard_api():
 def build_model(args, cfg):
     torch.manual_seed(1234)
     if args.checkpoint:
-        model = LlamaForCausalLM.from_pretrained(args.checkpoint, torch_dtype=torch.float32)
+        dtype = torch.bfloat16 if args.pure_bf16 else torch.float32
+        model = LlamaForCausalLM.from_pretrained(args.checkpoint, torch_dtype=dtype)
     else:
         model = LlamaForCausalLM(cfg).float()
     model.config.use_cache = False
@@ -73,6 +74,14 @@ def run(mode, args, cfg, world, rank):
     model = build_model(args, cfg)
     n = sum(p.numel() for p in model.parameters())
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if args.pure_bf16:
+        # torchtune's full_finetune_distributed: bf16 parameters sharded as they are (no f32 masters), gradients
+        # reduced in bf16, AdamW's state in bf16 (it follows the parameters' dtype).
+        model.to(torch.bfloat16)
+        mp = MixedPrecisionPolicy()
+    if args.grad_ckpt:
+        # Each decoder layer's forward runs again in its backward (torch.utils.checkpoint, non-reentrant).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for i, layer in enumerate(model.model.layers):
         if mode == "compile":
             layer.compile()
@@ -120,6 +129,8 @@ def run(mode, args, cfg, world, rank):
     peak = torch.tensor([torch.cuda.max_memory_allocated() / 1e9, first_peak], device="cuda")
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     name = ("transformers FSDP2" if mode == "eager" else "transformers FSDP2 + torch.compile per layer") + f" x{world}"
+    name += " pure bf16" if args.pure_bf16 else ""
+    name += " + checkpointing" if args.grad_ckpt else ""
     if rank == 0:
         print(f"| {name} | cuda:0 | bf16 | {args.batch} x {args.seq} | {n / 1e6:.1f}M | {med:.2f} | "
               f"{tokens / med * 1e3:.0f} | {tflops:.1f} | {100 * tflops / args.peak_tflops:.1f}% | {peak[0].item():.2f} | "
@@ -169,6 +180,9 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--layers", type=int, default=0, help="keep only the first N decoder layers (a quick check)")
     p.add_argument("--modes", default="compile")
+    p.add_argument("--pure-bf16", action="store_true",
+                   help="bf16 parameters, gradients and AdamW state, no f32 masters (torchtune's full fine-tune)")
+    p.add_argument("--grad-ckpt", action="store_true", help="activation checkpointing of every decoder layer")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of one GPU (H100/H200 SXM: 989)")
     p.add_argument("--make-checkpoint", default="")
     p.add_argument("--make-tokens", default="")
