@@ -31,6 +31,14 @@
 // eager ZeRO-3 holds: a resharded unit's gathered bytes are freed after its forward and gathered again (a plain
 // collective) by an identity on its output before its backward (fsdp_unit_boundary, which unit_gathers removes
 // from the graph).
+//
+// Note [Checkpointed units read the gathered value]
+// Activation checkpointing (train.activation_checkpointing) runs a block's forward again inside its backward,
+// and that forward reads the parameters themselves. So from the unit's boundary in the backward (after the traced
+// run's bytes are gathered again) until its reduction, the parameters are views of the gathered value once more,
+// and a kept unit's (no boundary) stay so from its forward on: the recomputation reads the gathered weights, as
+// graph readers of the gather (unit_gathers gives backward readers the backward's gather), never the eager storage,
+// which holds no bytes while a traced step runs (it segfaulted before).
 #include "distributed/fsdp_compiled.h"
 
 #include <cstdlib>
@@ -79,6 +87,11 @@ void gather(State& s, size_t unit, bool regather, bool fresh) {
                    ? collective_wait(all_gather_unit_start(u.master, s.group, std::move(attrs), u.dtype))
                    : collective_wait(all_gather_unit_start(u.shard, s.group, std::move(attrs)));
   }
+  point_at_traced(s, unit);
+}
+
+void point_at_traced(State& s, size_t unit) {
+  State::Unit& u = s.units[unit];
   for (size_t k = 0; k < u.plan.params.size(); ++k) {
     Tensor& p = s.params[u.plan.params[k]];
     const Tensor v = reshape(narrow(u.traced, 0, u.plan.offsets[k], p.numel()), p.shape());
@@ -122,7 +135,11 @@ class UnitBoundaryPrim final : public Primitive, public WithAttrs<UnitCollective
     if (!s || !s->active) return {cot[0]};
     if (ends_head_ && s->heads_awaiting_backward > 0 && --s->heads_awaiting_backward == 0)
       free_traced(s->units[*s->embed]);
-    regather_traced(*s, s->units[static_cast<size_t>(attrs_.unit)]);
+    State::Unit& u = s->units[static_cast<size_t>(attrs_.unit)];
+    regather_traced(*s, u);
+    // Note [Checkpointed units read the gathered value]: a checkpointed block's forward runs again in its backward
+    // and reads the parameters themselves, not saved aliases.
+    if (u.traced.defined()) point_at_traced(*s, static_cast<size_t>(attrs_.unit));
     return {cot[0]};
   }
   bool saves_input(size_t) const override { return false; }
@@ -146,15 +163,18 @@ Tensor forward_done(const std::weak_ptr<State>& state, size_t unit, bool regathe
                     bool ends_head) {
   const std::shared_ptr<State> s = state.lock();
   State::Unit& u = s->units[unit];
-  point_at_eager_storage(*s, u);
   if (!grad_enabled() || !out.requires_grad()) {  // no backward follows (an evaluation inside the step)
+    point_at_eager_storage(*s, u);
     u.traced = Tensor();
     u.traced_earlier.clear();
     return Tensor();
   }
   // A block kept gathered (Note [The last blocks kept], fsdp.h) still needs the boundary when it is the last one
-  // with tied embeddings: its backward frees the embeddings the head read (its regather is a no-op).
+  // with tied embeddings: its backward frees the embeddings the head read (its regather is a no-op). Its
+  // parameters stay views of the gathered value until its reduction (Note [Checkpointed units read the gathered
+  // value]).
   if (!regather && !ends_head) return Tensor();
+  point_at_eager_storage(*s, u);
   if (regather) free_traced(u);  // the traced run holds no more gathered units than eager ZeRO-3
   UnitCollectiveAttrs attrs{static_cast<int32_t>(unit), u.name, regather};
   return apply(std::make_shared<UnitBoundaryPrim>(state, std::move(attrs), ends_head), {out})[0];
@@ -213,6 +233,7 @@ void reduce_unit(State& s, size_t j) {
                                                    sum != flat.dtype() ? std::optional<DType>(sum) : std::nullopt);
   }
   for (size_t i : u.plan.params) s.params[i].zero_grad();
+  point_at_eager_storage(s, u);  // its backward is over (Note [Checkpointed units read the gathered value])
   u.traced = Tensor();
   u.traced_earlier.clear();
   u.pending = -1;  // reduced this round

@@ -16,10 +16,13 @@ namespace ingot::distributed::fsdp_traced {
 // (reshard_after_forward; compile/passes/unit_gathers.cpp). `fresh`: a new gather even if this round has one
 // (tied embeddings gathered again for the head, so the first gathered value dies after the lookup).
 void gather(FullyShardedDataParallel::State& s, size_t unit, bool regather, bool fresh = false);
+// The unit's parameters become views of its gathered value (the traced run's), as gather() leaves them.
+void point_at_traced(FullyShardedDataParallel::State& s, size_t unit);
 // The embeddings were looked up: their parameters point at the eager storage again and the traced run frees
 // its gathered bytes (the graph frees its value after its last reader).
 void put_back(FullyShardedDataParallel::State& s, size_t unit);
-// A unit's forward ended with `out`: its parameters point at the eager storage again, and the gathered value is
+// A unit's forward ended with `out`: its parameters point at the eager storage again (a kept unit's only at its
+// reduction: Note [Checkpointed units read the gathered value], fsdp_compiled.cpp), and the gathered value is
 // kept (saved for the backward) until synchronize() when a backward follows. `regather` (reshard_after_forward):
 // the traced run frees the gathered bytes now and gathers them again before the unit's backward, through an
 // identity on `out` (returned; undefined otherwise) that compile/passes/unit_gathers.cpp removes from the graph;

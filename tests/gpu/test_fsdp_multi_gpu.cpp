@@ -314,15 +314,28 @@ TEST_F(FsdpLaunchOnGpus, ZeroThreeRecipeRunGivesTheLossesOfDdpOnTwoGpus) {
 
 // bf16 weights without masters and AdamW8bit on the shards (the DistributedRun Gloo twin:
 // AdamW8bitShardsUnderZeroOneTwoAndThreeAndResumesExactly), eager and compiled, on NCCL: ZeRO-3 follows plain
-// DDP within bf16's and the codes' rounding (the shards' 256-element blocks are not the tensors'), a run resumed
-// from its step-3 sharded checkpoint continues with the uninterrupted run's losses (the CUDA kernel requantizes the
-// element-by-element moments into the same codes: Note [8-bit state element by element]), and compiled follows eager.
+// DDP within bf16's and the codes' rounding (the shards' 256-element blocks are not the tensors'), and compiled
+// follows eager. A run resumed from its step-3 sharded checkpoint continues as closely as a second uninterrupted
+// run follows the first: on a GPU two runs are not bit for bit alike (kernels that sum with atomics), and each
+// last-bit difference moves stochastic roundings (Note [Stochastic rounding]), so the bound is the reruns'
+// distance (at least 1e-5 eager); on Gloo the eager resume is exact.
 TEST_F(FsdpLaunchOnGpus, AdamW8bitOnBf16ShardsWithoutMastersFollowsDdpAndResumesOnTwoGpus) {
   INGOT_REQUIRE_GPUS(2);
   const std::string q = "dtype=bf16 train.master_weights=false optimizer.name=adamw8bit model.n_embd=64 ";
   auto ddp = launch2("q_ddp", q);
   ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
   const auto want = train_losses(path("q_ddp/metrics.jsonl"));
+  auto after3 = [&](const std::string& run) {
+    std::map<int64_t, double> out;
+    for (const auto& [step, loss] : train_losses(path(run + "/metrics.jsonl")))
+      if (step > 3) out[step] = loss;
+    return out;
+  };
+  auto apart = [](const std::map<int64_t, double>& x, const std::map<int64_t, double>& y) {
+    double d = 0;
+    for (const auto& [step, loss] : x) d = std::max(d, std::abs(y.at(step) - loss) / std::abs(loss));
+    return d;
+  };
   for (const std::string compiled : {"false", "true"}) {
     const std::string name = "q_z3_" + compiled,
                       args = q + "distributed.zero_stage=3 compile.enabled=" + compiled + " checkpoint.save_every=3 ";
@@ -331,15 +344,18 @@ TEST_F(FsdpLaunchOnGpus, AdamW8bitOnBf16ShardsWithoutMastersFollowsDdpAndResumes
     EXPECT_NE(z3.output.find("no f32 masters"), std::string::npos) << z3.output;
     EXPECT_EQ(z3.output.find("8-bit moments for 0 of"), std::string::npos) << z3.output;
     expect_same_losses(train_losses(path(name + "/metrics.jsonl")), want, 1e-2, "ZeRO-3 vs DDP, AdamW8bit " + compiled);
+    auto again = launch2(name + "_again", args);
+    ASSERT_EQ(again.exit_code, 0) << again.output;
     auto resumed = launch2(name + "_resumed", args + "resume_from=" + path(name + "/checkpoints/step_00000003"));
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    std::map<int64_t, double> rest;
-    for (const auto& [step, loss] : train_losses(path(name + "/metrics.jsonl")))
-      if (step > 3) rest[step] = loss;
-    // Compiled: the resumed run's first step is the traced one (eager kernels), 3e-4 as the Gloo twin; eager:
-    // 1e-4, as GPU kernels that sum with atomics may round apart (on Gloo the eager resume is exact).
-    expect_same_losses(train_losses(path(name + "_resumed/metrics.jsonl")), rest, compiled == "true" ? 3e-4 : 1e-4,
-                       "resumed vs uninterrupted, compiled " + compiled);
+    const std::map<int64_t, double> rest = after3(name), r = after3(name + "_resumed");
+    ASSERT_EQ(r.size(), 3u) << resumed.output;
+    const double noise = apart(rest, after3(name + "_again")), got = apart(rest, r);
+    std::printf("[ zero3 adamw8bit ] compiled %s: resumed vs uninterrupted %.2e, a rerun vs uninterrupted %.2e\n",
+                compiled.c_str(), got, noise);
+    // Compiled, the resumed run's first step is the traced one (eager kernels, another summation order) where
+    // the uninterrupted run's step 4 ran compiled: 1e-3 at least (the Gloo twin saw 7e-5).
+    EXPECT_LE(got, std::max(compiled == "true" ? 1e-3 : 1e-5, 3 * noise)) << "compiled " << compiled;
   }
   expect_same_losses(train_losses(path("q_z3_true/metrics.jsonl")), train_losses(path("q_z3_false/metrics.jsonl")),
                      1e-2, "compiled vs eager ZeRO-3, AdamW8bit");
