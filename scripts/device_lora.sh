@@ -12,7 +12,8 @@
 #   scripts/device_lora.sh [peft] [peft_eager] [ingot] [qlora] [qlora_ckpt] [qlora_mlp] [ckpt] [mlp] [text50]
 #                          [ingot_eager] [memory]
 #                          [budget] [long] [long_eager] [long_plain] [full] [full_adamw] [full_masters] [full_f32]
-#                          [full_torch] [full_ddp] [full_zero3] [full_zero3_nockpt] [full_fsdp2]
+#                          [full_torch] [full_ddp] [full_zero3] [full_zero3_nockpt] [full_zero3_masters]
+#                          [full_fsdp2]
 #                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, qlora_mlp, mlp, ckpt,
 #                              text50, peft, budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while
 #                              DEADLINE allows)
@@ -25,6 +26,7 @@
 #         full_ddp: full under `ingot launch --nproc-per-node gpu` (plain DDP; BATCH is the global batch)
 #         full_zero3: full under ZeRO-3 on every GPU (bf16 shards updated in place, AdamW8bit on the shards,
 #         gradients reduced in bf16; BATCH global), full_zero3_nockpt: the same without activation checkpointing;
+#         full_zero3_masters: ZeRO-3 with f32 masters and f32 AdamW state (f32 reduction), checkpointed;
 #         full_fsdp2: torchtune's recipe under torchrun on every GPU (bench/reference/fsdp2_llama.py --pure-bf16
 #         --grad-ckpt: FSDP2 over bf16 parameters, bf16 AdamW state, per-layer checkpointing and torch.compile)
 #   autotune / autotune_nocg / overhead: ingot compiled in max-autotune (cuBLASLt candidates timed per product
@@ -169,6 +171,10 @@ want full_zero3 && LAUNCH="ingot launch --nproc-per-node gpu --" RECIPE_YAML=ben
 want full_zero3_nockpt && LAUNCH="ingot launch --nproc-per-node gpu --" \
   RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_zero3_nockpt "${zero3[@]}" \
   train.activation_checkpointing=none
+# The same with f32 masters and f32 AdamW state over the shards (16 bytes a parameter over the GPUs, FSDP2's layout).
+want full_zero3_masters && LAUNCH="ingot launch --nproc-per-node gpu --" \
+  RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_zero3_masters distributed.zero_stage=3 \
+  compile.enabled=true train.master_weights=true optimizer.name=adamw
 if want full_fsdp2; then
   ngpu=$(nvidia-smi -L | wc -l)
   timeout 400 python3 -m torch.distributed.run --standalone --nproc-per-node "$ngpu" \
