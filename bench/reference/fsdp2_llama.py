@@ -79,6 +79,9 @@ def run(mode, args, cfg, world, rank):
         # reduced in bf16, AdamW's state in bf16 (it follows the parameters' dtype).
         model.to(torch.bfloat16)
         mp = MixedPrecisionPolicy()
+    # from_pretrained leaves the model in eval mode, where transformers skips gradient checkpointing (its layers
+    # check `self.training`): the runs before 2026-11-28's thirty-fourth session never checkpointed.
+    model.train()
     if args.grad_ckpt:
         # Each decoder layer's forward runs again in its backward (torch.utils.checkpoint, non-reentrant).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -59,6 +59,9 @@ def run(mode, args, cfg):
     t_build = time.perf_counter()
     model = load_base(args, cfg)
     model.config.use_cache = False
+    # from_pretrained leaves the model in eval mode, where transformers skips gradient checkpointing (its layers
+    # check `self.training`): --grad-ckpt runs before 2026-11-28's thirty-fourth session never checkpointed.
+    model.train()
     if args.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not args.full:
