@@ -118,8 +118,8 @@ std::optional<std::pair<Shape, DType>> AdamW8bit::state_layout(size_t index, con
 // scatters it back, ZeRO-2/3 cut their sharded checkpoints per parameter, and a resume under another world size
 // or in one process reads other element ranges than were written. 8-bit state is blocks of 256 elements of the
 // tensor it belongs to, and under ZeRO that tensor is a rank's flat chunk across several parameters. So the
-// moments travel as f32 tensors shaped like the parameter (element_state_dict) and are quantized where they land
-// (load_state_dict). The f32 form is exact: quantized again in the same blocks it gives the same codes and absmax
+// moments travel as f32 tensors shaped like the parameter, on the host (element_state_dict: 8 bytes a parameter
+// the device would not have room for), and are quantized where they land (load_state_dict). The f32 form is exact: quantized again in the same blocks it gives the same codes and absmax
 // bit for bit, so a run resumed under the same world size and stage continues exactly. Each element is written
 // as map[code] * absmax, except the signed map's most negative code (about -0.9935: bitsandbytes' signed map has
 // no -1) written as -absmax. A block's largest magnitude normalizes to +-1 and so takes the code 1 or that one;
@@ -140,7 +140,7 @@ Tensor dequantized(const Tensor& codes, const Tensor& absmax, const Tensor& para
   Tensor out = empty(param.shape(), DType::f32);
   quant8_dequantize(reinterpret_cast<const uint8_t*>(c.data_ptr()), a.data<float>(), param.numel(), map.data(),
                     out.data<float>());
-  return out.to(param.device());
+  return out;  // on the host: 8 bytes a parameter that the device need not hold while a checkpoint is written
 }
 
 }  // namespace
@@ -161,45 +161,73 @@ std::map<std::string, Tensor> AdamW8bit::element_state_dict() const {
 void AdamW8bit::quantize_f32_moments() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!quantized(i) || !has_state(i, "exp_avg")) continue;
-    INGOT_CHECK(has_state(i, "exp_avg_sq"), "AdamW8bit::load_state_dict: parameter ", i,
-                " has 'exp_avg' but no 'exp_avg_sq'");
-    const int64_t n = params_[i].numel();
-    for (const auto& [f32, codes, absmax, map] :
-         {std::tuple{"exp_avg", kMCodes, kMAbsmax, &quant8_signed_map()},
-          std::tuple{"exp_avg_sq", kVCodes, kVAbsmax, &quant8_unsigned_map()}}) {
-      const Tensor x = state_[i].at(f32).to(Device::cpu());
-      Tensor c = zeros({quant8_code_words(n)}, DType::i32), a = empty({quant8_blocks(n)}, DType::f32);
-      quant8_quantize(x.data<float>(), n, map->data(), reinterpret_cast<uint8_t*>(c.data_ptr()), a.data<float>());
-      state_[i][codes] = c.to(params_[i].device());
-      state_[i][absmax] = a.to(params_[i].device());
-      state_[i].erase(f32);
-    }
+    const Tensor m = state_[i].at("exp_avg"), v = state_[i].at("exp_avg_sq");
+    state_[i].erase("exp_avg");
+    state_[i].erase("exp_avg_sq");
+    quantize_into(i, m, v);
+  }
+}
+
+void AdamW8bit::quantize_into(size_t i, const Tensor& m, const Tensor& v) {
+  const int64_t n = params_[i].numel();
+  for (const auto& [moment, codes, absmax, map] : {std::tuple{&m, kMCodes, kMAbsmax, &quant8_signed_map()},
+                                                   std::tuple{&v, kVCodes, kVAbsmax, &quant8_unsigned_map()}}) {
+    const Tensor x = moment->to(Device::cpu());
+    Tensor c = zeros({quant8_code_words(n)}, DType::i32), a = empty({quant8_blocks(n)}, DType::f32);
+    quant8_quantize(x.data<float>(), n, map->data(), reinterpret_cast<uint8_t*>(c.data_ptr()), a.data<float>());
+    state_[i][codes] = c.to(params_[i].device());
+    state_[i][absmax] = a.to(params_[i].device());
   }
 }
 
 void AdamW8bit::load_state_dict(const std::map<std::string, Tensor>& sd) {
   // A state that the other layout names (one made with other parameter sizes) would leave this optimizer without
   // moments for that parameter: refuse it before anything changes. f32 moments of an 8-bit parameter are taken
-  // (Note [8-bit state element by element]).
+  // (Note [8-bit state element by element]) and quantized from where they lie (the host, for a checkpoint): the
+  // device never holds them.
+  std::map<std::string, Tensor> rest;
+  std::map<size_t, std::pair<Tensor, Tensor>> moments;
   for (const auto& [key, t] : sd) {
     const size_t dot = key.find('.');
-    if (key == "step" || dot == std::string::npos) continue;
-    const std::string name = key.substr(dot + 1);
-    size_t index = 0;
-    try {
-      index = std::stoul(key.substr(0, dot));
-    } catch (const std::exception&) {
-      continue;  // the base class names the malformed entry
+    size_t index = params_.size();
+    if (key != "step" && dot != std::string::npos) {
+      try {
+        index = std::stoul(key.substr(0, dot));
+      } catch (const std::exception&) {
+      }
     }
-    if (index >= params_.size()) continue;
+    if (index >= params_.size()) {  // "step", or malformed: the base class names it
+      rest[key] = t;
+      continue;
+    }
+    const std::string name = key.substr(dot + 1);
     const bool eight = name == kMCodes || name == kMAbsmax || name == kVCodes || name == kVAbsmax;
     INGOT_CHECK(!(eight && !quantized(index)), "AdamW8bit::load_state_dict: '", key,
                 "' is 8-bit state, but parameter ", index, " (", params_[index].numel(),
                 " elements) keeps f32 state (8 bits from ", kQuant8MinElements,
                 " elements; was the checkpoint made for other parameters?)");
+    if (quantized(index) && (name == "exp_avg" || name == "exp_avg_sq")) {
+      INGOT_CHECK(t.shape() == params_[index].shape() && t.dtype() == DType::f32, "AdamW8bit::load_state_dict: '",
+                  key, "' is ", dtype_name(t.dtype()), shape_str(t.shape()), " but parameter ", index, " needs f32",
+                  shape_str(params_[index].shape()));
+      (name == "exp_avg" ? moments[index].first : moments[index].second) = t;
+    } else {
+      rest[key] = t;
+    }
   }
-  Optimizer::load_state_dict(sd);
-  if (!hold_) quantize_f32_moments();
+  for (const auto& [i, mv] : moments)
+    INGOT_CHECK(mv.first.defined() && mv.second.defined(), "AdamW8bit::load_state_dict: parameter ", i, " has '",
+                mv.first.defined() ? "exp_avg" : "exp_avg_sq", "' without '",
+                mv.first.defined() ? "exp_avg_sq" : "exp_avg", "'");
+  Optimizer::load_state_dict(rest);
+  for (const auto& [i, mv] : moments) {
+    if (hold_) {  // kept as given (a stand-in's), for element_state_dict
+      state_[i]["exp_avg"] = mv.first;
+      state_[i]["exp_avg_sq"] = mv.second;
+    } else {
+      quantize_into(i, mv.first, mv.second);
+    }
+  }
 }
 
 void AdamW8bit::step() {

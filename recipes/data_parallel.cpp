@@ -246,7 +246,9 @@ std::vector<Tensor> DataParallel::gather_to_params(const std::vector<Tensor>& ch
   std::vector<Tensor> out(m.params.size());
   for (size_t b = 0; b < m.plans.size(); ++b) {
     const dist::BucketPlan& plan = m.plans[b];
-    Tensor c = chunks[b].is_contiguous() ? chunks[b] : chunks[b].clone_raw();
+    // On the run's device for the collective (AdamW8bit's element-wise moments come from the host).
+    Tensor c = chunks[b].to(m.run.device);
+    if (!c.is_contiguous()) c = c.clone_raw();
     INGOT_INTERNAL_CHECK(c.numel() == m.chunk(plan), "gather_to_params: bucket ", b, " chunk has ", c.numel(),
                          " elements, expected ", m.chunk(plan));
     Tensor full = empty({plan.padded_numel}, c.dtype(), c.device());
