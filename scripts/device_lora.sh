@@ -13,7 +13,7 @@
 #                          [ingot_eager] [memory]
 #                          [budget] [long] [long_eager] [long_plain] [full] [full_adamw] [full_masters] [full_f32]
 #                          [full_torch] [full_ddp] [full_zero3] [full_zero3_nockpt] [full_zero3_masters]
-#                          [full_fsdp2]
+#                          [full_zero3_resume] [full_fsdp2]
 #                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, qlora_mlp, mlp, ckpt,
 #                              text50, peft, budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while
 #                              DEADLINE allows)
@@ -27,6 +27,7 @@
 #         full_zero3: full under ZeRO-3 on every GPU (bf16 shards updated in place, AdamW8bit on the shards,
 #         gradients reduced in bf16; BATCH global), full_zero3_nockpt: the same without activation checkpointing;
 #         full_zero3_masters: ZeRO-3 with f32 masters and f32 AdamW state (f32 reduction), checkpointed;
+#         full_zero3_resume: full_zero3, then stopped at step 4 with a checkpoint and resumed (losses side by side);
 #         full_fsdp2: torchtune's recipe under torchrun on every GPU (bench/reference/fsdp2_llama.py --pure-bf16
 #         --grad-ckpt: FSDP2 over bf16 parameters, bf16 AdamW state, per-layer checkpointing and torch.compile)
 #   autotune / autotune_nocg / overhead: ingot compiled in max-autotune (cuBLASLt candidates timed per product
@@ -171,6 +172,29 @@ want full_zero3 && LAUNCH="ingot launch --nproc-per-node gpu --" RECIPE_YAML=ben
 want full_zero3_nockpt && LAUNCH="ingot launch --nproc-per-node gpu --" \
   RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_zero3_nockpt "${zero3[@]}" \
   train.activation_checkpointing=none
+# full_zero3_resume: full_zero3 for WARMUP + STEPS steps, the same stopped after 4 steps with a sharded checkpoint,
+# and a run resumed from it: the resumed run's losses beside the uninterrupted one's, the checkpoint's size and each
+# run's wall time (loading, compiling, the checkpoint write and the final export included).
+if want full_zero3_resume; then
+  for leg in full_zero3 "full_zero3_stop checkpoint.save_every=4 max_steps=4" \
+             "full_zero3_resumed resume_from=$WORK/run_full_zero3_stop/checkpoints/step_00000004"; do
+    t=$(date +%s)
+    # shellcheck disable=SC2086
+    LAUNCH="ingot launch --nproc-per-node gpu --" RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml \
+      ingot_run ${leg%% *} "${zero3[@]}" $( [[ $leg == *" "* ]] && echo "${leg#* }" )
+    echo "${leg%% *}: $(( $(date +%s) - t )) s wall"
+  done
+  du -sh "$WORK/run_full_zero3_stop/checkpoints/step_00000004" 2>/dev/null
+  python3 - "$WORK/run_full_zero3/metrics.jsonl" "$WORK/run_full_zero3_resumed/metrics.jsonl" <<'PY'
+import json, sys
+def losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if r.get("kind") == "train"}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+for step in sorted(b):
+    print(f"resume: step {step}: uninterrupted {a.get(step, float('nan')):.6f} resumed {b[step]:.6f}")
+PY
+  rm -rf "$WORK/run_full_zero3_stop/checkpoints"
+fi
 # The same with f32 masters and f32 AdamW state over the shards (16 bytes a parameter over the GPUs, FSDP2's layout).
 want full_zero3_masters && LAUNCH="ingot launch --nproc-per-node gpu --" \
   RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_zero3_masters distributed.zero_stage=3 \
