@@ -54,8 +54,15 @@ const std::array<float, 256>& quant8_unsigned_map() {
   return map;
 }
 
+// Blocks are independent, so threads split them and the codes do not depend on the thread count. Checkpoints of
+// 8-bit state under ZeRO pass through here for every parameter (Note [8-bit state element by element],
+// optim/adamw8bit.cpp): 2 billion elements a rank for an 8B model on four GPUs.
+constexpr int64_t kQuant8ParallelGrain = 1 << 16;
+
 void quant8_quantize(const float* x, int64_t n, const float* map, uint8_t* codes, float* absmax) {
-  for (int64_t b = 0; b * kQuant8Block < n; ++b) {
+  const int64_t blocks = quant8_blocks(n);
+#pragma omp parallel for schedule(static) if (n >= kQuant8ParallelGrain)
+  for (int64_t b = 0; b < blocks; ++b) {
     const int64_t lo = b * kQuant8Block, hi = std::min(n, lo + kQuant8Block);
     float m = 0.0f;
     for (int64_t i = lo; i < hi; ++i) m = std::max(m, std::fabs(x[i]));
@@ -96,6 +103,7 @@ Tensor quant8_map_tensor(const std::array<float, 256>& map, Device device) {
 }
 
 void quant8_dequantize(const uint8_t* codes, const float* absmax, int64_t n, const float* map, float* out) {
+#pragma omp parallel for schedule(static) if (n >= kQuant8ParallelGrain)
   for (int64_t i = 0; i < n; ++i) out[i] = map[codes[i]] * absmax[i / kQuant8Block];
 }
 
