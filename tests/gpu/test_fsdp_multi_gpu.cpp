@@ -313,7 +313,7 @@ TEST_F(FsdpLaunchOnGpus, ZeroThreeRecipeRunGivesTheLossesOfDdpOnTwoGpus) {
 }
 
 // bf16 weights without masters and AdamW8bit on the shards (the DistributedRun Gloo twin:
-// AdamW8bitShardsUnderZeroOneTwoAndThreeAndResumesExactly), eager and compiled, on NCCL: ZeRO-3 follows plain
+// Bf16WeightsWithoutMastersShardUnderZeroOneTwoAndThreeAndResumeExactly), eager and compiled, on NCCL: ZeRO-3 follows plain
 // DDP within bf16's and the codes' rounding (the shards' 256-element blocks are not the tensors'), and compiled
 // follows eager. A run resumed from its step-3 sharded checkpoint continues as closely as a second uninterrupted
 // run follows the first: on a GPU two runs are not bit for bit alike (kernels that sum with atomics), and each

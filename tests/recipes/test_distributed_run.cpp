@@ -313,87 +313,62 @@ TEST_F(DistributedRun, Bf16WeightsWithoutMastersTrainOnTwoWorkersLikeOneProcess)
   for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 1e-2 * std::abs(loss)) << "step " << step;
 }
 
-// train.master_weights: false under ZeRO-1/2/3: each rank updates its bf16 shard in place (no f32 master shard, so
-// the optimizer holds 8 bytes a parameter over N instead of 12). The shards' elements round with salts counted
-// from the shard's start, not the tensor's, so the runs follow plain DDP to bf16 rounding, not bit for bit. A
-// ZeRO-3 worker killed after step 3 resumes from its sharded step-2 checkpoint (bf16 shards and their AdamW state)
-// and ends with the uninterrupted run's losses exactly; the same checkpoint resumes in one process.
+// train.master_weights: false under ZeRO-1/2/3, with AdamW and with AdamW8bit: each rank updates its bf16 shard in
+// place (no f32 master shard). The shards' elements round with salts counted from the shard's start, not the
+// tensor's, and AdamW8bit quantizes each rank's chunks in their own 256-element blocks, so the runs follow plain DDP
+// to bf16's and the codes' rounding, not bit for bit. Checkpoints carry the bf16 shards and, for AdamW8bit, the
+// moments element by element (Note [8-bit state element by element], optim/adamw8bit.cpp), exact for the blocks
+// they came from: a worker killed after step 3 resumes from step 2 with the uninterrupted run's losses at every
+// stage. A ZeRO-3 checkpoint resumes in one process and plain DDP's under ZeRO-3, each near the uninterrupted run.
 TEST_F(DistributedRun, Bf16WeightsWithoutMastersShardUnderZeroOneTwoAndThreeAndResumeExactly) {
-  const std::string bare = "max_steps=4 dtype=bf16 train.master_weights=false checkpoint.save_every=2 "
-                           "checkpoint.keep_last=0 distributed.bucket_cap_mb=0.004";
-  Result ddp = launch(2, "bare_ddp", bare);
-  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
-  const std::map<int64_t, double> want = train_losses(path("bare_ddp/metrics.jsonl"));
-  ASSERT_EQ(want.size(), 4u);
-  for (int stage : {1, 2, 3}) {
-    const std::string name = "bare_z" + std::to_string(stage);
-    Result z = launch(2, name, bare + " distributed.zero_stage=" + std::to_string(stage));
-    ASSERT_EQ(z.exit_code, 0) << z.output;
-    EXPECT_NE(z.output.find("ZeRO-" + std::to_string(stage)), std::string::npos) << z.output;
-    EXPECT_NE(z.output.find(" on this rank | no f32 masters: the bf16 weights take each update rounded stochastically\n"),
-              std::string::npos)
-        << z.output;
-    EXPECT_EQ(z.output.find("f32 master weights"), std::string::npos) << z.output;
-    const std::map<int64_t, double> got = train_losses(path(name + "/metrics.jsonl"));
-    ASSERT_EQ(got.size(), want.size()) << name;
-    for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-2 * std::abs(loss)) << name << " step " << step;
+  for (const std::string optimizer : {"adamw", "adamw8bit"}) {
+    // AdamW8bit: wider blocks and buckets, so that the shards reach 8-bit state (4096 elements and more).
+    const std::string model = "max_steps=4 dtype=bf16 train.master_weights=false optimizer.name=" + optimizer +
+                              (optimizer == "adamw8bit" ? " model.n_embd=64 " : " ");
+    const std::string bare = model + "checkpoint.save_every=2 checkpoint.keep_last=0 distributed.bucket_cap_mb=" +
+                             (optimizer == "adamw8bit" ? "0.05" : "0.004");
+    const std::string ddp_run = optimizer + "_ddp";
+    Result ddp = launch(2, ddp_run, bare);
+    ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+    const std::map<int64_t, double> want = train_losses(path(ddp_run + "/metrics.jsonl"));
+    ASSERT_EQ(want.size(), 4u);
+    auto near = [&](const std::map<int64_t, double>& got, const std::string& what) {
+      ASSERT_FALSE(got.empty()) << what;
+      for (const auto& [step, loss] : got)
+        EXPECT_NEAR(loss, want.at(step), 1e-2 * std::abs(loss)) << what << " step " << step;
+    };
+    for (int stage : {1, 2, 3}) {
+      const std::string name = optimizer + "_z" + std::to_string(stage),
+                        args = bare + " distributed.zero_stage=" + std::to_string(stage);
+      Result z = launch(2, name, args);
+      ASSERT_EQ(z.exit_code, 0) << z.output;
+      EXPECT_NE(z.output.find("ZeRO-" + std::to_string(stage)), std::string::npos) << z.output;
+      EXPECT_NE(z.output.find(" on this rank"), std::string::npos) << z.output;
+      EXPECT_NE(z.output.find(" | no f32 masters: the bf16 weights take each update rounded stochastically\n"),
+                std::string::npos)
+          << z.output;
+      EXPECT_EQ(z.output.find("f32 master weights"), std::string::npos) << z.output;
+      EXPECT_EQ(z.output.find("8-bit moments for 0 of"), std::string::npos) << z.output;
+      near(train_losses(path(name + "/metrics.jsonl")), name);
+      Result k = launch(2, name + "_killed", args, "--max-restarts 1", "INGOT_TEST_KILL_AT_STEP=1:3");
+      ASSERT_EQ(k.exit_code, 0) << k.output;
+      EXPECT_NE(k.output.find("continuing after step 2"), std::string::npos) << k.output;
+      expect_same_losses(train_losses(path(name + "_killed/metrics.jsonl")),
+                         train_losses(path(name + "/metrics.jsonl")), name + " restarted vs uninterrupted");
+    }
+    // The shards are bf16 and there are no masters: the checkpoint's model slices are the weights themselves.
+    const std::string z3_ckpt = path(optimizer + "_z3/checkpoints/step_00000002");
+    ShardedCheckpoint ck = ShardedCheckpoint::open(z3_ckpt);
+    ASSERT_FALSE(ck.names("model/").empty());
+    for (const std::string& name : ck.names("model/")) EXPECT_EQ(ck.read(name).dtype(), DType::bf16) << name;
+    Result one = single(optimizer + "_z3_on_1", model + "resume_from=" + z3_ckpt);
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    near(train_losses(path(optimizer + "_z3_on_1/metrics.jsonl")), "ZeRO-3 checkpoint in one process");
+    Result z3 = launch(2, optimizer + "_ddp_on_z3",
+                       model + "distributed.zero_stage=3 resume_from=" + path(ddp_run + "/checkpoints/step_00000002"));
+    ASSERT_EQ(z3.exit_code, 0) << z3.output;
+    near(train_losses(path(optimizer + "_ddp_on_z3/metrics.jsonl")), "DDP checkpoint under ZeRO-3");
   }
-  // The shards are bf16 and there are no masters: the checkpoint's model slices are the weights themselves.
-  ShardedCheckpoint ck = ShardedCheckpoint::open(path("bare_z3/checkpoints/step_00000002"));
-  ASSERT_FALSE(ck.names("model/").empty());
-  for (const std::string& name : ck.names("model/")) EXPECT_EQ(ck.read(name).dtype(), DType::bf16) << name;
-
-  Result killed = launch(2, "bare_z3_killed", bare + " distributed.zero_stage=3", "--max-restarts 1",
-                         "INGOT_TEST_KILL_AT_STEP=1:3");
-  ASSERT_EQ(killed.exit_code, 0) << killed.output;
-  EXPECT_NE(killed.output.find("continuing after step 2"), std::string::npos) << killed.output;
-  expect_same_losses(train_losses(path("bare_z3_killed/metrics.jsonl")), train_losses(path("bare_z3/metrics.jsonl")),
-                     "ZeRO-3 without masters, restarted vs uninterrupted");
-  Result one = single("bare_z3_on_1", "max_steps=4 dtype=bf16 train.master_weights=false resume_from=" +
-                                          path("bare_z3/checkpoints/step_00000002"));
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  const std::map<int64_t, double> rest = train_losses(path("bare_z3_on_1/metrics.jsonl"));
-  ASSERT_EQ(rest.size(), 2u) << one.output;
-  for (const auto& [step, loss] : rest) EXPECT_NEAR(loss, want.at(step), 1e-2 * std::abs(loss)) << "step " << step;
-}
-
-// optimizer.name adamw8bit under ZeRO-1/2/3 (bf16 weights without masters: the smallest state there is). Each
-// rank quantizes its own chunks in 256-element blocks, so the runs follow plain DDP (blocks per tensor) to the
-// codes' rounding, not bit for bit. Checkpoints carry the moments element by element (Note [8-bit state element
-// by element], optim/adamw8bit.cpp), exact for the blocks they came from: a worker killed after step 3 resumes
-// from step 2 with the uninterrupted run's losses at every stage. A ZeRO-3 checkpoint resumes in one process and
-// plain DDP's (8-bit codes per tensor) under ZeRO-3, each near the uninterrupted run.
-TEST_F(DistributedRun, AdamW8bitShardsUnderZeroOneTwoAndThreeAndResumesExactly) {
-  const std::string bare = "max_steps=4 dtype=bf16 train.master_weights=false optimizer.name=adamw8bit "
-                           "model.n_embd=64 checkpoint.save_every=2 checkpoint.keep_last=0 distributed.bucket_cap_mb=0.05";
-  Result ddp = launch(2, "q_ddp", bare);
-  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
-  const std::map<int64_t, double> want = train_losses(path("q_ddp/metrics.jsonl"));
-  ASSERT_EQ(want.size(), 4u);
-  auto near = [&](const std::map<int64_t, double>& got, const std::string& what) {
-    ASSERT_FALSE(got.empty()) << what;
-    for (const auto& [step, loss] : got) EXPECT_NEAR(loss, want.at(step), 1e-2 * std::abs(loss)) << what << " step " << step;
-  };
-  for (int stage : {1, 2, 3}) {
-    const std::string name = "q_z" + std::to_string(stage), args = bare + " distributed.zero_stage=" + std::to_string(stage);
-    Result z = launch(2, name, args);
-    ASSERT_EQ(z.exit_code, 0) << z.output;
-    EXPECT_NE(z.output.find("optimizer | adamw8bit: 8-bit moments for "), std::string::npos) << z.output;
-    EXPECT_EQ(z.output.find("8-bit moments for 0 of"), std::string::npos) << z.output;
-    near(train_losses(path(name + "/metrics.jsonl")), name);
-    Result k = launch(2, name + "_killed", args, "--max-restarts 1", "INGOT_TEST_KILL_AT_STEP=1:3");
-    ASSERT_EQ(k.exit_code, 0) << k.output;
-    EXPECT_NE(k.output.find("continuing after step 2"), std::string::npos) << k.output;
-    expect_same_losses(train_losses(path(name + "_killed/metrics.jsonl")), train_losses(path(name + "/metrics.jsonl")),
-                       name + " restarted vs uninterrupted");
-  }
-  const std::string resume = "max_steps=4 dtype=bf16 train.master_weights=false optimizer.name=adamw8bit model.n_embd=64 ";
-  Result one = single("q_z3_on_1", resume + "resume_from=" + path("q_z3/checkpoints/step_00000002"));
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  near(train_losses(path("q_z3_on_1/metrics.jsonl")), "ZeRO-3 checkpoint in one process");
-  Result z3 = launch(2, "q_ddp_on_z3", resume + "distributed.zero_stage=3 resume_from=" + path("q_ddp/checkpoints/step_00000002"));
-  ASSERT_EQ(z3.exit_code, 0) << z3.output;
-  near(train_losses(path("q_ddp_on_z3/metrics.jsonl")), "DDP checkpoint under ZeRO-3");
 }
 
 // MFU over all ranks' devices: tokens/s counts every rank's tokens, so two workers at the same FLOPs a token

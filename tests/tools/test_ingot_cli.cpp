@@ -566,7 +566,7 @@ TEST_F(IngotCli, AdamW8bitIsChosenInTheConfigNamedInTheBannerAndCompiles) {
                           "'adamw8bit'?"),
             std::string::npos)
       << r.output;
-  // Under ZeRO too (tests/recipes/test_distributed_run.cpp: AdamW8bitShardsUnderZeroOneTwoAndThree...).
+  // Under ZeRO too (tests/recipes/test_distributed_run.cpp: Bf16WeightsWithoutMastersShardUnderZeroOneTwoAndThree...).
   EXPECT_EQ(run_ingot(dir_.path(), "validate tiny.yaml optimizer.name=adamw8bit distributed.zero_stage=2").exit_code, 0);
   EXPECT_EQ(run_ingot(dir_.path(), "validate tiny.yaml optimizer.name=adamw8bit").exit_code, 0);
   r = run_ingot(dir_.path(), "run --help");
