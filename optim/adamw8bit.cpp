@@ -119,8 +119,9 @@ std::optional<std::pair<Shape, DType>> AdamW8bit::state_layout(size_t index, con
 // or in one process reads other element ranges than were written. 8-bit state is blocks of 256 elements of the
 // tensor it belongs to, and under ZeRO that tensor is a rank's flat chunk across several parameters. So the
 // moments travel as f32 tensors shaped like the parameter, on the host (element_state_dict: 8 bytes a parameter
-// the device would not have room for), and are quantized where they land (load_state_dict). The f32 form is exact: quantized again in the same blocks it gives the same codes and absmax
-// bit for bit, so a run resumed under the same world size and stage continues exactly. Each element is written
+// the device would not have room for), and are quantized where they land (load_state_dict). The f32 form is
+// exact: quantized again in the same blocks it gives the same codes and absmax bit for bit, so a run resumed
+// under the same world size and stage continues exactly. Each element is written
 // as map[code] * absmax, except the signed map's most negative code (about -0.9935: bitsandbytes' signed map has
 // no -1) written as -absmax. A block's largest magnitude normalizes to +-1 and so takes the code 1 or that one;
 // written this way the block's largest f32 magnitude is its absmax itself, and every element normalizes back to

@@ -519,6 +519,25 @@ TEST(AdamW8bit, MomentsElementByElementQuantizeBackToTheSameCodes) {
   double absmax = 0;
   for (double w : want) absmax = std::max(absmax, std::abs(w));
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 0.05 * absmax) << i;
+
+  // A first moment without its second, or one of another shape, is refused by name.
+  std::map<std::string, Tensor> half = {{"step", dense.at("step")}, {"0.exp_avg", dense.at("0.exp_avg")}};
+  try {
+    back.load_state_dict(half);
+    ADD_FAILURE() << "a lone exp_avg accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 0 has 'exp_avg' without 'exp_avg_sq'"), std::string::npos)
+        << e.what();
+  }
+  half["0.exp_avg_sq"] = zeros({10}, DType::f32);
+  try {
+    back.load_state_dict(half);
+    ADD_FAILURE() << "a misshapen exp_avg_sq accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'0.exp_avg_sq' is f32[10] but parameter 0 needs f32[9000]"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(AdamW8bit, ACompiledStepUpdatesLikeTheEagerOne) {
