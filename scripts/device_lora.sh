@@ -126,7 +126,7 @@ recs = [json.loads(l) for l in open(path) if l.strip()]
 recs = [r for r in recs if r.get("kind") == "train"]
 timed = recs[warmup:] or recs[1:]
 rate = statistics.median(r["tokens_per_s"] for r in timed)
-tokens = recs[0]["tokens"]
+tokens = recs[0]["tokens"] / recs[0]["step"]  # per step (the tokens so far; a resumed run starts later)
 peak = max(r["peak_memory_bytes"] for r in recs[1:]) if len(recs) > 1 else recs[0]["peak_memory_bytes"]
 first, first_peak = recs[0]["time_s"], recs[0]["peak_memory_bytes"]
 losses = " ".join("%.4f" % r["loss"] for r in recs[:6])
