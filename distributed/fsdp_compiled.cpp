@@ -135,11 +135,11 @@ class UnitBoundaryPrim final : public Primitive, public WithAttrs<UnitCollective
     if (!s || !s->active) return {cot[0]};
     if (ends_head_ && s->heads_awaiting_backward > 0 && --s->heads_awaiting_backward == 0)
       free_traced(s->units[*s->embed]);
-    State::Unit& u = s->units[static_cast<size_t>(attrs_.unit)];
-    regather_traced(*s, u);
+    const size_t unit = static_cast<size_t>(attrs_.unit);
+    regather_traced(*s, s->units[unit]);
     // Note [Checkpointed units read the gathered value]: a checkpointed block's forward runs again in its backward
     // and reads the parameters themselves, not saved aliases.
-    if (u.traced.defined()) point_at_traced(*s, static_cast<size_t>(attrs_.unit));
+    if (s->units[unit].traced.defined()) point_at_traced(*s, unit);
     return {cot[0]};
   }
   bool saves_input(size_t) const override { return false; }

@@ -159,16 +159,6 @@ std::map<std::string, Tensor> AdamW8bit::element_state_dict() const {
   return sd;
 }
 
-void AdamW8bit::quantize_f32_moments() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!quantized(i) || !has_state(i, "exp_avg")) continue;
-    const Tensor m = state_[i].at("exp_avg"), v = state_[i].at("exp_avg_sq");
-    state_[i].erase("exp_avg");
-    state_[i].erase("exp_avg_sq");
-    quantize_into(i, m, v);
-  }
-}
-
 void AdamW8bit::quantize_into(size_t i, const Tensor& m, const Tensor& v) {
   const int64_t n = params_[i].numel();
   for (const auto& [moment, codes, absmax, map] : {std::tuple{&m, kMCodes, kMAbsmax, &quant8_signed_map()},
@@ -232,7 +222,8 @@ void AdamW8bit::load_state_dict(const std::map<std::string, Tensor>& sd) {
 }
 
 void AdamW8bit::step() {
-  quantize_f32_moments();  // held ones (hold_loaded_state), should this optimizer step after all
+  // A holder's f32 moments were never quantized: it carries state between files and shards, it does not step.
+  INGOT_INTERNAL_CHECK(!hold_, "AdamW8bit::step on an optimizer that holds its loaded state (a checkpoint stand-in)");
   if (trace_observer()) return traced_step();
   const double scale = begin_step();
   const std::map<int64_t, std::vector<size_t>> groups = advance_step_groups();

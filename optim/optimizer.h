@@ -126,7 +126,6 @@ class AdamW8bit : public Optimizer {
  private:
   void traced_step();  // under a trace: records AdamW's primitive for the f32 state, adamw8bit_update for the rest
   Tensor& state8(size_t index, const std::string& name);  // the 8-bit state slots, created zero (the zero state)
-  void quantize_f32_moments();  // held f32 moments of 8-bit parameters into codes
   void quantize_into(size_t index, const Tensor& m, const Tensor& v);  // parameter `index`'s codes from f32 moments
   AdamWOptions opts_;
   bool hold_ = false;
