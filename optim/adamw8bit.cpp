@@ -19,10 +19,10 @@
 namespace ingot::optim {
 namespace {
 
-constexpr const char* kMCodes = "exp_avg_q";
-constexpr const char* kMAbsmax = "exp_avg_absmax";
-constexpr const char* kVCodes = "exp_avg_sq_q";
-constexpr const char* kVAbsmax = "exp_avg_sq_absmax";
+constexpr const char* kMCodes = kAdamW8bitMoments[0].codes;
+constexpr const char* kMAbsmax = kAdamW8bitMoments[0].absmax;
+constexpr const char* kVCodes = kAdamW8bitMoments[1].codes;
+constexpr const char* kVAbsmax = kAdamW8bitMoments[1].absmax;
 
 // inputs:  hyper [G, 3] = {lr, step, grad_scale} per launch, p[0..n), g[0..n), m_codes[0..n), m_absmax[0..n),
 //          v_codes[0..n), v_absmax[0..n), signed map, unsigned map
@@ -115,11 +115,13 @@ std::optional<std::pair<Shape, DType>> AdamW8bit::state_layout(size_t index, con
 
 // Note [8-bit state element by element]
 // ZeRO moves optimizer state element by element: ZeRO-1 gathers it per parameter for its checkpoints and
-// scatters it back, ZeRO-2/3 cut their sharded checkpoints per parameter, and a resume under another world size
-// or in one process reads other element ranges than were written. 8-bit state is blocks of 256 elements of the
-// tensor it belongs to, and under ZeRO that tensor is a rank's flat chunk across several parameters. So the
-// moments travel as f32 tensors shaped like the parameter, on the host (element_state_dict: 8 bytes a parameter
-// the device would not have room for), and are quantized where they land (load_state_dict). The f32 form is
+// scatters it back, and a resume under another world size or in one process reads other element ranges than
+// were written. 8-bit state is blocks of 256 elements of the tensor it belongs to, and under ZeRO that tensor is
+// a rank's flat chunk across several parameters. So the moments travel as f32 tensors shaped like the parameter,
+// on the host (element_state_dict: 8 bytes a parameter the device would not have room for), and are quantized
+// where they land (load_state_dict). (ZeRO-2/3's sharded checkpoints store the codes as the shards hold them and
+// make this form only when read under another layout: Note [Moments in their blocks],
+// recipes/sharded_checkpoint.cpp.) The f32 form is
 // exact: quantized again in the same blocks it gives the same codes and absmax bit for bit, so a run resumed
 // under the same world size and stage continues exactly. Each element is written
 // as map[code] * absmax, except the signed map's most negative code (about -0.9935: bitsandbytes' signed map has
@@ -127,14 +129,17 @@ std::optional<std::pair<Shape, DType>> AdamW8bit::state_layout(size_t index, con
 // written this way the block's largest f32 magnitude is its absmax itself, and every element normalizes back to
 // its own code (the maps' neighbours are far apart next to an f32 rounding). Read in other blocks (another world
 // size, one process, f32 AdamW) the values are the moments to within that code's step.
-namespace {
-
-// The signed map as written element by element: the most negative code stands for -1 (see the Note).
-std::array<float, 256> signed_map_as_written() {
-  std::array<float, 256> map = quant8_signed_map();
-  map[0] = -1.0f;
-  return map;
+const std::array<float, 256>& quant8_element_map(bool signed_map) {
+  // The signed map as written element by element: the most negative code stands for -1 (see the Note).
+  static const std::array<float, 256> written = [] {
+    std::array<float, 256> map = quant8_signed_map();
+    map[0] = -1.0f;
+    return map;
+  }();
+  return signed_map ? written : quant8_unsigned_map();
 }
+
+namespace {
 
 Tensor dequantized(const Tensor& codes, const Tensor& absmax, const Tensor& param, const std::array<float, 256>& map) {
   const Tensor c = codes.to(Device::cpu()), a = absmax.to(Device::cpu());
@@ -148,13 +153,14 @@ Tensor dequantized(const Tensor& codes, const Tensor& absmax, const Tensor& para
 
 std::map<std::string, Tensor> AdamW8bit::element_state_dict() const {
   std::map<std::string, Tensor> sd = state_dict();
-  const std::array<float, 256> written = signed_map_as_written();
   for (size_t i = 0; i < params_.size(); ++i) {
     const std::string k = std::to_string(i) + ".";
-    if (!sd.count(k + kMCodes)) continue;
-    sd[k + "exp_avg"] = dequantized(sd.at(k + kMCodes), sd.at(k + kMAbsmax), params_[i], written);
-    sd[k + "exp_avg_sq"] = dequantized(sd.at(k + kVCodes), sd.at(k + kVAbsmax), params_[i], quant8_unsigned_map());
-    for (const char* name : {kMCodes, kMAbsmax, kVCodes, kVAbsmax}) sd.erase(k + name);
+    for (const Quant8Moment& q : kAdamW8bitMoments) {
+      if (!sd.count(k + q.codes)) continue;
+      sd[k + q.name] = dequantized(sd.at(k + q.codes), sd.at(k + q.absmax), params_[i], quant8_element_map(q.signed_map));
+      sd.erase(k + q.codes);
+      sd.erase(k + q.absmax);
+    }
   }
   return sd;
 }

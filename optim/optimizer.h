@@ -4,6 +4,7 @@
 // one device and are contiguous; optimizer state is f32 on that device (AdamW8bit: 8-bit codes and f32 block scales).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -107,6 +108,22 @@ class AdamW : public Optimizer {
 // dequantizes a block, updates it and the parameter in f32, and requantizes it. Smaller parameters keep AdamW's
 // f32 state. State per quantized parameter i: "i.exp_avg_q" / "i.exp_avg_sq_q" (i32 [ceil(n / 4)], the codes),
 // "i.exp_avg_absmax" / "i.exp_avg_sq_absmax" (f32 [ceil(n / 256)]) and "i.step"; about 2.03 bytes a parameter.
+// How AdamW8bit's state_dict() names a moment kept in 8-bit blocks: the moment's element name (as AdamW and
+// element_state_dict() call it), its codes (i32 words, four one-byte codes each, element order) and absmax (f32,
+// one a 256-element block), and which map decodes the codes. Sharded checkpoints store these parts as the shards
+// hold them (recipes/sharded_checkpoint.h).
+struct Quant8Moment {
+  const char* name;
+  const char* codes;
+  const char* absmax;
+  bool signed_map;
+};
+inline constexpr Quant8Moment kAdamW8bitMoments[] = {{"exp_avg", "exp_avg_q", "exp_avg_absmax", true},
+                                                      {"exp_avg_sq", "exp_avg_sq_q", "exp_avg_sq_absmax", false}};
+// The map that decodes a moment's codes into the f32 values element_state_dict() gives (Note [8-bit state
+// element by element], optim/adamw8bit.cpp: the signed map's most negative code stands for -1 there).
+const std::array<float, 256>& quant8_element_map(bool signed_map);
+
 class AdamW8bit : public Optimizer {
  public:
   AdamW8bit(std::vector<Tensor> params, AdamWOptions opts = {});

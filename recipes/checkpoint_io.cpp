@@ -48,7 +48,11 @@ TrainState CheckpointIO::resume() {
   TrainState st = read_state_;
   if (shards_) {
     // A bf16 ZeRO-3 run's shards hold no bytes (DataParallel::gather_from_masters): the masters alone are read.
-    dp_->load_shards(*shards_, *task_.model, *opt_, masters_ ? masters_->master() : std::vector<Tensor>{});
+    const DataParallel::EightBitLoad eight =
+        dp_->load_shards(*shards_, *task_.model, *opt_, masters_ ? masters_->master() : std::vector<Tensor>{});
+    if (is_main_ && eight.as_written + eight.requantized > 0)
+      log_ << "checkpoint | 8-bit moments: " << eight.as_written << " bucket(s) loaded as written, "
+           << eight.requantized << " decoded and requantized (another world size or layout)\n";
   } else if (sharded_) {
     // The stand-in's whole state and masters, cut into this rank's shards.
     opt_->load_state_dict(dp_->scatter_optimizer_state(full_opt_state_));
@@ -75,7 +79,8 @@ std::string CheckpointIO::write(const TrainState& state) {
     return save_training_checkpoint(run_.output_dir, *task_.model, *opt_, masters_, state);
   }
   if (dp_->zero_stage() >= 2)
-    return dp_->save_sharded_checkpoint(run_.output_dir, state.step, *task_.model, opt_->element_state_dict(),
+    // The state as the shards hold it: AdamW8bit's codes in their blocks (Note [Moments in their blocks]).
+    return dp_->save_sharded_checkpoint(run_.output_dir, state.step, *task_.model, opt_->state_dict(),
                                         masters_ ? masters_->master() : std::vector<Tensor>{},
                                         train_state_json(state));
   return write_zero1(state);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <optional>
 #include <ostream>
+#include <set>
 
 #include "autograd/nn/module.h"
 #include "autograd/ops.h"
@@ -17,9 +18,11 @@
 #include "distributed/collective_ops.h"
 #include "distributed/ddp.h"
 #include "distributed/fsdp.h"
+#include "optim/optimizer.h"
 #include "recipes/sharded_checkpoint.h"
 #include "runtime/cuda_runtime.h"
 #include "runtime/file_util.h"
+#include "runtime/kernels/quant8.h"
 #include "runtime/sm_budget.h"
 
 namespace ingot::recipes {
@@ -503,8 +506,8 @@ std::string DataParallel::save_sharded_checkpoint(const std::string& output_dir,
   return commit_checkpoint(output_dir, step, tmp, listed);
 }
 
-void DataParallel::load_shards(const ShardedCheckpoint& c, const nn::Module& model, optim::Optimizer& opt,
-                               const std::vector<Tensor>& master_chunks) {
+DataParallel::EightBitLoad DataParallel::load_shards(const ShardedCheckpoint& c, const nn::Module& model,
+                                                     optim::Optimizer& opt, const std::vector<Tensor>& master_chunks) {
   const Impl& m = *impl_;
   INGOT_INTERNAL_CHECK(zero_stage() >= 2, "load_shards: ZeRO-2/3 only");
   const std::vector<FlatLayout> layouts = flat_layouts(m.plans);
@@ -531,10 +534,33 @@ void DataParallel::load_shards(const ShardedCheckpoint& c, const nn::Module& mod
   std::map<std::string, Tensor> sd;
   INGOT_CHECK(c.has("optimizer/step"), what, ": index.json has no 'optimizer/step'");
   sd["step"] = c.read("optimizer/step");
+  const auto* eight = dynamic_cast<const optim::AdamW8bit*>(&opt);
+  EightBitLoad counts;
   for (size_t b = 0; b < layouts.size(); ++b) {
     const std::string first = "optimizer/" + std::to_string(layouts[b].params[0]) + ".";
+    // Note [Moments in their blocks] (sharded_checkpoint.cpp): moments in blocks that this rank's chunk owns
+    // exactly as written (same world size, the bucket's parameters at the same offsets) load as their codes.
+    std::set<std::string> native;
+    for (const optim::Quant8Moment& q : optim::kAdamW8bitMoments) {
+      const std::string key = first + q.name;
+      if (!eight || !eight->quantized(b) || !c.has(key) || c.world_size() != world_size()) continue;
+      const std::optional<ShardedCheckpoint::BlockSource> src = c.block_source(key);
+      const int64_t chunk = layouts[b].padded_numel / world_size();
+      bool same = src && src->chunk == chunk;
+      for (size_t k = 0; same && k < layouts[b].params.size(); ++k) {
+        const auto at = c.block_source("optimizer/" + std::to_string(layouts[b].params[k]) + "." + q.name);
+        same = at && at->codes == src->codes && at->offset == layouts[b].offsets[k];
+      }
+      if (!same) continue;
+      const int64_t words = quant8_code_words(chunk), blocks = quant8_blocks(chunk);
+      sd[std::to_string(b) + "." + q.codes] = c.read_flat(src->codes, rank() * words, (rank() + 1) * words);
+      sd[std::to_string(b) + "." + q.absmax] = c.read_flat(src->absmax, rank() * blocks, (rank() + 1) * blocks);
+      native.insert(q.name);
+    }
+    if (eight && eight->quantized(b)) ++(native.empty() ? counts.requantized : counts.as_written);
     for (const std::string& key : c.names(first)) {
       const std::string state = key.substr(first.size());
+      if (native.count(state)) continue;
       const bool counter = c.shape(key).empty() || c.dtype(key) == DType::i64;
       sd[std::to_string(b) + "." + state] =
           counter ? c.read(key)
@@ -558,6 +584,7 @@ void DataParallel::load_shards(const ShardedCheckpoint& c, const nn::Module& mod
     dst.copy_(c.read_chunk(layouts[b], rank(), world_size(), DType::f32,
                            [](size_t p) { return "optimizer/master." + std::to_string(p); }));
   }
+  return counts;
 }
 
 void check_global_batch(const Config& cfg, const RunSettings& run, int64_t batch_size, ConfigErrors& errors) {

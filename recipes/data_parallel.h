@@ -123,9 +123,13 @@ class DataParallel {
                                       const std::vector<Tensor>& master_chunks, const std::string& state_json);
   // Resuming ZeRO-2/3 from a sharded checkpoint of any world size: this rank's chunks of the optimizer state
   // and masters (and, ZeRO-3 unless the weights come from the masters, of the weights, into the shards) read
-  // from `c`, nothing else.
-  void load_shards(const ShardedCheckpoint& c, const nn::Module& model, optim::Optimizer& opt,
-                   const std::vector<Tensor>& master_chunks);
+  // from `c`, nothing else. Returns how many of the optimizer's 8-bit buckets took the checkpoint's codes as
+  // written and how many were decoded and requantized (another layout: Note [Moments in their blocks]).
+  struct EightBitLoad {
+    int as_written = 0, requantized = 0;
+  };
+  EightBitLoad load_shards(const ShardedCheckpoint& c, const nn::Module& model, optim::Optimizer& opt,
+                           const std::vector<Tensor>& master_chunks);
 
  private:
   struct Impl;

@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <mutex>
 
+#include "optim/optimizer.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
+#include "runtime/kernels/quant8.h"
 #include "runtime/safetensors.h"
 
 namespace ingot::recipes {
@@ -20,7 +22,7 @@ namespace {
 constexpr const char* kIndex = "index.json";
 constexpr const char* kState = "state.json";
 constexpr const char* kFormat = "ingot-sharded-checkpoint";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 2: moments in 8-bit blocks (version 1 has none; both are read)
 
 std::string shard_name(const char* kind, int rank, int world) {
   char buf[96];
@@ -53,6 +55,33 @@ std::vector<Piece> pieces_of(const FlatLayout& l, size_t k, int64_t numel, int w
 
 int64_t numel_of(const Shape& s) { return numel(s); }
 
+// Note [Moments in their blocks]
+// AdamW8bit keeps each rank's chunk of a buffer as one-byte codes in 256-element blocks with an f32 absmax each
+// (optim/optimizer.h). Written element by element (f32 moments, Note [8-bit state element by element]) an 8B
+// model's checkpoint held 64 GB of moments, and a resume requantized them all. So a rank writes its codes and
+// absmax as they are, "blocks/<b>.exp_avg_q" and "blocks/<b>.exp_avg_absmax" (the index lists them as tensors of
+// world x the rank's length, one piece a rank), and the index lists each parameter's moment "optimizer/<p>.exp_avg"
+// with where it lies in them instead of pieces: buffer element q = offset + i is rank q / chunk's element
+// j = q % chunk, its code byte j of that rank's codes and its scale absmax[j / 256]. Reading such a tensor decodes
+// those elements with the map element_state_dict() uses, so every reader that asks for element ranges (another
+// world size, one process, ZeRO-1, f32 AdamW) gets what the f32 form gave, and a run with the writers' layout
+// (same world size and buffers) loads the codes themselves (DataParallel::load_shards): bit for bit, nothing
+// requantized. 2.03 bytes a parameter instead of 8.
+
+// The moment of AdamW8bit whose codes (`*codes` true) or absmax state `state` names; null for any other state.
+const optim::Quant8Moment* block_part(const std::string& state, bool* codes) {
+  for (const optim::Quant8Moment& q : optim::kAdamW8bitMoments) {
+    if (state == q.codes || state == q.absmax) {
+      if (codes) *codes = state == q.codes;
+      return &q;
+    }
+  }
+  return nullptr;
+}
+
+// The state name after "<buffer>." in an optimizer key.
+std::string state_of(const std::string& key) { return key.substr(key.find('.') + 1); }
+
 // Calls f(name, dtype, shape, buffer b, param p) for every sliced tensor of the checkpoint, in a fixed order.
 template <class F>
 void for_each_sliced(const ShardedState& s, F&& f) {
@@ -62,7 +91,7 @@ void for_each_sliced(const ShardedState& s, F&& f) {
       f("model/" + s.names[p], s.weights[b].dtype(), b, k, s.weights[b]);
     }
   for (const auto& [key, t] : s.optimizer) {
-    if (key == "step" || is_counter(t)) continue;
+    if (key == "step" || is_counter(t) || block_part(state_of(key), nullptr)) continue;
     const size_t dot = key.find('.');
     const size_t b = std::stoul(key.substr(0, dot));
     INGOT_INTERNAL_CHECK(b < s.layout.size(), "sharded checkpoint: optimizer entry '", key, "' names no buffer");
@@ -112,6 +141,9 @@ std::vector<CheckpointFile> shard_files(const ShardedState& s) {
       if (s.rank == 0)
         for (auto& [name, t] : whole_entries(s))
           if ((name.rfind("model/", 0) == 0) == model) named.emplace_back(name, t);
+      if (!model)
+        for (const auto& [key, t] : s.optimizer)
+          if (key != "step" && block_part(state_of(key), nullptr)) named.emplace_back("blocks/" + key, t);
       for_each_sliced(s, [&](const std::string& name, DType, size_t b, size_t k, const Tensor& chunk) {
         if ((name.rfind("model/", 0) == 0) != model) return;
         const FlatLayout& l = s.layout[b];
@@ -147,6 +179,39 @@ CheckpointFile shard_index_file(const ShardedState& s) {
       pieces.push_back({shard_name(kind, pc.rank, s.world), pc.begin, pc.end});
     tensors[name] = {{"dtype", std::string(dtype_name(dtype))}, {"shape", std::move(dims)}, {"pieces", std::move(pieces)}};
   });
+  // Note [Moments in their blocks]: each rank's parts as they are, and every parameter's moment located in them.
+  for (const auto& [key, t] : s.optimizer) {
+    bool codes = false;
+    const optim::Quant8Moment* q = key == "step" ? nullptr : block_part(state_of(key), &codes);
+    if (!q) continue;
+    const size_t b = std::stoul(key.substr(0, key.find('.')));
+    INGOT_INTERNAL_CHECK(b < s.layout.size(), "sharded checkpoint: optimizer entry '", key, "' names no buffer");
+    const FlatLayout& l = s.layout[b];
+    const int64_t chunk = l.padded_numel / s.world;
+    const int64_t len = codes ? quant8_code_words(chunk) : quant8_blocks(chunk);
+    INGOT_INTERNAL_CHECK(t.numel() == len, "sharded checkpoint: '", key, "' has ", t.numel(), " elements for a chunk of ",
+                         chunk);
+    nlohmann::ordered_json pieces = nlohmann::ordered_json::array();
+    for (int r = 0; r < s.world; ++r) pieces.push_back({shard_name("optimizer", r, s.world), r * len, (r + 1) * len});
+    tensors["blocks/" + key] = {{"dtype", std::string(dtype_name(t.dtype()))},
+                                {"shape", {s.world * len}},
+                                {"pieces", std::move(pieces)}};
+    if (!codes) continue;
+    for (size_t k = 0; k < l.params.size(); ++k) {
+      nlohmann::ordered_json dims = nlohmann::ordered_json::array();
+      for (int64_t d : s.shapes[l.params[k]]) dims.push_back(d);
+      const std::string prefix = "blocks/" + std::to_string(b) + ".";
+      tensors["optimizer/" + std::to_string(l.params[k]) + "." + q->name] = {
+          {"dtype", "f32"},
+          {"shape", std::move(dims)},
+          {"blocks",
+           {{"codes", prefix + q->codes},
+            {"absmax", prefix + q->absmax},
+            {"offset", l.offsets[k]},
+            {"chunk", chunk},
+            {"map", q->signed_map ? "signed" : "unsigned"}}}};
+    }
+  }
   nlohmann::ordered_json aliases = nlohmann::ordered_json::object();
   for (const auto& [alias, name] : s.aliases) aliases["model/" + alias] = "model/" + name;
   // One tensor per line: readable, and diffable between checkpoints.
@@ -179,6 +244,7 @@ struct ShardedCheckpoint::Impl {
     Shape shape;
     int64_t numel = 0;
     std::vector<PieceRef> pieces;
+    std::optional<BlockSource> blocks;  // stored in 8-bit blocks (no pieces of its own)
   };
   std::string dir;
   Manifest manifest;
@@ -219,8 +285,9 @@ ShardedCheckpoint ShardedCheckpoint::open(const std::string& dir) {
     bad(std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object() || j.value("format", "") != kFormat) bad("not an ingot sharded checkpoint index (format)");
-  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() != kVersion)
-    bad("unsupported version (expected " + std::to_string(kVersion) + ")");
+  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() < 1 ||
+      j["version"].get<int>() > kVersion)
+    bad("unsupported version (expected 1 to " + std::to_string(kVersion) + "; made by a newer ingot?)");
   try {
     m->world = j.at("world_size").get<int>();
     for (const auto& [name, e] : j.at("tensors").items()) {
@@ -228,6 +295,17 @@ ShardedCheckpoint ShardedCheckpoint::open(const std::string& dir) {
       info.dtype = parse_dtype(e.at("dtype").get<std::string>());
       info.shape = shape_from_json(e.at("shape"));
       info.numel = numel_of(info.shape);
+      if (e.contains("blocks")) {
+        const nlohmann::json& b = e.at("blocks");
+        const std::string map = b.at("map").get<std::string>();
+        if (map != "signed" && map != "unsigned") bad("tensor '" + name + "': unknown map '" + map + "'");
+        info.blocks = BlockSource{b.at("codes").get<std::string>(), b.at("absmax").get<std::string>(),
+                                  b.at("offset").get<int64_t>(), b.at("chunk").get<int64_t>(), map == "signed"};
+        if (info.dtype != DType::f32 || info.blocks->offset < 0 || info.blocks->chunk <= 0)
+          bad("tensor '" + name + "': bad blocks entry");
+        m->tensors.emplace(name, std::move(info));
+        continue;
+      }
       int64_t at = 0;
       for (const auto& p : e.at("pieces")) {
         Impl::PieceRef ref{p.at(0).get<std::string>(), p.at(1).get<int64_t>(), p.at(2).get<int64_t>()};
@@ -240,6 +318,19 @@ ShardedCheckpoint ShardedCheckpoint::open(const std::string& dir) {
       if (at != info.numel) bad("the pieces of tensor '" + name + "' do not cover its " + std::to_string(info.numel) +
                                 " elements");
       m->tensors.emplace(name, std::move(info));
+    }
+    // A tensor in blocks lies inside its buffer: world x the chunk's codes and scales.
+    for (const auto& [name, info] : m->tensors) {
+      if (!info.blocks) continue;
+      const BlockSource& b = *info.blocks;
+      auto codes = m->tensors.find(b.codes), absmax = m->tensors.find(b.absmax);
+      if (codes == m->tensors.end() || absmax == m->tensors.end() || codes->second.blocks || absmax->second.blocks)
+        bad("tensor '" + name + "' names blocks '" + b.codes + "' / '" + b.absmax + "' that the index does not hold");
+      if (codes->second.dtype != DType::i32 || codes->second.numel != m->world * quant8_code_words(b.chunk) ||
+          absmax->second.dtype != DType::f32 || absmax->second.numel != m->world * quant8_blocks(b.chunk) ||
+          b.offset + info.numel > m->world * b.chunk)
+        bad("tensor '" + name + "' does not fit its blocks '" + b.codes + "' (chunk " + std::to_string(b.chunk) +
+            " of " + std::to_string(m->world) + " ranks)");
     }
     for (const auto& [alias, name] : j.at("aliases").items()) {
       if (!m->tensors.count(name.get<std::string>())) bad("alias '" + alias + "' names no tensor");
@@ -280,6 +371,7 @@ Tensor ShardedCheckpoint::read_flat(const std::string& name, int64_t begin, int6
   const std::string& key = m.resolve(name);
   INGOT_INTERNAL_CHECK(0 <= begin && begin <= end && end <= info.numel, "read_flat: [", begin, ", ", end,
                        ") outside '", name, "'");
+  if (info.blocks) return read_blocks(*info.blocks, begin, end);
   Tensor out = empty({end - begin}, info.dtype);
   std::lock_guard<std::mutex> lock(m.mu);
   for (const Impl::PieceRef& p : info.pieces) {
@@ -296,6 +388,32 @@ Tensor ShardedCheckpoint::read_flat(const std::string& name, int64_t begin, int6
     m.bytes_read += static_cast<uint64_t>(hi - lo) * itemsize(info.dtype);
   }
   return out;
+}
+
+// Elements [begin, end) of a tensor at `b.offset` of its buffer, decoded from the writers' codes and scales (Note
+// [Moments in their blocks]); reads only the words and scales of the blocks they lie in.
+Tensor ShardedCheckpoint::read_blocks(const BlockSource& b, int64_t begin, int64_t end) const {
+  Tensor out = empty({end - begin}, DType::f32);
+  float* o = out.data<float>();
+  const std::array<float, 256>& map = optim::quant8_element_map(b.signed_map);
+  const int64_t words = quant8_code_words(b.chunk), blocks = quant8_blocks(b.chunk);
+  for (int64_t q = b.offset + begin, stop = b.offset + end; q < stop;) {
+    const int64_t r = q / b.chunk, j0 = q - r * b.chunk, j1 = std::min(b.chunk, stop - r * b.chunk);
+    const Tensor codes = read_flat(b.codes, r * words + j0 / 4, r * words + (j1 - 1) / 4 + 1);
+    const Tensor absmax = read_flat(b.absmax, r * blocks + j0 / kQuant8Block, r * blocks + (j1 - 1) / kQuant8Block + 1);
+    const uint8_t* c = reinterpret_cast<const uint8_t*>(codes.data_ptr()) + j0 % 4;
+    const float* a = absmax.data<float>();
+    float* dst = o + (q - b.offset - begin);
+    const int64_t first_block = j0 / kQuant8Block;
+#pragma omp parallel for schedule(static) if (j1 - j0 > (int64_t{1} << 16))
+    for (int64_t j = j0; j < j1; ++j) dst[j - j0] = map[c[j - j0]] * a[j / kQuant8Block - first_block];
+    q += j1 - j0;
+  }
+  return out;
+}
+
+std::optional<ShardedCheckpoint::BlockSource> ShardedCheckpoint::block_source(const std::string& name) const {
+  return impl_->info(name).blocks;
 }
 
 Tensor ShardedCheckpoint::read(const std::string& name) const {

@@ -18,6 +18,12 @@
 // under the tensor's name in that rank's file. Counters and entries that are not trained parameters (buffers,
 // frozen weights) are stored whole by rank 0.
 //
+// AdamW8bit's moments are stored as the shards hold them (Note [Moments in their blocks], .cpp): each rank's
+// codes and block scales of buffer b as "blocks/<b>.exp_avg_q" etc. (version 2 of the index), and every
+// "optimizer/<p>.exp_avg" of those buffers is listed with "blocks" (where in them it lies) instead of "pieces":
+// reading it decodes its elements. About 2 bytes a parameter instead of 8; a run with the writers' layout loads
+// the codes themselves (block_source).
+//
 // Writing follows recipes/checkpoint.h's multi-writer commit: rank 0 opens the shared temp directory, every
 // rank writes and fsyncs its files, the ranks exchange sizes and checksums, then rank 0 writes index.json,
 // state.json and manifest.json and renames the directory. Every rank writes into that one directory, so a job
@@ -29,6 +35,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +61,7 @@ struct ShardedState {
   std::vector<Shape> shapes;                          // each trained parameter's shape
   std::vector<Tensor> weights;                        // this rank's chunk of every flat buffer
   std::map<std::string, Tensor> optimizer;            // the shards' optimizer state: "step", "<buffer>.<state>"
+                                                      // (AdamW8bit: its codes and absmax as state_dict() has them)
   std::vector<Tensor> masters;                        // f32 master chunks per buffer, or none
   std::map<std::string, std::string> aliases;         // state_dict names of tied parameters -> their name
   std::vector<std::pair<std::string, Tensor>> whole;  // rank 0: state_dict entries that are not trained
@@ -89,9 +97,21 @@ class ShardedCheckpoint {
   // Bytes of tensor data read so far (every piece counted once per read).
   uint64_t bytes_read() const;
 
+  // Where a tensor stored in 8-bit blocks lies: the writers' codes and absmax of its buffer ("blocks/..."), its
+  // element offset in that buffer, the writers' chunk (elements a rank), and whether the signed map decodes it;
+  // nullopt for a tensor stored as its elements.
+  struct BlockSource {
+    std::string codes, absmax;
+    int64_t offset = 0, chunk = 0;
+    bool signed_map = true;
+  };
+  std::optional<BlockSource> block_source(const std::string& name) const;
+
   struct Impl;
 
  private:
+  Tensor read_blocks(const BlockSource& b, int64_t begin, int64_t end) const;
+
   std::shared_ptr<Impl> impl_;
 };
 

@@ -5,20 +5,25 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
+#include <tuple>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "optim/optimizer.h"
 #include "recipes/checkpoint.h"
 #include "recipes/hash.h"
 #include "recipes/sharded_checkpoint.h"
 #include "recipes/train_state.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
+#include "runtime/kernels/quant8.h"
 #include "tests/shell.h"
 #include "tests/tiny_run.h"
 
@@ -62,11 +67,28 @@ Tensor chunk_of(int world, int rank, size_t b, double scale) {
   return from_vector(v, {chunk}, DType::f32);
 }
 
+// Every rank's files, then rank 0's index and state.json, committed as one checkpoint of step `step`.
+std::string commit_states(const std::string& out, int64_t step, const std::vector<ShardedState>& states) {
+  const std::string tmp = begin_checkpoint(out, step, "sharded");
+  std::vector<std::pair<std::string, ManifestEntry>> listed;
+  for (const ShardedState& s : states)
+    for (const CheckpointFile& f : shard_files(s)) listed.emplace_back(f.name, write_checkpoint_file(tmp, f));
+  const CheckpointFile index = shard_index_file(states.at(0));
+  listed.emplace_back(index.name, write_checkpoint_file(tmp, index));
+  TrainState st;
+  st.step = step;
+  const std::string json = train_state_json(st);
+  listed.emplace_back("state.json", write_checkpoint_file(tmp, {"state.json", [&](const std::string& p) {
+                                                                  write_file_atomic(p, [&](std::FILE* f) {
+                                                                    write_bytes(f, json.data(), json.size());
+                                                                  });
+                                                                }}));
+  return commit_checkpoint(out, step, tmp, listed);
+}
+
 std::string write_four_rank_checkpoint(const std::string& out) {
   const int world = 4;
-  const std::string tmp = begin_checkpoint(out, 7, "sharded");
-  std::vector<std::pair<std::string, ManifestEntry>> listed;
-  ShardedState s0;
+  std::vector<ShardedState> states;
   for (int r = 0; r < world; ++r) {
     ShardedState s;
     s.rank = r;
@@ -83,20 +105,9 @@ std::string write_four_rank_checkpoint(const std::string& out) {
     }
     s.optimizer["step"] = from_vector_i64({7}, {});
     if (r == 0) s.whole = {{"buffer", from_vector({1.0, 2.0, 3.0}, {3}, DType::f32)}};
-    for (const CheckpointFile& f : shard_files(s)) listed.emplace_back(f.name, write_checkpoint_file(tmp, f));
-    if (r == 0) s0 = s;
+    states.push_back(s);
   }
-  const CheckpointFile index = shard_index_file(s0);
-  listed.emplace_back(index.name, write_checkpoint_file(tmp, index));
-  TrainState st;
-  st.step = 7;
-  const std::string json = train_state_json(st);
-  listed.emplace_back("state.json", write_checkpoint_file(tmp, {"state.json", [&](const std::string& p) {
-                                                                  write_file_atomic(p, [&](std::FILE* f) {
-                                                                    write_bytes(f, json.data(), json.size());
-                                                                  });
-                                                                }}));
-  return commit_checkpoint(out, 7, tmp, listed);
+  return commit_states(out, 7, states);
 }
 
 TEST(ShardedCheckpoint, FourWritersLoadUnderAnyWorldSizeEachReadingOnlyItsSlices) {
@@ -182,6 +193,191 @@ TEST(ShardedCheckpoint, AMissingOrChangedShardFileIsAnErrorNamingIt) {
                                          "but missing"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// ---- AdamW8bit's moments in their blocks (Note [Moments in their blocks]) ----------------------------------
+
+// Two buffers over three parameters whose chunks are no multiple of 4 or 256 elements, so code words and blocks
+// straddle parameters and ranks: [q0 (40x30), q1 (700)] (1900 elements, 950 a rank) and [q2 (64x64)].
+const std::vector<Shape> kQShapes = {{40, 30}, {700}, {64, 64}};
+const std::vector<FlatLayout> kQLayout = {{{0, 1}, {0, 1200}, 1900}, {{2}, {0}, 4096}};
+
+struct Moments {
+  std::vector<ShardedState> states;  // two writers
+  // Per buffer and rank, per moment (0: exp_avg, 1: exp_avg_sq): the values the codes decode to, chunk order.
+  std::map<std::tuple<size_t, int, int>, std::vector<float>> decoded;
+};
+
+Moments quantized_moments() {
+  const int world = 2;
+  Moments out;
+  std::mt19937 gen(1234);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int r = 0; r < world; ++r) {
+    ShardedState s;
+    s.rank = r;
+    s.world = world;
+    s.zero_stage = 3;
+    s.layout = kQLayout;
+    s.names = {"q0", "q1", "q2"};
+    s.shapes = kQShapes;
+    for (size_t b = 0; b < kQLayout.size(); ++b) {
+      const int64_t chunk = kQLayout[b].padded_numel / world;
+      s.weights.push_back(from_vector(std::vector<double>(chunk, 0.5), {chunk}, DType::bf16));
+      for (int mi = 0; mi < 2; ++mi) {
+        const optim::Quant8Moment& q = optim::kAdamW8bitMoments[mi];
+        std::vector<float> x(chunk);
+        for (float& v : x) v = q.signed_map ? 1e-3f * normal(gen) : 1e-6f * std::abs(normal(gen));
+        Tensor codes = zeros({quant8_code_words(chunk)}, DType::i32), absmax = empty({quant8_blocks(chunk)}, DType::f32);
+        const std::array<float, 256>& map = q.signed_map ? quant8_signed_map() : quant8_unsigned_map();
+        quant8_quantize(x.data(), chunk, map.data(), reinterpret_cast<uint8_t*>(codes.data_ptr()), absmax.data<float>());
+        std::vector<float>& d = out.decoded[{b, r, mi}];
+        d.resize(chunk);
+        const uint8_t* c = reinterpret_cast<const uint8_t*>(codes.data_ptr());
+        for (int64_t j = 0; j < chunk; ++j)
+          d[j] = optim::quant8_element_map(q.signed_map)[c[j]] * absmax.data<float>()[j / kQuant8Block];
+        s.optimizer[std::to_string(b) + "." + q.codes] = codes;
+        s.optimizer[std::to_string(b) + "." + q.absmax] = absmax;
+      }
+      s.optimizer[std::to_string(b) + ".step"] = from_vector_i64({5}, {});
+    }
+    s.optimizer["step"] = from_vector_i64({5}, {});
+    out.states.push_back(s);
+  }
+  return out;
+}
+
+// What parameter p's moment mi decodes to, element by element, from the two writers' chunks.
+std::vector<float> expected_moment(const Moments& m, size_t p, int mi) {
+  for (size_t b = 0; b < kQLayout.size(); ++b)
+    for (size_t k = 0; k < kQLayout[b].params.size(); ++k) {
+      if (kQLayout[b].params[k] != p) continue;
+      const int64_t chunk = kQLayout[b].padded_numel / 2;
+      std::vector<float> v(numel(kQShapes[p]));
+      for (size_t i = 0; i < v.size(); ++i) {
+        const int64_t q = kQLayout[b].offsets[k] + static_cast<int64_t>(i);
+        v[i] = m.decoded.at({b, static_cast<int>(q / chunk), mi})[q % chunk];
+      }
+      return v;
+    }
+  return {};
+}
+
+std::vector<float> floats(const Tensor& t) {
+  const std::vector<double> v = t.to_vector();  // f32 values, exact in double
+  return std::vector<float>(v.begin(), v.end());
+}
+
+TEST(ShardedCheckpoint, EightBitMomentsAreStoredInTheirBlocksAndReadElementByElementUnderAnyLayout) {
+  TempDir dir("ingot_sharded_q8");
+  const Moments m = quantized_moments();
+  const std::string ckpt = commit_states(dir.path(), 5, m.states);
+  ShardedCheckpoint c = ShardedCheckpoint::open(ckpt);
+
+  // The codes and scales as the ranks held them, and about 2 bytes a parameter on disk instead of 8.
+  EXPECT_EQ(c.names("blocks/"), (std::vector<std::string>{"blocks/0.exp_avg_absmax", "blocks/0.exp_avg_q",
+                                                           "blocks/0.exp_avg_sq_absmax", "blocks/0.exp_avg_sq_q",
+                                                           "blocks/1.exp_avg_absmax", "blocks/1.exp_avg_q",
+                                                           "blocks/1.exp_avg_sq_absmax", "blocks/1.exp_avg_sq_q"}));
+  EXPECT_EQ(c.dtype("blocks/0.exp_avg_q"), DType::i32);
+  EXPECT_EQ(c.shape("blocks/0.exp_avg_q"), (Shape{2 * 238}));  // 950 codes a rank in 238 words
+  EXPECT_EQ(c.shape("blocks/0.exp_avg_absmax"), (Shape{2 * 4}));
+  uint64_t opt_bytes = 0;
+  for (int r = 0; r < 2; ++r) opt_bytes += fs::file_size(fs::path(ckpt) / ("optimizer.shard-0000" + std::to_string(r) + "-of-00002.safetensors"));
+  const int64_t n = 1900 + 4096;
+  EXPECT_LT(opt_bytes, static_cast<uint64_t>(n) * 2 + 4096) << "bytes for " << n << " parameters' two moments";
+
+  // Each parameter's moments read as f32 elements: the codes decoded with the map element_state_dict() uses.
+  for (size_t p = 0; p < kQShapes.size(); ++p)
+    for (int mi = 0; mi < 2; ++mi) {
+      const std::string name = "optimizer/" + std::to_string(p) + "." + optim::kAdamW8bitMoments[mi].name;
+      ASSERT_TRUE(c.has(name)) << name;
+      EXPECT_EQ(c.shape(name), kQShapes[p]) << name;
+      EXPECT_EQ(c.dtype(name), DType::f32) << name;
+      EXPECT_EQ(floats(c.read(name)), expected_moment(m, p, mi)) << name;
+      const auto src = c.block_source(name);
+      ASSERT_TRUE(src) << name;
+      EXPECT_EQ(src->chunk, p == 2 ? 2048 : 950) << name;
+      EXPECT_EQ(src->offset, p == 1 ? 1200 : 0) << name;
+      EXPECT_EQ(src->signed_map, mi == 0) << name;
+    }
+  EXPECT_FALSE(c.block_source("model/q0"));
+  EXPECT_EQ(c.names("optimizer/0."), (std::vector<std::string>{"optimizer/0.exp_avg", "optimizer/0.exp_avg_sq",
+                                                                "optimizer/0.step"}));
+
+  // A range across the writers' boundary (rank 0 ends at q1's element 949 - 1200 < 0: q1 lies at [1200, 1900),
+  // rank 1's chunk starts at 950, so q0's elements [900, 1000) cross it) reads only the blocks it lies in.
+  {
+    ShardedCheckpoint fresh = ShardedCheckpoint::open(ckpt);
+    const std::vector<float> all = expected_moment(m, 0, 0);
+    EXPECT_EQ(floats(fresh.read_flat("optimizer/0.exp_avg", 900, 1000)),
+              std::vector<float>(all.begin() + 900, all.begin() + 1000));
+    // rank 0: words 225..237 and block 3; rank 1: words 0..12 and block 0.
+    EXPECT_EQ(fresh.bytes_read(), (13 + 13) * 4 + (1 + 1) * 4);
+  }
+
+  // Resharded: a chunk of three ranks is the elements' decoded values where that layout puts them.
+  for (int world : {1, 3}) {
+    const FlatLayout l{{0, 1}, {0, 1200}, (1900 + world - 1) / world * world};
+    const int64_t chunk = l.padded_numel / world;
+    std::vector<float> flat(l.padded_numel, 0.0f);
+    for (size_t k = 0; k < 2; ++k) {
+      const std::vector<float> v = expected_moment(m, k, 1);
+      std::copy(v.begin(), v.end(), flat.begin() + l.offsets[k]);
+    }
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(floats(c.read_chunk(l, r, world, DType::f32,
+                                    [](size_t p) { return "optimizer/" + std::to_string(p) + ".exp_avg_sq"; })),
+                std::vector<float>(flat.begin() + r * chunk, flat.begin() + (r + 1) * chunk))
+          << "world " << world << " rank " << r;
+  }
+
+  // Requantized in the writers' blocks, the elements give the writers' codes and scales back bit for bit (Note
+  // [8-bit state element by element]): a reader that takes the element form loses nothing either.
+  for (int r = 0; r < 2; ++r)
+    for (int mi = 0; mi < 2; ++mi) {
+      const optim::Quant8Moment& q = optim::kAdamW8bitMoments[mi];
+      const std::vector<float>& x = m.decoded.at({0, r, mi});
+      std::vector<uint8_t> codes(952, 0);
+      std::vector<float> absmax(4);
+      quant8_quantize(x.data(), 950, (q.signed_map ? quant8_signed_map() : quant8_unsigned_map()).data(),
+                      codes.data(), absmax.data());
+      const Tensor& want = m.states[r].optimizer.at(std::string("0.") + q.codes);
+      EXPECT_EQ(std::memcmp(codes.data(), want.data_ptr(), 950), 0) << q.name << " rank " << r;
+      EXPECT_EQ(absmax, floats(m.states[r].optimizer.at(std::string("0.") + q.absmax))) << q.name << " rank " << r;
+    }
+}
+
+// After a test changed `name` on purpose: manifest.json lists its new size and checksum, so what is refused is
+// the content, not the checksum.
+void rewrite_manifest_entry(const std::string& ckpt, const std::string& name) {
+  const fs::path manifest = fs::path(ckpt) / "manifest.json";
+  nlohmann::json j = nlohmann::json::parse(slurp(manifest.string()));
+  const std::string path = (fs::path(ckpt) / name).string();
+  j["files"][name] = {{"bytes", fs::file_size(path)}, {"sha256", sha256_file(path)}};
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << j.dump();
+}
+
+TEST(ShardedCheckpoint, AMomentNamingBlocksTheIndexLacksIsAnErrorNamingIt) {
+  TempDir dir("ingot_sharded_q8_bad");
+  const std::string ckpt = commit_states(dir.path(), 5, quantized_moments().states);
+  // Point q2's first moment at codes that do not exist; keep the manifest's checksum of the index true.
+  const fs::path index = fs::path(ckpt) / "index.json";
+  std::string text = slurp(index.string());
+  const std::string from = "\"codes\":\"blocks/1.exp_avg_q\"", to = "\"codes\":\"blocks/9.exp_avg_q\"";
+  ASSERT_NE(text.find(from), std::string::npos) << text;
+  text.replace(text.find(from), from.size(), to);
+  std::ofstream(index, std::ios::binary | std::ios::trunc) << text;
+  rewrite_manifest_entry(ckpt, "index.json");
+  try {
+    ShardedCheckpoint::open(ckpt);
+    FAIL() << "an index naming missing blocks opened";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'optimizer/2.exp_avg' names blocks 'blocks/9.exp_avg_q'"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("index.json"), std::string::npos) << e.what();
   }
 }
 
