@@ -185,6 +185,7 @@ if want full_zero3_resume; then
     echo "${leg%% *}: $(( $(date +%s) - t )) s wall"
   done
   du -sh "$WORK/run_full_zero3_stop/checkpoints/step_00000004" 2>/dev/null
+  grep -h "^checkpoint |" "$out/ingot_full_zero3_stop.log" "$out/ingot_full_zero3_resumed.log"
   python3 - "$WORK/run_full_zero3/metrics.jsonl" "$WORK/run_full_zero3_resumed/metrics.jsonl" <<'PY'
 import json, sys
 def losses(path):
