@@ -35,14 +35,25 @@ class HorizontalUpdate {
   virtual ~HorizontalUpdate() = default;
 };
 
-class MultiTensorUpdate : public HorizontalUpdate {
+// An update of n tensors per list that the compiler may cut into updates of fewer: per parameter under a memory
+// budget (compile/passes/split_update.cpp) or per gradient bucket (bucket_updates.cpp), so each gradient dies once
+// its own part ran. Every MultiTensorUpdate is one; AdamW8bit's update (optim/adamw8bit.cpp) is one without being
+// a MultiTensorUpdate (it runs its eager kernel, never fused or lowered). Inputs: hyper, input_slots() lists of
+// tensors() tensors, then shared_inputs() inputs every part reads whole (AdamW8bit: its two maps).
+class SplittableUpdate {
  public:
+  virtual ~SplittableUpdate() = default;
   virtual size_t tensors() const = 0;
   virtual size_t input_slots() const = 0;
   virtual size_t output_slots() const = 0;
+  virtual size_t shared_inputs() const { return 0; }
   // The same update (same hyper row and fixed arguments) of n tensors per list: what splitting it per
   // parameter (compile/passes/split_update.cpp) or per gradient bucket (bucket_updates.cpp) builds.
   virtual std::shared_ptr<Primitive> for_tensors(size_t n) const = 0;
+};
+
+class MultiTensorUpdate : public HorizontalUpdate, public SplittableUpdate {
+ public:
   // The kernel for inputs of these dtypes (hyper first), or nullopt with the reason in `why`.
   virtual std::optional<MultiTensorKernel> lower(const std::vector<DType>& input_dtypes, std::string* why) const = 0;
   // Note [Pieces read by the update] (compile/passes/pieces_into_update.h): the same update reading each gradient
@@ -76,6 +87,10 @@ inline bool is_horizontal_update(const Primitive& p) { return dynamic_cast<const
 
 inline const MultiTensorUpdate* as_multi_tensor_update(const Primitive& p) {
   return dynamic_cast<const MultiTensorUpdate*>(&p);
+}
+
+inline const SplittableUpdate* as_splittable_update(const Primitive& p) {
+  return dynamic_cast<const SplittableUpdate*>(&p);
 }
 
 }  // namespace ingot

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "autograd/primitive.h"
+#include "autograd/primitive_multi_tensor.h"
 #include "optim/fused_update.h"
 #include "optim/optimizer.h"
 #include "runtime/kernels/kernels.h"
@@ -27,10 +28,20 @@ constexpr const char* kVAbsmax = kAdamW8bitMoments[1].absmax;
 // inputs:  hyper [G, 3] = {lr, step, grad_scale} per launch, p[0..n), g[0..n), m_codes[0..n), m_absmax[0..n),
 //          v_codes[0..n), v_absmax[0..n), signed map, unsigned map
 // outputs: p'[0..n), m_codes'[0..n), m_absmax'[0..n), v_codes'[0..n), v_absmax'[0..n)
-class AdamW8bitUpdatePrim final : public Primitive, public InPlaceUpdate {
+// Splittable (autograd/primitive_multi_tensor.h): under data parallelism the compiler cuts it per gradient
+// bucket, so each bucket's (ZeRO-3: unit's) part runs once its reduction is waited for and its gradients die
+// there, not all at the step's end (7.5 GB of an 8B model's bf16 gradient shards a rank on two GPUs).
+class AdamW8bitUpdatePrim final : public Primitive, public InPlaceUpdate, public SplittableUpdate {
  public:
   AdamW8bitUpdatePrim(size_t n, int64_t row, const kernels::AdamWArgs& a) : n_(n), row_(row), a_(a) {}
   std::string_view name() const override { return "adamw8bit_update"; }
+  size_t tensors() const override { return n_; }
+  size_t input_slots() const override { return 6; }
+  size_t output_slots() const override { return 5; }
+  size_t shared_inputs() const override { return 2; }  // the signed and unsigned maps
+  std::shared_ptr<Primitive> for_tensors(size_t n) const override {
+    return std::make_shared<AdamW8bitUpdatePrim>(n, row_, a_);
+  }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     INGOT_CHECK(in.size() == 3 + 6 * n_, "adamw8bit_update: expected ", 3 + 6 * n_, " inputs, got ", in.size());
     std::vector<TensorMeta> out;

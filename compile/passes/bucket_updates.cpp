@@ -47,7 +47,7 @@ bool split_update_by_bucket(Graph& g, const BucketUpdateOptions&) {
   bool any = false;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    const MultiTensorUpdate* update = as_multi_tensor_update(*n.prim);
+    const SplittableUpdate* update = as_splittable_update(*n.prim);
     const size_t count = update ? update->tensors() : 0;
     if (count < 2) continue;
     std::map<int32_t, size_t> bucket_of_wait;
@@ -70,8 +70,9 @@ bool split_update_by_bucket(Graph& g, const BucketUpdateOptions&) {
       nodes.push_back(std::move(n));
       continue;
     }
-    const MultiTensorUpdate& update = *as_multi_tensor_update(*n.prim);
+    const SplittableUpdate& update = *as_splittable_update(*n.prim);
     const size_t count = update.tensors();
+    const size_t shared_at = 1 + update.input_slots() * count;
     for (const std::vector<size_t>& members : split[i]) {
       Node u;
       u.prim = update.for_tensors(members.size());
@@ -80,6 +81,7 @@ bool split_update_by_bucket(Graph& g, const BucketUpdateOptions&) {
       u.inputs = {n.inputs[0]};
       for (size_t s = 0; s < update.input_slots(); ++s)
         for (size_t t : members) u.inputs.push_back(n.inputs[1 + s * count + t]);
+      for (size_t k = 0; k < update.shared_inputs(); ++k) u.inputs.push_back(n.inputs[shared_at + k]);
       for (size_t s = 0; s < update.output_slots(); ++s)
         for (size_t t : members) u.outputs.push_back(n.outputs[s * count + t]);
       nodes.push_back(std::move(u));

@@ -1,7 +1,7 @@
 // Splitting the optimizer update under a memory budget. Eagerly (and after horizontal fusion) every
 // gradient of the step is alive at once, waiting for the one multi-tensor update at the end; that is the
 // peak of a training step whose activations are small. With budget < 1 this pass replaces each multi-tensor
-// update (AdamW's; Note [Multi-tensor updates], autograd/primitive_multi_tensor.h) by one update per parameter, placed right after the last node that produces its gradient or
+// update (AdamW's, AdamW8bit's: SplittableUpdate, autograd/primitive_multi_tensor.h) by one update per parameter, placed right after the last node that produces its gradient or
 // reads its parameter, so each gradient dies as soon as it is complete and the parameter is updated in place
 // (the executor's in-place rule, compile/exec/kernel_step.cpp, holds because nothing reads it afterwards).
 // Invariant: split_update.h.
@@ -23,7 +23,7 @@ bool split_update(Graph& g, const SplitUpdateOptions& o) {
   std::vector<bool> drop(g.nodes.size(), false);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    const MultiTensorUpdate* update = as_multi_tensor_update(*n.prim);
+    const SplittableUpdate* update = as_splittable_update(*n.prim);
     const size_t count = update ? update->tensors() : 0;
     if (count < 2) continue;
     drop[i] = true;
@@ -44,6 +44,8 @@ bool split_update(Graph& g, const SplitUpdateOptions& o) {
             for (int32_t in : g.nodes[r].inputs)
               if (in == v) after = std::max(after, static_cast<int32_t>(r));
       }
+      for (size_t k = 0; k < update->shared_inputs(); ++k)
+        u.inputs.push_back(n.inputs[1 + update->input_slots() * count + k]);
       for (size_t s = 0; s < update->output_slots(); ++s) u.outputs.push_back(n.outputs[s * count + t]);
       inserts.emplace_back(after, std::move(u));
     }

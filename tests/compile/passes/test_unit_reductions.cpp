@@ -14,6 +14,7 @@
 
 #include "autograd/ops/attrs.h"
 #include "autograd/primitive_collective.h"
+#include "autograd/primitive_multi_tensor.h"
 #include "compile/ir/graph.h"
 #include "compile/passes/schedule.h"
 #include "compile/passes/unit_reductions.h"
@@ -129,6 +130,48 @@ TEST(UnitReductions, AfterScheduleAtMostLagPlusOneInputsAreAliveAndEachWaitFollo
       EXPECT_LT(start_of_wait(g, n) + 1, n.id) << "never right after its own start\n" << g.str();
     }
   }
+}
+
+// An optimizer update's part (a SplittableUpdate, as AdamW's and AdamW8bit's are): the scheduler runs it as soon as
+// its unit's gradient is reduced, so the gradient shards die one by one inside the backward.
+class UpdatePart final : public PrimBase, public SplittableUpdate {
+ public:
+  std::string_view name() const override { return "update"; }
+  size_t tensors() const override { return 1; }
+  size_t input_slots() const override { return 1; }
+  size_t output_slots() const override { return 1; }
+  std::shared_ptr<Primitive> for_tensors(size_t) const override { return std::make_shared<UpdatePart>(); }
+};
+
+TEST(UnitReductions, AfterScheduleEachUnitsUpdateRunsOnceItsGradientIsReducedNotAtTheBackwardsEnd) {
+  Graph g = backward_of_units(4);
+  // Each reduced gradient (its wait's result: bf16 shards updated without masters read it as it is) is read by
+  // its unit's update; nothing is returned but the input's gradient and the updates' results.
+  const TensorMeta m{Shape{8}, DType::f32, Device::cpu()};
+  std::vector<int32_t> grads;
+  for (size_t i = 1; i < g.outputs.size(); ++i) grads.push_back(g.producer(g.outputs[i]).inputs[0]);
+  g.outputs.resize(1);
+  for (int32_t grad : grads)
+    g.outputs.push_back(g.nodes[static_cast<size_t>(g.add_node(std::make_shared<UpdatePart>(), {grad}, {m}))].outputs[0]);
+  g.verify();
+  ASSERT_TRUE(passes::unit_reductions(g, {.lag = 1}));
+  passes::schedule(g, {});
+  g.verify();
+  // Reduced gradients alive at once: from their wait to their update. In trace order every update waits for the
+  // last unit's backward, and all four are alive there.
+  int alive = 0, most = 0;
+  for (const Node& n : g.nodes) {
+    if (is_collective_wait(*n.prim)) most = std::max(most, ++alive);
+    if (n.prim->name() == "update") --alive;
+  }
+  EXPECT_EQ(most, 1) << g.str();
+  int computes_after_first_update = 0;
+  bool updated = false;
+  for (const Node& n : g.nodes) {
+    updated = updated || n.prim->name() == "update";
+    if (updated && n.prim->name() == "compute") ++computes_after_first_update;
+  }
+  EXPECT_GT(computes_after_first_update, 0) << "the first update runs inside the backward\n" << g.str();
 }
 
 TEST(UnitReductions, LagZeroAndGraphsWithoutUnitReductionsAreUnchanged) {
