@@ -27,7 +27,8 @@
 #         full_zero3: full under ZeRO-3 on every GPU (bf16 shards updated in place, AdamW8bit on the shards,
 #         gradients reduced in bf16; BATCH global), full_zero3_nockpt: the same without activation checkpointing;
 #         full_zero3_masters: ZeRO-3 with f32 masters and f32 AdamW state (f32 reduction), checkpointed;
-#         full_zero3_resume: full_zero3, then stopped at step 4 with a checkpoint and resumed (losses side by side);
+#         full_zero3_resume: full_zero3, then stopped at step 4 with a checkpoint and resumed (losses side by side;
+#         RESUME_GPUS, e.g. "0,1": also resumed on those GPUs alone, another world size, the moments decoded);
 #         full_fsdp2: torchtune's recipe under torchrun on every GPU (bench/reference/fsdp2_llama.py --pure-bf16
 #         --grad-ckpt: FSDP2 over bf16 parameters, bf16 AdamW state, per-layer checkpointing and torch.compile)
 #   autotune / autotune_nocg / overhead: ingot compiled in max-autotune (cuBLASLt candidates timed per product
@@ -184,16 +185,28 @@ if want full_zero3_resume; then
       ingot_run ${leg%% *} "${zero3[@]}" $( [[ $leg == *" "* ]] && echo "${leg#* }" )
     echo "${leg%% *}: $(( $(date +%s) - t )) s wall"
   done
+  legs=(full_zero3_resumed)
+  if [[ -n ${RESUME_GPUS:-} ]]; then
+    t=$(date +%s)
+    CUDA_VISIBLE_DEVICES=$RESUME_GPUS LAUNCH="ingot launch --nproc-per-node $(tr ',' '\n' <<< "$RESUME_GPUS" | wc -l) --" \
+      RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_zero3_resumed_on "${zero3[@]}" \
+      resume_from="$WORK/run_full_zero3_stop/checkpoints/step_00000004"
+    echo "full_zero3_resumed_on GPUs $RESUME_GPUS: $(( $(date +%s) - t )) s wall"
+    legs+=(full_zero3_resumed_on)
+  fi
   du -sh "$WORK/run_full_zero3_stop/checkpoints/step_00000004" 2>/dev/null
-  grep -h "^checkpoint |" "$out/ingot_full_zero3_stop.log" "$out/ingot_full_zero3_resumed.log"
-  python3 - "$WORK/run_full_zero3/metrics.jsonl" "$WORK/run_full_zero3_resumed/metrics.jsonl" <<'PY'
+  grep -h "^checkpoint |" "$out/ingot_full_zero3_stop.log"
+  for leg in "${legs[@]}"; do
+    grep -h "^checkpoint |" "$out/ingot_$leg.log"
+    python3 - "$WORK/run_full_zero3/metrics.jsonl" "$WORK/run_$leg/metrics.jsonl" "$leg" <<'PY'
 import json, sys
 def losses(path):
     return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if r.get("kind") == "train"}
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
 for step in sorted(b):
-    print(f"resume: step {step}: uninterrupted {a.get(step, float('nan')):.6f} resumed {b[step]:.6f}")
+    print(f"resume ({sys.argv[3]}): step {step}: uninterrupted {a.get(step, float('nan')):.6f} resumed {b[step]:.6f}")
 PY
+  done
   rm -rf "$WORK/run_full_zero3_stop/checkpoints"
 fi
 # The same with f32 masters and f32 AdamW state over the shards (16 bytes a parameter over the GPUs, FSDP2's layout).
