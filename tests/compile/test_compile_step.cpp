@@ -161,6 +161,59 @@ TEST(CompileStep, TheTracedUpdateMakesNoSecondCopyOfTheParametersAndState) {
   }
 }
 
+// AdamW8bit's traced update splits as AdamW's does (SplittableUpdate, autograd/primitive_multi_tensor.h): under
+// split_update each parameter's 8-bit update runs right after its gradient is made, so a replay holds about one
+// gradient at a time instead of all eight, and the results stay the eager ones.
+TEST(CompileStep, AdamW8bitsUpdateSplitsPerParameterSoEachGradientDiesAtItsUpdate) {
+  const int64_t count = 8, rows = 64;  // 8 parameters of 32,768 elements: 8-bit state (4096 elements and more)
+  auto run = [&](bool compiled, bool split, int64_t* replay_peak) {
+    manual_seed(12);
+    std::vector<Tensor> ws;
+    for (int64_t i = 0; i < count; ++i) {
+      ws.push_back(randn({rows, 512}));
+      ws.back().set_requires_grad(true);
+    }
+    optim::AdamW8bit opt(ws, optim::AdamWOptions{.lr = 1e-2});
+    auto fn = [&](const std::vector<Tensor>& b) {
+      // Each gradient from its own input (one input for all would fuse their products into one kernel).
+      Tensor loss = sum(mul(ws[0], b[0]));
+      for (size_t i = 1; i < ws.size(); ++i) loss = add(loss, sum(mul(ws[i], b[i])));
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+      return std::vector<Tensor>{loss};
+    };
+    CompileOptions o;
+    o.split_update = split;
+    CompiledFunction step = compile(fn, o);
+    std::vector<Tensor> xs;
+    for (int64_t i = 0; i < count; ++i) xs.push_back(randn({rows, 512}));
+    std::vector<double> out;
+    for (int i = 0; i < 5; ++i) {
+      cpu_allocator().reset_peak();
+      const int64_t before = cpu_allocator().stats().allocated_bytes;
+      out.push_back((compiled ? step(xs) : fn(xs))[0].item());
+      if (i == 4 && replay_peak) *replay_peak = cpu_allocator().stats().peak_allocated_bytes - before;
+    }
+    for (const Tensor& w : ws)
+      for (double v : w.to_vector()) out.push_back(v);
+    return out;
+  };
+  int64_t whole = 0, parts = 0;
+  const std::vector<double> e = run(false, false, nullptr), c = run(true, false, &whole), p = run(true, true, &parts);
+  const int64_t grad_bytes = rows * 512 * 4;
+  std::printf("[ memory   ] AdamW8bit replay's peak above what it held before: one update %lld B, split %lld B "
+              "(a gradient is %lld B)\n",
+              static_cast<long long>(whole), static_cast<long long>(parts), static_cast<long long>(grad_bytes));
+  EXPECT_LT(parts + 4 * grad_bytes, whole) << "the split update frees the gradients as it goes";
+  ASSERT_EQ(c.size(), e.size());
+  ASSERT_EQ(p.size(), e.size());
+  for (size_t i = 0; i < e.size(); ++i) {
+    ASSERT_NEAR(c[i], e[i], 1e-4 * (1 + std::abs(e[i]))) << "value " << i;
+    ASSERT_NEAR(p[i], e[i], 1e-4 * (1 + std::abs(e[i]))) << "value " << i;
+  }
+}
+
 TEST(CompileStep, DynamicSequenceLengthNeverRecompiles) {
   auto run = [](bool compiled) {
     manual_seed(9);
