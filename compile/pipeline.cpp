@@ -253,7 +253,9 @@ std::shared_ptr<Executable> build_executable(Graph g, const CompileOptions& opts
   // Data parallel: each gradient made in its bucket's buffer, so no concatenation copies it (before fuse, which
   // must keep the bucket's view alone and the placed producers' values as their groups' outputs).
   run_pass("bucket_views", g, [&](Graph& x) { return passes::bucket_views(x, {target, generated}); });
-  run_pass("fuse", g, [&](Graph& x) { return passes::fuse(x, {target, !opts.split_update && !bucket_updates}); });
+  run_pass("fuse", g, [&](Graph& x) {
+    return passes::fuse(x, {target, !opts.split_update && !bucket_updates && !passes::updates_per_bucket(x)});
+  });
   run_pass("schedule", g, [&](Graph& x) { return passes::schedule(x, {target}); });
   g.verify();
   const passes::MemoryPlan plan = passes::memory_plan(g);

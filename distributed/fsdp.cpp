@@ -389,6 +389,13 @@ void FullyShardedDataParallel::synchronize() {
   s.reset_round();
 }
 
+void FullyShardedDataParallel::update_in_backward(std::function<void(size_t unit)> update, int lag) {
+  INGOT_CHECK(lag >= 1, "FullyShardedDataParallel::update_in_backward: lag ", lag, " (each unit's reduction is waited for ",
+              "at least one unit later)");
+  state_->update_unit = std::move(update);
+  state_->update_lag = lag;
+}
+
 void FullyShardedDataParallel::zero_grad() {
   for (Unit& u : state_->units) u.shard.zero_grad();
 }

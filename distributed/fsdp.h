@@ -131,6 +131,11 @@ class FullyShardedDataParallel {
   // waits for all of them and adds this rank's averaged chunks into the shards' .grad.
   void synchronize();
   void zero_grad();  // drops the shards' .grad
+  // Note [Updates in the backward] (fsdp_compiled.cpp): compiled steps only. While a step is traced, once a unit's
+  // gradient reduction is waited for (`lag` units later, as compile.unit_reduction_lag does) its shard's .grad is
+  // set and `update(unit)` runs the optimizer on it then and there (only that shard has a .grad); synchronize()
+  // sets the others' (the vocabulary-parallel table's, the last `lag` units'), which the step's own update takes.
+  void update_in_backward(std::function<void(size_t unit)> update, int lag);
 
   // Note [Shards cast from their masters]: with f32 masters of the shards (optim::MasterWeights over
   // optimizer_params(), same layout), each unit's gathers read its master, cast to the unit's dtype just before

@@ -206,6 +206,42 @@ Tensor sum_unit_pieces(State& s, State::Unit& u) {
   return sum_pieces(pieces, 1.0 / world, s.reduce_dtype(u));
 }
 
+// The unit's averaged gradient (its reduction waited for, or the vocabulary-parallel rows' own) added into its
+// shard's .grad; the traced reduction is done with.
+void finish_unit(State& s, size_t j) {
+  State::Unit& u = s.units[j];
+  // Note [Vocabulary-parallel embeddings] (fsdp.h): the rows' gradient over every rank's tokens, made by the
+  // lookups' backward, is this rank's already.
+  const Tensor avg = u.vocab_parallel          ? s.vocab_shard_grad(u)
+                     : u.traced_flat.defined() ? cast(sum_unit_pieces(s, u), s.grad_dtype(u))
+                                               : cast(collective_wait(u.traced_reduction), s.grad_dtype(u));
+  u.traced_reduction = Tensor();
+  u.traced_flat = Tensor();
+  // Gradient accumulation: every backward reduces, its averages add up in the shard's .grad (as eagerly).
+  u.shard.set_grad(u.shard.grad().defined() ? add(u.shard.grad(), avg) : avg);
+}
+
+// Note [Updates in the backward]
+// A compiled ZeRO-3 step updates every shard after the backward: each rank holds all of its gradient shards at the
+// backward's end (7.5 GB of an 8B model's on each of two GPUs). In the compiled graph the scheduler already runs
+// each unit's part of the update once its reduction is waited for (compile/passes/schedule.cpp), but the step
+// that traces runs eagerly, in trace order, and there the waits and the update come after the whole backward: the
+// first step (and a resumed run's, whose 8-bit state exists before it) peaked 3.3-5.4 GB above the later ones,
+// above a 24 GB card. With train.optimizer_in_backward the trace itself waits for unit j's reduction once unit
+// j + lag's has started (where compile/passes/unit_reductions.cpp would move the wait) and runs the optimizer on
+// j's shard right there, its gradient dropped after: the traced step frees each shard's gradient as the compiled
+// one does, and the graph holds the same waits and one update per unit (schedule.cpp runs each as early as it
+// can). Each parameter's update is the same as after the backward (AdamW's and AdamW8bit's are per element;
+// clipping by the global norm and accumulation over micro-batches are refused: recipes/train_loop.cpp).
+void update_awaiting(State& s, size_t keep) {
+  while (s.awaiting_update.size() > keep) {
+    const size_t j = s.awaiting_update.front();
+    s.awaiting_update.erase(s.awaiting_update.begin());
+    finish_unit(s, j);
+    s.update_unit(j);
+  }
+}
+
 void reduce_unit(State& s, size_t j) {
   State::Unit& u = s.units[j];
   std::vector<Tensor> parts;
@@ -237,6 +273,10 @@ void reduce_unit(State& s, size_t j) {
   u.traced = Tensor();
   u.traced_earlier.clear();
   u.pending = -1;  // reduced this round
+  if (s.update_unit) {  // Note [Updates in the backward]
+    s.awaiting_update.push_back(j);
+    update_awaiting(s, static_cast<size_t>(s.update_lag));
+  }
 }
 
 }  // namespace
@@ -256,18 +296,9 @@ void synchronize(State& s) {
   // scheduler (which runs ready waits last, in trace order) never lets one block the compute after its start.
   // compile/passes/unit_reductions.cpp then moves each to just after a later unit's start, which releases the
   // unit's flattened gradient there (Note [Unit reductions are waited for a unit later]).
-  for (size_t j = s.units.size(); j-- > 0;) {
-    State::Unit& u = s.units[j];
-    // Note [Vocabulary-parallel embeddings] (fsdp.h): the rows' gradient over every rank's tokens, made by the
-    // lookups' backward, is this rank's already.
-    const Tensor avg = u.vocab_parallel          ? s.vocab_shard_grad(u)
-                       : u.traced_flat.defined() ? cast(sum_unit_pieces(s, u), s.grad_dtype(u))
-                                                 : cast(collective_wait(u.traced_reduction), s.grad_dtype(u));
-    u.traced_reduction = Tensor();
-    u.traced_flat = Tensor();
-    // Gradient accumulation: every backward reduces, its averages add up in the shard's .grad (as eagerly).
-    u.shard.set_grad(u.shard.grad().defined() ? add(u.shard.grad(), avg) : avg);
-  }
+  // Units updated in the backward (Note [Updates in the backward]) were waited for there.
+  for (size_t j = s.units.size(); j-- > 0;)
+    if (s.units[j].vocab_parallel || s.units[j].traced_reduction.defined()) finish_unit(s, j);
   s.reset_round();
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -109,6 +110,12 @@ struct FullyShardedDataParallel::State {
   size_t next_issue = 0;    // reductions are issued from the last unit to the first
   bool round_active = false;
   bool active = true;       // false after unshard(): every hook is quiet
+  // Note [Updates in the backward] (fsdp_compiled.cpp): called while tracing with a unit whose shard's .grad was
+  // just set (its update runs there, not after the backward); the units reduced and not yet waited for, oldest
+  // first, and how many units later each is waited for.
+  std::function<void(size_t unit)> update_unit;
+  int update_lag = 1;
+  std::vector<size_t> awaiting_update;
 
   // Note [Gathered weights keep their version]: the backward engine checks that a saved input was not written
   // since it was recorded. Gathering again before the backward rewrites the bytes a forward read, with the
@@ -273,6 +280,7 @@ struct FullyShardedDataParallel::State {
     next_issue = 0;
     round_active = false;
     heads_awaiting_backward = 0;
+    awaiting_update.clear();
   }
 };
 

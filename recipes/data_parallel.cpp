@@ -215,6 +215,10 @@ void DataParallel::backward(const Tensor& loss, bool sync) {
 void DataParallel::synchronize() {
   if (impl_->ddp) impl_->ddp->synchronize();  // FSDP synchronized after each backward
 }
+void DataParallel::update_in_backward(std::function<void(size_t unit)> update, int lag) {
+  INGOT_INTERNAL_CHECK(impl_->fsdp, "DataParallel::update_in_backward: ZeRO-3 only");
+  impl_->fsdp->update_in_backward(std::move(update), lag);
+}
 Tensor DataParallel::sum_tensor(const Tensor& t) {
   return mul(dist::all_reduce_avg(t, impl_->ctx.group), static_cast<double>(world_size()));
 }

@@ -83,6 +83,8 @@ class DataParallel {
   void backward(const Tensor& loss, bool sync);
   // Waits for the averaged gradients (DDP synchronize).
   void synchronize();
+  // ZeRO-3, compiled steps: FullyShardedDataParallel::update_in_backward (Note [Updates in the backward]).
+  void update_in_backward(std::function<void(size_t unit)> update, int lag);
   // ZeRO-1/2: all-gathers the updated shards into the parameters; nothing in plain DDP and ZeRO-3.
   void after_step();
   void zero_grad();

@@ -68,6 +68,11 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
               "doubled after 2000 good steps)")
             .at_least(1));
   s.add(K::of(T::Float, "train.grad_clip", d.grad_clip, "max global gradient norm (0: no clipping)").at_least(0));
+  s.add(K::of(T::Bool, "train.optimizer_in_backward", "false",
+              "compiled ZeRO-3 (distributed.zero_stage 3, compile.enabled): update each unit's shard as soon as its "
+              "gradient is reduced, inside the backward, so no rank holds every gradient shard at once, not even in "
+              "the first (traced) step (torchtune's optimizer_in_bwd); the same updates. Needs train.grad_clip 0, "
+              "train.gradient_accumulation_steps 1, no f32 masters and compile.unit_reduction_lag >= 1"));
   s.add(K::of(T::String, "train.activation_checkpointing", "none",
               "blocks: each decoder block keeps only its input for the backward, which runs the block's forward "
               "again (less activation memory for about one more forward; eager and compiled steps); mlp: only each "
@@ -153,6 +158,26 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
       errors.fail(cfg, "train.master_weights",
                   "false rounds AdamW's updates into bf16 weights stochastically, and optimizer.name is " +
                       o.optimizer + ": use adamw or adamw8bit, or train.master_weights=true");
+  }
+  // Note [Updates in the backward] (distributed/fsdp_compiled.cpp): what the unit-by-unit update needs.
+  o.optimizer_in_backward = rd.flag("train.optimizer_in_backward");
+  if (o.optimizer_in_backward && !errors.has_error_for("train.optimizer_in_backward")) {
+    auto need = [&](bool ok, const std::string& why) {
+      if (!ok) errors.fail(cfg, "train.optimizer_in_backward", "true " + why);
+    };
+    need(cfg.value("distributed.zero_stage").text == "3",
+         "updates ZeRO-3 shards unit by unit, and distributed.zero_stage is " + cfg.value("distributed.zero_stage").text +
+             ": set distributed.zero_stage=3");
+    need(cfg.value("compile.enabled").text == "true",
+         "runs in the compiled step, and compile.enabled is false: set compile.enabled=true");
+    need(o.grad_clip == 0, "updates a shard before the others' gradients exist, so it cannot clip by the global norm: "
+                           "set train.grad_clip=0");
+    need(o.grad_accum == 1, "updates after each backward, and train.gradient_accumulation_steps is " +
+                                std::to_string(o.grad_accum) + ": set it to 1");
+    need(cfg.value("dtype").text != "bf16" || !o.master_weights,
+         "updates the shards themselves, and dtype bf16 keeps f32 masters: set train.master_weights=false");
+    need(cfg.value("compile.unit_reduction_lag").text != "0",
+         "waits for each unit's reduction a unit later, and compile.unit_reduction_lag is 0: set it to 1 or more");
   }
   o.init_loss_scale = rd.f64("train.init_loss_scale");
   if (set_by_user("train.init_loss_scale") && cfg.value("dtype").text != "f16")

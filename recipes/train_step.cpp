@@ -18,6 +18,21 @@ TrainStep::TrainStep(const TrainStepParts& parts, const CompileSettings& c, std:
     compiled_ = compile([this](const std::vector<Tensor>& b) { return body(b, true); }, compile_options(c));
     log << "compile | mode " << c.mode << ": the first step traces and compiles the whole training step\n";
   }
+  // Note [Updates in the backward] (distributed/fsdp_compiled.cpp): the shard whose gradient was just reduced is
+  // the only one with a .grad, so the optimizer's step updates it alone (recipes/train_loop.cpp refuses what this
+  // cannot do: clipping, accumulation, f32 masters, an eager step).
+  if (p_.opts.optimizer_in_backward) {
+    INGOT_INTERNAL_CHECK(c.enabled && p_.dp && p_.dp->zero_stage() == 3 && !p_.masters,
+                         "train.optimizer_in_backward without a compiled ZeRO-3 step over the shards themselves");
+    p_.dp->update_in_backward(
+        [this](size_t) {
+          p_.opt.step();
+          p_.opt.zero_grad();
+        },
+        static_cast<int>(c.unit_reduction_lag));
+    log << "optimizer | updated in the backward: each unit's shard as soon as its gradient is reduced "
+           "(train.optimizer_in_backward)\n";
+  }
 }
 
 TrainStep::Result TrainStep::run(const std::vector<Tensor>& batch) {

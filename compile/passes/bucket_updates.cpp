@@ -41,6 +41,19 @@ int32_t source_wait(const Graph& g, int32_t v) {
 
 }  // namespace
 
+bool updates_per_bucket(const Graph& g) {
+  int32_t first = -2;  // the wait the first update's first gradient comes from
+  for (const Node& n : g.nodes) {
+    const SplittableUpdate* update = as_splittable_update(*n.prim);
+    if (!update || update->tensors() == 0) continue;
+    const int32_t w = source_wait(g, n.inputs[1 + update->tensors()]);
+    if (w < 0) continue;
+    if (first == -2) first = w;
+    else if (w != first) return true;
+  }
+  return false;
+}
+
 bool split_update_by_bucket(Graph& g, const BucketUpdateOptions&) {
   // Per node: the parameters of each bucket (in the bucket order), for the updates that split.
   std::vector<std::vector<std::vector<size_t>>> split(g.nodes.size());

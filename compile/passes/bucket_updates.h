@@ -15,4 +15,9 @@ struct BucketUpdateOptions {
 
 bool split_update_by_bucket(Graph& g, const BucketUpdateOptions& o);
 
+// Whether two of the graph's updates read gradients from different collective waits: updates per bucket or unit
+// as traced (Note [Updates in the backward], distributed/fsdp_compiled.cpp) or as this pass left them, which
+// horizontal fusion must keep apart too.
+bool updates_per_bucket(const Graph& g);
+
 }  // namespace ingot::compiler::passes

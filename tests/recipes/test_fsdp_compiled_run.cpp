@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -116,6 +118,61 @@ TEST_F(CompiledFsdpRun, Bf16WithoutMastersFollowsEagerAndResumes) {
   EXPECT_NE(qc.output.find("compile | 1 graph(s), 0 break(s), 0 recompile(s)"), std::string::npos) << qc.output;
   expect_close(train_losses(path("q_comp/metrics.jsonl")), train_losses(path("q_eager/metrics.jsonl")),
                "AdamW8bit without masters: compiled vs eager ZeRO-3", 1e-2);
+}
+
+// train.optimizer_in_backward (Note [Updates in the backward], distributed/fsdp_compiled.cpp): each unit's shard is
+// updated in the backward as soon as its gradient is reduced, in the traced step too. Each parameter's update is the
+// one it got after the backward, so the losses are those of the run without it, bit for bit, with AdamW and with
+// AdamW8bit; the traced first step holds less (the gradient shards die one by one there as well).
+TEST_F(CompiledFsdpRun, UpdatesInTheBackwardGiveTheSameLossesAndATracedStepHoldingLess) {
+  for (const std::string optimizer : {"adamw", "adamw8bit"}) {
+    const std::string z3 = "dtype=bf16 train.master_weights=false max_steps=4 distributed.zero_stage=3 "
+                           "train.grad_clip=0 model.n_embd=256 model.n_layer=4 train.batch_size=2 optimizer.name=" + optimizer +
+                           compiled();
+    Result end = launch(2, optimizer + "_end", z3);
+    ASSERT_EQ(end.exit_code, 0) << end.output;
+    Result bwd = launch(2, optimizer + "_bwd", z3 + " train.optimizer_in_backward=true");
+    ASSERT_EQ(bwd.exit_code, 0) << bwd.output;
+    EXPECT_NE(bwd.output.find("optimizer | updated in the backward: each unit's shard as soon as its gradient is "
+                              "reduced"),
+              std::string::npos)
+        << bwd.output;
+    EXPECT_NE(bwd.output.find("compile | 1 graph(s), 0 break(s), 0 recompile(s)"), std::string::npos) << bwd.output;
+    expect_close(train_losses(path(optimizer + "_bwd/metrics.jsonl")), train_losses(path(optimizer + "_end/metrics.jsonl")),
+                 optimizer + ": updates in the backward vs after it", 1e-12);
+    auto first_peak = [&](const std::string& run) {
+      std::ifstream in(path(run + "/metrics.jsonl"));
+      for (std::string line; std::getline(in, line);) {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        if (j.value("kind", "") == "train") return j.at("peak_memory_bytes").get<int64_t>();
+      }
+      return int64_t{-1};
+    };
+    const int64_t e = first_peak(optimizer + "_end"), b = first_peak(optimizer + "_bwd");
+    std::printf("[ memory   ] %s: traced step's peak %lld B with the update after the backward, %lld B in it\n",
+                optimizer.c_str(), static_cast<long long>(e), static_cast<long long>(b));
+    EXPECT_LT(b, e) << optimizer;
+  }
+}
+
+// What train.optimizer_in_backward cannot do is refused, naming the key that stands in its way.
+TEST_F(CompiledFsdpRun, UpdatesInTheBackwardRefuseWhatTheyCannotDo) {
+  const std::string ok = "dtype=bf16 train.master_weights=false distributed.zero_stage=3 train.grad_clip=0 "
+                         "train.optimizer_in_backward=true" + compiled();
+  const std::pair<std::string, std::string> cases[] = {
+      {" distributed.zero_stage=1", "set distributed.zero_stage=3"},
+      {" compile.enabled=false", "set compile.enabled=true"},
+      {" train.grad_clip=1", "set train.grad_clip=0"},
+      {" train.gradient_accumulation_steps=2", "train.gradient_accumulation_steps is 2: set it to 1"},
+      {" train.master_weights=true", "set train.master_weights=false"},
+      {" compile.unit_reduction_lag=0", "compile.unit_reduction_lag is 0: set it to 1 or more"},
+  };
+  for (const auto& [bad, says] : cases) {
+    Result r = single("refused", ok + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.output;
+    EXPECT_NE(r.output.find("train.optimizer_in_backward: true"), std::string::npos) << bad << "\n" << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << bad << "\n" << r.output;
+  }
 }
 
 // Activation checkpointing under compiled ZeRO-3 (Note [Checkpointed units read the gathered value],
