@@ -21,8 +21,11 @@ TrainStep::TrainStep(const TrainStepParts& parts, const CompileSettings& c, std:
   // Note [Updates in the backward] (distributed/fsdp_compiled.cpp): the shard whose gradient was just reduced is
   // the only one with a .grad, so the optimizer's step updates it alone (recipes/train_loop.cpp refuses what this
   // cannot do: clipping, accumulation, f32 masters, an eager step).
-  if (p_.opts.optimizer_in_backward) {
-    INGOT_INTERNAL_CHECK(c.enabled && p_.dp && p_.dp->zero_stage() == 3 && !p_.masters,
+  if (p_.opts.optimizer_in_backward && !p_.dp) {
+    log << "optimizer | train.optimizer_in_backward: ignored in a world of one (no ZeRO-3 shards to update in the "
+           "backward); the update follows the backward\n";
+  } else if (p_.opts.optimizer_in_backward) {
+    INGOT_INTERNAL_CHECK(c.enabled && p_.dp->zero_stage() == 3 && !p_.masters,
                          "train.optimizer_in_backward without a compiled ZeRO-3 step over the shards themselves");
     p_.dp->update_in_backward(
         [this](size_t) {
