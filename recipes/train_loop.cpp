@@ -72,7 +72,8 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
               "compiled ZeRO-3 (distributed.zero_stage 3, compile.enabled): update each unit's shard as soon as its "
               "gradient is reduced, inside the backward, so no rank holds every gradient shard at once, not even in "
               "the first (traced) step (torchtune's optimizer_in_bwd); the same updates. Needs train.grad_clip 0, "
-              "train.gradient_accumulation_steps 1, no f32 masters and compile.unit_reduction_lag >= 1"));
+              "train.gradient_accumulation_steps 1, no f32 masters and compile.unit_reduction_lag >= 1; ignored in a world of "
+              "one"));
   s.add(K::of(T::String, "train.activation_checkpointing", "none",
               "blocks: each decoder block keeps only its input for the backward, which runs the block's forward "
               "again (less activation memory for about one more forward; eager and compiled steps); mlp: only each "
