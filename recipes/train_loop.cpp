@@ -72,8 +72,8 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
               "compiled ZeRO-3 (distributed.zero_stage 3, compile.enabled): update each unit's shard as soon as its "
               "gradient is reduced, inside the backward, so no rank holds every gradient shard at once, not even in "
               "the first (traced) step (torchtune's optimizer_in_bwd); the same updates. Needs train.grad_clip 0, "
-              "train.gradient_accumulation_steps 1, no f32 masters and compile.unit_reduction_lag >= 1; ignored in a world of "
-              "one"));
+              "train.gradient_accumulation_steps 1, no f32 masters, compile.unit_reduction_lag >= 1 and a compile.mode "
+              "without CUDA graphs; ignored in a world of one"));
   s.add(K::of(T::String, "train.activation_checkpointing", "none",
               "blocks: each decoder block keeps only its input for the backward, which runs the block's forward "
               "again (less activation memory for about one more forward; eager and compiled steps); mlp: only each "
@@ -179,6 +179,12 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
          "updates the shards themselves, and dtype bf16 keeps f32 masters: set train.master_weights=false");
     need(cfg.value("compile.unit_reduction_lag").text != "0",
          "waits for each unit's reduction a unit later, and compile.unit_reduction_lag is 0: set it to 1 or more");
+    // Under CUDA graphs an update that reads its step from the host splits the graphs, and a unit's reduction
+    // would start in one graph and be waited for in another (compile/pipeline.cpp keeps one update there).
+    const std::string mode = cfg.value("compile.mode").text;
+    need(mode == "default" || mode == "max-autotune-no-cudagraphs",
+         "puts an update between each unit's reductions, which CUDA graphs cannot hold, and compile.mode is " + mode +
+             ": use default or max-autotune-no-cudagraphs");
   }
   o.init_loss_scale = rd.f64("train.init_loss_scale");
   if (set_by_user("train.init_loss_scale") && cfg.value("dtype").text != "f16")

@@ -173,6 +173,7 @@ TEST_F(CompiledFsdpRun, UpdatesInTheBackwardRefuseWhatTheyCannotDo) {
       {" train.gradient_accumulation_steps=2", "train.gradient_accumulation_steps is 2: set it to 1"},
       {" train.master_weights=true", "set train.master_weights=false"},
       {" compile.unit_reduction_lag=0", "compile.unit_reduction_lag is 0: set it to 1 or more"},
+      {" compile.mode=reduce-overhead", "compile.mode is reduce-overhead: use default or max-autotune-no-cudagraphs"},
   };
   for (const auto& [bad, says] : cases) {
     Result r = single("refused", ok + bad);
