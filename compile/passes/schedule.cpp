@@ -5,13 +5,14 @@
 // concatenations whose results only feed starts (a bucket's flatten and concatenation), go before other
 // ready work; a wait goes after all other ready work (one holding an ordering token as early as a start:
 // unit_reductions.h). A gradient bucket is then reduced while
-// the rest of the backward runs, and the optimizer waits for it last; an optimizer update's part goes as early
-// as a start (its gradients die there).
+// the rest of the backward runs, and the optimizer waits for it last; with collectives an optimizer update's part
+// goes as early as a start (its gradients die there).
 #include "compile/passes/schedule.h"
 
 #include <algorithm>
 #include <queue>
 
+#include "autograd/primitive_collective.h"
 #include "autograd/primitive_multi_tensor.h"
 #include "compile/lower/lowering.h"
 
@@ -48,6 +49,8 @@ bool schedule(Graph& g, const ScheduleOptions&) {
   // Scheduling class per unit: -1 early, 0 trace order, +1 late. A glue unit whose consumers are all early
   // (and that has some) is early too; units are in trace order, so one reverse sweep settles the chains.
   std::vector<int> cls(units, 0);
+  bool collectives = false;
+  for (const Node& node : g.nodes) collectives = collectives || is_collective_wait(*node.prim);
   for (size_t u = 0; u < units; ++u)
     for (int32_t m : members[u]) {
       const Node& node = g.nodes[static_cast<size_t>(m)];
@@ -56,11 +59,14 @@ bool schedule(Graph& g, const ScheduleOptions&) {
       // unit_reductions.h) releases its collective's input there; as a plain late wait it would run only once
       // nothing else is ready, at the backward's end.
       if (c > 0 && node.inputs.size() > 1) c = -1;
-      // A part of a split optimizer update (per gradient bucket or ZeRO-3 unit) runs as soon as its gradients
-      // are reduced: in trace order it would wait for the whole backward, every rank's gradient shards alive
-      // until then (7.5 GB of an 8B model's on each of two GPUs). A plain DDP bucket's wait is late, so its
-      // update still runs after the backward; a ZeRO-3 unit's is waited for a unit later, inside it.
-      if (c == 0 && as_splittable_update(*node.prim)) c = -1;
+      // Data parallel: a part of a split optimizer update (per gradient bucket or ZeRO-3 unit) runs as soon as its
+      // gradients are reduced: in trace order it would wait for the whole backward, every rank's gradient shards
+      // alive until then (7.5 GB of an 8B model's on each of two GPUs). A plain DDP bucket's wait is late, so its
+      // update still runs after the backward; a ZeRO-3 unit's is waited for a unit later, inside it. Without
+      // collectives (split_update under a memory budget) the trace order stands: that pass put each update after
+      // every reader of its parameter, which nothing else orders before it, and an update run before a reader
+      // could not overwrite the parameter in place (compile/exec/executor.cpp: in_place_ok).
+      if (c == 0 && collectives && as_splittable_update(*node.prim)) c = -1;
       if (c != 0) cls[u] = c;
     }
   bool any_early = false;
