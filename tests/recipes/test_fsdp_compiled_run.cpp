@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -140,19 +139,9 @@ TEST_F(CompiledFsdpRun, UpdatesInTheBackwardGiveTheSameLosses) {
     EXPECT_NE(bwd.output.find("compile | 1 graph(s), 0 break(s), 0 recompile(s)"), std::string::npos) << bwd.output;
     expect_close(train_losses(path(optimizer + "_bwd/metrics.jsonl")), train_losses(path(optimizer + "_end/metrics.jsonl")),
                  optimizer + ": updates in the backward vs after it", 1e-12);
-    auto first_peak = [&](const std::string& run) {
-      std::ifstream in(path(run + "/metrics.jsonl"));
-      for (std::string line; std::getline(in, line);) {
-        const nlohmann::json j = nlohmann::json::parse(line);
-        if (j.value("kind", "") == "train") return j.at("peak_memory_bytes").get<int64_t>();
-      }
-      return int64_t{-1};
-    };
-    // Printed, not compared: with two Gloo workers the peak moves with when the reductions complete (the update
-    // after the backward measured 16.4-19.2 MB here); bench/RESULTS.md has the 8B runs' (2x H200: 24.3 -> 18.3 GB).
-    const int64_t e = first_peak(optimizer + "_end"), b = first_peak(optimizer + "_bwd");
-    std::printf("[ memory   ] %s: traced step's peak %lld B with the update after the backward, %lld B in it\n",
-                optimizer.c_str(), static_cast<long long>(e), static_cast<long long>(b));
+    // The traced step's peak is not compared here: with two Gloo workers it moves with when the reductions complete
+    // (16.4-19.2 MB with the update after the backward, 17.6 in it); bench/RESULTS.md has the 8B runs' (2x H200:
+    // 24.3 -> 18.3 GB).
   }
   // In a world of one there are no shards: the key is ignored, saying so, and the run is the plain one.
   Result one = single("one", "dtype=bf16 train.master_weights=false distributed.zero_stage=3 train.grad_clip=0 "
