@@ -20,6 +20,7 @@
 #include "distributed/fsdp.h"
 #include "optim/optimizer.h"
 #include "recipes/sharded_checkpoint.h"
+#include "recipes/train_loop.h"
 #include "runtime/cuda_runtime.h"
 #include "runtime/file_util.h"
 #include "runtime/kernels/quant8.h"
@@ -598,6 +599,26 @@ void check_global_batch(const Config& cfg, const RunSettings& run, int64_t batch
               std::to_string(batch_size) + " is the global batch over all ranks and must divide by the world size " +
                   std::to_string(run.world_size) + " (WORLD_SIZE); use a multiple of " +
                   std::to_string(run.world_size));
+}
+
+void check_optimizer_in_backward(const Config& cfg, const RunSettings& run, const TrainOptions& o,
+                                 ConfigErrors& errors) {
+  if (!o.optimizer_in_backward || errors.has_error_for("train.optimizer_in_backward")) return;
+  if (run.world_size <= 1 && !run.mpi) return;  // one process: each parameter in its backward (train_step.cpp)
+  // Note [Updates in the backward] (distributed/fsdp_compiled.cpp): under data parallelism the update of a unit's
+  // shard is traced where its reduction is waited for, which only the compiled ZeRO-3 step does.
+  auto need = [&](bool ok, const std::string& why) {
+    if (!ok) errors.fail(cfg, "train.optimizer_in_backward", "true " + why);
+  };
+  const std::string world = std::to_string(run.world_size);
+  need(cfg.value("distributed.zero_stage").text == "3",
+       "under data parallelism (" + world + " ranks) updates ZeRO-3 shards unit by unit, and "
+       "distributed.zero_stage is " + cfg.value("distributed.zero_stage").text + ": set distributed.zero_stage=3");
+  need(cfg.value("compile.enabled").text == "true",
+       "under data parallelism (" + world + " ranks) runs in the compiled ZeRO-3 step, and compile.enabled is false: "
+       "set compile.enabled=true");
+  need(cfg.value("compile.unit_reduction_lag").text != "0",
+       "waits for each unit's reduction a unit later, and compile.unit_reduction_lag is 0: set it to 1 or more");
 }
 
 bool keep_shards_for_test() {

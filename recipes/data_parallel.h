@@ -42,6 +42,8 @@ class Module;
 
 namespace ingot::recipes {
 
+struct TrainOptions;  // recipes/train_loop.h
+
 class ShardedCheckpoint;
 
 class DataParallel {
@@ -141,6 +143,10 @@ class DataParallel {
 
 // train.batch_size is the global micro-batch: it must divide by the world size (an error naming the key).
 void check_global_batch(const Config& cfg, const RunSettings& run, int64_t batch_size, ConfigErrors& errors);
+// train.optimizer_in_backward under data parallelism: compiled ZeRO-3 only (errors naming the key). What it needs
+// in any world is resolve_train_options' check (recipes/train_loop.cpp).
+void check_optimizer_in_backward(const Config& cfg, const RunSettings& run, const TrainOptions& o,
+                                 ConfigErrors& errors);
 
 // Test hook: INGOT_TEST_KEEP_BF16_SHARDS=1 keeps ZeRO-3's 16-bit shards beside the f32 masters (the recipes
 // before they called gather_from_masters), so tests can compare the two. False when unset.

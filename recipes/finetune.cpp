@@ -135,6 +135,7 @@ FinetuneSettings resolve_finetune(const Config& cfg, ConfigErrors& errors) {
   check_tokenizer_and_data(cfg, s.model, s.data, errors);
   s.train = resolve_train_options(cfg, errors);
   check_global_batch(cfg, s.run, s.train.batch_size, errors);
+  check_optimizer_in_backward(cfg, s.run, s.train, errors);
   const ConfigReader rd(cfg, errors);
   s.epochs = rd.i64("train.epochs");
   s.max_shard_bytes = static_cast<int64_t>(rd.f64("export.max_shard_mb") * 1e6);

@@ -66,6 +66,7 @@ PretrainSettings resolve_pretrain(const Config& cfg, ConfigErrors& errors) {
 
   s.train = resolve_train_options(cfg, errors);
   check_global_batch(cfg, s.run, s.train.batch_size, errors);
+  check_optimizer_in_backward(cfg, s.run, s.train, errors);
   if (s.train.eval_batches > 0 && s.val_fraction == 0 && !errors.has_error_for("data.val_fraction"))
     errors.fail(cfg, "data.val_fraction",
                 "is 0, so there is nothing to evaluate on; set train.eval_batches: 0 to skip eval");

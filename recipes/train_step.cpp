@@ -15,18 +15,21 @@ TrainStep::TrainStep(const TrainStepParts& parts, const CompileSettings& c, std:
   // Under DDP the bucket all-reduces (ZeRO-1/2: reduce-scatters and all-gathers) are nodes of the compiled
   // graph (Note [DDP in a traced step], distributed/ddp.cpp).
   if (c.enabled) {
-    compiled_ = compile([this](const std::vector<Tensor>& b) { return body(b, true); }, compile_options(c));
+    compiled_ = compile([this](const std::vector<Tensor>& b) { return body(b, true); },
+                        compile_options(c, p_.opts.optimizer_in_backward && !p_.dp));
     log << "compile | mode " << c.mode << ": the first step traces and compiles the whole training step\n";
   }
   // Note [Updates in the backward] (distributed/fsdp_compiled.cpp): the shard whose gradient was just reduced is
   // the only one with a .grad, so the optimizer's step updates it alone (recipes/train_loop.cpp refuses what this
-  // cannot do: clipping, accumulation, f32 masters, an eager step).
+  // cannot do: clipping, accumulation, f32 masters, f16's skipped steps, an eager ZeRO-3 step).
   if (p_.opts.optimizer_in_backward && !p_.dp) {
-    log << "optimizer | train.optimizer_in_backward: ignored in a world of one (no ZeRO-3 shards to update in the "
-           "backward); the update follows the backward\n";
+    update_each_parameter_in_backward();
+    log << "optimizer | updated in the backward: each parameter as soon as its gradient is complete "
+           "(train.optimizer_in_backward)\n";
   } else if (p_.opts.optimizer_in_backward) {
     INGOT_INTERNAL_CHECK(c.enabled && p_.dp->zero_stage() == 3 && !p_.masters,
                          "train.optimizer_in_backward without a compiled ZeRO-3 step over the shards themselves");
+    // The last units' updates (compile.unit_reduction_lag of them) stay for the step after the backward.
     p_.dp->update_in_backward(
         [this](size_t) {
           p_.opt.step();
@@ -35,6 +38,34 @@ TrainStep::TrainStep(const TrainStepParts& parts, const CompileSettings& c, std:
         static_cast<int>(c.unit_reduction_lag));
     log << "optimizer | updated in the backward: each unit's shard as soon as its gradient is reduced "
            "(train.optimizer_in_backward)\n";
+  }
+}
+
+TrainStep::~TrainStep() = default;
+
+// Note [Each parameter updated in its backward]
+// One process, train.optimizer_in_backward: a post-accumulate hook on every parameter the optimizer updates runs
+// its step as soon as the engine has summed all of that parameter's gradient (autograd/engine.cpp counts a leaf's
+// uses, so a tied weight's hook runs once, with the total), then drops the gradient. At most the gradients of the
+// parameters whose backward is under way are alive, never all of them: an 8B full fine-tune's 16 GB of bf16
+// gradients held for an update after the backward. A step traced for compiling records the same order, one update
+// per parameter in the backward; the compile options ask for the update split per parameter
+// (compile/passes/split_update.cpp) so that horizontal fusion does not merge them back into one update after the
+// backward, and one-GPU graphs keep the trace order (compile/passes/schedule.cpp). Each parameter's update is the one
+// it would get after the backward (AdamW's and AdamW8bit's are per element, each parameter counts its own steps).
+// The hooks hold the step's state weakly: they do nothing once this TrainStep is gone.
+void TrainStep::update_each_parameter_in_backward() {
+  in_backward_ = true;
+  hook_owner_ = std::make_shared<optim::Optimizer*>(&p_.opt);
+  std::weak_ptr<optim::Optimizer*> owner = hook_owner_;
+  for (const Tensor& p : p_.opt_params) {
+    Tensor param = p;
+    param.register_post_accumulate_grad_hook([owner](Tensor&) {
+      if (const std::shared_ptr<optim::Optimizer*> opt = owner.lock()) {
+        (*opt)->step();
+        (*opt)->zero_grad();
+      }
+    });
   }
 }
 
@@ -86,6 +117,8 @@ std::vector<Tensor> TrainStep::body(const std::vector<Tensor>& batch, bool trace
     std::function<Tensor(const Tensor&)> global;
     if (sharded_) global = [dp](const Tensor& sq) { return dp->sum_tensor(sq); };
     norm = optim::clip_grad_norm_tensor(p_.opt_params, o.grad_clip, global);
+  } else if (!traced && in_backward_) {
+    host_norm_ = -1;  // each gradient was dropped after its update: no norm to measure
   } else if (!traced) {
     const double loss_scale = scaler ? scaler->scale() : 1.0;
     host_norm_ = optim::grad_norm(p_.opt_params) / loss_scale;
@@ -96,7 +129,7 @@ std::vector<Tensor> TrainStep::body(const std::vector<Tensor>& batch, bool trace
     // f16: a gradient that overflowed (an inf or NaN norm, the same on every rank) skips the update.
     skipped_ = scaler && !scaler->update(std::isfinite(host_norm_));
   }
-  if (!skipped_) p_.opt.step();
+  if (!skipped_ && !in_backward_) p_.opt.step();  // in the backward: every parameter was updated there
   p_.opt.zero_grad();
   if (p_.masters) {
     p_.masters->copy_to_model();

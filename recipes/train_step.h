@@ -11,6 +11,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -42,6 +43,7 @@ class TrainStep {
   TrainStep(const TrainStepParts& parts, const CompileSettings& c, std::ostream& log);
   TrainStep(const TrainStep&) = delete;  // the compiled function calls back into this object
   TrainStep& operator=(const TrainStep&) = delete;
+  ~TrainStep();
 
   struct Result {
     Tensor loss;               // this rank's mean loss over the step's micro-batches (on the device)
@@ -64,11 +66,15 @@ class TrainStep {
  private:
   // Returns {total loss} or, when traced with clipping, {total loss, norm before clipping}.
   std::vector<Tensor> body(const std::vector<Tensor>& batch, bool traced);
+  // One process with train.optimizer_in_backward: Note [Each parameter updated in its backward] (train_step.cpp).
+  void update_each_parameter_in_backward();
 
   TrainStepParts p_;
   bool sharded_ = false;
   double host_norm_ = -1;
   bool skipped_ = false;
+  bool in_backward_ = false;                          // train.optimizer_in_backward: the backward updates
+  std::shared_ptr<optim::Optimizer*> hook_owner_;     // what the per-parameter hooks reach while this step lives
   std::optional<CompiledFunction> compiled_;
 };
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -143,32 +144,35 @@ TEST_F(CompiledFsdpRun, UpdatesInTheBackwardGiveTheSameLosses) {
     // (16.4-19.2 MB with the update after the backward, 17.6 in it); bench/RESULTS.md has the 8B runs' (2x H200:
     // 24.3 -> 18.3 GB).
   }
-  // In a world of one there are no shards: the key is ignored, saying so, and the run is the plain one.
-  Result one = single("one", "dtype=bf16 train.master_weights=false distributed.zero_stage=3 train.grad_clip=0 "
-                             "max_steps=2 train.optimizer_in_backward=true" + compiled());
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  EXPECT_NE(one.output.find("optimizer | train.optimizer_in_backward: ignored in a world of one"), std::string::npos)
-      << one.output;
 }
 
-// What train.optimizer_in_backward cannot do is refused, naming the key that stands in its way.
+// What train.optimizer_in_backward cannot do is refused, naming the key that stands in its way: in any world, and
+// under data parallelism (a rank's environment, refused before it joins the group) what only ZeRO-3 units can do.
 TEST_F(CompiledFsdpRun, UpdatesInTheBackwardRefuseWhatTheyCannotDo) {
   const std::string ok = "dtype=bf16 train.master_weights=false distributed.zero_stage=3 train.grad_clip=0 "
                          "train.optimizer_in_backward=true" + compiled();
-  const std::pair<std::string, std::string> cases[] = {
-      {" distributed.zero_stage=1", "set distributed.zero_stage=3"},
-      {" compile.enabled=false", "set compile.enabled=true"},
-      {" train.grad_clip=1", "set train.grad_clip=0"},
-      {" train.gradient_accumulation_steps=2", "train.gradient_accumulation_steps is 2: set it to 1"},
-      {" train.master_weights=true", "set train.master_weights=false"},
-      {" compile.unit_reduction_lag=0", "compile.unit_reduction_lag is 0: set it to 1 or more"},
-      {" compile.mode=reduce-overhead", "compile.mode is reduce-overhead: use default or max-autotune-no-cudagraphs"},
+  const std::string rank = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 ";
+  const std::tuple<std::string, std::string, std::string> cases[] = {
+      {"", " train.grad_clip=1", "set train.grad_clip=0"},
+      {"", " train.gradient_accumulation_steps=2", "train.gradient_accumulation_steps is 2: set it to 1"},
+      {"", " train.master_weights=true", "set train.master_weights=false"},
+      {"", " dtype=f16 compile.enabled=false", "dtype f16 skips the steps whose gradients overflow"},
+      {"", " compile.mode=reduce-overhead", "compile.mode is reduce-overhead: use default or max-autotune-no-cudagraphs"},
+      {rank, " distributed.zero_stage=1", "(2 ranks) updates ZeRO-3 shards unit by unit, and distributed.zero_stage is 1"},
+      {rank, " compile.enabled=false", "set compile.enabled=true"},
+      {rank, " compile.unit_reduction_lag=0", "compile.unit_reduction_lag is 0: set it to 1 or more"},
   };
-  for (const auto& [bad, says] : cases) {
-    Result r = single("refused", ok + bad);
-    EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.output;
+  for (const auto& [env, bad, says] : cases) {
+    Result r = sh(env + "\"$INGOT\" run tiny.yaml output_dir=refused " + ok + bad);
+    EXPECT_EQ(r.exit_code, 2) << env << bad << "\n" << r.output;
     EXPECT_NE(r.output.find("train.optimizer_in_backward: true"), std::string::npos) << bad << "\n" << r.output;
-    EXPECT_NE(r.output.find(says), std::string::npos) << bad << "\n" << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << env << bad << "\n" << r.output;
+  }
+  // In a world of one, ZeRO stages and eager steps are no obstacle (each parameter is updated in its backward:
+  // tests/recipes/test_optimizer_in_backward.cpp).
+  for (const std::string fine : {" distributed.zero_stage=1", " compile.enabled=false"}) {
+    Result r = single("fine", ok + fine + " max_steps=1");
+    EXPECT_EQ(r.exit_code, 0) << fine << "\n" << r.output;
   }
 }
 

@@ -50,11 +50,12 @@ struct Stepper {
   std::ostringstream log;
 
   Stepper(int64_t grad_accum, double grad_clip, const optim::OptimizerSpec& spec, bool compiled = false,
-          double loss_scale = 0) {
+          double loss_scale = 0, bool in_backward = false) {
     manual_seed(7);  // every Stepper starts from the same weights
     model = std::make_unique<TinyLM>();
     opts.grad_accum = grad_accum;
     opts.grad_clip = grad_clip;
+    opts.optimizer_in_backward = in_backward;
     task.model = model.get();
     task.loss = [this](const MicroBatch& b) { return model->loss(b.inputs, b.targets); };
     params = model->parameters();
@@ -215,6 +216,41 @@ TEST_F(TrainStepTest, TheCompiledStepComputesWhatTheEagerStepDoes) {
   }
   ASSERT_NE(compiled.step->compiled(), nullptr);
   EXPECT_EQ(compiled.step->compiled()->stats().compiles, 1);  // one graph, traced once
+}
+
+// train.optimizer_in_backward in one process (Note [Each parameter updated in its backward], recipes/train_step.cpp):
+// each parameter's AdamW update runs in the backward, the moment the engine has its whole gradient (the head's
+// first, then the embedding's), eagerly and in the compiled step; the weights are those of the update after the
+// backward, bit for bit, over three steps; no gradient is left behind and no norm is claimed. Once the TrainStep
+// is gone its hooks do nothing: a plain backward then keeps its gradients and changes no weight.
+TEST_F(TrainStepTest, UpdatesInTheBackwardEqualTheUpdateAfterItAndEndWithTheStep) {
+  optim::OptimizerSpec adamw;
+  adamw.lr = 0.05;
+  adamw.weight_decay = 0.1;
+  for (const bool compiled : {false, true}) {
+    Stepper after(1, 0, adamw, compiled), in(1, 0, adamw, compiled, 0, true);
+    EXPECT_NE(in.log.str().find("optimizer | updated in the backward: each parameter as soon as its gradient is "
+                                "complete"),
+              std::string::npos)
+        << in.log.str();
+    for (int s = 0; s < 3; ++s) {
+      manual_seed(100 + s);
+      const Tensor ids = randint(0, kVocab, {kRows, kSeq}), targets = randint(0, kVocab, {kRows, kSeq});
+      const TrainStep::Result a = after.step->run({ids, targets});
+      const TrainStep::Result b = in.step->run({ids, targets});
+      EXPECT_EQ(a.loss.item(), b.loss.item()) << "compiled " << compiled << ", step " << s + 1;
+      EXPECT_EQ(max_abs_diff(after.weights(), in.weights()), 0) << "compiled " << compiled << ", step " << s + 1;
+      EXPECT_GT(max_abs_diff(after.weights(), Stepper(1, 0, adamw).weights()), 0);  // the weights did move
+      EXPECT_LT(b.grad_norm(), 0);  // not measured: each gradient was dropped after its update
+      for (const Tensor& p : in.params) EXPECT_FALSE(p.grad().defined());
+    }
+    if (compiled) EXPECT_EQ(in.step->compiled()->stats().compiles, 1);
+    in.step.reset();
+    const std::vector<std::vector<double>> kept = in.weights();
+    in.model->loss(ids_, targets_).backward();
+    EXPECT_EQ(max_abs_diff(kept, in.weights()), 0) << "compiled " << compiled;
+    for (const Tensor& p : in.params) EXPECT_TRUE(p.grad().defined()) << "compiled " << compiled;
+  }
 }
 
 }  // namespace
