@@ -64,9 +64,10 @@ void expect_less_memory_same_losses(OptimizerInBackward& t, const std::string& d
                                 "complete (train.optimizer_in_backward)"),
                 std::string::npos)
           << bwd.output;
-      if (compiled == "true")
+      if (compiled == "true") {
         EXPECT_NE(bwd.output.find("compile | 1 graph(s), 0 break(s), 0 recompile(s)"), std::string::npos)
             << bwd.output;
+      }
       const std::map<int64_t, Step> e = train_steps(t.path(tag + "_end/metrics.jsonl"));
       const std::map<int64_t, Step> b = train_steps(t.path(tag + "_bwd/metrics.jsonl"));
       ASSERT_EQ(e.size(), 3u) << tag;
