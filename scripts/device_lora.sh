@@ -13,14 +13,15 @@
 #                          [ingot_eager] [memory]
 #                          [budget] [long] [long_eager] [long_plain] [full] [full_adamw] [full_masters] [full_f32]
 #                          [full_torch] [full_ddp] [full_zero3] [full_zero3_nockpt] [full_zero3_masters]
-#                          [full_zero3_resume] [full_fsdp2]
+#                          [full_zero3_resume] [full_fsdp2] [full_inbwd] [full_inbwd_eager] [full_torch_inbwd]
 #                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, qlora_mlp, mlp, ckpt,
 #                              text50, peft, budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while
 #                              DEADLINE allows)
 #   peft: peft + torch.compile; peft_eager: peft eager
 #   full: a full fine-tune on the one GPU (bench/configs/llama_8b/full_finetune.yaml: bf16 weights without f32
 #         masters, rounded stochastically; AdamW8bit; every block checkpointed), compiled; full_adamw: the same
-#         with AdamW's f32 state; full_masters: the same as full through f32 masters; full_f32: all in f32 (the losses rounding should
+#         with AdamW's f32 state; full_inbwd(_eager): full (eager) with train.optimizer_in_backward;
+#         full_torch_inbwd: full_torch with torchtune's optimizer_in_bwd; full_masters: the same as full through f32 masters; full_f32: all in f32 (the losses rounding should
 #         follow); full_torch: PyTorch's pure-bf16 full fine-tune (peft_lora.py --full --grad-ckpt:
 #         bf16 weights and AdamW state, gradient checkpointing, torch.compile), lr 1e-5 as the yaml;
 #         full_ddp: full under `ingot launch --nproc-per-node gpu` (plain DDP; BATCH is the global batch)
@@ -157,6 +158,12 @@ want qlora_mlp && ingot_run qlora_mlp compile.enabled=true lora.quantize_base=nf
 want mlp && ingot_run compiled_mlp compile.enabled=true train.activation_checkpointing=mlp
 want ckpt && ingot_run compiled_ckpt compile.enabled=true train.activation_checkpointing=blocks
 want full && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full compile.enabled=true
+# full_inbwd: full with each parameter updated in its backward (train.optimizer_in_backward): no step holds all 16 GB
+# of gradients; full_inbwd_eager: the same eagerly; full_torch_inbwd: PyTorch's with torchtune's optimizer_in_bwd.
+want full_inbwd && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_inbwd compile.enabled=true \
+  train.optimizer_in_backward=true
+want full_inbwd_eager && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_inbwd_eager \
+  train.optimizer_in_backward=true
 want full_adamw && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_adamw compile.enabled=true \
   optimizer.name=adamw
 want full_masters && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_masters compile.enabled=true \
@@ -222,6 +229,8 @@ if want full_fsdp2; then
   grep -h "^| transformers\|^first step" "$out/fsdp2_full.log"
 fi
 want full_torch && PEFT_TAG=_full PEFT_EXTRA="${PEFT_EXTRA:-} --full --grad-ckpt --lr 1e-5" peft compile
+want full_torch_inbwd && PEFT_TAG=_full_inbwd PEFT_EXTRA="${PEFT_EXTRA:-} --full --grad-ckpt --optim-in-bwd --lr 1e-5" \
+  peft compile
 TEXT_STEPS=${TEXT_STEPS:-50} TEXT_TOKENS=${TEXT_TOKENS:-.device/text50_tokens.bin.xz}
 # text50_row NAME METRICS [BF16_METRICS]: the run's losses at steps 1, 10, 25, TEXT_STEPS (and the mean of the
 # last 5), its tokens/s and peak; with BF16_METRICS also the ratio of its last losses to bf16's.

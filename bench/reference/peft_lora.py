@@ -72,7 +72,23 @@ def run(mode, args, cfg):
     n = sum(p.numel() for p in model.parameters())
     trained = [p for p in model.parameters() if p.requires_grad]
     n_trained = sum(p.numel() for p in trained)
-    opt = torch.optim.AdamW(trained, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused=True)
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused=True)
+
+    if args.optim_in_bwd:
+        # torchtune's optimizer_in_bwd: one optimizer per parameter, stepped by a post-accumulate-grad hook as soon as
+        # that parameter's gradient is complete, its gradient dropped right after (ingot: train.optimizer_in_backward).
+        per_param = {p: adamw([p]) for p in trained}
+
+        def update(p):
+            per_param[p].step()
+            per_param[p].zero_grad(set_to_none=True)
+
+        for p in trained:
+            p.register_post_accumulate_grad_hook(update)
+        opt = None
+    else:
+        opt = adamw(trained)
     fwd = torch.compile(model) if mode == "compile" else model
     batches = fsdp2_llama.token_rows(args, 1, 0, cfg.vocab_size)
 
@@ -83,8 +99,9 @@ def run(mode, args, cfg):
             logits = fwd(input_ids=ids).logits
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         return loss.detach()
 
     t0 = time.perf_counter()
@@ -117,6 +134,8 @@ def run(mode, args, cfg):
     name = ("torch full bf16" if args.full else "peft LoRA") + (" + torch.compile" if mode == "compile" else " eager")
     if args.grad_ckpt:
         name += " + checkpointing"
+    if args.optim_in_bwd:
+        name += " + optimizer in backward"
     precision = "bf16 weights" if args.full else "bf16" + ("" if args.no_autocast else " autocast")
     trains = "every weight" if args.full else f"r={args.rank} {args.targets}"
     print(f"| {name} | {torch.cuda.get_device_name()} | {precision} | "
@@ -174,6 +193,8 @@ def main():
     p.add_argument("--print-losses", type=int, default=6)
     p.add_argument("--full", action="store_true", help="no adapters: every weight trains, pure bf16 (see above)")
     p.add_argument("--grad-ckpt", action="store_true", help="transformers' gradient checkpointing of every layer")
+    p.add_argument("--optim-in-bwd", action="store_true",
+                   help="torchtune's optimizer_in_bwd: each parameter's AdamW step in a post-accumulate-grad hook")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of one GPU (H100/H200 SXM: 989)")
     p.add_argument("--make-checkpoint", default="")
     p.add_argument("--make-tokens", default="")
