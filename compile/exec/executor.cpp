@@ -16,17 +16,27 @@ namespace ingot::compiler {
 // Note [In-place optimizer update]: the update may write into a parameter's (or state's) own buffer when
 // the graph reads that input nowhere after the update and writes the matching output back into it: the
 // write-back then finds the value already in place (compile/exec/executor.cpp skips the copy).
-bool in_place_ok(const Graph& g, int32_t node_index, int32_t in_value, int32_t out_value) {
+namespace {
+// Why in_place_ok refuses, or "" when it does not: INGOT_LOGS=memory names what keeps an update's copy alive (a
+// parameter's updated copy lives until the step's write-back: its whole size at the peak).
+std::string in_place_refusal(const Graph& g, int32_t node_index, int32_t in_value, int32_t out_value) {
   const Value& in = g.values[static_cast<size_t>(in_value)];
-  if (in.producer >= 0) return false;
+  if (in.producer >= 0) return detail::str_cat("it is made by node ", in.producer, ", not a graph input");
   for (size_t i = static_cast<size_t>(node_index) + 1; i < g.nodes.size(); ++i)
     for (int32_t v : g.nodes[i].inputs)
-      if (v == in_value) return false;
+      if (v == in_value)
+        return detail::str_cat("node ", i, " (", g.nodes[i].prim->name(), ") reads it later");
   for (int32_t o : g.outputs)
-    if (o == in_value) return false;
+    if (o == in_value) return "it is an output of the graph";
   for (const WriteBack& w : g.writebacks)
-    if (w.input == in.input_index) return w.value == out_value;
-  return false;
+    if (w.input == in.input_index)
+      return w.value == out_value ? "" : detail::str_cat("its write-back is %", w.value, ", not this output");
+  return "it has no write-back";
+}
+}  // namespace
+
+bool in_place_ok(const Graph& g, int32_t node_index, int32_t in_value, int32_t out_value) {
+  return in_place_refusal(g, node_index, in_value, out_value).empty();
 }
 
 std::vector<ExecStep> plan_steps(const Graph& g, const std::map<int32_t, GroupKernel>& group_kernels) {
@@ -65,8 +75,17 @@ std::vector<ExecStep> plan_steps(const Graph& g, const std::map<int32_t, GroupKe
     if (const auto* u = dynamic_cast<const InPlaceUpdate*>(node.prim.get()); u && !s.kernel) {
       const std::vector<size_t> w = u->written_inputs();
       bool ok = !w.empty() && w.size() == node.outputs.size();
-      for (size_t i = 0; ok && i < w.size(); ++i)
-        ok = in_place_ok(g, static_cast<int32_t>(n), node.inputs[w[i]], node.outputs[i]);
+      for (size_t i = 0; ok && i < w.size(); ++i) {
+        const std::string why = in_place_refusal(g, static_cast<int32_t>(n), node.inputs[w[i]], node.outputs[i]);
+        ok = why.empty();
+        if (!ok && log_on(LogKind::Memory)) {
+          const Value& in = g.values[static_cast<size_t>(node.inputs[w[i]])];
+          const std::string name = in.input_index >= 0 ? g.inputs[static_cast<size_t>(in.input_index)].name
+                                                       : detail::str_cat("%", in.id);
+          log(LogKind::Memory, detail::str_cat("memory: node ", n, " (", node.prim->name(), ") updates copies, not '",
+                                               name, "' in place: ", why));
+        }
+      }
       s.update_in_place = ok;
     }
     step_of[n] = static_cast<int32_t>(steps.size());
