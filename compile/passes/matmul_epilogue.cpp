@@ -82,7 +82,9 @@ struct Epilogues {
       // dh = [reshape](matmul(a, b)), each read only here.
       int32_t dh = gelu.inputs[1];
       const Node* p = producer(dh);
+      const Node* reshape = nullptr;
       if (p && match<ReshapeAttrs>(*p->prim) && uses[static_cast<size_t>(dh)] == 1) {
+        reshape = p;
         dh = p->inputs[0];
         p = producer(dh);
       }
@@ -104,7 +106,20 @@ struct Epilogues {
         g.values[static_cast<size_t>(dbias)].output_index = 1;
         drop[sum_node] = true;
       }
-      replace[i] = std::move(fused);
+      // Note [The fused GELU gradient runs where its product did]: the product reads the weight; run at the GELU
+      // gradient's place, it would read it after anything traced in between, such as the weight's own update in
+      // the backward (train.optimizer_in_backward), which then could not overwrite the weight in place and kept an
+      // updated copy to the step's end. So the fused node takes the product's place whenever the pre-activation
+      // exists there (a block checkpointed in the backward remakes it later), and the reshape between goes.
+      const size_t pi = static_cast<size_t>(p - g.nodes.data());
+      const int32_t pre_at = g.values[static_cast<size_t>(pre)].producer;
+      if (pre_at < static_cast<int32_t>(pi) && !replace.count(pi) && !drop[pi]) {
+        replace[pi] = std::move(fused);
+        drop[i] = true;
+        if (reshape) drop[static_cast<size_t>(reshape - g.nodes.data())] = true;
+      } else {
+        replace[i] = std::move(fused);
+      }
     }
   }
 
