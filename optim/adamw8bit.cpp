@@ -183,8 +183,8 @@ void AdamW8bit::quantize_into(size_t i, const Tensor& m, const Tensor& v) {
     const Tensor x = moment->to(Device::cpu());
     Tensor c = zeros({quant8_code_words(n)}, DType::i32), a = empty({quant8_blocks(n)}, DType::f32);
     quant8_quantize(x.data<float>(), n, map->data(), reinterpret_cast<uint8_t*>(c.data_ptr()), a.data<float>());
-    state_[i][codes] = c.to(params_[i].device());
-    state_[i][absmax] = a.to(params_[i].device());
+    place_state(i, codes, c);  // the parameter's device, or its host buffer when offloaded
+    place_state(i, absmax, a);
   }
 }
 

@@ -48,7 +48,19 @@ class Optimizer {
   // load_state_dict() calls keep what they are given as it is (AdamW8bit: f32 moments stay f32).
   virtual void hold_loaded_state() {}
 
+  // Note [Optimizer state offloaded] (optim/optimizer.cpp): with offloading on, the state of each parameter on a GPU
+  // lives in page-locked host memory between its updates: restore_state(i) brings parameter i's to the GPU before
+  // its step, offload_state(i) returns it after. Turned on before any state exists or is loaded.
+  void set_offload(bool on) { offload_ = on; }
+  bool offload() const { return offload_; }
+  void restore_state(size_t index);
+  void offload_state(size_t index);
+
  protected:
+  // Where state loaded or re-encoded for parameter `index` goes: page-locked host memory when offloading a GPU
+  // parameter's state, else the parameter's device. place_state() puts `t` there under `name`.
+  bool state_on_host(size_t index) const { return offload_ && params_[index].device().is_cuda(); }
+  void place_state(size_t index, const std::string& name, const Tensor& t);
   // The shape and dtype that load_state_dict() requires of state `name` of parameter `index`, for state that is
   // neither shaped like its parameter nor a scalar (8-bit codes); nullopt: the parameter's shape or a scalar.
   virtual std::optional<std::pair<Shape, DType>> state_layout(size_t index, const std::string& name) const;
@@ -78,6 +90,9 @@ class Optimizer {
   int64_t step_count_ = 0;
   double grad_scale_ = 1.0;
   std::vector<std::map<std::string, Tensor>> state_;  // per parameter
+  // Offloading: per parameter, its state's host buffers by name (while restored, state_ holds device copies).
+  std::vector<std::map<std::string, Tensor>> host_state_;
+  bool offload_ = false;
 };
 
 struct AdamWOptions {

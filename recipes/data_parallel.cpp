@@ -611,6 +611,10 @@ void check_optimizer_in_backward(const Config& cfg, const RunSettings& run, cons
     if (!ok) errors.fail(cfg, "train.optimizer_in_backward", "true " + why);
   };
   const std::string world = std::to_string(run.world_size);
+  if (o.optimizer_offload)
+    errors.fail(cfg, "train.optimizer_offload",
+                "true offloads one process's optimizer state; under data parallelism (" + world +
+                    " ranks) ZeRO-3 shards it instead: set it false");
   need(cfg.value("distributed.zero_stage").text == "3",
        "under data parallelism (" + world + " ranks) updates ZeRO-3 shards unit by unit, and "
        "distributed.zero_stage is " + cfg.value("distributed.zero_stage").text + ": set distributed.zero_stage=3");

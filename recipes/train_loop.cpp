@@ -76,6 +76,12 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
               "(torchtune's optimizer_in_bwd); the same updates. Needs train.grad_clip 0, "
               "train.gradient_accumulation_steps 1, no f32 masters, no f16, a compile.mode without CUDA graphs and, "
               "for ZeRO-3, compile.unit_reduction_lag >= 1"));
+  s.add(K::of(T::Bool, "train.optimizer_offload", "false",
+              "one process on a GPU: keep the optimizer's state in page-locked host memory and pass each parameter's "
+              "through the GPU for its update in the backward (train.optimizer_in_backward), so the GPU holds the "
+              "weights and activations but not the ~2 bytes a parameter of AdamW8bit's moments (an 8B full fine-tune "
+              "in under 24 GB), at the price of two PCIe copies of the state a step; the same updates. Eager steps "
+              "only (compile.enabled false); ignored on the CPU"));
   s.add(K::of(T::String, "train.activation_checkpointing", "none",
               "blocks: each decoder block keeps only its input for the backward, which runs the block's forward "
               "again (less activation memory for about one more forward; eager and compiled steps); mlp: only each "
@@ -185,6 +191,18 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
     need(cfg.value("compile.enabled").text != "true" || mode == "default" || mode == "max-autotune-no-cudagraphs",
          "puts an update after each parameter's or unit's gradient, which CUDA graphs cannot hold, and compile.mode "
          "is " + mode + ": use default or max-autotune-no-cudagraphs");
+  }
+  // Note [Optimizer state offloaded] (optim/optimizer.cpp): the hooks of the update in the backward move the state.
+  o.optimizer_offload = rd.flag("train.optimizer_offload");
+  if (o.optimizer_offload && !errors.has_error_for("train.optimizer_offload")) {
+    if (!o.optimizer_in_backward && !errors.has_error_for("train.optimizer_in_backward"))
+      errors.fail(cfg, "train.optimizer_offload",
+                  "true passes each parameter's state through the GPU for its update in the backward, and "
+                  "train.optimizer_in_backward is false: set it true");
+    if (cfg.value("compile.enabled").text == "true")
+      errors.fail(cfg, "train.optimizer_offload",
+                  "true runs eager steps (a compiled step keeps the state on the GPU), and compile.enabled is true: "
+                  "set compile.enabled=false");
   }
   o.init_loss_scale = rd.f64("train.init_loss_scale");
   if (set_by_user("train.init_loss_scale") && cfg.value("dtype").text != "f16")

@@ -58,12 +58,16 @@ void TrainStep::update_each_parameter_in_backward() {
   in_backward_ = true;
   hook_owner_ = std::make_shared<optim::Optimizer*>(&p_.opt);
   std::weak_ptr<optim::Optimizer*> owner = hook_owner_;
-  for (const Tensor& p : p_.opt_params) {
-    Tensor param = p;
-    param.register_post_accumulate_grad_hook([owner](Tensor&) {
-      if (const std::shared_ptr<optim::Optimizer*> opt = owner.lock()) {
-        (*opt)->step();
-        (*opt)->zero_grad();
+  const std::vector<Tensor>& params = p_.opt.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor param = params[i];
+    param.register_post_accumulate_grad_hook([owner, i](Tensor&) {
+      if (const std::shared_ptr<optim::Optimizer*> held = owner.lock()) {
+        optim::Optimizer& opt = **held;
+        opt.restore_state(i);  // offloaded state (Note [Optimizer state offloaded]): to the GPU and back
+        opt.step();
+        opt.zero_grad();
+        opt.offload_state(i);
       }
     });
   }

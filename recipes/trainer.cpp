@@ -378,6 +378,9 @@ std::string Trainer::set_up_parameters() {
     }
   }
   opt_ = optim::make_optimizer(opt_params_, spec_);
+  // Note [Optimizer state offloaded] (optim/optimizer.cpp): before the checkpoint's state is loaded, so it lands on
+  // the host.
+  if (o_.optimizer_offload && run_.device.is_cuda()) opt_->set_offload(true);
   sched_ = lr_schedule(run_, o_);
   return load_note;
 }
@@ -392,6 +395,11 @@ TrainState Trainer::resume(const std::string& load_note) {
   *log_ << task_.header << "\n" << load_note << optimizer_line(spec_, opt_params_, dp_ && dp_->sharded(),
                                                            masters_ ? count_elements(opt_params_) * 4 : 0,
                                                            run_.dtype == DType::bf16 && !o_.master_weights);
+  if (o_.optimizer_offload)
+    *log_ << (opt_->offload() ? "optimizer | offloaded: its state in page-locked host memory, each parameter's passed "
+                                "through the GPU for its update in the backward (train.optimizer_offload)\n"
+                              : "optimizer | train.optimizer_offload: ignored on the CPU, where the state is in host "
+                                "memory already\n");
   log_resume(run_, st.step, *log_);
   return st;
 }
