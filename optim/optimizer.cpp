@@ -1,6 +1,7 @@
 #include "optim/optimizer.h"
 
 #include <charconv>
+#include <deque>
 
 #include "autograd/primitive.h"
 #include "runtime/cuda_runtime.h"
@@ -57,9 +58,12 @@ std::vector<size_t> Optimizer::params_with_grad() const {
 // that parameter in the backward (recipes/train_step.cpp): copied in, updated by the same kernel, copied back. The
 // GPU then holds the weights, the activations and at most one parameter's gradient and state beyond them, at the
 // price of moving the state over PCIe twice a step (what torchtune's paged 8-bit AdamW with optimizer_in_bwd does
-// through unified memory). The copies are synchronous: simple and exact, not overlapped with the backward. A step's
-// arithmetic is unchanged, so the losses are those of the run without offloading, bit for bit. Checkpoints save
-// the host buffers as any state; a resumed run loads into host buffers directly, so the GPU never holds all of it.
+// through unified memory). The copy in is queued on the compute stream just before the update (the stream runs it
+// between the backward's kernels; the host never waits for it); the copy back runs on a stream of its own once the
+// update is done, beside the rest of the backward, and the step's end waits for the last ones (finish_offload). A
+// step's arithmetic is unchanged. Checkpoints save the host buffers as any state; a resumed run loads into host
+// buffers directly, so the GPU never holds all of it. 8B full fine-tune on an H200 (bench/RESULTS.md, thirty-sixth
+// session): 21.5 GB; 1.10 s a step with synchronous copies both ways.
 namespace {
 Tensor pinned_host_buffer(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(numel(shape)) * itemsize(dtype);
@@ -82,27 +86,76 @@ void Optimizer::place_state(size_t index, const std::string& name, const Tensor&
   host_state_[index][name] = host;
 }
 
+// The copies back to the host, on a stream of their own so that they run beside the backward: each holds its device
+// buffer until its event says it is done. At most kPendingCap bytes wait (the oldest are waited for beyond it), so
+// the GPU never holds much more state than one parameter's even when PCIe falls behind.
+struct OffloadCopies {
+  struct Pending {
+    std::vector<Tensor> device_buffers;
+    std::unique_ptr<cuda::Event> done;
+    int64_t bytes = 0;
+  };
+  static constexpr int64_t kPendingCap = int64_t{2} << 30;
+  cuda::Stream stream;
+  std::deque<Pending> pending;
+  int64_t bytes = 0;
+  explicit OffloadCopies(int device) : stream(cuda::create_stream(device)) {}
+  ~OffloadCopies() {
+    wait_until(0);
+    cuda::destroy_stream(stream);
+  }
+  void wait_until(int64_t cap) {
+    while (!pending.empty() && bytes > cap) {
+      pending.front().done->synchronize();
+      bytes -= pending.front().bytes;
+      pending.pop_front();
+    }
+  }
+};
+
+// The host buffers to the GPU on the current stream, asynchronously: the update that follows on that stream reads
+// them in order, and nothing writes a host buffer before its copy in is done (its copy back follows the update).
 void Optimizer::restore_state(size_t index) {
   if (host_state_.size() <= index) return;
   for (const auto& [name, host] : host_state_[index]) {
     Tensor dev = empty(host.shape(), host.dtype(), params_[index].device());
-    cuda::memcpy(dev.data_ptr(), host.data_ptr(), host.nbytes(), cuda::CopyKind::HostToDevice, dev.device().index);
+    cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), cuda::current_stream(dev.device().index));
     state_[index][name] = dev;
   }
 }
 
+// The updated state back to its host buffers on the copy stream, once the update is done (an event of the current
+// stream), while the backward goes on.
 void Optimizer::offload_state(size_t index) {
   if (!state_on_host(index)) return;
   if (host_state_.size() != state_.size()) host_state_.resize(state_.size());
+  const int device = params_[index].device().index;
+  if (!copies_) copies_ = std::make_shared<OffloadCopies>(device);
+  cuda::Event updated;
+  updated.record(cuda::current_stream(device));
+  updated.wait(copies_->stream);
+  OffloadCopies::Pending p;
   for (auto& [name, t] : state_[index]) {
     if (!t.device().is_cuda()) continue;
     INGOT_INTERNAL_CHECK(t.is_contiguous(), "Optimizer::offload_state: state '", name, "' is not contiguous");
     Tensor& host = host_state_[index][name];
     if (!host.defined() || host.shape() != t.shape() || host.dtype() != t.dtype())
       host = pinned_host_buffer(t.shape(), t.dtype());
-    cuda::memcpy(host.data_ptr(), t.data_ptr(), t.nbytes(), cuda::CopyKind::DeviceToHost, t.device().index);
+    cuda::copy_to_host_async(host.data_ptr(), t.data_ptr(), t.nbytes(), copies_->stream);
+    p.bytes += static_cast<int64_t>(t.nbytes());
+    p.device_buffers.push_back(t);
     t = host;
   }
+  if (p.device_buffers.empty()) return;
+  p.done = std::make_unique<cuda::Event>();
+  p.done->record(copies_->stream);
+  copies_->bytes += p.bytes;
+  copies_->pending.push_back(std::move(p));
+  copies_->wait_until(OffloadCopies::kPendingCap);
+}
+
+void Optimizer::finish_offload() {
+  if (copies_) copies_->wait_until(0);
 }
 
 bool Optimizer::has_state(size_t index, const std::string& name) const { return state_[index].count(name) != 0; }

@@ -21,6 +21,8 @@ struct AdamWArgs;
 
 namespace ingot::optim {
 
+struct OffloadCopies;  // Note [Optimizer state offloaded] (optim/optimizer.cpp)
+
 class Optimizer {
  public:
   Optimizer(std::vector<Tensor> params, double lr);
@@ -55,6 +57,9 @@ class Optimizer {
   bool offload() const { return offload_; }
   void restore_state(size_t index);
   void offload_state(size_t index);
+  // Waits for every copy back to the host that offload_state() left running: before the host buffers are read
+  // (a checkpoint) or written again (the next step's updates). Cheap when nothing is pending.
+  void finish_offload();
 
  protected:
   // Where state loaded or re-encoded for parameter `index` goes: page-locked host memory when offloading a GPU
@@ -93,6 +98,7 @@ class Optimizer {
   // Offloading: per parameter, its state's host buffers by name (while restored, state_ holds device copies).
   std::vector<std::map<std::string, Tensor>> host_state_;
   bool offload_ = false;
+  std::shared_ptr<OffloadCopies> copies_;  // the copies back still running (optim/optimizer.cpp)
 };
 
 struct AdamWOptions {

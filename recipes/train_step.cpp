@@ -115,6 +115,9 @@ std::vector<Tensor> TrainStep::body(const std::vector<Tensor>& batch, bool trace
     total = total.defined() ? total + scaled.detach() : scaled.detach();
   }
   if (dp) dp->synchronize();
+  // Offloaded state (Note [Optimizer state offloaded]): its copies back to the host end with the step, before a
+  // checkpoint reads them or the next step's updates write them.
+  if (in_backward_) p_.opt.finish_offload();
   if (p_.masters) p_.masters->copy_grads_to_master();
   if (traced && o.grad_clip > 0) {
     // ZeRO-1/2: the norm of every rank's shards, summed across ranks inside the graph.

@@ -78,6 +78,8 @@ void host_free_pinned(void* p);
 // Host-to-device copy on stream `s`, returning at once: `src` must be pinned and left untouched until the
 // copy is done (an event recorded on `s` after it says when).
 void copy_to_device_async(void* dst, const void* src, size_t nbytes, Stream s);
+// Device-to-host copy on stream `s`, returning at once: `dst` must be pinned and not read until the copy is done.
+void copy_to_host_async(void* dst, const void* src, size_t nbytes, Stream s);
 
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
 // Copies on the current stream of the device involved, then waits for it when host memory is involved.

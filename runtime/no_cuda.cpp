@@ -43,6 +43,7 @@ void synchronize_device(int) { no_cuda("cuda::synchronize_device"); }
 void* host_alloc_pinned(size_t) { no_cuda("cuda::host_alloc_pinned"); }
 void host_free_pinned(void*) {}
 void copy_to_device_async(void*, const void*, size_t, Stream) { no_cuda("cuda::copy_to_device_async"); }
+void copy_to_host_async(void*, const void*, size_t, Stream) { no_cuda("cuda::copy_to_host_async"); }
 void profiler_start() { no_cuda("cuda::profiler_start"); }
 void profiler_stop() { no_cuda("cuda::profiler_stop"); }
 void memcpy(void*, const void*, size_t, CopyKind, int) { no_cuda("cuda::memcpy"); }

@@ -252,6 +252,12 @@ void copy_to_device_async(void* dst, const void* src, size_t nbytes, Stream s) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s.handle)));
 }
 
+void copy_to_host_async(void* dst, const void* src, size_t nbytes, Stream s) {
+  if (nbytes == 0) return;
+  DeviceGuard g(s.device);
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s.handle)));
+}
+
 void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device) {
   if (nbytes == 0) return;
   check_device(device, "memcpy");
