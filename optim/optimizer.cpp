@@ -1,5 +1,6 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <charconv>
 #include <deque>
 
@@ -87,18 +88,20 @@ void Optimizer::place_state(size_t index, const std::string& name, const Tensor&
 }
 
 // The copies back to the host, on a stream of their own so that they run beside the backward: each holds its device
-// buffer until its event says it is done. At most kPendingCap bytes wait (the oldest are waited for beyond it), so
-// the GPU never holds much more state than one parameter's even when PCIe falls behind.
+// buffer until its event says it is done. At most cap() bytes wait (the oldest are waited for beyond it: an eighth
+// of the state offloaded so far, at most 1 GiB), so the GPU holds at most that much state beyond one parameter's
+// however far the host runs ahead of the copies.
 struct OffloadCopies {
   struct Pending {
     std::vector<Tensor> device_buffers;
     std::unique_ptr<cuda::Event> done;
     int64_t bytes = 0;
   };
-  static constexpr int64_t kPendingCap = int64_t{2} << 30;
   cuda::Stream stream;
   std::deque<Pending> pending;
-  int64_t bytes = 0;
+  int64_t bytes = 0;       // waiting
+  int64_t host_bytes = 0;  // offloaded so far
+  int64_t cap() const { return std::min<int64_t>(int64_t{1} << 30, host_bytes / 8); }
   explicit OffloadCopies(int device) : stream(cuda::create_stream(device)) {}
   ~OffloadCopies() {
     wait_until(0);
@@ -130,7 +133,11 @@ void Optimizer::offload_state(size_t index) {
   if (!state_on_host(index)) return;
   if (host_state_.size() != state_.size()) host_state_.resize(state_.size());
   const int device = params_[index].device().index;
-  if (!copies_) copies_ = std::make_shared<OffloadCopies>(device);
+  if (!copies_) {
+    copies_ = std::make_shared<OffloadCopies>(device);
+    for (const auto& named : host_state_)  // loaded from a checkpoint into host buffers already
+      for (const auto& [name, host] : named) copies_->host_bytes += static_cast<int64_t>(host.nbytes());
+  }
   cuda::Event updated;
   updated.record(cuda::current_stream(device));
   updated.wait(copies_->stream);
@@ -139,8 +146,10 @@ void Optimizer::offload_state(size_t index) {
     if (!t.device().is_cuda()) continue;
     INGOT_INTERNAL_CHECK(t.is_contiguous(), "Optimizer::offload_state: state '", name, "' is not contiguous");
     Tensor& host = host_state_[index][name];
-    if (!host.defined() || host.shape() != t.shape() || host.dtype() != t.dtype())
+    if (!host.defined() || host.shape() != t.shape() || host.dtype() != t.dtype()) {
       host = pinned_host_buffer(t.shape(), t.dtype());
+      copies_->host_bytes += static_cast<int64_t>(host.nbytes());
+    }
     cuda::copy_to_host_async(host.data_ptr(), t.data_ptr(), t.nbytes(), copies_->stream);
     p.bytes += static_cast<int64_t>(t.nbytes());
     p.device_buffers.push_back(t);
@@ -151,7 +160,7 @@ void Optimizer::offload_state(size_t index) {
   p.done->record(copies_->stream);
   copies_->bytes += p.bytes;
   copies_->pending.push_back(std::move(p));
-  copies_->wait_until(OffloadCopies::kPendingCap);
+  copies_->wait_until(copies_->cap());
 }
 
 void Optimizer::finish_offload() {
