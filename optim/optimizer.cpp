@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <deque>
+#include <optional>
 
 #include "autograd/primitive.h"
 #include "runtime/cuda_runtime.h"
@@ -59,9 +60,10 @@ std::vector<size_t> Optimizer::params_with_grad() const {
 // that parameter in the backward (recipes/train_step.cpp): copied in, updated by the same kernel, copied back. The
 // GPU then holds the weights, the activations and at most one parameter's gradient and state beyond them, at the
 // price of moving the state over PCIe twice a step (what torchtune's paged 8-bit AdamW with optimizer_in_bwd does
-// through unified memory). The copy in is queued on the compute stream just before the update (the stream runs it
-// between the backward's kernels; the host never waits for it); the copy back runs on a stream of its own once the
-// update is done, beside the rest of the backward, and the step's end waits for the last ones (finish_offload). A
+// through unified memory). The copy in of the parameter updated next in the last step starts on a stream of its own
+// right after an update (prefetch_after), beside the backward that makes that parameter's gradient; the copy back
+// runs on another stream once the update is done, and the step's end waits for the last ones (finish_offload). A
+// parameter that comes out of that order is copied in on the compute stream before its update (so is the first). A
 // step's arithmetic is unchanged. Checkpoints save the host buffers as any state; a resumed run loads into host
 // buffers directly, so the GPU never holds all of it. 8B full fine-tune on an H200 (bench/RESULTS.md, thirty-sixth
 // session): 21.5 GB at 0.79-0.81 s a step (1.10 s with synchronous copies both ways; 0.51 s with the state on the GPU).
@@ -97,15 +99,30 @@ struct OffloadCopies {
     std::unique_ptr<cuda::Event> done;
     int64_t bytes = 0;
   };
-  cuda::Stream stream;
+  // The next parameter's state copied in ahead, on a stream of its own (Note [Optimizer state offloaded]).
+  struct Prefetch {
+    size_t index = 0;
+    std::map<std::string, Tensor> device_buffers;
+    std::unique_ptr<cuda::Event> done;
+  };
+  cuda::Stream stream, in_stream;
   std::deque<Pending> pending;
   int64_t bytes = 0;       // waiting
   int64_t host_bytes = 0;  // offloaded so far
   int64_t cap() const { return std::min<int64_t>(int64_t{1} << 30, host_bytes / 8); }
-  explicit OffloadCopies(int device) : stream(cuda::create_stream(device)) {}
+  std::vector<size_t> order, this_step;  // the parameters in the order of their updates: last step's, this one's
+  std::optional<Prefetch> prefetch;
+  explicit OffloadCopies(int device) : stream(cuda::create_stream(device)), in_stream(cuda::create_stream(device)) {}
   ~OffloadCopies() {
+    drop_prefetch();
     wait_until(0);
     cuda::destroy_stream(stream);
+    cuda::destroy_stream(in_stream);
+  }
+  // A prefetch nobody takes: its buffers are freed only once its copy is done.
+  void drop_prefetch() {
+    if (prefetch) prefetch->done->synchronize();
+    prefetch.reset();
   }
   void wait_until(int64_t cap) {
     while (!pending.empty() && bytes > cap) {
@@ -116,16 +133,32 @@ struct OffloadCopies {
   }
 };
 
-// The host buffers to the GPU on the current stream, asynchronously: the update that follows on that stream reads
-// them in order, and nothing writes a host buffer before its copy in is done (its copy back follows the update).
+// The host buffers to the GPU: the prefetched copy when there is one (the current stream waits for it), else on the
+// current stream, asynchronously, before the update that follows there. Nothing writes a host buffer before its copy
+// in is done (its copy back follows the update).
 void Optimizer::restore_state(size_t index) {
   if (host_state_.size() <= index) return;
+  if (copies_ && copies_->prefetch) {
+    if (copies_->prefetch->index == index) {
+      const int device = params_[index].device().index;
+      copies_->prefetch->done->wait(cuda::current_stream(device));
+      for (auto& [name, dev] : copies_->prefetch->device_buffers) state_[index][name] = dev;
+      copies_->prefetch.reset();
+      return;
+    }
+    copies_->drop_prefetch();  // the order changed: this one is copied in below
+  }
   for (const auto& [name, host] : host_state_[index]) {
     Tensor dev = empty(host.shape(), host.dtype(), params_[index].device());
     cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), cuda::current_stream(dev.device().index));
     state_[index][name] = dev;
   }
 }
+
+namespace {
+void prefetch_after(OffloadCopies& c, const std::vector<std::map<std::string, Tensor>>& host_state,
+                    const std::vector<Tensor>& params, size_t index);
+}  // namespace
 
 // The updated state back to its host buffers on the copy stream, once the update is done (an event of the current
 // stream), while the backward goes on.
@@ -161,10 +194,46 @@ void Optimizer::offload_state(size_t index) {
   copies_->bytes += p.bytes;
   copies_->pending.push_back(std::move(p));
   copies_->wait_until(copies_->cap());
+  prefetch_after(*copies_, host_state_, params_, index);
 }
 
+// Offloading: the parameter updated after `index` in the last step, if it was so: its state copied in on the copy-in
+// stream while the backward computes its gradient. The copy waits for the compute stream's work queued so far, which
+// includes every earlier use of the blocks its buffers reuse (the allocator hands them out in the compute stream's
+// order).
+namespace {
+void prefetch_after(OffloadCopies& c, const std::vector<std::map<std::string, Tensor>>& host_state,
+                    const std::vector<Tensor>& params, size_t index) {
+  const size_t k = c.this_step.size();
+  c.this_step.push_back(index);
+  if (k + 1 >= c.order.size() || c.order[k] != index) return;
+  const size_t next = c.order[k + 1];
+  if (next >= host_state.size() || host_state[next].empty()) return;
+  c.drop_prefetch();
+  OffloadCopies::Prefetch f;
+  f.index = next;
+  for (const auto& [name, host] : host_state[next])
+    f.device_buffers[name] = empty(host.shape(), host.dtype(), params[next].device());
+  const int device = params[next].device().index;
+  cuda::Event queued;
+  queued.record(cuda::current_stream(device));
+  queued.wait(c.in_stream);
+  for (const auto& [name, host] : host_state[next]) {
+    const Tensor& dev = f.device_buffers[name];
+    cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), c.in_stream);
+  }
+  f.done = std::make_unique<cuda::Event>();
+  f.done->record(c.in_stream);
+  c.prefetch = std::move(f);
+}
+}  // namespace
+
 void Optimizer::finish_offload() {
-  if (copies_) copies_->wait_until(0);
+  if (!copies_) return;
+  copies_->drop_prefetch();
+  copies_->wait_until(0);
+  copies_->order = std::move(copies_->this_step);
+  copies_->this_step.clear();
 }
 
 bool Optimizer::has_state(size_t index, const std::string& name) const { return state_[index].count(name) != 0; }
