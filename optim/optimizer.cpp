@@ -66,7 +66,8 @@ std::vector<size_t> Optimizer::params_with_grad() const {
 // parameter that comes out of that order is copied in on the compute stream before its update (so is the first). A
 // step's arithmetic is unchanged. Checkpoints save the host buffers as any state; a resumed run loads into host
 // buffers directly, so the GPU never holds all of it. 8B full fine-tune on an H200 (bench/RESULTS.md, thirty-sixth
-// session): 21.5 GB at 0.79-0.81 s a step (1.10 s with synchronous copies both ways; 0.51 s with the state on the GPU).
+// session): 21.5 GB at 0.64 s a step (0.79-0.81 s without the prefetch, 1.10 s with synchronous copies both ways;
+// 0.51 s eagerly with the state on the GPU).
 namespace {
 Tensor pinned_host_buffer(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(numel(shape)) * itemsize(dtype);
