@@ -33,6 +33,7 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(
       INGOT_CHECK(!p.same(params_[j]), "Optimizer: parameter ", i, " is the same tensor as parameter ", j);
   }
   state_.resize(params_.size());
+  host_state_.resize(params_.size());
 }
 
 Optimizer::~Optimizer() = default;
@@ -78,22 +79,20 @@ Tensor pinned_host_buffer(const Shape& shape, DType dtype) {
 }  // namespace
 
 void Optimizer::place_state(size_t index, const std::string& name, const Tensor& t) {
-  if (host_state_.size() != state_.size()) host_state_.resize(state_.size());
-  const bool counter = t.numel() == 1 && t.dtype() == DType::i64;  // a step count: on the host in any case
-  if (counter || !state_on_host(index)) {
-    state_[index][name] = counter ? t : t.to(params_[index].device());
+  if (!state_on_host(index)) {
+    state_[index][name] = t.to(params_[index].device());
     return;
   }
   Tensor host = pinned_host_buffer(t.shape(), t.dtype());
-  host.copy_(t.device().is_cpu() ? t : t.to(Device::cpu()));
+  host.copy_(t);
   state_[index][name] = host;
   host_state_[index][name] = host;
 }
 
 // The copies back to the host, on a stream of their own so that they run beside the backward: each holds its device
 // buffer until its event says it is done. At most cap() bytes wait (the oldest are waited for beyond it: an eighth
-// of the state offloaded so far, at most 1 GiB), so the GPU holds at most that much state beyond one parameter's
-// however far the host runs ahead of the copies.
+// of the state offloaded, at most 1 GiB), so the GPU holds at most that much state beyond one parameter's however
+// far the host runs ahead of the copies.
 struct OffloadCopies {
   struct Pending {
     std::vector<Tensor> device_buffers;
@@ -108,9 +107,13 @@ struct OffloadCopies {
   };
   cuda::Stream stream, in_stream;
   std::deque<Pending> pending;
-  int64_t bytes = 0;       // waiting
-  int64_t host_bytes = 0;  // offloaded so far
-  int64_t cap() const { return std::min<int64_t>(int64_t{1} << 30, host_bytes / 8); }
+  int64_t bytes = 0;  // waiting
+  static int64_t cap(const std::vector<std::map<std::string, Tensor>>& host_state) {
+    int64_t offloaded = 0;
+    for (const auto& named : host_state)
+      for (const auto& [name, host] : named) offloaded += static_cast<int64_t>(host.nbytes());
+    return std::min<int64_t>(int64_t{1} << 30, offloaded / 8);
+  }
   std::vector<size_t> order, this_step;  // the parameters in the order of their updates: last step's, this one's
   std::optional<Prefetch> prefetch;
   explicit OffloadCopies(int device) : stream(cuda::create_stream(device)), in_stream(cuda::create_stream(device)) {}
@@ -138,7 +141,6 @@ struct OffloadCopies {
 // current stream, asynchronously, before the update that follows there. Nothing writes a host buffer before its copy
 // in is done (its copy back follows the update).
 void Optimizer::restore_state(size_t index) {
-  if (host_state_.size() <= index) return;
   if (copies_ && copies_->prefetch) {
     if (copies_->prefetch->index == index) {
       const int device = params_[index].device().index;
@@ -165,13 +167,8 @@ void prefetch_after(OffloadCopies& c, const std::vector<std::map<std::string, Te
 // stream), while the backward goes on.
 void Optimizer::offload_state(size_t index) {
   if (!state_on_host(index)) return;
-  if (host_state_.size() != state_.size()) host_state_.resize(state_.size());
   const int device = params_[index].device().index;
-  if (!copies_) {
-    copies_ = std::make_shared<OffloadCopies>(device);
-    for (const auto& named : host_state_)  // loaded from a checkpoint into host buffers already
-      for (const auto& [name, host] : named) copies_->host_bytes += static_cast<int64_t>(host.nbytes());
-  }
+  if (!copies_) copies_ = std::make_shared<OffloadCopies>(device);
   cuda::Event updated;
   updated.record(cuda::current_stream(device));
   updated.wait(copies_->stream);
@@ -180,10 +177,8 @@ void Optimizer::offload_state(size_t index) {
     if (!t.device().is_cuda()) continue;
     INGOT_INTERNAL_CHECK(t.is_contiguous(), "Optimizer::offload_state: state '", name, "' is not contiguous");
     Tensor& host = host_state_[index][name];
-    if (!host.defined() || host.shape() != t.shape() || host.dtype() != t.dtype()) {
+    if (!host.defined() || host.shape() != t.shape() || host.dtype() != t.dtype())
       host = pinned_host_buffer(t.shape(), t.dtype());
-      copies_->host_bytes += static_cast<int64_t>(host.nbytes());
-    }
     cuda::copy_to_host_async(host.data_ptr(), t.data_ptr(), t.nbytes(), copies_->stream);
     p.bytes += static_cast<int64_t>(t.nbytes());
     p.device_buffers.push_back(t);
@@ -194,7 +189,7 @@ void Optimizer::offload_state(size_t index) {
   p.done->record(copies_->stream);
   copies_->bytes += p.bytes;
   copies_->pending.push_back(std::move(p));
-  copies_->wait_until(copies_->cap());
+  copies_->wait_until(OffloadCopies::cap(host_state_));
   prefetch_after(*copies_, host_state_, params_, index);
 }
 
@@ -298,7 +293,7 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
 void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
   auto step = sd.find("step");
   INGOT_CHECK(step != sd.end() && step->second.numel() == 1, "Optimizer::load_state_dict: missing scalar 'step'");
-  std::vector<std::map<std::string, Tensor>> loaded(params_.size());
+  std::vector<std::map<std::string, Tensor>> loaded(params_.size()), loaded_host(params_.size());
   for (const auto& [key, t] : sd) {
     if (key == "step") continue;
     size_t dot = key.find('.'), index = 0;
@@ -316,23 +311,18 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
       INGOT_CHECK(t.shape() == p.shape() || t.numel() == 1, "Optimizer::load_state_dict: '", key, "' has shape ",
                   shape_str(t.shape()), " but parameter ", index, " has shape ", shape_str(p.shape()));
     }
+    // Step counters stay on the host; offloaded state goes into its host buffer, the GPU never holding it (Note
+    // [Optimizer state offloaded]); the rest to the parameter's device.
     const bool counter = t.numel() == 1 && t.dtype() == DType::i64;
-    if (counter || !state_on_host(index)) {
-      Tensor dst = empty(t.shape(), t.dtype(), counter ? Device::cpu() : p.device());
-      dst.copy_(t);
-      loaded[index][key.substr(dot + 1)] = dst;
-    } else {  // offloaded: into its host buffer, the GPU never holding it (Note [Optimizer state offloaded])
-      loaded[index][key.substr(dot + 1)] = t;
-    }
+    const bool offloaded = !counter && state_on_host(index);
+    Tensor dst = offloaded ? pinned_host_buffer(t.shape(), t.dtype())
+                           : empty(t.shape(), t.dtype(), counter ? Device::cpu() : p.device());
+    dst.copy_(t);
+    loaded[index][key.substr(dot + 1)] = dst;
+    if (offloaded) loaded_host[index][key.substr(dot + 1)] = dst;
   }
   state_ = std::move(loaded);
-  host_state_.assign(state_.size(), {});
-  for (size_t i = 0; i < state_.size(); ++i)
-    if (state_on_host(i)) {
-      const std::map<std::string, Tensor> given = state_[i];
-      for (const auto& [name, t] : given)
-        if (!(t.numel() == 1 && t.dtype() == DType::i64)) place_state(i, name, t);
-    }
+  host_state_ = std::move(loaded_host);
   step_count_ = static_cast<int64_t>(step->second.item());
 }
 
