@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <optional>
 
@@ -59,16 +61,18 @@ std::vector<size_t> Optimizer::params_with_grad() const {
 // peak with each parameter updated in its backward): over a 24 GB card. Offloaded (train.optimizer_offload), the
 // moments live in page-locked host memory and pass through the GPU one parameter at a time, in the hook that updates
 // that parameter in the backward (recipes/train_step.cpp): copied in, updated by the same kernel, copied back. The
-// GPU then holds the weights, the activations and at most one parameter's gradient and state beyond them, at the
-// price of moving the state over PCIe twice a step (what torchtune's paged 8-bit AdamW with optimizer_in_bwd does
-// through unified memory). The copy in of the parameter updated next in the last step starts on a stream of its own
-// right after an update (prefetch_after), beside the backward that makes that parameter's gradient; the copy back
-// runs on another stream once the update is done, and the step's end waits for the last ones (finish_offload). A
-// parameter that comes out of that order is copied in on the compute stream before its update (so is the first). A
-// step's arithmetic is unchanged. Checkpoints save the host buffers as any state; a resumed run loads into host
-// buffers directly, so the GPU never holds all of it. 8B full fine-tune on an H200 (bench/RESULTS.md, thirty-sixth
-// session): 21.5 GB at 0.64 s a step (0.79-0.81 s without the prefetch, 1.10 s with synchronous copies both ways;
-// 0.51 s eagerly with the state on the GPU).
+// GPU then holds the weights, the activations and a bounded window of state beyond them, at the price of moving the
+// state over PCIe twice a step (what torchtune's paged 8-bit AdamW with optimizer_in_bwd does through unified
+// memory): ~16 GB each way for an 8B model, ~0.3 s at PCIe 5's ~55 GB/s, which only hides behind a 0.5 s step if
+// the copies in run all through it. So the copies in follow the order of the last step's updates on a stream of
+// their own, as far ahead as a window of bytes allows (OffloadCopies::ahead_cap): topped up after every update and
+// at the end of a step, so that the first parameters of the next backward are copied in beside its forward. The
+// copies back run on another stream once an update is done, at most cap() bytes waiting; the step's end waits for
+// the last ones (finish_offload). A parameter that comes out of that order drops what was copied ahead and is
+// copied in on the compute stream before its update (so are the first step's). A step's arithmetic is unchanged.
+// Checkpoints save the host buffers as any state; a resumed run loads into host buffers directly (dropping what
+// was copied ahead), so the GPU never holds all of it. 8B full fine-tune on an H200: bench/RESULTS.md, thirty-sixth
+// and thirty-seventh sessions.
 namespace {
 Tensor pinned_host_buffer(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(numel(shape)) * itemsize(dtype);
@@ -76,7 +80,110 @@ Tensor pinned_host_buffer(const Shape& shape, DType dtype) {
   return from_blob(std::shared_ptr<void>(p, [](void* q) { cuda::host_free_pinned(q); }), p, shape, dtype,
                    Device::cpu());
 }
+
+int64_t state_bytes(const std::map<std::string, Tensor>& named) {
+  int64_t b = 0;
+  for (const auto& [name, t] : named) b += static_cast<int64_t>(t.nbytes());
+  return b;
+}
+
+// INGOT_OFFLOAD_AHEAD=<bytes>: the window of state copied in ahead (Note [Optimizer state offloaded]); for
+// measuring, 0 copies in only the next parameter's.
+std::optional<int64_t> ahead_override() {
+  const char* v = std::getenv("INGOT_OFFLOAD_AHEAD");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  int64_t n = 0;
+  const char* end = v + std::strlen(v);
+  auto [p, ec] = std::from_chars(v, end, n);
+  INGOT_CHECK(ec == std::errc() && p == end && n >= 0, "INGOT_OFFLOAD_AHEAD must be a number of bytes >= 0, got '",
+              v, "'");
+  return n;
+}
 }  // namespace
+
+// The copies of offloaded state in flight (Note [Optimizer state offloaded]). Copies back run on `stream`: each holds
+// its device buffers until its event says it is done; at most cap() bytes wait (the oldest are waited for beyond it:
+// an eighth of the state offloaded, at most 1 GiB). Copies in run ahead on `in_stream` in last step's order, at most
+// ahead_cap() bytes of them (at least one parameter's).
+struct OffloadCopies {
+  struct Pending {
+    std::vector<Tensor> device_buffers;
+    std::unique_ptr<cuda::Event> done;
+    int64_t bytes = 0;
+  };
+  struct Ahead {
+    size_t index = 0;
+    std::map<std::string, Tensor> device_buffers;
+    std::unique_ptr<cuda::Event> done;
+    int64_t bytes = 0;
+  };
+  cuda::Stream stream, in_stream;
+  std::deque<Pending> pending;
+  int64_t bytes = 0;  // waiting to be copied back
+  int64_t offloaded = 0;  // all the state on the host, counted once
+  std::vector<size_t> order, this_step;  // the parameters in the order of their updates: last step's, this one's
+  size_t next = 0;  // order[next] is the next parameter to copy in ahead
+  std::deque<Ahead> ahead;
+  int64_t ahead_bytes = 0;
+  const std::optional<int64_t> ahead_env = ahead_override();
+
+  explicit OffloadCopies(int device) : stream(cuda::create_stream(device)), in_stream(cuda::create_stream(device)) {}
+  ~OffloadCopies() {
+    drop_ahead();
+    wait_until(0);
+    cuda::destroy_stream(stream);
+    cuda::destroy_stream(in_stream);
+  }
+  void count(const std::vector<std::map<std::string, Tensor>>& host_state) {
+    offloaded = 0;
+    for (const auto& named : host_state) offloaded += state_bytes(named);
+  }
+  int64_t cap() const { return std::min<int64_t>(int64_t{1} << 30, offloaded / 8); }
+  int64_t ahead_cap() const { return ahead_env ? *ahead_env : cap(); }
+  // Copies nobody takes (the order changed, or the host buffers were replaced): their buffers are freed only once
+  // their copies are done, and nothing more is copied ahead this step.
+  void drop_ahead() {
+    for (Ahead& a : ahead) a.done->synchronize();
+    ahead.clear();
+    ahead_bytes = 0;
+    next = order.size();
+  }
+  void wait_until(int64_t limit) {
+    while (!pending.empty() && bytes > limit) {
+      pending.front().done->synchronize();
+      bytes -= pending.front().bytes;
+      pending.pop_front();
+    }
+  }
+  // Copies in the state of the parameters next in last step's order while the window has room. Each copy waits for
+  // the compute stream's work queued so far, which includes every earlier use of the blocks its buffers reuse (the
+  // allocator hands them out in the compute stream's order).
+  void top_up(const std::vector<std::map<std::string, Tensor>>& host_state, const std::vector<Tensor>& params) {
+    while (next < order.size()) {
+      const size_t i = order[next];
+      const int64_t b = state_bytes(host_state[i]);
+      if (!ahead.empty() && ahead_bytes + b > ahead_cap()) return;
+      ++next;
+      if (b == 0) continue;
+      Ahead a;
+      a.index = i;
+      a.bytes = b;
+      const int device = params[i].device().index;
+      cuda::Event queued;
+      queued.record(cuda::current_stream(device));
+      queued.wait(in_stream);
+      for (const auto& [name, host] : host_state[i]) {
+        Tensor dev = empty(host.shape(), host.dtype(), params[i].device());
+        cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), in_stream);
+        a.device_buffers[name] = dev;
+      }
+      a.done = std::make_unique<cuda::Event>();
+      a.done->record(in_stream);
+      ahead_bytes += b;
+      ahead.push_back(std::move(a));
+    }
+  }
+};
 
 void Optimizer::place_state(size_t index, const std::string& name, const Tensor& t) {
   if (!state_on_host(index)) {
@@ -87,88 +194,43 @@ void Optimizer::place_state(size_t index, const std::string& name, const Tensor&
   host.copy_(t);
   state_[index][name] = host;
   host_state_[index][name] = host;
+  if (copies_) copies_->drop_ahead();  // copies of the buffer this replaces
 }
 
-// The copies back to the host, on a stream of their own so that they run beside the backward: each holds its device
-// buffer until its event says it is done. At most cap() bytes wait (the oldest are waited for beyond it: an eighth
-// of the state offloaded, at most 1 GiB), so the GPU holds at most that much state beyond one parameter's however
-// far the host runs ahead of the copies.
-struct OffloadCopies {
-  struct Pending {
-    std::vector<Tensor> device_buffers;
-    std::unique_ptr<cuda::Event> done;
-    int64_t bytes = 0;
-  };
-  // The next parameter's state copied in ahead, on a stream of its own (Note [Optimizer state offloaded]).
-  struct Prefetch {
-    size_t index = 0;
-    std::map<std::string, Tensor> device_buffers;
-    std::unique_ptr<cuda::Event> done;
-  };
-  cuda::Stream stream, in_stream;
-  std::deque<Pending> pending;
-  int64_t bytes = 0;  // waiting
-  static int64_t cap(const std::vector<std::map<std::string, Tensor>>& host_state) {
-    int64_t offloaded = 0;
-    for (const auto& named : host_state)
-      for (const auto& [name, host] : named) offloaded += static_cast<int64_t>(host.nbytes());
-    return std::min<int64_t>(int64_t{1} << 30, offloaded / 8);
-  }
-  std::vector<size_t> order, this_step;  // the parameters in the order of their updates: last step's, this one's
-  std::optional<Prefetch> prefetch;
-  explicit OffloadCopies(int device) : stream(cuda::create_stream(device)), in_stream(cuda::create_stream(device)) {}
-  ~OffloadCopies() {
-    drop_prefetch();
-    wait_until(0);
-    cuda::destroy_stream(stream);
-    cuda::destroy_stream(in_stream);
-  }
-  // A prefetch nobody takes: its buffers are freed only once its copy is done.
-  void drop_prefetch() {
-    if (prefetch) prefetch->done->synchronize();
-    prefetch.reset();
-  }
-  void wait_until(int64_t cap) {
-    while (!pending.empty() && bytes > cap) {
-      pending.front().done->synchronize();
-      bytes -= pending.front().bytes;
-      pending.pop_front();
-    }
-  }
-};
-
-// The host buffers to the GPU: the prefetched copy when there is one (the current stream waits for it), else on the
-// current stream, asynchronously, before the update that follows there. Nothing writes a host buffer before its copy
-// in is done (its copy back follows the update).
+// The host buffers to the GPU: the copy made ahead when it is this parameter's (the current stream waits for it),
+// else on the current stream, asynchronously, before the update that follows there. Nothing writes a host buffer
+// before its copy in is done (its copy back follows the update).
 void Optimizer::restore_state(size_t index) {
-  if (copies_ && copies_->prefetch) {
-    if (copies_->prefetch->index == index) {
-      const int device = params_[index].device().index;
-      copies_->prefetch->done->wait(cuda::current_stream(device));
-      for (auto& [name, dev] : copies_->prefetch->device_buffers) state_[index][name] = dev;
-      copies_->prefetch.reset();
+  const int device = params_[index].device().index;
+  if (copies_) {
+    copies_->this_step.push_back(index);
+    if (!copies_->ahead.empty() && copies_->ahead.front().index == index) {
+      OffloadCopies::Ahead& a = copies_->ahead.front();
+      a.done->wait(cuda::current_stream(device));
+      for (auto& [name, dev] : a.device_buffers) state_[index][name] = dev;
+      copies_->ahead_bytes -= a.bytes;
+      copies_->ahead.pop_front();
       return;
     }
-    copies_->drop_prefetch();  // the order changed: this one is copied in below
+    copies_->drop_ahead();  // out of last step's order: this one is copied in below
   }
   for (const auto& [name, host] : host_state_[index]) {
     Tensor dev = empty(host.shape(), host.dtype(), params_[index].device());
-    cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), cuda::current_stream(dev.device().index));
+    cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), cuda::current_stream(device));
     state_[index][name] = dev;
   }
 }
 
-namespace {
-void prefetch_after(OffloadCopies& c, const std::vector<std::map<std::string, Tensor>>& host_state,
-                    const std::vector<Tensor>& params, size_t index);
-}  // namespace
-
 // The updated state back to its host buffers on the copy stream, once the update is done (an event of the current
-// stream), while the backward goes on.
+// stream), while the backward goes on; then more copied in ahead.
 void Optimizer::offload_state(size_t index) {
   if (!state_on_host(index)) return;
   const int device = params_[index].device().index;
-  if (!copies_) copies_ = std::make_shared<OffloadCopies>(device);
+  if (!copies_) {
+    copies_ = std::make_shared<OffloadCopies>(device);
+    copies_->count(host_state_);
+    copies_->this_step.push_back(index);  // restore_state ran before there were copies to keep the order
+  }
   cuda::Event updated;
   updated.record(cuda::current_stream(device));
   updated.wait(copies_->stream);
@@ -177,8 +239,11 @@ void Optimizer::offload_state(size_t index) {
     if (!t.device().is_cuda()) continue;
     INGOT_INTERNAL_CHECK(t.is_contiguous(), "Optimizer::offload_state: state '", name, "' is not contiguous");
     Tensor& host = host_state_[index][name];
-    if (!host.defined() || host.shape() != t.shape() || host.dtype() != t.dtype())
+    if (!host.defined() || host.shape() != t.shape() || host.dtype() != t.dtype()) {
+      copies_->offloaded -= host.defined() ? static_cast<int64_t>(host.nbytes()) : 0;
       host = pinned_host_buffer(t.shape(), t.dtype());
+      copies_->offloaded += static_cast<int64_t>(host.nbytes());
+    }
     cuda::copy_to_host_async(host.data_ptr(), t.data_ptr(), t.nbytes(), copies_->stream);
     p.bytes += static_cast<int64_t>(t.nbytes());
     p.device_buffers.push_back(t);
@@ -189,47 +254,20 @@ void Optimizer::offload_state(size_t index) {
   p.done->record(copies_->stream);
   copies_->bytes += p.bytes;
   copies_->pending.push_back(std::move(p));
-  copies_->wait_until(OffloadCopies::cap(host_state_));
-  prefetch_after(*copies_, host_state_, params_, index);
+  copies_->wait_until(copies_->cap());
+  copies_->top_up(host_state_, params_);
 }
 
-// Offloading: the parameter updated after `index` in the last step, if it was so: its state copied in on the copy-in
-// stream while the backward computes its gradient. The copy waits for the compute stream's work queued so far, which
-// includes every earlier use of the blocks its buffers reuse (the allocator hands them out in the compute stream's
-// order).
-namespace {
-void prefetch_after(OffloadCopies& c, const std::vector<std::map<std::string, Tensor>>& host_state,
-                    const std::vector<Tensor>& params, size_t index) {
-  const size_t k = c.this_step.size();
-  c.this_step.push_back(index);
-  if (k + 1 >= c.order.size() || c.order[k] != index) return;
-  const size_t next = c.order[k + 1];
-  if (next >= host_state.size() || host_state[next].empty()) return;
-  c.drop_prefetch();
-  OffloadCopies::Prefetch f;
-  f.index = next;
-  for (const auto& [name, host] : host_state[next])
-    f.device_buffers[name] = empty(host.shape(), host.dtype(), params[next].device());
-  const int device = params[next].device().index;
-  cuda::Event queued;
-  queued.record(cuda::current_stream(device));
-  queued.wait(c.in_stream);
-  for (const auto& [name, host] : host_state[next]) {
-    const Tensor& dev = f.device_buffers[name];
-    cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), c.in_stream);
-  }
-  f.done = std::make_unique<cuda::Event>();
-  f.done->record(c.in_stream);
-  c.prefetch = std::move(f);
-}
-}  // namespace
-
+// The step's copies back done; the next step's first parameters copied in ahead beside its forward.
 void Optimizer::finish_offload() {
   if (!copies_) return;
-  copies_->drop_prefetch();
   copies_->wait_until(0);
+  copies_->drop_ahead();  // a step that ended before taking them (none in a normal step)
   copies_->order = std::move(copies_->this_step);
   copies_->this_step.clear();
+  copies_->count(host_state_);
+  copies_->next = 0;
+  copies_->top_up(host_state_, params_);
 }
 
 bool Optimizer::has_state(size_t index, const std::string& name) const { return state_[index].count(name) != 0; }
@@ -323,6 +361,10 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
   }
   state_ = std::move(loaded);
   host_state_ = std::move(loaded_host);
+  if (copies_) {  // what was copied ahead came from the buffers just replaced
+    copies_->drop_ahead();
+    copies_->count(host_state_);
+  }
   step_count_ = static_cast<int64_t>(step->second.item());
 }
 

@@ -19,8 +19,16 @@
 //
 // Out of memory: the allocator releases every fully free segment not held for CUDA graphs (empty_cache) and tries
 // once more, then throws an ingot::Error naming the request and the memory held.
+//
+// INGOT_CUDA_MEMORY_LIMIT_GIB=X caps what the allocator reserves on each device at X GiB (PyTorch's
+// set_per_process_memory_fraction, as a size): a run on an 80 or 141 GB GPU then fails where one on a smaller card
+// would, so "fits a 24 GB card" can be checked without one (the CUDA context, ~0.5 GiB, comes on top on a real card).
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -65,9 +73,21 @@ using FreeSet = std::set<Block*, BlockLess>;
 
 std::string mib(int64_t bytes) { return detail::str_cat(static_cast<double>(bytes) / (1 << 20), " MiB"); }
 
+// INGOT_CUDA_MEMORY_LIMIT_GIB in bytes; 0 when unset (no limit).
+int64_t memory_limit() {
+  const char* v = std::getenv("INGOT_CUDA_MEMORY_LIMIT_GIB");
+  if (v == nullptr || *v == '\0') return 0;
+  double gib = 0;
+  const char* end = v + std::strlen(v);
+  auto [p, ec] = std::from_chars(v, end, gib);
+  INGOT_CHECK(ec == std::errc() && p == end && std::isfinite(gib) && gib > 0,
+              "INGOT_CUDA_MEMORY_LIMIT_GIB must be a size in GiB > 0 (e.g. 23.5), got '", v, "'");
+  return static_cast<int64_t>(gib * static_cast<double>(int64_t{1} << 30));
+}
+
 class CudaCachingAllocator final : public Allocator {
  public:
-  explicit CudaCachingAllocator(int device) : device_(device) {}
+  explicit CudaCachingAllocator(int device) : device_(device), limit_(memory_limit()) {}
 
   std::shared_ptr<void> allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
@@ -124,11 +144,17 @@ class CudaCachingAllocator final : public Allocator {
     const size_t seg = small ? kSmallSegment : size < kMediumRequest ? kMediumSegment : round_up(size, kLargeRound);
     cuda::DeviceGuard guard(device_);
     void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, seg);
+    // Past INGOT_CUDA_MEMORY_LIMIT_GIB as if the device were full.
+    auto try_malloc = [&] {
+      if (limit_ > 0 && acct_.stats().reserved_bytes + static_cast<int64_t>(seg) > limit_)
+        return cudaErrorMemoryAllocation;
+      return cudaMalloc(&p, seg);
+    };
+    cudaError_t err = try_malloc();
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear the failure before retrying
       free_cached_segments();
-      err = cudaMalloc(&p, seg);
+      err = try_malloc();
     }
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
@@ -140,7 +166,8 @@ class CudaCachingAllocator final : public Allocator {
                  " of which ", mib(st.in_use_bytes()), " in use",
                  st.graph_pool_bytes > 0 ? " (" + mib(st.graph_pool_bytes) + " of it held for CUDA graphs)" : "",
                  "; the device has ",
-                 mib(static_cast<int64_t>(free_b)), " free of ", mib(static_cast<int64_t>(total_b)));
+                 mib(static_cast<int64_t>(free_b)), " free of ", mib(static_cast<int64_t>(total_b)),
+                 limit_ > 0 ? "; INGOT_CUDA_MEMORY_LIMIT_GIB allows " + mib(limit_) : "");
     }
     CUDA_CHECK(err);
     acct_.reserve(stream, static_cast<int64_t>(seg));
@@ -215,6 +242,7 @@ class CudaCachingAllocator final : public Allocator {
   }
 
   const int device_;
+  const int64_t limit_;  // INGOT_CUDA_MEMORY_LIMIT_GIB in bytes, 0: none
   mutable std::mutex mu_;
   FreeSet free_small_, free_large_;
   PoolAccounting acct_;

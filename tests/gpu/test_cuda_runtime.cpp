@@ -2,12 +2,14 @@
 // separation, splitting and merging, statistics, pools held for CUDA graphs, empty_cache, out-of-memory errors).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "runtime/allocator.h"
 #include "runtime/cuda_runtime.h"
 #include "runtime/kernels/kernels.h"
 #include "tests/gpu/cuda_test_util.h"
+#include "tests/shell.h"
 #include "tests/testing.h"
 #ifdef INGOT_WITH_CUDA
 #include <cstring>
@@ -318,6 +320,54 @@ TEST(CudaAllocator, OutOfMemoryIsAClearErrorAndTheAllocatorStillWorks) {
   }
   EXPECT_EQ(full({8}, 1.5, DType::f32, kGpu).to_vector()[7], 1.5);
   EXPECT_THROW(cuda_allocator(cuda_device_count()), Error);
+}
+
+// INGOT_CUDA_MEMORY_LIMIT_GIB is read when the allocator is made, once per process: the DISABLED_ cases below run in
+// a child process of this binary with the variable set (the parent checks what they printed), not on their own.
+TEST(CudaAllocatorLimit, DISABLED_ReservesUpToTheLimitThenFailsNamingIt) {
+  Allocator& a = cuda_allocator(0);  // the first use in this process: INGOT_CUDA_MEMORY_LIMIT_GIB=0.5
+  auto p1 = a.allocate(size_t{256} << 20);
+  auto p2 = a.allocate(size_t{256} << 20);  // 512 MiB reserved: at the limit, not past it
+  EXPECT_EQ(a.stats().reserved_bytes, int64_t{512} << 20);
+  try {
+    a.allocate(size_t{4} << 20);
+    FAIL() << "expected the limit to refuse a segment past 512 MiB";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("out of memory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("INGOT_CUDA_MEMORY_LIMIT_GIB allows 512 MiB"), std::string::npos) << msg;
+  }
+  p2.reset();
+  a.empty_cache();  // back under the limit once a segment is given back
+  EXPECT_NE(a.allocate(size_t{4} << 20), nullptr);
+}
+
+TEST(CudaAllocatorLimit, DISABLED_RefusesALimitThatIsNotASize) {
+  try {
+    cuda_allocator(0);
+    FAIL() << "expected INGOT_CUDA_MEMORY_LIMIT_GIB=24GB to be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("INGOT_CUDA_MEMORY_LIMIT_GIB must be a size in GiB > 0 (e.g. 23.5), got "
+                                         "'24GB'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+ShellResult run_limited_child(const std::string& limit, const std::string& test) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  return run_shell("INGOT_CUDA_MEMORY_LIMIT_GIB='" + limit + "' '" + self +
+                   "' --gtest_also_run_disabled_tests --gtest_filter='CudaAllocatorLimit." + test + "' 2>&1");
+}
+
+TEST(CudaAllocator, ALimitFromTheEnvironmentCapsWhatItReserves) {
+  INGOT_REQUIRE_CUDA();
+  ShellResult r = run_limited_child("0.5", "DISABLED_ReservesUpToTheLimitThenFailsNamingIt");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[  PASSED  ] 1 test"), std::string::npos) << r.output;
+  r = run_limited_child("24GB", "DISABLED_RefusesALimitThatIsNotASize");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[  PASSED  ] 1 test"), std::string::npos) << r.output;
 }
 
 }  // namespace

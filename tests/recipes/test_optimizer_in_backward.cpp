@@ -104,7 +104,8 @@ TEST_F(OptimizerInBackward, OnTheGpuHoldsNoGradientToTheEndAndTrainsTheSame) {
 // comes from page-locked host memory for its update in the backward and goes back, so the GPU's peak drops by about
 // the optimizer's state (AdamW8bit 6.3 MiB, AdamW 24.6 MiB here) while the updates stay the same: the losses agree
 // within what two processes' GPU steps differ by (1e-3 relative seen at step 4 between runs alike), and a checkpoint
-// of the offloaded state, loaded into host memory, resumes.
+// of the offloaded state, loaded into host memory, resumes. So do runs whose copies in run ahead over any window
+// (INGOT_OFFLOAD_AHEAD).
 TEST_F(OptimizerInBackward, OnTheGpuOffloadedStateTrainsTheSameInLessMemoryAndResumes) {
   INGOT_REQUIRE_CUDA();
   for (const auto& [optimizer, state_bytes] : {std::pair<std::string, int64_t>{"adamw8bit", 6'600'000},
@@ -133,7 +134,25 @@ TEST_F(OptimizerInBackward, OnTheGpuOffloadedStateTrainsTheSameInLessMemoryAndRe
     ASSERT_EQ(r.size(), 2u) << resumed.output;
     for (const auto& [step, got] : r)
       EXPECT_NEAR(got.loss, o.at(step).loss, 1e-2 * o.at(step).loss) << optimizer << " resumed, step " << step;
+    // The whole state copied in ahead (from the end of each step, beside the next forward) and only the next
+    // parameter's: every update still takes its own parameter's state.
+    for (const std::string ahead : {"1000000000", "0"}) {
+      Result a = sh("INGOT_OFFLOAD_AHEAD=" + ahead + " \"$INGOT\" run tiny.yaml output_dir=" + optimizer + "_ahead" +
+                    ahead + " " + run + " train.optimizer_offload=true");
+      ASSERT_EQ(a.exit_code, 0) << a.output;
+      const std::map<int64_t, Step> got = train_steps(path(optimizer + "_ahead" + ahead + "/metrics.jsonl"));
+      ASSERT_EQ(got.size(), 4u) << a.output;
+      for (const auto& [step, want] : g)
+        EXPECT_NEAR(got.at(step).loss, want.loss, 1e-2 * want.loss) << optimizer << " ahead " << ahead << " step "
+                                                                     << step;
+    }
   }
+  Result bad = sh("INGOT_OFFLOAD_AHEAD=1GB \"$INGOT\" run tiny.yaml output_dir=bad_ahead device=cuda dtype=bf16 "
+                  "train.master_weights=false train.grad_clip=0 max_steps=2 train.optimizer_in_backward=true "
+                  "train.optimizer_offload=true");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("INGOT_OFFLOAD_AHEAD must be a number of bytes >= 0, got '1GB'"), std::string::npos)
+      << bad.output;
 }
 
 // A run updated in the backward checkpoints and resumes exactly, eagerly (bit for bit) and compiled: each parameter's
