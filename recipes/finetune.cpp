@@ -248,12 +248,12 @@ void build_model(FinetuneRun& f) {
     else skip.emplace(DType::f32);
     f.hf.model = models::make_causal_lm(f.hf.config);
   } else {
-    // LoRA loads straight into the compute dtype: the frozen base never exists in f32 (on the device that would
-    // be a load peak of twice the bf16 weights), and the adapters, made after, are rounded to it as the training
-    // loop's cast would round them. An NF4 base is quantized from the checkpoint's f32 values on the CPU, and a
-    // full fine-tune keeps f32 values for its f32 master weights.
-    const bool compute_dtype_load = s.lora && !s.quantize_base_nf4;
-    f.hf = models::load_hf_model(s.model.path, compute_dtype_load ? run.dtype : DType::f32);
+    // Loaded straight into the compute dtype: the weights never exist in f32 (on the device that would be a load
+    // peak of twice the bf16 weights: 32 GB for an 8B model whose offloaded full fine-tune steps in 21.5 GB), and
+    // LoRA's adapters, made after, are rounded to it as the training loop's cast would round them. The training
+    // loop casts the model to its dtype before it makes f32 masters from it, so f32 values loaded would be rounded
+    // the same way before any master saw them. An NF4 base is quantized from the checkpoint's f32 values on the CPU.
+    f.hf = models::load_hf_model(s.model.path, s.quantize_base_nf4 ? DType::f32 : run.dtype);
   }
   models::CausalLM& model = *f.hf.model;
   if (s.quantize_base_nf4) {
