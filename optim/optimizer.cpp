@@ -60,21 +60,21 @@ std::vector<size_t> Optimizer::params_with_grad() const {
 // An 8B full fine-tune on one GPU keeps 16 GB of bf16 weights and ~16 GB of AdamW8bit moments there (35.7 GB at its
 // peak with each parameter updated in its backward): over a 24 GB card. Offloaded (train.optimizer_offload), the
 // moments live in page-locked host memory and pass through the GPU one parameter at a time, in the hook that updates
-// that parameter in the backward (recipes/train_step.cpp): copied in, updated by the same kernel, copied back. The
-// GPU then holds the weights, the activations and a bounded window of state beyond them, at the price of moving the
-// state over PCIe twice a step (what torchtune's paged 8-bit AdamW with optimizer_in_bwd does through unified
-// memory): ~16 GB each way for an 8B model, ~0.3 s at PCIe 5's ~55 GB/s, which only hides behind a 0.5 s step if
-// the copies in run all through it. So the copies in follow the order of the last step's updates on a stream of
-// their own, as far ahead as a window of bytes allows (OffloadCopies::ahead_cap): topped up after every update and
-// at the end of a step, so that the first parameters of the next backward are copied in beside its forward. The
-// copies back run on another stream once an update is done, at most cap() bytes waiting; the step's end waits for
-// the last ones (finish_offload). A parameter that comes out of that order drops what was copied ahead and is
-// copied in on the compute stream before its update (so are the first step's). A step's arithmetic is unchanged.
-// Checkpoints save the host buffers as any state; a resumed run loads into host buffers directly (dropping what
-// was copied ahead), so the GPU never holds all of it. 8B full fine-tune on an H200 (bench/RESULTS.md, thirty-seventh
-// session): 21.46 GB at 571-580 ms/step with the 1 GiB window, 639 ms copying only the next parameter's ahead, 497 ms
-// with the state on the GPU; a 2 GiB window gains ~20 ms for 1.1 GB more, 4 GiB nothing more (PCIe-bound: ~51 GB/s
-// in, ~55 out).
+// that parameter in the backward (recipes/train_step.cpp): copied in, updated by the same kernel, copied back. The GPU
+// then holds the weights, the activations and a bounded window of state beyond them, at the price of moving the state
+// over PCIe twice a step (what torchtune's paged 8-bit AdamW with optimizer_in_bwd does through unified memory): ~16 GB
+// each way for an 8B model, ~0.3 s at PCIe 5's ~55 GB/s, which only hides behind a 0.5 s step if the copies in run all
+// through it. So the copies in follow the order of the last step's updates on a stream of their own, as far ahead as a
+// window of bytes allows (OffloadCopies::ahead_cap): topped up after every update and at the end of a step, so that the
+// first parameters of the next backward are copied in beside its forward. The copies back run on another stream once an
+// update is done, at most cap() bytes waiting; the last ones run on into the next step's forward (each copy in of a
+// parameter waits on the GPU for its copy back; state_dict and load_state_dict wait for them all: settle_offload). A
+// parameter that comes out of that order drops what was copied ahead and is copied in on the compute stream before its
+// update (so are the first step's). A step's arithmetic is unchanged. Checkpoints save the host buffers as any state; a
+// resumed run loads into host buffers directly (dropping what was copied ahead), so the GPU never holds all of it. 8B
+// full fine-tune on an H200 (bench/RESULTS.md, thirty-seventh session): 21.46 GB at 571-580 ms/step with the 1 GiB
+// window, 639 ms copying only the next parameter's ahead, 497 ms with the state on the GPU; a 2 GiB window gains ~20 ms
+// for 1.1 GB more, 4 GiB nothing more (PCIe-bound: ~51 GB/s in, ~55 out).
 namespace {
 Tensor pinned_host_buffer(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(numel(shape)) * itemsize(dtype);
@@ -109,6 +109,7 @@ std::optional<int64_t> ahead_override() {
 // ahead_cap() bytes of them (at least one parameter's).
 struct OffloadCopies {
   struct Pending {
+    size_t index = 0;
     std::vector<Tensor> device_buffers;
     std::unique_ptr<cuda::Event> done;
     int64_t bytes = 0;
@@ -157,6 +158,11 @@ struct OffloadCopies {
       pending.pop_front();
     }
   }
+  // `s` waits (on the GPU) for parameter i's copy back if it still runs: its host buffers are complete after.
+  void order_after_copy_back(size_t i, cuda::Stream s) const {
+    for (const Pending& p : pending)
+      if (p.index == i) p.done->wait(s);
+  }
   // Copies in the state of the parameters next in last step's order while the window has room. Each copy waits for
   // the compute stream's work queued so far, which includes every earlier use of the blocks its buffers reuse (the
   // allocator hands them out in the compute stream's order).
@@ -174,6 +180,7 @@ struct OffloadCopies {
       cuda::Event queued;
       queued.record(cuda::current_stream(device));
       queued.wait(in_stream);
+      order_after_copy_back(i, in_stream);
       for (const auto& [name, host] : host_state[i]) {
         Tensor dev = empty(host.shape(), host.dtype(), params[i].device());
         cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), in_stream);
@@ -215,6 +222,7 @@ void Optimizer::restore_state(size_t index) {
       return;
     }
     copies_->drop_ahead();  // out of last step's order: this one is copied in below
+    copies_->order_after_copy_back(index, cuda::current_stream(device));
   }
   for (const auto& [name, host] : host_state_[index]) {
     Tensor dev = empty(host.shape(), host.dtype(), params_[index].device());
@@ -237,6 +245,7 @@ void Optimizer::offload_state(size_t index) {
   updated.record(cuda::current_stream(device));
   updated.wait(copies_->stream);
   OffloadCopies::Pending p;
+  p.index = index;
   for (auto& [name, t] : state_[index]) {
     if (!t.device().is_cuda()) continue;
     INGOT_INTERNAL_CHECK(t.is_contiguous(), "Optimizer::offload_state: state '", name, "' is not contiguous");
@@ -260,16 +269,20 @@ void Optimizer::offload_state(size_t index) {
   copies_->top_up(host_state_, params_);
 }
 
-// The step's copies back done; the next step's first parameters copied in ahead beside its forward.
+// The next step's first parameters copied in ahead beside its forward, while this step's last copies back finish
+// (each copy in waits for its parameter's copy back on the GPU).
 void Optimizer::finish_offload() {
   if (!copies_) return;
-  copies_->wait_until(0);
   copies_->drop_ahead();  // a step that ended before taking them (none in a normal step)
   copies_->order = std::move(copies_->this_step);
   copies_->this_step.clear();
   copies_->count(host_state_);
   copies_->next = 0;
   copies_->top_up(host_state_, params_);
+}
+
+void Optimizer::settle_offload() const {
+  if (copies_) copies_->wait_until(0);
 }
 
 bool Optimizer::has_state(size_t index, const std::string& name) const { return state_[index].count(name) != 0; }
@@ -323,6 +336,7 @@ Optimizer::TracedGroups Optimizer::traced_step_groups() {
 }
 
 std::map<std::string, Tensor> Optimizer::state_dict() const {
+  settle_offload();  // the host buffers complete
   std::map<std::string, Tensor> sd;
   sd["step"] = from_vector_i64({step_count_}, {});
   for (size_t i = 0; i < state_.size(); ++i)
@@ -331,6 +345,7 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  settle_offload();  // no copy back still writes a host buffer about to be replaced
   auto step = sd.find("step");
   INGOT_CHECK(step != sd.end() && step->second.numel() == 1, "Optimizer::load_state_dict: missing scalar 'step'");
   std::vector<std::map<std::string, Tensor>> loaded(params_.size()), loaded_host(params_.size());

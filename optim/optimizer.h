@@ -57,9 +57,11 @@ class Optimizer {
   bool offload() const { return offload_; }
   void restore_state(size_t index);
   void offload_state(size_t index);
-  // Waits for every copy back to the host that offload_state() left running: before the host buffers are read
-  // (a checkpoint) or written again (the next step's updates). Cheap when nothing is pending.
+  // At a step's end: starts copying in the next step's first parameters' state (each after its copy back).
   void finish_offload();
+  // Waits for every copy back to the host that offload_state() left running: before the host buffers are read
+  // (state_dict) or replaced (load_state_dict), which call it. Cheap when nothing is pending.
+  void settle_offload() const;
 
  protected:
   // Where state loaded or re-encoded for parameter `index` goes: page-locked host memory when offloading a GPU

@@ -115,8 +115,8 @@ std::vector<Tensor> TrainStep::body(const std::vector<Tensor>& batch, bool trace
     total = total.defined() ? total + scaled.detach() : scaled.detach();
   }
   if (dp) dp->synchronize();
-  // Offloaded state (Note [Optimizer state offloaded]): its copies back to the host end with the step, before a
-  // checkpoint reads them or the next step's updates write them.
+  // Offloaded state (Note [Optimizer state offloaded]): the next step's first copies in start beside its forward
+  // (this step's last copies back may run on; a checkpoint's state_dict waits for them).
   if (in_backward_) p_.opt.finish_offload();
   if (p_.masters) p_.masters->copy_grads_to_master();
   if (traced && o.grad_clip > 0) {
