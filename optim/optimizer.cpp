@@ -158,6 +158,13 @@ struct OffloadCopies {
       pending.pop_front();
     }
   }
+  // Frees the device buffers of every copy back once `s` has waited for them on the GPU: the allocator hands blocks
+  // out in `s`'s order, so no later work on `s` reuses one before its copy is done; the host blocks for none.
+  void release_after(cuda::Stream s) {
+    for (Pending& p : pending) p.done->wait(s);
+    pending.clear();
+    bytes = 0;
+  }
   // `s` waits (on the GPU) for parameter i's copy back if it still runs: its host buffers are complete after.
   void order_after_copy_back(size_t i, cuda::Stream s) const {
     for (const Pending& p : pending)
@@ -279,6 +286,11 @@ void Optimizer::finish_offload() {
   copies_->count(host_state_);
   copies_->next = 0;
   copies_->top_up(host_state_, params_);
+}
+
+void Optimizer::release_offload_copies() {
+  if (copies_ && !copies_->pending.empty())
+    copies_->release_after(cuda::current_stream(params_[copies_->pending.front().index].device().index));
 }
 
 void Optimizer::settle_offload() const {

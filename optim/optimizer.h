@@ -59,6 +59,9 @@ class Optimizer {
   void offload_state(size_t index);
   // At a step's end: starts copying in the next step's first parameters' state (each after its copy back).
   void finish_offload();
+  // Frees the GPU buffers of the copies back still running (a step's last ones, run on into the next forward) once
+  // the current stream has waited for them on the GPU: before the backward, whose peak they would add to.
+  void release_offload_copies();
   // Waits for every copy back to the host that offload_state() left running: before the host buffers are read
   // (state_dict) or replaced (load_state_dict), which call it. Cheap when nothing is pending.
   void settle_offload() const;

@@ -110,6 +110,8 @@ std::vector<Tensor> TrainStep::body(const std::vector<Tensor>& batch, bool trace
                                        : loss;
     // f16: backward runs on the loss times the loss scale; the update divides it out again.
     Tensor backward_of = scaler ? scaled * scaler->scale() : scaled;
+    // Offloaded state: the last step's last copies back ran beside this forward; their buffers go before the backward.
+    if (in_backward_) p_.opt.release_offload_copies();
     if (dp) dp->backward(backward_of, micro + 1 == o.grad_accum);
     else backward_of.backward();
     total = total.defined() ? total + scaled.detach() : scaled.detach();

@@ -162,6 +162,9 @@ Environment:
   INGOT_CXX=COMPILER     the C++ compiler for CPU kernels (else $CXX, else c++)
   INGOT_TRACE_DIR=DIR    where a timed-out collective dumps its rank's recent collectives (default /tmp)
   INGOT_GLOO_HOSTNAME=H  the address Gloo binds on this host
+  INGOT_CUDA_MEMORY_LIMIT_GIB=X  reserve at most X GiB per GPU (fail where a smaller card would, e.g. 23 for 24 GB)
+  INGOT_OFFLOAD_AHEAD=BYTES      train.optimizer_offload's window of state copied in ahead (default min(1 GiB,
+                                 state/8); 0: the next parameter's only)
 )";
 
 // `ingot --help`: one usage line per command (from command_texts(), launch's from its own help), then prose.
