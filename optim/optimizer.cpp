@@ -72,9 +72,10 @@ std::vector<size_t> Optimizer::params_with_grad() const {
 // parameter that comes out of that order drops what was copied ahead and is copied in on the compute stream before its
 // update (so are the first step's). A step's arithmetic is unchanged. Checkpoints save the host buffers as any state; a
 // resumed run loads into host buffers directly (dropping what was copied ahead), so the GPU never holds all of it. 8B
-// full fine-tune on an H200 (bench/RESULTS.md, thirty-seventh session): 21.46 GB at 571-580 ms/step with the 1 GiB
-// window, 639 ms copying only the next parameter's ahead, 497 ms with the state on the GPU; a 2 GiB window gains ~20 ms
-// for 1.1 GB more, 4 GiB nothing more (PCIe-bound: ~51 GB/s in, ~55 out).
+// full fine-tune on an H200 (bench/RESULTS.md, thirty-seventh session): 21.46 GB at 544-545 ms/step (639 ms copying
+// only the next parameter's ahead and waiting for the copies back at each step's end; 497 ms with the state on the
+// GPU); with the copies back waited for at the step's end, a 2 GiB window gained ~20 ms for 1.1 GB more, 4 GiB
+// nothing more (PCIe: ~51 GB/s in, ~55 out).
 namespace {
 Tensor pinned_host_buffer(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(numel(shape)) * itemsize(dtype);
