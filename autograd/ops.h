@@ -100,9 +100,9 @@ enum class Reduction { None, Mean, Sum };
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      double label_smoothing = 0.0, Reduction reduction = Reduction::Mean);
 // cross_entropy(linear(x, w), target) without the [N, V] logits (Note [Logits in chunks], loss.cpp): x [..., H],
-// w [V, H] of x's dtype, which must not need a gradient (a frozen head); target x's leading shape, i64. The logits
-// are made chunk_rows rows at a time (0: 256 MiB of them a chunk); with grad mode and x requiring grad, the forward
-// computes x's gradient too. Per-row losses and reductions as cross_entropy's.
+// w [V, H] of x's dtype; target x's leading shape, i64. The logits are made chunk_rows rows at a time (0: 256 MiB of
+// them a chunk); with grad mode the forward computes the gradients of x and w that need one too (w's only with
+// reduction mean or sum). Per-row losses and reductions as cross_entropy's.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target, int64_t ignore_index = -100,
                             double label_smoothing = 0.0, Reduction reduction = Reduction::Mean,
                             int64_t chunk_rows = 0);

@@ -26,17 +26,18 @@ Tensor lm_loss(const Tensor& hidden, const Tensor& head, const Tensor& targets, 
 
 namespace {
 // A head of weight `w` (and `bias`, may be undefined) that may go through lm_loss(hidden, head, targets): no bias,
-// and no gradient for w in this forward.
-bool head_without_gradient(const Tensor& w, const Tensor& bias) {
-  return w.defined() && !bias.defined() && !(grad_enabled() && w.requires_grad());
+// and no gradient for w in this forward unless `trained` (set_trained_head_in_chunks).
+bool head_in_chunks(const Tensor& w, const Tensor& bias, bool trained) {
+  return w.defined() && !bias.defined() && (trained || !(grad_enabled() && w.requires_grad()));
 }
 }  // namespace
 
 // An adapted, quantized or biased lm_head, or a trained one, goes through the logits.
 Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const Tensor& positions) {
   nn::LoRALinear* head = untied_head();
-  const bool plain = head ? !head->has_lora() && !head->frozen_base() && head_without_gradient(head->weight(), head->bias())
-                          : head_without_gradient(tied_head_weight(), Tensor());
+  const bool plain = head ? !head->has_lora() && !head->frozen_base() &&
+                                head_in_chunks(head->weight(), head->bias(), trained_head_in_chunks_)
+                          : head_in_chunks(tied_head_weight(), Tensor(), trained_head_in_chunks_);
   if (!plain) return lm_loss(forward(ids, positions), targets);
   return with_forward_hooks([&] {
     const Tensor h = hidden_states(ids, positions);

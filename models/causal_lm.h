@@ -34,6 +34,9 @@ class CausalLM : public nn::Module {
   // How many chunks loss() splits the rows into when it skips the logits (train.loss_chunks); 0: as many as keep each
   // chunk's logits under 256 MiB (linear_cross_entropy's default).
   void set_loss_chunks(int64_t chunks);
+  // Whether a head that gets a gradient makes its logits in chunks too, its gradient made with them (Note [Logits in
+  // chunks]); off: through the whole logits.
+  void set_trained_head_in_chunks(bool on) { trained_head_in_chunks_ = on; }
 
  protected:
   // What loss() needs to skip the logits; the defaults make it go through forward(). The trunk's output [B, T, H]
@@ -45,6 +48,7 @@ class CausalLM : public nn::Module {
 
  private:
   int64_t loss_chunks_ = 0;
+  bool trained_head_in_chunks_ = false;
 };
 
 // Mean cross entropy of logits [B, T, V] against targets [B, T] (f32 for 16-bit logits).

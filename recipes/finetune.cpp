@@ -269,6 +269,7 @@ void build_model(FinetuneRun& f) {
   model.set_tensor_names();
   models::set_checkpointing(model, s.train.checkpointing, s.train.checkpointing_layers);  // train.activation_checkpointing
   model.set_loss_chunks(s.train.loss_chunks);
+  model.set_trained_head_in_chunks(s.train.trained_head_in_chunks);
 }
 
 // Shard-wise weights of a fresh ZeRO-3 start, read from the checkpoint's files (checked against the model now,

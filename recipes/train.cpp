@@ -167,6 +167,7 @@ TrainSummary run_pretrain(const PretrainSettings& s, std::ostream& log) {
   const models::GPT2Config& mc = model->config();
   models::set_checkpointing(*model, o.checkpointing, o.checkpointing_layers);  // train.activation_checkpointing
   model->set_loss_chunks(o.loss_chunks);
+  model->set_trained_head_in_chunks(o.trained_head_in_chunks);
 
   TrainTask task;
   task.model = model.get();

@@ -76,6 +76,7 @@ struct TrainOptions {
   models::Checkpointing checkpointing = models::Checkpointing::none;
   int64_t checkpointing_layers = 0;  // the first N blocks; 0: every block
   int64_t loss_chunks = 0;           // train.loss_chunks (models::CausalLM::set_loss_chunks)
+  bool trained_head_in_chunks = false;  // train.trained_head_in_chunks (models::CausalLM::set_trained_head_in_chunks)
 };
 
 // Reads the keys add_train_keys adds; problems (min_lr > lr, eval_every without eval_batches, an optimizer.* key

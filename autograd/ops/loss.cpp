@@ -144,13 +144,20 @@ class CrossEntropyFusedPrim final : public Primitive {
 // over the same buffer: dlogits = softmax - onehot over the logits (cross_entropy_fused with a cotangent of 1), then
 // dlogits w into dx's rows. That costs no product more than cross_entropy(linear(x, w)), and row i of dx depends on
 // row i's loss alone, so the backward is dx scaled row by row by each row's cotangent, whatever the reduction after.
-// A weight gradient would not scale that way (it sums over the rows), so w must need none: the frozen head of a
-// LoRA or QLoRA fine-tune, or any head without grad mode (evaluation). Outputs: the per-row loss [N] (the loss
-// dtype) and, with input_grad, dx [N, H] (x's dtype), saved for the backward.
+// A weight gradient does not scale that way (it sums over the rows) unless every row's cotangent is the same, which
+// holds when the rows are reduced to their mean or sum inside linear_cross_entropy and nothing else reads them: then
+// (weight_grad) the forward also sums dlogits^T x over the chunks into dw [V, H] and the backward scales it by that
+// one cotangent (Liger-Kernel's fused linear cross entropy does the same), so a trained head's logits are never whole
+// either: 1.05 GB less at the 8B full fine-tune's peak, for no product more. The chunks' products add into dw in
+// its dtype (bf16: rounded once a chunk, as autograd sums a chunked head's gradients). Outputs: the per-row loss [N]
+// (the loss dtype), with input_grad dx [N, H] (x's dtype), with weight_grad dw [V, H] (w's dtype), saved for the
+// backward.
 class LinearCrossEntropyPrim final : public Primitive {
  public:
-  LinearCrossEntropyPrim(int64_t ignore_index, double label_smoothing, int64_t chunk_rows, bool input_grad)
-      : ignore_(ignore_index), ls_(label_smoothing), chunk_(chunk_rows), input_grad_(input_grad) {}
+  LinearCrossEntropyPrim(int64_t ignore_index, double label_smoothing, int64_t chunk_rows, bool input_grad,
+                         bool weight_grad)
+      : ignore_(ignore_index), ls_(label_smoothing), chunk_(chunk_rows), input_grad_(input_grad),
+        weight_grad_(weight_grad) {}
   std::string_view name() const override { return "linear_cross_entropy"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
     INGOT_CHECK(in.size() == 3, "linear_cross_entropy: expected x, w, target, got ", in.size(), " inputs");
@@ -160,8 +167,10 @@ class LinearCrossEntropyPrim final : public Primitive {
                 shape_str(w.shape));
     INGOT_CHECK(x.dtype == w.dtype, "linear_cross_entropy: x is ", dtype_name(x.dtype), ", w ", dtype_name(w.dtype));
     const TensorMeta row = loss_row_meta(name(), {{x.shape[0], w.shape[0]}, x.dtype, x.device}, in[2]);
-    if (!input_grad_) return {row};
-    return {row, x};
+    std::vector<TensorMeta> out{row};
+    if (input_grad_) out.push_back(x);
+    if (weight_grad_) out.push_back(w);
+    return out;
   }
   std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
     std::vector<Tensor> out = alloc_outputs(infer(metas_of(in)));
@@ -173,7 +182,8 @@ class LinearCrossEntropyPrim final : public Primitive {
     // One logits buffer for every chunk: the kernels run in order on the device's stream, and the allocator hands
     // the buffer out again only to work ordered after them.
     const Tensor logits = empty({c, v}, x.dtype(), dev), lse = empty({c}, st, dev);
-    const Tensor ones = input_grad_ ? full({c}, 1.0, st, dev) : Tensor();
+    const bool grads = input_grad_ || weight_grad_;
+    const Tensor ones = grads ? full({c}, 1.0, st, dev) : Tensor();
     const Tensor w3 = w.as_strided({1, v, h}, {v * h, h, 1}, w.offset());
     for (int64_t r = 0; r < n; r += c) {
       const int64_t m = std::min(c, n - r);
@@ -184,25 +194,41 @@ class LinearCrossEntropyPrim final : public Primitive {
       const Tensor lse_rows = lse.as_strided({m}, {1}, lse.offset());
       INGOT_KERNEL_CALL(dev, matmul, lg.as_strided({1, m, v}, {m * v, v, 1}, lg.offset()), xs, w3, false, true,
                         1.0, 0.0);
-      if (!input_grad_) {
+      if (!grads) {
         INGOT_KERNEL_CALL(dev, cross_entropy_fwd, loss, lse_rows, lg, tr, ignore_, ls_);
         continue;
       }
       // The gradient over the logits, in place (each row is read whole before it is written).
       INGOT_KERNEL_CALL(dev, cross_entropy_fused, loss, lse_rows, lg, lg, tr, ones.as_strided({m}, {1}, ones.offset()),
                         ignore_, ls_);
-      const Tensor& dx = out[1];
-      INGOT_KERNEL_CALL(dev, matmul, dx.as_strided({1, m, h}, {m * h, h, 1}, dx.offset() + r * h),
-                        lg.as_strided({1, m, v}, {m * v, v, 1}, lg.offset()), w3, false, false, 1.0, 0.0);
+      const Tensor lg3 = lg.as_strided({1, m, v}, {m * v, v, 1}, lg.offset());
+      if (input_grad_) {
+        const Tensor& dx = out[1];
+        INGOT_KERNEL_CALL(dev, matmul, dx.as_strided({1, m, h}, {m * h, h, 1}, dx.offset() + r * h), lg3, w3, false,
+                          false, 1.0, 0.0);
+      }
+      if (weight_grad_) {  // dw (+)= dlogits^T x over this chunk's rows
+        const Tensor& dw = out[input_grad_ ? 2 : 1];
+        INGOT_KERNEL_CALL(dev, matmul, dw.as_strided({1, v, h}, {v * h, h, 1}, dw.offset()), lg3, xs, true, false, 1.0,
+                          r == 0 ? 0.0 : 1.0);
+      }
     }
     return out;
   }
   bool saves_input(size_t) const override { return false; }
-  bool saves_output(size_t k) const override { return k == 1; }
+  bool saves_output(size_t k) const override { return k >= 1; }
   std::vector<Tensor> vjp(const VjpContext& c, const std::vector<Tensor>& g) const override {
-    INGOT_CHECK(!c.needs_grad[1], "linear_cross_entropy: the weight cannot get a gradient (Note [Logits in chunks])");
     std::vector<Tensor> grads(3);
-    if (!c.needs_grad[0] || !g[0].defined()) return grads;
+    if (!g[0].defined()) return grads;
+    INGOT_CHECK(!c.needs_grad[1] || weight_grad_, "linear_cross_entropy: built without the weight's gradient (Note "
+                "[Logits in chunks])");
+    if (c.needs_grad[1]) {
+      // Every row's cotangent is the same (the rows are reduced to their mean or sum: Note [Logits in chunks]); the
+      // scale is rounded to dw's dtype so that no f32 copy of dw is made (1.0, the usual one, exactly).
+      const Tensor& dw = c.outputs[input_grad_ ? 2 : 1];
+      grads[1] = mul(dw, cast(reshape(narrow(g[0], 0, 0, 1), {}), dw.dtype()));
+    }
+    if (!c.needs_grad[0]) return grads;
     INGOT_CHECK(input_grad_, "linear_cross_entropy: built without the input's gradient (no grad mode then)");
     const Tensor& dx = c.outputs[1];
     const Tensor row_scale = reshape(g[0], {dx.size(0), 1});
@@ -211,14 +237,14 @@ class LinearCrossEntropyPrim final : public Primitive {
   }
   void print_attrs(std::ostream& os) const override {
     os << "ignore_index=" << ignore_ << ", label_smoothing=" << ls_ << ", chunk_rows=" << chunk_
-       << ", input_grad=" << input_grad_;
+       << ", input_grad=" << input_grad_ << ", weight_grad=" << weight_grad_;
   }
 
  private:
   int64_t ignore_;
   double ls_;
   int64_t chunk_;
-  bool input_grad_;
+  bool input_grad_, weight_grad_;
 };
 
 // The per-row losses `loss` [N] of targets `t1` [N] reduced as cross_entropy's `reduction` asks; None gives them
@@ -271,10 +297,11 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   INGOT_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1),
               "linear_cross_entropy: expected x [..., H] and w [V, H], got ", shape_str(x.shape()), " and ",
               shape_str(w.shape()));
-  INGOT_CHECK(!(grad_enabled() && w.requires_grad()), "linear_cross_entropy: the weight ",
+  const bool weight_grad = grad_enabled() && w.requires_grad();
+  INGOT_CHECK(!weight_grad || reduction != Reduction::None, "linear_cross_entropy: the weight ",
               w.name().empty() ? std::string("w") : w.name(),
-              " requires a gradient, which it does not compute (Note [Logits in chunks]): use "
-              "cross_entropy(linear(x, w), target)");
+              " requires a gradient, which it computes only for a mean or sum over the rows (Note [Logits in "
+              "chunks]): use reduction mean or sum, or cross_entropy(linear(x, w), target)");
   INGOT_CHECK(target.dtype() == DType::i64, "linear_cross_entropy: expected target of dtype i64, got ",
               dtype_name(target.dtype()));
   INGOT_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0,
@@ -294,7 +321,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   const Tensor x2 = contiguous(x.dim() == 2 ? x : reshape(x, {n, h}));
   const Tensor t1 = contiguous(target.dim() == 1 ? target : reshape(target, {n}));
   Tensor loss = apply(std::make_shared<LinearCrossEntropyPrim>(ignore_index, label_smoothing, std::max<int64_t>(chunk, 1),
-                                                               input_grad),
+                                                               input_grad, weight_grad),
                       {x2, w, t1})[0];
   return reduce_rows(loss, t1, target.shape(), ignore_index, reduction);
 }

@@ -140,25 +140,31 @@ TEST(CrossEntropy, BadTargetsAreErrorsNamingTheOp) {
 
 // Note [Logits in chunks] (autograd/ops/loss.cpp): linear_cross_entropy is cross_entropy(linear(x, w)) in every
 // chunking (a chunk of one row, chunks that divide the rows and one that does not, one chunk larger than all of
-// them), every reduction, with ignored rows and label smoothing; x's gradient under per-row cotangents (None) too.
+// them), every reduction, with ignored rows and label smoothing; x's gradient under per-row cotangents (None) too,
+// and with a mean or a sum (scaled by a cotangent other than 1) w's gradient summed over the chunks.
 TEST(LinearCrossEntropy, MatchesCrossEntropyOfTheLinearInEveryChunkingAndReduction) {
   manual_seed(33);
-  const Tensor x0 = randn({3, 3, 6}, DType::f64), w = mul(randn({11, 6}, DType::f64), 0.7);
+  const Tensor x0 = randn({3, 3, 6}, DType::f64), w0 = mul(randn({11, 6}, DType::f64), 0.7);
   const Tensor t = targets({0, 10, -100, 4, 4, 7, -100, 1, 9}, {3, 3});
   const Tensor row_cot = randn({3, 3}, DType::f64);
   for (Reduction red : {Reduction::None, Reduction::Mean, Reduction::Sum})
     for (double ls : {0.0, 0.1}) {
-      Tensor xr = leaf(x0);
-      Tensor ref = cross_entropy(linear(xr, w), t, -100, ls, red);
-      (red == Reduction::None ? sum(mul(ref, row_cot)) : ref).backward();
+      const bool trained = red != Reduction::None;
+      Tensor xr = leaf(x0), wr = trained ? leaf(w0) : w0;
+      Tensor ref = cross_entropy(linear(xr, wr), t, -100, ls, red);
+      (red == Reduction::None ? sum(mul(ref, row_cot)) : mul(ref, 1.7)).backward();
       for (int64_t chunk : {0, 1, 2, 4, 9, 20}) {
         SCOPED_TRACE(detail::str_cat("reduction ", static_cast<int>(red), " ls ", ls, " chunk_rows ", chunk));
-        Tensor x = leaf(x0);
+        Tensor x = leaf(x0), w = trained ? leaf(w0) : w0;
         Tensor got = linear_cross_entropy(x, w, t, -100, ls, red, chunk);
         ASSERT_EQ(got.shape(), ref.shape());
         EXPECT_LE(max_rel_error(got, ref, 1e-12, 1e-13), 1.0);
-        (red == Reduction::None ? sum(mul(got, row_cot)) : got).backward();
+        (red == Reduction::None ? sum(mul(got, row_cot)) : mul(got, 1.7)).backward();
         EXPECT_LE(max_rel_error(x.grad(), xr.grad(), 1e-12, 1e-13), 1.0);
+        if (trained) {
+          ASSERT_TRUE(w.grad().defined());
+          EXPECT_LE(max_rel_error(w.grad(), wr.grad(), 1e-12, 1e-13), 1.0);
+        }
       }
     }
 }
@@ -177,6 +183,17 @@ TEST(LinearCrossEntropy, GradientsMatchFiniteDifferences) {
           },
           {x});
     }
+  // A trained head: w's gradient from the chunks, under a mean and a sum.
+  for (Reduction red : {Reduction::Mean, Reduction::Sum})
+    for (int64_t chunk : {1, 3}) {
+      SCOPED_TRACE(detail::str_cat("trained head, reduction ", static_cast<int>(red), " chunk_rows ", chunk));
+      Tensor x = leaf(randn_noncontig({4, 5})), wt = leaf(randn({6, 5}, DType::f64));
+      EXPECT_GRADCHECK(
+          [&](const std::vector<Tensor>& v) {
+            return std::vector<Tensor>{linear_cross_entropy(v[0], v[1], targets(t, {4}), 7, 0.1, red, chunk)};
+          },
+          (std::vector<Tensor>{x, wt}));
+    }
 }
 
 // bf16: the same products and row kernels as cross_entropy(linear(x, w)) on each chunk, so the same loss and the
@@ -187,19 +204,22 @@ TEST(LinearCrossEntropy, Bf16MatchesCrossEntropyOfTheLinearAndGivesAnF32Loss) {
   std::vector<int64_t> tv;
   for (int i = 0; i < 16; ++i) tv.push_back(i % 5 == 4 ? -100 : (i * 7) % 50);
   const Tensor t = targets(tv, {16});
-  Tensor xr = leaf(x0), x = leaf(x0);
-  Tensor ref = cross_entropy(linear(xr, w), t);
+  Tensor xr = leaf(x0), x = leaf(x0), wr = leaf(w), wt = leaf(w);
+  Tensor ref = cross_entropy(linear(xr, wr), t);
   ref.backward();
-  Tensor got = linear_cross_entropy(x, w, t, -100, 0.0, Reduction::Mean, 5);
+  Tensor got = linear_cross_entropy(x, wt, t, -100, 0.0, Reduction::Mean, 5);
   got.backward();
   EXPECT_EQ(got.dtype(), DType::f32);
   EXPECT_EQ(x.grad().dtype(), DType::bf16);
   EXPECT_NEAR(got.item(), ref.item(), 1e-6 * std::abs(ref.item()));
   EXPECT_LE(max_rel_error(x.grad(), xr.grad(), 1e-2, 1e-4), 1.0);
+  // w's gradient adds the chunks' products in bf16 (rounded at each of the 4 chunks, once unchunked).
+  EXPECT_EQ(wt.grad().dtype(), DType::bf16);
+  EXPECT_LE(max_rel_error(wt.grad(), wr.grad(), 2e-2, 1e-4), 1.0);
 }
 
-// Without grad mode nothing but the loss is computed, and a weight that needs a gradient is an error naming it
-// (its gradient would not follow the rows' cotangents).
+// Without grad mode nothing but the loss is computed, and a weight that needs a gradient is an error naming it when
+// the rows are not reduced (its gradient would not follow the rows' cotangents).
 TEST(LinearCrossEntropy, NoGradModeComputesTheLossAloneAndATrainedWeightIsAnErrorNamingIt) {
   manual_seed(36);
   Tensor x = leaf(randn({4, 3}, DType::f64));
@@ -214,12 +234,14 @@ TEST(LinearCrossEntropy, NoGradModeComputesTheLossAloneAndATrainedWeightIsAnErro
   EXPECT_NEAR(plain.item(), with_grad.item(), 1e-14);
   Tensor trained = leaf(randn({5, 3}, DType::f64));
   trained.set_name("lm_head.weight");
-  const std::string e = error_of([&] { linear_cross_entropy(x, trained, t); });
+  const std::string e = error_of([&] { linear_cross_entropy(x, trained, t, -100, 0.0, Reduction::None); });
   EXPECT_NE(e.find("linear_cross_entropy"), std::string::npos) << e;
   EXPECT_NE(e.find("lm_head.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("mean or sum"), std::string::npos) << e;
+  EXPECT_NO_THROW(linear_cross_entropy(x, trained, t));
   {
     NoGradGuard ng;
-    EXPECT_NO_THROW(linear_cross_entropy(x, trained, t));
+    EXPECT_NO_THROW(linear_cross_entropy(x, trained, t, -100, 0.0, Reduction::None));
   }
 }
 

@@ -159,14 +159,15 @@ const std::vector<OpCase>& op_list() {
         with({"cross_entropy", [](DType dt) { return V{normal({4, 7}, dt), ids({4}, 7)}; },
               [](const V& x) { return V{cross_entropy(x[0], x[1])}; }},
              "its own row kernels (fused with its gradient by compile/passes/fuse_cross_entropy.cpp)"),
-        // Chunks of 2 of the 5 rows (the last one short), one target ignored; w is a frozen head (no gradient).
+        // Chunks of 2 of the 5 rows (the last one short), one target ignored; the rows' mean, so that w gets its
+        // gradient from the chunks too (a trained head; a frozen one is the same without dw: tests/ops/test_loss.cpp).
         with({"linear_cross_entropy",
               [](DType dt) {
                 std::vector<int64_t> t = {3, -100, 6, 0, 2};
                 return V{normal({5, 4}, dt), normal({7, 4}, dt), from_vector_i64(t, {5})};
               },
-              [](const V& x) { return V{linear_cross_entropy(x[0], x[1], x[2], -100, 0.0, Reduction::None, 2)}; },
-              "", true, "", 1},
+              [](const V& x) { return V{linear_cross_entropy(x[0], x[1], x[2], -100, 0.0, Reduction::Mean, 2)}; },
+              "", true, "", 2},
              "its products and row kernels a chunk of rows at a time (Note [Logits in chunks])"),
         // indexing (autograd/ops/index.cpp)
         with({"index_select", [](DType dt) { return V{normal({6, 4}, dt), ids({5}, 6)}; },
