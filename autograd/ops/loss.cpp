@@ -148,8 +148,10 @@ class CrossEntropyFusedPrim final : public Primitive {
 // holds when the rows are reduced to their mean or sum inside linear_cross_entropy and nothing else reads them: then
 // (weight_grad) the forward also sums dlogits^T x over the chunks into dw [V, H] and the backward scales it by that
 // one cotangent (Liger-Kernel's fused linear cross entropy does the same), so a trained head's logits are never whole
-// either: 1.05 GB less at the 8B full fine-tune's peak, for no product more. The chunks' products add into dw in
-// its dtype (bf16: rounded once a chunk, as autograd sums a chunked head's gradients). Outputs: the per-row loss [N]
+// either, for no product more (train.trained_head_in_chunks; the 8B's offloaded full fine-tune on an H200: 0.74 GB
+// less at its peak; its compiled step's peak unchanged: the scaled gradient is made beside the unscaled one).
+// The chunks' products add into dw in its dtype (bf16: rounded once a chunk, as autograd sums a chunked head's
+// gradients). Outputs: the per-row loss [N]
 // (the loss dtype), with input_grad dx [N, H] (x's dtype), with weight_grad dw [V, H] (w's dtype), saved for the
 // backward.
 class LinearCrossEntropyPrim final : public Primitive {
