@@ -178,7 +178,10 @@ class LinearCrossEntropyPrim final : public Primitive {
     std::vector<Tensor> out = alloc_outputs(infer(metas_of(in)));
     const Tensor x = in[0].contiguous_raw(), w = in[1].contiguous_raw(), t = in[2].contiguous_raw();
     const int64_t n = x.size(0), h = x.size(1), v = w.size(0), c = std::min(chunk_, n);
-    if (n == 0) return out;
+    if (n == 0) {  // no rows: w's gradient is zero
+      if (weight_grad_ && out.back().numel() > 0) INGOT_KERNEL_CALL(out.back().device(), fill, out.back(), 0.0);
+      return out;
+    }
     const DType st = out[0].dtype();
     const Device dev = x.device();
     // One logits buffer for every chunk: the kernels run in order on the device's stream, and the allocator hands
@@ -228,7 +231,7 @@ class LinearCrossEntropyPrim final : public Primitive {
       // Every row's cotangent is the same (the rows are reduced to their mean or sum: Note [Logits in chunks]); the
       // scale is rounded to dw's dtype so that no f32 copy of dw is made (1.0, the usual one, exactly).
       const Tensor& dw = c.outputs[input_grad_ ? 2 : 1];
-      grads[1] = mul(dw, cast(reshape(narrow(g[0], 0, 0, 1), {}), dw.dtype()));
+      grads[1] = g[0].numel() == 0 ? dw : mul(dw, cast(reshape(narrow(g[0], 0, 0, 1), {}), dw.dtype()));
     }
     if (!c.needs_grad[0]) return grads;
     INGOT_CHECK(input_grad_, "linear_cross_entropy: built without the input's gradient (no grad mode then)");

@@ -239,6 +239,11 @@ TEST(LinearCrossEntropy, NoGradModeComputesTheLossAloneAndATrainedWeightIsAnErro
   EXPECT_NE(e.find("lm_head.weight"), std::string::npos) << e;
   EXPECT_NE(e.find("mean or sum"), std::string::npos) << e;
   EXPECT_NO_THROW(linear_cross_entropy(x, trained, t));
+  // No rows: the sum is 0 and w's gradient zero.
+  Tensor w0 = leaf(randn({5, 3}, DType::f64));
+  linear_cross_entropy(leaf(randn({0, 3}, DType::f64)), w0, targets({}, {0}), -100, 0.0, Reduction::Sum).backward();
+  ASSERT_TRUE(w0.grad().defined());
+  for (double g : w0.grad().to_vector()) EXPECT_EQ(g, 0.0);
   {
     NoGradGuard ng;
     EXPECT_NO_THROW(linear_cross_entropy(x, trained, t, -100, 0.0, Reduction::None));
