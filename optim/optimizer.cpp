@@ -218,20 +218,23 @@ void Optimizer::place_state(size_t index, const std::string& name, const Tensor&
 // else on the current stream, asynchronously, before the update that follows there. Nothing writes a host buffer
 // before its copy in is done (its copy back follows the update).
 void Optimizer::restore_state(size_t index) {
+  if (!state_on_host(index)) return;
   const int device = params_[index].device().index;
-  if (copies_) {
-    copies_->this_step.push_back(index);
-    if (!copies_->ahead.empty() && copies_->ahead.front().index == index) {
-      OffloadCopies::Ahead& a = copies_->ahead.front();
-      a.done->wait(cuda::current_stream(device));
-      for (auto& [name, dev] : a.device_buffers) state_[index][name] = dev;
-      copies_->ahead_bytes -= a.bytes;
-      copies_->ahead.pop_front();
-      return;
-    }
-    copies_->drop_ahead();  // out of last step's order: this one is copied in below
-    copies_->order_after_copy_back(index, cuda::current_stream(device));
+  if (!copies_) {  // the first update offloaded (a fresh start's state is made by it; a resumed one's was loaded)
+    copies_ = std::make_shared<OffloadCopies>(device);
+    copies_->count(host_state_);
   }
+  copies_->this_step.push_back(index);
+  if (!copies_->ahead.empty() && copies_->ahead.front().index == index) {
+    OffloadCopies::Ahead& a = copies_->ahead.front();
+    a.done->wait(cuda::current_stream(device));
+    for (auto& [name, dev] : a.device_buffers) state_[index][name] = dev;
+    copies_->ahead_bytes -= a.bytes;
+    copies_->ahead.pop_front();
+    return;
+  }
+  copies_->drop_ahead();  // out of last step's order: this one is copied in below
+  copies_->order_after_copy_back(index, cuda::current_stream(device));
   for (const auto& [name, host] : host_state_[index]) {
     Tensor dev = empty(host.shape(), host.dtype(), params_[index].device());
     cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), cuda::current_stream(device));
@@ -244,11 +247,7 @@ void Optimizer::restore_state(size_t index) {
 void Optimizer::offload_state(size_t index) {
   if (!state_on_host(index)) return;
   const int device = params_[index].device().index;
-  if (!copies_) {
-    copies_ = std::make_shared<OffloadCopies>(device);
-    copies_->count(host_state_);
-    copies_->this_step.push_back(index);  // restore_state ran before there were copies to keep the order
-  }
+  INGOT_INTERNAL_CHECK(copies_ != nullptr, "Optimizer::offload_state(", index, ") without restore_state first");
   cuda::Event updated;
   updated.record(cuda::current_stream(device));
   updated.wait(copies_->stream);
