@@ -159,6 +159,25 @@ class TraceObserver {
   // `t` holds host-computed values that a replay must recompute with `produce` before every run (learning
   // rate, step count); `produce` may advance host counters (it stands in for the host code that made t).
   virtual void on_host_input(const Tensor& t, std::function<Tensor()> produce) = 0;
+  // Note [Inputs bound just in time] (compile/ir/graph.h): `ts`, persistent tensors that ops after this call read
+  // and may update in place (one parameter's optimizer state, kept in host memory between its updates: Note
+  // [Optimizer state offloaded], optim/optimizer.cpp), are bound in each compiled run by `bind` (tensors like `ts`,
+  // in order) right before the first step that reads them, and handed back by `done` after the last step that reads
+  // or updates them; the graph holds none of them in between. False where the observer cannot (a deferred segment).
+  virtual bool on_inputs_bound_just_in_time(const std::vector<Tensor>& ts, std::function<std::vector<Tensor>()> bind,
+                                            std::function<void()> done) {
+    (void)ts;
+    (void)bind;
+    (void)done;
+    return false;
+  }
+  // Host work an eager step does around its backward, which a compiled run must do too: `before_backward` once its
+  // forward's steps are done, `at_end` after its last step. False where the observer cannot.
+  virtual bool on_run_host_work(std::function<void()> before_backward, std::function<void()> at_end) {
+    (void)before_backward;
+    (void)at_end;
+    return false;
+  }
   // Deferred execution (compile/trace/segments.h): asked before `p` is evaluated. Outputs returned here stand in
   // for the evaluation (right metadata, data produced later by the observer); nullopt evaluates now. Either
   // way on_apply follows.

@@ -7,6 +7,8 @@
 // and step time with the whole-step compile's.
 // --peak-tflops P: the device's dense bf16 rate for the MFU column (default 989.4, an H100 / H200 SXM's datasheet
 // rate); the column reads "-" on CPUs.
+// --trained-head-in-chunks: the loss through linear_cross_entropy in chunks with the head's gradient made in the
+// forward (Note [Logits in chunks], autograd/ops/loss.cpp), to measure its step time and peak against whole logits.
 // --losses: also print every step's loss (warm-up included), to compare the trajectories of two modes.
 // --memory-budget B: compile with CompileOptions::memory_budget = B (< 1 recomputes cheap saved activations in
 // the backward, compile/passes/remat.cpp).
@@ -69,7 +71,7 @@ struct Args {
   int64_t profile = 0;
   bool profiler_range = false, profile_events = false, losses = false, regional = false;
   bool timeline = false, timeline_slots = false, one_update = false, ddp_alone = false, keep_after_forward = false;
-  bool prefetch = true;
+  bool prefetch = true, trained_head_in_chunks = false;
   int zero_stage = 0, unit_reduction_lag = 1, keep_last_blocks = 0;
   bool gather_embeddings = false;
   double bucket_cap_mb = distributed::DdpOptions{}.bucket_cap_mb;
@@ -108,6 +110,9 @@ Args parse(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--losses", a.losses, "print every step's loss");
   app.add_flag("--regional", a.regional, "compile each transformer block as its own region");
+  app.add_flag("--trained-head-in-chunks", a.trained_head_in_chunks,
+               "the tied head's logits a chunk at a time, its gradient summed over the chunks in the forward "
+               "(train.trained_head_in_chunks)");
   app.add_option("--peak-tflops", a.peak_tflops, "the GPU's dense bf16 peak, for MFU")->capture_default_str();
   const std::string dist = "Under ingot launch (DDP)";
   app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket size")->capture_default_str()->group(dist);
@@ -163,6 +168,7 @@ int main(int argc, char** argv) try {
   model.to(dev);
   if (a.dtype == "bf16") model.set_compute_dtype(DType::bf16);
   else INGOT_CHECK(a.dtype == "f32", "bench_gpt2_step: --dtype must be bf16 or f32, got ", a.dtype);
+  model.set_trained_head_in_chunks(a.trained_head_in_chunks);
   bench::DataParallelStep dp;
   dp.reduce_wire_dtype = a.reduce_wire_dtype;
   dp.wrap(model, w, a.zero_stage, a.bucket_cap_mb, a.reduce_dtype, !a.keep_after_forward, true,

@@ -109,7 +109,7 @@ struct CompiledFunction::State {
   // Captured tensors must still look as traced (a parameter replaced or re-typed recompiles).
   static std::string captured_mismatch(const compiler::Graph& g) {
     for (const compiler::GraphInput& in : g.inputs) {
-      if (in.role != compiler::InputRole::Captured) continue;
+      if (in.role != compiler::InputRole::Captured || in.jit >= 0) continue;  // jit: checked when bound
       Tensor t = in.grad_of ? Tensor(in.grad_of->grad) : in.tensor;
       const compiler::Value& v = g.values[static_cast<size_t>(in.value)];
       if (!t.defined()) return "captured '" + in.name + "' is undefined now";

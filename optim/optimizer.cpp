@@ -75,7 +75,10 @@ std::vector<size_t> Optimizer::params_with_grad() const {
 // full fine-tune on an H200 (bench/RESULTS.md, thirty-seventh session): 21.46 GB at 544-545 ms/step (639 ms copying
 // only the next parameter's ahead and waiting for the copies back at each step's end; 497 ms with the state on the
 // GPU); with the copies back waited for at the step's end, a 2 GiB window gained ~20 ms for 1.1 GB more, 4 GiB
-// nothing more (PCIe: ~51 GB/s in, ~55 out).
+// nothing more (PCIe: ~51 GB/s in, ~55 out). A compiled step does the same through the same calls: its graph binds
+// each parameter's state just in time for the update (restore_state) and hands it back after (offload_state), and
+// runs release_offload_copies / finish_offload where an eager step does (Note [Inputs bound just in time],
+// compile/ir/graph.h; recipes/train_step.cpp registers them while tracing, its first step eager so the state exists).
 namespace {
 Tensor pinned_host_buffer(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(numel(shape)) * itemsize(dtype);
@@ -240,6 +243,18 @@ void Optimizer::restore_state(size_t index) {
     cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), cuda::current_stream(device));
     state_[index][name] = dev;
   }
+}
+
+std::vector<Tensor> Optimizer::offloaded_state(size_t index) const {
+  std::vector<Tensor> out;
+  if (!state_on_host(index)) return out;
+  for (const auto& [name, host] : host_state_[index]) {
+    const Tensor& t = state_[index].at(name);
+    INGOT_INTERNAL_CHECK(t.device().is_cuda(), "Optimizer::offloaded_state(", index, "): '", name,
+                         "' is not on the GPU (restore_state first)");
+    out.push_back(t);
+  }
+  return out;
 }
 
 // The updated state back to its host buffers on the copy stream, once the update is done (an event of the current

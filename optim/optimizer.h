@@ -57,6 +57,9 @@ class Optimizer {
   bool offload() const { return offload_; }
   void restore_state(size_t index);
   void offload_state(size_t index);
+  // Parameter `index`'s offloaded state as restore_state() left it on the GPU, by name (empty when not offloaded or
+  // not made yet): what a compiled step binds for its update (Note [Inputs bound just in time], compile/ir/graph.h).
+  std::vector<Tensor> offloaded_state(size_t index) const;
   // At a step's end: starts copying in the next step's first parameters' state (each after its copy back).
   void finish_offload();
   // Frees the GPU buffers of the copies back still running (a step's last ones, run on into the next forward) once

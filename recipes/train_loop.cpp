@@ -80,8 +80,9 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
               "one process on a GPU: keep the optimizer's state in page-locked host memory and pass each parameter's "
               "through the GPU for its update in the backward (train.optimizer_in_backward), so the GPU holds the "
               "weights and activations but not the ~2 bytes a parameter of AdamW8bit's moments (an 8B full fine-tune "
-              "in under 24 GB), at the price of two PCIe copies of the state a step; the same updates. Eager steps "
-              "only (compile.enabled false); ignored on the CPU"));
+              "in under 24 GB), at the price of two PCIe copies of the state a step; the same updates. Compiled steps "
+              "bind each parameter's state just in time for its update (their first step runs eagerly); ignored on "
+              "the CPU"));
   s.add(K::of(T::String, "train.activation_checkpointing", "none",
               "blocks: each decoder block keeps only its input for the backward, which runs the block's forward "
               "again (less activation memory for about one more forward; eager and compiled steps); mlp: only each "
@@ -206,10 +207,6 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
       errors.fail(cfg, "train.optimizer_offload",
                   "true passes each parameter's state through the GPU for its update in the backward, and "
                   "train.optimizer_in_backward is false: set it true");
-    if (cfg.value("compile.enabled").text == "true")
-      errors.fail(cfg, "train.optimizer_offload",
-                  "true runs eager steps (a compiled step keeps the state on the GPU), and compile.enabled is true: "
-                  "set compile.enabled=false");
   }
   o.init_loss_scale = rd.f64("train.init_loss_scale");
   if (set_by_user("train.init_loss_scale") && cfg.value("dtype").text != "f16")

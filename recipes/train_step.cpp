@@ -15,8 +15,11 @@ TrainStep::TrainStep(const TrainStepParts& parts, const CompileSettings& c, std:
   // Under DDP the bucket all-reduces (ZeRO-1/2: reduce-scatters and all-gathers) are nodes of the compiled
   // graph (Note [DDP in a traced step], distributed/ddp.cpp).
   if (c.enabled) {
-    compiled_ = compile([this](const std::vector<Tensor>& b) { return body(b, true); },
-                        compile_options(c, p_.opts.optimizer_in_backward && !p_.dp));
+    CompileOptions o = compile_options(c, p_.opts.optimizer_in_backward && !p_.dp);
+    // Offloaded state (Note [Optimizer state offloaded]) is bound just in time in a compiled step, which needs it to
+    // exist when the step is traced: a fresh run's first step (which makes it) runs eagerly, the second traces.
+    if (p_.opts.optimizer_offload && p_.opt.offload()) o.stance = Stance::EagerThenCompile;
+    compiled_ = compile([this](const std::vector<Tensor>& b) { return body(b, true); }, o);
     log << "compile | mode " << c.mode << ": the first step traces and compiles the whole training step\n";
   }
   // Note [Updates in the backward] (distributed/fsdp_compiled.cpp): the shard whose gradient was just reduced is
@@ -65,6 +68,24 @@ void TrainStep::update_each_parameter_in_backward() {
       if (const std::shared_ptr<optim::Optimizer*> held = owner.lock()) {
         optim::Optimizer& opt = **held;
         opt.restore_state(i);  // offloaded state (Note [Optimizer state offloaded]): to the GPU and back
+        if (TraceObserver* obs = trace_observer(); obs && opt.offload()) {
+          // A compiled step binds it just in time for its update, as this does (Note [Inputs bound just in time]).
+          const std::vector<Tensor> state = opt.offloaded_state(i);
+          if (!state.empty()) {
+            auto bind = [owner, i] {
+              const std::shared_ptr<optim::Optimizer*> o = owner.lock();
+              INGOT_CHECK(o, "the compiled training step outlived its optimizer");
+              (*o)->restore_state(i);
+              return (*o)->offloaded_state(i);
+            };
+            auto done = [owner, i] {
+              if (const std::shared_ptr<optim::Optimizer*> o = owner.lock()) (*o)->offload_state(i);
+            };
+            INGOT_CHECK(obs->on_inputs_bound_just_in_time(state, bind, done),
+                        "train.optimizer_offload: a compiled step with graph breaks cannot bind the offloaded state "
+                        "(compile.fullgraph=true names the break)");
+          }
+        }
         opt.step();
         opt.zero_grad();
         opt.offload_state(i);
@@ -111,7 +132,23 @@ std::vector<Tensor> TrainStep::body(const std::vector<Tensor>& batch, bool trace
     // f16: backward runs on the loss times the loss scale; the update divides it out again.
     Tensor backward_of = scaler ? scaled * scaler->scale() : scaled;
     // Offloaded state: the last step's last copies back ran beside this forward; their buffers go before the backward.
-    if (in_backward_) p_.opt.release_offload_copies();
+    if (in_backward_) {
+      p_.opt.release_offload_copies();
+      // A compiled step does the same, and at its end what finish_offload does below (Note [Inputs bound just in
+      // time]); one traced micro-step registers both.
+      if (TraceObserver* obs = trace_observer(); obs && micro == 0 && p_.opt.offload()) {
+        std::weak_ptr<optim::Optimizer*> owner = hook_owner_;
+        INGOT_CHECK(obs->on_run_host_work(
+                        [owner] {
+                          if (auto o = owner.lock()) (*o)->release_offload_copies();
+                        },
+                        [owner] {
+                          if (auto o = owner.lock()) (*o)->finish_offload();
+                        }),
+                    "train.optimizer_offload: a compiled step with graph breaks cannot move the offloaded state "
+                    "(compile.fullgraph=true names the break)");
+      }
+    }
     if (dp) dp->backward(backward_of, micro + 1 == o.grad_accum);
     else backward_of.backward();
     total = total.defined() ? total + scaled.detach() : scaled.detach();

@@ -14,7 +14,7 @@
 #                          [budget] [long] [long_eager] [long_plain] [full] [full_adamw] [full_masters] [full_f32]
 #                          [full_torch] [full_ddp] [full_zero3] [full_zero3_nockpt] [full_zero3_masters]
 #                          [full_zero3_resume] [full_fsdp2] [full_inbwd] [full_inbwd_eager] [full_torch_inbwd]
-#                          [full_offload] [full_offload_24g]
+#                          [full_offload] [full_offload_24g] [full_offload_compiled] [full_offload_compiled_24g]
 #                              (default: ingot peft budget ingot_eager; they run in the order ingot, qlora, qlora_ckpt, qlora_mlp, mlp, ckpt,
 #                              text50, peft, budget, ingot_eager, peft_eager, long, long_eager, long_plain, memory while
 #                              DEADLINE allows)
@@ -24,7 +24,7 @@
 #         with AdamW's f32 state; full_inbwd(_eager): full (eager) with train.optimizer_in_backward;
 #         full_torch_inbwd: full_torch with torchtune's optimizer_in_bwd; full_offload: full_inbwd_eager with
 #         the optimizer's state in host memory (train.optimizer_offload); full_offload_24g: full_offload within
-#         INGOT_CUDA_MEMORY_LIMIT_GIB=23; full_masters: the same as full through f32 masters; full_f32: all in f32 (the losses rounding should
+#         INGOT_CUDA_MEMORY_LIMIT_GIB=23; full_offload_compiled(_24g): the same compiled; full_masters: the same as full through f32 masters; full_f32: all in f32 (the losses rounding should
 #         follow); full_torch: PyTorch's pure-bf16 full fine-tune (peft_lora.py --full --grad-ckpt:
 #         bf16 weights and AdamW state, gradient checkpointing, torch.compile), lr 1e-5 as the yaml;
 #         full_ddp: full under `ingot launch --nproc-per-node gpu` (plain DDP; BATCH is the global batch)
@@ -173,6 +173,11 @@ want full_offload && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot
 # full_offload_24g: the same with the allocator held to 23 GiB (a 24 GB card less its CUDA context).
 want full_offload_24g && INGOT_CUDA_MEMORY_LIMIT_GIB=23 RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml \
   ingot_run full_offload_24g train.optimizer_in_backward=true train.optimizer_offload=true
+# full_offload_compiled(_24g): the same compiled (each update's state bound just in time; the first step eager).
+want full_offload_compiled && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_offload_compiled \
+  compile.enabled=true train.optimizer_in_backward=true train.optimizer_offload=true
+want full_offload_compiled_24g && INGOT_CUDA_MEMORY_LIMIT_GIB=23 RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml \
+  ingot_run full_offload_compiled_24g compile.enabled=true train.optimizer_in_backward=true train.optimizer_offload=true
 want full_adamw && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_adamw compile.enabled=true \
   optimizer.name=adamw
 want full_masters && RECIPE_YAML=bench/configs/llama_8b/full_finetune.yaml ingot_run full_masters compile.enabled=true \

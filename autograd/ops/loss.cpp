@@ -136,6 +136,36 @@ class CrossEntropyFusedPrim final : public Primitive {
   double ls_;
 };
 
+// dw scaled by the one cotangent s (a [] tensor of dw's dtype) of linear_cross_entropy's reduced rows: x * s, computed
+// over x's buffer where x dies at it (Note [Outputs over dead inputs]), which it does in a compiled step: the unscaled
+// head gradient is read by nothing else, so the 8B's 1.05 GB head gradient is not held twice at the backward's peak
+// (a mul would make the scaled one beside it). Into a data-parallel bucket's slice like index_add_accumulate.
+class ScaleByCotangentPrim final : public Primitive {
+ public:
+  std::string_view name() const override { return "scale_by_cotangent"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override {
+    INGOT_CHECK(in.size() == 2 && in[1].shape.empty() && in[0].dtype == in[1].dtype,
+                "scale_by_cotangent: expected x and a [] scale of x's dtype");
+    return {in[0]};
+  }
+  std::vector<Tensor> eval(const std::vector<Tensor>& in) const override {
+    return eval_into(in, empty(in[0].shape(), in[0].dtype(), in[0].device()));
+  }
+  std::optional<size_t> reusable_input() const override { return 0; }
+  // Elementwise: each element is read before it is written, so `out` may be x's own buffer.
+  std::vector<Tensor> eval_into(const std::vector<Tensor>& in, const Tensor& out) const override {
+    if (out.numel() > 0)
+      INGOT_KERNEL_CALL(out.device(), binary, kernels::BinaryOp::Mul, out, in[0].contiguous_raw(),
+                        in[1].expand_raw(out.shape()));
+    return {out};
+  }
+  bool writes_given_outputs() const override { return true; }
+  void eval_to(const std::vector<Tensor>& in, const std::vector<Tensor>& outs) const override {
+    eval_into(in, outs[0]);  // reads x wherever it is: no copy of it first
+  }
+  bool differentiable() const override { return false; }
+};
+
 // Note [Logits in chunks]: linear_cross_entropy(x [N, H], w [V, H], target [N]) is cross_entropy(x w^T, target)
 // with the logits made a chunk of rows at a time into one [chunk, V] buffer, so a step never holds all N x V of
 // them: the 8B Llama's 128,256-word head at 2 x 2048 makes 1.05 GB of bf16 logits, and the eager backward (a
@@ -149,7 +179,7 @@ class CrossEntropyFusedPrim final : public Primitive {
 // (weight_grad) the forward also sums dlogits^T x over the chunks into dw [V, H] and the backward scales it by that
 // one cotangent (Liger-Kernel's fused linear cross entropy does the same), so a trained head's logits are never whole
 // either, for no product more (train.trained_head_in_chunks; the 8B's offloaded full fine-tune on an H200: 0.74 GB
-// less at its peak; its compiled step's peak unchanged: the scaled gradient is made beside the unscaled one).
+// less at its peak; in the compiled step the scale is written over the unscaled gradient: ScaleByCotangentPrim).
 // The chunks' products add into dw in its dtype (bf16: rounded once a chunk, as autograd sums a chunked head's
 // gradients). Outputs: the per-row loss [N]
 // (the loss dtype), with input_grad dx [N, H] (x's dtype), with weight_grad dw [V, H] (w's dtype), saved for the
@@ -231,7 +261,9 @@ class LinearCrossEntropyPrim final : public Primitive {
       // Every row's cotangent is the same (the rows are reduced to their mean or sum: Note [Logits in chunks]); the
       // scale is rounded to dw's dtype so that no f32 copy of dw is made (1.0, the usual one, exactly).
       const Tensor& dw = c.outputs[input_grad_ ? 2 : 1];
-      grads[1] = g[0].numel() == 0 ? dw : mul(dw, cast(reshape(narrow(g[0], 0, 0, 1), {}), dw.dtype()));
+      grads[1] = g[0].numel() == 0 ? dw
+                                   : apply(std::make_shared<ScaleByCotangentPrim>(),
+                                           {dw, cast(reshape(narrow(g[0], 0, 0, 1), {}), dw.dtype())})[0];
     }
     if (!c.needs_grad[0]) return grads;
     INGOT_CHECK(input_grad_, "linear_cross_entropy: built without the input's gradient (no grad mode then)");

@@ -98,6 +98,39 @@ std::vector<ExecStep> plan_steps(const Graph& g, const std::map<int32_t, GroupKe
   for (size_t v = 0; v < g.values.size(); ++v)
     if (last[v] >= 0 && !root[v])
       steps[static_cast<size_t>(step_of[static_cast<size_t>(last[v])])].release.push_back(static_cast<int32_t>(v));
+  // Note [Inputs bound just in time]: each group from the first step reading one of its inputs to the last step
+  // reading one, making one's write-back or reading that write-back.
+  if (!g.just_in_time.empty()) {
+    std::vector<int32_t> first_step(g.just_in_time.size(), -1), last_step(g.just_in_time.size(), -1);
+    auto span = [&](int32_t group, int32_t node) {
+      if (node < 0) return;
+      const int32_t s = step_of[static_cast<size_t>(node)];
+      int32_t& f = first_step[static_cast<size_t>(group)];
+      f = f < 0 ? s : std::min(f, s);
+      last_step[static_cast<size_t>(group)] = std::max(last_step[static_cast<size_t>(group)], s);
+    };
+    const std::vector<std::vector<int32_t>> readers = g.readers();
+    for (const GraphInput& in : g.inputs)
+      if (in.jit >= 0)
+        for (int32_t n : readers[static_cast<size_t>(in.value)]) span(in.jit, n);
+    for (const WriteBack& w : g.writebacks) {
+      const int32_t group = g.inputs[static_cast<size_t>(w.input)].jit;
+      if (group < 0 || first_step[static_cast<size_t>(group)] < 0) continue;
+      span(group, g.values[static_cast<size_t>(w.value)].producer);
+      for (int32_t n : readers[static_cast<size_t>(w.value)]) span(group, n);
+    }
+    for (size_t j = 0; j < g.just_in_time.size(); ++j) {
+      if (first_step[j] < 0) continue;  // never read: never bound
+      steps[static_cast<size_t>(first_step[j])].bind_before.push_back(static_cast<int32_t>(j));
+      steps[static_cast<size_t>(last_step[j])].done_after.push_back(static_cast<int32_t>(j));
+    }
+  }
+  if (!g.before_backward.empty()) {
+    int32_t last_forward = -1;
+    for (size_t n = 0; n < g.nodes.size(); ++n)
+      if (g.nodes[n].forward) last_forward = step_of[n];
+    if (static_cast<size_t>(last_forward + 1) < steps.size()) steps[static_cast<size_t>(last_forward + 1)].before_backward = true;
+  }
   return steps;
 }
 
@@ -112,6 +145,7 @@ std::vector<Tensor> bind_inputs(const Graph& g, const std::vector<Tensor>& args,
     switch (in.role) {
       case InputRole::Arg: t = args.at(static_cast<size_t>(in.arg)); break;
       case InputRole::Captured:
+        if (in.jit >= 0) continue;  // bound before its first reader (Note [Inputs bound just in time])
         t = in.grad_of ? Tensor(in.grad_of->grad) : in.tensor;
         INGOT_CHECK(t.defined(), "[compile] captured tensor '", in.name, "' is undefined at run time (a .grad that ",
                     "existed when the function was traced is gone; call zero_grad() consistently)");
@@ -252,6 +286,10 @@ std::vector<Tensor> finish(const Graph& g, const std::vector<Tensor>& env, const
   for (int32_t o : g.outputs) outs.push_back(owned(o));
   std::vector<Tensor> wb;
   for (const WriteBack& w : g.writebacks) {
+    if (g.inputs[static_cast<size_t>(w.input)].jit >= 0) {  // written back when its group was handed back
+      wb.emplace_back();
+      continue;
+    }
     const Tensor& src = env[static_cast<size_t>(w.value)];
     const Tensor& dst = g.inputs[static_cast<size_t>(w.input)].tensor;
     wb.push_back(src.storage() == dst.storage() ? src : owned(w.value));
@@ -267,6 +305,7 @@ std::vector<Tensor> finish(const Graph& g, const std::vector<Tensor>& env, const
     go.param->grad = t.impl_ptr();
   }
   for (size_t i = 0; i < g.writebacks.size(); ++i) {
+    if (g.inputs[static_cast<size_t>(g.writebacks[i].input)].jit >= 0) continue;
     Tensor dst = g.inputs[static_cast<size_t>(g.writebacks[i].input)].tensor;
     const Tensor& src = env[static_cast<size_t>(g.writebacks[i].value)];
     // Already in place (Note [In-place optimizer update], compile/exec/kernel_step.cpp).
@@ -459,6 +498,56 @@ void set_bucket_allocator(BucketAllocator allocator) {
   g_bucket_allocator = std::move(allocator);
 }
 
+namespace {
+// Note [Inputs bound just in time] (compile/ir/graph.h): the tensors of each group while it is bound.
+class JustInTimeBindings {
+ public:
+  explicit JustInTimeBindings(const Graph& g) : g_(g), bound_(g.just_in_time.size()), inputs_(g.just_in_time.size()) {
+    for (size_t k = 0; k < g.inputs.size(); ++k)
+      if (g.inputs[k].jit >= 0) inputs_[static_cast<size_t>(g.inputs[k].jit)].push_back(static_cast<int32_t>(k));
+  }
+  void bind(int32_t group, std::vector<Tensor>& env, std::set<const Storage*>& captured) {
+    std::vector<Tensor> ts = g_.just_in_time[static_cast<size_t>(group)].bind();
+    for (int32_t k : inputs_[static_cast<size_t>(group)]) {
+      const GraphInput& in = g_.inputs[static_cast<size_t>(k)];
+      const Value& v = g_.values[static_cast<size_t>(in.value)];
+      INGOT_CHECK(static_cast<size_t>(in.jit_index) < ts.size() && ts[static_cast<size_t>(in.jit_index)].defined(),
+                  "[compile] '", in.name, "', bound just in time, is missing at run time (", ts.size(), " given)");
+      const Tensor& t = ts[static_cast<size_t>(in.jit_index)];
+      INGOT_CHECK(t.dtype() == v.dtype && t.shape() == trace_shape(v.shape) && t.device() == v.device,
+                  "[compile] '", in.name, "', bound just in time, is ", dtype_name(t.dtype()), shape_str(t.shape()),
+                  " on ", t.device().str(), " at run time, traced as ", value_meta_str(g_, v.id), " on ",
+                  v.device.str());
+      env[static_cast<size_t>(in.value)] = t.detach();
+      captured.insert(t.storage().get());
+    }
+    bound_[static_cast<size_t>(group)] = std::move(ts);
+  }
+  // Write-backs into the group's tensors (none to copy when the update ran in place), then the group handed back;
+  // the run drops its handles to them so that their memory goes when the optimizer lets it go.
+  void done(int32_t group, std::vector<Tensor>& env) {
+    std::vector<Tensor>& ts = bound_[static_cast<size_t>(group)];
+    for (const WriteBack& w : g_.writebacks) {
+      const GraphInput& in = g_.inputs[static_cast<size_t>(w.input)];
+      if (in.jit != group) continue;
+      Tensor dst = ts[static_cast<size_t>(in.jit_index)];
+      Tensor& src = env[static_cast<size_t>(w.value)];
+      if (!same_place(src, dst) || src.strides() != dst.strides()) dst.copy_(src);
+      dst.bump_version();
+      if (std::find(g_.outputs.begin(), g_.outputs.end(), w.value) == g_.outputs.end()) src = Tensor();
+    }
+    for (int32_t k : inputs_[static_cast<size_t>(group)]) env[static_cast<size_t>(g_.inputs[static_cast<size_t>(k)].value)] = Tensor();
+    ts.clear();
+    g_.just_in_time[static_cast<size_t>(group)].done();
+  }
+
+ private:
+  const Graph& g_;
+  std::vector<std::vector<Tensor>> bound_;
+  std::vector<std::vector<int32_t>> inputs_;  // graph input indices per group
+};
+}  // namespace
+
 std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args) {
   const Graph& g = exe.graph;
   std::set<const Storage*> captured;
@@ -466,16 +555,28 @@ std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& ar
   OpProfilerHook* prof = op_profiler_hook();
   std::optional<MemoryWatch> watch;
   if (log_on(LogKind::Memory)) watch.emplace(g, env);
+  std::optional<JustInTimeBindings> jit;
+  if (!g.just_in_time.empty()) jit.emplace(g);
+  bool backward_started = false;
   for (size_t i = 0; i < exe.steps.size(); ++i) {
     const ExecStep& s = exe.steps[i];
+    if (s.before_backward) {
+      for (const auto& f : g.before_backward) f();
+      backward_started = true;
+    }
+    for (int32_t group : s.bind_before) jit->bind(group, env, captured);
     if (prof) run_step_profiled(exe, i, env, *prof);
     else run_step(g, s, env);
     if (watch) watch->after(i, exe, env);
     if (watch) watch->releasing(s.release, env);
     for (int32_t v : s.release) env[static_cast<size_t>(v)] = Tensor();
+    for (int32_t group : s.done_after) jit->done(group, env);
   }
+  if (!backward_started)
+    for (const auto& f : g.before_backward) f();
   std::vector<Tensor> outs = finish(g, env, captured);
   if (watch) watch->report(exe);  // after finish: its write-backs and .grads count too
+  for (const auto& f : g.at_end) f();
   return outs;
 }
 

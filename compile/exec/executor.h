@@ -42,6 +42,10 @@ struct ExecStep {
   std::vector<int32_t> release;  // values dead after this step
   std::vector<int32_t> placed;   // values it makes in their bucket's buffer (Note [Values placed in buckets])
   bool update_in_place = false;  // an InPlaceUpdate node whose every written input may be overwritten
+  // Note [Inputs bound just in time] (compile/ir/graph.h): the groups of Graph::just_in_time bound before this step
+  // and handed back after it; whether Graph::before_backward runs before it (the first step after the forward's).
+  std::vector<int32_t> bind_before, done_after;
+  bool before_backward = false;
 };
 
 // Whether node `node_index` may write its output `out_value` over its input `in_value`: the input is a graph input
@@ -58,7 +62,9 @@ struct Executable {
 // Steps with liveness: one per node, except that a fusion group with an entry in `group_kernels` runs as one
 // step (its members must be contiguous: compile/passes/schedule.cpp).
 std::vector<ExecStep> plan_steps(const Graph& g, const std::map<int32_t, GroupKernel>& group_kernels = {});
-// Runs the executable on the caller's args (already checked against the graph's signature).
+// Runs the executable on the caller's args (already checked against the graph's signature). Inputs bound just in time
+// (Note [Inputs bound just in time]) are bound and handed back around the steps that use them, and the graph's host
+// work runs before the backward's first step and after the last.
 std::vector<Tensor> execute(const Executable& exe, const std::vector<Tensor>& args);
 
 // Note [Buckets from an allocator]: where the buffer of a data-parallel bucket comes from (Note [Values placed in

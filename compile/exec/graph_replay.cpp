@@ -24,6 +24,8 @@ void join(cuda::Stream from, cuda::Stream to) {
 std::string GraphReplay::unsupported_reason(const Executable& exe) {
   const Graph& g = exe.graph;
   std::optional<Device> dev;
+  if (!g.just_in_time.empty() || !g.before_backward.empty() || !g.at_end.empty())
+    return "the step binds inputs just in time or runs host work between its steps (offloaded optimizer state)";
   for (const GraphInput& in : g.inputs) {
     if (in.role == InputRole::Host) continue;
     const Device d = g.values[static_cast<size_t>(in.value)].device;

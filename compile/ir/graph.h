@@ -85,6 +85,23 @@ struct GraphInput {
   std::function<Tensor()> produce;  // Host: re-computes the value before a run
   // Captured tensors reached as another parameter's .grad at entry: the owner (the grad is read from it).
   std::shared_ptr<TensorImpl> grad_of;
+  // Note [Inputs bound just in time]: a Captured input bound by Graph::just_in_time[jit].bind()[jit_index] before
+  // the first step that reads it (`tensor` is then undefined: the graph holds nothing of it between runs).
+  int32_t jit = -1, jit_index = -1;
+};
+
+// Note [Inputs bound just in time]
+// One parameter's offloaded optimizer state (Note [Optimizer state offloaded], optim/optimizer.cpp) lives in host
+// memory between steps and passes through the GPU for its update: a compiled step cannot bind it at the start of a
+// run as other captured tensors (that would hold all of it on the GPU at once). Its inputs are bound by `bind` right
+// before the first step that reads any of them (the update: the optimizer waits for the copy in there) and handed
+// back by `done` after the last step that reads or writes one back (its write-backs are copied in first unless the
+// update ran in place: the optimizer then copies them back to the host). What `bind` returns must match the traced
+// metadata (checked, naming the input). Not under CUDA graphs (their replay binds every input up front).
+// Test: tests/compile/exec/test_just_in_time_inputs.cpp.
+struct JustInTimeInputs {
+  std::function<std::vector<Tensor>()> bind;
+  std::function<void()> done;
 };
 
 struct WriteBack {
@@ -118,6 +135,10 @@ class Graph {
   std::vector<GradOut> grad_outs;
   std::vector<Symbol> symbols;
   std::vector<FusionGroup> groups;
+  std::vector<JustInTimeInputs> just_in_time;  // Note [Inputs bound just in time]
+  // Host work of an eager step that each run repeats (TraceObserver::on_run_host_work): once the steps holding
+  // forward nodes are done, and after the last step.
+  std::vector<std::function<void()>> before_backward, at_end;
 
   // Building.
   int32_t add_value(DType dtype, Device device, SymShape shape);

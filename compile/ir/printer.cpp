@@ -32,6 +32,7 @@ std::string Graph::str() const {
     os << "  %" << in.value << ": " << value_meta_str(*this, in.value) << " = " << role_name(in.role);
     if (in.role == InputRole::Arg) os << in.arg;
     else os << " \"" << in.name << "\"";
+    if (in.jit >= 0) os << " (bound just in time, group " << in.jit << ")";
     os << "\n";
   }
   for (const Node& n : nodes) {

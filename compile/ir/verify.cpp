@@ -4,6 +4,7 @@
 //   - no node reads a value whose producer was removed;
 //   - roots (outputs, write-backs, grad outs) are defined values; a write-back targets a Captured input
 //     with the value's dtype and shape, at most once per input;
+//   - an input bound just in time is Captured and names a group of Graph::just_in_time;
 //   - every node's recorded output metadata agrees with its primitive's infer() on its input metadata
 //     (checked with the traced sizes);
 //   - fusion groups hold each node at most once and nodes name their group;
@@ -79,6 +80,11 @@ void Graph::verify() const {
   }
   for (const GradOut& g : grad_outs)
     if (g.value >= 0) root(g.value, "grad out");
+  for (const GraphInput& in : inputs)
+    if (in.jit >= 0)
+      VERIFY(in.role == InputRole::Captured && in.jit < static_cast<int32_t>(just_in_time.size()) && in.jit_index >= 0,
+             "input '", in.name, "' is bound just in time by group ", in.jit, " of ", just_in_time.size(),
+             " but is not a captured tensor of a group");
   for (const Value& v : values) {
     if (v.placed_in < 0) continue;
     VERIFY(v.placed_in < static_cast<int32_t>(values.size()) && defined[static_cast<size_t>(v.placed_in)] == 1,

@@ -152,6 +152,27 @@ void Tracer::on_host_input(const Tensor& t, std::function<Tensor()> produce) {
   bind(t, v);
 }
 
+bool Tracer::on_inputs_bound_just_in_time(const std::vector<Tensor>& ts, std::function<std::vector<Tensor>()> bind,
+                                          std::function<void()> done) {
+  if (mode_ != TraceMode::Trace) return false;
+  const int32_t group = static_cast<int32_t>(g_.just_in_time.size());
+  g_.just_in_time.push_back(JustInTimeInputs{std::move(bind), std::move(done)});
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const Tensor& t = ts[i];
+    INGOT_CHECK(t.defined() && t.storage(), "[compile] a tensor bound just in time is undefined");
+    INGOT_CHECK(!lookup(t), "[compile] a tensor bound just in time ('", t.name(), "') was read by the trace before");
+    just_in_time_[key_of(t)] = JustInTime{t.storage(), group, static_cast<int32_t>(i)};
+  }
+  return true;
+}
+
+bool Tracer::on_run_host_work(std::function<void()> before_backward, std::function<void()> at_end) {
+  if (mode_ != TraceMode::Trace) return false;
+  if (before_backward) g_.before_backward.push_back(std::move(before_backward));
+  if (at_end) g_.at_end.push_back(std::move(at_end));
+  return true;
+}
+
 void Tracer::on_host_read(const Tensor& t, const std::source_location& loc) {
   if (!t.defined() || !t.storage() || !lookup(t)) return;
   const int32_t v = *lookup(t);
@@ -167,9 +188,16 @@ TraceResult Tracer::finish(const std::vector<Tensor>& outs) {
     g_.outputs.push_back(value_of(o, "function output", std::source_location::current()));
   }
   // Classify externals (see Note [Tensor identity while tracing]): only the trace holds a Constant.
-  for (GraphInput& in : g_.inputs)
+  // Inputs bound just in time stay Captured (the trace may hold the only handle of a device copy the optimizer has
+  // already handed back) and the graph keeps no handle to them.
+  for (GraphInput& in : g_.inputs) {
+    if (in.jit >= 0) {
+      in.tensor = Tensor();
+      continue;
+    }
     if (in.role == InputRole::Captured && !in.grad_of && in.tensor.impl_ptr().use_count() == 1)
       in.role = InputRole::Constant;
+  }
   for (const auto& [input, key] : assigned_) {
     if (g_.inputs[static_cast<size_t>(input)].role != InputRole::Captured) continue;
     const int32_t v = map_.at(key).value;
@@ -231,6 +259,13 @@ int32_t Tracer::value_of(const Tensor& t, std::string_view user, const std::sour
   std::string name = t.name().empty() ? detail::str_cat("tensor ", g_.inputs.size()) : t.name();
   const int32_t v = g_.add_input(InputRole::Captured, t.dtype(), t.device(), concrete_shape(t.shape()), name);
   g_.inputs.back().tensor = t;
+  if (auto j = just_in_time_.find(key_of(t)); j != just_in_time_.end()) {
+    if (j->second.storage.lock() == t.storage()) {
+      g_.inputs.back().jit = j->second.group;
+      g_.inputs.back().jit_index = j->second.index;
+    }
+    just_in_time_.erase(j);
+  }
   bind(t, v);
   return v;
 }

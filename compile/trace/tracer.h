@@ -40,6 +40,10 @@ class Tracer final : public TraceObserver {
                      const std::vector<Tensor>& dsts, const std::function<void()>& run,
                      const std::source_location& loc) override;
   void on_host_input(const Tensor& t, std::function<Tensor()> produce) override;
+  // Trace mode: Note [Inputs bound just in time] (compile/ir/graph.h); the host work each run repeats.
+  bool on_inputs_bound_just_in_time(const std::vector<Tensor>& ts, std::function<std::vector<Tensor>()> bind,
+                                    std::function<void()> done) override;
+  bool on_run_host_work(std::function<void()> before_backward, std::function<void()> at_end) override;
   // Trace mode: a host read of a traced value is a graph break.
   void on_host_read(const Tensor& t, const std::source_location& loc);
 
@@ -85,6 +89,12 @@ class Tracer final : public TraceObserver {
   std::set<std::shared_ptr<TensorImpl>> grad_params_;
   std::vector<GraphBreak> breaks_;
   std::string defer_blocker_;
+  // Tensors registered to be bound just in time, not read yet: (group, index) of Graph::just_in_time.
+  struct JustInTime {
+    std::weak_ptr<Storage> storage;
+    int32_t group = -1, index = -1;
+  };
+  std::map<TensorKey, JustInTime> just_in_time_;
 };
 
 // Why `p` cannot run from a compiled graph (compile/lower/lowering.h) or was excluded with disallow_in_graph.

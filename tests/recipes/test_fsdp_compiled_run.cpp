@@ -161,9 +161,7 @@ TEST_F(CompiledFsdpRun, UpdatesInTheBackwardRefuseWhatTheyCannotDo) {
       {rank, " distributed.zero_stage=1", "(2 ranks) updates ZeRO-3 shards unit by unit, and distributed.zero_stage is 1"},
       {rank, " compile.enabled=false", "set compile.enabled=true"},
       {rank, " compile.unit_reduction_lag=0", "compile.unit_reduction_lag is 0: set it to 1 or more"},
-      // train.optimizer_offload (Note [Optimizer state offloaded]): one process's eager steps only.
-      {"", " train.optimizer_offload=true", "runs eager steps (a compiled step keeps the state on the GPU), and "
-                                           "compile.enabled is true: set compile.enabled=false"},
+      // train.optimizer_offload (Note [Optimizer state offloaded]): one process's updates in the backward only.
       {"", " train.optimizer_offload=true compile.enabled=false train.optimizer_in_backward=false",
        "train.optimizer_in_backward is false: set it true"},
       {rank, " train.optimizer_offload=true", "under data parallelism (2 ranks) ZeRO-3 shards it instead: set it false"},
@@ -179,7 +177,7 @@ TEST_F(CompiledFsdpRun, UpdatesInTheBackwardRefuseWhatTheyCannotDo) {
   // In a world of one, ZeRO stages and eager steps are no obstacle (each parameter is updated in its backward:
   // tests/recipes/test_optimizer_in_backward.cpp).
   for (const std::string fine : {" distributed.zero_stage=1", " compile.enabled=false",
-                                  " compile.enabled=false train.optimizer_offload=true"}) {
+                                  " compile.enabled=false train.optimizer_offload=true", " train.optimizer_offload=true"}) {
     Result r = single("fine", ok + fine + " max_steps=1");
     EXPECT_EQ(r.exit_code, 0) << fine << "\n" << r.output;
   }

@@ -155,6 +155,38 @@ TEST_F(OptimizerInBackward, OnTheGpuOffloadedStateTrainsTheSameInLessMemoryAndRe
       << bad.output;
 }
 
+// The same compiled (Note [Inputs bound just in time], compile/ir/graph.h): each update's offloaded state is bound by
+// the compiled step just before it runs and handed back after, so the step's peak drops as eagerly while the losses
+// follow the compiled step with the state on the GPU; the first step runs eagerly (it makes the state), the second
+// traces, the rest run the graph (steps 3 to 6 here). A checkpoint of it resumes compiled.
+TEST_F(OptimizerInBackward, OnTheGpuCompiledStepsBindOffloadedStateJustInTime) {
+  INGOT_REQUIRE_CUDA();
+  const std::string run = "device=cuda dtype=bf16 train.master_weights=false train.grad_clip=0 max_steps=6 "
+                          "model.n_embd=256 train.batch_size=2 optimizer.name=adamw8bit train.optimizer_in_backward=true "
+                          "compile.enabled=true compile.cache_dir=" + path("cache");
+  Result gpu = single("compiled_gpu", run);
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  Result off = single("compiled_off", run + " train.optimizer_offload=true checkpoint.save_every=3");
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  const std::map<int64_t, Step> g = train_steps(path("compiled_gpu/metrics.jsonl"));
+  const std::map<int64_t, Step> o = train_steps(path("compiled_off/metrics.jsonl"));
+  ASSERT_EQ(o.size(), 6u) << off.output;
+  for (const auto& [step, want] : g) {
+    EXPECT_NEAR(o.at(step).loss, want.loss, 1e-2 * want.loss) << "step " << step;
+    if (step >= 3) {  // the compiled graph's steps
+      EXPECT_LT(o.at(step).peak, want.peak - 6'600'000 / 2)
+          << "step " << step << ": peak " << o.at(step).peak << " offloaded, " << want.peak << " not";
+    }
+  }
+  Result resumed = single("compiled_off_resumed",
+                          run + " train.optimizer_offload=true resume_from=" + path("compiled_off/checkpoints/step_00000003"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::map<int64_t, Step> r = train_steps(path("compiled_off_resumed/metrics.jsonl"));
+  ASSERT_EQ(r.size(), 3u) << resumed.output;
+  for (const auto& [step, got] : r)
+    EXPECT_NEAR(got.loss, o.at(step).loss, 1e-2 * o.at(step).loss) << "resumed, step " << step;
+}
+
 // A run updated in the backward checkpoints and resumes exactly, eagerly (bit for bit) and compiled: each parameter's
 // step count and moments are the optimizer's state as without the key. AdamW8bit, bf16 weights without masters.
 TEST_F(OptimizerInBackward, OneProcessResumesExactly) {

@@ -93,5 +93,48 @@ TEST(BufferReuse, LogitsThatAreReturnedAreNotOverwritten) {
   }
 }
 
+// A trained head's gradient from linear_cross_entropy in chunks (Note [Logits in chunks], autograd/ops/loss.cpp) is
+// summed in the forward and scaled in the backward by the rows' one cotangent: in a compiled step the scale is
+// written over the unscaled gradient, which nothing else reads, so the step holds one head gradient, not two as
+// eager does (the 8B's 1.05 GB head gradient at its compiled in-backward peak), and the results are eager's.
+TEST(BufferReuse, AChunkedHeadsGradientIsScaledOverItsOwnBuffer) {
+  const int64_t n = 64, vocab = 16384, d = 64;
+  manual_seed(19);
+  Tensor w = randn({vocab, d}).set_requires_grad(true);
+  const Tensor x = randn({n, d}), t = randint(0, vocab, {n});
+  auto step = [&](const std::vector<Tensor>& a) {
+    // 8 rows a chunk: the logits buffer (8 x vocab) is small beside the head gradient (vocab x d).
+    Tensor loss = linear_cross_entropy(a[0], w, a[1], -100, 0.0, Reduction::Mean, 8);
+    loss.backward();
+    Tensor g = w.grad();
+    w.zero_grad();
+    return std::vector<Tensor>{loss, g};
+  };
+  // The bytes a call adds at its peak to what was allocated before it (the other step's results stay alive).
+  auto peak_of = [&](auto&& fn) {
+    fn({x, t});  // warm-up (the compiled one traces here)
+    cpu_allocator().reset_peak();
+    const int64_t before = cpu_allocator().stats().allocated_bytes;
+    std::vector<Tensor> r = fn({x, t});
+    return std::pair{cpu_allocator().stats().peak_allocated_bytes - before, r};
+  };
+  const auto [eager_peak, eager] = peak_of(step);
+  const int64_t grad_bytes = vocab * d * 4;
+  for (CompileBackend backend : {CompileBackend::Eager, CompileBackend::Cpu}) {
+    CompileOptions o;
+    o.backend = backend;
+    CompiledFunction compiled = compile(step, o);
+    const auto [compiled_peak, got] = peak_of([&](const std::vector<Tensor>& a) { return compiled(a); });
+    std::printf("[ memory   ] peak above the start: eager %lld bytes, compiled %lld bytes (head gradient %lld)\n",
+                static_cast<long long>(eager_peak), static_cast<long long>(compiled_peak),
+                static_cast<long long>(grad_bytes));
+    // Eager holds the unscaled and the scaled gradient at once; the compiled step one of them (and a logits chunk).
+    EXPECT_GE(eager_peak, 2 * grad_bytes);
+    EXPECT_LT(compiled_peak, grad_bytes * 3 / 2);
+    EXPECT_NEAR(got[0].item(), eager[0].item(), 1e-6 * std::abs(eager[0].item()));
+    EXPECT_LE(max_rel_error(got[1], eager[1], 1e-5, 1e-6), 1.0);
+  }
+}
+
 }  // namespace
 }  // namespace ingot::testing
