@@ -188,16 +188,10 @@ TraceResult Tracer::finish(const std::vector<Tensor>& outs) {
     g_.outputs.push_back(value_of(o, "function output", std::source_location::current()));
   }
   // Classify externals (see Note [Tensor identity while tracing]): only the trace holds a Constant.
-  // Inputs bound just in time stay Captured (the trace may hold the only handle of a device copy the optimizer has
-  // already handed back) and the graph keeps no handle to them.
-  for (GraphInput& in : g_.inputs) {
-    if (in.jit >= 0) {
-      in.tensor = Tensor();
-      continue;
-    }
-    if (in.role == InputRole::Captured && !in.grad_of && in.tensor.impl_ptr().use_count() == 1)
+  // Inputs bound just in time stay Captured: the trace holds no handle to them (value_of).
+  for (GraphInput& in : g_.inputs)
+    if (in.jit < 0 && in.role == InputRole::Captured && !in.grad_of && in.tensor.impl_ptr().use_count() == 1)
       in.role = InputRole::Constant;
-  }
   for (const auto& [input, key] : assigned_) {
     if (g_.inputs[static_cast<size_t>(input)].role != InputRole::Captured) continue;
     const int32_t v = map_.at(key).value;
@@ -261,6 +255,9 @@ int32_t Tracer::value_of(const Tensor& t, std::string_view user, const std::sour
   g_.inputs.back().tensor = t;
   if (auto j = just_in_time_.find(key_of(t)); j != just_in_time_.end()) {
     if (j->second.storage.lock() == t.storage()) {
+      // Not held by the trace either: the traced step hands each back after its update as a compiled run does
+      // (an 8B's 16 GB of offloaded state would otherwise all be on the GPU by the trace's end).
+      g_.inputs.back().tensor = Tensor();
       g_.inputs.back().jit = j->second.group;
       g_.inputs.back().jit_index = j->second.index;
     }

@@ -115,13 +115,15 @@ void expect_same_training(const Trained& a, const Trained& b, const char* what, 
     EXPECT_NEAR(a.losses[i], b.losses[i], 2e-5 * std::abs(b.losses[i])) << what << ", step " << i;
   if (!weights) return;
   for (size_t k = 0; k < a.params.size(); ++k)
-    EXPECT_LE(max_rel_error(a.params[k], b.params[k], 1e-4, 1e-5), 1.0) << what << ", parameter " << k;
+    EXPECT_LE(max_rel_error(a.params[k], b.params[k], 2e-4, 2e-5), 1.0) << what << ", parameter " << k;
 }
 
 // Tolerance: f32 sums of the same numbers in another order (reduce-scatter chunks vs all-reduce, one process's
-// whole batch vs per-rank means), 2e-5 relative on the loss; the weights of the data-parallel runs within 1e-4
-// of each other after 4 AdamW steps (against one process only the losses: AdamW divides gradients that are ~0
-// by their own magnitude, which turns the rounding of a different summation order into whole steps of lr).
+// whole batch vs per-rank means), 2e-5 relative on the loss; the weights of the data-parallel runs within 2e-4
+// of each other after 4 AdamW steps (OpenBLAS's Sandybridge kernels, which it picks on some Xeons, put one element
+// of ZeRO-3's 1.3e-4 from DDP's where its SkylakeX kernels on the same machine stay within 1e-4; a wrong reduction
+// moves weights by ~lr = 3e-3); against one process only the losses (AdamW divides gradients that are ~0 by their
+// own magnitude, which turns the rounding of a different summation order into whole steps of lr).
 TEST(ZeroStages, TwoAndThreeTrainLikeDdpAndOneProcessWithAboutOneNthOfTheBytes) {
   if (is_rank_process()) {
     auto ctx = init_distributed(ingot::testing::gloo_test_init());
