@@ -178,8 +178,9 @@ class ScaleByCotangentPrim final : public Primitive {
 // holds when the rows are reduced to their mean or sum inside linear_cross_entropy and nothing else reads them: then
 // (weight_grad) the forward also sums dlogits^T x over the chunks into dw [V, H] and the backward scales it by that
 // one cotangent (Liger-Kernel's fused linear cross entropy does the same), so a trained head's logits are never whole
-// either, for no product more (train.trained_head_in_chunks; the 8B's offloaded full fine-tune on an H200: 0.74 GB
-// less at its peak; in the compiled step the scale is written over the unscaled gradient: ScaleByCotangentPrim).
+// either, for no product more (train.trained_head_in_chunks; on an H200 the 8B's full fine-tune peaks 0.74-0.75 GB
+// lower, offloaded or compiled, GPT-2 124M at 16 x 1024 1.39 GB lower and 1.9% slower: bench/RESULTS.md,
+// thirty-eighth session; in a compiled step the scale is written over the unscaled gradient: ScaleByCotangentPrim).
 // The chunks' products add into dw in its dtype (bf16: rounded once a chunk, as autograd sums a chunked head's
 // gradients). Outputs: the per-row loss [N]
 // (the loss dtype), with input_grad dx [N, H] (x's dtype), with weight_grad dw [V, H] (w's dtype), saved for the
