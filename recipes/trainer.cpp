@@ -1,5 +1,6 @@
 #include "recipes/trainer.h"
 
+#include "recipes/memory_advice.h"
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -7,8 +8,10 @@
 #include <ostream>
 
 #include "compile/explain.h"
+#include "models/qlora.h"
 #include "recipes/checkpoint_io.h"
 #include "recipes/data_parallel.h"
+#include "recipes/memory_advice.h"
 #include "recipes/metrics.h"
 #include "recipes/prefetch.h"
 #include "recipes/progress_meter.h"
@@ -423,7 +426,14 @@ double Trainer::run_step(int64_t step) {
   opt_->set_lr(lr);
   if (!prefetch_->pending()) prefetch_->put(draw_batch(o_, task_, dp_.get()));
   const std::vector<Tensor> batch = prefetch_->take();
-  const TrainStep::Result out = step_->run(batch);
+  // A step that runs out of GPU memory says which keys would make it need less.
+  const TrainStep::Result out = [&] {
+    try {
+      return step_->run(batch);
+    } catch (const OutOfMemoryError& e) {
+      throw OutOfMemoryError(std::string(e.what()) + "\n" + memory_advice(advice_input()));
+    }
+  }();
   if (out.skipped)
     *log_ << "f16 | step " << step + 1 << ": the gradients overflowed at loss scale " << out.loss_scale
           << ", so the update is skipped and the scale is now " << scaler_->scale() << "\n";
@@ -442,6 +452,17 @@ double Trainer::run_step(int64_t step) {
   meter_->log_step(
       {.step = step + 1, .loss = loss, .lr = lr, .grad_norm = grad_norm, .peak_memory_bytes = step_peak});
   return lr;
+}
+
+MemoryAdviceInput Trainer::advice_input() const {
+  MemoryAdviceInput in{.opts = o_, .dtype = run_.dtype};
+  in.frozen_base = r_.trainable_parameters < r_.num_parameters;
+  in.quantized_base = models::quantized_base(*task_.model).tensors > 0;
+  if (dp_) {
+    in.world_size = dp_->world_size();
+    in.zero_stage = dp_->zero_stage();
+  }
+  return in;
 }
 
 void Trainer::record_loss(int64_t step, double loss) {

@@ -36,6 +36,7 @@ class DataParallel;
 class ProgressMeter;
 class RunOutputs;
 class TrainStep;
+struct MemoryAdviceInput;
 struct TrainState;
 
 class Trainer {
@@ -72,6 +73,7 @@ class Trainer {
   TrainState resume(const std::string& load_note);
   // One step's batch, TrainStep and progress record; returns the step's learning rate.
   double run_step(int64_t step);
+  MemoryAdviceInput advice_input() const;  // what recipes/memory_advice.h reads of this run
   void record_loss(int64_t step, double loss);
   // The eval and checkpoint due after step `done`; false when the run halts there.
   bool after_step(int64_t done, double lr);

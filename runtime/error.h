@@ -16,6 +16,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A device allocator could not get the memory asked for (runtime/cuda/allocator.cpp): the training loop adds what
+// the run could set to need less (recipes/memory_advice.h).
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename... Args>
 std::string str_cat(const Args&... args) {

@@ -188,6 +188,19 @@ TEST_F(OptimizerInBackward, OnTheGpuCompiledStepsBindOffloadedStateJustInTime) {
     EXPECT_NEAR(got.loss, o.at(step).loss, 1e-2 * o.at(step).loss) << "resumed, step " << step;
 }
 
+// A step that runs out of GPU memory (here a 0.3 GiB allocator limit under a 1024-wide model's f32 weights, gradients
+// and AdamW state) fails naming the allocation and says which keys would make it need less (recipes/memory_advice.h).
+TEST_F(OptimizerInBackward, OnTheGpuAStepOutOfMemorySaysWhatToSet) {
+  INGOT_REQUIRE_CUDA();
+  Result r = sh("INGOT_CUDA_MEMORY_LIMIT_GIB=0.3 \"$INGOT\" run tiny.yaml output_dir=oom device=cuda model.n_embd=1024 "
+                "max_steps=1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  for (const char* says : {"CUDA out of memory on cuda:0", "INGOT_CUDA_MEMORY_LIMIT_GIB allows",
+                           "to use less GPU memory, set:", "optimizer.name=adamw8bit",
+                           "train.optimizer_in_backward=true train.grad_clip=0"})
+    EXPECT_NE(r.output.find(says), std::string::npos) << says << "\n" << r.output;
+}
+
 // A run updated in the backward checkpoints and resumes exactly, eagerly (bit for bit) and compiled: each parameter's
 // step count and moments are the optimizer's state as without the key. AdamW8bit, bf16 weights without masters.
 TEST_F(OptimizerInBackward, OneProcessResumesExactly) {
