@@ -33,8 +33,8 @@ std::string memory_advice(const MemoryAdviceInput& in) {
       say("train.trained_head_in_chunks=true", "the output head's logits a chunk of rows at a time");
   }
   say("a smaller train.batch_size with a larger train.gradient_accumulation_steps",
-      "the same batch per update in smaller pieces (now " + std::to_string(o.batch_size) + " x " +
-          std::to_string(o.grad_accum) + ")");
+      "the same batch per update in smaller pieces; now " + std::to_string(o.batch_size) + " x " +
+          std::to_string(o.grad_accum));
   return os.str();
 }
 

@@ -57,7 +57,7 @@ TEST(MemoryAdvice, AFullFineTuneWithNothingSetGetsEveryKeyMostSavingFirst) {
   EXPECT_FALSE(has(a, "lora.quantize_base=nf4")) << a;     // nothing frozen
   EXPECT_LT(a.find("activation_checkpointing"), a.find("adamw8bit")) << a;
   EXPECT_NE(a.find("a smaller train.batch_size with a larger train.gradient_accumulation_steps  (the same batch per "
-                   "update in smaller pieces (now 4 x 1)"),
+                   "update in smaller pieces; now 4 x 1)"),
             std::string::npos)
       << a;
   EXPECT_EQ(expect_real_keys(a), 7) << a;  // train.grad_clip=0 beside train.optimizer_in_backward=true

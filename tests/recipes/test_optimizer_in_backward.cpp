@@ -193,7 +193,7 @@ TEST_F(OptimizerInBackward, OnTheGpuCompiledStepsBindOffloadedStateJustInTime) {
 TEST_F(OptimizerInBackward, OnTheGpuAStepOutOfMemorySaysWhatToSet) {
   INGOT_REQUIRE_CUDA();
   Result r = sh("INGOT_CUDA_MEMORY_LIMIT_GIB=0.3 \"$INGOT\" run tiny.yaml output_dir=oom device=cuda model.n_embd=1024 "
-                "max_steps=1");
+                "model.n_head=16 max_steps=1");
   EXPECT_NE(r.exit_code, 0) << r.output;
   for (const char* says : {"CUDA out of memory on cuda:0", "INGOT_CUDA_MEMORY_LIMIT_GIB allows",
                            "to use less GPU memory, set:", "optimizer.name=adamw8bit",
