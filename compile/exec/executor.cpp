@@ -532,8 +532,8 @@ class JustInTimeBindings {
       if (in.jit != group) continue;
       Tensor dst = ts[static_cast<size_t>(in.jit_index)];
       Tensor& src = env[static_cast<size_t>(w.value)];
-      if (!same_place(src, dst) || src.strides() != dst.strides()) dst.copy_(src);
-      dst.bump_version();
+      if (!same_place(src, dst) || src.strides() != dst.strides()) dst.copy_(src);  // bumps its version
+      else dst.bump_version();
       if (std::find(g_.outputs.begin(), g_.outputs.end(), w.value) == g_.outputs.end()) src = Tensor();
     }
     for (int32_t k : inputs_[static_cast<size_t>(group)]) env[static_cast<size_t>(g_.inputs[static_cast<size_t>(k)].value)] = Tensor();
