@@ -15,6 +15,7 @@
 #include "models/peft.h"
 #include "models/qlora.h"
 #include "recipes/data_parallel.h"
+#include "recipes/memory_advice.h"
 #include "recipes/metrics.h"
 #include "recipes/sharded_checkpoint.h"
 #include "runtime/file_util.h"
@@ -256,14 +257,25 @@ void build_model(FinetuneRun& f) {
     f.hf = models::load_hf_model(s.model.path, s.quantize_base_nf4 ? DType::f32 : run.dtype);
   }
   models::CausalLM& model = *f.hf.model;
+  // The weights alone not fitting on the GPU is a different problem from a step's: say what shrinks them.
+  auto to_device = [&] {
+    try {
+      model.to(run.device);
+      if (s.quantize_base_nf4) models::quantized_base_to(model, run.device);
+    } catch (const OutOfMemoryError& e) {
+      WeightsAdviceInput in{.bytes = 0, .dtype = run.dtype, .lora = s.lora, .quantized_base = s.quantize_base_nf4};
+      for (const Tensor& p : model.parameters()) in.bytes += static_cast<int64_t>(p.nbytes());
+      in.bytes += models::quantized_base(model).bytes;
+      throw OutOfMemoryError(std::string(e.what()) + "\n" + weights_advice(in));
+    }
+  };
   if (s.quantize_base_nf4) {
     // Quantized on the CPU before the move: the dense base never reaches the device.
     f.adapted = nn::apply_lora(model, s.lora_config);
     f.quantized = models::quantize_base_nf4(model);
-    model.to(run.device);
-    models::quantized_base_to(model, run.device);
+    to_device();
   } else {
-    model.to(run.device);
+    to_device();
     if (s.lora) f.adapted = nn::apply_lora(model, s.lora_config);  // freezes every other parameter
   }
   model.set_tensor_names();

@@ -38,4 +38,16 @@ std::string memory_advice(const MemoryAdviceInput& in) {
   return os.str();
 }
 
+std::string weights_advice(const WeightsAdviceInput& in) {
+  std::ostringstream os;
+  os.precision(3);
+  os << "the model's " << dtype_name(in.dtype) << " weights (" << static_cast<double>(in.bytes) / 1e9
+     << " GB) do not fit on the GPU; to hold them in less memory, set:";
+  if (in.dtype == DType::f32) os << "\n  dtype=bf16  (half the bytes; without train.master_weights=false a "
+                                    "full fine-tune keeps f32 masters beside them)";
+  if (in.lora && !in.quantized_base) os << "\n  lora.quantize_base=nf4  (QLoRA: the frozen weights in 4 bits)";
+  os << "\n  distributed.zero_stage=3 under `ingot launch --nproc-per-node N`  (each of N GPUs holds 1/N of them)";
+  return os.str();
+}
+
 }  // namespace ingot::recipes

@@ -21,4 +21,13 @@ struct MemoryAdviceInput {
 // "to use less GPU memory, set:" and one indented line per key not set yet, a smaller batch last.
 std::string memory_advice(const MemoryAdviceInput& in);
 
+// When the weights alone do not fit (moving a loaded checkpoint to the GPU ran out): what makes them smaller, or
+// spreads them. `bytes` is what they take now.
+struct WeightsAdviceInput {
+  int64_t bytes = 0;
+  DType dtype = DType::f32;
+  bool lora = false, quantized_base = false;
+};
+std::string weights_advice(const WeightsAdviceInput& in);
+
 }  // namespace ingot::recipes

@@ -10,6 +10,7 @@
 
 #include "runtime/file_util.h"
 #include "tests/shell.h"
+#include "tests/testing.h"
 
 namespace ingot {
 namespace {
@@ -26,6 +27,22 @@ Result ingot(const std::string& args) {
 }
 
 bool has(const Result& r, const std::string& needle) { return r.output.find(needle) != std::string::npos; }
+
+// A checkpoint whose weights alone do not fit on the GPU (here under a 0.5 MiB allocator limit) fails naming the
+// allocation and says what shrinks or spreads them (recipes/memory_advice.h), not a step's keys.
+TEST(FinetuneCli, OnTheGpuWeightsThatDoNotFitSayWhatShrinksThem) {
+  INGOT_REQUIRE_CUDA();
+  TempDir dir("ingot_ft_oom");
+  const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path() / "ingot";
+  Result r = ingot::testing::run_shell("cd '" + std::string(INGOT_SOURCE_DIR) + "' && INGOT_CUDA_MEMORY_LIMIT_GIB=0.0005 '" +
+                                       bin.string() + "' run llama_lora_finetune device=cuda max_steps=1 output_dir=" +
+                                       dir.file("run") + " 2>&1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  for (const char* says : {"CUDA out of memory on cuda:0", "weights (", "do not fit on the GPU; to hold them in less "
+                           "memory, set:", "lora.quantize_base=nf4", "distributed.zero_stage=3"})
+    EXPECT_TRUE(has(r, says)) << says << "\n" << r.output;
+  EXPECT_FALSE(has(r, "to use less GPU memory, set:")) << r.output;  // not a step's advice
+}
 
 TEST(FinetuneCli, LsListsTheRecipesAndTheirConfigs) {
   Result r = ingot("ls");

@@ -20,7 +20,7 @@ bool has(const std::string& advice, const std::string& setting) {
 // Every "key=value" the advice names is a key of the full fine-tune or LoRA recipe whose value validates; returns how
 // many it checked.
 int expect_real_keys(const std::string& advice) {
-  const std::regex setting(R"(([a-z_]+\.[a-z_.]+)=([a-z0-9]+))");
+  const std::regex setting(R"(([a-z_]+(?:\.[a-z_]+)*)=([a-z0-9]+))");
   int checked = 0;
   for (auto it = std::sregex_iterator(advice.begin(), advice.end(), setting); it != std::sregex_iterator(); ++it) {
     const std::string key = (*it)[1], value = (*it)[2];
@@ -99,6 +99,23 @@ TEST(MemoryAdvice, LoraGetsQloraNotOptimizerKeysAndSeveralGpusGetZero3) {
   ddp.zero_stage = 3;
   EXPECT_FALSE(has(memory_advice(ddp), "distributed.zero_stage=3"));
   expect_real_keys(d);
+}
+
+TEST(MemoryAdvice, WeightsThatDoNotFitGetWhatShrinksOrSpreadsThem) {
+  const std::string f32_lora = weights_advice({.bytes = 32'120'000'000, .dtype = DType::f32, .lora = true});
+  EXPECT_EQ(f32_lora.rfind("the model's f32 weights (32.1 GB) do not fit on the GPU; to hold them in less memory, "
+                           "set:", 0),
+            0u)
+      << f32_lora;
+  for (const char* s : {"dtype=bf16", "lora.quantize_base=nf4",
+                        "distributed.zero_stage=3 under `ingot launch --nproc-per-node N`"})
+    EXPECT_TRUE(has(f32_lora, s)) << s << "\n" << f32_lora;
+  const std::string bf16_qlora =
+      weights_advice({.bytes = 5'000'000'000, .dtype = DType::bf16, .lora = true, .quantized_base = true});
+  EXPECT_FALSE(has(bf16_qlora, "dtype=bf16")) << bf16_qlora;
+  EXPECT_FALSE(has(bf16_qlora, "lora.quantize_base=nf4")) << bf16_qlora;
+  EXPECT_TRUE(has(bf16_qlora, "distributed.zero_stage=3 under `ingot launch --nproc-per-node N`")) << bf16_qlora;
+  EXPECT_EQ(expect_real_keys(f32_lora), 4) << f32_lora;  // train.master_weights=false in dtype's line
 }
 
 }  // namespace
