@@ -217,25 +217,6 @@ void Optimizer::place_state(size_t index, const std::string& name, const Tensor&
   if (copies_) copies_->drop_ahead();  // copies of the buffer this replaces
 }
 
-void Optimizer::set_offload(bool on, double ratio) {
-  INGOT_CHECK(ratio >= 0.0 && ratio <= 1.0, "the offloaded share of the optimizer's state must be in [0, 1], got ",
-              ratio);
-  offload_ = on;
-  resident_.assign(params_.size(), false);
-  if (!on || ratio >= 1.0) return;
-  int64_t total = 0;
-  for (const Tensor& p : params_) total += p.device().is_cuda() ? p.numel() : 0;
-  // Kept on the GPU from the last parameter back while the elements kept stay within the share not offloaded.
-  const double keep = (1.0 - ratio) * static_cast<double>(total);
-  int64_t kept = 0;
-  for (size_t i = params_.size(); i-- > 0;) {
-    if (!params_[i].device().is_cuda()) continue;
-    if (static_cast<double>(kept + params_[i].numel()) > keep) break;
-    kept += params_[i].numel();
-    resident_[i] = true;
-  }
-}
-
 // The host buffers to the GPU: the copy made ahead when it is this parameter's (the current stream waits for it),
 // else on the current stream, asynchronously, before the update that follows there. Nothing writes a host buffer
 // before its copy in is done (its copy back follows the update).

@@ -4,7 +4,6 @@
 // one device and are contiguous; optimizer state is f32 on that device (AdamW8bit: 8-bit codes and f32 block scales).
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
@@ -54,12 +53,8 @@ class Optimizer {
   // Note [Optimizer state offloaded] (optim/optimizer.cpp): with offloading on, the state of each parameter on a GPU
   // lives in page-locked host memory between its updates: restore_state(i) brings parameter i's to the GPU before
   // its step, offload_state(i) returns it after. Turned on before any state exists or is loaded.
-  // `ratio` (train.optimizer_offload_ratio, DeepSpeed's ratio): the share of the GPU parameters' elements whose state
-  // is offloaded; the rest, taken from the last parameters (the first a backward updates, whose copies in have the
-  // least time to hide), keep theirs on the GPU.
-  void set_offload(bool on, double ratio = 1.0);
+  void set_offload(bool on) { offload_ = on; }
   bool offload() const { return offload_; }
-  size_t resident_parameters() const { return static_cast<size_t>(std::count(resident_.begin(), resident_.end(), true)); }
   void restore_state(size_t index);
   void offload_state(size_t index);
   // Parameter `index`'s offloaded state as restore_state() left it on the GPU, by name (empty when not offloaded or
@@ -77,9 +72,7 @@ class Optimizer {
  protected:
   // Where state loaded or re-encoded for parameter `index` goes: page-locked host memory when offloading a GPU
   // parameter's state, else the parameter's device. place_state() puts `t` there under `name`.
-  bool state_on_host(size_t index) const {
-    return offload_ && params_[index].device().is_cuda() && !(index < resident_.size() && resident_[index]);
-  }
+  bool state_on_host(size_t index) const { return offload_ && params_[index].device().is_cuda(); }
   void place_state(size_t index, const std::string& name, const Tensor& t);
   // The shape and dtype that load_state_dict() requires of state `name` of parameter `index`, for state that is
   // neither shaped like its parameter nor a scalar (8-bit codes); nullopt: the parameter's shape or a scalar.
@@ -113,7 +106,6 @@ class Optimizer {
   // Offloading: per parameter, its state's host buffers by name (while restored, state_ holds device copies).
   std::vector<std::map<std::string, Tensor>> host_state_;
   bool offload_ = false;
-  std::vector<bool> resident_;  // offloading: parameters whose state stays on the GPU (set_offload's ratio)
   std::shared_ptr<OffloadCopies> copies_;  // the copies back still running (optim/optimizer.cpp)
 };
 

@@ -26,8 +26,6 @@ std::string memory_advice(const MemoryAdviceInput& in) {
     if (!o.optimizer_in_backward)
       say("train.optimizer_in_backward=true train.grad_clip=0",
           "each parameter updated as soon as its gradient is complete: no step holds all the gradients");
-    if (o.optimizer_offload && o.optimizer_offload_ratio < 1)
-      say("train.optimizer_offload_ratio=1", "all of the optimizer's state in host memory");
     if (!o.optimizer_offload && in.world_size == 1)
       say("train.optimizer_offload=true", "with train.optimizer_in_backward: the optimizer's state in host memory, "
                                           "copied over PCIe for each update");

@@ -83,12 +83,6 @@ void add_train_keys(ConfigSchema& s, const TrainDefaults& d) {
               "in under 24 GB), at the price of two PCIe copies of the state a step; the same updates. Compiled steps "
               "bind each parameter's state just in time for its update (their first step runs eagerly); ignored on "
               "the CPU"));
-  s.add(K::of(T::Float, "train.optimizer_offload_ratio", "1",
-              "with train.optimizer_offload: the share of the parameters whose optimizer state is offloaded (DeepSpeed's "
-              "ratio); the rest, the last parameters (the first a backward updates), keep theirs on the GPU: less PCIe "
-              "traffic a step for that much more GPU memory (a GPU between 24 GB and what the state on the GPU needs)")
-            .at_least(0)
-            .at_most(1));
   s.add(K::of(T::String, "train.activation_checkpointing", "none",
               "blocks: each decoder block keeps only its input for the backward, which runs the block's forward "
               "again (less activation memory for about one more forward; eager and compiled steps); mlp: only each "
@@ -214,9 +208,6 @@ TrainOptions resolve_train_options(const Config& cfg, ConfigErrors& errors) {
                   "true passes each parameter's state through the GPU for its update in the backward, and "
                   "train.optimizer_in_backward is false: set it true");
   }
-  o.optimizer_offload_ratio = rd.f64("train.optimizer_offload_ratio");
-  if (set_by_user("train.optimizer_offload_ratio") && !o.optimizer_offload)
-    errors.fail(cfg, "train.optimizer_offload_ratio", "is read with train.optimizer_offload: true only");
   o.init_loss_scale = rd.f64("train.init_loss_scale");
   if (set_by_user("train.init_loss_scale") && cfg.value("dtype").text != "f16")
     errors.fail(cfg, "train.init_loss_scale", "is read with dtype: f16 only, and dtype is " + cfg.value("dtype").text);

@@ -72,7 +72,6 @@ struct TrainOptions {
   bool master_weights = true;       // train.master_weights: bf16 weights updated through f32 masters, else in place
   bool optimizer_in_backward = false;  // train.optimizer_in_backward: compiled ZeRO-3 updates each unit in its backward
   bool optimizer_offload = false;  // train.optimizer_offload: the state in host memory (Note [Optimizer state offloaded])
-  double optimizer_offload_ratio = 1;  // train.optimizer_offload_ratio: the share offloaded (Optimizer::set_offload)
   // train.activation_checkpointing and train.activation_checkpointing_layers (models::set_checkpointing).
   models::Checkpointing checkpointing = models::Checkpointing::none;
   int64_t checkpointing_layers = 0;  // the first N blocks; 0: every block

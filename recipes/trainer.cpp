@@ -383,7 +383,7 @@ std::string Trainer::set_up_parameters() {
   opt_ = optim::make_optimizer(opt_params_, spec_);
   // Note [Optimizer state offloaded] (optim/optimizer.cpp): before the checkpoint's state is loaded, so it lands on
   // the host.
-  if (o_.optimizer_offload && run_.device.is_cuda()) opt_->set_offload(true, o_.optimizer_offload_ratio);
+  if (o_.optimizer_offload && run_.device.is_cuda()) opt_->set_offload(true);
   sched_ = lr_schedule(run_, o_);
   return load_note;
 }
@@ -400,15 +400,9 @@ TrainState Trainer::resume(const std::string& load_note) {
                                                            run_.dtype == DType::bf16 && !o_.master_weights);
   if (o_.optimizer_offload)
     *log_ << (opt_->offload() ? "optimizer | offloaded: its state in page-locked host memory, each parameter's passed "
-                                "through the GPU for its update in the backward (train.optimizer_offload" +
-                                    (o_.optimizer_offload_ratio < 1
-                                         ? "; the last " + std::to_string(opt_->resident_parameters()) +
-                                               " parameters' stays on the GPU: train.optimizer_offload_ratio " +
-                                               detail::str_cat(o_.optimizer_offload_ratio)
-                                         : std::string()) +
-                                    ")\n"
-                              : std::string("optimizer | train.optimizer_offload: ignored on the CPU, where the state "
-                                            "is in host memory already\n"));
+                                "through the GPU for its update in the backward (train.optimizer_offload)\n"
+                              : "optimizer | train.optimizer_offload: ignored on the CPU, where the state is in host "
+                                "memory already\n");
   log_resume(run_, st.step, *log_);
   return st;
 }

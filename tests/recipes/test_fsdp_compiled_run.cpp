@@ -165,8 +165,6 @@ TEST_F(CompiledFsdpRun, UpdatesInTheBackwardRefuseWhatTheyCannotDo) {
       {"", " train.optimizer_offload=true compile.enabled=false train.optimizer_in_backward=false",
        "train.optimizer_in_backward is false: set it true"},
       {rank, " train.optimizer_offload=true", "under data parallelism (2 ranks) ZeRO-3 shards it instead: set it false"},
-      {"", " train.optimizer_offload_ratio=0.5", "train.optimizer_offload_ratio: is read with train.optimizer_offload: "
-                                                "true only"},
   };
   for (const auto& [env, bad, says] : cases) {
     Result r = sh(env + "\"$INGOT\" run tiny.yaml output_dir=refused " + ok + bad);

@@ -73,9 +73,6 @@ TEST(MemoryAdvice, KeysAlreadySetAreNotSuggestedAgain) {
   const std::string a = memory_advice(in);
   EXPECT_EQ(std::count(a.begin(), a.end(), '\n'), 1) << a;  // the smaller batch alone
   EXPECT_TRUE(has(a, "a smaller train.batch_size with a larger train.gradient_accumulation_steps")) << a;
-  in.opts.optimizer_offload_ratio = 0.5;  // half the state on the GPU
-  EXPECT_TRUE(has(memory_advice(in), "train.optimizer_offload_ratio=1")) << memory_advice(in);
-  in.opts.optimizer_offload_ratio = 1;
   in.opts.checkpointing_layers = 8;  // only the first 8 blocks checkpointed
   EXPECT_TRUE(has(memory_advice(in), "train.activation_checkpointing_layers=0")) << memory_advice(in);
 }
