@@ -162,10 +162,14 @@ struct OffloadCopies {
       pending.pop_front();
     }
   }
-  // Frees the device buffers of every copy back once `s` has waited for them on the GPU: the allocator hands blocks
-  // out in `s`'s order, so no later work on `s` reuses one before its copy is done; the host blocks for none.
+  // Frees the device buffers of every copy back once `s` (and `in_stream`, whose blocks the copies in take) has
+  // waited for them on the GPU: the allocator hands a stream's blocks out in its order, so no later work on either
+  // reuses one before its copy is done; the host blocks for none.
   void release_after(cuda::Stream s) {
-    for (Pending& p : pending) p.done->wait(s);
+    for (Pending& p : pending) {
+      p.done->wait(s);
+      p.done->wait(in_stream);
+    }
     pending.clear();
     bytes = 0;
   }
@@ -174,9 +178,11 @@ struct OffloadCopies {
     for (const Pending& p : pending)
       if (p.index == i) p.done->wait(s);
   }
-  // Copies in the state of the parameters next in last step's order while the window has room. Each copy waits for
-  // the compute stream's work queued so far, which includes every earlier use of the blocks its buffers reuse (the
-  // allocator hands them out in the compute stream's order).
+  // Copies in the state of the parameters next in last step's order while the window has room. Their buffers are
+  // `in_stream`'s blocks (the allocator hands a stream only blocks freed on it), which come back to it only once
+  // their last use is done (wait_until, drop_ahead) or ordered before its later work (release_after), so a copy in
+  // waits for nothing on the compute stream. (Waiting there for all the work queued so far, as the compute stream's
+  // blocks would need, starts each copy only when the GPU reaches where the host was: late, as the host runs ahead.)
   void top_up(const std::vector<std::map<std::string, Tensor>>& host_state, const std::vector<Tensor>& params) {
     while (next < order.size()) {
       const size_t i = order[next];
@@ -187,15 +193,14 @@ struct OffloadCopies {
       Ahead a;
       a.index = i;
       a.bytes = b;
-      const int device = params[i].device().index;
-      cuda::Event queued;
-      queued.record(cuda::current_stream(device));
-      queued.wait(in_stream);
       order_after_copy_back(i, in_stream);
-      for (const auto& [name, host] : host_state[i]) {
-        Tensor dev = empty(host.shape(), host.dtype(), params[i].device());
-        cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), in_stream);
-        a.device_buffers[name] = dev;
+      {
+        cuda::StreamScope on_in(in_stream);
+        for (const auto& [name, host] : host_state[i]) {
+          Tensor dev = empty(host.shape(), host.dtype(), params[i].device());
+          cuda::copy_to_device_async(dev.data_ptr(), host.data_ptr(), host.nbytes(), in_stream);
+          a.device_buffers[name] = dev;
+        }
       }
       a.done = std::make_unique<cuda::Event>();
       a.done->record(in_stream);
