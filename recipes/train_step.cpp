@@ -20,7 +20,10 @@ TrainStep::TrainStep(const TrainStepParts& parts, const CompileSettings& c, std:
     // exist when the step is traced: a fresh run's first step (which makes it) runs eagerly, the second traces.
     if (p_.opts.optimizer_offload && p_.opt.offload()) o.stance = Stance::EagerThenCompile;
     compiled_ = compile([this](const std::vector<Tensor>& b) { return body(b, true); }, o);
-    log << "compile | mode " << c.mode << ": the first step traces and compiles the whole training step\n";
+    log << "compile | mode " << c.mode << ": the "
+        << (o.stance == Stance::EagerThenCompile ? "second step (the first runs eagerly: it makes the offloaded state)"
+                                                 : "first step")
+        << " traces and compiles the whole training step\n";
   }
   // Note [Updates in the backward] (distributed/fsdp_compiled.cpp): the shard whose gradient was just reduced is
   // the only one with a .grad, so the optimizer's step updates it alone (recipes/train_loop.cpp refuses what this
