@@ -1,6 +1,5 @@
 #include "recipes/trainer.h"
 
-#include "recipes/memory_advice.h"
 #include <cmath>
 #include <cstdio>
 #include <exception>

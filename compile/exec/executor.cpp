@@ -502,9 +502,13 @@ namespace {
 // Note [Inputs bound just in time] (compile/ir/graph.h): the tensors of each group while it is bound.
 class JustInTimeBindings {
  public:
-  explicit JustInTimeBindings(const Graph& g) : g_(g), bound_(g.just_in_time.size()), inputs_(g.just_in_time.size()) {
+  explicit JustInTimeBindings(const Graph& g)
+      : g_(g), bound_(g.just_in_time.size()), inputs_(g.just_in_time.size()), writebacks_(g.just_in_time.size()) {
     for (size_t k = 0; k < g.inputs.size(); ++k)
       if (g.inputs[k].jit >= 0) inputs_[static_cast<size_t>(g.inputs[k].jit)].push_back(static_cast<int32_t>(k));
+    for (const WriteBack& w : g.writebacks)
+      if (const int32_t group = g.inputs[static_cast<size_t>(w.input)].jit; group >= 0)
+        writebacks_[static_cast<size_t>(group)].push_back(w);
   }
   void bind(int32_t group, std::vector<Tensor>& env, std::set<const Storage*>& captured) {
     std::vector<Tensor> ts = g_.just_in_time[static_cast<size_t>(group)].bind();
@@ -527,9 +531,8 @@ class JustInTimeBindings {
   // the run drops its handles to them so that their memory goes when the optimizer lets it go.
   void done(int32_t group, std::vector<Tensor>& env) {
     std::vector<Tensor>& ts = bound_[static_cast<size_t>(group)];
-    for (const WriteBack& w : g_.writebacks) {
+    for (const WriteBack& w : writebacks_[static_cast<size_t>(group)]) {
       const GraphInput& in = g_.inputs[static_cast<size_t>(w.input)];
-      if (in.jit != group) continue;
       Tensor dst = ts[static_cast<size_t>(in.jit_index)];
       Tensor& src = env[static_cast<size_t>(w.value)];
       if (!same_place(src, dst) || src.strides() != dst.strides()) dst.copy_(src);  // bumps its version
@@ -545,6 +548,7 @@ class JustInTimeBindings {
   const Graph& g_;
   std::vector<std::vector<Tensor>> bound_;
   std::vector<std::vector<int32_t>> inputs_;  // graph input indices per group
+  std::vector<std::vector<WriteBack>> writebacks_;  // per group
 };
 }  // namespace
 

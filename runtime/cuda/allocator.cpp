@@ -161,13 +161,13 @@ class CudaCachingAllocator final : public Allocator {
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
       const AllocatorStats& st = acct_.stats();
-      throw OutOfMemoryError(detail::str_cat("CUDA out of memory on cuda:", device_, " allocating ", requested, " bytes (", mib(requested),
-                 ", a ", mib(static_cast<int64_t>(seg)), " segment); ingot holds ", mib(st.reserved_bytes),
-                 " of which ", mib(st.in_use_bytes()), " in use",
-                 st.graph_pool_bytes > 0 ? " (" + mib(st.graph_pool_bytes) + " of it held for CUDA graphs)" : "",
-                 "; the device has ",
-                 mib(static_cast<int64_t>(free_b)), " free of ", mib(static_cast<int64_t>(total_b)),
-                 limit_ > 0 ? "; INGOT_CUDA_MEMORY_LIMIT_GIB allows " + mib(limit_) : ""));
+      throw OutOfMemoryError(detail::str_cat(
+          "CUDA out of memory on cuda:", device_, " allocating ", requested, " bytes (", mib(requested), ", a ",
+          mib(static_cast<int64_t>(seg)), " segment); ingot holds ", mib(st.reserved_bytes), " of which ",
+          mib(st.in_use_bytes()), " in use",
+          st.graph_pool_bytes > 0 ? " (" + mib(st.graph_pool_bytes) + " of it held for CUDA graphs)" : "",
+          "; the device has ", mib(static_cast<int64_t>(free_b)), " free of ", mib(static_cast<int64_t>(total_b)),
+          limit_ > 0 ? "; INGOT_CUDA_MEMORY_LIMIT_GIB allows " + mib(limit_) : ""));
     }
     CUDA_CHECK(err);
     acct_.reserve(stream, static_cast<int64_t>(seg));
